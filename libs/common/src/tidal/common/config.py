@@ -1,0 +1,236 @@
+"""Configuration loading: TOML files composed with `@`, `TIDAL_` env vars, dotted CLI overrides.
+
+Decisions:
+- pydantic models are the single source of defaults and help text: every config class
+  derives from `BaseConfig` (extra keys forbidden, field docstrings become descriptions).
+- Sources merge in increasing precedence: TOML files left to right (`@ a.toml @ b.toml`),
+  then `TIDAL_A__B=value` environment variables (deployment settings), then CLI overrides
+  (`--a.b-c value`). CLI last because a person typing a flag means it.
+- Unknown keys are errors that name the full key path and the closest valid name, found by
+  walking pydantic's `extra_forbidden` error locations back through the model classes.
+- Values given as strings (CLI, env) are parsed as TOML literals when they parse
+  (`1e-5`, `true`, `[1, 2]`), otherwise kept as strings.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import sys
+import tomllib
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import tomli_w
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from tidal.common.errors import ConfigError
+
+ENV_PREFIX = "TIDAL_"
+
+C = TypeVar("C", bound="BaseConfig")
+
+
+class BaseConfig(BaseModel):
+    """Base of every config section: strict keys, docstrings as help."""
+
+    model_config = ConfigDict(
+        extra="forbid", use_attribute_docstrings=True, validate_default=True, frozen=False
+    )
+
+
+@dataclass
+class ParsedArgs:
+    """The command line split into its parts, before any validation."""
+
+    files: list[Path] = field(default_factory=list)
+    overrides: list[tuple[str, str]] = field(default_factory=list)
+    dry_run: bool = False
+    help: bool = False
+
+
+def split_argv(argv: Sequence[str]) -> ParsedArgs:
+    """Split `@ file`, `@file`, `--key value`, `--key=value`, `--flag`, `--dry-run`, `--help`."""
+    parsed = ParsedArgs()
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "@":
+            if i + 1 >= len(argv):
+                raise ConfigError("'@' must be followed by a TOML file path")
+            parsed.files.append(Path(argv[i + 1]))
+            i += 2
+        elif token.startswith("@"):
+            parsed.files.append(Path(token[1:]))
+            i += 1
+        elif token in ("--dry-run",):
+            parsed.dry_run = True
+            i += 1
+        elif token in ("-h", "--help"):
+            parsed.help = True
+            i += 1
+        elif token.startswith("--"):
+            key, eq, value = token[2:].partition("=")
+            if not key:
+                raise ConfigError(f"empty option name in {token!r}")
+            if not eq:
+                has_value = i + 1 < len(argv) and not argv[i + 1].startswith(("--", "@"))
+                value = argv[i + 1] if has_value else "true"
+                i += 1 if has_value else 0
+            parsed.overrides.append((key, value))
+            i += 1
+        else:
+            raise ConfigError(
+                f"unexpected argument {token!r}: use '@ file.toml' for config files and "
+                "'--section.key value' for overrides"
+            )
+    return parsed
+
+
+def parse_literal(raw: str) -> Any:
+    """Parse a CLI/env string as a TOML value, falling back to the string itself."""
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def deep_merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    """Merge `update` into a copy of `base`; tables merge, everything else replaces."""
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set `a.b-c` (kebab or snake case) to value, creating tables on the way."""
+    parts = [p.replace("-", "_") for p in dotted.split(".")]
+    node = data
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[parts[-1]] = value
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+
+
+def env_overrides(environ: Mapping[str, str]) -> list[tuple[str, str]]:
+    """`TIDAL_ENDPOINTS__TRAINER=host:port` → ("endpoints.trainer", "host:port")."""
+    out = []
+    for name, value in sorted(environ.items()):
+        if name.startswith(ENV_PREFIX) and "__" in name:
+            out.append((name[len(ENV_PREFIX) :].lower().replace("__", "."), value))
+    return out
+
+
+def compose(
+    parsed: ParsedArgs, environ: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """Merge files, env and overrides into one raw dict (not yet validated)."""
+    data: dict[str, Any] = {}
+    for path in parsed.files:
+        data = deep_merge(data, read_toml(path))
+    environ = os.environ if environ is None else environ
+    for key, raw in [*env_overrides(environ), *parsed.overrides]:
+        set_dotted(data, key, parse_literal(raw))
+    return data
+
+
+def _field_model(cls: Any, name: str) -> Any:
+    """The BaseModel class behind field `name` of model `cls` (through Optional), or None."""
+    if not (isinstance(cls, type) and issubclass(cls, BaseModel)) or name not in cls.model_fields:
+        return None
+    annotation = cls.model_fields[name].annotation
+    candidates = [annotation, *typing.get_args(annotation)]
+    for candidate in candidates:
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
+
+
+def _describe_error(cls: type[BaseModel], error: Mapping[str, Any]) -> str:
+    loc = [str(part) for part in error["loc"]]
+    path = ".".join(loc)
+    if error["type"] == "extra_forbidden":
+        owner: Any = cls
+        for part in loc[:-1]:
+            owner = _field_model(owner, part)
+        valid = sorted(owner.model_fields) if owner is not None else []
+        close = difflib.get_close_matches(loc[-1].replace("-", "_"), valid, n=1, cutoff=0.5)
+        parent = ".".join(loc[:-1])
+        hint = f"did you mean '{parent + '.' if parent else ''}{close[0]}'?" if close else ""
+        choices = f"valid keys here: {', '.join(valid)}" if valid else ""
+        return f"unknown key '{path}'; " + (hint or choices)
+    return f"'{path}': {error['msg']} (got {error.get('input')!r})"
+
+
+def validate(cls: type[C], data: Mapping[str, Any]) -> C:
+    """Validate raw data into `cls`, turning pydantic's errors into one readable ConfigError."""
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        lines = [_describe_error(cls, err) for err in exc.errors()]
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines)) from None
+
+
+def to_toml(config: BaseModel) -> str:
+    """The resolved config as TOML (None values omitted, since TOML has no null)."""
+    return tomli_w.dumps(config.model_dump(mode="json", exclude_none=True))
+
+
+def help_text(cls: type[BaseModel], prefix: str = "") -> str:
+    """One line per leaf field: dotted kebab-case flag, default and docstring."""
+    lines = []
+    for name, info in cls.model_fields.items():
+        flag = f"{prefix}{name}".replace("_", "-")
+        nested = _field_model(cls, name)
+        if nested is not None and info.annotation is nested:
+            lines.append(help_text(nested, prefix=f"{prefix}{name}."))
+            continue
+        default = info.get_default(call_default_factory=True)
+        doc = " ".join((info.description or "").split())
+        lines.append(f"  --{flag} (default: {default!r})\n      {doc}")
+    return "\n".join(lines)
+
+
+def load_config(
+    cls: type[C], argv: Sequence[str], *, environ: Mapping[str, str] | None = None
+) -> tuple[C, ParsedArgs]:
+    """Parse argv into a validated config. Raises ConfigError with an actionable message."""
+    parsed = split_argv(argv)
+    if parsed.help:
+        return cls(), parsed
+    return validate(cls, compose(parsed, environ)), parsed
+
+
+def load_or_exit(cls: type[C], argv: Sequence[str], *, usage: str) -> C:
+    """CLI entry helper: --help prints fields, --dry-run prints the resolved TOML, errors exit 2."""
+    try:
+        config, parsed = load_config(cls, argv)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if parsed.help:
+        print(f"usage: {usage}\n\noptions:\n{help_text(cls)}")
+        raise SystemExit(0)
+    if parsed.dry_run:
+        print(to_toml(config), end="")
+        raise SystemExit(0)
+    return config

@@ -1,0 +1,83 @@
+"""Config sections every service reads: the run, endpoints, gRPC limits, telemetry.
+
+Each service composes these with its own section into its run config (see
+`ServiceRunConfig`); the umbrella CLI composes all of them into `tidal.cli.config.RunConfig`.
+A service deployed alone still accepts a whole run file: the other services' sections are
+carried through unvalidated (their own service validates them), while any other unknown
+top-level key is still an error.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from tidal.common.config import BaseConfig
+
+SERVICES = ("orchestrator", "inference", "trainer", "weightsync")
+
+
+class RunSection(BaseConfig):
+    name: str = "default"
+    """Run name; outputs go to `<output_dir>/<name>/`."""
+    output_dir: Path = Path("outputs")
+    """Parent folder of run output folders."""
+    seed: int = 0
+    """Seed for every random choice in the run (data order, init, sampling)."""
+    tokenizer: Literal["byte"] = "byte"
+    """Tokenizer shared by all services; "byte" needs no download."""
+
+    @property
+    def dir(self) -> Path:
+        return self.output_dir / self.name
+
+
+class Endpoints(BaseConfig):
+    """host:port of each service. `tidal rl` replaces these with free loopback ports."""
+
+    orchestrator: str = "127.0.0.1:50051"
+    """Orchestrator gRPC address."""
+    inference: str = "127.0.0.1:50052"
+    """Inference gRPC address."""
+    trainer: str = "127.0.0.1:50053"
+    """Trainer gRPC address."""
+    weightsync: str = "127.0.0.1:50054"
+    """Weight-sync gRPC address."""
+
+
+class GrpcConfig(BaseConfig):
+    max_message_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
+    """Largest message any server or channel sends or receives (micro-batches, chunks)."""
+    shutdown_grace_s: float = Field(default=5.0, ge=0)
+    """Seconds in-flight RPCs get to finish after SIGTERM."""
+    keepalive_s: float = Field(default=30.0, gt=0)
+    """Client keepalive ping interval."""
+
+
+class TelemetryConfig(BaseConfig):
+    traces_file: bool = True
+    """Write spans to `<run dir>/traces.jsonl` (readable with no collector)."""
+    console: bool = False
+    """Also print spans to stderr."""
+    otlp_endpoint: str | None = None
+    """OTLP/gRPC collector address (e.g. "localhost:4317"); unset means no OTLP export."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Log level of every service."""
+
+
+class SharedConfig(BaseConfig):
+    run: RunSection = RunSection()
+    endpoints: Endpoints = Endpoints()
+    grpc: GrpcConfig = GrpcConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
+
+
+class ServiceRunConfig(SharedConfig):
+    """A run config as one service sees it: other services' sections pass through."""
+
+    orchestrator: dict[str, Any] = {}
+    inference: dict[str, Any] = {}
+    trainer: dict[str, Any] = {}
+    weightsync: dict[str, Any] = {}

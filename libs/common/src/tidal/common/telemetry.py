@@ -1,0 +1,86 @@
+"""OpenTelemetry setup: one tracer provider per process, three exporters.
+
+- JSONL file (default on): `<run dir>/traces.jsonl`, shared by every service of a local run,
+  so a trace can be read with no collector. Every service appends whole lines with a
+  single `os.write` on an O_APPEND descriptor, which keeps lines from different processes
+  from interleaving. The SDK's ConsoleSpanExporter does the serialising; we only give it a
+  line-atomic sink.
+- console (stderr), for debugging.
+- OTLP/gRPC when `telemetry.otlp_endpoint` is set (the compose stack's collector).
+
+Trace context crosses process boundaries in gRPC metadata through the
+opentelemetry-instrumentation-grpc interceptors, installed by `tidal.common.server` and
+`tidal.common.channel`; and across weight publishes through a W3C carrier stored in the
+version event (see `inject_carrier` / `extract_carrier`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+)
+
+from tidal.common.sections import TelemetryConfig
+
+TRACES_FILE = "traces.jsonl"
+
+
+class _AppendLineSink:
+    """File-like sink: each write is one O_APPEND syscall, so lines never interleave."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def write(self, text: str) -> int:
+        return os.write(self._fd, text.encode())
+
+    def flush(self) -> None:
+        pass
+
+
+def _one_line(span: object) -> str:
+    return span.to_json(indent=None) + "\n"  # type: ignore[attr-defined]
+
+
+def setup_telemetry(
+    service: str, config: TelemetryConfig, run_dir: Path | None = None
+) -> TracerProvider:
+    """Install the global tracer provider for `service`; call `provider.shutdown()` at exit."""
+    provider = TracerProvider(resource=Resource.create({"service.name": f"tidal-{service}"}))
+    if config.traces_file and run_dir is not None:
+        sink = _AppendLineSink(run_dir / TRACES_FILE)
+        exporter = ConsoleSpanExporter(out=sink, formatter=_one_line)  # type: ignore[arg-type]
+        provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500))
+    if config.console:
+        provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=sys.stderr)))
+    if config.otlp_endpoint:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        otlp = OTLPSpanExporter(endpoint=config.otlp_endpoint, insecure=True)
+        provider.add_span_processor(BatchSpanProcessor(otlp))
+    trace.set_tracer_provider(provider)
+    return provider
+
+
+def inject_carrier() -> dict[str, str]:
+    """The current trace context as a W3C carrier dict (to store in a message)."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier
+
+
+def extract_carrier(carrier: Mapping[str, str]) -> otel_context.Context:
+    """A context whose parent span is the one described by `carrier`."""
+    return propagate.extract(dict(carrier))

@@ -1,0 +1,118 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class WeightFile(_message.Message):
+    __slots__ = ("path", "size", "sha256")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    size: int
+    sha256: str
+    def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
+
+class WeightManifest(_message.Message):
+    __slots__ = ("version", "step", "format", "location", "files")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    LOCATION_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    step: int
+    format: str
+    location: str
+    files: _containers.RepeatedCompositeFieldContainer[WeightFile]
+    def __init__(self, version: _Optional[int] = ..., step: _Optional[int] = ..., format: _Optional[str] = ..., location: _Optional[str] = ..., files: _Optional[_Iterable[_Union[WeightFile, _Mapping]]] = ...) -> None: ...
+
+class WeightVersion(_message.Message):
+    __slots__ = ("manifest", "loaded_by", "published_unix_ms", "trace_context")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    LOADED_BY_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    manifest: WeightManifest
+    loaded_by: _containers.RepeatedScalarFieldContainer[str]
+    published_unix_ms: int
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, manifest: _Optional[_Union[WeightManifest, _Mapping]] = ..., loaded_by: _Optional[_Iterable[str]] = ..., published_unix_ms: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class PublishRequest(_message.Message):
+    __slots__ = ("manifest",)
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    manifest: WeightManifest
+    def __init__(self, manifest: _Optional[_Union[WeightManifest, _Mapping]] = ...) -> None: ...
+
+class PublishResponse(_message.Message):
+    __slots__ = ("version",)
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    def __init__(self, version: _Optional[int] = ...) -> None: ...
+
+class GetVersionRequest(_message.Message):
+    __slots__ = ("version",)
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    def __init__(self, version: _Optional[int] = ...) -> None: ...
+
+class ListVersionsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListVersionsResponse(_message.Message):
+    __slots__ = ("versions",)
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    versions: _containers.RepeatedCompositeFieldContainer[WeightVersion]
+    def __init__(self, versions: _Optional[_Iterable[_Union[WeightVersion, _Mapping]]] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("replica_id", "after_version")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    AFTER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    after_version: int
+    def __init__(self, replica_id: _Optional[str] = ..., after_version: _Optional[int] = ...) -> None: ...
+
+class AckLoadedRequest(_message.Message):
+    __slots__ = ("replica_id", "version")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    version: int
+    def __init__(self, replica_id: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class AckLoadedResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class FetchWeightsRequest(_message.Message):
+    __slots__ = ("version", "path", "offset")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    path: str
+    offset: int
+    def __init__(self, version: _Optional[int] = ..., path: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class WeightChunk(_message.Message):
+    __slots__ = ("path", "offset", "data")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    offset: int
+    data: bytes
+    def __init__(self, path: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...

@@ -1,0 +1,3 @@
+from tidal.weightsync.service import main
+
+main()

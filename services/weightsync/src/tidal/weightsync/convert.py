@@ -1,0 +1,55 @@
+"""Protobuf ⇄ domain conversion for weight-sync messages (used by servicer and client)."""
+
+from __future__ import annotations
+
+from tidal.common.errors import InvalidArgument
+from tidal.rpc.v1 import weightsync_pb2 as pb
+from tidal.weightsync.manifest import VersionEvent, WeightFile, WeightManifest
+
+
+def manifest_to_proto(m: WeightManifest) -> pb.WeightManifest:
+    return pb.WeightManifest(
+        version=m.version,
+        step=m.step,
+        format=m.format,
+        location=m.location,
+        files=[pb.WeightFile(path=f.path, size=f.size, sha256=f.sha256) for f in m.files],
+    )
+
+
+def manifest_from_proto(m: pb.WeightManifest, *, field: str = "manifest") -> WeightManifest:
+    if m.version < 0:
+        raise InvalidArgument(f"{field}.version", f"must be >= 0, got {m.version}")
+    if m.step < 0:
+        raise InvalidArgument(f"{field}.step", f"must be >= 0, got {m.step}")
+    if m.format != "safetensors":
+        raise InvalidArgument(f"{field}.format", f"unsupported {m.format!r}; supported: safetensors")
+    if not m.location:
+        raise InvalidArgument(f"{field}.location", "must name the folder holding the files")
+    if not m.files:
+        raise InvalidArgument(f"{field}.files", "must list at least one file")
+    for i, f in enumerate(m.files):
+        if not f.path or f.path.startswith("/") or ".." in f.path.split("/"):
+            raise InvalidArgument(f"{field}.files[{i}].path", f"must be a relative path, got {f.path!r}")
+        if len(f.sha256) != 64:
+            raise InvalidArgument(f"{field}.files[{i}].sha256", "must be 64 hex characters")
+    files = tuple(WeightFile(f.path, f.size, f.sha256) for f in m.files)
+    return WeightManifest(m.version, m.step, m.location, files, m.format)
+
+
+def event_to_proto(e: VersionEvent) -> pb.WeightVersion:
+    return pb.WeightVersion(
+        manifest=manifest_to_proto(e.manifest),
+        loaded_by=list(e.loaded_by),
+        published_unix_ms=e.published_unix_ms,
+        trace_context=e.trace_context,
+    )
+
+
+def event_from_proto(v: pb.WeightVersion) -> VersionEvent:
+    return VersionEvent(
+        manifest=manifest_from_proto(v.manifest),
+        trace_context=dict(v.trace_context),
+        loaded_by=tuple(v.loaded_by),
+        published_unix_ms=v.published_unix_ms,
+    )

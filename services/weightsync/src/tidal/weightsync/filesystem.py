@@ -1,0 +1,101 @@
+"""Shared-filesystem data path: safetensors + config.json + manifest, published atomically.
+
+Publish writes everything into a hidden temp folder next to the final one, fsyncs each
+file, writes the manifest last, fsyncs, then renames the folder to `v<version>` and fsyncs
+the parent. A crash at any point leaves either no `v<version>` folder or a complete one;
+temp folders are ignored by readers and swept on the next publish. Readers verify every
+sha256 before loading (`load_version`), so a corrupted file is refused, not loaded.
+
+torch and safetensors are imported lazily: the weightsync service itself (which only
+checks manifests) does not need them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tidal.weightsync.manifest import (
+    MANIFEST_FILE,
+    WeightFile,
+    WeightManifest,
+    sha256_file,
+    verify_files,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+TMP_PREFIX = ".tmp-"
+
+
+def version_dir(root: Path, version: int) -> Path:
+    return root / f"v{version:06d}"
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sweep_partial(root: Path) -> None:
+    """Remove temp folders left by crashed publishes."""
+    if root.is_dir():
+        for child in root.iterdir():
+            if child.name.startswith(TMP_PREFIX):
+                shutil.rmtree(child, ignore_errors=True)
+
+
+def write_version(
+    root: Path,
+    *,
+    version: int,
+    step: int,
+    state_dict: dict[str, torch.Tensor],
+    config: dict[str, Any],
+) -> WeightManifest:
+    """Write one version atomically and return its manifest (location = final folder)."""
+    from safetensors.torch import save_file
+
+    root.mkdir(parents=True, exist_ok=True)
+    final = version_dir(root, version)
+    if final.exists():
+        raise FileExistsError(f"version {version} already exists at {final}")
+    sweep_partial(root)
+    tmp = root / f"{TMP_PREFIX}v{version:06d}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
+    save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+    (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2))
+    files = []
+    for name in (WEIGHTS_FILE, CONFIG_FILE):
+        _fsync_path(tmp / name)
+        files.append(WeightFile(name, (tmp / name).stat().st_size, sha256_file(tmp / name)))
+    manifest = WeightManifest(version=version, step=step, location=str(final), files=tuple(files))
+    (tmp / MANIFEST_FILE).write_text(manifest.to_json())
+    _fsync_path(tmp / MANIFEST_FILE)
+    _fsync_path(tmp)
+    os.rename(tmp, final)
+    _fsync_path(root)
+    return manifest
+
+
+def load_version(
+    manifest: WeightManifest, *, device: Any = "cpu"
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Verify checksums, then return (HF config dict, state dict)."""
+    from safetensors.torch import load_file
+
+    verify_files(manifest)
+    root = Path(manifest.location)
+    config = json.loads((root / CONFIG_FILE).read_text())
+    return config, load_file(str(root / WEIGHTS_FILE), device=str(device))

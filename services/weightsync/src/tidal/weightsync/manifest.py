@@ -1,0 +1,99 @@
+"""Domain types of published weights: a version's manifest and its files.
+
+A manifest is what makes a version trustworthy: every file with its size and sha256.
+It is written last into the version's folder (`manifest.json`) and the folder is renamed
+into place after that, so a manifest on disk always describes complete files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tidal.common.errors import FailedPrecondition
+
+MANIFEST_FILE = "manifest.json"
+_HASH_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class WeightFile:
+    path: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class WeightManifest:
+    version: int
+    step: int
+    location: str
+    files: tuple[WeightFile, ...]
+    format: str = "safetensors"
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> WeightManifest:
+        files = tuple(WeightFile(**f) for f in data["files"])
+        return cls(
+            version=int(data["version"]),
+            step=int(data["step"]),
+            location=str(data["location"]),
+            files=files,
+            format=data.get("format", "safetensors"),
+        )
+
+    @classmethod
+    def read(cls, folder: Path) -> WeightManifest:
+        return cls.from_dict(json.loads((folder / MANIFEST_FILE).read_text()))
+
+
+@dataclass(frozen=True)
+class VersionEvent:
+    """A published version as subscribers see it."""
+
+    manifest: WeightManifest
+    trace_context: dict[str, str] = field(default_factory=dict)
+    loaded_by: tuple[str, ...] = ()
+    published_unix_ms: int = 0
+
+
+class CorruptWeights(FailedPrecondition):
+    """A version's files are missing, truncated or do not match their sha256."""
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify_files(manifest: WeightManifest) -> None:
+    """Raise CorruptWeights naming the first file that is missing or does not match."""
+    root = Path(manifest.location)
+    for f in manifest.files:
+        path = root / f.path
+        if not path.is_file():
+            raise CorruptWeights(f"version {manifest.version}: file {f.path} is missing in {root}")
+        size = path.stat().st_size
+        if size != f.size:
+            raise CorruptWeights(
+                f"version {manifest.version}: file {f.path} has {size} bytes, manifest says {f.size}"
+            )
+        actual = sha256_file(path)
+        if actual != f.sha256:
+            raise CorruptWeights(
+                f"version {manifest.version}: sha256 of {f.path} is {actual[:12]}…, "
+                f"manifest says {f.sha256[:12]}…"
+            )

@@ -1,0 +1,116 @@
+"""The version registry: which versions exist, who loaded them, who is waiting for news.
+
+Rules it enforces: versions only grow; a version is registered only after its files
+verify against their sha256; retention keeps the newest `keep_last` versions plus any
+version a known replica still serves. Subscribers wait on an asyncio.Condition, so a
+Watch stream wakes exactly when something is published. On start the registry is rebuilt
+from the manifests already on disk, so a restarted service loses nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from tidal.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from tidal.weightsync.filesystem import sweep_partial
+from tidal.weightsync.manifest import MANIFEST_FILE, VersionEvent, WeightManifest, verify_files
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Entry:
+    event: VersionEvent
+    loaded_by: set[str] = field(default_factory=set)
+
+    def snapshot(self) -> VersionEvent:
+        return replace(self.event, loaded_by=tuple(sorted(self.loaded_by)))
+
+
+class VersionRegistry:
+    def __init__(self, root: Path, keep_last: int) -> None:
+        self.root = root
+        self.keep_last = keep_last
+        self._entries: dict[int, _Entry] = {}
+        self._replicas: dict[str, int] = {}  # replica id → version it serves (-1: none yet)
+        self._changed = asyncio.Condition()
+        self._load_existing()
+
+    def _load_existing(self) -> None:
+        sweep_partial(self.root)
+        for folder in sorted(self.root.glob("v*")):
+            if (folder / MANIFEST_FILE).is_file():
+                manifest = WeightManifest.read(folder)
+                self._entries[manifest.version] = _Entry(VersionEvent(manifest))
+        if self._entries:
+            log.info("recovered versions %s from %s", sorted(self._entries), self.root)
+
+    @property
+    def newest(self) -> int:
+        return max(self._entries, default=-1)
+
+    def get(self, version: int) -> VersionEvent:
+        """One version, or the newest when version < 0."""
+        if version < 0:
+            if not self._entries:
+                raise NotFound("no version has been published yet")
+            version = self.newest
+        entry = self._entries.get(version)
+        if entry is None:
+            raise NotFound(f"version {version} is not registered (known: {sorted(self._entries)})")
+        return entry.snapshot()
+
+    def all(self) -> list[VersionEvent]:
+        return [self._entries[v].snapshot() for v in sorted(self._entries)]
+
+    async def publish(self, manifest: WeightManifest, trace_context: dict[str, str]) -> None:
+        if manifest.version <= self.newest:
+            raise FailedPrecondition(
+                f"manifest.version {manifest.version} is not greater than the newest "
+                f"published version {self.newest}"
+            )
+        # Hashing reads every byte: keep it off the event loop.
+        await asyncio.to_thread(verify_files, manifest)
+        if manifest.version <= self.newest:  # a concurrent publish won meanwhile
+            raise FailedPrecondition(
+                f"manifest.version {manifest.version} lost a race to version {self.newest}"
+            )
+        event = VersionEvent(manifest, trace_context, (), int(time.time() * 1000))
+        self._entries[manifest.version] = _Entry(event)
+        self._retain()
+        async with self._changed:
+            self._changed.notify_all()
+
+    def register_replica(self, replica_id: str) -> None:
+        if not replica_id:
+            raise InvalidArgument("replica_id", "must not be empty")
+        self._replicas.setdefault(replica_id, -1)
+
+    def ack(self, replica_id: str, version: int) -> None:
+        if replica_id not in self._replicas:
+            raise FailedPrecondition(
+                f"unknown replica_id {replica_id!r}: a replica registers by calling Watch first"
+            )
+        entry = self._entries.get(version)
+        if entry is None:
+            raise InvalidArgument("version", f"version {version} is not registered")
+        entry.loaded_by.add(replica_id)
+        self._replicas[replica_id] = max(self._replicas[replica_id], version)
+
+    async def wait_newer(self, after: int) -> list[VersionEvent]:
+        """Versions newer than `after`, waiting until there is at least one."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.newest > after)
+        return [self._entries[v].snapshot() for v in sorted(self._entries) if v > after]
+
+    def _retain(self) -> None:
+        keep = set(sorted(self._entries)[-self.keep_last :]) | set(self._replicas.values())
+        for version in sorted(set(self._entries) - keep):
+            folder = Path(self._entries.pop(version).event.manifest.location)
+            shutil.rmtree(folder, ignore_errors=True)
+            log.info("retention removed version %d", version)

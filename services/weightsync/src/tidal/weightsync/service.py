@@ -1,0 +1,41 @@
+"""Run the weight-sync service: `tidal weightsync @ cfg.toml` or `python -m tidal.weightsync`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+
+from tidal.common.config import load_or_exit
+from tidal.common.logging import setup_logging
+from tidal.common.server import GrpcServer, ServiceBinding
+from tidal.common.telemetry import setup_telemetry
+from tidal.rpc.v1 import weightsync_pb2_grpc as pb_grpc
+from tidal.weightsync.config import WeightSyncRunConfig
+from tidal.weightsync.registry import VersionRegistry
+from tidal.weightsync.servicer import WeightSyncServicer
+
+log = logging.getLogger(__name__)
+FULL_NAME = "tidal.rpc.v1.WeightSyncService"
+
+
+async def serve(config: WeightSyncRunConfig) -> None:
+    provider = setup_telemetry("weightsync", config.telemetry, config.run.dir)
+    config.weights_root.mkdir(parents=True, exist_ok=True)
+    registry = VersionRegistry(config.weights_root, config.weightsync.keep_last)
+    servicer = WeightSyncServicer(registry, chunk_bytes=config.weightsync.chunk_bytes)
+    binding = ServiceBinding(servicer, pb_grpc.add_WeightSyncServiceServicer_to_server, FULL_NAME)
+    server = GrpcServer(config.endpoints.weightsync, [binding], config.grpc)
+    await server.start()
+    log.info("serving on %s, root %s", config.endpoints.weightsync, config.weights_root)
+    await server.serve_forever()
+    provider.shutdown()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    config = load_or_exit(
+        WeightSyncRunConfig, sys.argv[1:] if argv is None else argv, usage="tidal weightsync @ cfg.toml"
+    )
+    setup_logging("weightsync", level=config.telemetry.log_level)
+    asyncio.run(serve(config))

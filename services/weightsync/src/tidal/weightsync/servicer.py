@@ -1,0 +1,78 @@
+"""WeightSyncService: proto ⇄ registry. Errors are raised; the interceptor maps them."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+
+from tidal.common.errors import InvalidArgument
+from tidal.common.telemetry import inject_carrier
+from tidal.rpc.v1 import weightsync_pb2 as pb
+from tidal.rpc.v1 import weightsync_pb2_grpc as pb_grpc
+from tidal.weightsync.convert import event_to_proto, manifest_from_proto
+from tidal.weightsync.registry import VersionRegistry
+
+
+class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
+    def __init__(self, registry: VersionRegistry, *, chunk_bytes: int) -> None:
+        self.registry = registry
+        self.chunk_bytes = chunk_bytes
+
+    async def Publish(
+        self, request: pb.PublishRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PublishResponse:
+        manifest = manifest_from_proto(request.manifest)
+        root = self.registry.root.resolve()
+        if not Path(manifest.location).resolve().is_relative_to(root):
+            raise InvalidArgument("manifest.location", f"must be inside the shared root {root}")
+        # The publish span is the parent of every replica's load of this version.
+        await self.registry.publish(manifest, inject_carrier())
+        return pb.PublishResponse(version=manifest.version)
+
+    async def GetVersion(
+        self, request: pb.GetVersionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.WeightVersion:
+        return event_to_proto(self.registry.get(request.version))
+
+    async def ListVersions(
+        self, request: pb.ListVersionsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListVersionsResponse:
+        return pb.ListVersionsResponse(versions=[event_to_proto(e) for e in self.registry.all()])
+
+    async def Watch(
+        self, request: pb.WatchRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.WeightVersion]:
+        if request.after_version < -1:
+            raise InvalidArgument("after_version", f"must be >= -1, got {request.after_version}")
+        self.registry.register_replica(request.replica_id)
+        after = request.after_version
+        while True:
+            for event in await self.registry.wait_newer(after):
+                yield event_to_proto(event)
+                after = event.manifest.version
+
+    async def AckLoaded(
+        self, request: pb.AckLoadedRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AckLoadedResponse:
+        self.registry.ack(request.replica_id, request.version)
+        return pb.AckLoadedResponse()
+
+    async def FetchWeights(
+        self, request: pb.FetchWeightsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.WeightChunk]:
+        manifest = self.registry.get(request.version).manifest
+        names = [f.path for f in manifest.files]
+        if request.path and request.path not in names:
+            raise InvalidArgument("path", f"{request.path!r} is not in version {manifest.version}")
+        if request.offset < 0:
+            raise InvalidArgument("offset", f"must be >= 0, got {request.offset}")
+        start = names.index(request.path) if request.path else 0
+        for i, name in enumerate(names[start:]):
+            offset = request.offset if i == 0 else 0
+            with (Path(manifest.location) / name).open("rb") as f:
+                f.seek(offset)
+                while data := f.read(self.chunk_bytes):
+                    yield pb.WeightChunk(path=name, offset=offset, data=data)
+                    offset += len(data)
