@@ -1,0 +1,44 @@
+"""Fixtures shared by every test layer.
+
+`weightsync_server` runs the real weight-sync servicer on an in-process grpc.aio server on
+a free loopback port, so trainer and inference contract tests publish and watch real
+versions rather than a fake.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tidal.common.sections import GrpcConfig
+from tidal.common.server import GrpcServer, ServiceBinding
+from tidal.rpc.v1 import weightsync_pb2_grpc
+from tidal.weightsync.registry import VersionRegistry
+from tidal.weightsync.servicer import WeightSyncServicer
+
+
+@dataclass
+class RunningWeightSync:
+    address: str
+    root: Path
+    registry: VersionRegistry
+    server: GrpcServer
+
+
+@pytest.fixture
+async def weightsync_server(tmp_path: Path) -> AsyncIterator[RunningWeightSync]:
+    root = tmp_path / "weights"
+    root.mkdir()
+    registry = VersionRegistry(root, keep_last=3)
+    binding = ServiceBinding(
+        WeightSyncServicer(registry, chunk_bytes=1 << 16),
+        weightsync_pb2_grpc.add_WeightSyncServiceServicer_to_server,
+        "tidal.rpc.v1.WeightSyncService",
+    )
+    server = GrpcServer("127.0.0.1:0", [binding], GrpcConfig(shutdown_grace_s=0.5))
+    await server.start()
+    yield RunningWeightSync(f"127.0.0.1:{server.port}", root, registry, server)
+    await server.stop()
