@@ -12,12 +12,26 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tidal.common.sections import GrpcConfig
 from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.rpc.v1 import weightsync_pb2_grpc
 from tidal.weightsync.registry import VersionRegistry
 from tidal.weightsync.servicer import WeightSyncServicer
+
+
+@pytest.fixture(scope="session", autouse=True)
+def span_exporter() -> InMemorySpanExporter:
+    """A real SDK tracer provider for the whole session (it can be set only once)."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    return exporter
 
 
 @dataclass

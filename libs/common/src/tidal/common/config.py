@@ -17,7 +17,6 @@ from __future__ import annotations
 import difflib
 import os
 import sys
-import tomllib
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import tomli_w
+import tomllib
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tidal.common.errors import ConfigError
@@ -140,9 +140,7 @@ def env_overrides(environ: Mapping[str, str]) -> list[tuple[str, str]]:
     return out
 
 
-def compose(
-    parsed: ParsedArgs, environ: Mapping[str, str] | None = None
-) -> dict[str, Any]:
+def compose(parsed: ParsedArgs, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Merge files, env and overrides into one raw dict (not yet validated)."""
     data: dict[str, Any] = {}
     for path in parsed.files:

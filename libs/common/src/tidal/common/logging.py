@@ -39,7 +39,10 @@ def _current_trace_id() -> str:
     return format(ctx.trace_id, "032x") if ctx.is_valid else "-"
 
 
-FORMAT = "%(asctime)s %(levelname)s %(tag)s rid=%(request_id)s trace=%(trace_id)s %(name)s: %(message)s%(kv)s"
+FORMAT = (
+    "%(asctime)s %(levelname)s %(tag)s rid=%(request_id)s trace=%(trace_id)s "
+    "%(name)s: %(message)s%(kv)s"
+)
 
 
 def setup_logging(

@@ -77,7 +77,7 @@ class SharedConfig(BaseConfig):
 class ServiceRunConfig(SharedConfig):
     """A run config as one service sees it: other services' sections pass through."""
 
-    orchestrator: dict[str, Any] = {}
-    inference: dict[str, Any] = {}
-    trainer: dict[str, Any] = {}
-    weightsync: dict[str, Any] = {}
+    orchestrator: dict[str, Any] = Field(default_factory=dict)
+    inference: dict[str, Any] = Field(default_factory=dict)
+    trainer: dict[str, Any] = Field(default_factory=dict)
+    weightsync: dict[str, Any] = Field(default_factory=dict)

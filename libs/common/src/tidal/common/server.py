@@ -91,9 +91,7 @@ class GrpcServer:
         await self.health.enter_graceful_shutdown()
         await self.server.stop(self.config.shutdown_grace_s)
 
-    async def serve_forever(
-        self, *, on_stop: Callable[[], Awaitable[None]] | None = None
-    ) -> None:
+    async def serve_forever(self, *, on_stop: Callable[[], Awaitable[None]] | None = None) -> None:
         """Run until SIGTERM/SIGINT or `request_stop()`, then shut down gracefully."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

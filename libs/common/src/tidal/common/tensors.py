@@ -24,7 +24,17 @@ if sys.byteorder != "little":  # pragma: no cover - every supported host is litt
 
 _NUMPY_DTYPES: dict[str, np.dtype[Any]] = {
     name: np.dtype(name)
-    for name in ("float64", "float32", "float16", "int64", "int32", "int16", "int8", "uint8", "bool")
+    for name in (
+        "float64",
+        "float32",
+        "float16",
+        "int64",
+        "int32",
+        "int16",
+        "int8",
+        "uint8",
+        "bool",
+    )
 }
 # bfloat16 is carried as its bit pattern.
 _BF16_CARRIER = np.dtype("uint16")

@@ -23,14 +23,18 @@ def manifest_from_proto(m: pb.WeightManifest, *, field: str = "manifest") -> Wei
     if m.step < 0:
         raise InvalidArgument(f"{field}.step", f"must be >= 0, got {m.step}")
     if m.format != "safetensors":
-        raise InvalidArgument(f"{field}.format", f"unsupported {m.format!r}; supported: safetensors")
+        raise InvalidArgument(
+            f"{field}.format", f"unsupported {m.format!r}; supported: safetensors"
+        )
     if not m.location:
         raise InvalidArgument(f"{field}.location", "must name the folder holding the files")
     if not m.files:
         raise InvalidArgument(f"{field}.files", "must list at least one file")
     for i, f in enumerate(m.files):
         if not f.path or f.path.startswith("/") or ".." in f.path.split("/"):
-            raise InvalidArgument(f"{field}.files[{i}].path", f"must be a relative path, got {f.path!r}")
+            raise InvalidArgument(
+                f"{field}.files[{i}].path", f"must be a relative path, got {f.path!r}"
+            )
         if len(f.sha256) != 64:
             raise InvalidArgument(f"{field}.files[{i}].sha256", "must be 64 hex characters")
     files = tuple(WeightFile(f.path, f.size, f.sha256) for f in m.files)

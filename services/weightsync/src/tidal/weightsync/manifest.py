@@ -89,7 +89,8 @@ def verify_files(manifest: WeightManifest) -> None:
         size = path.stat().st_size
         if size != f.size:
             raise CorruptWeights(
-                f"version {manifest.version}: file {f.path} has {size} bytes, manifest says {f.size}"
+                f"version {manifest.version}: file {f.path} has {size} bytes, "
+                f"manifest says {f.size}"
             )
         actual = sha256_file(path)
         if actual != f.sha256:

@@ -35,7 +35,9 @@ async def serve(config: WeightSyncRunConfig) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     config = load_or_exit(
-        WeightSyncRunConfig, sys.argv[1:] if argv is None else argv, usage="tidal weightsync @ cfg.toml"
+        WeightSyncRunConfig,
+        sys.argv[1:] if argv is None else argv,
+        usage="tidal weightsync @ cfg.toml",
     )
     setup_logging("weightsync", level=config.telemetry.log_level)
     asyncio.run(serve(config))

@@ -1,0 +1,207 @@
+"""`tidal client`: the gRPC client for people.
+
+    tidal client status    @ outputs/default/config.toml    health and state of every service
+    tidal client generate  "abc>" @ cfg [--max-tokens 16 --n 2 --temperature 0]
+    tidal client versions  @ cfg                            published weight versions
+    tidal client progress  @ cfg                            the orchestrator's progress
+
+Addresses come from the run config (`endpoints.*`), so pointing at a run's resolved
+`config.toml` reaches that run's services; `--endpoints.inference host:port` overrides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from rich.console import Console
+from rich.table import Table
+
+from tidal.common.channel import make_channel
+from tidal.common.config import load_or_exit
+from tidal.common.sections import SERVICES, ServiceRunConfig
+from tidal.common.tokenizer import get_tokenizer
+from tidal.rpc.v1 import (
+    common_pb2,
+    inference_pb2,
+    inference_pb2_grpc,
+    orchestrator_pb2_grpc,
+    trainer_pb2_grpc,
+)
+from tidal.weightsync.client import WeightSyncClient
+
+console = Console()
+STATUS_TIMEOUT_S = 5.0
+
+
+async def _health(address: str, config: ServiceRunConfig) -> str:
+    async with make_channel(address, config.grpc) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = await stub.Check(
+                health_pb2.HealthCheckRequest(), timeout=STATUS_TIMEOUT_S, wait_for_ready=False
+            )
+        except grpc.aio.AioRpcError as exc:
+            return f"unreachable ({exc.code().name})"
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+async def _details(name: str, address: str, config: ServiceRunConfig) -> str:
+    async with make_channel(address, config.grpc) as channel:
+        try:
+            if name == "inference":
+                s = await inference_pb2_grpc.InferenceServiceStub(channel).GetStatus(
+                    common_pb2.StatusRequest(), timeout=STATUS_TIMEOUT_S, wait_for_ready=False
+                )
+                return (
+                    f"version {s.policy_version}, running {s.running}, queued {s.queued}, "
+                    f"{s.tokens_per_s:.0f} tok/s, replica {s.replica_id}"
+                )
+            if name == "trainer":
+                t = await trainer_pb2_grpc.TrainerServiceStub(channel).GetStatus(
+                    common_pb2.StatusRequest(), timeout=STATUS_TIMEOUT_S, wait_for_ready=False
+                )
+                return f"step {t.step}, version {t.policy_version}, {t.num_parameters:,} params"
+            if name == "orchestrator":
+                p = await orchestrator_pb2_grpc.OrchestratorServiceStub(channel).GetProgress(
+                    common_pb2.StatusRequest(), timeout=STATUS_TIMEOUT_S, wait_for_ready=False
+                )
+                return f"{p.state}: step {p.step}/{p.total_steps}, version {p.policy_version}"
+        except grpc.aio.AioRpcError as exc:
+            return f"({exc.code().name}: {exc.details()})"
+    client = WeightSyncClient(address, config.grpc)
+    try:
+        versions = await client.list_versions(timeout=STATUS_TIMEOUT_S)
+        return f"versions {[v.manifest.version for v in versions]}"
+    except grpc.aio.AioRpcError as exc:
+        return f"({exc.code().name}: {exc.details()})"
+    finally:
+        await client.close()
+
+
+async def status(config: ServiceRunConfig) -> int:
+    table = Table(title="Tidal services")
+    for column in ("service", "address", "health", "details"):
+        table.add_column(column)
+    healthy = True
+    for name in SERVICES:
+        address = getattr(config.endpoints, name)
+        health = await _health(address, config)
+        details = await _details(name, address, config) if health == "SERVING" else ""
+        healthy &= health == "SERVING"
+        table.add_row(name, address, health, details)
+    console.print(table)
+    return 0 if healthy else 1
+
+
+async def generate(config: ServiceRunConfig, opts: argparse.Namespace) -> int:
+    sampling = inference_pb2.SamplingParams(
+        temperature=opts.temperature,
+        max_tokens=opts.max_tokens,
+        n=opts.n,
+        top_p=1.0,
+        stop_token_ids=[get_tokenizer(config.run.tokenizer).eos_id],
+    )
+    if opts.seed is not None:
+        sampling.seed = opts.seed
+    request = inference_pb2.GenerateRequest(prompt=opts.prompt, sampling=sampling)
+    async with make_channel(config.endpoints.inference, config.grpc) as channel:
+        stub = inference_pb2_grpc.InferenceServiceStub(channel)
+        try:
+            async for reply in stub.Generate(request, timeout=opts.timeout):
+                reason = inference_pb2.FinishReason.Name(reply.finish_reason)
+                versions = sorted(set(reply.policy_versions))
+                console.print(
+                    f"[{reply.index}] {reply.text!r}  ({len(reply.token_ids)} tokens, "
+                    f"{reason.removeprefix('FINISH_REASON_').lower()}, versions {versions})"
+                )
+        except grpc.aio.AioRpcError as exc:
+            console.print(f"[red]{exc.code().name}[/red]: {exc.details()}")
+            return 1
+    return 0
+
+
+async def versions(config: ServiceRunConfig) -> int:
+    client = WeightSyncClient(config.endpoints.weightsync, config.grpc)
+    try:
+        events = await client.list_versions(timeout=STATUS_TIMEOUT_S)
+    finally:
+        await client.close()
+    table = Table(title="Published weight versions")
+    for column in ("version", "step", "MB", "loaded by", "location"):
+        table.add_column(column)
+    for e in events:
+        m = e.manifest
+        table.add_row(
+            str(m.version),
+            str(m.step),
+            f"{m.total_bytes / 1e6:.2f}",
+            ", ".join(e.loaded_by),
+            m.location,
+        )
+    console.print(table)
+    return 0
+
+
+async def progress(config: ServiceRunConfig) -> int:
+    async with make_channel(config.endpoints.orchestrator, config.grpc) as channel:
+        stub = orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
+        p = await stub.GetProgress(common_pb2.StatusRequest(), timeout=STATUS_TIMEOUT_S)
+    console.print(f"{p.state}: step {p.step}/{p.total_steps}, policy version {p.policy_version}")
+    table = Table()
+    for column in ("step", "phase", "reward", "version", "seconds"):
+        table.add_column(column)
+    for s in p.recent:
+        table.add_row(
+            str(s.step), s.phase, f"{s.reward_mean:.3f}", str(s.policy_version), f"{s.seconds:.2f}"
+        )
+    console.print(table)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tidal client",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("status", help="health and state of every service")
+    gen = sub.add_parser("generate", help="generate completions of a text prompt")
+    gen.add_argument("prompt")
+    gen.add_argument("--max-tokens", type=int, default=32)
+    gen.add_argument("--n", type=int, default=1)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--timeout", type=float, default=60.0)
+    sub.add_parser("versions", help="published weight versions")
+    sub.add_parser("progress", help="the orchestrator's progress")
+    return parser
+
+
+def main(argv: Sequence[str]) -> None:
+    parser = _parser()
+    split = next(
+        (
+            i
+            for i, a in enumerate(argv)
+            if a.startswith("@")
+            or a.startswith("--endpoints")
+            or a.startswith("--grpc")
+            or a.startswith("--run")
+        ),
+        len(argv),
+    )
+    opts = parser.parse_args(argv[:split])
+    config = load_or_exit(ServiceRunConfig, argv[split:], usage="tidal client <command> @ cfg")
+    command = {
+        "status": lambda: status(config),
+        "generate": lambda: generate(config, opts),
+        "versions": lambda: versions(config),
+        "progress": lambda: progress(config),
+    }[opts.command]
+    sys.exit(asyncio.run(command()))

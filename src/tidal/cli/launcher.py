@@ -1,0 +1,162 @@
+"""`tidal rl`: run the four services as child processes on loopback and supervise them.
+
+Decisions:
+- The full run config is validated here before any child starts, then written resolved
+  (free loopback ports filled in) to `<run dir>/config.toml`; every child reads that one
+  file, so the run is reproducible from its output folder.
+- Children start in their own sessions (process groups): a Ctrl-C reaches the launcher
+  only, which then stops every child in order with SIGTERM (graceful gRPC shutdown) and
+  SIGKILL after a grace period, so nothing is left running.
+- Each child's stdout and stderr go to `<run dir>/logs/<service>.log`; the orchestrator's
+  output is also echoed to the terminal, since it reports the run's progress.
+- The run ends when the orchestrator exits. Any child exiting earlier, or the
+  orchestrator exiting non-zero, fails the run: the launcher exits 1 and shows that
+  child's exit reason and last log lines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import sys
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tidal.cli.config import RunConfig
+from tidal.common.config import load_or_exit, to_toml
+
+# Start order: publishers before subscribers; clients wait for their servers anyway.
+START_ORDER = ("weightsync", "trainer", "inference", "orchestrator")
+ECHOED = {"orchestrator"}
+TAIL_LINES = 30
+KILL_AFTER_S = 10.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def prepare_run_dir(config: RunConfig) -> Path:
+    """Give every service a free loopback port and write the resolved config."""
+    run_dir = config.run.dir
+    if run_dir.exists():
+        print(f"tidal: replacing previous outputs in {run_dir}", file=sys.stderr)
+        shutil.rmtree(run_dir)
+    (run_dir / "logs").mkdir(parents=True)
+    for name in START_ORDER:
+        setattr(config.endpoints, name, f"127.0.0.1:{free_port()}")
+    (run_dir / "config.toml").write_text(to_toml(config))
+    return run_dir
+
+
+@dataclass
+class Child:
+    name: str
+    process: asyncio.subprocess.Process
+    log_path: Path
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+
+    async def pump(self, echo: bool) -> None:
+        """Copy the child's output to its log file (and the terminal), keeping a tail."""
+        assert self.process.stdout is not None
+        with self.log_path.open("ab") as log:
+            async for raw in self.process.stdout:
+                log.write(raw)
+                log.flush()
+                line = raw.decode(errors="replace").rstrip("\n")
+                self.tail.append(line)
+                if echo:
+                    print(line, flush=True)
+
+    def signal(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, sig)
+
+
+async def start_child(name: str, config_path: Path, log_dir: Path) -> Child:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        f"tidal.{name}",
+        "@",
+        str(config_path),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        stdin=asyncio.subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
+    )
+    return Child(name, process, log_dir / f"{name}.log")
+
+
+async def stop_all(children: Sequence[Child]) -> None:
+    """SIGTERM everyone still running (reverse start order), SIGKILL after a grace period."""
+    running = [c for c in reversed(children) if c.process.returncode is None]
+    for child in running:
+        child.signal(signal.SIGTERM)
+    waits = [asyncio.create_task(c.process.wait()) for c in running]
+    if not waits:
+        return
+    _, pending = await asyncio.wait(waits, timeout=KILL_AFTER_S)
+    for child in running:
+        if child.process.returncode is None:
+            child.signal(signal.SIGKILL)
+    if pending:
+        await asyncio.wait(pending)
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        return f"killed by signal {signal.Signals(-code).name}"
+    return f"exited with code {code}"
+
+
+async def supervise(run_dir: Path) -> int:
+    children: list[Child] = []
+    pumps: list[asyncio.Task[None]] = []
+    interrupted = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, interrupted.set)
+    try:
+        for name in START_ORDER:
+            child = await start_child(name, run_dir / "config.toml", run_dir / "logs")
+            children.append(child)
+            pumps.append(asyncio.create_task(child.pump(echo=name in ECHOED)))
+        exits = {asyncio.create_task(c.process.wait()): c for c in children}
+        stop = asyncio.create_task(interrupted.wait())
+        done, _ = await asyncio.wait([*exits, stop], return_when=asyncio.FIRST_COMPLETED)
+        if stop in done:
+            print("tidal: interrupted, stopping all services", file=sys.stderr)
+            return 130
+        first = exits[next(t for t in done if t in exits)]
+        await asyncio.wait(pumps, timeout=2)  # let its last lines reach the tail
+        code = first.process.returncode or 0
+        if first.name == "orchestrator" and code == 0:
+            print(f"tidal: run finished; outputs in {run_dir}")
+            return 0
+        print(
+            f"tidal: {first.name} {describe_exit(code)}; its last log lines "
+            f"({first.log_path}):\n" + "\n".join(f"  | {line}" for line in first.tail),
+            file=sys.stderr,
+        )
+        return 1
+    finally:
+        await stop_all(children)
+        for pump in pumps:
+            pump.cancel()
+
+
+def main(argv: Sequence[str]) -> None:
+    config = load_or_exit(RunConfig, argv, usage="tidal rl @ config.toml [--section.key value ...]")
+    run_dir = prepare_run_dir(config)
+    raise SystemExit(asyncio.run(supervise(run_dir)))

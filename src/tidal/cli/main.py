@@ -1,0 +1,53 @@
+"""The `tidal` command: dispatches to the launcher, one service, or the client.
+
+Subcommands import their service lazily, so `tidal --help` and `tidal rl --dry-run` never
+import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+USAGE = """\
+usage: tidal <command> [@ config.toml ...] [--section.key value ...] [--dry-run] [--help]
+
+commands:
+  rl             launch the local stack (all four services on loopback) and train
+  orchestrator   run the orchestrator service alone
+  inference      run the inference service alone
+  trainer        run the trainer service alone
+  weightsync     run the weight-sync service alone
+  client         talk to running services: status | generate | versions | progress
+
+Config files compose left to right; `TIDAL_SECTION__KEY` env vars and `--section.key value`
+flags override them (flags win). `--dry-run` prints the resolved config as TOML.
+"""
+
+SERVICES = ("orchestrator", "inference", "trainer", "weightsync")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(USAGE, end="")
+        raise SystemExit(0 if args else 2)
+    command, rest = args[0], args[1:]
+    if command == "rl":
+        from tidal.cli.launcher import main as launch
+
+        launch(rest)
+    elif command in SERVICES:
+        importlib.import_module(f"tidal.{command}.service").main(rest)
+    elif command == "client":
+        from tidal.cli.client import main as client
+
+        client(rest)
+    else:
+        print(f"error: unknown command {command!r}\n\n{USAGE}", file=sys.stderr, end="")
+        raise SystemExit(2)
+
+
+if __name__ == "__main__":
+    main()
