@@ -49,10 +49,10 @@ bench: setup
 	$(BIN)/python bench/run_all.py
 
 up:
-	docker compose -f deploy/compose.yaml up -d --build
+	docker compose -p tidal -f deploy/compose.yaml up -d --build
 
 down:
-	docker compose -f deploy/compose.yaml down
+	docker compose -p tidal -f deploy/compose.yaml down
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache

@@ -79,7 +79,7 @@ def test_unknown_key_without_close_match_lists_valid_keys(tmp_path: Path) -> Non
 
 
 def test_bad_value_names_key() -> None:
-    with pytest.raises(ConfigError, match="'trainer.max_steps'"):
+    with pytest.raises(ConfigError, match=r"'trainer\.max_steps'"):
         load_config(Run, ["--trainer.max-steps", "many"], environ={})
 
 

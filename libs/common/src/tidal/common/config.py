@@ -17,6 +17,7 @@ from __future__ import annotations
 import difflib
 import os
 import sys
+import tomllib
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +25,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import tomli_w
-import tomllib
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tidal.common.errors import ConfigError

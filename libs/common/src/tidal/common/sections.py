@@ -54,6 +54,14 @@ class GrpcConfig(BaseConfig):
     """Seconds in-flight RPCs get to finish after SIGTERM."""
     keepalive_s: float = Field(default=30.0, gt=0)
     """Client keepalive ping interval."""
+    bind_host: str | None = None
+    """Host servers listen on; default: the host of their own endpoint. "0.0.0.0" in containers."""
+
+    def listen_address(self, endpoint: str) -> str:
+        """The address a server with public `endpoint` (host:port) should bind."""
+        if self.bind_host is None:
+            return endpoint
+        return f"{self.bind_host}:{endpoint.rsplit(':', 1)[1]}"
 
 
 class TelemetryConfig(BaseConfig):

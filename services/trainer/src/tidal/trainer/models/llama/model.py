@@ -92,7 +92,9 @@ class KVCache:
 def rope_tables(args: LlamaArgs, device: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin: `[max_seq_len, head_dim]` in HF's rotate-half layout."""
     d = args.head_dim
-    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=device) / d))
+    inv_freq = 1.0 / (
+        args.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=device) / d)
+    )
     t = torch.arange(args.max_seq_len, dtype=torch.float32, device=device)
     freqs = torch.outer(t, inv_freq)  # (S, D/2)
     emb = torch.cat([freqs, freqs], dim=-1)  # (S, D)

@@ -1,0 +1,13 @@
+# The inference service alone: only the packages it needs.
+FROM python:3.11-slim
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+WORKDIR /app
+# CPU build from the PyTorch index; on GPU hosts use the CUDA wheel index instead.
+RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+COPY libs/rpc /app/libs/rpc
+COPY libs/common /app/libs/common
+COPY services/weightsync /app/services/weightsync
+COPY services/trainer /app/services/trainer
+COPY services/inference /app/services/inference
+RUN pip install /app/libs/rpc /app/libs/common /app/services/weightsync /app/services/trainer /app/services/inference
+ENTRYPOINT ["python", "-m", "tidal.inference"]

@@ -1,0 +1,10 @@
+# The orchestrator service alone: only the packages it needs.
+FROM python:3.11-slim
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+WORKDIR /app
+COPY libs/rpc /app/libs/rpc
+COPY libs/common /app/libs/common
+COPY services/weightsync /app/services/weightsync
+COPY services/orchestrator /app/services/orchestrator
+RUN pip install /app/libs/rpc /app/libs/common /app/services/weightsync /app/services/orchestrator
+ENTRYPOINT ["python", "-m", "tidal.orchestrator"]

@@ -1,0 +1,3 @@
+from tidal.inference.service import main
+
+main()

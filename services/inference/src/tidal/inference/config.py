@@ -1,0 +1,34 @@
+"""Configuration of the inference service (`[inference]`).
+
+pydantic only (no torch import), so the umbrella CLI validates a whole run config and
+prints `--help` instantly. The defaults are the embedded CPU run: fp32 on one thread,
+because the local stack's four services share two cores.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from tidal.common.config import BaseConfig
+from tidal.common.sections import ServiceRunConfig
+
+
+class InferenceConfig(BaseConfig):
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the engine runs; "auto" picks CUDA when available, else CPU."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Weights and KV-cache dtype; logits and logprobs are always computed in fp32."""
+    num_threads: int = Field(default=1, gt=0)
+    """torch intra-op threads (`torch.set_num_threads`); the local stack shares 2 cores."""
+    max_batch_size: int = Field(default=128, gt=0)
+    """Most sequences (all n samples of the queued requests) decoded together in one batch."""
+    max_queue: int = Field(default=1024, gt=0)
+    """Most requests waiting for a batch; beyond it Generate answers RESOURCE_EXHAUSTED."""
+    replica_id: str = ""
+    """Name of this replica in weight-sync's registry; empty means "inference-<pid>"."""
+
+
+class InferenceRunConfig(ServiceRunConfig):
+    inference: InferenceConfig = InferenceConfig()  # type: ignore[assignment]

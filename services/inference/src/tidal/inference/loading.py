@@ -1,0 +1,84 @@
+"""Build the served model from a published HF config and load published weights into it.
+
+Decisions:
+- The model is built once, from the first version's `config.json` (`LlamaArgs.from_hf_config`),
+  and later versions are copied into its parameters in place: no reallocation, and the
+  KV cache and rope tables stay valid. A later version whose config describes another
+  architecture is refused (ValueError), not half-loaded.
+- Keys are checked strictly, with one exception: the trainer publishes tied embeddings
+  the Hugging Face way, without `lm_head.weight`. The constructor tied the head to the
+  embedding, so loading the embedding loads both; the tie is re-asserted after every
+  load so no load path can leave an untied head serving stale weights.
+- Every name and shape is checked before the first copy, so a bad version leaves the
+  served weights untouched (`load_state_dict` would copy the good tensors before failing).
+- Rope tables stay fp32 under a bfloat16 model, matching the trainer's positions exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tidal.trainer.models.llama.model import LlamaArgs, LlamaForCausalLM, rope_tables
+
+TIED_HEAD = "lm_head.weight"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def resolve_device(name: str) -> torch.device:
+    """ "auto" → CUDA when available, else CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError('inference.device is "cuda" but torch sees no CUDA device')
+    return torch.device(name)
+
+
+def build_model(
+    hf_config: dict[str, Any], *, device: torch.device, dtype: torch.dtype
+) -> LlamaForCausalLM:
+    """An inference-mode model of the architecture `hf_config` describes (weights unset)."""
+    model_type = hf_config.get("model_type", "llama")
+    if model_type != "llama":
+        raise ValueError(f"unsupported model_type {model_type!r}; supported: llama")
+    args = LlamaArgs.from_hf_config(hf_config)
+    with torch.random.fork_rng(devices=[]):  # the random init is overwritten; keep RNG intact
+        model = LlamaForCausalLM(args).to(device=device, dtype=dtype).eval()
+    cos, sin = rope_tables(args, device=device)
+    model.rope_cos, model.rope_sin = cos, sin  # fp32 even when the weights are bf16
+    model.requires_grad_(False)
+    return model
+
+
+def check_compatible(model: LlamaForCausalLM, hf_config: dict[str, Any]) -> None:
+    """Raise ValueError when `hf_config` describes another architecture than `model`'s."""
+    args = LlamaArgs.from_hf_config(hf_config)
+    if args != model.args:
+        changed = {
+            k: (v, args.as_dict()[k])
+            for k, v in model.args.as_dict().items()
+            if args.as_dict()[k] != v
+        }
+        raise ValueError(f"model config changed (field: (served, new)): {changed}")
+
+
+def load_weights(model: LlamaForCausalLM, state_dict: dict[str, torch.Tensor]) -> None:
+    """Copy a published state dict into `model`, all or nothing."""
+    expected = {name: t.shape for name, t in model.state_dict().items()}
+    optional = {TIED_HEAD} if model.args.tie_embeddings else set()
+    missing = sorted(set(expected) - set(state_dict) - optional)
+    unexpected = sorted(set(state_dict) - set(expected))
+    if missing or unexpected:
+        raise ValueError(
+            f"state dict does not fit the model: missing {missing}, unexpected {unexpected}"
+        )
+    for name, tensor in state_dict.items():
+        if tensor.shape != expected[name]:
+            raise ValueError(
+                f"{name} has shape {tuple(tensor.shape)}, the model expects {tuple(expected[name])}"
+            )
+    with torch.no_grad():
+        model.load_state_dict(state_dict, strict=False)
+        if model.args.tie_embeddings:
+            model.lm_head.weight = model.model.embed_tokens.weight

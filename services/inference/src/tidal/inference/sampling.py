@@ -1,0 +1,97 @@
+"""Sampling: per-row temperature, top-k, top-p and seeded draws, vectorised over a batch.
+
+Decisions:
+- Filters apply in vLLM's order: temperature scaling, then top-k, then top-p on the
+  distribution renormalised after top-k. top-p keeps the smallest set of most probable
+  tokens whose probability sums to at least p (the most probable token is always kept).
+- The logprob reported for a token is its log-probability under exactly the distribution
+  it was drawn from: log-softmax of the temperature-scaled logits with filtered tokens at
+  -inf. A greedy row (temperature 0) reports the unscaled, unfiltered model logprob of
+  its argmax, since "the distribution" of argmax is a point mass and the model's own
+  probability is what an importance ratio needs.
+- Reproducibility: every row owns a `torch.Generator` seeded from (request seed, sample
+  index). Its uniforms for the whole completion are drawn up front and the token is the
+  inverse CDF at the step's uniform, so a row's tokens depend only on its seed and its
+  logits, never on which other rows share the batch. Unseeded requests get a seed from
+  the engine's own RNG.
+- Everything except drawing the uniforms is batched tensor code, one sort per step at
+  most (and none when no row filters).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_SEED_MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads (seed, index) over 63 bits
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one prompt's completions (already validated)."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    n: int = 1
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def row_seed(seed: int, index: int) -> int:
+    """The generator seed of sample `index` of a request seeded with `seed`."""
+    return (seed * _SEED_MIX + index) % (1 << 63)
+
+
+def draw_uniforms(seed: int, count: int) -> torch.Tensor:
+    """`count` uniforms in [0, 1) (float64) from a generator seeded with `seed`."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.rand(count, generator=generator, dtype=torch.float64)
+
+
+def filtered_logprobs(
+    logits: torch.Tensor,  # (B, V) fp32
+    temperature: torch.Tensor,  # (B,) fp32; 0 = greedy
+    top_k: torch.Tensor,  # (B,) long; <= 0 = off
+    top_p: torch.Tensor,  # (B,) fp32; <= 0 or >= 1 = off
+) -> torch.Tensor:
+    """Log-probabilities `(B, V)` of the distribution each row samples from (-inf = filtered)."""
+    vocab = logits.shape[-1]
+    greedy = temperature <= 0
+    scale = torch.where(greedy, torch.ones_like(temperature), temperature)
+    scaled = logits / scale[:, None]  # (B, V)
+    k = torch.where(greedy | (top_k <= 0) | (top_k >= vocab), vocab, top_k)  # (B,)
+    p_off = greedy | (top_p <= 0) | (top_p >= 1)
+    if bool((k >= vocab).all()) and bool(p_off.all()):
+        return torch.log_softmax(scaled, dim=-1)
+    sorted_logits, order = scaled.sort(dim=-1, descending=True)  # (B, V) each
+    ranks = torch.arange(vocab, device=logits.device)
+    keep_sorted = ranks[None, :] < k[:, None]  # (B, V) top-k
+    probs_sorted = torch.softmax(sorted_logits.masked_fill(~keep_sorted, float("-inf")), dim=-1)
+    mass_before = probs_sorted.cumsum(dim=-1) - probs_sorted  # (B, V) mass of better tokens
+    keep_sorted &= (mass_before < top_p[:, None]) | p_off[:, None]
+    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)  # back to vocab order
+    return torch.log_softmax(scaled.masked_fill(~keep, float("-inf")), dim=-1)
+
+
+def sample_tokens(
+    logprobs: torch.Tensor,  # (B, V) from filtered_logprobs
+    greedy: torch.Tensor,  # (B,) bool
+    uniforms: torch.Tensor,  # (B,) float64 in [0, 1)
+) -> torch.Tensor:
+    """One token per row: argmax for greedy rows, inverse-CDF draw at `uniforms` otherwise."""
+    probs = logprobs.double().exp()  # (B, V); float64 so the CDF's tail is not rounded away
+    cdf = probs.cumsum(dim=-1)  # (B, V)
+    target = (uniforms.to(cdf.device) * cdf[:, -1]).unsqueeze(-1)  # (B, 1)
+    # side="right": the first token whose CDF exceeds the target, so zero-probability
+    # (filtered) tokens, whose CDF equals their predecessor's, are never chosen.
+    drawn = torch.searchsorted(cdf, target, right=True).squeeze(-1)  # (B,)
+    last_allowed = probs.shape[-1] - 1 - (probs > 0).flip(-1).int().argmax(dim=-1)  # (B,)
+    drawn = torch.minimum(drawn, last_allowed)  # guards a target rounded up to the total
+    return torch.where(greedy, logprobs.argmax(dim=-1), drawn)

@@ -1,0 +1,115 @@
+"""Run the inference service: `tidal inference @ cfg.toml` or `python -m tidal.inference`.
+
+`start_inference` builds and starts everything (engine, gRPC server, weight watcher) and
+returns the running parts, so contract tests run exactly what `serve` runs. Health is
+NOT_SERVING until the first weights are loaded, then SERVING; Generate answers
+UNAVAILABLE until then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tidal.common.config import load_or_exit
+from tidal.common.logging import setup_logging
+from tidal.common.server import GrpcServer, ServiceBinding
+from tidal.common.telemetry import setup_telemetry
+from tidal.common.tokenizer import get_tokenizer
+from tidal.inference.config import InferenceRunConfig
+from tidal.weightsync.client import WeightSyncClient
+
+if TYPE_CHECKING:
+    from tidal.inference.native import NativeEngine
+    from tidal.inference.weights import WeightWatcher
+
+log = logging.getLogger(__name__)
+FULL_NAME = "tidal.rpc.v1.InferenceService"
+
+
+@dataclass
+class RunningInference:
+    server: GrpcServer
+    engine: NativeEngine
+    watcher: WeightWatcher
+    client: WeightSyncClient
+    watch_task: asyncio.Task[None]
+    replica_id: str
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    async def close(self) -> None:
+        """Stop watching, stop the engine, close the weight-sync channel."""
+        self.watch_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.watch_task
+        await self.engine.close()
+        await self.client.close()
+
+
+async def start_inference(config: InferenceRunConfig) -> RunningInference:
+    # torch is imported here, after the config parsed: `--help` and `--dry-run` stay instant.
+    from tidal.inference.loading import DTYPES, resolve_device
+    from tidal.inference.native import NativeEngine
+    from tidal.inference.servicer import InferenceServicer
+    from tidal.inference.weights import WeightWatcher
+    from tidal.rpc.v1 import inference_pb2_grpc as pb_grpc
+
+    cfg = config.inference
+    replica_id = cfg.replica_id or f"inference-{os.getpid()}"
+    engine = NativeEngine(
+        device=resolve_device(cfg.device),
+        dtype=DTYPES[cfg.dtype],
+        max_batch_size=cfg.max_batch_size,
+        max_queue=cfg.max_queue,
+        seed=config.run.seed,
+    )
+    await engine.start()
+    servicer = InferenceServicer(engine, get_tokenizer(config.run.tokenizer), replica_id=replica_id)
+    binding = ServiceBinding(servicer, pb_grpc.add_InferenceServiceServicer_to_server, FULL_NAME)
+    server = GrpcServer(
+        config.grpc.listen_address(config.endpoints.inference), [binding], config.grpc
+    )
+    await server.start(serving=False)
+
+    async def on_loaded(version: int) -> None:
+        await server.set_serving(True)
+
+    client = WeightSyncClient(config.endpoints.weightsync, config.grpc)
+    watcher = WeightWatcher(client, engine, replica_id, on_loaded=on_loaded)
+    task = asyncio.create_task(watcher.run(), name="weight-watcher")
+    return RunningInference(server, engine, watcher, client, task, replica_id)
+
+
+async def serve(config: InferenceRunConfig) -> None:
+    import torch
+
+    provider = setup_telemetry("inference", config.telemetry, config.run.dir)
+    torch.set_num_threads(config.inference.num_threads)
+    running = await start_inference(config)
+    log.info(
+        "serving on %s as %s; waiting for weights from %s",
+        config.endpoints.inference,
+        running.replica_id,
+        config.endpoints.weightsync,
+    )
+    await running.server.serve_forever(on_stop=running.close)
+    provider.shutdown()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    config = load_or_exit(
+        InferenceRunConfig,
+        sys.argv[1:] if argv is None else argv,
+        usage="tidal inference @ cfg.toml",
+    )
+    setup_logging("inference", level=config.telemetry.log_level)
+    asyncio.run(serve(config))

@@ -1,0 +1,3 @@
+from tidal.orchestrator.service import main
+
+main()

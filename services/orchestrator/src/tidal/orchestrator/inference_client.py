@@ -1,0 +1,90 @@
+"""Async client of the inference service (Generate, GetStatus, health).
+
+Calls after start-up pass `wait_for_ready=False`: once a peer has been healthy, a dead
+peer should fail the call within the channel's retry budget (UNAVAILABLE), not hang
+until the call's deadline as wait-for-ready (the channel default) would make it.
+"""
+
+from __future__ import annotations
+
+from tidal.common.channel import make_channel
+from tidal.common.sections import GrpcConfig
+from tidal.orchestrator.peers import PeerError, peer_call, wait_serving
+from tidal.orchestrator.rollouts import Completion
+from tidal.rpc.v1 import common_pb2
+from tidal.rpc.v1 import inference_pb2 as pb
+from tidal.rpc.v1 import inference_pb2_grpc as pb_grpc
+
+FULL_NAME = "tidal.rpc.v1.InferenceService"
+
+
+def completion_from_proto(reply: pb.GenerateResponse) -> Completion:
+    if not len(reply.token_ids) == len(reply.logprobs) == len(reply.policy_versions):
+        raise PeerError(
+            f"inference returned {len(reply.token_ids)} tokens, {len(reply.logprobs)} logprobs "
+            f"and {len(reply.policy_versions)} policy versions for completion {reply.index}"
+        )
+    return Completion(
+        index=reply.index,
+        token_ids=tuple(reply.token_ids),
+        logprobs=tuple(reply.logprobs),
+        policy_versions=tuple(reply.policy_versions),
+        stopped=reply.finish_reason == pb.FINISH_REASON_STOP,
+    )
+
+
+class InferenceClient:
+    def __init__(self, address: str, grpc_config: GrpcConfig | None = None) -> None:
+        self.address = address
+        self.channel = make_channel(address, grpc_config)
+        self.stub = pb_grpc.InferenceServiceStub(self.channel)
+
+    async def wait_serving(self, timeout: float) -> None:
+        await wait_serving(self.channel, FULL_NAME, timeout, peer="inference", address=self.address)
+
+    async def policy_version(self, *, timeout: float = 10.0) -> int:
+        """Newest version the replica has loaded (-1 before the first)."""
+        with peer_call("inference", self.address, "GetStatus"):
+            status = await self.stub.GetStatus(
+                common_pb2.StatusRequest(), timeout=timeout, wait_for_ready=False
+            )
+        return int(status.policy_version)
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        *,
+        n: int,
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        seed: int,
+        stop_token_ids: list[int],
+        request_id: str = "",
+        timeout: float = 300.0,
+    ) -> list[Completion]:
+        """All `n` completions of one prompt, ordered by index."""
+        sampling = pb.SamplingParams(
+            temperature=temperature,
+            top_p=top_p,
+            max_tokens=max_tokens,
+            n=n,
+            seed=seed,
+            stop_token_ids=stop_token_ids,
+        )
+        request = pb.GenerateRequest(
+            request_id=request_id, prompt_ids=prompt_ids, sampling=sampling
+        )
+        completions = []
+        with peer_call("inference", self.address, "Generate"):
+            async for reply in self.stub.Generate(request, timeout=timeout, wait_for_ready=False):
+                completions.append(completion_from_proto(reply))
+        if sorted(c.index for c in completions) != list(range(n)):
+            raise PeerError(
+                f"inference returned completions {sorted(c.index for c in completions)} "
+                f"for n={n} (request {request_id})"
+            )
+        return sorted(completions, key=lambda c: c.index)
+
+    async def close(self) -> None:
+        await self.channel.close()

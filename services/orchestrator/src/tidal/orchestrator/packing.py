@@ -1,0 +1,118 @@
+"""Padding-free packing of training samples into token-budget micro-batches.
+
+Decisions:
+- Samples are concatenated along one token axis (no padding); `position_ids` restart at 0
+  per sample and `sample_lengths` lets the trainer build a block-diagonal causal mask.
+- Bins are filled first-fit decreasing by sample length: near-optimal bin counts for the
+  few hundred short samples of a step, deterministic, and O(n · bins).
+- Alignment follows the MicroBatch contract (trainer.proto): entry t of `loss_mask`,
+  `advantages` and `behaviour_logprobs` refers to predicting `input_ids[t]` from the
+  tokens before it. So prompt tokens have mask 0 and logprob 0, and completion token j
+  (at index len(prompt) + j) carries mask 1 and the logprob inference returned for it.
+  The advantage is broadcast over all of the sample's tokens, as the contract says; the
+  mask decides which of them count.
+- Arrays are numpy only (the orchestrator has no torch); the trainer client encodes them
+  with `tidal.common.tensors.encode_array`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TrainSample:
+    """One sequence to train on: a prompt and a completion with its per-token data."""
+
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    advantage: float
+    """The sample's advantage (1.0 for SFT samples, where it is unused)."""
+    completion_logprobs: tuple[float, ...] = ()
+    """Behaviour logprob of each completion token; empty for SFT samples (read as zeros)."""
+
+    def __post_init__(self) -> None:
+        if not self.prompt_ids:
+            raise ValueError("a sample needs at least one prompt token (BOS)")
+        if self.completion_logprobs and len(self.completion_logprobs) != len(self.completion_ids):
+            raise ValueError(
+                f"{len(self.completion_logprobs)} logprobs for "
+                f"{len(self.completion_ids)} completion tokens"
+            )
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.completion_ids)
+
+
+@dataclass
+class PackedMicroBatch:
+    """The MicroBatch fields as numpy arrays: T tokens of S samples."""
+
+    input_ids: np.ndarray  # int32 [T]
+    position_ids: np.ndarray  # int32 [T]
+    sample_lengths: np.ndarray  # int32 [S]
+    loss_mask: np.ndarray  # float32 [T]
+    advantages: np.ndarray  # float32 [T]
+    behaviour_logprobs: np.ndarray  # float32 [T]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return int(self.loss_mask.sum())
+
+
+def assign_bins(lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """First-fit decreasing: indices of `lengths` grouped into bins of total ≤ budget."""
+    too_long = [n for n in lengths if n > budget]
+    if too_long:
+        raise ValueError(
+            f"a sample of {max(too_long)} tokens exceeds the micro-batch budget of {budget} "
+            "tokens; raise orchestrator.micro_batch_tokens or lower sampling.max_tokens"
+        )
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    free: list[int] = []
+    bins: list[list[int]] = []
+    for i in order:
+        for b, room in enumerate(free):
+            if lengths[i] <= room:
+                free[b] -= lengths[i]
+                bins[b].append(i)
+                break
+        else:
+            free.append(budget - lengths[i])
+            bins.append([i])
+    return bins
+
+
+def build_micro_batch(samples: Sequence[TrainSample]) -> PackedMicroBatch:
+    """Concatenate samples into one padding-free micro-batch (see module docstring)."""
+    ids, pos, mask, adv, logp = [], [], [], [], []
+    for s in samples:
+        n_prompt, n_completion = len(s.prompt_ids), len(s.completion_ids)
+        ids.append(np.asarray(s.prompt_ids + s.completion_ids, dtype=np.int32))
+        pos.append(np.arange(s.num_tokens, dtype=np.int32))
+        mask.append(np.repeat(np.array([0.0, 1.0], dtype=np.float32), [n_prompt, n_completion]))
+        adv.append(np.full(s.num_tokens, s.advantage, dtype=np.float32))
+        completion_logp = s.completion_logprobs or (0.0,) * n_completion
+        logp.append(np.asarray((0.0,) * n_prompt + tuple(completion_logp), dtype=np.float32))
+    return PackedMicroBatch(
+        input_ids=np.concatenate(ids),
+        position_ids=np.concatenate(pos),
+        sample_lengths=np.asarray([s.num_tokens for s in samples], dtype=np.int32),
+        loss_mask=np.concatenate(mask).astype(np.float32),
+        advantages=np.concatenate(adv),
+        behaviour_logprobs=np.concatenate(logp),
+    )
+
+
+def pack_micro_batches(samples: Sequence[TrainSample], budget: int) -> list[PackedMicroBatch]:
+    """Pack all samples into micro-batches of at most `budget` tokens each."""
+    bins = assign_bins([s.num_tokens for s in samples], budget)
+    return [build_micro_batch([samples[i] for i in sorted(b)]) for b in bins]

@@ -1,0 +1,63 @@
+"""Client-side helpers shared by the inference and trainer clients: health and errors.
+
+A failed call to a peer becomes a `PeerError` naming the peer, its address and the
+method, so the orchestrator's exit message says which service to look at.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+
+class PeerError(RuntimeError):
+    """A call to inference, the trainer or weightsync failed."""
+
+
+@contextmanager
+def peer_call(peer: str, address: str, method: str) -> Iterator[None]:
+    try:
+        yield
+    except grpc.aio.AioRpcError as exc:
+        raise PeerError(
+            f"{peer} at {address}: {method} failed with {exc.code().name}: {exc.details()}"
+        ) from exc
+
+
+async def wait_serving(
+    channel: grpc.aio.Channel, service: str, timeout: float, *, peer: str, address: str
+) -> None:
+    """Wait until `service` reports SERVING, for at most `timeout` seconds.
+
+    Each health Check waits for the channel to connect (wait-for-ready) within the
+    remaining deadline; a server that is up but NOT_SERVING yet (still loading) is asked
+    again after a short back-off. Check rather than Watch: tidal's error-mapping server
+    interceptor does not pass grpc_health's Watch through (see the orchestrator report).
+    """
+    stub = health_pb2_grpc.HealthStub(channel)
+    request = health_pb2.HealthCheckRequest(service=service)
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    status = "UNKNOWN"
+    while (remaining := deadline - time.monotonic()) > 0:
+        try:
+            reply = await stub.Check(request, timeout=remaining, wait_for_ready=True)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE):
+                raise PeerError(
+                    f"{peer} at {address}: health Check failed with {exc.code().name}: "
+                    f"{exc.details()}"
+                ) from exc
+            status = exc.code().name
+        else:
+            if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                return
+            status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+        await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, 1.0)
+    raise PeerError(f"{peer} at {address} not SERVING after {timeout:.0f}s (last: {status})")

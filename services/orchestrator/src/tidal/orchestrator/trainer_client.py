@@ -1,0 +1,83 @@
+"""Async client of the trainer service: Train with packed micro-batches, status, health.
+
+Calls after start-up pass `wait_for_ready=False`: once a peer has been healthy, a dead
+peer should fail the call within the channel's retry budget (UNAVAILABLE), not hang
+until the call's deadline as wait-for-ready (the channel default) would make it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tidal.common.channel import make_channel
+from tidal.common.sections import GrpcConfig
+from tidal.common.tensors import encode_array
+from tidal.orchestrator.packing import PackedMicroBatch
+from tidal.orchestrator.peers import peer_call, wait_serving
+from tidal.rpc.v1 import common_pb2
+from tidal.rpc.v1 import trainer_pb2 as pb
+from tidal.rpc.v1 import trainer_pb2_grpc as pb_grpc
+
+FULL_NAME = "tidal.rpc.v1.TrainerService"
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    step: int
+    policy_version: int
+    metrics: dict[str, float]
+    duplicate: bool
+
+
+def micro_batch_to_proto(batch: PackedMicroBatch) -> pb.MicroBatch:
+    return pb.MicroBatch(
+        input_ids=encode_array(batch.input_ids),
+        position_ids=encode_array(batch.position_ids),
+        sample_lengths=encode_array(batch.sample_lengths),
+        loss_mask=encode_array(batch.loss_mask),
+        advantages=encode_array(batch.advantages),
+        behaviour_logprobs=encode_array(batch.behaviour_logprobs),
+    )
+
+
+class TrainerClient:
+    def __init__(self, address: str, grpc_config: GrpcConfig | None = None) -> None:
+        self.address = address
+        self.channel = make_channel(address, grpc_config)
+        self.stub = pb_grpc.TrainerServiceStub(self.channel)
+
+    async def wait_serving(self, timeout: float) -> None:
+        await wait_serving(self.channel, FULL_NAME, timeout, peer="trainer", address=self.address)
+
+    async def last_step(self, *, timeout: float = 10.0) -> int:
+        """The last step the trainer has trained (0 before any)."""
+        with peer_call("trainer", self.address, "GetStatus"):
+            status = await self.stub.GetStatus(
+                common_pb2.StatusRequest(), timeout=timeout, wait_for_ready=False
+            )
+        return int(status.step)
+
+    async def train(
+        self,
+        step: int,
+        micro_batches: Sequence[PackedMicroBatch],
+        *,
+        sft: bool,
+        timeout: float = 600.0,
+    ) -> TrainResult:
+        loss = pb.LOSS_KIND_SFT if sft else pb.LOSS_KIND_POLICY_GRADIENT
+        request = pb.TrainRequest(
+            step=step, micro_batches=[micro_batch_to_proto(b) for b in micro_batches], loss=loss
+        )
+        with peer_call("trainer", self.address, f"Train(step={step})"):
+            reply = await self.stub.Train(request, timeout=timeout, wait_for_ready=False)
+        return TrainResult(
+            step=int(reply.step),
+            policy_version=int(reply.policy_version),
+            metrics=dict(reply.metrics),
+            duplicate=reply.duplicate,
+        )
+
+    async def close(self) -> None:
+        await self.channel.close()

@@ -1,0 +1,3 @@
+from tidal.trainer.service import main
+
+main()

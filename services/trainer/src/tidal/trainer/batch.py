@@ -1,0 +1,117 @@
+"""The packed micro-batch as the trainer's domain type, and its validation.
+
+Decisions:
+- `MicroBatchData` mirrors the `MicroBatch` contract (trainer.proto) as torch tensors:
+  S samples concatenated along one token axis of length T, no padding. Token ids and
+  positions are int64 (what embedding lookups index with), the rest fp32.
+- Entry t of `loss_mask`, `advantages` and `behaviour_logprobs` refers to predicting
+  `input_ids[t]` from the tokens before it, so the logits at t-1 score it. A sample's
+  first token has no prediction inside its sample, hence its loss_mask must be 0;
+  validation refuses a batch that breaks this rather than silently dropping the token,
+  because it means the sender's alignment is off by one.
+- Validation raises `InvalidArgument` naming the field (`micro_batches[2].input_ids`), so
+  a caller can fix its request; it runs before the request takes the training lock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+
+from tidal.common.errors import InvalidArgument
+
+TOKEN_FIELDS = ("input_ids", "position_ids", "loss_mask", "advantages", "behaviour_logprobs")
+
+
+@dataclass(frozen=True)
+class MicroBatchData:
+    input_ids: torch.Tensor  # (T,) int64
+    position_ids: torch.Tensor  # (T,) int64, restarting at 0 for each sample
+    sample_lengths: torch.Tensor  # (S,) int64, sums to T
+    loss_mask: torch.Tensor  # (T,) float32, 1 = trained token
+    advantages: torch.Tensor  # (T,) float32
+    behaviour_logprobs: torch.Tensor  # (T,) float32
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return int(self.loss_mask.sum().item())
+
+    def to(self, device: Any) -> MicroBatchData:
+        return MicroBatchData(
+            **{f.name: getattr(self, f.name).to(device, non_blocking=True) for f in fields(self)}
+        )
+
+
+def positions_for(sample_lengths: torch.Tensor) -> torch.Tensor:
+    """Positions restarting at 0 per sample: (S,) lengths → (T,)."""
+    total = int(sample_lengths.sum().item())
+    starts = torch.cumsum(sample_lengths, 0) - sample_lengths  # (S,) first index of each sample
+    return torch.arange(total) - torch.repeat_interleave(starts, sample_lengths)
+
+
+def validate_micro_batch(
+    batch: MicroBatchData, *, field: str, vocab_size: int, max_seq_len: int
+) -> None:
+    """Raise InvalidArgument(`{field}.<tensor>`, ...) unless `batch` honours the contract."""
+    t = batch.num_tokens
+    for name in TOKEN_FIELDS:
+        shape = tuple(getattr(batch, name).shape)
+        if len(shape) != 1:
+            raise InvalidArgument(f"{field}.{name}", f"must be 1-D [T], got shape {list(shape)}")
+        if shape[0] != t:
+            raise InvalidArgument(
+                f"{field}.{name}", f"has {shape[0]} entries, input_ids has {t} (all must be [T])"
+            )
+    if t == 0:
+        raise InvalidArgument(f"{field}.input_ids", "is empty; a micro-batch needs tokens")
+    lengths = batch.sample_lengths
+    if lengths.dim() != 1 or lengths.numel() == 0:
+        raise InvalidArgument(
+            f"{field}.sample_lengths",
+            f"must be 1-D [S] with S >= 1, got shape {list(lengths.shape)}",
+        )
+    if int(lengths.min()) < 1:
+        raise InvalidArgument(f"{field}.sample_lengths", "every sample needs at least 1 token")
+    if int(lengths.max()) > max_seq_len:
+        raise InvalidArgument(
+            f"{field}.sample_lengths",
+            f"a sample has {int(lengths.max())} tokens, more than the model's "
+            f"max_seq_len {max_seq_len}",
+        )
+    if int(lengths.sum()) != t:
+        raise InvalidArgument(
+            f"{field}.sample_lengths", f"sums to {int(lengths.sum())}, but input_ids has {t} tokens"
+        )
+    ids = batch.input_ids
+    if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
+        bad = int(ids[(ids < 0) | (ids >= vocab_size)][0])
+        raise InvalidArgument(
+            f"{field}.input_ids", f"token id {bad} is outside the vocabulary [0, {vocab_size})"
+        )
+    if not torch.equal(batch.position_ids, positions_for(lengths)):
+        raise InvalidArgument(
+            f"{field}.position_ids", "must count 0, 1, … within each sample of sample_lengths"
+        )
+    _validate_floats(batch, field)
+
+
+def _validate_floats(batch: MicroBatchData, field: str) -> None:
+    for name in ("loss_mask", "advantages", "behaviour_logprobs"):
+        if not bool(torch.isfinite(getattr(batch, name)).all()):
+            raise InvalidArgument(f"{field}.{name}", "contains NaN or infinite values")
+    mask = batch.loss_mask
+    if not bool(((mask == 0) | (mask == 1)).all()):
+        raise InvalidArgument(f"{field}.loss_mask", "values must be 0 or 1")
+    starts = torch.cumsum(batch.sample_lengths, 0) - batch.sample_lengths  # (S,)
+    if bool((mask[starts] != 0).any()):
+        raise InvalidArgument(
+            f"{field}.loss_mask",
+            "is 1 at a sample's first token, which has no prediction inside its sample "
+            "(entry t scores input_ids[t] given the tokens before it)",
+        )

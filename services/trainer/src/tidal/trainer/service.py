@@ -1,0 +1,105 @@
+"""Run the trainer service: `tidal trainer @ cfg.toml` or `python -m tidal.trainer`.
+
+Start-up order: model and optimizer → gRPC server up but NOT_SERVING (so probes get an
+answer) → refuse to start if weightsync already has versions → publish version 0 →
+SERVING. `start_trainer` does all of it and is what contract tests run; `serve` adds
+telemetry and waits for SIGTERM. torch-bearing modules are imported inside them, after
+the config parsed, so `--help` and `--dry-run` stay instant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tidal.common.config import load_or_exit
+from tidal.common.errors import ConfigError, FailedPrecondition
+from tidal.common.logging import setup_logging
+from tidal.common.server import GrpcServer, ServiceBinding
+from tidal.common.telemetry import setup_telemetry
+from tidal.trainer.config import TrainerRunConfig
+from tidal.weightsync.client import WeightSyncClient
+
+if TYPE_CHECKING:
+    from tidal.trainer.runner import StepRunner
+
+log = logging.getLogger(__name__)
+FULL_NAME = "tidal.rpc.v1.TrainerService"
+
+
+def resolve_device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("trainer.device is 'cuda' but CUDA is not available")
+    return name
+
+
+@dataclass
+class RunningTrainer:
+    server: GrpcServer
+    runner: StepRunner
+    client: WeightSyncClient
+
+    async def stop(self) -> None:
+        await self.server.stop()
+        await self.client.close()
+
+
+async def start_trainer(config: TrainerRunConfig) -> RunningTrainer:
+    """Build, serve NOT_SERVING, publish version 0, then SERVING. Raises FailedPrecondition
+    (after stopping what it started) when weightsync already holds versions."""
+    import torch
+
+    from tidal.rpc.v1 import trainer_pb2_grpc as pb_grpc
+    from tidal.trainer.publisher import WeightPublisher
+    from tidal.trainer.runner import StepRunner
+    from tidal.trainer.servicer import TrainerServicer
+    from tidal.trainer.train_step import Trainer
+
+    torch.set_num_threads(config.trainer.num_threads)
+    device = resolve_device(config.trainer.device)
+    trainer = Trainer(config.trainer, seed=config.run.seed, device=torch.device(device))
+    client = WeightSyncClient(config.endpoints.weightsync, config.grpc)
+    publisher = WeightPublisher(config.publish_dir, client, trainer.hf_config())
+    runner = StepRunner(trainer, publisher)
+    servicer = TrainerServicer(runner, device=device)
+    binding = ServiceBinding(servicer, pb_grpc.add_TrainerServiceServicer_to_server, FULL_NAME)
+    address = config.grpc.listen_address(config.endpoints.trainer)
+    running = RunningTrainer(GrpcServer(address, [binding], config.grpc), runner, client)
+    await running.server.start(serving=False)
+    log.info("model %s on %s; publishing to %s", trainer.describe(), device, config.publish_dir)
+    try:
+        await runner.start()
+    except BaseException:
+        await running.stop()
+        raise
+    await running.server.set_serving(True)
+    return running
+
+
+async def serve(config: TrainerRunConfig) -> None:
+    provider = setup_telemetry("trainer", config.telemetry, config.run.dir)
+    try:
+        running = await start_trainer(config)
+    except FailedPrecondition as exc:
+        log.error("cannot start: %s", exc)
+        provider.shutdown()
+        raise SystemExit(1) from None
+    log.info("serving on %s", config.endpoints.trainer)
+    await running.server.serve_forever(on_stop=running.client.close)
+    provider.shutdown()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    config = load_or_exit(
+        TrainerRunConfig, sys.argv[1:] if argv is None else argv, usage="tidal trainer @ cfg.toml"
+    )
+    setup_logging("trainer", level=config.telemetry.log_level)
+    asyncio.run(serve(config))

@@ -1,0 +1,101 @@
+"""TrainerService: proto ⇄ domain (`MicroBatchData`, `StepRunner`). Errors are raised.
+
+Every request is validated in full before it reaches the runner: a malformed request is
+always INVALID_ARGUMENT naming the field (`micro_batches[2].input_ids`), even when its
+step id is one already trained.
+"""
+
+from __future__ import annotations
+
+import grpc
+import torch
+
+from tidal.common.errors import InvalidArgument
+from tidal.common.tensors import decode_tensor
+from tidal.rpc.v1 import common_pb2
+from tidal.rpc.v1 import trainer_pb2 as pb
+from tidal.rpc.v1 import trainer_pb2_grpc as pb_grpc
+from tidal.trainer.batch import MicroBatchData, validate_micro_batch
+from tidal.trainer.runner import StepRunner
+from tidal.trainer.train_step import LossKind
+
+# Contract dtype of each MicroBatch tensor, and the dtype the trainer computes with.
+_FIELDS: dict[str, tuple[str, torch.dtype]] = {
+    "input_ids": ("int32", torch.int64),
+    "position_ids": ("int32", torch.int64),
+    "sample_lengths": ("int32", torch.int64),
+    "loss_mask": ("float32", torch.float32),
+    "advantages": ("float32", torch.float32),
+    "behaviour_logprobs": ("float32", torch.float32),
+}
+_LOSS_KINDS: dict[int, LossKind] = {pb.LOSS_KIND_POLICY_GRADIENT: "pg", pb.LOSS_KIND_SFT: "sft"}
+
+
+def micro_batch_from_proto(message: pb.MicroBatch, *, field: str) -> MicroBatchData:
+    tensors: dict[str, torch.Tensor] = {}
+    for name, (wire_dtype, dtype) in _FIELDS.items():
+        if not message.HasField(name):
+            raise InvalidArgument(f"{field}.{name}", "is missing")
+        tensor = getattr(message, name)
+        if tensor.dtype != wire_dtype:
+            raise InvalidArgument(
+                f"{field}.{name}.dtype", f"must be {wire_dtype}, got {tensor.dtype!r}"
+            )
+        tensors[name] = decode_tensor(tensor, field=f"{field}.{name}").to(dtype)
+    return MicroBatchData(**tensors)
+
+
+class TrainerServicer(pb_grpc.TrainerServiceServicer):
+    def __init__(self, runner: StepRunner, *, device: str) -> None:
+        self.runner = runner
+        self.device = device
+        model = runner.trainer.config.model
+        self.vocab_size = model.vocab_size
+        self.max_seq_len = model.max_seq_len
+
+    def _decode(self, request: pb.TrainRequest) -> tuple[list[MicroBatchData], LossKind]:
+        if request.step < 1:
+            raise InvalidArgument("step", f"steps are 1-indexed, got {request.step}")
+        kind = _LOSS_KINDS.get(request.loss)
+        if kind is None:
+            names = ", ".join(pb.LossKind.Name(k) for k in _LOSS_KINDS)
+            raise InvalidArgument("loss", f"must be one of {names}, got {request.loss}")
+        if not request.micro_batches:
+            raise InvalidArgument("micro_batches", "must hold at least one micro-batch")
+        batches = []
+        for i, message in enumerate(request.micro_batches):
+            field = f"micro_batches[{i}]"
+            batch = micro_batch_from_proto(message, field=field)
+            validate_micro_batch(
+                batch, field=field, vocab_size=self.vocab_size, max_seq_len=self.max_seq_len
+            )
+            batches.append(batch)
+        if sum(b.num_loss_tokens for b in batches) == 0:
+            raise InvalidArgument("micro_batches", "no token of the step has loss_mask 1")
+        return batches, kind
+
+    async def Train(
+        self, request: pb.TrainRequest, context: grpc.aio.ServicerContext
+    ) -> pb.TrainResponse:
+        batches, kind = self._decode(request)
+        result = await self.runner.train(request.step, batches, kind)
+        return pb.TrainResponse(
+            step=result.step,
+            policy_version=result.policy_version,
+            metrics=result.metrics,
+            duplicate=result.duplicate,
+        )
+
+    async def GetStatus(
+        self, request: common_pb2.StatusRequest, context: grpc.aio.ServicerContext
+    ) -> pb.TrainerStatus:
+        runner = self.runner
+        return pb.TrainerStatus(
+            step=runner.last_step,
+            policy_version=max(runner.policy_version, 0),
+            steps_trained=runner.steps_trained,
+            duplicates_answered=runner.duplicates_answered,
+            num_parameters=runner.trainer.num_parameters,
+            model=runner.trainer.describe(),
+            device=self.device,
+        )

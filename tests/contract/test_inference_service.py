@@ -1,0 +1,282 @@
+"""InferenceService over real in-process servers: weight-sync, then inference watching it.
+
+Each test publishes a tiny model (tied embeddings, published without `lm_head.weight`,
+as the trainer does) through the real weight-sync servicer and starts the real inference
+service (`start_inference`, what `serve` runs) on a free loopback port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from tidal.common.sections import Endpoints, GrpcConfig, RunSection, TelemetryConfig
+from tidal.common.server import GrpcServer, ServiceBinding
+from tidal.common.tokenizer import ByteTokenizer
+from tidal.inference.config import InferenceConfig, InferenceRunConfig
+from tidal.inference.service import RunningInference, start_inference
+from tidal.rpc.v1 import common_pb2, weightsync_pb2_grpc
+from tidal.rpc.v1 import inference_pb2 as pb
+from tidal.rpc.v1 import inference_pb2_grpc as pb_grpc
+from tidal.trainer.models.llama.model import LlamaArgs, LlamaForCausalLM
+from tidal.weightsync.client import WeightSyncClient
+from tidal.weightsync.filesystem import write_version
+from tidal.weightsync.manifest import VersionEvent, WeightManifest
+from tidal.weightsync.servicer import WeightSyncServicer
+
+ARGS = LlamaArgs(
+    vocab_size=264, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=64
+)
+REPLICA = "inference-test"
+TOK = ByteTokenizer()
+
+
+def write_model(root: Path, version: int) -> WeightManifest:
+    torch.manual_seed(version)
+    model = LlamaForCausalLM(ARGS)
+    model.init_weights(std=0.3)
+    state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    return write_version(
+        root, version=version, step=version, state_dict=state, config=ARGS.to_hf_config()
+    )
+
+
+async def publish(ws: Any, version: int) -> WeightManifest:
+    manifest = write_model(ws.root, version)
+    client = WeightSyncClient(ws.address)
+    await client.publish(manifest)
+    await client.close()
+    return manifest
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.05)
+
+
+@dataclass
+class Inference:
+    running: RunningInference
+    stub: pb_grpc.InferenceServiceStub
+    health: health_pb2_grpc.HealthStub
+
+    async def status(self) -> pb.InferenceStatus:
+        return await self.stub.GetStatus(common_pb2.StatusRequest())
+
+    async def serving(self) -> bool:
+        reply = await self.health.Check(health_pb2.HealthCheckRequest(service=""))
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+    async def generate(self, **fields: object) -> list[pb.GenerateResponse]:
+        replies = [r async for r in self.stub.Generate(pb.GenerateRequest(**fields))]
+        return sorted(replies, key=lambda r: r.index)
+
+    async def at_version(self, version: int) -> None:
+        async def check() -> bool:
+            return (await self.status()).policy_version == version
+
+        await eventually(check)
+
+
+@pytest.fixture
+async def inference(weightsync_server: Any, tmp_path: Path) -> AsyncIterator[Inference]:
+    config = InferenceRunConfig(
+        run=RunSection(output_dir=tmp_path),
+        endpoints=Endpoints(weightsync=weightsync_server.address, inference="127.0.0.1:0"),
+        grpc=GrpcConfig(shutdown_grace_s=0.2),
+        telemetry=TelemetryConfig(traces_file=False),
+        inference=InferenceConfig(device="cpu", replica_id=REPLICA),
+    )
+    running = await start_inference(config)
+    # A plain channel: the service channel's retry policy would retry UNAVAILABLE answers.
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{running.port}")
+    yield Inference(
+        running, pb_grpc.InferenceServiceStub(channel), health_pb2_grpc.HealthStub(channel)
+    )
+    await channel.close()
+    await running.server.stop()
+    await running.close()
+
+
+@pytest.fixture
+async def ready(weightsync_server: Any, inference: Inference) -> Inference:
+    await publish(weightsync_server, 0)
+    await inference.at_version(0)
+    return inference
+
+
+SAMPLING = pb.SamplingParams(max_tokens=8, temperature=1.0, n=4, seed=3)
+
+
+async def test_unavailable_and_not_serving_until_first_version(
+    weightsync_server: Any, inference: Inference
+) -> None:
+    assert not await inference.serving()
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await inference.generate(prompt="hi", sampling=SAMPLING)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert (await inference.status()).policy_version == -1
+    await publish(weightsync_server, 0)
+    await eventually(inference.serving)
+    assert len(await inference.generate(prompt="hi", sampling=SAMPLING)) == 4
+
+
+async def test_generate_returns_n_consistent_completions(ready: Inference) -> None:
+    replies = await ready.generate(prompt="hi", sampling=SAMPLING)
+    assert [r.index for r in replies] == [0, 1, 2, 3]
+    for r in replies:
+        assert list(r.prompt_ids) == [TOK.bos_id, *b"hi"]
+        assert len(r.token_ids) == len(r.logprobs) == len(r.policy_versions) == 8
+        assert set(r.policy_versions) == {0}
+        assert all(lp <= 0 for lp in r.logprobs)
+        assert r.finish_reason == pb.FINISH_REASON_LENGTH
+        assert r.text == TOK.decode(r.token_ids)
+    again = await ready.generate(prompt="hi", sampling=SAMPLING)
+    assert [list(r.token_ids) for r in again] == [list(r.token_ids) for r in replies]  # seeded
+
+
+async def test_stop_token_ends_generation(ready: Inference) -> None:
+    greedy = pb.SamplingParams(max_tokens=10, temperature=0.0)
+    (full,) = await ready.generate(prompt_ids=[TOK.bos_id, 7, 8], sampling=greedy)
+    stop = full.token_ids[3]
+    greedy.stop_token_ids.append(stop)
+    (stopped,) = await ready.generate(prompt_ids=[TOK.bos_id, 7, 8], sampling=greedy)
+    first = list(full.token_ids).index(stop)
+    assert list(stopped.token_ids) == list(full.token_ids)[: first + 1]
+    assert stopped.finish_reason == pb.FINISH_REASON_STOP
+
+
+GOOD = pb.SamplingParams(max_tokens=4)
+BAD_REQUESTS = [
+    ("prompt_ids", pb.GenerateRequest(prompt_ids=[1], prompt="a", sampling=GOOD)),
+    ("prompt_ids", pb.GenerateRequest(sampling=GOOD)),
+    ("prompt_ids[3]", pb.GenerateRequest(prompt_ids=[1, 2, 3, 300], sampling=GOOD)),
+    ("prompt_ids[0]", pb.GenerateRequest(prompt_ids=[-1], sampling=GOOD)),
+    ("prompt_ids", pb.GenerateRequest(prompt_ids=[1] * ARGS.max_seq_len, sampling=GOOD)),
+    ("prompt", pb.GenerateRequest(prompt="x" * ARGS.max_seq_len, sampling=GOOD)),
+    ("sampling.max_tokens", pb.GenerateRequest(prompt="a")),
+    ("sampling.n", pb.GenerateRequest(prompt="a", sampling=pb.SamplingParams(max_tokens=4, n=-1))),
+    (
+        "sampling.temperature",
+        pb.GenerateRequest(prompt="a", sampling=pb.SamplingParams(max_tokens=4, temperature=-1)),
+    ),
+    (
+        "sampling.top_p",
+        pb.GenerateRequest(prompt="a", sampling=pb.SamplingParams(max_tokens=4, top_p=1.5)),
+    ),
+    (
+        "sampling.top_p",
+        pb.GenerateRequest(prompt="a", sampling=pb.SamplingParams(max_tokens=4, top_p=-0.1)),
+    ),
+    (
+        "sampling.top_k",
+        pb.GenerateRequest(prompt="a", sampling=pb.SamplingParams(max_tokens=4, top_k=-1)),
+    ),
+    (
+        "sampling.stop_token_ids[0]",
+        pb.GenerateRequest(
+            prompt="a", sampling=pb.SamplingParams(max_tokens=4, stop_token_ids=[999])
+        ),
+    ),
+]
+
+
+async def test_bad_inputs_are_invalid_argument_naming_the_field(ready: Inference) -> None:
+    for field, request in BAD_REQUESTS:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            [r async for r in ready.stub.Generate(request)]
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, field
+        assert err.value.details().startswith(f"{field}:"), (field, err.value.details())
+    assert len(await ready.generate(prompt="ok", sampling=SAMPLING)) == 4  # still serving
+
+
+async def test_cancelled_call_leaves_the_server_serving(ready: Inference) -> None:
+    call = ready.stub.Generate(
+        pb.GenerateRequest(prompt="a", sampling=pb.SamplingParams(max_tokens=50, n=16))
+    )
+    await asyncio.sleep(0.05)
+    call.cancel()
+    assert len(await ready.generate(prompt="b", sampling=SAMPLING)) == 4
+
+
+async def test_new_version_is_loaded_acked_and_traced(
+    weightsync_server: Any, ready: Inference, span_exporter: InMemorySpanExporter
+) -> None:
+    await publish(weightsync_server, 1)
+    await ready.at_version(1)
+    status = await ready.status()
+    assert (status.replica_id, status.vocab_size, status.max_seq_len) == (REPLICA, 264, 64)
+    assert REPLICA in weightsync_server.registry.get(1).loaded_by
+    (reply,) = await ready.generate(prompt="hi", sampling=pb.SamplingParams(max_tokens=3))
+    assert set(reply.policy_versions) == {1}
+    # the load of version 1 joined the publish's trace
+    publish_trace = weightsync_server.registry.get(1).trace_context["traceparent"].split("-")[1]
+    loads = [
+        s
+        for s in span_exporter.get_finished_spans()
+        if s.name == "inference.load_weights" and s.attributes["weights.version"] == 1
+    ]
+    assert [f"{s.context.trace_id:032x}" for s in loads] == [publish_trace]
+    batches = [s for s in span_exporter.get_finished_spans() if s.name == "inference.batch"]
+    assert batches[-1].links  # linked to the Generate span that asked for it
+
+
+async def test_corrupt_or_misfit_versions_are_skipped_and_old_one_served(
+    weightsync_server: Any,
+    ready: Inference,
+) -> None:
+    corrupt = write_model(weightsync_server.root, 5)
+    weights = Path(corrupt.location) / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    misfit_args = LlamaArgs(264, 48, 1, 4, 2, 64, 64)
+    misfit = write_version(
+        weightsync_server.root,
+        version=6,
+        step=6,
+        state_dict={
+            k: v
+            for k, v in LlamaForCausalLM(misfit_args).state_dict().items()
+            if "lm_head" not in k
+        },
+        config=misfit_args.to_hf_config(),
+    )
+    watcher = ready.running.watcher
+    assert not await watcher.load(VersionEvent(corrupt))
+    assert not await watcher.load(VersionEvent(misfit))
+    assert watcher.skipped == [5, 6]
+    assert (await ready.status()).policy_version == 0
+    (reply,) = await ready.generate(prompt="hi", sampling=pb.SamplingParams(max_tokens=3))
+    assert set(reply.policy_versions) == {0}
+
+
+async def test_watch_reconnects_after_weightsync_restart(
+    weightsync_server: Any, ready: Inference
+) -> None:
+    await weightsync_server.server.stop()
+    await asyncio.sleep(0.3)  # the watch stream breaks; the watcher backs off and retries
+    binding = ServiceBinding(
+        WeightSyncServicer(weightsync_server.registry, chunk_bytes=1 << 16),
+        weightsync_pb2_grpc.add_WeightSyncServiceServicer_to_server,
+        "tidal.rpc.v1.WeightSyncService",
+    )
+    restarted = GrpcServer(weightsync_server.address, [binding], GrpcConfig(shutdown_grace_s=0.2))
+    await restarted.start()
+    try:
+        await publish(weightsync_server, 1)
+        await ready.at_version(1)
+    finally:
+        await restarted.stop()

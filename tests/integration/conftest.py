@@ -1,0 +1,85 @@
+"""Helpers for integration tests: run `tidal rl` as a real process tree on loopback."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_CONFIG = ROOT / "configs" / "default.toml"
+
+
+@dataclass
+class LaunchedRun:
+    process: subprocess.Popen[str]
+    run_dir: Path
+
+    def wait_for_config(self, timeout: float = 60) -> dict:  # type: ignore[type-arg]
+        path = self.run_dir / "config.toml"
+        deadline = time.monotonic() + timeout
+        while not path.is_file():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"no {path}; launcher output:\n{self.output()}")
+            time.sleep(0.1)
+        return tomllib.loads(path.read_text())
+
+    def output(self) -> str:
+        if self.process.poll() is None:
+            return "(still running)"
+        return self.process.stdout.read() if self.process.stdout else ""
+
+    def stop(self, timeout: float = 60) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+        return self.process.wait(timeout=timeout)
+
+
+def tidal_rl(tmp_path: Path, *overrides: str) -> LaunchedRun:
+    run_dir = tmp_path / "outputs" / "it"
+    command = [
+        sys.executable,
+        "-m",
+        "tidal.cli",
+        "rl",
+        "@",
+        str(DEFAULT_CONFIG),
+        "--run.output-dir",
+        str(tmp_path / "outputs"),
+        "--run.name",
+        "it",
+        *overrides,
+    ]
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    return LaunchedRun(process, run_dir)
+
+
+@pytest.fixture
+def launch(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
+    runs: list[LaunchedRun] = []
+
+    def _launch(*overrides: str) -> LaunchedRun:
+        run = tidal_rl(tmp_path, *overrides)
+        runs.append(run)
+        return run
+
+    yield _launch
+    for run in runs:
+        if run.process.poll() is None:
+            run.process.kill()
+            run.process.wait()

@@ -1,0 +1,66 @@
+"""Building the served model from an HF config and loading published weights into it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tidal.inference.loading import build_model, check_compatible, load_weights
+from tidal.trainer.models.llama.model import LlamaArgs, LlamaForCausalLM
+
+ARGS = LlamaArgs(
+    vocab_size=40, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=32, max_seq_len=16
+)
+CPU = torch.device("cpu")
+
+
+def source() -> dict[str, torch.Tensor]:
+    model = LlamaForCausalLM(ARGS)
+    model.init_weights(std=0.5)
+    return {k: v.clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+
+
+def test_tied_head_may_be_omitted_and_follows_the_embedding() -> None:
+    model = build_model(ARGS.to_hf_config(), device=CPU, dtype=torch.float32)
+    state = source()
+    load_weights(model, state)
+    assert torch.equal(model.model.embed_tokens.weight, state["model.embed_tokens.weight"])
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
+def test_bad_state_dict_changes_nothing() -> None:
+    model = build_model(ARGS.to_hf_config(), device=CPU, dtype=torch.float32)
+    good = source()
+    load_weights(model, good)
+    bad = source()
+    bad["model.norm.weight"] = torch.ones(3)  # wrong shape, after good tensors in order
+    with pytest.raises(ValueError, match=r"model\.norm\.weight has shape \(3,\)"):
+        load_weights(model, bad)
+    assert torch.equal(model.model.embed_tokens.weight, good["model.embed_tokens.weight"])
+    extra = {**source(), "model.extra": torch.zeros(1)}
+    with pytest.raises(ValueError, match=r"unexpected \['model.extra'\]"):
+        load_weights(model, extra)
+
+
+def test_untied_model_requires_the_head() -> None:
+    untied = LlamaArgs(**{**ARGS.as_dict(), "tie_embeddings": False})
+    model = build_model(untied.to_hf_config(), device=CPU, dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"missing \['lm_head.weight'\]"):
+        load_weights(model, source())
+
+
+def test_bfloat16_model_keeps_fp32_rope_tables_and_fp32_logits() -> None:
+    model = build_model(ARGS.to_hf_config(), device=CPU, dtype=torch.bfloat16)
+    load_weights(model, source())
+    assert model.lm_head.weight.dtype == torch.bfloat16
+    assert model.rope_cos.dtype == torch.float32
+    logits = model(torch.tensor([[1, 2, 3]]), torch.arange(3)[None])
+    assert logits.dtype == torch.float32 and torch.isfinite(logits).all()
+
+
+def test_config_change_is_refused() -> None:
+    model = build_model(ARGS.to_hf_config(), device=CPU, dtype=torch.float32)
+    wider = LlamaArgs(**{**ARGS.as_dict(), "dim": 32})
+    with pytest.raises(ValueError, match=r"'dim': \(16, 32\)"):
+        check_compatible(model, wider.to_hf_config())
+    check_compatible(model, ARGS.to_hf_config())

@@ -1,0 +1,86 @@
+"""Padding-free packing: budgets, token conservation and the MicroBatch alignment contract."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from tidal.orchestrator.packing import (
+    TrainSample,
+    assign_bins,
+    build_micro_batch,
+    pack_micro_batches,
+)
+
+
+def _samples(count: int, seed: int = 0) -> list[TrainSample]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        prompt = tuple(rng.randrange(256) for _ in range(rng.randint(1, 12)))
+        completion = tuple(rng.randrange(256) for _ in range(rng.randint(1, 20)))
+        logprobs = tuple(-rng.random() for _ in completion)
+        out.append(
+            TrainSample(prompt, completion, advantage=float(i), completion_logprobs=logprobs)
+        )
+    return out
+
+
+@pytest.mark.parametrize("budget", [32, 57, 200])
+def test_no_micro_batch_exceeds_the_budget(budget: int) -> None:
+    batches = pack_micro_batches(_samples(100), budget)
+    assert all(b.num_tokens <= budget for b in batches)
+
+
+def test_every_sample_is_packed_exactly_once() -> None:
+    samples = _samples(100)
+    batches = pack_micro_batches(samples, 64)
+    # each sample's advantage is its index, so the (advantage, tokens) pairs identify it
+    seen = []
+    for b in batches:
+        starts = np.concatenate([[0], np.cumsum(b.sample_lengths)[:-1]])
+        for start, length in zip(starts, b.sample_lengths, strict=True):
+            seen.append((int(b.advantages[start]), tuple(b.input_ids[start : start + length])))
+    expected = [(i, s.prompt_ids + s.completion_ids) for i, s in enumerate(samples)]
+    assert sorted(seen) == sorted(expected)
+    assert sum(b.num_tokens for b in batches) == sum(s.num_tokens for s in samples)
+
+
+def test_first_fit_decreasing_fills_bins() -> None:
+    assert assign_bins([6, 5, 4, 3, 2], budget=10) == [[0, 2], [1, 3, 4]]
+
+
+def test_sample_longer_than_the_budget_is_an_error() -> None:
+    with pytest.raises(ValueError, match="micro_batch_tokens"):
+        pack_micro_batches(_samples(3), 2)
+
+
+def test_arrays_follow_the_micro_batch_contract() -> None:
+    a = TrainSample((256, 97, 62), (98, 257), advantage=0.5, completion_logprobs=(-0.1, -0.2))
+    b = TrainSample((256, 99), (100,), advantage=-1.0, completion_logprobs=(-0.3,))
+    mb = build_micro_batch([a, b])
+    assert mb.input_ids.dtype == np.int32 and mb.position_ids.dtype == np.int32
+    assert mb.sample_lengths.dtype == np.int32
+    assert {mb.loss_mask.dtype, mb.advantages.dtype, mb.behaviour_logprobs.dtype} == {
+        np.dtype(np.float32)
+    }
+    assert mb.input_ids.tolist() == [256, 97, 62, 98, 257, 256, 99, 100]
+    assert mb.position_ids.tolist() == [0, 1, 2, 3, 4, 0, 1, 2]  # restart per sample
+    assert mb.sample_lengths.tolist() == [5, 3]
+    # entry t is about predicting input_ids[t]: prompt tokens 0, completion tokens 1
+    assert mb.loss_mask.tolist() == [0, 0, 0, 1, 1, 0, 0, 1]
+    np.testing.assert_allclose(mb.behaviour_logprobs, [0, 0, 0, -0.1, -0.2, 0, 0, -0.3])
+    np.testing.assert_allclose(mb.advantages, [0.5] * 5 + [-1.0] * 3)
+
+
+def test_sft_samples_without_logprobs_get_zero_logprobs() -> None:
+    mb = build_micro_batch([TrainSample((256, 97), (97, 257), advantage=1.0)])
+    assert mb.behaviour_logprobs.tolist() == [0, 0, 0, 0]
+    assert mb.loss_mask.tolist() == [0, 0, 1, 1]
+
+
+def test_logprob_count_must_match_completion() -> None:
+    with pytest.raises(ValueError, match="logprobs"):
+        TrainSample((256,), (1, 2), advantage=0.0, completion_logprobs=(-1.0,))

@@ -1,0 +1,79 @@
+"""Micro-batch validation names the field and says what is wrong."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from tidal.common.errors import InvalidArgument
+from tidal.trainer.batch import MicroBatchData, positions_for, validate_micro_batch
+
+VOCAB, MAX_LEN = 264, 8
+
+
+def good_batch() -> MicroBatchData:
+    lengths = torch.tensor([3, 5])
+    mask = torch.tensor([0, 1, 1, 0, 0, 1, 1, 1], dtype=torch.float32)
+    return MicroBatchData(
+        input_ids=torch.tensor([256, 1, 2, 256, 3, 4, 5, 257]),
+        position_ids=positions_for(lengths),
+        sample_lengths=lengths,
+        loss_mask=mask,
+        advantages=mask * 0.5,
+        behaviour_logprobs=mask * -1.0,
+    )
+
+
+def check(batch: MicroBatchData) -> None:
+    validate_micro_batch(batch, field="micro_batches[1]", vocab_size=VOCAB, max_seq_len=MAX_LEN)
+
+
+def test_positions_restart_per_sample() -> None:
+    assert positions_for(torch.tensor([3, 1, 2])).tolist() == [0, 1, 2, 0, 0, 1]
+
+
+def test_a_well_formed_batch_passes() -> None:
+    check(good_batch())
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "words"),
+    [
+        ({"input_ids": torch.tensor([256, 1, 2, 256, 3, 4, 5, 264])}, "input_ids", "token id 264"),
+        ({"input_ids": torch.tensor([-1, 1, 2, 256, 3, 4, 5, 7])}, "input_ids", "vocabulary"),
+        ({"advantages": torch.zeros(7)}, "advantages", "has 7 entries"),
+        ({"loss_mask": torch.zeros(2, 4)}, "loss_mask", "1-D"),
+        ({"sample_lengths": torch.tensor([3, 4])}, "sample_lengths", "sums to 7"),
+        ({"sample_lengths": torch.tensor([0, 8])}, "sample_lengths", "at least 1 token"),
+        ({"sample_lengths": torch.tensor([], dtype=torch.int64)}, "sample_lengths", "S >= 1"),
+        ({"position_ids": torch.arange(8)}, "position_ids", "within each sample"),
+        ({"loss_mask": torch.tensor([1.0, 1, 1, 0, 0, 1, 1, 1])}, "loss_mask", "first token"),
+        ({"loss_mask": torch.full((8,), 0.5)}, "loss_mask", "0 or 1"),
+        ({"behaviour_logprobs": torch.full((8,), float("nan"))}, "behaviour_logprobs", "NaN"),
+    ],
+)
+def test_bad_batches_name_the_field(change: dict, field: str, words: str) -> None:  # type: ignore[type-arg]
+    with pytest.raises(InvalidArgument) as err:
+        check(replace(good_batch(), **change))
+    assert err.value.field == f"micro_batches[1].{field}"
+    assert words in str(err.value)
+
+
+def test_samples_longer_than_the_model_are_refused_but_the_pack_may_be_longer() -> None:
+    long_pack = torch.tensor([8, 8])  # T = 16 > max_seq_len: fine
+    mask = torch.ones(16)
+    mask[[0, 8]] = 0
+    batch = MicroBatchData(
+        torch.zeros(16, dtype=torch.int64),
+        positions_for(long_pack),
+        long_pack,
+        mask,
+        torch.zeros(16),
+        torch.zeros(16),
+    )
+    check(batch)
+    too_long = torch.tensor([9, 7])
+    with pytest.raises(InvalidArgument, match="9 tokens, more than the model's max_seq_len 8"):
+        check(replace(batch, sample_lengths=too_long, position_ids=positions_for(too_long)))

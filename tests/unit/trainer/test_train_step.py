@@ -1,0 +1,143 @@
+"""The Trainer's step: packing-invariant gradients, learning, step order, metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from tidal.common.errors import FailedPrecondition
+from tidal.trainer.batch import MicroBatchData, positions_for
+from tidal.trainer.config import ModelConfig, OptimConfig, TrainerConfig
+from tidal.trainer.train_step import Trainer
+
+TINY = ModelConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=32)
+
+
+@dataclass
+class Sample:
+    ids: list[int]
+    prompt_len: int  # tokens from here on are trained
+    advantage: float
+    behaviour: list[float]  # per token; entries before prompt_len are ignored
+
+
+def pack(samples: list[Sample]) -> MicroBatchData:
+    """Concatenate samples padding-free, as the orchestrator does."""
+    lengths = torch.tensor([len(s.ids) for s in samples])
+    mask = torch.cat([(torch.arange(len(s.ids)) >= s.prompt_len).float() for s in samples])
+    return MicroBatchData(
+        input_ids=torch.tensor([t for s in samples for t in s.ids]),
+        position_ids=positions_for(lengths),
+        sample_lengths=lengths,
+        loss_mask=mask,
+        advantages=torch.cat([torch.full((len(s.ids),), s.advantage) for s in samples]) * mask,
+        behaviour_logprobs=torch.tensor([b for s in samples for b in s.behaviour]) * mask,
+    )
+
+
+def random_samples(n: int, seed: int) -> list[Sample]:
+    g = torch.Generator().manual_seed(seed)
+    samples = []
+    for _ in range(n):
+        length = int(torch.randint(4, 14, (), generator=g))
+        ids = torch.randint(0, 259, (length,), generator=g).tolist()
+        behaviour = (-torch.rand(length, generator=g) * 6 - 3).tolist()
+        samples.append(Sample(ids, 2, float(torch.randn((), generator=g)), behaviour))
+    return samples
+
+
+def make_trainer(**optim: float) -> Trainer:
+    config = TrainerConfig(model=TINY, optim=OptimConfig(**optim), device="cpu")
+    return Trainer(config, seed=0, device=torch.device("cpu"))
+
+
+def grads(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("kind", ["pg", "sft"])
+def test_packed_and_unpacked_micro_batches_give_the_same_loss_and_gradients(kind: str) -> None:
+    samples = random_samples(6, seed=0)
+    packed, unpacked = make_trainer(), make_trainer()
+    packed_metrics = packed.compute_gradients([pack(samples)], kind)  # type: ignore[arg-type]
+    split = [pack(samples[:1]), pack(samples[1:4]), *(pack([s]) for s in samples[4:])]
+    unpacked_metrics = unpacked.compute_gradients(split, kind)  # type: ignore[arg-type]
+
+    torch.testing.assert_close(packed_metrics["loss"], unpacked_metrics["loss"])
+    torch.testing.assert_close(packed_metrics["entropy"], unpacked_metrics["entropy"])
+    g_packed, g_unpacked = grads(packed), grads(unpacked)
+    assert g_packed.keys() == g_unpacked.keys() and len(g_packed) > 0
+    for name in g_packed:
+        torch.testing.assert_close(g_packed[name], g_unpacked[name], rtol=1e-4, atol=1e-6)
+
+
+def test_a_sample_does_not_see_its_neighbours_in_the_pack() -> None:
+    a, b = random_samples(2, seed=1)
+    alone, together = make_trainer(), make_trainer()
+    # Only sample b carries loss: its gradient must not depend on sample a before it.
+    a_no_loss = Sample(a.ids, len(a.ids), 0.0, a.behaviour)
+    alone_loss = alone.compute_gradients([pack([b])], "sft")["loss"]
+    packed_loss = together.compute_gradients([pack([a_no_loss, b])], "sft")["loss"]
+    torch.testing.assert_close(alone_loss, packed_loss)
+
+
+def test_sft_steps_on_a_fixed_batch_reduce_the_loss() -> None:
+    trainer = make_trainer(lr=3e-3)
+    batch = [pack(random_samples(8, seed=2))]
+    losses = [trainer.train_step(step, batch, "sft")["loss"] for step in range(1, 16)]
+    assert losses[-1] < 0.8 * losses[0], losses
+
+
+def test_policy_gradient_steps_raise_logprob_of_positive_advantage_tokens() -> None:
+    trainer = make_trainer(lr=3e-3)
+    good = Sample([256, 10, 20, 30, 40, 50], 1, 1.0, [0.0] * 6)
+    bad = Sample([256, 11, 21, 31, 41, 51], 1, -1.0, [0.0] * 6)
+    batch = pack([good, bad])
+
+    def mean_logprob(sample: Sample) -> float:
+        one = pack([sample])
+        with torch.no_grad():
+            logits = trainer.model(one.input_ids[None], one.position_ids[None])[0]
+            lp = torch.log_softmax(logits[:-1], -1).gather(-1, one.input_ids[1:, None])
+        return float(lp.mean())
+
+    before = mean_logprob(good), mean_logprob(bad)
+    for step in range(1, 6):
+        # on-policy behaviour logprobs, as inference would report them
+        with torch.no_grad():
+            logits = trainer.model(
+                batch.input_ids[None], batch.position_ids[None], sample_lengths=batch.sample_lengths
+            )[0]
+            lp = torch.log_softmax(logits[:-1], -1).gather(-1, batch.input_ids[1:, None])[:, 0]
+        behaviour = torch.cat([torch.zeros(1), lp]) * batch.loss_mask
+        on_policy = MicroBatchData(**{**batch.__dict__, "behaviour_logprobs": behaviour})
+        metrics = trainer.train_step(step, [on_policy], "pg")
+        assert metrics["mismatch_kl"] == pytest.approx(0.0, abs=1e-6)
+    after = mean_logprob(good), mean_logprob(bad)
+    assert after[0] > before[0] and after[1] < before[1]
+
+
+def test_step_reports_metrics_and_uses_sft_learning_rate() -> None:
+    trainer = make_trainer(lr=1e-3, sft_lr=5e-4)
+    batch = [pack(random_samples(4, seed=3))]
+    sft = trainer.train_step(1, batch, "sft")
+    pg = trainer.train_step(2, batch, "pg")
+    assert (sft["lr"], pg["lr"]) == (5e-4, 1e-3)
+    for key in ("loss", "grad_norm", "tokens", "entropy", "seconds", "tokens_per_s"):
+        assert key in pg and key in sft
+    assert {"clip_frac", "mismatch_kl"} <= pg.keys()
+    assert pg["tokens"] == batch[0].num_tokens
+    assert pg["loss_tokens"] == batch[0].num_loss_tokens
+    assert pg["grad_norm"] > 0 and pg["skipped"] == 0.0
+
+
+def test_steps_must_come_in_order() -> None:
+    trainer = make_trainer()
+    batch = [pack(random_samples(2, seed=4))]
+    with pytest.raises(FailedPrecondition, match="expected step 1, got step 2"):
+        trainer.train_step(2, batch, "pg")
+    trainer.train_step(1, batch, "pg")
+    with pytest.raises(FailedPrecondition, match="expected step 2, got step 1"):
+        trainer.train_step(1, batch, "pg")
