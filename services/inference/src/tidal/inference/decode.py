@@ -19,12 +19,42 @@ Decisions:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from tidal.inference.engine import FinishReason
 from tidal.inference.sampling import SamplingParams, filtered_logprobs, sample_tokens
-from tidal.trainer.models.llama.model import KVCache, LlamaForCausalLM
+from tidal.trainer.models.attention import sdpa
+from tidal.trainer.models.llama.model import LlamaArgs, LlamaForCausalLM
+
+
+class StaticKVCache:
+    """Attention backend over a preallocated cache `[L, B, H_kv, S_max, D]`.
+
+    Before each forward the batch sets `start` (the slot of the first fed token) and
+    `mask` (bool `(B, 1, T, S)`, True = attend); each layer writes its new keys/values at
+    slots `[start, start + T)` of every row and attends over slots `[0, start + T)`.
+    """
+
+    def __init__(
+        self, args: LlamaArgs, batch: int, max_len: int, *, dtype: torch.dtype, device: Any
+    ) -> None:
+        shape = (args.n_layers, batch, args.n_kv_heads, max_len, args.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, Hkv, S, D)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.start = 0
+        self.mask: torch.Tensor | None = None
+
+    def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        end = self.start + k.shape[2]
+        self.k[layer, :, :, self.start : end] = k
+        self.v[layer, :, :, self.start : end] = v
+        return sdpa(
+            q, self.k[layer, :, :, :end], self.v[layer, :, :, :end], mask=self.mask, causal=False
+        )
 
 
 @dataclass
@@ -61,7 +91,7 @@ class DecodeBatch:
         self.prompt_len = int(lengths.max())
         self.pad = self.prompt_len - lengths  # (B,) left padding per row
         steps = max(r.budget for r in rows)
-        self.cache = KVCache(
+        self.cache = StaticKVCache(
             args,
             len(rows),
             self.prompt_len + steps,
@@ -116,9 +146,8 @@ class DecodeBatch:
         """Forward, sample one token per unfinished row; return the rows that just finished."""
         with torch.inference_mode():
             positions, mask, start = self._positions_and_mask()
-            logits = self.model(
-                self.inputs, positions, attn_mask=mask, cache=self.cache, cache_start=start
-            )[:, -1]  # (B, V)
+            self.cache.start, self.cache.mask = start, mask
+            logits = self.model(self.inputs, positions, attention=self.cache)[:, -1]  # (B, V)
             logprobs = filtered_logprobs(logits, self.temperature, self.top_k, self.top_p)
             uniforms = self.uniforms[:, self.steps_done]  # (B,)
             tokens = sample_tokens(logprobs, self.greedy, uniforms)  # (B,)

@@ -3,12 +3,10 @@
 Decisions:
 - Parameter names equal Hugging Face's `LlamaForCausalLM` names, so published weights are
   an HF-style folder (config.json + model.safetensors) with no renaming step.
-- One forward serves three callers: packed training (`[1, T]` with `sample_lengths`, a
-  block-diagonal causal mask, positions restarting per sample), batched prefill and
-  decode with a preallocated `KVCache` (tokens written at slots
-  `[cache_start, cache_start + T)` of every row, with an explicit mask for padding).
-- Attention is torch SDPA with a boolean mask: it works on CPU and GPU and has a
-  backward everywhere (FlexAttention has none on CPU).
+- One forward serves every caller: which keys each query sees is decided by the
+  `AttentionBackend` passed in (`tidal.trainer.models.attention`): packed training
+  (`[1, T]` with positions restarting per sample), plain causal attention, or an
+  inference engine's KV-cache backend. The model itself knows nothing of caches or masks.
 """
 
 from __future__ import annotations
@@ -20,6 +18,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from tidal.trainer.models.attention import (
+    AttentionBackend,
+    CausalAttention,
+    PackedCausalAttention,
+)
 
 
 @dataclass(frozen=True)
@@ -77,18 +81,6 @@ class LlamaArgs:
         return asdict(self)
 
 
-class KVCache:
-    """Preallocated keys/values for every layer: `[B, H_kv, S_max, D]` each."""
-
-    def __init__(
-        self, args: LlamaArgs, batch: int, max_len: int, *, dtype: torch.dtype, device: Any
-    ) -> None:
-        shape = (args.n_layers, batch, args.n_kv_heads, max_len, args.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, Hkv, S, D)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.max_len = max_len
-
-
 def rope_tables(args: LlamaArgs, device: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin: `[max_seq_len, head_dim]` in HF's rotate-half layout."""
     d = args.head_dim
@@ -111,18 +103,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + _rotate_half(x) * sin
 
 
-def packed_causal_mask(sample_lengths: torch.Tensor, total: int) -> torch.Tensor:
-    """Block-diagonal causal mask `[1, 1, T, T]` (True = attend) for packed samples."""
-    seg = torch.repeat_interleave(
-        torch.arange(len(sample_lengths), device=sample_lengths.device), sample_lengths
-    )  # (T,)
-    if seg.numel() != total:
-        raise ValueError(f"sample_lengths sum to {seg.numel()}, but the batch has {total} tokens")
-    same = seg[:, None] == seg[None, :]
-    causal = torch.ones(total, total, dtype=torch.bool, device=seg.device).tril()
-    return (same & causal)[None, None]
-
-
 class Attention(nn.Module):
     def __init__(self, args: LlamaArgs) -> None:
         super().__init__()
@@ -137,24 +117,15 @@ class Attention(nn.Module):
         x: torch.Tensor,  # (B, T, dim)
         cos: torch.Tensor,  # (B, 1, T, D)
         sin: torch.Tensor,
-        mask: torch.Tensor | None,  # (B or 1, 1, T, S) bool
-        cache: tuple[torch.Tensor, torch.Tensor] | None,  # layer's (B, Hkv, S_max, D)
-        cache_start: int,
+        attention: AttentionBackend,
+        layer: int,
     ) -> torch.Tensor:
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if cache is not None:
-            k_cache, v_cache = cache
-            k_cache[:, :, cache_start : cache_start + t] = k
-            v_cache[:, :, cache_start : cache_start + t] = v
-            k, v = k_cache[:, :, : cache_start + t], v_cache[:, :, : cache_start + t]
-        is_causal = mask is None and cache is None
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=self.n_kv_heads != self.n_heads
-        )  # (B, H, T, D)
+        out = attention(layer, q, k, v)  # (B, H, T, D)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -177,8 +148,15 @@ class Block(nn.Module):
         self.post_attention_layernorm = nn.RMSNorm(args.dim, eps=args.norm_eps)
         self.mlp = MLP(args)
 
-    def forward(self, x: torch.Tensor, *attn_args: Any) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), *attn_args)
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attention: AttentionBackend,
+        layer: int,
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attention, layer)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -218,19 +196,24 @@ class LlamaForCausalLM(nn.Module):
         position_ids: torch.Tensor,  # (B, T) long
         *,
         sample_lengths: torch.Tensor | None = None,  # (S,) for packed B == 1
-        attn_mask: torch.Tensor | None = None,  # (B, 1, T, S) bool, True = attend
-        cache: KVCache | None = None,
-        cache_start: int = 0,
+        attention: AttentionBackend | None = None,
     ) -> torch.Tensor:
-        """Logits `(B, T, V)` in fp32."""
-        if sample_lengths is not None:
-            attn_mask = packed_causal_mask(sample_lengths, input_ids.shape[1])
+        """Logits `(B, T, V)` in fp32.
+
+        `sample_lengths` is shorthand for `attention=PackedCausalAttention(...)`; with
+        neither, every row is one causal sequence.
+        """
+        if attention is None:
+            attention = (
+                CausalAttention()
+                if sample_lengths is None
+                else PackedCausalAttention(sample_lengths, input_ids.shape[1])
+            )
         x = self.model.embed_tokens(input_ids)  # (B, T, dim)
         cos = self.rope_cos[position_ids].unsqueeze(1).to(x.dtype)  # (B, 1, T, D)
         sin = self.rope_sin[position_ids].unsqueeze(1).to(x.dtype)
         for i, layer in enumerate(self.model.layers):
-            layer_cache = (cache.k[i], cache.v[i]) if cache is not None else None
-            x = layer(x, cos, sin, attn_mask, layer_cache, cache_start)
+            x = layer(x, cos, sin, attention, i)
         return self.lm_head(self.model.norm(x)).float()
 
 
