@@ -46,7 +46,7 @@ run: setup
 	$(BIN)/tidal rl @ $(CONFIG) $(ARGS)
 
 bench: setup
-	$(BIN)/python bench/run_all.py
+	$(BIN)/python bench/run_all.py $(BENCH)
 
 up:
 	docker compose -p tidal -f deploy/compose.yaml up -d --build
