@@ -184,20 +184,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str]) -> None:
-    parser = _parser()
-    split = next(
-        (
-            i
-            for i, a in enumerate(argv)
-            if a.startswith("@")
-            or a.startswith("--endpoints")
-            or a.startswith("--grpc")
-            or a.startswith("--run")
-        ),
-        len(argv),
-    )
-    opts = parser.parse_args(argv[:split])
-    config = load_or_exit(ServiceRunConfig, argv[split:], usage="tidal client <command> @ cfg")
+    # The client's own options may come before or after `@ cfg`; whatever argparse does not
+    # know (config files, `--endpoints.x host:port` overrides) is the run config's.
+    opts, config_args = _parser().parse_known_args(list(argv))
+    config = load_or_exit(ServiceRunConfig, config_args, usage="tidal client <command> @ cfg")
     command = {
         "status": lambda: status(config),
         "generate": lambda: generate(config, opts),

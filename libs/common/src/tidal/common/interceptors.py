@@ -11,6 +11,7 @@ Tracing is not done here: opentelemetry-instrumentation-grpc's interceptors hand
 
 from __future__ import annotations
 
+import inspect
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -58,8 +59,12 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream is not None:
+            # A server-streaming handler either yields its responses (async generator) or
+            # is a coroutine that writes them with `context.write` (grpc_health's Watch).
+            stream = handler.unary_stream
+            wrap = _wrap_stream if inspect.isasyncgenfunction(stream) else _wrap_unary
             return grpc.unary_stream_rpc_method_handler(
-                _wrap_stream(handler.unary_stream, method),
+                wrap(stream, method),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )

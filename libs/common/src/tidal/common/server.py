@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from opentelemetry.instrumentation.grpc import aio_server_interceptor
+from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 
 from tidal.common.interceptors import ErrorMappingInterceptor
 from tidal.common.sections import GrpcConfig
@@ -59,8 +59,12 @@ class GrpcServer:
             ("grpc.http2.min_recv_ping_interval_without_data_ms", 5000),
             ("grpc.http2.max_ping_strikes", 0),
         ]
+        # Health checks are not traced: they are noise in every trace, and the OTel aio
+        # interceptor only handles async-generator streams, not grpc_health's Watch,
+        # which writes with `context.write`.
+        tracing = aio_server_interceptor(filter_=filters.negate(filters.health_check()))
         self.server = grpc.aio.server(
-            interceptors=[aio_server_interceptor(), ErrorMappingInterceptor()], options=options
+            interceptors=[tracing, ErrorMappingInterceptor()], options=options
         )
         for binding in self.bindings:
             binding.register(binding.servicer, self.server)

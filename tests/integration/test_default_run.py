@@ -1,0 +1,101 @@
+"""The README's `make run`: the embedded default trains to completion and shows learning.
+
+Also drives `tidal client` (the people's client) against a running stack, since both are
+what a newcomer types first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+LEARNING_BAR = 0.3
+WINDOW = 5
+
+
+def _metrics(run_dir: Path) -> list[dict]:  # type: ignore[type-arg]
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+@pytest.mark.slow
+def test_default_run_finishes_in_time_and_reward_rises(launch) -> None:  # type: ignore[no-untyped-def]
+    started = time.monotonic()
+    run = launch()
+    assert run.process.wait(timeout=300) == 0, run.output()
+    assert time.monotonic() - started < 300
+    out = run.output()
+    assert "Tidal run summary" in out
+
+    metrics = _metrics(run.run_dir)
+    for record in metrics:
+        assert {"step", "reward_mean", "policy_version", "tokens_per_s"} <= record.keys()
+    rl = [m["reward_mean"] for m in metrics if m["phase"] == "rl"]
+    assert len(rl) >= 2 * WINDOW
+    first, last = sum(rl[:WINDOW]) / WINDOW, sum(rl[-WINDOW:]) / WINDOW
+    assert last - first >= LEARNING_BAR, f"reward {first:.3f} -> {last:.3f}"
+
+    for name in ("reward.png", "traces.jsonl", "config.toml"):
+        assert (run.run_dir / name).stat().st_size > 0, name
+    assert (run.run_dir / "reward.png").read_bytes().startswith(b"\x89PNG")
+    for service in ("orchestrator", "inference", "trainer", "weightsync"):
+        assert (run.run_dir / "logs" / f"{service}.log").stat().st_size > 0
+
+
+def _client(*args: str, config: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tidal.cli", "client", *args, "@", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+@pytest.mark.slow
+def test_client_reports_status_versions_progress_and_generates(launch) -> None:  # type: ignore[no-untyped-def]
+    run = launch(
+        "--orchestrator.steps",
+        "2",
+        "--orchestrator.warmup-steps",
+        "0",
+        "--orchestrator.exit-when-done",
+        "false",
+    )
+    run.wait_for_config()
+    config = run.run_dir / "config.toml"
+    deadline = time.monotonic() + 120
+    while True:
+        progress = _client("progress", config=config)
+        if progress.returncode == 0 and progress.stdout.startswith("done"):
+            break
+        assert time.monotonic() < deadline and run.process.poll() is None, run.output()
+        time.sleep(0.5)
+    assert "step 2/2" in progress.stdout
+
+    status = _client("status", config=config)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert status.stdout.count("SERVING") == 4 and "NOT_SERVING" not in status.stdout
+
+    versions = _client("versions", config=config)
+    assert versions.returncode == 0
+    rows = [line.split("│")[1].strip() for line in versions.stdout.splitlines() if "│" in line]
+    assert rows[:3] == ["0", "1", "2"]
+
+    args = ("generate", "abc>", "--max-tokens", "6", "--n", "2", "--temperature", "1")
+    first = _client(*args, "--seed", "7", config=config)
+    again = _client(*args, "--seed", "7", config=config)
+    assert first.returncode == 0 and first.stdout == again.stdout  # same seed, same tokens
+    assert "[0]" in first.stdout and "[1]" in first.stdout and "versions [2]" in first.stdout
+
+    empty = _client("generate", "", config=config)
+    assert empty.returncode == 1 and "INVALID_ARGUMENT" in empty.stdout
+    assert _client("status", config=config).returncode == 0  # still serving
+
+    assert run.stop() == 130

@@ -1,0 +1,107 @@
+"""The shared gRPC server helper: error mapping, request ids, health and graceful stop.
+
+A throwaway servicer stands in for a service here: what is under test is the server
+helper and its interceptor, which every real service shares.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tidal.common.channel import make_channel
+from tidal.common.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from tidal.common.logging import request_id_var
+from tidal.common.sections import GrpcConfig
+from tidal.common.server import GrpcServer, ServiceBinding
+from tidal.rpc.v1 import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
+
+FAILURES = {
+    "invalid": InvalidArgument("sampling.n", "must be > 0"),
+    "state": FailedPrecondition("no weights loaded yet"),
+    "full": ResourceExhausted("queue is full"),
+    "bug": ZeroDivisionError("division by zero"),
+}
+
+
+class Raising(orchestrator_pb2_grpc.OrchestratorServiceServicer):
+    """Fails as the `fail` metadata says; otherwise answers with the request id it saw."""
+
+    async def GetProgress(self, request, context):  # type: ignore[no-untyped-def]
+        fail = dict(context.invocation_metadata()).get("fail")
+        if fail:
+            raise FAILURES[fail]
+        return orchestrator_pb2.Progress(state=request_id_var.get())
+
+
+@pytest.fixture
+async def server():  # type: ignore[no-untyped-def]
+    binding = ServiceBinding(
+        Raising(),
+        orchestrator_pb2_grpc.add_OrchestratorServiceServicer_to_server,
+        "tidal.rpc.v1.OrchestratorService",
+    )
+    server = GrpcServer("127.0.0.1:0", [binding], GrpcConfig(shutdown_grace_s=0.2))
+    await server.start()
+    yield server
+    await server.stop()
+
+
+async def _call(server: GrpcServer, **metadata: str) -> orchestrator_pb2.Progress:
+    async with make_channel(f"127.0.0.1:{server.port}") as channel:
+        stub = orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
+        return await stub.GetProgress(
+            common_pb2.StatusRequest(), metadata=tuple(metadata.items()), timeout=5
+        )
+
+
+@pytest.mark.parametrize(
+    ("fail", "code", "text"),
+    [
+        ("invalid", grpc.StatusCode.INVALID_ARGUMENT, "sampling.n: must be > 0"),
+        ("state", grpc.StatusCode.FAILED_PRECONDITION, "no weights loaded yet"),
+        ("full", grpc.StatusCode.RESOURCE_EXHAUSTED, "queue is full"),
+        ("bug", grpc.StatusCode.INTERNAL, "ZeroDivisionError"),
+    ],
+)
+async def test_domain_errors_map_to_their_status_and_server_keeps_serving(
+    server: GrpcServer,
+    fail: str,
+    code: grpc.StatusCode,
+    text: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.INFO), pytest.raises(grpc.aio.AioRpcError) as err:
+        await _call(server, fail=fail)
+    assert err.value.code() == code and text in (err.value.details() or "")
+    assert (await _call(server, **{"x-request-id": "after"})).state == "after"
+
+
+async def test_request_id_comes_from_metadata_or_is_made(server: GrpcServer) -> None:
+    assert (await _call(server, **{"x-request-id": "abc123"})).state == "abc123"
+    made = (await _call(server)).state
+    assert len(made) == 12 and made != "-"
+
+
+async def test_request_stop_reports_not_serving_then_stops(server: GrpcServer) -> None:
+    async with make_channel(f"127.0.0.1:{server.port}") as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        watch = health.Watch(health_pb2.HealthCheckRequest(service=""))
+        first = await watch.read()
+        assert first.status == health_pb2.HealthCheckResponse.SERVING
+        serving = asyncio.create_task(server.serve_forever())
+        server.request_stop()
+        second = await asyncio.wait_for(watch.read(), timeout=5)
+        assert second.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        await asyncio.wait_for(serving, timeout=5)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        async with make_channel(f"127.0.0.1:{server.port}") as channel:
+            await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=1, wait_for_ready=False
+            )
+    # gone: UNAVAILABLE, or the deadline while the channel's retry policy kept trying
+    assert err.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
