@@ -1,0 +1,95 @@
+"""How the trainer's ranks divide the work: `ParallelDims`, validated once, meshes built once.
+
+Decisions:
+- World = dp_replicate × dp_shard × cp. Expert parallelism borrows its ranks from the
+  data-parallel shard dimension (`ep` must divide `dp_shard`), as in torchtitan: experts
+  are sharded across EP ranks while dense weights stay FSDP-sharded over the same ranks,
+  so EP costs no extra GPUs.
+- `dp_shard = -1` means "whatever is left": world_size / (dp_replicate × cp).
+- Violations are found before any process group exists, and the message shows the
+  arithmetic and the fields to change, because a wrong product is the most common
+  launch mistake.
+- The device mesh is built once, with named dimensions ("dp_replicate", "dp_shard",
+  "cp") and flattened views the rest of the code asks for by purpose: "dp" (all
+  data-parallel ranks: batches are split over it), "dp_shard_cp" (FSDP shards parameters
+  over data shards and CP ranks together, since CP ranks hold the same weights).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tidal.common.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    dp_replicate: int
+    dp_shard: int
+    cp: int
+    ep: int
+    world_size: int
+
+    @classmethod
+    def build(
+        cls, *, world_size: int, dp_replicate: int = 1, dp_shard: int = -1, cp: int = 1, ep: int = 1
+    ) -> ParallelDims:
+        """Resolve `dp_shard = -1` and validate; raises ConfigError naming the fields."""
+        for name, value in (("dp_replicate", dp_replicate), ("cp", cp), ("ep", ep)):
+            if value < 1:
+                raise ConfigError(f"trainer.parallel.{name} must be >= 1, got {value}")
+        if world_size < 1:
+            raise ConfigError(f"trainer.world_size must be >= 1, got {world_size}")
+        if dp_shard == -1:
+            rest = dp_replicate * cp
+            if world_size % rest:
+                raise ConfigError(
+                    f"trainer.world_size {world_size} is not divisible by dp_replicate × cp = "
+                    f"{dp_replicate} × {cp} = {rest}; change trainer.world_size or "
+                    "trainer.parallel.dp_replicate / cp"
+                )
+            dp_shard = world_size // rest
+        elif dp_shard < 1:
+            raise ConfigError(f"trainer.parallel.dp_shard must be >= 1 or -1, got {dp_shard}")
+        product = dp_replicate * dp_shard * cp
+        if product != world_size:
+            raise ConfigError(
+                f"dp_replicate × dp_shard × cp = {dp_replicate} × {dp_shard} × {cp} = {product}, "
+                f"but trainer.world_size is {world_size}; set trainer.parallel.dp_shard = -1 to "
+                "take the rest, or change the factors"
+            )
+        if dp_shard % ep:
+            raise ConfigError(
+                f"trainer.parallel.ep {ep} must divide dp_shard {dp_shard} (expert-parallel "
+                "ranks are taken from the data-parallel shard ranks)"
+            )
+        return cls(dp_replicate, dp_shard, cp, ep, world_size)
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree: how many different batches are trained at once."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def fsdp_enabled(self) -> bool:
+        return self.dp_shard * self.cp > 1
+
+    def check_experts(self, num_experts: int) -> None:
+        if num_experts % self.ep:
+            raise ConfigError(
+                f"trainer.parallel.ep {self.ep} must divide the model's {num_experts} experts"
+            )
+
+    def build_mesh(self, device_type: str) -> Any:
+        """The named DeviceMesh with flattened "dp" and "dp_shard_cp" views (collective)."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(
+            device_type,
+            (self.dp_replicate, self.dp_shard, self.cp),
+            mesh_dim_names=("dp_replicate", "dp_shard", "cp"),
+        )
+        mesh["dp_replicate", "dp_shard"]._flatten("dp")
+        mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
+        return mesh

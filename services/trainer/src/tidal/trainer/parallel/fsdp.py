@@ -1,0 +1,68 @@
+"""FSDP2 (`fully_shard`) for the policy model: per block, then the root; HSDP on a 2-D mesh.
+
+Decisions:
+- Each decoder block is its own FSDP unit, so only one block's full parameters exist at a
+  time in forward and backward; the root unit (embeddings, final norm, head) is wrapped
+  last. Tied embeddings stay tied: the shared parameter belongs to the root unit.
+- The mesh picks the flavour: 1-D ("dp_shard_cp") is FSDP; 2-D ("dp_replicate",
+  "dp_shard_cp") is HSDP, shards within a group and replicas (all-reduce) across groups.
+- Mixed precision is FSDP's `MixedPrecisionPolicy`: parameters are gathered in
+  `param_dtype` for compute, gradients are reduced in `reduce_dtype` (fp32 by default)
+  and the sharded master weights stay fp32.
+- FSDP averages gradients over the ranks of its mesh (data shards, replicas and CP ranks,
+  which all hold parts of the same global batch). Our losses are normalised by the
+  *global* token count, so each rank's loss must be multiplied by `grad_sum_factor(mesh)`
+  to turn that average back into the sum, i.e. the gradient of the global loss whatever
+  the split. (A divide factor of 1 would say the same, but gloo has no PREMUL_SUM.)
+- CPU offload (`CPUOffloadPolicy`) keeps parameters, gradients and optimizer states in
+  host memory; without CUDA memory cannot be pinned, so `pin_memory` follows CUDA.
+- Order with the other levers is fixed by the caller: activation checkpointing, then
+  torch.compile, then this (sharding wraps the compiled, checkpointed blocks).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def fsdp_mesh(mesh: Any, *, hsdp: bool) -> Any:
+    """The (sub)mesh FSDP shards over: 1-D for FSDP, 2-D (replicate, shard) for HSDP."""
+    return mesh["dp_replicate", "dp_shard_cp"] if hsdp else mesh["dp_shard_cp"]
+
+
+def apply_fsdp(
+    model: nn.Module,
+    mesh: Any,
+    *,
+    param_dtype: str = "float32",
+    reduce_dtype: str = "float32",
+    reshard_after_forward: bool = True,
+    cpu_offload: bool = False,
+) -> nn.Module:
+    """Shard `model` in place (blocks, then root) and return it."""
+    policy = MixedPrecisionPolicy(
+        param_dtype=DTYPES[param_dtype], reduce_dtype=DTYPES[reduce_dtype]
+    )
+    offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cpu_offload else None
+    kwargs: dict[str, Any] = {"mesh": mesh, "mp_policy": policy}
+    if offload is not None:
+        kwargs["offload_policy"] = offload
+    blocks = list(model.model.layers)  # type: ignore[union-attr,arg-type]
+    for i, block in enumerate(blocks):
+        # The last block's parameters are needed again at once by backward: keep them.
+        fully_shard(
+            block, reshard_after_forward=reshard_after_forward and i < len(blocks) - 1, **kwargs
+        )
+    fully_shard(model, reshard_after_forward=reshard_after_forward, **kwargs)
+    return model
+
+
+def grad_sum_factor(mesh: Any) -> int:
+    """What a rank's loss is multiplied by so FSDP's gradient average becomes a sum."""
+    return int(mesh.size())
