@@ -187,6 +187,12 @@ class TrainerConfig(BaseConfig):
 
 class TrainerRunConfig(ServiceRunConfig):
     trainer: TrainerConfig = TrainerConfig()  # type: ignore[assignment]
+    resume: bool = False
+    """Restore the newest complete checkpoint in `trainer.ckpt.dir` and continue (`--resume`)."""
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.trainer.ckpt.dir or self.run.dir / "checkpoints"
 
     @property
     def publish_dir(self) -> Path:
