@@ -188,10 +188,24 @@ def test_sgd_step_is_parameter_minus_lr_times_clipped_gradient() -> None:
         torch.testing.assert_close(param.detach(), expected[name])
 
 
-def test_bf16_autocast_trains_with_fp32_master_weights() -> None:
-    fp32 = make_trainer()
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+            ],
+        ),
+    ],
+)
+def test_bf16_autocast_trains_with_fp32_master_weights(device: str) -> None:
+    config = make_trainer().config.model_copy(update={"device": device})
+    fp32 = Trainer(config, seed=0, device=torch.device(device))
     bf16 = Trainer(
-        fp32.config.model_copy(update={"precision": "bf16"}), seed=0, device=torch.device("cpu")
+        config.model_copy(update={"precision": "bf16"}), seed=0, device=torch.device(device)
     )
     batch = [pack(random_samples(4, seed=7))]
     loss32 = fp32.compute_gradients(batch, "sft")["loss"]
