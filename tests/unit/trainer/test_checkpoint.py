@@ -100,6 +100,7 @@ def save_step_1_then_crash_while_saving_step_2(root: Path) -> None:
     manager.save(trainer)
 
 
+@pytest.mark.slow
 def test_a_crash_mid_save_never_leaves_a_checkpoint_that_looks_complete(tmp_path: Path) -> None:
     root = tmp_path / "ckpt"
     done = subprocess.run(

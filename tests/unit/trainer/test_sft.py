@@ -19,7 +19,7 @@ from tidal.common.errors import ConfigError
 from tidal.common.tokenizer import ByteTokenizer
 from tidal.trainer.config import SftRunConfig
 from tidal.trainer.sft import pack_for_trainer, run_sft
-from tidal.trainer.sft_data import SampleOrder, read_records, to_samples
+from tidal.trainer.sft_data import PromptCompletion, SampleOrder, read_records, to_samples
 
 RECORDS = [
     {"prompt": f"reverse {w}:", "completion": w[::-1]} for w in ("abc", "dcba", "ab", "bad", "cab")
@@ -67,6 +67,10 @@ def make_config(tmp_path: Path, name: str, *extra: str) -> SftRunConfig:
     return config
 
 
+def read_records_from(rows: list[dict[str, str]]) -> list[PromptCompletion]:
+    return [PromptCompletion(r["prompt"], r["completion"]) for r in rows]
+
+
 def test_jsonl_and_parquet_give_the_same_records(tmp_path: Path) -> None:
     jsonl = write_jsonl(tmp_path / "d.jsonl", RECORDS)
     parquet = tmp_path / "d.parquet"
@@ -98,12 +102,6 @@ def test_prompt_tokens_are_masked_and_completion_tokens_trained() -> None:
     assert batch.loss_mask[n_prompt : n_prompt + n_completion].tolist() == [1.0] * n_completion
     assert batch.num_loss_tokens == sum(len(s.completion_ids) for s in samples)
     assert batch.sample_lengths.tolist() == [s.num_tokens for s in samples]
-
-
-def read_records_from(rows: list[dict[str, str]]) -> list:  # type: ignore[type-arg]
-    from tidal.trainer.sft_data import PromptCompletion
-
-    return [PromptCompletion(r["prompt"], r["completion"]) for r in rows]
 
 
 def test_sample_order_is_a_pure_function_of_the_position() -> None:

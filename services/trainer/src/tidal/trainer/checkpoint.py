@@ -7,7 +7,8 @@ Decisions:
   `set_state_dict`, which know about FSDP/DTensor parameters.
 - What is saved: model, optimizer, LR scheduler, torch RNG state(s), the step, and a
   small `extra` dict the caller owns (the SFT loop's data position). Resuming from it
-  continues bitwise-identically to never having stopped (CPU, fp32).
+  continues bitwise-identically to never having stopped (CPU, fp32). The KL reference
+  model is not saved: it is the initial weights, rebuilt from the same config and seed.
 - Atomic: a checkpoint is written into a hidden `.tmp-step_XXXXXXXX-<nonce>` folder and
   renamed to `step_XXXXXXXX` only after DCP finished (its `.metadata` is written last)
   and the files are fsynced. A crash mid-save leaves only a hidden temp folder, which

@@ -31,6 +31,7 @@ from tidal.trainer.config import SftRunConfig
 if TYPE_CHECKING:
     from tidal.orchestrator.packing import TrainSample
     from tidal.trainer.batch import MicroBatchData
+    from tidal.trainer.train_step import Trainer
 
 log = logging.getLogger(__name__)
 USAGE = "tidal sft @ cfg.toml [--sft.data.path FILE] [--resume]"
@@ -120,13 +121,10 @@ def run_sft(config: SftRunConfig, *, max_steps: int | None = None) -> list[dict[
     return history
 
 
-def export_final(trainer: object, config: SftRunConfig) -> None:
+def export_final(trainer: Trainer, config: SftRunConfig) -> None:
     """Write the final weights as config.json + model.safetensors under `<run dir>/final`."""
     from safetensors.torch import save_file
 
-    from tidal.trainer.train_step import Trainer
-
-    assert isinstance(trainer, Trainer)
     folder = config.run.dir / "final"
     folder.mkdir(parents=True, exist_ok=True)
     save_file(trainer.state_dict_for_publish(), folder / "model.safetensors")

@@ -37,7 +37,7 @@ from tidal.trainer.config import TrainerConfig
 from tidal.trainer.loss import TokenInputs, rl_loss, sft_loss, token_entropy
 from tidal.trainer.models.factory import build_model, publishable_state_dict
 from tidal.trainer.normalisation import Reduce, StepCounts, segment_ids, step_counts, token_weights
-from tidal.trainer.optim import build_optimizer, build_scheduler
+from tidal.trainer.optim import build_optimizer, build_scheduler, lr_factor
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class Trainer:
         """Scale this step's lr: the schedule's factor times the peak of this kind of step."""
         optim = self.config.optim
         peak = optim.sft_lr if kind == "sft" and optim.sft_lr is not None else optim.lr
-        lr = peak * self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
+        lr = peak * lr_factor(self.scheduler.last_epoch, optim.schedule)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         return lr
