@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import grpc
 import numpy as np
 import pytest
+import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
@@ -222,3 +223,54 @@ async def test_refuses_to_start_when_weightsync_already_has_versions(
 ) -> None:
     with pytest.raises(FailedPrecondition, match="weightsync already has version 0"):
         await start_trainer(run_config(tmp_path / "second", weightsync_server))
+
+
+def resumable_config(
+    tmp_path: Path, weightsync: RunningWeightSync, **update: object
+) -> TrainerRunConfig:
+    config = run_config(tmp_path, weightsync)
+    ckpt = config.trainer.ckpt.model_copy(update={"interval": 2})
+    trainer = config.trainer.model_copy(update={"ckpt": ckpt})
+    return config.model_copy(update={"trainer": trainer, **update})
+
+
+async def test_resume_continues_after_the_checkpointed_step(
+    tmp_path: Path, weightsync_server: RunningWeightSync
+) -> None:
+    first = await start_trainer(resumable_config(tmp_path, weightsync_server))
+    try:
+        async with make_channel(f"127.0.0.1:{first.server.port}") as channel:
+            stub = pb_grpc.TrainerServiceStub(channel)
+            for step in (1, 2):
+                await stub.Train(request(step))
+            trained = {k: v.clone() for k, v in first.runner.trainer.model.state_dict().items()}
+    finally:
+        await first.stop()
+    assert (tmp_path / "contract" / "checkpoints" / "step_00000002" / ".metadata").is_file()
+
+    second = await start_trainer(resumable_config(tmp_path, weightsync_server, resume=True))
+    try:
+        restored = second.runner.trainer.model.state_dict()
+        assert all(torch.equal(trained[k], restored[k]) for k in trained)
+        async with make_channel(f"127.0.0.1:{second.server.port}") as channel:
+            stub = pb_grpc.TrainerServiceStub(channel)
+            assert (await status(stub)).step == 2
+            third = await stub.Train(request(3))
+        assert third.policy_version == 3 and weightsync_server.registry.newest == 3
+    finally:
+        await second.stop()
+
+
+async def test_resume_refuses_versions_newer_than_the_checkpoint(
+    tmp_path: Path, weightsync_server: RunningWeightSync
+) -> None:
+    first = await start_trainer(resumable_config(tmp_path, weightsync_server))
+    try:
+        async with make_channel(f"127.0.0.1:{first.server.port}") as channel:
+            stub = pb_grpc.TrainerServiceStub(channel)
+            for step in (1, 2, 3):  # checkpoint at 2, version 3 exists only in weightsync
+                await stub.Train(request(step))
+    finally:
+        await first.stop()
+    with pytest.raises(FailedPrecondition, match="version 3, newer than the checkpoint of step 2"):
+        await start_trainer(resumable_config(tmp_path, weightsync_server, resume=True))

@@ -19,6 +19,7 @@ commands:
   inference      run the inference service alone
   trainer        run the trainer service alone
   weightsync     run the weight-sync service alone
+  sft            supervised fine-tuning on prompt/completion data (--resume continues)
   client         talk to running services: status | generate | versions | progress
 
 Config files compose left to right; `TIDAL_SECTION__KEY` env vars and `--section.key value`
@@ -40,6 +41,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         launch(rest)
     elif command in SERVICES:
         importlib.import_module(f"tidal.{command}.service").main(rest)
+    elif command == "sft":
+        from tidal.trainer.sft import main as sft
+
+        sft(rest)
     elif command == "client":
         from tidal.cli.client import main as client
 

@@ -9,7 +9,7 @@ import torch
 
 from tidal.common.errors import FailedPrecondition
 from tidal.trainer.batch import MicroBatchData, positions_for
-from tidal.trainer.config import ModelConfig, OptimConfig, TrainerConfig
+from tidal.trainer.config import LossConfig, ModelConfig, OptimConfig, TrainerConfig
 from tidal.trainer.train_step import Trainer
 
 TINY = ModelConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=32)
@@ -48,8 +48,13 @@ def random_samples(n: int, seed: int) -> list[Sample]:
     return samples
 
 
-def make_trainer(**optim: float) -> Trainer:
-    config = TrainerConfig(model=TINY, optim=OptimConfig(**optim), device="cpu")
+def make_trainer(loss: dict[str, object] | None = None, **optim: object) -> Trainer:
+    config = TrainerConfig(
+        model=TINY,
+        optim=OptimConfig.model_validate(optim),
+        loss=LossConfig.model_validate(loss or {}),
+        device="cpu",
+    )
     return Trainer(config, seed=0, device=torch.device("cpu"))
 
 
@@ -57,10 +62,28 @@ def grads(trainer: Trainer) -> dict[str, torch.Tensor]:
     return {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("kind", ["pg", "sft"])
-def test_packed_and_unpacked_micro_batches_give_the_same_loss_and_gradients(kind: str) -> None:
+LOSS_VARIANTS = {
+    "sft": ("sft", {}),
+    "token-mean": ("pg", {}),
+    "gspo-sequence-mean": ("pg", {"ratio_level": "sequence", "norm": "sequence"}),
+    "dr-grpo-kl-entropy": (
+        "pg",
+        {
+            "norm": "constant",
+            "norm_constant": 64.0,
+            "kl": {"coef": 0.1, "estimator": "k3"},
+            "entropy_coef": 0.01,
+            "trust_region": {"ratio_low": 0.5, "ratio_high": 2.0},
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("variant", list(LOSS_VARIANTS))
+def test_packed_and_unpacked_micro_batches_give_the_same_loss_and_gradients(variant: str) -> None:
+    kind, loss = LOSS_VARIANTS[variant]
     samples = random_samples(6, seed=0)
-    packed, unpacked = make_trainer(), make_trainer()
+    packed, unpacked = make_trainer(loss), make_trainer(loss)
     packed_metrics = packed.compute_gradients([pack(samples)], kind)  # type: ignore[arg-type]
     split = [pack(samples[:1]), pack(samples[1:4]), *(pack([s]) for s in samples[4:])]
     unpacked_metrics = unpacked.compute_gradients(split, kind)  # type: ignore[arg-type]
@@ -141,3 +164,68 @@ def test_steps_must_come_in_order() -> None:
     trainer.train_step(1, batch, "pg")
     with pytest.raises(FailedPrecondition, match="expected step 2, got step 1"):
         trainer.train_step(1, batch, "pg")
+
+
+def test_schedule_warms_up_then_decays_and_sft_steps_use_their_own_peak() -> None:
+    schedule = {"warmup_steps": 2, "decay": "linear", "decay_steps": 4, "min_lr_ratio": 0.5}
+    trainer = make_trainer(lr=1e-3, sft_lr=2e-3, schedule=schedule)
+    batch = [pack(random_samples(2, seed=5))]
+    lrs = [trainer.train_step(1, batch, "sft")["lr"]]
+    lrs += [trainer.train_step(step, batch, "pg")["lr"] for step in range(2, 8)]
+    # factors: warmup 1/2, 1; linear decay to 0.5 over 4 steps: 1, 0.875, 0.75, 0.625, 0.5
+    expected = [2e-3 * 0.5, 1e-3, 1e-3, 0.875e-3, 0.75e-3, 0.625e-3, 0.5e-3]
+    assert lrs == pytest.approx(expected)
+
+
+def test_sgd_step_is_parameter_minus_lr_times_clipped_gradient() -> None:
+    trainer = make_trainer(type="sgd", lr=0.1, max_grad_norm=1e9)
+    batch = [pack(random_samples(3, seed=6))]
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.compute_gradients(batch, "sft")
+    expected = {n: before[n] - 0.1 * p.grad for n, p in trainer.model.named_parameters()}
+    trainer.train_step(1, batch, "sft")
+    for name, param in trainer.model.named_parameters():
+        torch.testing.assert_close(param.detach(), expected[name])
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+            ],
+        ),
+    ],
+)
+def test_bf16_autocast_trains_with_fp32_master_weights(device: str) -> None:
+    config = make_trainer().config.model_copy(update={"device": device})
+    fp32 = Trainer(config, seed=0, device=torch.device(device))
+    bf16 = Trainer(
+        config.model_copy(update={"precision": "bf16"}), seed=0, device=torch.device(device)
+    )
+    batch = [pack(random_samples(4, seed=7))]
+    loss32 = fp32.compute_gradients(batch, "sft")["loss"]
+    loss16 = bf16.compute_gradients(batch, "sft")["loss"]
+    assert float(loss16) != float(loss32)  # the forward really ran in bf16
+    assert float(loss16) == pytest.approx(float(loss32), rel=2e-2)
+    bf16.train_step(1, batch, "sft")
+    params = list(bf16.model.parameters())
+    assert all(p.dtype == torch.float32 for p in params)
+    state = bf16.optimizer.state[params[0]]
+    assert state["exp_avg"].dtype == torch.float32
+
+
+def test_kl_to_the_frozen_reference_starts_at_zero_and_grows() -> None:
+    trainer = make_trainer({"kl": {"coef": 0.05}}, lr=3e-3)
+    batch = [pack(random_samples(4, seed=8))]
+    first = trainer.train_step(1, batch, "pg")["ref_kl"]
+    assert first == pytest.approx(0.0, abs=1e-7)
+    for step in range(2, 5):
+        last = trainer.train_step(step, batch, "pg")["ref_kl"]
+    assert last > 1e-5
+    assert trainer.reference is not None
+    assert not any(p.requires_grad for p in trainer.reference.parameters())

@@ -1,71 +1,158 @@
-"""Losses of one training step: clipped importance-weighted policy gradient, and SFT.
+"""Losses of one training step: the RL objective (clipped policy gradient, KL, entropy) and SFT.
 
 Decisions:
 - Pure functions over flat per-token tensors `(N,)` that are already aligned: entry i is
   the logprob of one target token, its behaviour logprob, its advantage and its mask.
   Aligning targets (logits at t-1 predict token t) is the caller's job (`train_step`).
-- Normalisation is the token mean over the whole step: every micro-batch divides its
-  masked sum by `total_tokens`, the number of loss tokens across *all* micro-batches of
-  the step. Gradients accumulated over micro-batches then equal the gradient of the mean
-  over the step, however the samples were packed (a per-micro-batch mean would weight
-  tokens of small micro-batches more). Metrics are normalised the same way, so summing a
-  metric over micro-batches gives the step's token mean.
-- The importance ratio is token-level, exp(logp - behaviour_logp), with PPO's pessimistic
-  clipped surrogate and asymmetric clip bounds (clip-higher). The behaviour policy is
-  whatever inference sampled with, so the ratio also corrects trainer/inference mismatch.
-- Mismatch KL is the k3 estimator of KL(behaviour ‖ trainer) on the sampled tokens:
-  r - 1 - log r with r = π/μ; it is unbiased, non-negative and cheap.
+- Every term is a weighted sum Σ w_t ℓ_t with the step-level weights of
+  `normalisation.py` (token-mean, sequence-mean or constant), so micro-batch losses add
+  up to the step loss whatever the split. Metrics are token means over the step
+  (`metric_weights` = mask / step loss tokens), so they add up the same way.
+- Importance ratio: token-level exp(logp - logp_behaviour), or GSPO's sequence-level
+  exp(mean over the sample's loss tokens of the log-ratio), broadcast to its tokens (with
+  sequence normalisation this is exactly GSPO's per-sequence objective). Either ratio
+  goes through PPO's pessimistic surrogate min(r·A, clip(r, 1-ε_low, 1+ε_high)·A) with
+  separate low/high epsilons (clip-higher).
+- Trust-region masking (an off-policy guard) drops a token's surrogate term when its
+  *token* ratio π/μ leaves [ratio_low, ratio_high] or |π - μ| exceeds max_prob_diff. The
+  mask is computed without gradient and never changes the normaliser (see
+  normalisation.py), so it only removes terms.
+- KL to a frozen reference model uses the k1/k2/k3 estimators of KL(π ‖ π_ref) on the
+  sampled tokens (k3 = e^{ref-logp} - (ref-logp) - 1: unbiased, non-negative); the
+  entropy bonus subtracts coef · H of each position's full next-token distribution.
+- Mismatch KL is the k3 estimator of KL(behaviour ‖ trainer) on the sampled tokens: it
+  measures how far the trainer's logprobs are from inference's, cheaply.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 import torch
 
+from tidal.trainer.config import LossConfig
+from tidal.trainer.normalisation import segment_sum
 
-def _masked_mean_part(values: torch.Tensor, mask: torch.Tensor, total_tokens: int) -> torch.Tensor:
-    """This micro-batch's share of the step's token mean of `values`."""
-    return (values * mask).sum() / total_tokens
+KLEstimator = Literal["k1", "k2", "k3"]
 
 
-def policy_gradient_loss(
-    logprobs: torch.Tensor,  # (N,) trainer logprob of each target token, with grad
-    behaviour_logprobs: torch.Tensor,  # (N,) logprob under the policy that sampled it
-    advantages: torch.Tensor,  # (N,)
-    loss_mask: torch.Tensor,  # (N,) 1.0 for trained tokens, else 0.0
-    *,
-    clip_low: float,
-    clip_high: float,
-    total_tokens: int,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The clipped surrogate loss (to minimise) and detached metric parts, both / total_tokens."""
+@dataclass(frozen=True)
+class TokenInputs:
+    """Aligned per-token inputs of one micro-batch's RL loss."""
+
+    logprobs: torch.Tensor  # (N,) trainer logprob of each target token, with grad
+    behaviour_logprobs: torch.Tensor  # (N,) logprob under the policy that sampled it
+    advantages: torch.Tensor  # (N,)
+    loss_mask: torch.Tensor  # (N,) 1.0 for trained tokens, else 0.0
+    segments: torch.Tensor  # (N,) int64 index of each token's sample
+    num_segments: int
+    entropy: torch.Tensor | None = None  # (N,) next-token entropy, with grad
+    ref_logprobs: torch.Tensor | None = None  # (N,) frozen reference model's logprobs
+
+
+def weighted_sum(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Σ_t w_t · v_t; weights are zero off the mask."""
+    return (values * weights).sum()
+
+
+def kl_estimate(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: KLEstimator
+) -> torch.Tensor:
+    """Per-token estimate of KL(π ‖ π_ref) from samples of π: (N,), (N,) → (N,)."""
+    log_ratio = logprobs - ref_logprobs  # (N,) log π/π_ref
+    if estimator == "k1":
+        return log_ratio
+    if estimator == "k2":
+        return 0.5 * log_ratio**2
+    if estimator == "k3":
+        return torch.exp(-log_ratio) + log_ratio - 1.0
+    raise ValueError(f"unknown KL estimator {estimator!r}; supported: k1, k2, k3")
+
+
+def importance_log_ratio(inputs: TokenInputs, level: Literal["token", "sequence"]) -> torch.Tensor:
+    """(N,) log of the importance ratio at each token (token- or sequence-level)."""
+    mask = inputs.loss_mask
     # Masked positions carry behaviour logprob 0 by contract; zero their log-ratio so a
     # very negative trainer logprob there cannot overflow exp() into inf * 0 = nan.
-    log_ratio = torch.where(loss_mask > 0, logprobs - behaviour_logprobs, 0.0)  # (N,)
+    token = torch.where(mask > 0, inputs.logprobs - inputs.behaviour_logprobs, 0.0)  # (N,)
+    if level == "token":
+        return token
+    per_sample = segment_sum(token, inputs.segments, inputs.num_segments)  # (S,)
+    tokens = segment_sum(mask, inputs.segments, inputs.num_segments).clamp(min=1.0)  # (S,)
+    return (per_sample / tokens)[inputs.segments] * mask  # (N,) the sample's mean log-ratio
+
+
+def trust_region_keep(inputs: TokenInputs, config: LossConfig) -> torch.Tensor:
+    """(N,) 1.0 where the token stays inside the trust region (and is a loss token)."""
+    region = config.trust_region
+    with torch.no_grad():
+        keep = inputs.loss_mask > 0  # (N,) bool
+        log_ratio = torch.where(keep, inputs.logprobs - inputs.behaviour_logprobs, 0.0)
+        ratio = torch.exp(log_ratio)  # (N,)
+        if region.ratio_low is not None:
+            keep &= ratio >= region.ratio_low
+        if region.ratio_high is not None:
+            keep &= ratio <= region.ratio_high
+        if region.max_prob_diff is not None:
+            diff = (inputs.logprobs.exp() - inputs.behaviour_logprobs.exp()).abs()  # (N,)
+            keep &= diff <= region.max_prob_diff
+    return keep.float()
+
+
+def rl_loss(
+    inputs: TokenInputs,
+    *,
+    config: LossConfig,
+    weights: torch.Tensor,  # (N,) normalisation weights (normalisation.token_weights)
+    metric_weights: torch.Tensor,  # (N,) loss_mask / step loss tokens
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """This micro-batch's share of the step's RL loss (to minimise) and its metric parts."""
+    log_ratio = importance_log_ratio(inputs, config.ratio_level)  # (N,)
     ratio = torch.exp(log_ratio)  # (N,)
-    unclipped = ratio * advantages  # (N,)
-    clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages  # (N,)
+    adv = inputs.advantages
+    unclipped = ratio * adv  # (N,)
+    clipped = ratio.clamp(1.0 - config.clip_low, 1.0 + config.clip_high) * adv  # (N,)
     surrogate = torch.minimum(unclipped, clipped)  # (N,) pessimistic bound
-    loss = -_masked_mean_part(surrogate, loss_mask, total_tokens)
+    keep = trust_region_keep(inputs, config)  # (N,)
+    loss = -weighted_sum(surrogate * keep, weights)
+    if config.kl.coef > 0:
+        if inputs.ref_logprobs is None:
+            raise ValueError("loss.kl.coef > 0 needs reference logprobs")
+        kl = kl_estimate(inputs.logprobs, inputs.ref_logprobs, config.kl.estimator)  # (N,)
+        loss = loss + config.kl.coef * weighted_sum(kl, weights)
+    if config.entropy_coef > 0:
+        if inputs.entropy is None:
+            raise ValueError("loss.entropy_coef > 0 needs the per-token entropy")
+        loss = loss - config.entropy_coef * weighted_sum(inputs.entropy, weights)
     with torch.no_grad():
         # The clipped branch is active (and passes no gradient) where it is strictly lower.
-        clip_active = (clipped < unclipped).float()  # (N,)
-        k3 = ratio - 1.0 - log_ratio  # (N,) >= 0
+        active = (clipped < unclipped) & (keep > 0)  # (N,)
+        token_log_ratio = torch.where(
+            inputs.loss_mask > 0, inputs.logprobs - inputs.behaviour_logprobs, 0.0
+        )
         metrics = {
-            "clip_frac": _masked_mean_part(clip_active, loss_mask, total_tokens),
-            "mismatch_kl": _masked_mean_part(k3, loss_mask, total_tokens),
-            "ratio": _masked_mean_part(ratio, loss_mask, total_tokens),
+            "clip_frac": weighted_sum(active.float(), metric_weights),
+            "clip_low_frac": weighted_sum((active & (ratio < 1.0)).float(), metric_weights),
+            "clip_high_frac": weighted_sum((active & (ratio > 1.0)).float(), metric_weights),
+            "mask_frac": weighted_sum(1.0 - keep, metric_weights),
+            "mismatch_kl": weighted_sum(
+                token_log_ratio.exp() - 1.0 - token_log_ratio, metric_weights
+            ),
+            "ratio": weighted_sum(ratio, metric_weights),
         }
+        if inputs.ref_logprobs is not None:
+            ref_kl = kl_estimate(inputs.logprobs, inputs.ref_logprobs, "k3")
+            metrics["ref_kl"] = weighted_sum(ref_kl, metric_weights)
     return loss, metrics
 
 
 def sft_loss(
     logprobs: torch.Tensor,  # (N,) trainer logprob of each target token, with grad
-    loss_mask: torch.Tensor,  # (N,)
-    *,
-    total_tokens: int,
+    weights: torch.Tensor,  # (N,) normalisation weights, zero off the mask
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Cross-entropy (negative log-likelihood) on loss tokens, / total_tokens."""
-    loss = -_masked_mean_part(logprobs, loss_mask, total_tokens)
+    """Cross-entropy (negative log-likelihood) of the loss tokens, normalised by `weights`."""
+    loss = -weighted_sum(logprobs, weights)
     return loss, {"nll": loss.detach()}
 
 

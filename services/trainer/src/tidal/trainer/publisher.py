@@ -5,9 +5,11 @@ Decisions:
   manifest) in a worker thread, so the event loop keeps answering health checks while
   a large model is serialised; then `WeightSyncClient.publish` registers the manifest.
 - Version `v` holds the weights after step `v`; version 0 (initial weights) is published
-  once at start-up. Resuming is not supported yet: if weightsync already knows any
-  version at start-up, the trainer refuses to start (its fresh weights would not be the
-  ones those versions continue from) and says how to fix it.
+  once at start-up. A fresh trainer refuses to start if weightsync already knows any
+  version (its fresh weights would not be the ones those versions continue from) and
+  says how to fix it. A trainer resumed from the checkpoint of step k accepts versions
+  up to k (it republishes k if missing) and refuses newer ones: they came from steps the
+  checkpoint does not hold.
 - Retrying a publish is safe: a folder left by an earlier failed attempt is reused when
   weightsync registered it, and replaced when it did not.
 """
@@ -51,6 +53,25 @@ class WeightPublisher:
                 "resume a run yet. Start with a new run name (--run.name) or an empty weights "
                 "root."
             )
+
+    async def check_resumable(self, step: int) -> bool:
+        """For a trainer resumed at `step`: True if weightsync already holds version `step`.
+
+        Raises FailedPrecondition when it holds a newer version than the checkpoint.
+        """
+        latest = await self.client.latest(timeout=STARTUP_TIMEOUT_S)
+        if latest is None:
+            return False
+        newest = latest.manifest.version
+        if newest > step:
+            raise FailedPrecondition(
+                f"weightsync already has version {newest}, newer than the checkpoint of step "
+                f"{step}; steps {step + 1}..{newest} are not in any checkpoint. Resume a new run, "
+                "or save checkpoints more often (trainer.ckpt.interval)."
+            )
+        if newest == step:
+            self.newest = step
+        return newest == step
 
     async def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> WeightManifest:
         """Write version `version` and register it with weightsync; returns its manifest."""

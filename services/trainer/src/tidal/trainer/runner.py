@@ -12,6 +12,9 @@ Decisions:
   (policy_version == step). If publishing fails after the optimizer step, the trained
   weights are kept pending: the retry publishes them instead of training again.
 - Spans `trainer.step` and `trainer.publish` are children of the current (Train RPC) span.
+- With a `CheckpointManager` and `interval` > 0, every `interval`-th step is checkpointed
+  after it was published and recorded, still under the lock (so no step trains while
+  the state is being written). A resumed runner starts at the checkpoint's step.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from opentelemetry import trace
 
 from tidal.common.errors import FailedPrecondition, Unavailable
 from tidal.trainer.batch import MicroBatchData
+from tidal.trainer.checkpoint import CheckpointManager
 from tidal.trainer.publisher import WeightPublisher
 from tidal.trainer.train_step import LossKind, Trainer
 
@@ -54,11 +58,19 @@ class _Pending:
 
 class StepRunner:
     def __init__(
-        self, trainer: Trainer, publisher: WeightPublisher, *, keep_results: int = KEEP_RESULTS
+        self,
+        trainer: Trainer,
+        publisher: WeightPublisher,
+        *,
+        keep_results: int = KEEP_RESULTS,
+        checkpoints: CheckpointManager | None = None,
+        checkpoint_interval: int = 0,
     ) -> None:
         self.trainer = trainer
         self.publisher = publisher
         self.keep_results = keep_results
+        self.checkpoints = checkpoints
+        self.checkpoint_interval = checkpoint_interval
         self.last_step = 0
         self.steps_trained = 0
         self.duplicates_answered = 0
@@ -76,6 +88,15 @@ class StepRunner:
         await self.publisher.check_fresh()
         state = await asyncio.to_thread(self.trainer.state_dict_for_publish)
         await self.publisher.publish(0, state)
+        self.ready = True
+
+    async def resume(self) -> None:
+        """Continue after the trainer's restored step; publish that version if it is missing."""
+        step = self.trainer.trained_step
+        if not await self.publisher.check_resumable(step):
+            state = await asyncio.to_thread(self.trainer.state_dict_for_publish)
+            await self.publisher.publish(step, state)
+        self.last_step = step
         self.ready = True
 
     async def train(self, step: int, batches: list[MicroBatchData], kind: LossKind) -> StepResult:
@@ -97,7 +118,11 @@ class StepRunner:
                 log.info("step %d was trained before its publish failed; publishing again", step)
             await self.publisher.publish(step, pending.state_dict)
             self._pending = None
-            return self._record(StepResult(step, step, pending.metrics))
+            result = self._record(StepResult(step, step, pending.metrics))
+            interval = self.checkpoint_interval
+            if self.checkpoints is not None and interval and step % interval == 0:
+                await asyncio.to_thread(self.checkpoints.save, self.trainer)
+            return result
 
     async def _compute(self, step: int, batches: list[MicroBatchData], kind: LossKind) -> _Pending:
         tokens = sum(b.num_tokens for b in batches)

@@ -1,9 +1,11 @@
 """Run the trainer service: `tidal trainer @ cfg.toml` or `python -m tidal.trainer`.
 
-Start-up order: model and optimizer → gRPC server up but NOT_SERVING (so probes get an
-answer) → refuse to start if weightsync already has versions → publish version 0 →
-SERVING. `start_trainer` does all of it and is what contract tests run; `serve` adds
-telemetry and waits for SIGTERM. torch-bearing modules are imported inside them, after
+Start-up order: model and optimizer (restored from the newest checkpoint with
+`--resume`) → gRPC server up but NOT_SERVING (so probes get an answer) → refuse to start
+if weightsync already has versions (resumed: versions newer than the checkpoint) →
+publish version 0 (resumed: the checkpoint's version, if missing) → SERVING.
+`start_trainer` does all of it and is what contract tests run; `serve` adds telemetry and
+waits for SIGTERM. torch-bearing modules are imported inside them, after
 the config parsed, so `--help` and `--dry-run` stay instant.
 """
 
@@ -58,6 +60,7 @@ async def start_trainer(config: TrainerRunConfig) -> RunningTrainer:
     import torch
 
     from tidal.rpc.v1 import trainer_pb2_grpc as pb_grpc
+    from tidal.trainer.checkpoint import CheckpointManager
     from tidal.trainer.publisher import WeightPublisher
     from tidal.trainer.runner import StepRunner
     from tidal.trainer.servicer import TrainerServicer
@@ -66,9 +69,18 @@ async def start_trainer(config: TrainerRunConfig) -> RunningTrainer:
     torch.set_num_threads(config.trainer.num_threads)
     device = resolve_device(config.trainer.device)
     trainer = Trainer(config.trainer, seed=config.run.seed, device=torch.device(device))
+    ckpt = config.trainer.ckpt
+    checkpoints = CheckpointManager(config.checkpoint_dir, keep_last=ckpt.keep_last)
+    resumed = config.resume and checkpoints.latest() is not None
+    if resumed:
+        await asyncio.to_thread(checkpoints.load, trainer)
+    elif config.resume:
+        log.warning("--resume: no checkpoint under %s; starting fresh", checkpoints.root)
     client = WeightSyncClient(config.endpoints.weightsync, config.grpc)
     publisher = WeightPublisher(config.publish_dir, client, trainer.hf_config())
-    runner = StepRunner(trainer, publisher)
+    runner = StepRunner(
+        trainer, publisher, checkpoints=checkpoints, checkpoint_interval=ckpt.interval
+    )
     servicer = TrainerServicer(runner, device=device)
     binding = ServiceBinding(servicer, pb_grpc.add_TrainerServiceServicer_to_server, FULL_NAME)
     address = config.grpc.listen_address(config.endpoints.trainer)
@@ -76,7 +88,7 @@ async def start_trainer(config: TrainerRunConfig) -> RunningTrainer:
     await running.server.start(serving=False)
     log.info("model %s on %s; publishing to %s", trainer.describe(), device, config.publish_dir)
     try:
-        await runner.start()
+        await (runner.resume() if resumed else runner.start())
     except BaseException:
         await running.stop()
         raise

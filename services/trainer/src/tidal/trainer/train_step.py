@@ -1,14 +1,19 @@
 """The `Trainer`: one optimizer step over a step's packed micro-batches.
 
 Decisions:
-- Single process, fp32 master weights, AdamW (no weight decay on 1-D params: norms).
-  Parallelism and memory levers wrap this later without changing the step's shape.
-- Gradient accumulation over micro-batches, each loss already divided by the step's
-  total loss tokens (see `loss.py`), so packing never changes the result.
+- fp32 master weights always; `precision = "bf16"` runs forward (and so backward) under
+  `torch.autocast` on CPU or CUDA, and logits are cast back to fp32 before log-softmax,
+  so losses and optimizer state stay fp32. Parallelism wraps this later without
+  changing the step's shape.
+- Gradient accumulation over micro-batches, each loss already weighted by step-level
+  counts (`normalisation.py`, summed over all micro-batches first), so packing never
+  changes the result. `reduce` is where a data-parallel all-reduce of those counts goes.
 - Packed forward: one `[1, T]` row per micro-batch with `sample_lengths` (block-diagonal
   causal mask, positions restarting per sample). Logits at t-1 score input_ids[t]; the
   pair across a sample boundary is scored too but always masked (loss_mask is 0 at every
   sample's first token), which is cheaper than cutting the row apart.
+- The KL reference is a second, frozen copy of the initial weights (same config and
+  seed), built only when `loss.kl.coef > 0`.
 - A non-finite gradient norm skips the optimizer step (metric `skipped` = 1) instead of
   writing NaNs into the weights; the step still counts as trained, so the run goes on.
 - This class is synchronous and knows nothing about gRPC or publishing; the service runs
@@ -17,6 +22,7 @@ Decisions:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -28,8 +34,10 @@ import torch
 from tidal.common.errors import FailedPrecondition, InvalidArgument
 from tidal.trainer.batch import MicroBatchData
 from tidal.trainer.config import TrainerConfig
-from tidal.trainer.loss import policy_gradient_loss, sft_loss, token_entropy
+from tidal.trainer.loss import TokenInputs, rl_loss, sft_loss, token_entropy
 from tidal.trainer.models.factory import build_model, publishable_state_dict
+from tidal.trainer.normalisation import Reduce, StepCounts, segment_ids, step_counts, token_weights
+from tidal.trainer.optim import build_optimizer, build_scheduler, lr_factor
 
 log = logging.getLogger(__name__)
 
@@ -37,22 +45,24 @@ LossKind = Literal["pg", "sft"]
 
 
 class Trainer:
-    def __init__(self, config: TrainerConfig, *, seed: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        config: TrainerConfig,
+        *,
+        seed: int,
+        device: torch.device,
+        reduce: Reduce | None = None,
+    ) -> None:
         self.config = config
         self.device = device
+        self.reduce = reduce
         self.model = build_model(config.model, seed=seed, device=device)
-        decay = [p for p in self.model.parameters() if p.dim() >= 2]
-        no_decay = [p for p in self.model.parameters() if p.dim() < 2]
-        optim = config.optim
-        self.optimizer = torch.optim.AdamW(
-            [
-                {"params": decay, "weight_decay": optim.weight_decay},
-                {"params": no_decay, "weight_decay": 0.0},
-            ],
-            lr=optim.lr,
-            betas=optim.betas,
-            eps=optim.eps,
-        )
+        self.reference: torch.nn.Module | None = None
+        if config.loss.kl.coef > 0:
+            self.reference = build_model(config.model, seed=seed, device=device)
+            self.reference.requires_grad_(False).eval()
+        self.optimizer = build_optimizer(self.model.parameters(), config.optim)
+        self.scheduler = build_scheduler(self.optimizer, config.optim.schedule)
         self.trained_step = 0  # last step whose optimizer step ran (0 = initial weights)
 
     @property
@@ -72,25 +82,34 @@ class Trainer:
     def state_dict_for_publish(self) -> dict[str, torch.Tensor]:
         return publishable_state_dict(self.model)
 
+    def _set_lr(self, kind: LossKind) -> float:
+        """Scale this step's lr: the schedule's factor times the peak of this kind of step."""
+        optim = self.config.optim
+        peak = optim.sft_lr if kind == "sft" and optim.sft_lr is not None else optim.lr
+        lr = peak * lr_factor(self.scheduler.last_epoch, optim.schedule)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
     def train_step(
         self, step: int, batches: list[MicroBatchData], kind: LossKind
     ) -> dict[str, float]:
-        """Forward/backward every micro-batch, clip, step AdamW; return the step's metrics."""
+        """Forward/backward every micro-batch, clip, step the optimizer; return the metrics."""
         if step != self.trained_step + 1:
             raise FailedPrecondition(f"expected step {self.trained_step + 1}, got step {step}")
         start = time.perf_counter()
-        optim = self.config.optim
-        lr = optim.sft_lr if kind == "sft" and optim.sft_lr is not None else optim.lr
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        lr = self._set_lr(kind)
         sums = self.compute_gradients(batches, kind)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), optim.max_grad_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), self.config.optim.max_grad_norm
+        )
         finite = math.isfinite(float(grad_norm))
         if finite:
             self.optimizer.step()
         else:
             log.warning("step %d: gradient norm is %s; optimizer step skipped", step, grad_norm)
         self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
         self.trained_step = step
         seconds = time.perf_counter() - start
         tokens = sum(b.num_tokens for b in batches)
@@ -110,8 +129,8 @@ class Trainer:
         self, batches: list[MicroBatchData], kind: LossKind
     ) -> dict[str, torch.Tensor]:
         """Fresh `.grad`s of the step's loss; returns step-level metric sums (loss, entropy…)."""
-        total_tokens = sum(b.num_loss_tokens for b in batches)
-        if total_tokens == 0:
+        counts = step_counts(batches, self.reduce)
+        if counts.loss_tokens == 0:
             raise InvalidArgument("micro_batches.loss_mask", "no token of the step has loss_mask 1")
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -119,37 +138,72 @@ class Trainer:
         for batch in batches:
             if batch.num_loss_tokens == 0:
                 continue  # contributes nothing to loss or gradient
-            for name, value in self._backward(batch.to(self.device), kind, total_tokens).items():
+            for name, value in self._backward(batch.to(self.device), kind, counts).items():
                 sums[name] += value
         return dict(sums)
 
+    def _autocast(self) -> contextlib.AbstractContextManager[object]:
+        if self.config.precision == "bf16":
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _target_logprobs(
+        self, model: torch.nn.Module, batch: MicroBatchData
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(T-1, V) log-softmax and (T-1,) logprob of each next token, in fp32."""
+        with self._autocast():
+            logits = model(
+                batch.input_ids[None], batch.position_ids[None], sample_lengths=batch.sample_lengths
+            )[0]  # (T, V)
+        logprobs_all = torch.log_softmax(logits[:-1].float(), dim=-1)  # (T-1, V): row t → ids[t+1]
+        targets = batch.input_ids[1:]  # (T-1,)
+        return logprobs_all, logprobs_all.gather(-1, targets[:, None]).squeeze(-1)
+
     def _backward(
-        self, batch: MicroBatchData, kind: LossKind, total_tokens: int
+        self, batch: MicroBatchData, kind: LossKind, counts: StepCounts
     ) -> dict[str, torch.Tensor]:
         """Forward and backward one packed micro-batch; return its detached metric parts."""
-        ids = batch.input_ids[None]  # (1, T)
-        logits = self.model(ids, batch.position_ids[None], sample_lengths=batch.sample_lengths)[
-            0
-        ]  # (T, V) fp32
-        logprobs_all = torch.log_softmax(logits[:-1], dim=-1)  # (T-1, V): row t scores ids[t+1]
-        targets = batch.input_ids[1:]  # (T-1,)
-        logprobs = logprobs_all.gather(-1, targets[:, None]).squeeze(-1)  # (T-1,)
+        logprobs_all, logprobs = self._target_logprobs(self.model, batch)  # (T-1, V), (T-1,)
         mask = batch.loss_mask[1:]  # (T-1,)
+        segments = segment_ids(batch.sample_lengths)[1:]  # (T-1,)
+        num_segments = int(batch.sample_lengths.shape[0])
+        metric_weights = mask / counts.loss_tokens  # (T-1,) token mean over the step
+        loss_cfg = self.config.loss
         if kind == "sft":
-            loss, parts = sft_loss(logprobs, mask, total_tokens=total_tokens)
+            loss, parts = sft_loss(logprobs, metric_weights)
+            entropy = token_entropy(logprobs_all.detach())  # (T-1,)
         else:
-            loss, parts = policy_gradient_loss(
-                logprobs,
-                batch.behaviour_logprobs[1:],
-                batch.advantages[1:],
+            weights = token_weights(
                 mask,
-                clip_low=self.config.loss.clip_low,
-                clip_high=self.config.loss.clip_high,
-                total_tokens=total_tokens,
+                segments,
+                num_segments,
+                norm=loss_cfg.norm,
+                counts=counts,
+                constant=loss_cfg.norm_constant,
+            )  # (T-1,)
+            bonus = loss_cfg.entropy_coef > 0
+            entropy = token_entropy(logprobs_all if bonus else logprobs_all.detach())  # (T-1,)
+            inputs = TokenInputs(
+                logprobs=logprobs,
+                behaviour_logprobs=batch.behaviour_logprobs[1:],
+                advantages=batch.advantages[1:],
+                loss_mask=mask,
+                segments=segments,
+                num_segments=num_segments,
+                entropy=entropy if bonus else None,
+                ref_logprobs=self._reference_logprobs(batch),
+            )
+            loss, parts = rl_loss(
+                inputs, config=loss_cfg, weights=weights, metric_weights=metric_weights
             )
         loss.backward()
-        with torch.no_grad():
-            entropy = token_entropy(logprobs_all.detach())  # (T-1,)
-            parts["entropy"] = (entropy * mask).sum() / total_tokens
+        parts["entropy"] = (entropy.detach() * metric_weights).sum()
         parts["loss"] = loss.detach()
         return parts
+
+    def _reference_logprobs(self, batch: MicroBatchData) -> torch.Tensor | None:
+        """(T-1,) logprobs of the next tokens under the frozen reference, if there is one."""
+        if self.reference is None:
+            return None
+        with torch.no_grad():
+            return self._target_logprobs(self.reference, batch)[1]

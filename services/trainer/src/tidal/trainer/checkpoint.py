@@ -1,0 +1,204 @@
+"""Checkpoints of the full training state with torch.distributed.checkpoint (DCP).
+
+Decisions:
+- DCP, not `torch.save`: every rank writes its own shards in parallel and loading
+  reshards, so the same code serves one CPU process and an FSDP job (no process group
+  needed single-process). Model and optimizer go through DCP's `get_state_dict` /
+  `set_state_dict`, which know about FSDP/DTensor parameters.
+- What is saved: model, optimizer, LR scheduler, torch RNG state(s), the step, and a
+  small `extra` dict the caller owns (the SFT loop's data position). Resuming from it
+  continues bitwise-identically to never having stopped (CPU, fp32). The KL reference
+  model is not saved: it is the initial weights, rebuilt from the same config and seed.
+- Atomic: a checkpoint is written into a hidden `.tmp-step_XXXXXXXX-<nonce>` folder and
+  renamed to `step_XXXXXXXX` only after DCP finished (its `.metadata` is written last)
+  and the files are fsynced. A crash mid-save leaves only a hidden temp folder, which
+  `latest()` never returns and the next save removes. A folder counts as a checkpoint
+  only if its name matches and it holds `.metadata`.
+- Retention: after a new checkpoint is complete, all but the newest `keep_last` are
+  deleted, so there is always at least one complete checkpoint on disk.
+- Multi-rank: all ranks save into the same temp folder; rank 0 renames and prunes after
+  a barrier. Single process: the barrier is skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import shutil
+import uuid
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.stateful import Stateful
+
+from tidal.trainer.train_step import Trainer
+
+log = logging.getLogger(__name__)
+
+NAME = re.compile(r"^step_(\d{8})$")
+TMP_PREFIX = ".tmp-"
+
+
+def _rng_state() -> dict[str, torch.Tensor]:
+    state = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            state[f"cuda{i}"] = s
+    return state
+
+
+def _set_rng_state(state: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(state["cpu"])
+    cuda = [state[f"cuda{i}"] for i in range(torch.cuda.device_count()) if f"cuda{i}" in state]
+    if cuda:
+        torch.cuda.set_rng_state_all(cuda)
+
+
+class TrainState(Stateful):
+    """The trainer's state as one DCP `Stateful`; `extra` holds caller-owned ints."""
+
+    def __init__(self, trainer: Trainer, extra: dict[str, int] | None = None) -> None:
+        self.trainer = trainer
+        self.extra = dict(extra or {})
+
+    def state_dict(self) -> dict[str, Any]:
+        t = self.trainer
+        model, optim = get_state_dict(t.model, t.optimizer)
+        return {
+            "model": model,
+            "optim": optim,
+            "scheduler": t.scheduler.state_dict(),
+            "rng": _rng_state(),
+            "step": t.trained_step,
+            # One JSON string: DCP loads into the keys of the live state dict, and a fresh
+            # process does not know the caller's keys yet; a single leaf it always has.
+            "extra": json.dumps(self.extra, sort_keys=True),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        t = self.trainer
+        set_state_dict(
+            t.model,
+            t.optimizer,
+            model_state_dict=state_dict["model"],
+            optim_state_dict=state_dict["optim"],
+        )
+        t.scheduler.load_state_dict(state_dict["scheduler"])
+        _set_rng_state(state_dict["rng"])
+        t.trained_step = int(state_dict["step"])
+        self.extra = {k: int(v) for k, v in json.loads(state_dict["extra"]).items()}
+
+
+def _is_rank0() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+@contextlib.contextmanager
+def _single_process_is_intended() -> Iterator[None]:
+    """Silence DCP's warning that no process group exists: one process is a supported setup."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _fsync_tree(folder: Path) -> None:
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+    _fsync_dir(folder)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class CheckpointManager:
+    def __init__(self, root: Path, *, keep_last: int) -> None:
+        if keep_last < 1:
+            raise ValueError(f"keep_last must be at least 1, got {keep_last}")
+        self.root = root
+        self.keep_last = keep_last
+
+    def complete(self) -> list[tuple[int, Path]]:
+        """(step, folder) of every complete checkpoint, oldest first."""
+        if not self.root.is_dir():
+            return []
+        found = []
+        for path in self.root.iterdir():
+            match = NAME.match(path.name)
+            if match and path.is_dir() and (path / ".metadata").is_file():
+                found.append((int(match.group(1)), path))
+        return sorted(found)
+
+    def latest(self) -> Path | None:
+        """The newest complete checkpoint, or None."""
+        done = self.complete()
+        return done[-1][1] if done else None
+
+    def save(self, trainer: Trainer, *, extra: dict[str, int] | None = None) -> Path:
+        """Write the trainer's state at its current step; returns the checkpoint folder."""
+        step = trainer.trained_step
+        final = self.root / f"step_{step:08d}"
+        tmp = self.root / f"{TMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
+        if _is_rank0():
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._remove_temps()
+        _barrier()
+        with _single_process_is_intended():
+            dcp.save({"train": TrainState(trainer, extra)}, checkpoint_id=tmp)
+        _barrier()
+        if _is_rank0():
+            _fsync_tree(tmp)
+            if final.exists():  # an older save of the same step (e.g. re-run after resume)
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            _fsync_dir(self.root)
+            self._prune()
+            log.info("checkpoint of step %d saved", step, extra={"fields": {"dir": str(final)}})
+        _barrier()
+        return final
+
+    def load(self, trainer: Trainer, path: Path | None = None) -> dict[str, int]:
+        """Restore `trainer` from `path` (default: the latest); returns the saved `extra`."""
+        path = path or self.latest()
+        if path is None:
+            raise FileNotFoundError(f"no complete checkpoint under {self.root}")
+        if not (path / ".metadata").is_file():
+            raise FileNotFoundError(f"{path} is not a complete checkpoint (no .metadata)")
+        state = TrainState(trainer)
+        with _single_process_is_intended():
+            dcp.load({"train": state}, checkpoint_id=path)
+        log.info("resumed from %s (step %d)", path, trainer.trained_step)
+        return state.extra
+
+    def _temps(self) -> Iterator[Path]:
+        return (p for p in self.root.iterdir() if p.name.startswith(TMP_PREFIX))
+
+    def _remove_temps(self) -> None:
+        for path in self._temps():
+            log.warning("removing %s, left by an interrupted save", path)
+            shutil.rmtree(path, ignore_errors=True)
+
+    def _prune(self) -> None:
+        done = self.complete()
+        for _, path in done[: max(0, len(done) - self.keep_last)]:
+            shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,142 @@
+"""`tidal sft @ cfg.toml`: supervised fine-tuning on prompt/completion data, resumable.
+
+Decisions:
+- The same `Trainer` (model, optimizer, schedule, precision) and the same packed
+  micro-batches as RL steps, with the SFT loss (masked NLL, token mean over the step).
+- Checkpoints every `trainer.ckpt.interval` steps and at the last step, with the data
+  position in them; `--resume` loads the newest complete one and continues, so an
+  interrupted run finishes with exactly the weights of an uninterrupted one. Without
+  `--resume`, existing checkpoints in the folder are an error: silently starting over
+  would later mix two runs' checkpoints.
+- The final weights are also written as a Hugging Face style folder (config.json +
+  model.safetensors) under `<run dir>/final`, the format inference and weightsync read.
+- Metrics go to `<run dir>/sft_metrics.jsonl`, one object per step (appended on resume).
+- torch is imported only once the config parsed, so `--help` and `--dry-run` are instant.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from tidal.common.config import load_or_exit
+from tidal.common.errors import ConfigError
+from tidal.common.logging import setup_logging
+from tidal.common.tokenizer import get_tokenizer
+from tidal.trainer.config import SftRunConfig
+
+if TYPE_CHECKING:
+    from tidal.orchestrator.packing import TrainSample
+    from tidal.trainer.batch import MicroBatchData
+    from tidal.trainer.train_step import Trainer
+
+log = logging.getLogger(__name__)
+USAGE = "tidal sft @ cfg.toml [--sft.data.path FILE] [--resume]"
+
+
+def pack_for_trainer(samples: Sequence[TrainSample], budget: int) -> list[MicroBatchData]:
+    """Pack samples with the orchestrator's packer and convert to the trainer's tensors."""
+    import torch
+
+    from tidal.orchestrator.packing import pack_micro_batches
+    from tidal.trainer.batch import MicroBatchData
+
+    longest = max(s.num_tokens for s in samples)
+    if longest > budget:
+        raise ConfigError(
+            f"sft.micro_batch_tokens {budget} is smaller than a sample of {longest} tokens"
+        )
+    out = []
+    for packed in pack_micro_batches(samples, budget):
+        out.append(
+            MicroBatchData(
+                input_ids=torch.from_numpy(packed.input_ids).long(),
+                position_ids=torch.from_numpy(packed.position_ids).long(),
+                sample_lengths=torch.from_numpy(packed.sample_lengths).long(),
+                loss_mask=torch.from_numpy(packed.loss_mask).float(),
+                advantages=torch.from_numpy(packed.advantages).float(),
+                behaviour_logprobs=torch.from_numpy(packed.behaviour_logprobs).float(),
+            )
+        )
+    return out
+
+
+def run_sft(config: SftRunConfig, *, max_steps: int | None = None) -> list[dict[str, float]]:
+    """Train (or resume) the SFT run; stops after step `max_steps` if given. Returns metrics."""
+    import torch
+
+    from tidal.trainer.checkpoint import CheckpointManager
+    from tidal.trainer.service import resolve_device
+    from tidal.trainer.sft_data import SampleOrder, read_records, to_samples
+    from tidal.trainer.train_step import Trainer
+
+    sft, ckpt = config.sft, config.trainer.ckpt
+    if sft.data.path is None:
+        raise ConfigError("sft.data.path is required (a .jsonl or .parquet file)")
+    records = read_records(
+        sft.data.path,
+        prompt_key=sft.data.prompt_key,
+        completion_key=sft.data.completion_key,
+        fmt=sft.data.format,
+    )
+    tokenizer = get_tokenizer(config.run.tokenizer)
+    samples = to_samples(records, tokenizer, max_seq_len=config.trainer.model.max_seq_len)
+    order = SampleOrder(samples, seed=config.run.seed)
+
+    torch.set_num_threads(config.trainer.num_threads)
+    device = torch.device(resolve_device(config.trainer.device))
+    trainer = Trainer(config.trainer, seed=config.run.seed, device=device)
+    manager = CheckpointManager(config.checkpoint_dir, keep_last=ckpt.keep_last)
+    position = 0
+    if config.resume and manager.latest() is not None:
+        position = manager.load(trainer)["data_position"]
+    elif manager.latest() is not None:
+        raise ConfigError(
+            f"{config.checkpoint_dir} already holds checkpoints; pass --resume to continue "
+            "from the newest, or use a new --run.name"
+        )
+    elif config.resume:
+        log.warning("--resume: no checkpoint under %s; starting from step 1", manager.root)
+    log.info("SFT of %s on %d records, %d steps", trainer.describe(), len(samples), sft.steps)
+
+    config.run.dir.mkdir(parents=True, exist_ok=True)
+    history = []
+    last = sft.steps if max_steps is None else min(sft.steps, max_steps)
+    with open(config.run.dir / "sft_metrics.jsonl", "a", encoding="utf-8") as metrics_file:
+        for step in range(trainer.trained_step + 1, last + 1):
+            batch, position = order.batch(position, sft.batch_size)
+            micro_batches = pack_for_trainer(batch, sft.micro_batch_tokens)
+            metrics = trainer.train_step(step, micro_batches, "sft")
+            metrics_file.write(json.dumps({"step": step, **metrics}) + "\n")
+            metrics_file.flush()
+            history.append(metrics)
+            log.info("step %d loss %.4f lr %.3g", step, metrics["loss"], metrics["lr"])
+            if (ckpt.interval and step % ckpt.interval == 0) or step == sft.steps:
+                manager.save(trainer, extra={"data_position": position})
+    if trainer.trained_step == sft.steps:
+        export_final(trainer, config)
+    return history
+
+
+def export_final(trainer: Trainer, config: SftRunConfig) -> None:
+    """Write the final weights as config.json + model.safetensors under `<run dir>/final`."""
+    from safetensors.torch import save_file
+
+    folder = config.run.dir / "final"
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(trainer.state_dict_for_publish(), folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps(trainer.hf_config(), indent=2))
+    log.info("final weights written to %s", folder)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    config = load_or_exit(SftRunConfig, sys.argv[1:] if argv is None else argv, usage=USAGE)
+    setup_logging("sft", level=config.telemetry.log_level)
+    try:
+        run_sft(config)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None

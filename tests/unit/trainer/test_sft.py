@@ -1,0 +1,190 @@
+"""`tidal sft`: data from disk, prompt masking, data order, and exact resume after a kill."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tidal.common.config import load_config
+from tidal.common.errors import ConfigError
+from tidal.common.tokenizer import ByteTokenizer
+from tidal.trainer.config import SftRunConfig
+from tidal.trainer.sft import pack_for_trainer, run_sft
+from tidal.trainer.sft_data import PromptCompletion, SampleOrder, read_records, to_samples
+
+RECORDS = [
+    {"prompt": f"reverse {w}:", "completion": w[::-1]} for w in ("abc", "dcba", "ab", "bad", "cab")
+]
+
+CONFIG = """
+[run]
+seed = 3
+[trainer]
+device = "cpu"
+[trainer.model]
+dim = 32
+n_layers = 2
+n_heads = 4
+n_kv_heads = 2
+ffn_dim = 64
+max_seq_len = 32
+[trainer.optim]
+lr = 3e-3
+[trainer.optim.schedule]
+warmup_steps = 1
+decay = "cosine"
+decay_steps = 3
+[trainer.ckpt]
+interval = 2
+keep_last = 2
+[sft]
+steps = 4
+batch_size = 3
+micro_batch_tokens = 40
+"""
+
+
+def write_jsonl(path: Path, rows: list[dict[str, object]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def make_config(tmp_path: Path, name: str, *extra: str) -> SftRunConfig:
+    data = write_jsonl(tmp_path / "data.jsonl", RECORDS)
+    cfg = tmp_path / "sft.toml"
+    cfg.write_text(CONFIG)
+    argv = ["@", str(cfg), "--sft.data.path", str(data), "--run.output_dir", str(tmp_path)]
+    config, _ = load_config(SftRunConfig, [*argv, "--run.name", name, *extra])
+    return config
+
+
+def read_records_from(rows: list[dict[str, str]]) -> list[PromptCompletion]:
+    return [PromptCompletion(r["prompt"], r["completion"]) for r in rows]
+
+
+def test_jsonl_and_parquet_give_the_same_records(tmp_path: Path) -> None:
+    jsonl = write_jsonl(tmp_path / "d.jsonl", RECORDS)
+    parquet = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist(RECORDS), parquet)
+    kw = {"prompt_key": "prompt", "completion_key": "completion"}
+    from_jsonl, from_parquet = read_records(jsonl, **kw), read_records(parquet, **kw)
+    assert from_jsonl == from_parquet and len(from_jsonl) == len(RECORDS)
+    assert from_jsonl[1].prompt == "reverse dcba:" and from_jsonl[1].completion == "abcd"
+
+
+def test_a_bad_record_is_an_error_naming_the_record_and_the_key(tmp_path: Path) -> None:
+    data = write_jsonl(tmp_path / "d.jsonl", [RECORDS[0], {"prompt": "x", "answer": "y"}])
+    with pytest.raises(ConfigError, match=r"record 2: missing key 'completion'"):
+        read_records(data, prompt_key="prompt", completion_key="completion")
+    data.write_text('{"prompt": "x", "completion": "y"}\n{oops\n')
+    with pytest.raises(ConfigError, match="line 2: not valid JSON"):
+        read_records(data, prompt_key="prompt", completion_key="completion")
+
+
+def test_prompt_tokens_are_masked_and_completion_tokens_trained() -> None:
+    tok = ByteTokenizer()
+    records = read_records_from(RECORDS[:2])
+    samples = to_samples(records, tok, max_seq_len=32)
+    (batch,) = pack_for_trainer(samples, budget=64)
+    first = samples[0]
+    n_prompt, n_completion = len(first.prompt_ids), len(first.completion_ids)
+    assert first.prompt_ids[0] == tok.bos_id and first.completion_ids[-1] == tok.eos_id
+    assert batch.loss_mask[:n_prompt].sum() == 0
+    assert batch.loss_mask[n_prompt : n_prompt + n_completion].tolist() == [1.0] * n_completion
+    assert batch.num_loss_tokens == sum(len(s.completion_ids) for s in samples)
+    assert batch.sample_lengths.tolist() == [s.num_tokens for s in samples]
+
+
+def test_sample_order_is_a_pure_function_of_the_position() -> None:
+    samples = to_samples(read_records_from(RECORDS), ByteTokenizer(), max_seq_len=32)
+    order = SampleOrder(samples, seed=0)
+    epoch, position = [], 0
+    while position < len(samples):
+        batch, position = order.batch(position, 1)
+        epoch += batch
+    assert sorted(epoch, key=str) == sorted(samples, key=str)  # an epoch visits every sample
+    fresh = SampleOrder(samples, seed=0)
+    assert fresh.batch(7, 3) == order.batch(7, 3)  # no hidden state: a resumed run agrees
+
+
+def test_sft_run_lowers_the_loss_and_exports_final_weights(tmp_path: Path) -> None:
+    config = make_config(
+        tmp_path,
+        "learn",
+        *("--sft.steps", "12", "--trainer.ckpt.interval", "0", "--trainer.optim.lr", "1e-2"),
+        *("--trainer.optim.schedule.decay", "constant"),
+    )
+    history = run_sft(config)
+    assert len(history) == 12
+    assert history[-1]["loss"] < 0.8 * history[0]["loss"]
+    final = tmp_path / "learn" / "final"
+    assert json.loads((final / "config.json").read_text())["num_hidden_layers"] == 2
+    assert "model.embed_tokens.weight" in load_file(final / "model.safetensors")
+    lines = (tmp_path / "learn" / "sft_metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == list(range(1, 13))
+
+
+def test_starting_over_existing_checkpoints_needs_resume(tmp_path: Path) -> None:
+    run_sft(make_config(tmp_path, "again", "--sft.steps", "2"))
+    with pytest.raises(ConfigError, match="pass --resume"):
+        run_sft(make_config(tmp_path, "again", "--sft.steps", "2"))
+
+
+def tidal_sft(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tidal.cli", "sft", *argv],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+
+
+@pytest.mark.slow
+def test_four_steps_equal_two_steps_then_kill_then_resume_two_steps(tmp_path: Path) -> None:
+    """The issue's exactness bar, with real processes: a killed run resumed with --resume."""
+    config = make_config(tmp_path, "straight")
+    args = ["@", str(tmp_path / "sft.toml"), "--sft.data.path", str(config.sft.data.path)]
+    args += ["--run.output_dir", str(tmp_path)]
+    assert len(run_sft(config)) == 4  # four steps straight, in this process
+
+    # Train two steps (checkpoint at step 2), then stay alive until SIGKILL.
+    victim = subprocess.Popen(
+        [sys.executable, __file__, *args, "--run.name", "killed"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert victim.stdout is not None
+    line = victim.stdout.readline()
+    assert line.strip() == "READY", victim.stderr.read() if victim.stderr else line
+    victim.send_signal(signal.SIGKILL)
+    assert victim.wait(timeout=30) == -signal.SIGKILL
+    assert not (tmp_path / "killed" / "final").exists()
+
+    resumed = tidal_sft(*args, "--run.name", "killed", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from" in resumed.stderr + resumed.stdout
+
+    a = load_file(tmp_path / "straight" / "final" / "model.safetensors")
+    b = load_file(tmp_path / "killed" / "final" / "model.safetensors")
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[name], b[name]) for name in a), "resumed weights differ"
+    steps = [json.loads(x)["step"] for x in (tmp_path / "killed" / "sft_metrics.jsonl").open()]
+    assert steps == [1, 2, 3, 4]  # the killed run trained 1-2, the resumed one 3-4
+
+
+if __name__ == "__main__":  # the process the slow test kills after two steps
+    run_config, _ = load_config(SftRunConfig, sys.argv[1:])
+    run_sft(run_config, max_steps=2)
+    print("READY", flush=True)
+    signal.pause()  # alive, with checkpoint step 2 on disk, until SIGKILL
