@@ -3,8 +3,17 @@
 Decisions:
 - Samples are concatenated along one token axis (no padding); `position_ids` restart at 0
   per sample and `sample_lengths` lets the trainer build a block-diagonal causal mask.
-- Bins are filled first-fit decreasing by sample length: near-optimal bin counts for the
-  few hundred short samples of a step, deterministic, and O(n · bins).
+- Bins are filled best-fit decreasing by sample length (each sample goes to the fullest
+  bin it still fits): near-optimal bin counts for the few hundred short samples of a
+  step, deterministic, and O(n · bins).
+- Data-parallel ranks (`pack_for_ranks`): samples are first spread over ranks by
+  estimated cost (linear plus quadratic in length, for MLP and attention), longest
+  first onto the cheapest rank, which bounds the spread between ranks by one sample's
+  cost; each rank's samples are then packed, and bins are split (or merged) until every
+  rank has the same number of micro-batches, since ranks step in lock-step.
+- A sample longer than the budget is either truncated to its first `budget` tokens or
+  dropped (`fit_to_budget`); both are counted by the caller. `pack_micro_batches` itself
+  rejects over-long samples, so nothing is cut silently.
 - Alignment follows the MicroBatch contract (trainer.proto): entry t of `loss_mask`,
   `advantages` and `behaviour_logprobs` refers to predicting `input_ids[t]` from the
   tokens before it. So prompt tokens have mask 0 and logprob 0, and completion token j
@@ -69,7 +78,7 @@ class PackedMicroBatch:
 
 
 def assign_bins(lengths: Sequence[int], budget: int) -> list[list[int]]:
-    """First-fit decreasing: indices of `lengths` grouped into bins of total ≤ budget."""
+    """Best-fit decreasing: indices of `lengths` grouped into bins of total ≤ budget."""
     too_long = [n for n in lengths if n > budget]
     if too_long:
         raise ValueError(
@@ -80,11 +89,11 @@ def assign_bins(lengths: Sequence[int], budget: int) -> list[list[int]]:
     free: list[int] = []
     bins: list[list[int]] = []
     for i in order:
-        for b, room in enumerate(free):
-            if lengths[i] <= room:
-                free[b] -= lengths[i]
-                bins[b].append(i)
-                break
+        fits = [b for b, room in enumerate(free) if lengths[i] <= room]
+        if fits:
+            best = min(fits, key=lambda b: free[b])  # the tightest fit; ties: oldest bin
+            free[best] -= lengths[i]
+            bins[best].append(i)
         else:
             free.append(budget - lengths[i])
             bins.append([i])

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import random
 
-from tidal.orchestrator.config import ReversalTaskConfig
-from tidal.orchestrator.tasks.base import Problem, Task
+from tidal.orchestrator.task_config import ReversalTaskConfig
+from tidal.orchestrator.tasks.base import GeneratedTask, Problem
 
 SEPARATOR = ">"
 
@@ -28,7 +28,7 @@ def reversal_reward(prediction: str, target: str) -> float:
     return matches / longest
 
 
-class ReversalTask(Task):
+class ReversalTask(GeneratedTask):
     name = "reversal"
 
     def __init__(self, config: ReversalTaskConfig) -> None:
