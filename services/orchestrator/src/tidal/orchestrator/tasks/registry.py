@@ -66,7 +66,8 @@ def build_task(config: TaskConfig, *, seed: int = 0) -> Task:
         task = BUILT_IN[config.type](config)  # type: ignore[arg-type]
     else:  # unreachable through pydantic, which rejects unknown types with the choices
         raise ConfigError(f"orchestrator task type {getattr(config, 'type', None)!r}; {VALID}")
-    task.bind(name=config.name or getattr(task, "name", config.type), seed=seed)
+    default_name = task.name if task.name != Task.name else type(task).__name__
+    task.bind(name=config.name or default_name, seed=seed)
     return task
 
 
