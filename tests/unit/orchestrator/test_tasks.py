@@ -181,11 +181,12 @@ def test_unknown_task_type_and_algorithm_fail_with_the_valid_choices() -> None:
         OrchestratorConfig(algorithm="ppo")  # type: ignore[arg-type]
 
 
-def test_task_and_tasks_cannot_both_be_set() -> None:
-    with pytest.raises(ValidationError, match="either `task` or `tasks`"):
-        OrchestratorConfig.model_validate(
-            {"task": {"type": "reversal"}, "tasks": [{"type": "arithmetic"}]}
-        )
+def test_a_task_mixture_replaces_the_single_task() -> None:
+    config = OrchestratorConfig.model_validate(
+        {"task": {"type": "reversal"}, "tasks": [{"type": "arithmetic", "weight": 2}]}
+    )
+    assert [(t.type, t.weight) for t in config.task_list] == [("arithmetic", 2.0)]
+    assert [t.type for t in OrchestratorConfig().task_list] == ["reversal"]
 
 
 def test_two_tasks_with_one_name_are_rejected() -> None:

@@ -6,7 +6,8 @@ four-letter alphabet, which a 2-layer dim-128 byte-level Llama learns in a few m
 (~15 supervised warm-start steps, then ~60 RL steps of 8 prompts × 8 completions;
 measured offline: the RL reward rises by ~0.4 from the first to the last five steps).
 Task configs live in `task_config.py`; `task` (one task) and `tasks` (a weighted
-mixture) are two spellings of the same list, and setting both is an error.
+mixture) are two spellings of the same list: a non-empty `tasks` replaces `task`, so a
+mixture can be layered over a base file (like configs/default.toml) that names one task.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class OrchestratorConfig(BaseConfig):
     task: TaskConfig = ReversalTaskConfig()
     """The verifiable task prompts come from (use `tasks` for a mixture)."""
     tasks: list[TaskConfig] = []
-    """A weighted mixture of tasks (each with `weight`); replaces `task` when set."""
+    """A weighted mixture of tasks (each with `weight`); when non-empty it replaces `task`."""
     steps: int = Field(default=60, ge=0)
     """RL steps after the warm start. Step ids continue after the warm-up steps."""
     warmup_steps: int = Field(default=15, ge=0)
@@ -138,9 +139,7 @@ class OrchestratorConfig(BaseConfig):
     """Steps kept in GetProgress's `recent` list."""
 
     @model_validator(mode="after")
-    def _one_task_spelling(self) -> OrchestratorConfig:
-        if self.tasks and "task" in self.model_fields_set:
-            raise ValueError("set either `task` or `tasks`, not both")
+    def _check(self) -> OrchestratorConfig:
         if self.algorithm == "rloo" and self.group_size < 2:
             raise ValueError("algorithm rloo needs group_size >= 2")
         return self
