@@ -7,8 +7,8 @@ Decisions:
 - The fixed fields are what every step has; `extra` holds the open-ended ones (per-task
   rewards, eval results, staleness histogram, drop reasons), flattened with `/` in their
   names, and `train` what the trainer returned, written with a `train/` prefix.
-- TensorBoard via tensorboardX (no torch, no TensorFlow): every numeric field becomes a
-  scalar at its step. Without tensorboardX installed the events are simply not written.
+- TensorBoard via tensorboardX (no TensorFlow; torch hidden from it at import): every
+  numeric field becomes a scalar at its step. Without tensorboardX no events are written.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,25 @@ from typing import Any
 log = logging.getLogger(__name__)
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
+
+
+def import_summary_writer() -> Any:
+    """tensorboardX's SummaryWriter, imported with torch hidden (None if not installed).
+
+    tensorboardX imports torch when it can (only to accept torch tensors); the
+    orchestrator must never import torch, so `import torch` is made to fail meanwhile.
+    """
+    hide = "torch" not in sys.modules
+    if hide:
+        sys.modules["torch"] = None  # type: ignore[assignment]  # `import torch` raises
+    try:
+        from tensorboardX import SummaryWriter
+    except ImportError:
+        return None
+    finally:
+        if hide:
+            del sys.modules["torch"]
+    return SummaryWriter
 
 
 @dataclass
@@ -80,12 +100,11 @@ class MetricsLog:
         self.records: list[StepMetrics] = []
         self._writer: Any = None
         if tensorboard:
-            try:
-                from tensorboardX import SummaryWriter
-            except ImportError:
+            writer_class = import_summary_writer()
+            if writer_class is None:
                 log.info("tensorboardX is not installed; no TensorBoard events")
             else:
-                self._writer = SummaryWriter(str(path.parent / TENSORBOARD_DIR))
+                self._writer = writer_class(str(path.parent / TENSORBOARD_DIR))
 
     def append(self, metrics: StepMetrics) -> None:
         self.records.append(metrics)
