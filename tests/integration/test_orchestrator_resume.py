@@ -24,19 +24,25 @@ from tidal.common.config import load_config
 from tidal.rpc.v1 import common_pb2, trainer_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
-WARMUP, STEPS = 2, 14
-KILL_AFTER_STEP = 6
+WARMUP, STEPS = 2, 10
+KILL_AFTER_STEP = 5
+EVAL_EVERY = 4
 
 
 def _overrides(dataset: Path) -> list[str]:
-    tasks = f'[{{type = "reversal", weight = 2}}, {{type = "dataset", path = "{dataset}"}}]'
+    qa = f'{{type = "dataset", name = "qa", path = "{dataset}"}}'
+    tasks = f'[{{type = "reversal", weight = 2}}, {qa}]'
     return [
         "--orchestrator.warmup-steps", str(WARMUP),
         "--orchestrator.steps", str(STEPS),
         "--orchestrator.prompts-per-step", "4",
         "--orchestrator.group-size", "4",
         "--orchestrator.table-every", "0",
+        "--orchestrator.eval.every", str(EVAL_EVERY),
+        "--orchestrator.eval.prompts", "4",
+        "--orchestrator.eval.k", "2",
         "--orchestrator.tasks", tasks,
+        "--grpc.shutdown-grace-s", "0.5",  # long-lived Watch streams would hold each stop 5 s
     ]  # fmt: skip
 
 
@@ -82,6 +88,15 @@ def test_resumed_orchestrator_sees_the_prompts_of_an_uninterrupted_run(
     assert uninterrupted.process.wait(timeout=300) == 0, uninterrupted.output()
     expected = _prompts(uninterrupted.run_dir)
     assert sorted(expected) == list(range(1, WARMUP + STEPS + 1))
+    # held-out evaluation ran on every task after RL steps 4, 8 and the last, and took
+    # nothing from the training prompt stream (the resumed run below compares equal)
+    metrics = (uninterrupted.run_dir / "metrics.jsonl").read_text().splitlines()
+    evals = [m for m in map(json.loads, metrics) if "eval/qa/pass@2" in m]
+    assert [m["step"] - WARMUP for m in evals] == [4, 8, STEPS]
+    for m in evals:
+        for task in ("reversal", "qa"):
+            assert 0 <= m[f"eval/{task}/greedy_accuracy"] <= 1
+            assert 0 <= m[f"eval/{task}/pass@2"] <= 1
 
     argv = ["@", str(ROOT / "configs" / "default.toml"), *_overrides(dataset)]
     argv += ["--run.output-dir", str(tmp_path / "split"), "--run.name", "resumed"]
