@@ -31,7 +31,8 @@ EVAL_EVERY = 4
 
 def _overrides(dataset: Path) -> list[str]:
     qa = f'{{type = "dataset", name = "qa", path = "{dataset}"}}'
-    tasks = f'[{{type = "reversal", weight = 2}}, {qa}]'
+    chat = '{type = "reversal", name = "chat", turns = 2}'  # multi-turn episodes
+    tasks = f'[{{type = "reversal", weight = 2}}, {qa}, {chat}]'
     return [
         "--orchestrator.warmup-steps", str(WARMUP),
         "--orchestrator.steps", str(STEPS),
@@ -93,8 +94,11 @@ def test_resumed_orchestrator_sees_the_prompts_of_an_uninterrupted_run(
     metrics = (uninterrupted.run_dir / "metrics.jsonl").read_text().splitlines()
     evals = [m for m in map(json.loads, metrics) if "eval/qa/pass@2" in m]
     assert [m["step"] - WARMUP for m in evals] == [4, 8, STEPS]
+    # multi-turn episodes were generated, scored per turn and trained
+    chat = [m for m in map(json.loads, metrics) if "task/chat/score/turns_completed" in m]
+    assert chat and all(0 < m["task/chat/score/turns_completed"] <= 1 for m in chat)
     for m in evals:
-        for task in ("reversal", "qa"):
+        for task in ("reversal", "qa", "chat"):
             assert 0 <= m[f"eval/{task}/greedy_accuracy"] <= 1
             assert 0 <= m[f"eval/{task}/pass@2"] <= 1
 

@@ -40,8 +40,12 @@ async def _eval_problem(
     prompt = generator.tokenizer.encode(problem.prompt)
     temperature = generator.config.sampling.temperature
     greedy, sampled = await asyncio.gather(
-        generator.complete(prompt, n=1, temperature=0.0, seed=seed, request_id=tag + "-greedy"),
-        generator.complete(prompt, n=k, temperature=temperature, seed=seed, request_id=tag),
+        generator.rollouts(
+            problem, prompt, n=1, temperature=0.0, seed=seed, request_id=tag + "-greedy"
+        ),
+        generator.rollouts(
+            problem, prompt, n=k, temperature=temperature, seed=seed, request_id=tag
+        ),
     )
     greedy_outcomes, _ = await generator.score(problem, greedy)
     sampled_outcomes, _ = await generator.score(problem, sampled)

@@ -33,6 +33,7 @@ from opentelemetry import trace
 
 from tidal.common.tokenizer import ByteTokenizer
 from tidal.orchestrator.config import OrchestratorConfig
+from tidal.orchestrator.episodes import reference_episode
 from tidal.orchestrator.evaluation import evaluate
 from tidal.orchestrator.metrics import MetricsLog, StepMetrics
 from tidal.orchestrator.mixture import TaskMixture
@@ -143,12 +144,13 @@ class RLLoop:
         problems = self.mixture.draw(self.config.prompts_per_step * self.config.group_size)
         samples = []
         for problem in problems:
-            completion = self.tokenizer.encode(problem.reference, add_bos=False)
+            completion, mask = reference_episode(problem, self.tokenizer)
             samples.append(
                 TrainSample(
                     prompt_ids=tuple(self.tokenizer.encode(problem.prompt)),
-                    completion_ids=(*completion, self.tokenizer.eos_id),
+                    completion_ids=tuple(completion),
                     advantage=1.0,
+                    completion_mask=tuple(mask) if problem.followups else (),
                 )
             )
         samples, truncated, dropped = self._fit(samples)
@@ -224,6 +226,7 @@ class RLLoop:
                     completion_ids=s.completion.token_ids,
                     advantage=s.advantage,
                     completion_logprobs=s.completion.logprobs,
+                    completion_mask=s.completion.loss_mask,
                 )
                 for s in kept
             ]

@@ -19,7 +19,8 @@ Decisions:
   tokens before it. So prompt tokens have mask 0 and logprob 0, and completion token j
   (at index len(prompt) + j) carries mask 1 and the logprob inference returned for it.
   The advantage is broadcast over all of the sample's tokens, as the contract says; the
-  mask decides which of them count.
+  mask decides which of them count. In a multi-turn episode the environment's tokens
+  sit inside the completion with mask 0 and logprob 0.
 - Arrays are numpy only (the orchestrator has no torch); the trainer client encodes them
   with `tidal.common.tensors.encode_array`.
 """
@@ -42,6 +43,9 @@ class TrainSample:
     """The sample's advantage (1.0 for SFT samples, where it is unused)."""
     completion_logprobs: tuple[float, ...] = ()
     """Behaviour logprob of each completion token; empty for SFT samples (read as zeros)."""
+    completion_mask: tuple[float, ...] = ()
+    """Loss mask of each completion token (0 for environment tokens of a multi-turn
+    episode); empty means every completion token is trained."""
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
@@ -49,6 +53,11 @@ class TrainSample:
         if self.completion_logprobs and len(self.completion_logprobs) != len(self.completion_ids):
             raise ValueError(
                 f"{len(self.completion_logprobs)} logprobs for "
+                f"{len(self.completion_ids)} completion tokens"
+            )
+        if self.completion_mask and len(self.completion_mask) != len(self.completion_ids):
+            raise ValueError(
+                f"{len(self.completion_mask)} mask entries for "
                 f"{len(self.completion_ids)} completion tokens"
             )
 
@@ -107,7 +116,8 @@ def build_micro_batch(samples: Sequence[TrainSample]) -> PackedMicroBatch:
         n_prompt, n_completion = len(s.prompt_ids), len(s.completion_ids)
         ids.append(np.asarray(s.prompt_ids + s.completion_ids, dtype=np.int32))
         pos.append(np.arange(s.num_tokens, dtype=np.int32))
-        mask.append(np.repeat(np.array([0.0, 1.0], dtype=np.float32), [n_prompt, n_completion]))
+        completion_mask = s.completion_mask or (1.0,) * n_completion
+        mask.append(np.asarray((0.0,) * n_prompt + tuple(completion_mask), dtype=np.float32))
         adv.append(np.full(s.num_tokens, s.advantage, dtype=np.float32))
         completion_logp = s.completion_logprobs or (0.0,) * n_completion
         logp.append(np.asarray((0.0,) * n_prompt + tuple(completion_logp), dtype=np.float32))

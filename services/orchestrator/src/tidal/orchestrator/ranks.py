@@ -102,4 +102,5 @@ def fit_to_budget(sample: TrainSample, budget: int) -> TrainSample | None:
         completion_ids=sample.completion_ids[:keep],
         advantage=sample.advantage,
         completion_logprobs=sample.completion_logprobs[:keep],
+        completion_mask=sample.completion_mask[:keep],
     )

@@ -13,6 +13,7 @@ Decisions:
 - Request seeds derive from (run seed, step, round, prompt index), so a step's rollouts
   do not depend on how the pipeline interleaved steps.
 - Every Generate call passes through the adaptive in-flight limiter.
+- Multi-turn problems (with followups) are rolled out as episodes (episodes.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from tidal.common.tokenizer import ByteTokenizer
 from tidal.orchestrator.advantages import compute_advantages, has_signal, shape_reward
 from tidal.orchestrator.config import OrchestratorConfig
 from tidal.orchestrator.dynamic_sampling import fill_batch
+from tidal.orchestrator.episodes import run_episode
 from tidal.orchestrator.inference_client import InferenceClient
 from tidal.orchestrator.inflight import InflightLimiter
 from tidal.orchestrator.mixture import TaskMixture
@@ -110,15 +112,49 @@ class RolloutGenerator:
                 timeout=self.config.generate_timeout_s,
             )
 
+    async def rollouts(
+        self,
+        problem: Problem,
+        prompt_ids: list[int],
+        *,
+        n: int,
+        temperature: float,
+        seed: int,
+        request_id: str,
+    ) -> list[Completion]:
+        """n completions of a prompt, or n episodes of a multi-turn problem."""
+        if not problem.followups:
+            return await self.complete(
+                prompt_ids, n=n, temperature=temperature, seed=seed, request_id=request_id
+            )
+        task = self.verifier.tasks[problem.task]
+        episodes = (
+            run_episode(
+                self.complete,
+                task,
+                problem,
+                prompt_ids,
+                self.tokenizer,
+                index=i,
+                temperature=temperature,
+                seed=seed,
+                request_id=request_id,
+            )
+            for i in range(n)
+        )
+        return list(await asyncio.gather(*episodes))
+
     async def score(
         self, problem: Problem, completions: list[Completion]
     ) -> tuple[list[VerifyOutcome], list[float]]:
-        texts = [self.tokenizer.decode(c.token_ids) for c in completions]
+        texts: list[str | list[str]] = [
+            list(c.turns) if c.turns else self.tokenizer.decode(c.token_ids) for c in completions
+        ]
         outcomes = await self.verifier.verify_all([(problem, t) for t in texts])
         shaped = [
             shape_reward(
                 o.reward,
-                len(c.token_ids),
+                len(c.policy_versions),  # model tokens (an episode's environment text is free)
                 self.max_tokens,
                 overlong_buffer=self.config.overlong_buffer_tokens,
                 overlong_max_penalty=self.config.overlong_penalty,
@@ -133,7 +169,8 @@ class RolloutGenerator:
         tag = f"step{step}-round{round_}-prompt{index}"
         seed = derive_seed(self.seed, step, round_, index + 1)
         calls = [
-            self.complete(
+            self.rollouts(
+                problem,
                 prompt,
                 n=self.config.group_size,
                 temperature=self.config.sampling.temperature,
@@ -143,7 +180,9 @@ class RolloutGenerator:
         ]
         if self.config.algorithm == "remax":
             calls.append(
-                self.complete(prompt, n=1, temperature=0.0, seed=seed, request_id=tag + "-greedy")
+                self.rollouts(
+                    problem, prompt, n=1, temperature=0.0, seed=seed, request_id=tag + "-greedy"
+                )
             )
         results = await asyncio.gather(*calls)
         completions = results[0]

@@ -38,6 +38,9 @@ class ReversalTaskConfig(TaskCommon):
     """Shortest string to reverse."""
     max_len: int = Field(default=3, ge=1)
     """Longest string to reverse."""
+    turns: int = Field(default=1, ge=1, le=8)
+    """Strings per episode: with turns > 1 the environment answers each reversal with
+    the next string ("\nabd>"), and the reward is the mean over the turns."""
 
     @model_validator(mode="after")
     def _check(self) -> ReversalTaskConfig:

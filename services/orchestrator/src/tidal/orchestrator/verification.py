@@ -50,10 +50,13 @@ class ContainedVerifier:
         self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="verify")
         self._logged: set[tuple[str, str]] = set()
 
-    def _call(self, problem: Problem, completion: str) -> Verdict:
-        return _as_verdict(self.tasks[problem.task].verify(problem, completion))
+    def _call(self, problem: Problem, completion: str | list[str]) -> Verdict:
+        task = self.tasks[problem.task]
+        if isinstance(completion, list):  # an episode's model turns
+            return _as_verdict(task.verify_turns(problem, completion))
+        return _as_verdict(task.verify(problem, completion))
 
-    async def verify(self, problem: Problem, completion: str) -> VerifyOutcome:
+    async def verify(self, problem: Problem, completion: str | list[str]) -> VerifyOutcome:
         loop = asyncio.get_running_loop()
         try:
             verdict = await asyncio.wait_for(
@@ -67,7 +70,9 @@ class ContainedVerifier:
             return self._failed(problem, "invalid", f"reward {verdict.reward} outside [0, 1]")
         return VerifyOutcome(verdict.reward, dict(verdict.scores))
 
-    async def verify_all(self, pairs: Sequence[tuple[Problem, str]]) -> list[VerifyOutcome]:
+    async def verify_all(
+        self, pairs: Sequence[tuple[Problem, str | list[str]]]
+    ) -> list[VerifyOutcome]:
         return list(await asyncio.gather(*(self.verify(p, c) for p, c in pairs)))
 
     def _failed(

@@ -10,6 +10,11 @@ Decisions:
 - A task works on text, not tokens: the orchestrator tokenizes, so a task never depends
   on a tokenizer. `verify` sees the decoded completion with special tokens removed and
   returns a reward in [0, 1] (a float, or a `Verdict` with named sub-scores).
+- Multi-turn: a problem may carry `followups`, (environment text, reference answer)
+  pairs. After each model turn the environment (`env_step`) replies with the next
+  followup text, up to the last; the episode is scored by `verify_turns`, by default
+  the mean of `verify` over the turns (a missing turn scores 0). Tasks with other
+  environments override `env_step` and `verify_turns`. Only model tokens are trained.
 - Plug-ins subclass `Task` or `GeneratedTask`; see docs/tasks.md.
 """
 
@@ -40,6 +45,22 @@ class Problem:
     """Name of the task the problem came from (set by the task mixture)."""
     uid: str = ""
     """Stable id: `<task>/<split>/<index>` (what 'prompts seen' compares)."""
+    followups: tuple[tuple[str, str], ...] = ()
+    """Multi-turn: (environment text, reference answer) of turns 2, 3, ..."""
+
+    def turn_problems(self) -> list[Problem]:
+        """One single-turn problem per turn: this one, then each followup."""
+        first = Problem(self.prompt, self.reference, self.answer, self.task, self.uid)
+        return [first] + [Problem(text, ref, task=self.task) for text, ref in self.followups]
+
+
+@dataclass(frozen=True)
+class EnvReply:
+    """The environment's answer to a model turn: text appended to the episode (not
+    trained on), and whether the episode ends after it."""
+
+    text: str
+    done: bool = False
 
 
 @dataclass(frozen=True)
@@ -48,6 +69,10 @@ class Verdict:
 
     reward: float
     scores: dict[str, float] = field(default_factory=dict)
+
+
+def _reward(value: Verdict | float) -> float:
+    return value.reward if isinstance(value, Verdict) else float(value)
 
 
 class Task(ABC):
@@ -69,6 +94,24 @@ class Task(ABC):
     @abstractmethod
     def verify(self, problem: Problem, completion: str) -> Verdict | float:
         """Reward of `completion` (decoded, special tokens removed) in [0, 1]."""
+
+    def env_step(self, problem: Problem, turns: list[str]) -> EnvReply | None:
+        """The environment's reply after model turn len(turns); None ends the episode."""
+        if len(turns) > len(problem.followups):
+            return None
+        return EnvReply(problem.followups[len(turns) - 1][0])
+
+    def verify_turns(self, problem: Problem, turns: list[str]) -> Verdict | float:
+        """Reward of a whole episode: the mean of `verify` over its turns."""
+        if not problem.followups:
+            return self.verify(problem, turns[0])
+        per_turn = problem.turn_problems()
+        rewards = [_reward(self.verify(p, t)) for p, t in zip(per_turn, turns, strict=False)]
+        rewards += [0.0] * (len(per_turn) - len(rewards))
+        return Verdict(
+            sum(rewards) / len(rewards),
+            {"turns_completed": min(len(turns), len(per_turn)) / len(per_turn)},
+        )
 
     @property
     @abstractmethod
