@@ -27,7 +27,7 @@ EPS = 1e-6
 ALGORITHMS = ("grpo", "dr_grpo", "rloo", "remax")
 
 
-def has_signal(rewards: Sequence[float]) -> bool:
+def has_signal(rewards: Sequence[float] | np.ndarray) -> bool:
     """True when the group's rewards are not all equal."""
     return len(rewards) > 0 and float(np.ptp(np.asarray(rewards, dtype=np.float64))) > 0.0
 
