@@ -31,6 +31,12 @@ class RunSummary:
     """Mean RL reward of the last WINDOW RL steps."""
     total_seconds: float
     tokens_per_s: float
+    trainer_wait_s: float = 0.0
+    """RL steps: total time the trainer waited for its next batch."""
+    policy_wait_s: float = 0.0
+    """RL steps: total time generation waited for inference to load a policy version."""
+    dropped: int = 0
+    """Samples dropped as stale plus groups dropped by dynamic sampling."""
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -48,6 +54,11 @@ def summarize(records: Sequence[StepMetrics], total_seconds: float) -> RunSummar
         last_reward=_mean(rewards[-WINDOW:]),
         total_seconds=total_seconds,
         tokens_per_s=tokens / total_seconds if total_seconds > 0 else 0.0,
+        trainer_wait_s=sum(r.extra.get("wait/trainer_s", 0.0) for r in rl),
+        policy_wait_s=sum(r.extra.get("wait/policy_s", 0.0) for r in rl),
+        dropped=sum(
+            r.dropped_stale + int(r.extra.get("dropped/zero_variance_groups", 0)) for r in rl
+        ),
     )
 
 
@@ -155,4 +166,7 @@ def print_summary(summary: RunSummary, console: Console | None = None) -> None:
     table.add_row("reward gain", _fmt(gain))
     table.add_row("total time (s)", f"{summary.total_seconds:.1f}")
     table.add_row("tokens/s (generated + trained)", f"{summary.tokens_per_s:.0f}")
+    table.add_row("trainer waited for batches (s)", f"{summary.trainer_wait_s:.1f}")
+    table.add_row("generation waited for a policy (s)", f"{summary.policy_wait_s:.1f}")
+    table.add_row("dropped (stale samples + flat groups)", str(summary.dropped))
     (console or Console()).print(table)
