@@ -54,13 +54,25 @@ def _dataset(tmp_path: Path) -> Path:
     return path
 
 
-def _prompts(run_dir: Path) -> dict[int, list[str]]:
-    """Step -> prompt ids; a step logged twice (redone after a kill) keeps its last entry."""
+def _prompts(run_dir: Path, *, complete_lines_only: bool = False) -> dict[int, list[str]]:
+    """Step -> prompt ids; a step logged twice (redone after a kill) keeps its last entry.
+    While the orchestrator runs, a line being written may be read half: skip it then."""
     seen: dict[int, list[str]] = {}
     for line in (run_dir / "prompts.jsonl").read_text().splitlines():
-        entry = json.loads(line)
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            if complete_lines_only:
+                continue
+            raise
         seen[entry["step"]] = entry["prompts"]
     return seen
+
+
+def _last_step_logged(run_dir: Path) -> int:
+    if not (run_dir / "prompts.jsonl").is_file():
+        return 0
+    return max(_prompts(run_dir, complete_lines_only=True), default=0)
 
 
 def _start(name: str, run_dir: Path, *extra: str) -> subprocess.Popen[bytes]:
@@ -110,12 +122,12 @@ def test_resumed_orchestrator_sees_the_prompts_of_an_uninterrupted_run(
     try:
         orchestrator = services["orchestrator"]
         deadline = time.monotonic() + 240
-        while not (run_dir / "prompts.jsonl").is_file() or max(_prompts(run_dir)) < KILL_AFTER_STEP:
+        while _last_step_logged(run_dir) < KILL_AFTER_STEP:
             assert orchestrator.poll() is None and time.monotonic() < deadline
             time.sleep(0.02)
         orchestrator.send_signal(signal.SIGKILL)
         orchestrator.wait(timeout=30)
-        killed_at = max(_prompts(run_dir))
+        killed_at = _last_step_logged(run_dir)
         assert killed_at < WARMUP + STEPS  # it died mid-run
 
         resumed = _start("orchestrator", run_dir, "--orchestrator.resume", "true")
