@@ -48,7 +48,7 @@ def test_every_sample_is_packed_exactly_once() -> None:
     assert sum(b.num_tokens for b in batches) == sum(s.num_tokens for s in samples)
 
 
-def test_first_fit_decreasing_fills_bins() -> None:
+def test_best_fit_decreasing_fills_bins() -> None:
     assert assign_bins([6, 5, 4, 3, 2], budget=10) == [[0, 2], [1, 3, 4]]
 
 

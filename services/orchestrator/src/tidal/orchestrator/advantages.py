@@ -1,12 +1,20 @@
-"""GRPO group advantages: each completion's reward relative to its own prompt's group.
+"""Advantage estimators over one prompt's group of completions, and reward shaping.
 
 Decisions:
-- The baseline is the group mean (no value model): A_i = r_i - mean(r_group).
-- With `normalize` (GRPO), A_i is further divided by the group's population std plus
-  `eps`; without it (Dr.GRPO) the scale of rewards is kept, which avoids up-weighting
-  groups whose rewards barely differ.
+- No value model: every estimator takes a baseline from the same prompt.
+  - grpo: A_i = (r_i - mean(r)) / (std(r) + eps) with `normalize` (population std);
+    without it, plain mean-centring.
+  - dr_grpo: A_i = r_i - mean(r). Dr.GRPO's other half, no per-sequence length
+    normalisation, is already how the trainer's loss works (token mean over the step).
+  - rloo: A_i = r_i - mean_{j≠i} r_j = G/(G-1) · (r_i - mean(r)), unbiased for G ≥ 2.
+  - remax: A_i = r_i - r_greedy, the reward of a greedy completion of the same prompt.
 - A group whose rewards are all equal carries no learning signal and gets exact zeros
-  (not eps-amplified noise), in both modes.
+  (not eps-amplified noise) in grpo, dr_grpo and rloo; remax keeps its greedy baseline.
+  DAPO dynamic sampling drops exactly those groups (`has_signal`).
+- Shaping happens before advantages, on the reward: DAPO's overlong penalty grows
+  linearly from 0 to `overlong_penalty` over the last `overlong_buffer_tokens` tokens
+  before max_tokens; the length penalty is linear in length / max_tokens. Metrics report
+  the verifier's raw reward, so shaping never hides whether answers got better.
 """
 
 from __future__ import annotations
@@ -16,28 +24,90 @@ from collections.abc import Sequence
 import numpy as np
 
 EPS = 1e-6
+ALGORITHMS = ("grpo", "dr_grpo", "rloo", "remax")
+
+
+def has_signal(rewards: Sequence[float] | np.ndarray) -> bool:
+    """True when the group's rewards are not all equal."""
+    return len(rewards) > 0 and float(np.ptp(np.asarray(rewards, dtype=np.float64))) > 0.0
 
 
 def group_advantages(
     rewards: Sequence[float], *, normalize: bool = True, eps: float = EPS
 ) -> np.ndarray:
-    """Advantages of one group's completions, float32 `[G]`."""
+    """GRPO advantages of one group's completions, float32 `[G]`."""
     r = np.asarray(rewards, dtype=np.float64)  # (G,)
-    if r.size == 0:
-        return np.zeros(0, dtype=np.float32)
     # Test equality directly: the mean of equal floats need not equal them exactly, so
     # `r - r.mean()` can be ~1e-16 where the answer is 0.
-    if np.ptp(r) == 0.0:
+    if not has_signal(r):
         return np.zeros_like(r, dtype=np.float32)
     centred = r - r.mean()
-    std = r.std()
     if normalize:
-        centred = centred / (std + eps)
+        centred = centred / (r.std() + eps)
     return centred.astype(np.float32)
+
+
+def rloo_advantages(rewards: Sequence[float]) -> np.ndarray:
+    """Leave-one-out: each reward minus the mean of the other rewards of its group."""
+    r = np.asarray(rewards, dtype=np.float64)  # (G,)
+    if r.size < 2 or not has_signal(r):
+        return np.zeros_like(r, dtype=np.float32)
+    others = (r.sum() - r) / (r.size - 1)  # (G,)
+    return (r - others).astype(np.float32)
+
+
+def remax_advantages(rewards: Sequence[float], greedy_reward: float) -> np.ndarray:
+    """Each reward minus the reward of the prompt's greedy completion."""
+    return (np.asarray(rewards, dtype=np.float64) - greedy_reward).astype(np.float32)
+
+
+def compute_advantages(
+    algorithm: str,
+    rewards: Sequence[float],
+    *,
+    normalize: bool = True,
+    greedy_reward: float | None = None,
+) -> np.ndarray:
+    """Advantages of one group under `algorithm` (one of ALGORITHMS)."""
+    if algorithm == "grpo":
+        return group_advantages(rewards, normalize=normalize)
+    if algorithm == "dr_grpo":
+        return group_advantages(rewards, normalize=False)
+    if algorithm == "rloo":
+        return rloo_advantages(rewards)
+    if algorithm == "remax":
+        if greedy_reward is None:
+            raise ValueError("remax needs the reward of the prompt's greedy completion")
+        return remax_advantages(rewards, greedy_reward)
+    raise ValueError(f"unknown algorithm {algorithm!r}; valid: {', '.join(ALGORITHMS)}")
 
 
 def grpo_advantages(
     groups: Sequence[Sequence[float]], *, normalize: bool = True
 ) -> list[np.ndarray]:
-    """Per-group advantages for a batch of groups (one group per prompt)."""
+    """Per-group GRPO advantages for a batch of groups (one group per prompt)."""
     return [group_advantages(g, normalize=normalize) for g in groups]
+
+
+def overlong_penalty(length: int, max_tokens: int, *, buffer: int, penalty: float) -> float:
+    """DAPO soft overlong punishment: 0 up to max_tokens - buffer, then linear to `penalty`."""
+    start = max_tokens - buffer
+    if buffer <= 0 or length <= start:
+        return 0.0
+    return penalty * min(1.0, (length - start) / buffer)
+
+
+def shape_reward(
+    reward: float,
+    length: int,
+    max_tokens: int,
+    *,
+    overlong_buffer: int = 0,
+    overlong_max_penalty: float = 1.0,
+    length_penalty: float = 0.0,
+) -> float:
+    """The reward advantages are computed from: verifier reward minus the penalties."""
+    shaped = reward - overlong_penalty(
+        length, max_tokens, buffer=overlong_buffer, penalty=overlong_max_penalty
+    )
+    return shaped - length_penalty * length / max_tokens

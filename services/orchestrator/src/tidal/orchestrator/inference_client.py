@@ -50,6 +50,14 @@ class InferenceClient:
             )
         return int(status.policy_version)
 
+    async def queued(self, *, timeout: float = 10.0) -> int:
+        """Requests waiting in the replica's queue (not yet running)."""
+        with peer_call("inference", self.address, "GetStatus"):
+            status = await self.stub.GetStatus(
+                common_pb2.StatusRequest(), timeout=timeout, wait_for_ready=False
+            )
+        return int(status.queued)
+
     async def generate(
         self,
         prompt_ids: list[int],

@@ -1,70 +1,59 @@
 """The RL loop: warm-start SFT steps, then generate → verify → advantages → pack → Train.
 
 Decisions:
-- Step ids are contiguous: warm-up steps are 1..W (LOSS_KIND_SFT on the task's
+- Step ids are contiguous: warm-up steps are 1..W (LOSS_KIND_SFT on the tasks'
   reference answers), RL steps W+1..W+S. Version v is the weights after step v.
 - Asynchrony is a bounded pipeline. Rollouts of step n may start once inference has
   loaded version n-1-max_async; right before Train(n) is sent, the loop starts generation
   of every later step that bound allows, so with max_async ≥ 1 step n+1's rollouts are
   produced while step n trains. With max_async = 0, step n+1 starts only after Train(n)
   returned and inference loaded version n: synchronous, on-policy.
+- Generations are chained: step n+1 draws its prompts only after step n's generation
+  (all its dynamic-sampling rounds) finished. Prompts are therefore drawn in step order
+  whatever the timing, and the task-mixture state before and after each step is a
+  well-defined snapshot: that is what `progress.json` saves (see progress_store.py)
+  right before Train(n), together with the step's prompts in `prompts.jsonl`.
 - Each step has one `rl_step` span that opens when its generation starts and closes when
-  its Train returns. Generation runs in a task entered into that span, training runs
-  under it too, so every Generate and Train call (and, through them, inference, trainer
-  and weightsync spans) shares the step's trace id even when steps overlap.
-- Seeds: a step's prompts come from an RNG seeded by (run seed, step), and each Generate
-  request carries a seed derived from (run seed, step, prompt index), so a step's data
-  does not depend on how the pipeline interleaved.
+  its Train returns; every Generate and Train call shares the step's trace id.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-import random
 import time
 from collections.abc import Awaitable
-from dataclasses import dataclass
-from typing import TypeVar
+from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from tidal.common.tokenizer import ByteTokenizer
-from tidal.orchestrator.advantages import group_advantages
 from tidal.orchestrator.config import OrchestratorConfig
-from tidal.orchestrator.inference_client import InferenceClient
+from tidal.orchestrator.episodes import reference_episode
+from tidal.orchestrator.evaluation import evaluate
 from tidal.orchestrator.metrics import MetricsLog, StepMetrics
+from tidal.orchestrator.mixture import TaskMixture
 from tidal.orchestrator.packing import PackedMicroBatch, TrainSample, pack_micro_batches
 from tidal.orchestrator.policy import PolicyGate
 from tidal.orchestrator.progress import ProgressState, StepSummary
-from tidal.orchestrator.rollouts import Completion, ScoredSample, drop_stale, staleness
-from tidal.orchestrator.tasks.base import Problem, Task
+from tidal.orchestrator.progress_store import PROGRESS_FILE, SavedProgress, save_progress
+from tidal.orchestrator.ranks import fit_to_budget, pack_for_ranks
+from tidal.orchestrator.report import print_live_table
+from tidal.orchestrator.rollout_groups import Generation, RolloutGenerator
+from tidal.orchestrator.rollouts import ScoredSample, drop_stale, staleness
+from tidal.orchestrator.step_stats import rl_step_extras
+from tidal.orchestrator.tasks.base import Problem
 from tidal.orchestrator.trainer_client import TrainerClient, TrainResult
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("tidal.orchestrator")
 T = TypeVar("T")
 MAX_REGENERATIONS = 3
-
-
-def derive_seed(*parts: int) -> int:
-    """A non-negative int63 seed mixed from integer parts (SeedSequence hashing)."""
-    state = np.random.SeedSequence([p % (1 << 32) for p in parts]).generate_state(2)
-    return int((int(state[0]) << 31) ^ int(state[1]))
-
-
-@dataclass
-class Generation:
-    """One step's rollouts before scoring."""
-
-    problems: list[Problem]
-    prompt_ids: list[list[int]]
-    completions: list[list[Completion]]
-    loaded_version: int
-    """Version inference had loaded when generation started."""
-    seconds: float
+PROMPTS_FILE = "prompts.jsonl"
 
 
 class RLLoop:
@@ -73,33 +62,36 @@ class RLLoop:
         config: OrchestratorConfig,
         *,
         seed: int,
-        task: Task,
-        inference: InferenceClient,
+        mixture: TaskMixture,
+        generator: RolloutGenerator,
         trainer: TrainerClient,
         gate: PolicyGate,
         progress: ProgressState,
         metrics: MetricsLog,
+        run_dir: Path,
         tokenizer: ByteTokenizer | None = None,
     ) -> None:
         self.config = config
         self.seed = seed
-        self.task = task
-        self.inference = inference
+        self.mixture = mixture
+        self.generator = generator
         self.trainer = trainer
         self.gate = gate
         self.progress = progress
         self.metrics = metrics
+        self.run_dir = run_dir
         self.tokenizer = tokenizer or ByteTokenizer()
-        self.max_tokens = config.sampling.max_tokens or task.max_completion_chars + 2
         self._last_finish = time.monotonic()
+        self._last_train_end = time.monotonic()
         self._generations: dict[int, tuple[trace.Span, asyncio.Task[Generation]]] = {}
+        self._newest_generation: asyncio.Task[Generation] | None = None
 
     # ---- the loop ---------------------------------------------------------------------
 
     async def run(self, *, first_step: int = 1) -> None:
-        """Train steps first_step..total_steps (first_step > 1 resumes a trainer's run)."""
+        """Train steps first_step..total_steps (first_step > 1 resumes a run)."""
         warmup, total = self.config.warmup_steps, self.config.total_steps
-        self._last_finish = time.monotonic()
+        self._last_finish = self._last_train_end = time.monotonic()
         try:
             for step in range(first_step, total + 1):
                 if step <= warmup:
@@ -135,8 +127,10 @@ class RLLoop:
         for s in range(step, last + 1):
             if s not in self._generations:
                 span = self._step_span(s, "rl")
-                task = asyncio.create_task(self._in_span(span, self._generate(s)))
+                work = self._generate(s, after=self._newest_generation)
+                task = asyncio.create_task(self._in_span(span, work))
                 self._generations[s] = (span, task)
+                self._newest_generation = task
 
     @staticmethod
     async def _in_span(span: trace.Span, work: Awaitable[T]) -> T:
@@ -146,19 +140,22 @@ class RLLoop:
     # ---- warm-up ----------------------------------------------------------------------
 
     async def _warmup_step(self, step: int) -> None:
-        rng = random.Random(derive_seed(self.seed, step))
-        count = self.config.prompts_per_step * self.config.group_size
+        before = self.mixture.state_dict()
+        problems = self.mixture.draw(self.config.prompts_per_step * self.config.group_size)
         samples = []
-        for problem in self.task.sample_many(rng, count):
-            completion = self.tokenizer.encode(problem.reference, add_bos=False)
+        for problem in problems:
+            completion, mask = reference_episode(problem, self.tokenizer)
             samples.append(
                 TrainSample(
                     prompt_ids=tuple(self.tokenizer.encode(problem.prompt)),
-                    completion_ids=(*completion, self.tokenizer.eos_id),
+                    completion_ids=tuple(completion),
                     advantage=1.0,
+                    completion_mask=tuple(mask) if problem.followups else (),
                 )
             )
-        batches = pack_micro_batches(samples, self.config.micro_batch_tokens)
+        samples, truncated, dropped = self._fit(samples)
+        batches = self._pack(samples)
+        self._checkpoint(step, problems, before, self.mixture.state_dict())
         started = time.monotonic()
         result = await self._train(step, batches, sft=True)
         self._record(
@@ -169,96 +166,159 @@ class RLLoop:
             samples=len(samples),
             version=step - 1,
             train_seconds=time.monotonic() - started,
+            extra={"truncated": float(truncated), "dropped/overlong": float(dropped)},
         )
 
     # ---- RL ---------------------------------------------------------------------------
 
-    async def _generate(self, step: int) -> Generation:
+    async def _generate(self, step: int, *, after: asyncio.Task[Generation] | None) -> Generation:
+        if after is not None:
+            await asyncio.wait([after])  # draw in step order; never cancels `after`
         needed = max(0, step - 1 - self.config.max_async)
+        waited = time.monotonic()
         loaded = await self.gate.wait_loaded(needed, timeout=self.config.peer_wait_s)
-        started = time.monotonic()
-        rng = random.Random(derive_seed(self.seed, step))
-        problems = self.task.sample_many(rng, self.config.prompts_per_step)
-        prompt_ids = [self.tokenizer.encode(p.prompt) for p in problems]
-        sampling = self.config.sampling
-        completions = await asyncio.gather(
-            *(
-                self.inference.generate(
-                    ids,
-                    n=self.config.group_size,
-                    max_tokens=self.max_tokens,
-                    temperature=sampling.temperature,
-                    top_p=sampling.top_p,
-                    seed=derive_seed(self.seed, step, i + 1),
-                    stop_token_ids=[self.tokenizer.eos_id],
-                    request_id=f"step{step}-prompt{i}",
-                    timeout=self.config.generate_timeout_s,
-                )
-                for i, ids in enumerate(prompt_ids)
-            )
+        return await self.generator.generate_step(
+            step, self.mixture, loaded_version=loaded, policy_wait=time.monotonic() - waited
         )
-        return Generation(problems, prompt_ids, completions, loaded, time.monotonic() - started)
 
-    def score(self, step: int, generation: Generation) -> list[ScoredSample]:
-        """Verify every completion and attach its group advantage and staleness."""
+    @staticmethod
+    def scored_samples(step: int, generation: Generation) -> list[ScoredSample]:
+        """Every completion with its group advantage and staleness."""
         scored = []
-        for problem, prompt, group in zip(
-            generation.problems, generation.prompt_ids, generation.completions, strict=True
-        ):
-            rewards = [self.task.verify(problem, self.tokenizer.decode(c.token_ids)) for c in group]
-            advantages = group_advantages(rewards, normalize=self.config.normalize_advantages)
-            for completion, reward, advantage in zip(group, rewards, advantages, strict=True):
+        for group in generation.groups:
+            for completion, outcome, advantage in zip(
+                group.completions, group.outcomes, group.advantages, strict=True
+            ):
                 age = staleness(
                     step, completion.policy_versions, fallback_version=generation.loaded_version
                 )
                 scored.append(
-                    ScoredSample(problem, tuple(prompt), completion, reward, float(advantage), age)
+                    ScoredSample(
+                        group.problem,
+                        group.prompt_ids,
+                        completion,
+                        outcome.reward,
+                        float(advantage),
+                        age,
+                    )
                 )
         return scored
 
     async def _rl_step(self, step: int, generation: Generation) -> None:
-        scored = self.score(step, generation)
+        scored = self.scored_samples(step, generation)
         kept, dropped = drop_stale(scored, self.config.staleness_bound)
         attempts = 1
         while not kept:  # every sample too stale: regenerate with the newest loaded policy
             if attempts >= MAX_REGENERATIONS:
                 raise RuntimeError(f"step {step}: all rollouts stale {attempts} times in a row")
             log.warning("step %d: all %d samples were stale; regenerating", step, dropped)
-            generation = await self._generate(step)
-            scored = self.score(step, generation)
+            generation.loaded_version = await self.gate.wait_loaded(
+                step - 1 - self.config.max_async, timeout=self.config.peer_wait_s
+            )
+            generation = await self.generator.regenerate(step, generation, attempts)
+            scored = self.scored_samples(step, generation)
             kept, more = drop_stale(scored, self.config.staleness_bound)
             dropped, attempts = dropped + more, attempts + 1
-        samples = [
-            TrainSample(
-                prompt_ids=s.prompt_ids,
-                completion_ids=s.completion.token_ids,
-                advantage=s.advantage,
-                completion_logprobs=s.completion.logprobs,
-            )
-            for s in kept
-        ]
-        batches = pack_micro_batches(samples, self.config.micro_batch_tokens)
-        started = time.monotonic()
+        samples, truncated, dropped_overlong = self._fit(
+            [
+                TrainSample(
+                    prompt_ids=s.prompt_ids,
+                    completion_ids=s.completion.token_ids,
+                    advantage=s.advantage,
+                    completion_logprobs=s.completion.logprobs,
+                    completion_mask=s.completion.loss_mask,
+                )
+                for s in kept
+            ]
+        )
+        batches = self._pack(samples)
         self._start_generations(step + 1, newest_trained=step - 1)
+        self._checkpoint(
+            step, generation.problems, generation.mixture_before, generation.mixture_after
+        )
+        trainer_wait = time.monotonic() - self._last_train_end
+        started = time.monotonic()
         result = await self._train(step, batches, sft=False)
+        train_seconds = time.monotonic() - started
+        extra: dict[str, Any] = rl_step_extras(
+            scored,
+            kept,
+            generation,
+            step=step,
+            truncated=truncated,
+            dropped_overlong=dropped_overlong,
+            trainer_wait_s=trainer_wait,
+        )
+        extra.update(await self._maybe_evaluate(step))
         self._record(
             step,
             "rl",
             result,
             batches,
-            samples=len(kept),
+            samples=len(samples),
             version=min(min(s.completion.policy_versions, default=-1) for s in kept),
-            train_seconds=time.monotonic() - started,
+            train_seconds=train_seconds,
             scored=scored,
             kept=kept,
             dropped=dropped,
             generation=generation,
+            extra=extra,
         )
+
+    async def _maybe_evaluate(self, step: int) -> dict[str, float]:
+        every = self.config.eval.every
+        rl_index = step - self.config.warmup_steps
+        if every <= 0 or (rl_index % every != 0 and step != self.config.total_steps):
+            return {}
+        results = await evaluate(self.generator, self.mixture, self.config.eval, step=step)
+        results["eval/policy_version"] = float(self.gate.loaded)
+        return results
+
+    def _fit(self, samples: list[TrainSample]) -> tuple[list[TrainSample], int, int]:
+        """Apply the over-long rule: (samples, how many were truncated, how many dropped)."""
+        budget = self.config.micro_batch_tokens
+        out, truncated, dropped = [], 0, 0
+        for sample in samples:
+            if sample.num_tokens <= budget:
+                out.append(sample)
+                continue
+            fitted = fit_to_budget(sample, budget)
+            if self.config.overlong_samples == "drop" or fitted is None:
+                dropped += 1
+            else:
+                out.append(fitted)
+                truncated += 1
+        if not out:
+            raise RuntimeError(
+                f"every sample of the step is longer than micro_batch_tokens={budget}"
+            )
+        return out, truncated, dropped
+
+    def _pack(self, samples: list[TrainSample]) -> list[PackedMicroBatch]:
+        ranks = self.config.data_parallel_ranks
+        if ranks == 1:
+            return pack_micro_batches(samples, self.config.micro_batch_tokens)
+        per_rank = pack_for_ranks(samples, self.config.micro_batch_tokens, ranks)
+        return [b for rank in per_rank for b in rank]
+
+    def _checkpoint(
+        self,
+        step: int,
+        problems: list[Problem],
+        before: dict[str, Any],
+        after: dict[str, Any],
+    ) -> None:
+        """Save the resumable progress and the step's prompts, right before Train(step)."""
+        saved = SavedProgress(step, before, after, self.seed, list(self.mixture.names))
+        save_progress(self.run_dir / PROGRESS_FILE, saved)
+        with (self.run_dir / PROMPTS_FILE).open("a") as f:
+            f.write(json.dumps({"step": step, "prompts": [p.uid for p in problems]}) + "\n")
 
     async def _train(self, step: int, batches: list[PackedMicroBatch], *, sft: bool) -> TrainResult:
         result = await self.trainer.train(
             step, batches, sft=sft, timeout=self.config.train_timeout_s
         )
+        self._last_train_end = time.monotonic()
         if result.duplicate:
             log.warning(
                 "step %d had been trained before; the trainer answered from its record", step
@@ -282,6 +342,7 @@ class RLLoop:
         kept: list[ScoredSample] | None = None,
         dropped: int = 0,
         generation: Generation | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> None:
         now = time.monotonic()
         seconds, self._last_finish = now - self._last_finish, now
@@ -302,7 +363,7 @@ class RLLoop:
             samples=samples,
             dropped_stale=dropped,
             completion_len_mean=float(np.mean(lengths)) if lengths else None,
-            exact_fraction=float((rewards == 1.0).mean()) if rewards.size else None,
+            exact_fraction=float((rewards >= 1.0).mean()) if rewards.size else None,
             generated_tokens=generated,
             trained_tokens=trained_tokens,
             micro_batches=len(batches),
@@ -312,8 +373,12 @@ class RLLoop:
             tokens_per_s=(generated + trained_tokens) / seconds if seconds > 0 else 0.0,
             trace_id=format(span_context.trace_id, "032x"),
             train=result.metrics,
+            extra=extra or {},
         )
         self.metrics.append(metrics)
+        every = self.config.table_every
+        if every and (step % every == 0 or step == self.config.total_steps):
+            print_live_table(self.metrics.records[-every:])
         self.progress.finish_step(StepSummary(step, phase, metrics.reward_mean, version, seconds))
         log.info(
             "step %d/%d %s reward %s version %d samples %d (%d stale) %.2fs %.0f tok/s",

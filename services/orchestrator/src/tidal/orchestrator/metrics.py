@@ -1,19 +1,48 @@
-"""Per-step run metrics: one JSON object per line in `<run dir>/metrics.jsonl`.
+"""Per-step run metrics: `<run dir>/metrics.jsonl`, TensorBoard events, a live table.
 
-JSON lines because they are appended as steps finish, survive a crash up to the last
-complete step, and load with one line of pandas or jq. Non-finite floats are written as
-null (JSON has no NaN).
+Decisions:
+- JSON lines because they are appended as steps finish, survive a crash up to the last
+  complete step, and load with one line of pandas or jq. Non-finite floats are written as
+  null (JSON has no NaN).
+- The fixed fields are what every step has; `extra` holds the open-ended ones (per-task
+  rewards, eval results, staleness histogram, drop reasons), flattened with `/` in their
+  names, and `train` what the trainer returned, written with a `train/` prefix.
+- TensorBoard via tensorboardX (no TensorFlow; torch hidden from it at import): every
+  numeric field becomes a scalar at its step. Without tensorboardX no events are written.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger(__name__)
 METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+
+
+def import_summary_writer() -> Any:
+    """tensorboardX's SummaryWriter, imported with torch hidden (None if not installed).
+
+    tensorboardX imports torch when it can (only to accept torch tensors); the
+    orchestrator must never import torch, so `import torch` is made to fail meanwhile.
+    """
+    hide = "torch" not in sys.modules
+    if hide:
+        sys.modules["torch"] = None  # type: ignore[assignment]  # `import torch` raises
+    try:
+        from tensorboardX import SummaryWriter
+    except ImportError:
+        return None
+    finally:
+        if hide:
+            del sys.modules["torch"]
+    return SummaryWriter
 
 
 @dataclass
@@ -31,7 +60,7 @@ class StepMetrics:
     dropped_stale: int
     completion_len_mean: float | None
     exact_fraction: float | None
-    """Fraction of completions with reward 1.0."""
+    """Fraction of completions with reward 1.0 (the pass rate)."""
     generated_tokens: int
     trained_tokens: int
     micro_batches: int
@@ -44,27 +73,49 @@ class StepMetrics:
     trace_id: str
     train: dict[str, float] = field(default_factory=dict)
     """Metrics returned by the trainer, written with a `train/` prefix."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Open-ended metrics (already named with their prefix, e.g. `task/reversal/reward`)."""
 
-    def to_json(self) -> str:
+    def flat(self) -> dict[str, Any]:
         data: dict[str, Any] = asdict(self)
         train = data.pop("train")
+        extra = data.pop("extra")
+        data.update(sorted(extra.items()))
         data.update({f"train/{k}": v for k, v in sorted(train.items())})
-        clean = {
+        return {
             k: (None if isinstance(v, float) and not math.isfinite(v) else v)
             for k, v in data.items()
         }
-        return json.dumps(clean)
+
+    def to_json(self) -> str:
+        return json.dumps(self.flat())
 
 
 class MetricsLog:
-    """Appends step metrics to a JSONL file and keeps them in memory for the summary."""
+    """Appends step metrics to a JSONL file (and TensorBoard), keeps them for the report."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, tensorboard: bool = True) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         self.records: list[StepMetrics] = []
+        self._writer: Any = None
+        if tensorboard:
+            writer_class = import_summary_writer()
+            if writer_class is None:
+                log.info("tensorboardX is not installed; no TensorBoard events")
+            else:
+                self._writer = writer_class(str(path.parent / TENSORBOARD_DIR))
 
     def append(self, metrics: StepMetrics) -> None:
         self.records.append(metrics)
         with self.path.open("a") as f:
             f.write(metrics.to_json() + "\n")
+        if self._writer is not None:
+            for name, value in metrics.flat().items():
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    self._writer.add_scalar(name, value, metrics.step)
+            self._writer.flush()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()

@@ -3,14 +3,24 @@
 Decisions:
 - Samples are concatenated along one token axis (no padding); `position_ids` restart at 0
   per sample and `sample_lengths` lets the trainer build a block-diagonal causal mask.
-- Bins are filled first-fit decreasing by sample length: near-optimal bin counts for the
-  few hundred short samples of a step, deterministic, and O(n · bins).
+- Bins are filled best-fit decreasing by sample length (each sample goes to the fullest
+  bin it still fits): near-optimal bin counts for the few hundred short samples of a
+  step, deterministic, and O(n · bins).
+- Data-parallel ranks (`pack_for_ranks`): samples are first spread over ranks by
+  estimated cost (linear plus quadratic in length, for MLP and attention), longest
+  first onto the cheapest rank, which bounds the spread between ranks by one sample's
+  cost; each rank's samples are then packed, and bins are split (or merged) until every
+  rank has the same number of micro-batches, since ranks step in lock-step.
+- A sample longer than the budget is either truncated to its first `budget` tokens or
+  dropped (`fit_to_budget`); both are counted by the caller. `pack_micro_batches` itself
+  rejects over-long samples, so nothing is cut silently.
 - Alignment follows the MicroBatch contract (trainer.proto): entry t of `loss_mask`,
   `advantages` and `behaviour_logprobs` refers to predicting `input_ids[t]` from the
   tokens before it. So prompt tokens have mask 0 and logprob 0, and completion token j
   (at index len(prompt) + j) carries mask 1 and the logprob inference returned for it.
   The advantage is broadcast over all of the sample's tokens, as the contract says; the
-  mask decides which of them count.
+  mask decides which of them count. In a multi-turn episode the environment's tokens
+  sit inside the completion with mask 0 and logprob 0.
 - Arrays are numpy only (the orchestrator has no torch); the trainer client encodes them
   with `tidal.common.tensors.encode_array`.
 """
@@ -33,6 +43,9 @@ class TrainSample:
     """The sample's advantage (1.0 for SFT samples, where it is unused)."""
     completion_logprobs: tuple[float, ...] = ()
     """Behaviour logprob of each completion token; empty for SFT samples (read as zeros)."""
+    completion_mask: tuple[float, ...] = ()
+    """Loss mask of each completion token (0 for environment tokens of a multi-turn
+    episode); empty means every completion token is trained."""
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
@@ -40,6 +53,11 @@ class TrainSample:
         if self.completion_logprobs and len(self.completion_logprobs) != len(self.completion_ids):
             raise ValueError(
                 f"{len(self.completion_logprobs)} logprobs for "
+                f"{len(self.completion_ids)} completion tokens"
+            )
+        if self.completion_mask and len(self.completion_mask) != len(self.completion_ids):
+            raise ValueError(
+                f"{len(self.completion_mask)} mask entries for "
                 f"{len(self.completion_ids)} completion tokens"
             )
 
@@ -69,7 +87,7 @@ class PackedMicroBatch:
 
 
 def assign_bins(lengths: Sequence[int], budget: int) -> list[list[int]]:
-    """First-fit decreasing: indices of `lengths` grouped into bins of total ≤ budget."""
+    """Best-fit decreasing: indices of `lengths` grouped into bins of total ≤ budget."""
     too_long = [n for n in lengths if n > budget]
     if too_long:
         raise ValueError(
@@ -80,11 +98,11 @@ def assign_bins(lengths: Sequence[int], budget: int) -> list[list[int]]:
     free: list[int] = []
     bins: list[list[int]] = []
     for i in order:
-        for b, room in enumerate(free):
-            if lengths[i] <= room:
-                free[b] -= lengths[i]
-                bins[b].append(i)
-                break
+        fits = [b for b, room in enumerate(free) if lengths[i] <= room]
+        if fits:
+            best = min(fits, key=lambda b: free[b])  # the tightest fit; ties: oldest bin
+            free[best] -= lengths[i]
+            bins[best].append(i)
         else:
             free.append(budget - lengths[i])
             bins.append([i])
@@ -98,7 +116,8 @@ def build_micro_batch(samples: Sequence[TrainSample]) -> PackedMicroBatch:
         n_prompt, n_completion = len(s.prompt_ids), len(s.completion_ids)
         ids.append(np.asarray(s.prompt_ids + s.completion_ids, dtype=np.int32))
         pos.append(np.arange(s.num_tokens, dtype=np.int32))
-        mask.append(np.repeat(np.array([0.0, 1.0], dtype=np.float32), [n_prompt, n_completion]))
+        completion_mask = s.completion_mask or (1.0,) * n_completion
+        mask.append(np.asarray((0.0,) * n_prompt + tuple(completion_mask), dtype=np.float32))
         adv.append(np.full(s.num_tokens, s.advantage, dtype=np.float32))
         completion_logp = s.completion_logprobs or (0.0,) * n_completion
         logp.append(np.asarray((0.0,) * n_prompt + tuple(completion_logp), dtype=np.float32))

@@ -1,6 +1,7 @@
-"""End-of-run report: the reward curve PNG and a rich summary table.
+"""End-of-run report: `report.png` (reward, eval, lengths, staleness), the reward curve,
+a rich summary table, and the live table of recent steps printed during the run.
 
-matplotlib is imported inside the function with the Agg backend, so the orchestrator
+matplotlib is imported inside the functions with the Agg backend, so the orchestrator
 never needs a display and does not pay matplotlib's import time unless a run finishes.
 """
 
@@ -16,6 +17,7 @@ from rich.table import Table
 from tidal.orchestrator.metrics import StepMetrics
 
 REWARD_PLOT = "reward.png"
+REPORT_PLOT = "report.png"
 WINDOW = 5
 
 
@@ -29,6 +31,12 @@ class RunSummary:
     """Mean RL reward of the last WINDOW RL steps."""
     total_seconds: float
     tokens_per_s: float
+    trainer_wait_s: float = 0.0
+    """RL steps: total time the trainer waited for its next batch."""
+    policy_wait_s: float = 0.0
+    """RL steps: total time generation waited for inference to load a policy version."""
+    dropped: int = 0
+    """Samples dropped as stale plus groups dropped by dynamic sampling."""
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -46,6 +54,11 @@ def summarize(records: Sequence[StepMetrics], total_seconds: float) -> RunSummar
         last_reward=_mean(rewards[-WINDOW:]),
         total_seconds=total_seconds,
         tokens_per_s=tokens / total_seconds if total_seconds > 0 else 0.0,
+        trainer_wait_s=sum(r.extra.get("wait/trainer_s", 0.0) for r in rl),
+        policy_wait_s=sum(r.extra.get("wait/policy_s", 0.0) for r in rl),
+        dropped=sum(
+            r.dropped_stale + int(r.extra.get("dropped/zero_variance_groups", 0)) for r in rl
+        ),
     )
 
 
@@ -69,6 +82,70 @@ def write_reward_plot(records: Sequence[StepMetrics], path: Path) -> None:
     plt.close(fig)
 
 
+def write_report(records: Sequence[StepMetrics], path: Path) -> None:
+    """Four panels over RL steps: reward, eval accuracy, completion length, staleness."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rl = [r for r in records if r.phase == "rl"]
+    steps = [r.step for r in rl]
+    fig, axes = plt.subplots(2, 2, figsize=(10, 6.5), dpi=110)
+    (reward, evals), (lengths, stale) = axes
+    reward.plot(steps, [r.reward_mean for r in rl], marker=".", label="reward mean")
+    reward.plot(steps, [r.exact_fraction for r in rl], marker=".", label="pass rate")
+    reward.set_title("reward")
+    eval_names = sorted({k for r in rl for k in r.extra if k.startswith("eval/") and "/" in k[5:]})
+    for name in eval_names:
+        points = [(r.step, r.extra[name]) for r in rl if name in r.extra]
+        evals.plot(*zip(*points, strict=True), marker="o", label=name.removeprefix("eval/"))
+    evals.set_title("held-out evaluation" if eval_names else "held-out evaluation (off)")
+    lengths.plot(steps, [r.completion_len_mean for r in rl], marker=".", label="mean")
+    lengths.plot(steps, [r.extra.get("completion_len/max") for r in rl], marker=".", label="max")
+    lengths.set_title("completion length (tokens)")
+    stale.plot(steps, [r.staleness_mean for r in rl], marker=".", label="mean")
+    stale.plot(steps, [r.extra.get("staleness/max") for r in rl], marker=".", label="max")
+    stale.plot(steps, [r.dropped_stale for r in rl], marker="x", label="dropped")
+    stale.set_title("staleness (steps)")
+    for ax in (reward, evals, lengths, stale):
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+LIVE_COLUMNS = {
+    "step": lambda r: str(r.step),
+    "phase": lambda r: r.phase,
+    "reward": lambda r: _fmt(r.reward_mean),
+    "pass": lambda r: _fmt(r.exact_fraction),
+    "len": lambda r: _fmt(r.completion_len_mean),
+    "stale": lambda r: _fmt(r.staleness_mean),
+    "drop": lambda r: str(r.dropped_stale + int(r.extra.get("dropped/zero_variance_groups", 0))),
+    "tok/s": lambda r: f"{r.tokens_per_s:.0f}",
+    "wait T": lambda r: _fmt(r.extra.get("wait/trainer_s")),
+    "wait P": lambda r: _fmt(r.extra.get("wait/policy_s")),
+}
+
+
+def print_live_table(records: Sequence[StepMetrics], console: Console | None = None) -> None:
+    """The most recent steps as a table (printed every `table_every` steps)."""
+    table = Table(
+        title="recent steps",
+        caption="wait T: trainer waited for a batch (s); wait P: generation waited for a policy",
+    )
+    for name in LIVE_COLUMNS:
+        table.add_column(name, justify="right")
+    for record in records:
+        table.add_row(*(cell(record) for cell in LIVE_COLUMNS.values()))
+    (console or Console()).print(table)
+
+
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
@@ -89,4 +166,7 @@ def print_summary(summary: RunSummary, console: Console | None = None) -> None:
     table.add_row("reward gain", _fmt(gain))
     table.add_row("total time (s)", f"{summary.total_seconds:.1f}")
     table.add_row("tokens/s (generated + trained)", f"{summary.tokens_per_s:.0f}")
+    table.add_row("trainer waited for batches (s)", f"{summary.trainer_wait_s:.1f}")
+    table.add_row("generation waited for a policy (s)", f"{summary.policy_wait_s:.1f}")
+    table.add_row("dropped (stale samples + flat groups)", str(summary.dropped))
     (console or Console()).print(table)

@@ -29,6 +29,11 @@ class Completion:
     policy_versions: tuple[int, ...]
     stopped: bool
     """True when a stop token ended it; False when max_tokens or the context cut it."""
+    loss_mask: tuple[float, ...] = ()
+    """Multi-turn: 1 for model tokens, 0 for environment tokens (empty: all model tokens).
+    `logprobs` are 0 at environment tokens; `policy_versions` list model tokens only."""
+    turns: tuple[str, ...] = ()
+    """Multi-turn: the decoded model turns (empty for single-turn completions)."""
 
 
 @dataclass(frozen=True)

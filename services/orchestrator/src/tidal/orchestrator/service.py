@@ -5,8 +5,12 @@ Decisions:
   orchestrator waits for its peers.
 - Peers are awaited with health Watch (wait-for-ready, `peer_wait_s` deadline), then
   inference must have loaded a policy version (≥ 0) before the first step.
-- If the trainer has already trained steps (the orchestrator was restarted), the loop
-  resumes at the trainer's next step instead of failing on a step-order error.
+- With `resume`, the saved progress (`progress.json`) and the trainer's last step decide
+  where to continue and from which task cursors (see progress_store.py). Without it, if
+  the trainer has already trained steps, the loop continues at the trainer's next step
+  (with fresh cursors) instead of failing on a step-order error.
+- Tasks are built (and plug-in import paths resolved) before waiting for any peer, so a
+  bad task config fails at once.
 - Exit codes: 0 after the last step (with `exit_when_done`, after a graceful server
   stop); 1 with a message naming the failed peer and call; 143 when stopped by a
   signal before the run finished.
@@ -22,71 +26,151 @@ import time
 from collections.abc import Sequence
 
 from tidal.common.config import load_or_exit
+from tidal.common.errors import ConfigError
 from tidal.common.logging import setup_logging
 from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.common.telemetry import setup_telemetry
 from tidal.common.tokenizer import get_tokenizer
 from tidal.orchestrator.config import OrchestratorRunConfig
 from tidal.orchestrator.inference_client import InferenceClient
+from tidal.orchestrator.inflight import InflightLimiter
 from tidal.orchestrator.loop import RLLoop
 from tidal.orchestrator.metrics import METRICS_FILE, MetricsLog
+from tidal.orchestrator.mixture import TaskMixture
 from tidal.orchestrator.policy import PolicyGate
 from tidal.orchestrator.progress import ProgressState
-from tidal.orchestrator.report import REWARD_PLOT, print_summary, summarize, write_reward_plot
+from tidal.orchestrator.progress_store import PROGRESS_FILE, load_progress, resume_point
+from tidal.orchestrator.report import (
+    REPORT_PLOT,
+    REWARD_PLOT,
+    print_summary,
+    summarize,
+    write_report,
+    write_reward_plot,
+)
+from tidal.orchestrator.rollout_groups import RolloutGenerator
 from tidal.orchestrator.servicer import OrchestratorServicer
-from tidal.orchestrator.tasks import build_task
+from tidal.orchestrator.tasks import build_tasks
 from tidal.orchestrator.trainer_client import TrainerClient
+from tidal.orchestrator.verification import ContainedVerifier
 from tidal.rpc.v1 import orchestrator_pb2_grpc as pb_grpc
 from tidal.weightsync.client import WeightSyncClient
 
 log = logging.getLogger(__name__)
 FULL_NAME = "tidal.rpc.v1.OrchestratorService"
 REPLICA_ID = "orchestrator"
-EXIT_FAILED, EXIT_SIGNALLED = 1, 143
+EXIT_FAILED, EXIT_CONFIG, EXIT_SIGNALLED = 1, 2, 143
+QUEUE_POLL_S = 0.5
+
+
+def build_mixture(config: OrchestratorRunConfig) -> TaskMixture:
+    """The run's tasks and their mixture (raises ConfigError for a bad task config)."""
+    configs = config.orchestrator.task_list
+    tasks = build_tasks(configs, seed=config.run.seed)
+    for task in tasks:
+        skipped = getattr(task, "skipped_records", 0)
+        if skipped:
+            log.warning("task %s: %d malformed records skipped", task.name, skipped)
+    return TaskMixture(tasks, [c.weight for c in configs], seed=config.run.seed)
+
+
+async def first_step_and_cursors(
+    config: OrchestratorRunConfig, trainer: TrainerClient, mixture: TaskMixture
+) -> int:
+    """Where the loop starts, after restoring the task cursors when resuming."""
+    trainer_step = await trainer.last_step()
+    if not config.orchestrator.resume:
+        if trainer_step:
+            log.info(
+                "trainer has trained %d steps; continuing at %d", trainer_step, trainer_step + 1
+            )
+        return trainer_step + 1
+    saved = load_progress(config.run.dir / PROGRESS_FILE)
+    if saved is None:
+        if trainer_step:
+            raise ConfigError(
+                f"cannot resume: no {PROGRESS_FILE} in {config.run.dir} but the trainer is at "
+                f"step {trainer_step}"
+            )
+        log.info("resume: no saved progress yet; starting at step 1")
+        return 1
+    first_step, state = resume_point(saved, trainer_step)
+    mixture.load_state_dict(state)
+    log.info("resume: trainer at step %d; continuing at step %d", trainer_step, first_step)
+    return first_step
+
+
+async def follow_inference_queue(
+    inference: InferenceClient, limiter: InflightLimiter, period_s: float = QUEUE_POLL_S
+) -> None:
+    """Adapt the in-flight bound to inference's queue (runs until cancelled)."""
+    while True:
+        with contextlib.suppress(Exception):
+            limiter.observe_queue(await inference.queued(timeout=period_s * 4))
+            await limiter.wake()
+        await asyncio.sleep(period_s)
 
 
 async def run_training(
-    config: OrchestratorRunConfig, progress: ProgressState, metrics: MetricsLog
+    config: OrchestratorRunConfig,
+    progress: ProgressState,
+    metrics: MetricsLog,
+    mixture: TaskMixture,
 ) -> None:
-    """Wait for the peers, run every step, then write the reward plot and the summary."""
+    """Wait for the peers, run every step, then write the report and the summary."""
     orch = config.orchestrator
     inference = InferenceClient(config.endpoints.inference, config.grpc)
     trainer = TrainerClient(config.endpoints.trainer, config.grpc)
     weightsync = WeightSyncClient(config.endpoints.weightsync, config.grpc)
     gate = PolicyGate(inference, progress)
-    follow: asyncio.Task[None] | None = None
+    tokenizer = get_tokenizer(config.run.tokenizer)
+    limiter = InflightLimiter(orch.max_inflight_requests, queue_target=orch.inflight_queue_target)
+    verifier = ContainedVerifier(mixture.tasks, timeout_s=orch.verifier_timeout_s)
+    generator = RolloutGenerator(
+        orch,
+        seed=config.run.seed,
+        inference=inference,
+        verifier=verifier,
+        limiter=limiter,
+        tokenizer=tokenizer,
+        max_tokens=orch.sampling.max_tokens or mixture.max_completion_chars + 2,
+    )
+    background: list[asyncio.Task[None]] = []
     try:
         log.info("waiting for inference and trainer (up to %.0fs)", orch.peer_wait_s)
         await asyncio.gather(
             inference.wait_serving(orch.peer_wait_s), trainer.wait_serving(orch.peer_wait_s)
         )
         await gate.wait_loaded(0, timeout=orch.peer_wait_s)
-        first_step = await trainer.last_step() + 1
+        first_step = await first_step_and_cursors(config, trainer, mixture)
         started = time.monotonic()  # the summary's time excludes waiting for peers
-        if first_step > 1:
-            log.info("trainer has trained %d steps; resuming at %d", first_step - 1, first_step)
         follow = asyncio.create_task(gate.follow_publishes(weightsync, REPLICA_ID))
         follow.add_done_callback(_warn_if_failed)
+        background += [follow, asyncio.create_task(follow_inference_queue(inference, limiter))]
         loop = RLLoop(
             orch,
             seed=config.run.seed,
-            task=build_task(orch.task),
-            inference=inference,
+            mixture=mixture,
+            generator=generator,
             trainer=trainer,
             gate=gate,
             progress=progress,
             metrics=metrics,
-            tokenizer=get_tokenizer(config.run.tokenizer),
+            run_dir=config.run.dir,
+            tokenizer=tokenizer,
         )
         await loop.run(first_step=first_step)
     finally:
-        if follow is not None:
-            follow.cancel()
+        for task in background:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await follow
+                await task
+        verifier.close()
+        metrics.close()
         for client in (inference, trainer, weightsync):
             await client.close()
     summary = summarize(metrics.records, time.monotonic() - started)
+    await asyncio.to_thread(write_report, metrics.records, config.run.dir / REPORT_PLOT)
     await asyncio.to_thread(write_reward_plot, metrics.records, config.run.dir / REWARD_PLOT)
     print_summary(summary)
 
@@ -96,7 +180,7 @@ def _warn_if_failed(task: asyncio.Task[None]) -> None:
         log.warning("lost the weightsync version stream: %s", task.exception())
 
 
-async def serve(config: OrchestratorRunConfig) -> int:
+async def serve(config: OrchestratorRunConfig, mixture: TaskMixture) -> int:
     """Serve GetProgress, run the loop; returns the process exit code."""
     provider = setup_telemetry("orchestrator", config.telemetry, config.run.dir)
     orch = config.orchestrator
@@ -128,7 +212,7 @@ async def serve(config: OrchestratorRunConfig) -> int:
         if error is not None or orch.exit_when_done:
             server.request_stop()
 
-    run = asyncio.create_task(run_training(config, progress, metrics))
+    run = asyncio.create_task(run_training(config, progress, metrics, mixture))
     run.add_done_callback(finished)
     await server.serve_forever()
     if not run.done():
@@ -147,4 +231,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         usage="tidal orchestrator @ cfg.toml",
     )
     setup_logging("orchestrator", level=config.telemetry.log_level)
-    raise SystemExit(asyncio.run(serve(config)))
+    try:
+        mixture = build_mixture(config)
+    except ConfigError as exc:
+        print(f"orchestrator: {exc}", file=sys.stderr)
+        raise SystemExit(EXIT_CONFIG) from None
+    raise SystemExit(asyncio.run(serve(config, mixture)))

@@ -102,6 +102,14 @@ class StepRunner:
     async def train(self, step: int, batches: list[MicroBatchData], kind: LossKind) -> StepResult:
         if not self.ready:
             raise Unavailable("the trainer is still publishing version 0; retry shortly")
+        # Shielded: if the caller goes away mid-step (its RPC is cancelled), the step still
+        # finishes and is recorded, so a retry gets the stored answer instead of finding
+        # the model one step ahead of the record.
+        return await asyncio.shield(self._train_serialised(step, batches, kind))
+
+    async def _train_serialised(
+        self, step: int, batches: list[MicroBatchData], kind: LossKind
+    ) -> StepResult:
         async with self._lock:
             if step <= self.last_step:
                 return self._stored(step)

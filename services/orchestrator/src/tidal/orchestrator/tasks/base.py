@@ -1,20 +1,34 @@
-"""The task interface: sample problems with a seeded RNG, render prompts, verify answers.
+"""The task interface: problems by index, prompts as text, verdicts with named sub-scores.
 
 Decisions:
-- A task works on text, not tokens: the orchestrator tokenizes the prompt and the
-  reference with the run's tokenizer, so a task never depends on one.
-- Problems are sampled from an explicit `random.Random` the caller owns (seeded from the
-  run seed and the step), so a step's prompts are reproducible and independent of how
-  many steps ran before in this process.
-- `verify` returns a reward in [0, 1]; partial credit is the task's choice. It sees the
-  decoded completion with special tokens removed.
+- A task is addressed by `(split, index)`: `problem(i, split="train")` is the i-th problem
+  of that split and always the same one. The orchestrator keeps a cursor per task, so the
+  run's progress (and resume) is a handful of integers, not a copy of the data.
+- Generated tasks (`GeneratedTask`) only implement `sample(rng)`: problem i draws from an
+  RNG seeded by (run seed, task name, split, i). Train and eval use different streams, so
+  evaluation is held out (up to coincidental collisions in tiny problem spaces).
+- A task works on text, not tokens: the orchestrator tokenizes, so a task never depends
+  on a tokenizer. `verify` sees the decoded completion with special tokens removed and
+  returns a reward in [0, 1] (a float, or a `Verdict` with named sub-scores).
+- Multi-turn: a problem may carry `followups`, (environment text, reference answer)
+  pairs. After each model turn the environment (`env_step`) replies with the next
+  followup text, up to the last; the episode is scored by `verify_turns`, by default
+  the mean of `verify` over the turns (a missing turn scores 0). Tasks with other
+  environments override `env_step` and `verify_turns`. Only model tokens are trained.
+- Plug-ins subclass `Task` or `GeneratedTask`; see docs/tasks.md.
 """
 
 from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from tidal.orchestrator.seeds import derive_seed, text_key
+
+Split = Literal["train", "eval"]
+SPLIT_KEYS = {"train": 1, "eval": 2}
 
 
 @dataclass(frozen=True)
@@ -25,23 +39,99 @@ class Problem:
     """Prompt text (the tokenizer adds BOS)."""
     reference: str
     """A correct completion, without the end-of-sequence token (used for SFT warm start)."""
+    answer: str = ""
+    """What the verifier checks against, when it differs from `reference`."""
+    task: str = ""
+    """Name of the task the problem came from (set by the task mixture)."""
+    uid: str = ""
+    """Stable id: `<task>/<split>/<index>` (what 'prompts seen' compares)."""
+    followups: tuple[tuple[str, str], ...] = ()
+    """Multi-turn: (environment text, reference answer) of turns 2, 3, ..."""
+
+    def turn_problems(self) -> list[Problem]:
+        """One single-turn problem per turn: this one, then each followup."""
+        first = Problem(self.prompt, self.reference, self.answer, self.task, self.uid)
+        return [first] + [Problem(text, ref, task=self.task) for text, ref in self.followups]
+
+
+@dataclass(frozen=True)
+class EnvReply:
+    """The environment's answer to a model turn: text appended to the episode (not
+    trained on), and whether the episode ends after it."""
+
+    text: str
+    done: bool = False
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A verifier's answer: reward in [0, 1] plus named sub-scores for metrics."""
+
+    reward: float
+    scores: dict[str, float] = field(default_factory=dict)
+
+
+def _reward(value: Verdict | float) -> float:
+    return value.reward if isinstance(value, Verdict) else float(value)
 
 
 class Task(ABC):
-    name: str
+    name: str = "task"
+
+    def bind(self, *, name: str, seed: int) -> None:
+        """Called once by the orchestrator: the task's label and the run seed."""
+        self.name = name
+        self.seed = seed
 
     @abstractmethod
-    def sample(self, rng: random.Random) -> Problem:
-        """Draw one problem."""
+    def problem(self, index: int, *, split: Split = "train") -> Problem:
+        """The index-th problem of `split` (deterministic)."""
+
+    def size(self, split: Split = "train") -> int | None:
+        """Problems in `split`; None for an unbounded generated task."""
+        return None
 
     @abstractmethod
-    def verify(self, problem: Problem, completion: str) -> float:
+    def verify(self, problem: Problem, completion: str) -> Verdict | float:
         """Reward of `completion` (decoded, special tokens removed) in [0, 1]."""
+
+    def env_step(self, problem: Problem, turns: list[str]) -> EnvReply | None:
+        """The environment's reply after model turn len(turns); None ends the episode."""
+        if len(turns) > len(problem.followups):
+            return None
+        return EnvReply(problem.followups[len(turns) - 1][0])
+
+    def verify_turns(self, problem: Problem, turns: list[str]) -> Verdict | float:
+        """Reward of a whole episode: the mean of `verify` over its turns."""
+        if not problem.followups:
+            return self.verify(problem, turns[0])
+        per_turn = problem.turn_problems()
+        rewards = [_reward(self.verify(p, t)) for p, t in zip(per_turn, turns, strict=False)]
+        rewards += [0.0] * (len(per_turn) - len(rewards))
+        return Verdict(
+            sum(rewards) / len(rewards),
+            {"turns_completed": min(len(turns), len(per_turn)) / len(per_turn)},
+        )
 
     @property
     @abstractmethod
     def max_completion_chars(self) -> int:
         """Longest reference completion, in characters; bounds sampling's max_tokens."""
 
+
+class GeneratedTask(Task):
+    """A task whose problems are drawn from a seeded RNG: implement `sample` and `verify`."""
+
+    seed: int = 0
+
+    @abstractmethod
+    def sample(self, rng: random.Random) -> Problem:
+        """Draw one problem."""
+
     def sample_many(self, rng: random.Random, count: int) -> list[Problem]:
         return [self.sample(rng) for _ in range(count)]
+
+    def problem(self, index: int, *, split: Split = "train") -> Problem:
+        rng = random.Random(derive_seed(self.seed, text_key(self.name), SPLIT_KEYS[split], index))
+        drawn = self.sample(rng)
+        return replace(drawn, task=self.name, uid=f"{self.name}/{split}/{index}")

@@ -1,0 +1,78 @@
+"""Held-out evaluation: greedy accuracy and pass@k per task, on the current policy.
+
+Decisions:
+- Held-out problems are each task's eval split (a separate seed stream for generated
+  tasks, `eval_fraction` of the records for datasets), the same problems every time, so
+  evaluations over a run are comparable.
+- "Correct" means reward 1.0 (the verifier's full marks). Greedy accuracy is the fraction
+  of problems whose greedy completion is correct; pass@k is the fraction with at least
+  one correct completion among k samples at the training temperature (with exactly k
+  samples the unbiased pass@k estimator is this indicator).
+- Evaluation runs between steps, after Train(n) returned, on whatever version inference
+  has loaded then (recorded as `eval/policy_version`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from tidal.orchestrator.config import EvalConfig
+from tidal.orchestrator.mixture import TaskMixture
+from tidal.orchestrator.rollout_groups import RolloutGenerator
+from tidal.orchestrator.seeds import derive_seed
+from tidal.orchestrator.tasks.base import Problem
+
+EVAL_SEED_KEY = 99
+
+
+def pass_at_k(rewards_per_problem: list[list[float]]) -> float:
+    """Fraction of problems with at least one reward of 1.0."""
+    if not rewards_per_problem:
+        return 0.0
+    return float(np.mean([any(r >= 1.0 for r in rs) for rs in rewards_per_problem]))
+
+
+async def _eval_problem(
+    generator: RolloutGenerator, problem: Problem, *, k: int, seed: int, tag: str
+) -> tuple[float, list[float]]:
+    prompt = generator.tokenizer.encode(problem.prompt)
+    temperature = generator.config.sampling.temperature
+    greedy, sampled = await asyncio.gather(
+        generator.rollouts(
+            problem, prompt, n=1, temperature=0.0, seed=seed, request_id=tag + "-greedy"
+        ),
+        generator.rollouts(
+            problem, prompt, n=k, temperature=temperature, seed=seed, request_id=tag
+        ),
+    )
+    greedy_outcomes, _ = await generator.score(problem, greedy)
+    sampled_outcomes, _ = await generator.score(problem, sampled)
+    return greedy_outcomes[0].reward, [o.reward for o in sampled_outcomes]
+
+
+async def evaluate(
+    generator: RolloutGenerator, mixture: TaskMixture, config: EvalConfig, *, step: int
+) -> dict[str, float]:
+    """`eval/<task>/greedy_accuracy`, `.../greedy_reward` and `.../pass@k` for every task."""
+    results: dict[str, float] = {}
+    for name in mixture.names:
+        problems = mixture.eval_problems(name, config.prompts)
+        answers = await asyncio.gather(
+            *(
+                _eval_problem(
+                    generator,
+                    p,
+                    k=config.k,
+                    seed=derive_seed(generator.seed, EVAL_SEED_KEY, i),
+                    tag=f"eval{step}-{name}-{i}",
+                )
+                for i, p in enumerate(problems)
+            )
+        )
+        greedy = [g for g, _ in answers]
+        results[f"eval/{name}/greedy_accuracy"] = float(np.mean([g >= 1.0 for g in greedy]))
+        results[f"eval/{name}/greedy_reward"] = float(np.mean(greedy))
+        results[f"eval/{name}/pass@{config.k}"] = pass_at_k([s for _, s in answers])
+    return results

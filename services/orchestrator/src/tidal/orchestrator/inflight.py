@@ -1,0 +1,51 @@
+"""An adaptive bound on concurrent Generate calls (additive increase, multiplicative decrease).
+
+Decisions:
+- Generation is bounded so a burst (a step's prompts, the next step's prompts, eval)
+  cannot flood the inference queue, which would only add latency to every request.
+- The bound adapts to what inference reports (GetStatus `queued`, polled twice a second
+  by the loop): above `queue_target` queued requests it halves, otherwise it grows by
+  one, between 1 and `max_inflight`. The v1 inference contract reports no KV-cache usage,
+  so the queue is the only pressure signal (a queue builds when the KV cache is full).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import TracebackType
+
+
+class InflightLimiter:
+    def __init__(self, max_inflight: int, *, queue_target: int) -> None:
+        self.max_inflight = max_inflight
+        self.queue_target = queue_target
+        self.limit = max_inflight
+        self.inflight = 0
+        self._changed = asyncio.Condition()
+
+    def observe_queue(self, queued: int) -> None:
+        """Adapt the bound to inference's reported queue length."""
+        if queued > self.queue_target:
+            self.limit = max(1, self.limit // 2)
+        else:
+            self.limit = min(self.max_inflight, self.limit + 1)
+
+    async def __aenter__(self) -> None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.inflight < self.limit)
+            self.inflight += 1
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        async with self._changed:
+            self.inflight -= 1
+            self._changed.notify_all()
+
+    async def wake(self) -> None:
+        """Let waiters re-check after the limit grew."""
+        async with self._changed:
+            self._changed.notify_all()

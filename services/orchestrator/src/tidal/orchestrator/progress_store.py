@@ -1,0 +1,87 @@
+"""The orchestrator's resumable progress: `<run dir>/progress.json`, replaced atomically.
+
+Decisions:
+- Written right before Train(n) is sent, with the task-mixture state both before and
+  after step n drew its prompts. On resume the trainer's last step T decides which one
+  applies: T = n means step n was trained (continue at n+1 from the `after` state);
+  T = n-1 means Train(n) never arrived (redo step n from the `before` state, drawing the
+  same prompts again). Anything else is an error naming both steps. So a kill at any
+  point neither repeats nor skips a prompt.
+- Pending samples policy: rollouts generated ahead for steps > n are discarded on a
+  restart and regenerated from the saved cursors (same prompts, the policy of the time).
+- Atomic replace: write a temp file in the same folder, fsync it, `os.replace` it over the
+  old file, fsync the folder. A crash leaves either the old or the new file, never half.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tidal.common.errors import ConfigError
+
+PROGRESS_FILE = "progress.json"
+FORMAT_VERSION = 1
+PENDING_POLICY = "regenerate"
+
+
+@dataclass
+class SavedProgress:
+    step: int
+    """The step whose Train call was about to be sent when this was written."""
+    mixture_before: dict[str, Any]
+    mixture_after: dict[str, Any]
+    seed: int
+    tasks: list[str]
+    pending_policy: str = PENDING_POLICY
+    counters: dict[str, float] = field(default_factory=dict)
+    """Run-level counters carried over a restart (e.g. samples dropped so far)."""
+    version: int = FORMAT_VERSION
+
+
+def write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_progress(path: Path, progress: SavedProgress) -> None:
+    write_atomic(path, json.dumps(asdict(progress)))
+
+
+def load_progress(path: Path) -> SavedProgress | None:
+    """The saved progress, or None when there is none yet."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        progress = SavedProgress(**data)
+    except (json.JSONDecodeError, TypeError) as exc:
+        raise ConfigError(f"{path}: not a progress file of this version: {exc}") from exc
+    if progress.version != FORMAT_VERSION:
+        raise ConfigError(f"{path}: progress format {progress.version}, expected {FORMAT_VERSION}")
+    return progress
+
+
+def resume_point(saved: SavedProgress, trainer_step: int) -> tuple[int, dict[str, Any]]:
+    """(first step to run, mixture state to start it from) given the trainer's last step."""
+    if trainer_step == saved.step:
+        return saved.step + 1, saved.mixture_after
+    if trainer_step == saved.step - 1:
+        return saved.step, saved.mixture_before
+    raise ConfigError(
+        f"cannot resume: progress.json was written for step {saved.step} but the trainer's "
+        f"last step is {trainer_step} (expected {saved.step} or {saved.step - 1})"
+    )

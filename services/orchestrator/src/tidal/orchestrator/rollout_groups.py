@@ -1,0 +1,247 @@
+"""One step's rollouts: draw prompts, generate groups, verify, shape rewards, advantages.
+
+Decisions:
+- A group is one prompt's `group_size` completions; everything that needs the group
+  (baseline, dynamic sampling) happens here, so the loop only sees finished groups.
+- Dynamic sampling (DAPO): groups whose shaped rewards are all equal are dropped (and
+  counted), and more prompts are drawn and generated until the step has
+  `prompts_per_step` groups or `max_sampling_rounds` rounds ran. A step that ends up
+  with no group at all keeps the last round's groups (all-zero advantages) so the step
+  sequence continues; metrics show it.
+- ReMax asks inference for one greedy completion per prompt alongside the sampled ones;
+  its reward is the group's baseline.
+- Request seeds derive from (run seed, step, round, prompt index), so a step's rollouts
+  do not depend on how the pipeline interleaved steps.
+- Every Generate call passes through the adaptive in-flight limiter.
+- Multi-turn problems (with followups) are rolled out as episodes (episodes.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tidal.common.tokenizer import ByteTokenizer
+from tidal.orchestrator.advantages import compute_advantages, has_signal, shape_reward
+from tidal.orchestrator.config import OrchestratorConfig
+from tidal.orchestrator.dynamic_sampling import fill_batch
+from tidal.orchestrator.episodes import run_episode
+from tidal.orchestrator.inference_client import InferenceClient
+from tidal.orchestrator.inflight import InflightLimiter
+from tidal.orchestrator.mixture import TaskMixture
+from tidal.orchestrator.rollouts import Completion
+from tidal.orchestrator.seeds import derive_seed
+from tidal.orchestrator.tasks.base import Problem
+from tidal.orchestrator.verification import ContainedVerifier, VerifyOutcome
+
+
+@dataclass
+class Group:
+    problem: Problem
+    prompt_ids: tuple[int, ...]
+    completions: list[Completion]
+    outcomes: list[VerifyOutcome]
+    shaped: list[float]
+    advantages: np.ndarray  # float32 (G,)
+    greedy_reward: float | None = None
+
+    @property
+    def rewards(self) -> list[float]:
+        return [o.reward for o in self.outcomes]
+
+
+@dataclass
+class Generation:
+    """One step's groups, ready for the staleness filter and packing."""
+
+    groups: list[Group]
+    problems: list[Problem]
+    """Every problem drawn for this step, in order (the step's 'prompts seen')."""
+    mixture_before: dict[str, Any]
+    mixture_after: dict[str, Any]
+    loaded_version: int
+    """Version inference had loaded when generation started."""
+    seconds: float
+    policy_wait_seconds: float
+    """Time spent waiting for inference to load the version this step needed."""
+    rounds: int = 1
+    dropped_zero_variance: int = 0
+    """Groups dropped by dynamic sampling."""
+    failures: dict[str, int] = field(default_factory=dict)
+    """Verifier failures by kind."""
+
+
+class RolloutGenerator:
+    def __init__(
+        self,
+        config: OrchestratorConfig,
+        *,
+        seed: int,
+        inference: InferenceClient,
+        verifier: ContainedVerifier,
+        limiter: InflightLimiter,
+        tokenizer: ByteTokenizer,
+        max_tokens: int,
+    ) -> None:
+        self.config = config
+        self.seed = seed
+        self.inference = inference
+        self.verifier = verifier
+        self.limiter = limiter
+        self.tokenizer = tokenizer
+        self.max_tokens = max_tokens
+
+    async def complete(
+        self, prompt_ids: list[int], *, n: int, temperature: float, seed: int, request_id: str
+    ) -> list[Completion]:
+        async with self.limiter:
+            return await self.inference.generate(
+                prompt_ids,
+                n=n,
+                max_tokens=self.max_tokens,
+                temperature=temperature,
+                top_p=self.config.sampling.top_p if temperature > 0 else 1.0,
+                seed=seed,
+                stop_token_ids=[self.tokenizer.eos_id],
+                request_id=request_id,
+                timeout=self.config.generate_timeout_s,
+            )
+
+    async def rollouts(
+        self,
+        problem: Problem,
+        prompt_ids: list[int],
+        *,
+        n: int,
+        temperature: float,
+        seed: int,
+        request_id: str,
+    ) -> list[Completion]:
+        """n completions of a prompt, or n episodes of a multi-turn problem."""
+        if not problem.followups:
+            return await self.complete(
+                prompt_ids, n=n, temperature=temperature, seed=seed, request_id=request_id
+            )
+        task = self.verifier.tasks[problem.task]
+        episodes = (
+            run_episode(
+                self.complete,
+                task,
+                problem,
+                prompt_ids,
+                self.tokenizer,
+                index=i,
+                temperature=temperature,
+                seed=seed,
+                request_id=request_id,
+            )
+            for i in range(n)
+        )
+        return list(await asyncio.gather(*episodes))
+
+    async def score(
+        self, problem: Problem, completions: list[Completion]
+    ) -> tuple[list[VerifyOutcome], list[float]]:
+        texts: list[str | list[str]] = [
+            list(c.turns) if c.turns else self.tokenizer.decode(c.token_ids) for c in completions
+        ]
+        outcomes = await self.verifier.verify_all([(problem, t) for t in texts])
+        shaped = [
+            shape_reward(
+                o.reward,
+                len(c.policy_versions),  # model tokens (an episode's environment text is free)
+                self.max_tokens,
+                overlong_buffer=self.config.overlong_buffer_tokens,
+                overlong_max_penalty=self.config.overlong_penalty,
+                length_penalty=self.config.length_penalty,
+            )
+            for o, c in zip(outcomes, completions, strict=True)
+        ]
+        return outcomes, shaped
+
+    async def group(self, step: int, round_: int, index: int, problem: Problem) -> Group:
+        prompt = self.tokenizer.encode(problem.prompt)
+        tag = f"step{step}-round{round_}-prompt{index}"
+        seed = derive_seed(self.seed, step, round_, index + 1)
+        calls = [
+            self.rollouts(
+                problem,
+                prompt,
+                n=self.config.group_size,
+                temperature=self.config.sampling.temperature,
+                seed=seed,
+                request_id=tag,
+            )
+        ]
+        if self.config.algorithm == "remax":
+            calls.append(
+                self.rollouts(
+                    problem, prompt, n=1, temperature=0.0, seed=seed, request_id=tag + "-greedy"
+                )
+            )
+        results = await asyncio.gather(*calls)
+        completions = results[0]
+        outcomes, shaped = await self.score(problem, completions)
+        greedy_reward = None
+        if self.config.algorithm == "remax":
+            _, greedy_shaped = await self.score(problem, results[1])
+            greedy_reward = greedy_shaped[0]
+        advantages = compute_advantages(
+            self.config.algorithm,
+            shaped,
+            normalize=self.config.normalize_advantages,
+            greedy_reward=greedy_reward,
+        )
+        return Group(
+            problem, tuple(prompt), completions, outcomes, shaped, advantages, greedy_reward
+        )
+
+    async def generate_step(
+        self, step: int, mixture: TaskMixture, *, loaded_version: int, policy_wait: float
+    ) -> Generation:
+        """Draw and generate this step's groups (with dynamic sampling, several rounds)."""
+        started = time.monotonic()
+        before = mixture.state_dict()
+
+        async def generate(round_: int, problems: list[Problem]) -> list[Group]:
+            groups = (self.group(step, round_, i, p) for i, p in enumerate(problems))
+            return list(await asyncio.gather(*groups))
+
+        batch = await fill_batch(
+            self.config.prompts_per_step,
+            draw=mixture.draw,
+            generate=generate,
+            keep=(lambda g: has_signal(g.shaped)) if self.config.dynamic_sampling else None,
+            max_rounds=self.config.max_sampling_rounds,
+        )
+        failures = Counter(o.failure for g in batch.generated for o in g.outcomes if o.failure)
+        return Generation(
+            groups=batch.kept,
+            problems=batch.drawn,
+            mixture_before=before,
+            mixture_after=mixture.state_dict(),
+            loaded_version=loaded_version,
+            seconds=time.monotonic() - started,
+            policy_wait_seconds=policy_wait,
+            rounds=batch.rounds,
+            dropped_zero_variance=batch.dropped,
+            failures=dict(failures),
+        )
+
+    async def regenerate(self, step: int, generation: Generation, attempt: int) -> Generation:
+        """The same step's problems generated again (after all samples came back stale)."""
+        started = time.monotonic()
+        groups = await asyncio.gather(
+            *(
+                self.group(step, 1000 * attempt, i, g.problem)
+                for i, g in enumerate(generation.groups)
+            )
+        )
+        generation.groups = list(groups)
+        generation.seconds += time.monotonic() - started
+        return generation

@@ -1,0 +1,89 @@
+"""Packing for data-parallel ranks: equal counts, balanced cost, budgets, truncation."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from tidal.orchestrator.packing import TrainSample
+from tidal.orchestrator.ranks import fit_to_budget, pack_for_ranks, sample_cost, split_by_cost
+
+
+def _samples(count: int, seed: int = 0, max_completion: int = 60) -> list[TrainSample]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        prompt = tuple(rng.randrange(256) for _ in range(rng.randint(1, 12)))
+        completion = tuple(rng.randrange(256) for _ in range(rng.randint(1, max_completion)))
+        out.append(TrainSample(prompt, completion, advantage=float(i)))
+    return out
+
+
+def _sample_tokens(batches) -> list[tuple[int, tuple[int, ...]]]:  # type: ignore[no-untyped-def]
+    seen = []
+    for b in batches:
+        starts = np.concatenate([[0], np.cumsum(b.sample_lengths)[:-1]])
+        for start, length in zip(starts, b.sample_lengths, strict=True):
+            seen.append((int(b.advantages[start]), tuple(b.input_ids[start : start + length])))
+    return seen
+
+
+@pytest.mark.parametrize(("count", "ranks", "budget"), [(64, 2, 128), (37, 4, 100), (9, 3, 80)])
+def test_ranks_get_equal_counts_within_budget_and_every_token_once(
+    count: int, ranks: int, budget: int
+) -> None:
+    samples = _samples(count, seed=count)
+    per_rank = pack_for_ranks(samples, budget, ranks)
+    assert len(per_rank) == ranks
+    assert len({len(batches) for batches in per_rank}) == 1
+    flat = [b for batches in per_rank for b in batches]
+    assert all(b.num_tokens <= budget for b in flat)
+    expected = [(i, s.prompt_ids + s.completion_ids) for i, s in enumerate(samples)]
+    assert sorted(_sample_tokens(flat)) == sorted(expected)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_rank_costs_differ_by_at_most_one_sample(seed: int) -> None:
+    samples = _samples(50, seed=seed)
+    per_rank = pack_for_ranks(samples, 256, 4)
+    costs = [
+        sum(sample_cost(int(n)) for b in batches for n in b.sample_lengths) for batches in per_rank
+    ]
+    largest = max(sample_cost(s.num_tokens) for s in samples)
+    assert max(costs) - min(costs) <= largest
+
+
+def test_split_by_cost_puts_longest_first_on_the_cheapest_rank() -> None:
+    assert split_by_cost([10, 1, 9, 2], 2) == [[0, 1], [2, 3]]
+
+
+def test_one_rank_gets_all_samples() -> None:
+    samples = _samples(20)
+    (only,) = pack_for_ranks(samples, 512, 1)
+    assert sum(b.num_tokens for b in only) == sum(s.num_tokens for s in samples)
+
+
+def test_fewer_samples_than_ranks_is_an_error() -> None:
+    with pytest.raises(ValueError, match="3 samples cannot feed 4"):
+        pack_for_ranks(_samples(3), 512, 4)
+
+
+def test_truncation_keeps_the_prompt_and_the_first_completion_tokens() -> None:
+    sample = TrainSample(
+        (1, 2, 3), (4, 5, 6, 7), advantage=0.5, completion_logprobs=(-1, -2, -3, -4)
+    )
+    cut = fit_to_budget(sample, 5)
+    assert cut is not None
+    assert (cut.prompt_ids, cut.completion_ids, cut.completion_logprobs) == (
+        (1, 2, 3),
+        (4, 5),
+        (-1, -2),
+    )
+    assert cut.advantage == 0.5
+    assert fit_to_budget(sample, 7) is sample
+
+
+def test_sample_whose_prompt_fills_the_budget_cannot_be_truncated() -> None:
+    assert fit_to_budget(TrainSample((1, 2, 3), (4,), advantage=0.0), 3) is None

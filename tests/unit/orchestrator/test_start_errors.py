@@ -1,0 +1,39 @@
+"""A bad task config stops `tidal orchestrator` before it serves or waits for any peer."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+
+def _orchestrator(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tidal.cli",
+            "orchestrator",
+            "--run.output-dir",
+            str(tmp_path),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_unknown_task_import_path_fails_at_start_with_the_valid_choices(tmp_path: Path) -> None:
+    done = _orchestrator(
+        tmp_path, "--orchestrator.task.type", "import", "--orchestrator.task.path", "nope_pkg:Task"
+    )
+    assert done.returncode == 2
+    assert "orchestrator task path 'nope_pkg:Task': cannot import" in done.stderr
+    assert "built-in types ['arithmetic', 'countdown', 'dataset', 'reversal']" in done.stderr
+
+
+def test_unknown_algorithm_fails_at_start_with_the_valid_choices(tmp_path: Path) -> None:
+    done = _orchestrator(tmp_path, "--orchestrator.algorithm", "ppo")
+    assert done.returncode == 2
+    assert "'grpo', 'dr_grpo', 'rloo' or 'remax'" in done.stderr

@@ -1,0 +1,55 @@
+"""A verifier that raises, hangs or returns garbage scores 0 and is counted; the rest go on."""
+
+from __future__ import annotations
+
+import time
+
+from tidal.orchestrator.tasks.base import Problem, Task, Verdict
+from tidal.orchestrator.verification import ContainedVerifier
+
+
+class MoodyTask(Task):
+    """Behaves according to the completion text."""
+
+    def problem(self, index: int, *, split: str = "train") -> Problem:  # type: ignore[override]
+        return Problem("p", "ok", task=self.name)
+
+    def verify(self, problem: Problem, completion: str) -> Verdict | float:
+        if completion == "raise":
+            raise RuntimeError("verifier bug")
+        if completion == "hang":
+            time.sleep(2.0)
+        if completion == "big":
+            return 7.0
+        if completion == "nan":
+            return float("nan")
+        if completion == "text":
+            return "yes"  # type: ignore[return-value]
+        return Verdict(1.0 if completion == "ok" else 0.5, {"sub": 1.0})
+
+    @property
+    def max_completion_chars(self) -> int:
+        return 4
+
+
+async def test_failures_are_contained_and_counted_by_kind() -> None:
+    task = MoodyTask()
+    task.bind(name="moody", seed=0)
+    verifier = ContainedVerifier({"moody": task}, timeout_s=0.2)
+    problem = task.problem(0)
+    completions = ["ok", "raise", "hang", "big", "nan", "text", "meh"]
+    started = time.monotonic()
+    outcomes = await verifier.verify_all([(problem, c) for c in completions])
+    verifier.close()
+    assert time.monotonic() - started < 1.5  # the hung verifier did not hold the batch
+    assert [o.reward for o in outcomes] == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.5]
+    assert [o.failure for o in outcomes] == [
+        None,
+        "error",
+        "timeout",
+        "invalid",
+        "invalid",
+        "error",
+        None,
+    ]
+    assert outcomes[0].scores == {"sub": 1.0}
