@@ -23,7 +23,13 @@ class InferenceConfig(BaseConfig):
     num_threads: int = Field(default=1, gt=0)
     """torch intra-op threads (`torch.set_num_threads`); the local stack shares 2 cores."""
     max_batch_size: int = Field(default=128, gt=0)
-    """Most sequences (all n samples of the queued requests) decoded together in one batch."""
+    """Most sequences decoded together (KV-cache slots), if `kv_cache_mb` holds that many."""
+    kv_cache_mb: float = Field(default=1024.0, gt=0)
+    """Memory bound of the KV cache, preallocated at the first load: one slot per running
+    sequence, each the model's full context long."""
+    max_step_tokens: int = Field(default=4096, gt=0)
+    """Token budget of one scheduler step: one per running sequence plus the prompt
+    tokens prefilled with it (the first waiting prompt is admitted whenever a slot is free)."""
     max_queue: int = Field(default=1024, gt=0)
     """Most requests waiting for a batch; beyond it Generate answers RESOURCE_EXHAUSTED."""
     replica_id: str = ""

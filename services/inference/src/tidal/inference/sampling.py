@@ -1,14 +1,16 @@
-"""Sampling: per-row temperature, top-k, top-p and seeded draws, vectorised over a batch.
+"""Sampling: per-row temperature, top-k, top-p, min-p and seeded draws, vectorised.
 
 Decisions:
-- Filters apply in vLLM's order: temperature scaling, then top-k, then top-p on the
-  distribution renormalised after top-k. top-p keeps the smallest set of most probable
+- Filters apply in this order: temperature scaling; min-p, which drops tokens less likely
+  than `min_p` times the most likely one; top-k; then top-p on the distribution
+  renormalised after the earlier filters. top-p keeps the smallest set of most probable
   tokens whose probability sums to at least p (the most probable token is always kept).
 - The logprob reported for a token is its log-probability under exactly the distribution
   it was drawn from: log-softmax of the temperature-scaled logits with filtered tokens at
-  -inf. A greedy row (temperature 0) reports the unscaled, unfiltered model logprob of
-  its argmax, since "the distribution" of argmax is a point mass and the model's own
-  probability is what an importance ratio needs.
+  -inf. On request the unmodified model logprob (log-softmax of the raw logits, what the
+  trainer recomputes) is returned beside it. A greedy row (temperature 0) reports the
+  unscaled, unfiltered model logprob of its argmax, since "the distribution" of argmax
+  is a point mass and the model's own probability is what an importance ratio needs.
 - Reproducibility: every row owns a `torch.Generator` seeded from (request seed, sample
   index). Its uniforms for the whole completion are drawn up front and the token is the
   inverse CDF at the step's uniform, so a row's tokens depend only on its seed and its
@@ -38,6 +40,11 @@ class SamplingParams:
     n: int = 1
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    min_p: float = 0.0
+    stop: tuple[str, ...] = ()
+    """Stop strings: generation ends at the token that completes one (the token is kept)."""
+    model_logprobs: bool = False
+    """Also return each token's logprob under the unmodified model distribution."""
 
     @property
     def greedy(self) -> bool:
@@ -60,12 +67,18 @@ def filtered_logprobs(
     temperature: torch.Tensor,  # (B,) fp32; 0 = greedy
     top_k: torch.Tensor,  # (B,) long; <= 0 = off
     top_p: torch.Tensor,  # (B,) fp32; <= 0 or >= 1 = off
+    min_p: torch.Tensor | None = None,  # (B,) fp32; <= 0 = off
 ) -> torch.Tensor:
     """Log-probabilities `(B, V)` of the distribution each row samples from (-inf = filtered)."""
     vocab = logits.shape[-1]
     greedy = temperature <= 0
     scale = torch.where(greedy, torch.ones_like(temperature), temperature)
     scaled = logits / scale[:, None]  # (B, V)
+    if min_p is not None and bool(((min_p > 0) & ~greedy).any()):
+        # p >= min_p * p_max  <=>  logit >= max logit + log(min_p), on the scaled logits
+        floor = scaled.max(dim=-1).values + torch.log(min_p.clamp(min=1e-30))  # (B,)
+        drop = (scaled < floor[:, None]) & ((min_p > 0) & ~greedy)[:, None]  # (B, V)
+        scaled = scaled.masked_fill(drop, float("-inf"))
     k = torch.where(greedy | (top_k <= 0) | (top_k >= vocab), vocab, top_k)  # (B,)
     p_off = greedy | (top_p <= 0) | (top_p >= 1)
     if bool((k >= vocab).all()) and bool(p_off.all()):

@@ -65,15 +65,19 @@ async def start_inference(config: InferenceRunConfig) -> RunningInference:
 
     cfg = config.inference
     replica_id = cfg.replica_id or f"inference-{os.getpid()}"
+    tokenizer = get_tokenizer(config.run.tokenizer)
     engine = NativeEngine(
         device=resolve_device(cfg.device),
         dtype=DTYPES[cfg.dtype],
         max_batch_size=cfg.max_batch_size,
         max_queue=cfg.max_queue,
+        max_step_tokens=cfg.max_step_tokens,
+        kv_cache_mb=cfg.kv_cache_mb,
+        detokenize=tokenizer.decode,
         seed=config.run.seed,
     )
     await engine.start()
-    servicer = InferenceServicer(engine, get_tokenizer(config.run.tokenizer), replica_id=replica_id)
+    servicer = InferenceServicer(engine, tokenizer, replica_id=replica_id)
     binding = ServiceBinding(servicer, pb_grpc.add_InferenceServiceServicer_to_server, FULL_NAME)
     server = GrpcServer(
         config.grpc.listen_address(config.endpoints.inference), [binding], config.grpc
