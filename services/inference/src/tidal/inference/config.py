@@ -16,6 +16,9 @@ from tidal.common.sections import ServiceRunConfig
 
 
 class InferenceConfig(BaseConfig):
+    engine: Literal["native", "vllm"] = "native"
+    """Generation backend: the native PyTorch engine (CPU and GPU), or vLLM (GPU, needs the
+    `tidal-inference[vllm]` extra; see docs/inference.md)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the engine runs; "auto" picks CUDA when available, else CPU."""
     dtype: Literal["float32", "bfloat16"] = "float32"
@@ -32,6 +35,8 @@ class InferenceConfig(BaseConfig):
     tokens prefilled with it (the first waiting prompt is admitted whenever a slot is free)."""
     max_queue: int = Field(default=1024, gt=0)
     """Most requests waiting for a batch; beyond it Generate answers RESOURCE_EXHAUSTED."""
+    gpu_memory_utilization: float = Field(default=0.8, gt=0, le=1)
+    """vLLM only: fraction of GPU memory vLLM may take for weights and KV cache."""
     replica_id: str = ""
     """Name of this replica in weight-sync's registry; empty means "inference-<pid>"."""
 

@@ -118,13 +118,21 @@ class DecodeAttention:
         self.contiguous = bool((slots == torch.arange(b, device=slots.device)).all())
         keys = torch.arange(self.length, device=slots.device)
         self.mask = (keys[None, :] <= positions[:, None])[:, None, None, :]  # (B, 1, 1, S)
+        # Rows of the cache viewed as (N * Hkv * S_max, D) that the new keys go to:
+        # one index_copy_ per layer, cheaper than a two-tensor advanced-index assignment.
+        _, n_kv, s_max, _ = cache.k.shape[1:]
+        heads = torch.arange(n_kv, device=slots.device)
+        self.rows = (
+            (slots[:, None] * n_kv + heads[None, :]) * s_max + positions[:, None]
+        ).flatten()
 
     def __call__(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
         ck, cv = self.cache.k[layer], self.cache.v[layer]  # (N, Hkv, S_max, D)
-        ck[self.slots, :, self.positions] = k[:, :, 0]  # k: (B, Hkv, 1, D) → (B, Hkv, D)
-        cv[self.slots, :, self.positions] = v[:, :, 0]
+        d = k.shape[-1]
+        ck.view(-1, d).index_copy_(0, self.rows, k.reshape(-1, d))  # k: (B, Hkv, 1, D)
+        cv.view(-1, d).index_copy_(0, self.rows, v.reshape(-1, d))
         if self.contiguous:
             keys = ck[: len(self.slots), :, : self.length]  # (B, Hkv, S, D), a view
             values = cv[: len(self.slots), :, : self.length]

@@ -72,6 +72,8 @@ def filtered_logprobs(
     """Log-probabilities `(B, V)` of the distribution each row samples from (-inf = filtered)."""
     vocab = logits.shape[-1]
     greedy = temperature <= 0
+    if bool(greedy.all()):
+        return torch.log_softmax(logits, dim=-1)
     scale = torch.where(greedy, torch.ones_like(temperature), temperature)
     scaled = logits / scale[:, None]  # (B, V)
     if min_p is not None and bool(((min_p > 0) & ~greedy).any()):
@@ -99,6 +101,8 @@ def sample_tokens(
     uniforms: torch.Tensor,  # (B,) float64 in [0, 1)
 ) -> torch.Tensor:
     """One token per row: argmax for greedy rows, inverse-CDF draw at `uniforms` otherwise."""
+    if bool(greedy.all()):
+        return logprobs.argmax(dim=-1)
     probs = logprobs.double().exp()  # (B, V); float64 so the CDF's tail is not rounded away
     cdf = probs.cumsum(dim=-1)  # (B, V)
     target = (uniforms.to(cdf.device) * cdf[:, -1]).unsqueeze(-1)  # (B, 1)
