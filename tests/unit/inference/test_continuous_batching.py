@@ -231,3 +231,26 @@ async def test_kv_cache_too_small_for_one_sequence_is_refused() -> None:
     with pytest.raises(ValueError, match="kv_cache_mb"):
         await engine.update_weights(0, ARGS.to_hf_config(), published(tiny_model(0)))
     await engine.close()
+
+
+async def test_step_token_budget_spreads_prefills_over_steps(
+    span_exporter: InMemorySpanExporter,
+) -> None:
+    params = SamplingParams(max_tokens=6, temperature=1.0, seed=3)
+    prompts = [PROMPTS[1], [p + 1 for p in PROMPTS[1]], [p + 2 for p in PROMPTS[1]]]
+    tight = make_engine(max_step_tokens=len(PROMPTS[1]) + 3)  # room for one prompt a step
+    await tight.start()
+    await tight.update_weights(0, ARGS.to_hf_config(), published(tiny_model(0)))
+    span_exporter.clear()
+    budgeted = await asyncio.gather(*(collect(tight, p, params) for p in prompts))
+    prefills = [s for s in span_exporter.get_finished_spans() if s.name == "inference.prefill"]
+    await tight.close()
+    assert [p.attributes["prefill.prompts"] for p in prefills] == [1, 1, 1]
+    roomy = make_engine()
+    await roomy.start()
+    await roomy.update_weights(0, ARGS.to_hf_config(), published(tiny_model(0)))
+    together = await asyncio.gather(*(collect(roomy, p, params) for p in prompts))
+    await roomy.close()
+    assert [[c.token_ids for c in r] for r in budgeted] == [
+        [c.token_ids for c in r] for r in together
+    ]
