@@ -332,3 +332,26 @@ async def test_model_logprobs_and_stop_strings_over_the_wire(ready: Inference) -
     assert stopped.text.endswith(stop) and full.text.startswith(stopped.text)
     assert len(stopped.model_logprobs) == len(stopped.token_ids)
     assert list(stopped.model_logprobs) == pytest.approx(list(stopped.logprobs))  # greedy
+
+
+async def test_version_published_mid_generation_is_picked_up_between_steps(
+    weightsync_server: Any, ready: Inference
+) -> None:
+    sampling = pb.SamplingParams(max_tokens=ARGS.max_seq_len - 4, temperature=1.0, n=4, seed=1)
+    request = pb.GenerateRequest(prompt_ids=[TOK.bos_id, 1, 2], sampling=sampling, stream=True)
+    pieces: list[pb.GenerateResponse] = []
+    published = False
+    async for piece in ready.stub.Generate(request):
+        pieces.append(piece)
+        if not published:  # the first tokens are out: publish while the rest is generated
+            await publish(weightsync_server, 1)
+            published = True
+    by_index: dict[int, list[int]] = {}
+    for piece in pieces:
+        by_index.setdefault(piece.index, []).extend(piece.policy_versions)
+    assert sorted(by_index) == [0, 1, 2, 3]  # no completion lost
+    for versions in by_index.values():
+        assert len(versions) == ARGS.max_seq_len - 4
+        assert versions == sorted(versions) and versions[0] == 0
+    assert any(v[-1] == 1 for v in by_index.values())  # the reload landed mid-generation
+    assert (await ready.status()).policy_version == 1
