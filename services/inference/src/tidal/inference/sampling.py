@@ -75,7 +75,7 @@ def filtered_logprobs(
     if bool(greedy.all()):
         return torch.log_softmax(logits, dim=-1)
     scale = torch.where(greedy, torch.ones_like(temperature), temperature)
-    scaled = logits / scale[:, None]  # (B, V)
+    scaled = logits / scale[:, None] if bool((scale != 1).any()) else logits  # (B, V)
     if min_p is not None and bool(((min_p > 0) & ~greedy).any()):
         # p >= min_p * p_max  <=>  logit >= max logit + log(min_p), on the scaled logits
         floor = scaled.max(dim=-1).values + torch.log(min_p.clamp(min=1e-30))  # (B,)
@@ -103,12 +103,18 @@ def sample_tokens(
     """One token per row: argmax for greedy rows, inverse-CDF draw at `uniforms` otherwise."""
     if bool(greedy.all()):
         return logprobs.argmax(dim=-1)
-    probs = logprobs.double().exp()  # (B, V); float64 so the CDF's tail is not rounded away
-    cdf = probs.cumsum(dim=-1)  # (B, V)
-    target = (uniforms.to(cdf.device) * cdf[:, -1]).unsqueeze(-1)  # (B, 1)
+    # exp in fp32 (only probabilities below ~1e-38 flush to zero), the running sum in fp64
+    # so the CDF's tail is not rounded away.
+    cdf = logprobs.exp().double().cumsum(dim=-1)  # (B, V)
+    total = cdf[:, -1:].contiguous()  # (B, 1)
+    target = uniforms.to(cdf.device)[:, None] * total  # (B, 1)
     # side="right": the first token whose CDF exceeds the target, so zero-probability
     # (filtered) tokens, whose CDF equals their predecessor's, are never chosen.
-    drawn = torch.searchsorted(cdf, target, right=True).squeeze(-1)  # (B,)
-    last_allowed = probs.shape[-1] - 1 - (probs > 0).flip(-1).int().argmax(dim=-1)  # (B,)
-    drawn = torch.minimum(drawn, last_allowed)  # guards a target rounded up to the total
-    return torch.where(greedy, logprobs.argmax(dim=-1), drawn)
+    drawn = torch.searchsorted(cdf, target, right=True)  # (B, 1)
+    # The first token whose CDF reaches the total is the last one with any mass: the draw
+    # for a target rounded up to the total.
+    last = torch.searchsorted(cdf, total, right=False)  # (B, 1)
+    drawn = torch.minimum(drawn, last).squeeze(-1)  # (B,)
+    if bool(greedy.any()):
+        drawn = torch.where(greedy, logprobs.argmax(dim=-1), drawn)
+    return drawn
