@@ -168,6 +168,23 @@ BAD_REQUESTS = [
     ("prompt", pb.GenerateRequest(prompt="x" * ARGS.max_seq_len, sampling=GOOD)),
     ("sampling.max_tokens", pb.GenerateRequest(prompt="a")),
     ("sampling.n", pb.GenerateRequest(prompt="a", sampling=pb.SamplingParams(max_tokens=4, n=-1))),
+    ("sampling.n", pb.GenerateRequest(prompt="a", sampling=pb.SamplingParams(max_tokens=4, n=0))),
+    (
+        "sampling.max_tokens",
+        pb.GenerateRequest(prompt="a", sampling=pb.SamplingParams(max_tokens=ARGS.max_seq_len + 1)),
+    ),
+    (
+        "sampling.top_p",
+        pb.GenerateRequest(prompt="a", sampling=pb.SamplingParams(max_tokens=4, top_p=0.0)),
+    ),
+    (
+        "sampling.min_p",
+        pb.GenerateRequest(prompt="a", sampling=pb.SamplingParams(max_tokens=4, min_p=1.5)),
+    ),
+    (
+        "sampling.stop[1]",
+        pb.GenerateRequest(prompt="a", sampling=pb.SamplingParams(max_tokens=4, stop=["x", ""])),
+    ),
     (
         "sampling.temperature",
         pb.GenerateRequest(prompt="a", sampling=pb.SamplingParams(max_tokens=4, temperature=-1)),
@@ -229,8 +246,8 @@ async def test_new_version_is_loaded_acked_and_traced(
         if s.name == "inference.load_weights" and s.attributes["weights.version"] == 1
     ]
     assert [f"{s.context.trace_id:032x}" for s in loads] == [publish_trace]
-    batches = [s for s in span_exporter.get_finished_spans() if s.name == "inference.batch"]
-    assert batches[-1].links  # linked to the Generate span that asked for it
+    prefills = [s for s in span_exporter.get_finished_spans() if s.name == "inference.prefill"]
+    assert prefills[-1].links  # linked to the Generate span that asked for it
 
 
 async def test_corrupt_or_misfit_versions_are_skipped_and_old_one_served(
@@ -280,3 +297,61 @@ async def test_watch_reconnects_after_weightsync_restart(
         await ready.at_version(1)
     finally:
         await restarted.stop()
+
+
+async def test_64_concurrent_streaming_clients_are_all_served(ready: Inference) -> None:
+    async def client(i: int) -> list[pb.GenerateResponse]:
+        sampling = pb.SamplingParams(max_tokens=6, temperature=1.0, n=1 + i % 2, seed=i)
+        request = pb.GenerateRequest(prompt=f"client {i}", sampling=sampling, stream=True)
+        return [r async for r in ready.stub.Generate(request)]
+
+    streams = await asyncio.gather(*(client(i) for i in range(64)))
+    for i, pieces in enumerate(streams):
+        by_index: dict[int, list[pb.GenerateResponse]] = {}
+        for piece in pieces:
+            by_index.setdefault(piece.index, []).append(piece)
+        assert sorted(by_index) == list(range(1 + i % 2))
+        for mine in by_index.values():
+            assert len(mine) > 1  # streamed in pieces, not one message at the end
+            assert all(p.finish_reason == pb.FINISH_REASON_UNSPECIFIED for p in mine[:-1])
+            assert mine[-1].finish_reason == pb.FINISH_REASON_LENGTH
+            assert sum(len(p.token_ids) for p in mine) == 6
+    status = await ready.status()
+    assert status.kv_slots_total == 128 and status.kv_slots_used == 0 and status.running == 0
+
+
+async def test_model_logprobs_and_stop_strings_over_the_wire(ready: Inference) -> None:
+    greedy = pb.SamplingParams(max_tokens=12, temperature=0.0)
+    (full,) = await ready.generate(prompt="hi", sampling=greedy)
+    stop = full.text[4:6]
+    sampling = pb.SamplingParams(
+        max_tokens=12, temperature=0.0, stop=[stop], return_model_logprobs=True
+    )
+    (stopped,) = await ready.generate(prompt="hi", sampling=sampling)
+    assert stopped.finish_reason == pb.FINISH_REASON_STOP
+    assert stopped.text.endswith(stop) and full.text.startswith(stopped.text)
+    assert len(stopped.model_logprobs) == len(stopped.token_ids)
+    assert list(stopped.model_logprobs) == pytest.approx(list(stopped.logprobs))  # greedy
+
+
+async def test_version_published_mid_generation_is_picked_up_between_steps(
+    weightsync_server: Any, ready: Inference
+) -> None:
+    sampling = pb.SamplingParams(max_tokens=ARGS.max_seq_len - 4, temperature=1.0, n=4, seed=1)
+    request = pb.GenerateRequest(prompt_ids=[TOK.bos_id, 1, 2], sampling=sampling, stream=True)
+    pieces: list[pb.GenerateResponse] = []
+    published = False
+    async for piece in ready.stub.Generate(request):
+        pieces.append(piece)
+        if not published:  # the first tokens are out: publish while the rest is generated
+            await publish(weightsync_server, 1)
+            published = True
+    by_index: dict[int, list[int]] = {}
+    for piece in pieces:
+        by_index.setdefault(piece.index, []).extend(piece.policy_versions)
+    assert sorted(by_index) == [0, 1, 2, 3]  # no completion lost
+    for versions in by_index.values():
+        assert len(versions) == ARGS.max_seq_len - 4
+        assert versions == sorted(versions) and versions[0] == 0
+    assert any(v[-1] == 1 for v in by_index.values())  # the reload landed mid-generation
+    assert (await ready.status()).policy_version == 1

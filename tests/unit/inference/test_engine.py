@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import torch
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tidal.common.errors import ResourceExhausted, Unavailable
+from tidal.common.tokenizer import ByteTokenizer
+from tidal.inference.config import InferenceConfig
 from tidal.inference.engine import Completion
 from tidal.inference.native import NativeEngine
 from tidal.inference.sampling import SamplingParams
@@ -37,8 +40,16 @@ def published(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
 
 
-def make_engine(**kwargs: int) -> NativeEngine:
-    options = {"max_batch_size": 128, "max_queue": 64, **kwargs}
+def make_engine(**kwargs: Any) -> NativeEngine:
+    defaults = InferenceConfig()
+    options = {
+        "max_batch_size": 128,
+        "max_queue": 64,
+        "max_step_tokens": defaults.max_step_tokens,
+        "kv_cache_mb": defaults.kv_cache_mb,
+        "detokenize": ByteTokenizer().decode,
+        **kwargs,
+    }
     return NativeEngine(device=torch.device("cpu"), dtype=torch.float32, seed=0, **options)
 
 
@@ -114,8 +125,9 @@ async def test_same_seed_same_tokens_alone_and_inside_a_larger_batch(
         collect(engine, PROMPTS[1], others),
     )
     assert [c.token_ids for c in crowd[1]] == [c.token_ids for c in alone]
-    batches = [s for s in span_exporter.get_finished_spans() if s.name == "inference.batch"]
-    assert [b.attributes["batch.sequences"] for b in batches] == [13]  # one batch of all
+    prefills = [s for s in span_exporter.get_finished_spans() if s.name == "inference.prefill"]
+    assert [p.attributes["prefill.sequences"] for p in prefills] == [13]  # admitted together
+    assert [p.attributes["prefill.prompts"] for p in prefills] == [3]  # one prefill per prompt
     assert len({tuple(c.token_ids) for c in alone}) > 1  # the n samples differ from each other
     other_seed = await collect(engine, PROMPTS[0], SamplingParams(16, 1.0, 0.9, n=3, seed=12))
     assert [c.token_ids for c in other_seed] != [c.token_ids for c in alone]

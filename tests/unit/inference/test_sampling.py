@@ -102,3 +102,16 @@ def test_draws_never_pick_filtered_tokens_and_follow_the_distribution() -> None:
 def test_same_seed_same_uniforms_and_indices_differ() -> None:
     assert torch.equal(draw_uniforms(row_seed(5, 0), 8), draw_uniforms(row_seed(5, 0), 8))
     assert not torch.equal(draw_uniforms(row_seed(5, 0), 8), draw_uniforms(row_seed(5, 1), 8))
+
+
+def test_min_p_drops_tokens_below_a_fraction_of_the_best() -> None:
+    probs = torch.tensor([[0.5, 0.3, 0.12, 0.08]])
+    t, k, p = params(1)
+    # threshold 0.2 * 0.5 = 0.1: the 0.08 token goes, the rest renormalise
+    out = filtered_logprobs(probs.log(), t, k, p, torch.tensor([0.2]))[0]
+    assert kept(out) == {0, 1, 2}
+    torch.testing.assert_close(out[:3].exp(), probs[0, :3] / probs[0, :3].sum())
+    # min-p on the temperature-scaled distribution: at T=0.5 probs square, 0.12 falls too
+    sharp = filtered_logprobs(probs.log(), torch.tensor([0.5]), k, p, torch.tensor([0.2]))[0]
+    assert kept(sharp) == {0, 1}
+    assert kept(filtered_logprobs(probs.log(), t, k, p, torch.tensor([0.0]))[0]) == {0, 1, 2, 3}

@@ -16,6 +16,9 @@ from tidal.common.sections import ServiceRunConfig
 
 
 class InferenceConfig(BaseConfig):
+    engine: Literal["native", "vllm"] = "native"
+    """Generation backend: the native PyTorch engine (CPU and GPU), or vLLM (GPU, needs the
+    `tidal-inference[vllm]` extra; see docs/inference.md)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the engine runs; "auto" picks CUDA when available, else CPU."""
     dtype: Literal["float32", "bfloat16"] = "float32"
@@ -23,9 +26,17 @@ class InferenceConfig(BaseConfig):
     num_threads: int = Field(default=1, gt=0)
     """torch intra-op threads (`torch.set_num_threads`); the local stack shares 2 cores."""
     max_batch_size: int = Field(default=128, gt=0)
-    """Most sequences (all n samples of the queued requests) decoded together in one batch."""
+    """Most sequences decoded together (KV-cache slots), if `kv_cache_mb` holds that many."""
+    kv_cache_mb: float = Field(default=1024.0, gt=0)
+    """Memory bound of the KV cache, preallocated at the first load: one slot per running
+    sequence, each the model's full context long."""
+    max_step_tokens: int = Field(default=4096, gt=0)
+    """Token budget of one scheduler step: one per running sequence plus the prompt
+    tokens prefilled with it (the first waiting prompt is admitted whenever a slot is free)."""
     max_queue: int = Field(default=1024, gt=0)
     """Most requests waiting for a batch; beyond it Generate answers RESOURCE_EXHAUSTED."""
+    gpu_memory_utilization: float = Field(default=0.8, gt=0, le=1)
+    """vLLM only: fraction of GPU memory vLLM may take for weights and KV cache."""
     replica_id: str = ""
     """Name of this replica in weight-sync's registry; empty means "inference-<pid>"."""
 

@@ -1,12 +1,14 @@
 """The generation-engine interface every backend implements, and its domain types.
 
 Decisions:
-- One small async interface: `generate` (an async iterator of finished completions),
+- One small async interface: `generate` (an async iterator of completions),
   `update_weights` (hot reload between decode steps), `status`. The servicer and the
   weight watcher see only this, so the native PyTorch engine (`tidal.inference.native`)
   and a later vLLM engine are interchangeable.
 - Completions are yielded as each one finishes, not when all n of a prompt are done, so a
-  caller (the orchestrator) can start scoring early.
+  caller (the orchestrator) can start scoring early. With `stream=True` each completion
+  arrives in pieces as it grows: every piece carries the tokens since the previous piece
+  of the same index, and the last piece has `finish_reason` set.
 - A completion carries the policy version of every token: a weight swap can land between
   two decode steps of a running completion, and the trainer's importance ratios need to
   know which policy produced each token.
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -30,7 +32,7 @@ FinishReason = Literal["stop", "length"]
 
 @dataclass(frozen=True)
 class Completion:
-    """One finished completion of a prompt."""
+    """One finished completion of a prompt, or (streaming) the next piece of one."""
 
     index: int
     """Which of the request's n samples this is, 0-based."""
@@ -40,7 +42,10 @@ class Completion:
     """Log-probability of each token under the distribution it was sampled from."""
     policy_versions: list[int]
     """Weights version that produced each token."""
-    finish_reason: FinishReason
+    finish_reason: FinishReason | None
+    """Why the completion ended; None on a streamed piece that is not the last."""
+    model_logprobs: list[float] = field(default_factory=list)
+    """Each token's logprob under the unmodified model distribution (when requested)."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,11 @@ class EngineStatus:
     model: str
     vocab_size: int
     max_seq_len: int
+    kv_slots_used: int = 0
+    """KV-cache slots held by running sequences."""
+    kv_slots_total: int = 0
+    kv_usage: float = 0.0
+    """Fraction of the KV cache's token positions holding a running sequence's tokens."""
 
 
 class Engine(abc.ABC):
@@ -69,8 +79,13 @@ class Engine(abc.ABC):
     async def close(self) -> None: ...
 
     @abc.abstractmethod
-    def generate(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[Completion]:
-        """Yield each of the `params.n` completions as it finishes (any order)."""
+    def generate(
+        self, prompt_ids: list[int], params: SamplingParams, *, stream: bool = False
+    ) -> AsyncIterator[Completion]:
+        """Yield each of the `params.n` completions as it finishes (any order).
+
+        With `stream`, yield pieces of each completion as it grows instead.
+        """
 
     @abc.abstractmethod
     async def update_weights(

@@ -1,20 +1,29 @@
-"""The native PyTorch engine: a request queue, one scheduler task, static decode batches.
+"""The native PyTorch engine: a request queue and one scheduler doing continuous batching.
 
 Decisions:
-- One scheduler task owns the model. It takes every queued sample (all n of each queued
-  request, up to `max_batch_size` sequences) into one `DecodeBatch` and runs it step by
-  step, each step in a worker thread (`asyncio.to_thread`), so the event loop keeps
-  answering health checks, GetStatus and new requests while torch computes.
+- One scheduler task owns the model and the KV cache. Each iteration it (1) applies new
+  weights if any, (2) admits queued samples into free cache slots and prefills them,
+  (3) runs one decode step for every running sequence, (4) delivers what finished and
+  frees its slots. So requests join and leave the running batch at every step, and a
+  long completion never holds the queue back. Forwards run in a worker thread
+  (`asyncio.to_thread`), so the event loop keeps answering health checks, GetStatus and
+  new requests while torch computes.
+- Token budget per step (`max_step_tokens`): one step's decode tokens (one per running
+  sequence) plus the prompt tokens prefilled with it. The first queued prompt is admitted
+  whenever a slot is free, even over budget, so a long prompt cannot starve.
+- The n samples of a prompt are admitted together when slots allow and share one prefill
+  (`batching.Batcher.prefill`); a request larger than the free slots is admitted in parts.
 - Hot reload without locks: `update_weights` parks the new state dict and wakes the
-  scheduler, which copies it into the model between two decode steps (or at once when
-  idle). Because only the scheduler touches the model, a swap can never land mid-forward.
-  In-flight rows continue on the new weights (their KV cache from the old ones is kept,
-  as vLLM and PipelineRL do); the version tags say which tokens came from which policy.
-- A request whose caller went away is marked cancelled: queued samples are skipped and
-  its running rows stop producing; nothing is delivered to it and nothing fails.
-- A batch that raises fails only its own requests (each gets the exception); the
+  scheduler, which copies it into the model between two steps (or at once when idle).
+  Because only the scheduler touches the model, a swap can never land mid-forward.
+  Running sequences continue on the new weights (their KV cache from the old ones is
+  kept, as vLLM and PipelineRL do); every token is tagged with the version whose forward
+  produced its logits.
+- A request whose caller went away is marked cancelled: its queued samples are skipped
+  and its running sequences are dropped at the next step, freeing their slots.
+- A failing forward fails only the requests in it (each gets the exception); the
   scheduler keeps serving.
-- Each batch is one span, linked to the spans of the requests it serves.
+- Each prefill is one span, linked to the spans of the requests it admits.
 """
 
 from __future__ import annotations
@@ -34,11 +43,12 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from tidal.common.errors import ResourceExhausted, Unavailable
-from tidal.inference.decode import DecodeBatch, Row, row_budget
+from tidal.inference.batching import Batcher
 from tidal.inference.engine import Completion, Engine, EngineStatus
+from tidal.inference.kv_cache import SlotKVCache, slots_within
 from tidal.inference.loading import build_model, check_compatible, load_weights
 from tidal.inference.sampling import SamplingParams, draw_uniforms, row_seed
-from tidal.trainer.models.llama.model import LlamaForCausalLM
+from tidal.inference.sequence import Detokenize, Sequence, sequence_budget
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
@@ -52,8 +62,9 @@ class _Request:
     params: SamplingParams
     seed: int
     span: trace.SpanContext
+    stream: bool
     out: asyncio.Queue[Completion | BaseException] = field(default_factory=asyncio.Queue)
-    started: int = 0  # samples taken into a batch so far
+    started: int = 0  # samples admitted so far
     cancelled: bool = False
 
 
@@ -73,18 +84,23 @@ class NativeEngine(Engine):
         dtype: torch.dtype,
         max_batch_size: int,
         max_queue: int,
+        max_step_tokens: int,
+        kv_cache_mb: float,
+        detokenize: Detokenize | None = None,
         seed: int = 0,
     ) -> None:
         self.device, self.dtype = device, dtype
         self.max_batch_size, self.max_queue = max_batch_size, max_queue
+        self.max_step_tokens, self.kv_cache_mb = max_step_tokens, kv_cache_mb
+        self.detokenize = detokenize
         self._rng = random.Random(seed)  # seeds of unseeded requests
-        self._model: LlamaForCausalLM | None = None
+        self._batcher: Batcher | None = None
         self._version = -1
         self._queue: deque[_Request] = deque()
+        self._running: list[Sequence] = []
         self._pending: _PendingWeights | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._running = 0
         self._generated = 0
         self._recent: deque[tuple[float, int]] = deque()  # (monotonic time, tokens) per step
 
@@ -100,35 +116,40 @@ class NativeEngine(Engine):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        for request in self._queue:
-            request.out.put_nowait(Unavailable("the engine is shutting down"))
+        closing = Unavailable("the engine is shutting down")
+        for request in {s.owner for s in self._running} | set(self._queue):
+            request.out.put_nowait(closing)
         self._queue.clear()
+        self._running.clear()
 
     # -- interface -------------------------------------------------------------------------
 
     async def generate(
-        self, prompt_ids: list[int], params: SamplingParams
+        self, prompt_ids: list[int], params: SamplingParams, *, stream: bool = False
     ) -> AsyncIterator[Completion]:
         if self._task is None:
             raise RuntimeError("NativeEngine.start() was not called")
-        if self._model is None:
+        if self._batcher is None:
             raise Unavailable("no weights loaded yet; retry once the first version is served")
         if len(self._queue) >= self.max_queue:
             raise ResourceExhausted(
                 f"{len(self._queue)} requests are queued (inference.max_queue); retry later"
             )
-        if row_budget(len(prompt_ids), params.max_tokens, self._model.args.max_seq_len) == 0:
+        max_seq_len = self._batcher.model.args.max_seq_len
+        if not prompt_ids or sequence_budget(len(prompt_ids), params.max_tokens, max_seq_len) < 1:
             raise ValueError(f"a prompt of {len(prompt_ids)} tokens leaves no room to generate")
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         span = trace.get_current_span().get_span_context()
-        request = _Request(list(prompt_ids), params, seed, span)
+        request = _Request(list(prompt_ids), params, seed, span, stream)
         self._queue.append(request)
         self._wake.set()
         try:
-            for _ in range(params.n):
+            finished = 0
+            while finished < params.n:
                 item = await request.out.get()
                 if isinstance(item, BaseException):
                     raise item
+                finished += item.finish_reason is not None
                 yield item
         finally:
             request.cancelled = True
@@ -153,101 +174,155 @@ class NativeEngine(Engine):
         if self._recent:
             span_s = max(now - self._recent[0][0], 1e-3)
             rate = sum(n for _, n in self._recent) / span_s
-        args = self._model.args if self._model is not None else None
+        if self._batcher is None:
+            return EngineStatus(self._version, 0, len(self._queue), self._generated, rate, "", 0, 0)
+        args, cache = self._batcher.model.args, self._batcher.cache
+        cached_tokens = sum(s.position + 1 for s in self._running)
         return EngineStatus(
             policy_version=self._version,
-            running=self._running,
+            running=len(self._running),
             queued=sum(not r.cancelled for r in self._queue),
             generated_tokens=self._generated,
             tokens_per_s=rate,
-            model=f"llama-{args.n_layers}x{args.dim}" if args else "",
-            vocab_size=args.vocab_size if args else 0,
-            max_seq_len=args.max_seq_len if args else 0,
+            model=f"llama-{args.n_layers}x{args.dim}",
+            vocab_size=args.vocab_size,
+            max_seq_len=args.max_seq_len,
+            kv_slots_used=cache.used,
+            kv_slots_total=cache.slots,
+            kv_usage=cached_tokens / (cache.slots * args.max_seq_len),
         )
 
     # -- scheduler -------------------------------------------------------------------------
 
+    def _has_work(self) -> bool:
+        return self._pending is not None or (
+            self._batcher is not None and bool(self._queue or self._running)
+        )
+
     async def _schedule(self) -> None:
         while True:
-            await self._wake.wait()
-            self._wake.clear()
+            if not self._has_work():
+                await self._wake.wait()
+                self._wake.clear()
             try:
                 await self._apply_pending_weights()
-                while self._model is not None and (rows := self._take_rows()):
-                    await self._run_batch(*rows)
-                    await self._apply_pending_weights()
+                if self._batcher is not None:
+                    await self._step(self._batcher)
             except Exception:  # a bug here must not silently stop all generation
                 log.exception("scheduler step failed; continuing")
+                await asyncio.sleep(0.1)
 
-    def _take_rows(self) -> tuple[list[Row], list[tuple[_Request, int]]] | None:
-        """Up to max_batch_size samples from the front of the queue, with their owners."""
-        assert self._model is not None
-        rows: list[Row] = []
-        owners: list[tuple[_Request, int]] = []
-        while self._queue and len(rows) < self.max_batch_size:
+    async def _step(self, batcher: Batcher) -> None:
+        """Admit and prefill, decode one token for everything running, deliver."""
+        self._drop_cancelled()
+        if groups := self._admit(batcher):
+            admitted = [s for g in groups for s in g]
+            self._running.extend(admitted)
+            links = [trace.Link(r.span) for r in {s.owner for s in admitted} if r.span.is_valid]
+            # A root span: a prefill serves many requests, so it links to them instead of
+            # pretending one of them is its parent.
+            with tracer.start_as_current_span(
+                "inference.prefill", otel_context.Context(), links=links
+            ) as span:
+                span.set_attributes(
+                    {
+                        "prefill.prompts": len(groups),
+                        "prefill.sequences": len(admitted),
+                        "prefill.tokens": sum(len(g[0].prompt_ids) for g in groups),
+                    }
+                )
+                await self._run(batcher.prefill, groups, admitted)
+        decoding = sorted((s for s in self._running if not s.done), key=lambda s: s.slot)
+        if decoding:
+            await self._run(batcher.decode, decoding, decoding)
+
+    async def _run(self, forward: Any, work: Any, sequences: list[Sequence]) -> None:
+        """One forward in a worker thread, then deliveries; a failure fails its requests."""
+        try:
+            await asyncio.to_thread(forward, work, self._version)
+        except Exception as exc:
+            log.exception("a forward of %d sequences failed", len(sequences))
+            failed = {s.owner for s in sequences}
+            for request in failed:
+                request.out.put_nowait(exc)
+                request.cancelled = True
+            self._drop_cancelled()
+            return
+        self._count_tokens(len(sequences))
+        self._deliver()
+
+    def _admit(self, batcher: Batcher) -> list[list[Sequence]]:
+        """Queued samples that fit in the free slots and the step's token budget."""
+        cache, max_seq_len = batcher.cache, batcher.model.args.max_seq_len
+        budget = self.max_step_tokens - len(self._running)
+        groups: list[list[Sequence]] = []
+        tokens = 0
+        while self._queue and cache.free > 0:
             request = self._queue[0]
             if request.cancelled:
                 self._queue.popleft()
                 continue
-            index = request.started
-            budget = row_budget(
-                len(request.prompt_ids), request.params.max_tokens, self._model.args.max_seq_len
+            prompt_len = len(request.prompt_ids)
+            if groups and tokens + prompt_len > budget:
+                break
+            take = min(request.params.n - request.started, cache.free)
+            group_budget = sequence_budget(prompt_len, request.params.max_tokens, max_seq_len)
+            groups.append(
+                [self._sequence(request, request.started + i, group_budget) for i in range(take)]
             )
-            if request.params.greedy:
-                uniforms = torch.zeros(budget, dtype=torch.float64)
-            else:
-                uniforms = draw_uniforms(row_seed(request.seed, index), budget)
-            rows.append(Row(request.prompt_ids, request.params, uniforms, budget))
-            owners.append((request, index))
-            request.started += 1
+            for s in groups[-1]:
+                s.slot = cache.allocate()
+            request.started += take
+            tokens += prompt_len
             if request.started == request.params.n:
                 self._queue.popleft()
-        return (rows, owners) if rows else None
+        return groups
 
-    async def _run_batch(self, rows: list[Row], owners: list[tuple[_Request, int]]) -> None:
-        assert self._model is not None
-        links = [trace.Link(r.span) for r in {r for r, _ in owners} if r.span.is_valid]
-        # A root span: a batch serves many requests, so it links to them instead of
-        # pretending one of them is its parent.
-        root = otel_context.Context()
-        with tracer.start_as_current_span("inference.batch", root, links=links) as span:
-            span.set_attribute("batch.sequences", len(rows))
-            try:
-                batch = await asyncio.to_thread(DecodeBatch, self._model, rows)
-                self._running = len(rows)
-                while not batch.done:
-                    finished = await asyncio.to_thread(batch.step, self._version)
-                    self._count_tokens(sum(not r.done for r in rows) + len(finished))
-                    for i in finished:
-                        self._deliver(rows[i], *owners[i])
-                    for i, (request, _) in enumerate(owners):
-                        if request.cancelled:
-                            batch.drop(i)
-                    self._running = sum(not r.done for r in rows)
-                    await self._apply_pending_weights()  # between decode steps only
-                span.set_attribute("batch.steps", batch.steps_done)
-            except Exception as exc:
-                log.exception("decode batch of %d sequences failed", len(rows))
-                span.record_exception(exc)
-                for request in {r for r, _ in owners}:
-                    request.out.put_nowait(exc)
-            finally:
-                self._running = 0
+    def _sequence(self, request: _Request, index: int, budget: int) -> Sequence:
+        if request.params.greedy:
+            uniforms = torch.zeros(budget, dtype=torch.float64)
+        else:
+            uniforms = draw_uniforms(row_seed(request.seed, index), budget)
+        return Sequence(request, index, request.prompt_ids, request.params, uniforms, budget)
 
-    def _deliver(self, row: Row, request: _Request, index: int) -> None:
-        if request.cancelled:
-            return
-        assert row.finish_reason is not None
-        request.out.put_nowait(
-            Completion(
-                index=index,
-                prompt_ids=request.prompt_ids,
-                token_ids=row.token_ids,
-                logprobs=row.logprobs,
-                policy_versions=row.policy_versions,
-                finish_reason=row.finish_reason,
-            )
-        )
+    def _drop_cancelled(self) -> None:
+        kept = []
+        for s in self._running:
+            if s.owner.cancelled:
+                self._release(s)
+            else:
+                kept.append(s)
+        self._running = kept
+
+    def _release(self, s: Sequence) -> None:
+        if self._batcher is not None and s.slot >= 0:
+            self._batcher.cache.release(s.slot)
+            s.slot = -1
+
+    def _deliver(self) -> None:
+        """Send finished completions (and streamed pieces); free finished sequences' slots."""
+        kept = []
+        for s in self._running:
+            request: _Request = s.owner
+            if not request.cancelled and (s.done or (request.stream and s.sent < len(s.token_ids))):
+                start = s.sent if request.stream else 0
+                request.out.put_nowait(
+                    Completion(
+                        index=s.index,
+                        prompt_ids=request.prompt_ids,
+                        token_ids=s.token_ids[start:],
+                        logprobs=s.logprobs[start:],
+                        policy_versions=s.policy_versions[start:],
+                        finish_reason=s.finish_reason,
+                        model_logprobs=s.model_logprobs[start:],
+                    )
+                )
+                s.sent = len(s.token_ids)
+            if s.done:
+                self._release(s)
+            else:
+                kept.append(s)
+        self._running = kept
 
     def _count_tokens(self, tokens: int) -> None:
         self._generated += tokens
@@ -258,7 +333,7 @@ class NativeEngine(Engine):
         if pending is None:
             return
         try:
-            self._model = await asyncio.to_thread(self._swap, pending)
+            self._batcher = await asyncio.to_thread(self._swap, pending)
             self._version = pending.version
             log.info("serving policy version %d", pending.version)
             if not pending.loaded.done():  # the caller may have gone away meanwhile
@@ -267,11 +342,15 @@ class NativeEngine(Engine):
             if not pending.loaded.done():
                 pending.loaded.set_exception(exc)
 
-    def _swap(self, pending: _PendingWeights) -> LlamaForCausalLM:
-        model = self._model
-        if model is None:
-            model = build_model(pending.hf_config, device=self.device, dtype=self.dtype)
-        else:
-            check_compatible(model, pending.hf_config)
+    def _swap(self, pending: _PendingWeights) -> Batcher:
+        if self._batcher is not None:
+            check_compatible(self._batcher.model, pending.hf_config)
+            load_weights(self._batcher.model, pending.state_dict)
+            return self._batcher
+        model = build_model(pending.hf_config, device=self.device, dtype=self.dtype)
         load_weights(model, pending.state_dict)
-        return model
+        slots = slots_within(
+            model.args, self.dtype, memory_mb=self.kv_cache_mb, max_slots=self.max_batch_size
+        )
+        cache = SlotKVCache(model.args, slots=slots, dtype=self.dtype, device=self.device)
+        return Batcher(model, cache, self.detokenize)

@@ -1,14 +1,16 @@
-"""Sampling: per-row temperature, top-k, top-p and seeded draws, vectorised over a batch.
+"""Sampling: per-row temperature, top-k, top-p, min-p and seeded draws, vectorised.
 
 Decisions:
-- Filters apply in vLLM's order: temperature scaling, then top-k, then top-p on the
-  distribution renormalised after top-k. top-p keeps the smallest set of most probable
+- Filters apply in this order: temperature scaling; min-p, which drops tokens less likely
+  than `min_p` times the most likely one; top-k; then top-p on the distribution
+  renormalised after the earlier filters. top-p keeps the smallest set of most probable
   tokens whose probability sums to at least p (the most probable token is always kept).
 - The logprob reported for a token is its log-probability under exactly the distribution
   it was drawn from: log-softmax of the temperature-scaled logits with filtered tokens at
-  -inf. A greedy row (temperature 0) reports the unscaled, unfiltered model logprob of
-  its argmax, since "the distribution" of argmax is a point mass and the model's own
-  probability is what an importance ratio needs.
+  -inf. On request the unmodified model logprob (log-softmax of the raw logits, what the
+  trainer recomputes) is returned beside it. A greedy row (temperature 0) reports the
+  unscaled, unfiltered model logprob of its argmax, since "the distribution" of argmax
+  is a point mass and the model's own probability is what an importance ratio needs.
 - Reproducibility: every row owns a `torch.Generator` seeded from (request seed, sample
   index). Its uniforms for the whole completion are drawn up front and the token is the
   inverse CDF at the step's uniform, so a row's tokens depend only on its seed and its
@@ -38,6 +40,11 @@ class SamplingParams:
     n: int = 1
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    min_p: float = 0.0
+    stop: tuple[str, ...] = ()
+    """Stop strings: generation ends at the token that completes one (the token is kept)."""
+    model_logprobs: bool = False
+    """Also return each token's logprob under the unmodified model distribution."""
 
     @property
     def greedy(self) -> bool:
@@ -60,12 +67,20 @@ def filtered_logprobs(
     temperature: torch.Tensor,  # (B,) fp32; 0 = greedy
     top_k: torch.Tensor,  # (B,) long; <= 0 = off
     top_p: torch.Tensor,  # (B,) fp32; <= 0 or >= 1 = off
+    min_p: torch.Tensor | None = None,  # (B,) fp32; <= 0 = off
 ) -> torch.Tensor:
     """Log-probabilities `(B, V)` of the distribution each row samples from (-inf = filtered)."""
     vocab = logits.shape[-1]
     greedy = temperature <= 0
+    if bool(greedy.all()):
+        return torch.log_softmax(logits, dim=-1)
     scale = torch.where(greedy, torch.ones_like(temperature), temperature)
-    scaled = logits / scale[:, None]  # (B, V)
+    scaled = logits / scale[:, None] if bool((scale != 1).any()) else logits  # (B, V)
+    if min_p is not None and bool(((min_p > 0) & ~greedy).any()):
+        # p >= min_p * p_max  <=>  logit >= max logit + log(min_p), on the scaled logits
+        floor = scaled.max(dim=-1).values + torch.log(min_p.clamp(min=1e-30))  # (B,)
+        drop = (scaled < floor[:, None]) & ((min_p > 0) & ~greedy)[:, None]  # (B, V)
+        scaled = scaled.masked_fill(drop, float("-inf"))
     k = torch.where(greedy | (top_k <= 0) | (top_k >= vocab), vocab, top_k)  # (B,)
     p_off = greedy | (top_p <= 0) | (top_p >= 1)
     if bool((k >= vocab).all()) and bool(p_off.all()):
@@ -86,12 +101,20 @@ def sample_tokens(
     uniforms: torch.Tensor,  # (B,) float64 in [0, 1)
 ) -> torch.Tensor:
     """One token per row: argmax for greedy rows, inverse-CDF draw at `uniforms` otherwise."""
-    probs = logprobs.double().exp()  # (B, V); float64 so the CDF's tail is not rounded away
-    cdf = probs.cumsum(dim=-1)  # (B, V)
-    target = (uniforms.to(cdf.device) * cdf[:, -1]).unsqueeze(-1)  # (B, 1)
+    if bool(greedy.all()):
+        return logprobs.argmax(dim=-1)
+    # exp in fp32 (only probabilities below ~1e-38 flush to zero), the running sum in fp64
+    # so the CDF's tail is not rounded away.
+    cdf = logprobs.exp().double().cumsum(dim=-1)  # (B, V)
+    total = cdf[:, -1:].contiguous()  # (B, 1)
+    target = uniforms.to(cdf.device)[:, None] * total  # (B, 1)
     # side="right": the first token whose CDF exceeds the target, so zero-probability
     # (filtered) tokens, whose CDF equals their predecessor's, are never chosen.
-    drawn = torch.searchsorted(cdf, target, right=True).squeeze(-1)  # (B,)
-    last_allowed = probs.shape[-1] - 1 - (probs > 0).flip(-1).int().argmax(dim=-1)  # (B,)
-    drawn = torch.minimum(drawn, last_allowed)  # guards a target rounded up to the total
-    return torch.where(greedy, logprobs.argmax(dim=-1), drawn)
+    drawn = torch.searchsorted(cdf, target, right=True)  # (B, 1)
+    # The first token whose CDF reaches the total is the last one with any mass: the draw
+    # for a target rounded up to the total.
+    last = torch.searchsorted(cdf, total, right=False)  # (B, 1)
+    drawn = torch.minimum(drawn, last).squeeze(-1)  # (B,)
+    if bool(greedy.any()):
+        drawn = torch.where(greedy, logprobs.argmax(dim=-1), drawn)
+    return drawn

@@ -26,7 +26,8 @@ from tidal.inference.config import InferenceRunConfig
 from tidal.weightsync.client import WeightSyncClient
 
 if TYPE_CHECKING:
-    from tidal.inference.native import NativeEngine
+    from tidal.common.tokenizer import ByteTokenizer
+    from tidal.inference.engine import Engine
     from tidal.inference.weights import WeightWatcher
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ FULL_NAME = "tidal.rpc.v1.InferenceService"
 @dataclass
 class RunningInference:
     server: GrpcServer
-    engine: NativeEngine
+    engine: Engine
     watcher: WeightWatcher
     client: WeightSyncClient
     watch_task: asyncio.Task[None]
@@ -57,23 +58,16 @@ class RunningInference:
 
 async def start_inference(config: InferenceRunConfig) -> RunningInference:
     # torch is imported here, after the config parsed: `--help` and `--dry-run` stay instant.
-    from tidal.inference.loading import DTYPES, resolve_device
-    from tidal.inference.native import NativeEngine
     from tidal.inference.servicer import InferenceServicer
     from tidal.inference.weights import WeightWatcher
     from tidal.rpc.v1 import inference_pb2_grpc as pb_grpc
 
     cfg = config.inference
     replica_id = cfg.replica_id or f"inference-{os.getpid()}"
-    engine = NativeEngine(
-        device=resolve_device(cfg.device),
-        dtype=DTYPES[cfg.dtype],
-        max_batch_size=cfg.max_batch_size,
-        max_queue=cfg.max_queue,
-        seed=config.run.seed,
-    )
+    tokenizer = get_tokenizer(config.run.tokenizer)
+    engine = build_engine(config, tokenizer)
     await engine.start()
-    servicer = InferenceServicer(engine, get_tokenizer(config.run.tokenizer), replica_id=replica_id)
+    servicer = InferenceServicer(engine, tokenizer, replica_id=replica_id)
     binding = ServiceBinding(servicer, pb_grpc.add_InferenceServiceServicer_to_server, FULL_NAME)
     server = GrpcServer(
         config.grpc.listen_address(config.endpoints.inference), [binding], config.grpc
@@ -87,6 +81,33 @@ async def start_inference(config: InferenceRunConfig) -> RunningInference:
     watcher = WeightWatcher(client, engine, replica_id, on_loaded=on_loaded)
     task = asyncio.create_task(watcher.run(), name="weight-watcher")
     return RunningInference(server, engine, watcher, client, task, replica_id)
+
+
+def build_engine(config: InferenceRunConfig, tokenizer: ByteTokenizer) -> Engine:
+    """The configured backend; vLLM is imported only when chosen."""
+    cfg = config.inference
+    if cfg.engine == "vllm":
+        from tidal.inference.vllm_engine import VllmEngine
+
+        return VllmEngine(
+            dtype=cfg.dtype,
+            max_batch_size=cfg.max_batch_size,
+            max_queue=cfg.max_queue,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+        )
+    from tidal.inference.loading import DTYPES, resolve_device
+    from tidal.inference.native import NativeEngine
+
+    return NativeEngine(
+        device=resolve_device(cfg.device),
+        dtype=DTYPES[cfg.dtype],
+        max_batch_size=cfg.max_batch_size,
+        max_queue=cfg.max_queue,
+        max_step_tokens=cfg.max_step_tokens,
+        kv_cache_mb=cfg.kv_cache_mb,
+        detokenize=tokenizer.decode,
+        seed=config.run.seed,
+    )
 
 
 async def serve(config: InferenceRunConfig) -> None:

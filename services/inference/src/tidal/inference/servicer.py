@@ -1,8 +1,12 @@
 """InferenceService: proto ⇄ engine. Errors are raised; the interceptor maps them.
 
 Validation happens here, before anything is queued, and names the offending field.
-Checks that need the model (token ids within the vocabulary, prompt within the context)
-run after the "no weights yet" check, because the model defines them.
+Checks that need the model (token ids within the vocabulary, prompt and max_tokens within
+the context) run after the "no weights yet" check, because the model defines them.
+A prompt plus max_tokens longer than the context is accepted: the completion ends at the
+context ("length"), which lets a caller use one max_tokens for prompts of any length.
+Cancellation needs no code here: when the client goes away grpc cancels this handler,
+which closes the engine's generator, which marks the request cancelled.
 """
 
 from __future__ import annotations
@@ -20,28 +24,41 @@ from tidal.rpc.v1 import common_pb2
 from tidal.rpc.v1 import inference_pb2 as pb
 from tidal.rpc.v1 import inference_pb2_grpc as pb_grpc
 
-_FINISH = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH}
+_FINISH = {
+    "stop": pb.FINISH_REASON_STOP,
+    "length": pb.FINISH_REASON_LENGTH,
+    None: pb.FINISH_REASON_UNSPECIFIED,  # a streamed piece that is not the last
+}
 
 
 def sampling_from_proto(s: pb.SamplingParams) -> SamplingParams:
+    """Domain sampling parameters; checks that need no model (see `_check_against_model`)."""
     if s.max_tokens <= 0:
         raise InvalidArgument("sampling.max_tokens", f"must be > 0, got {s.max_tokens}")
-    if s.n < 0:
-        raise InvalidArgument("sampling.n", f"must be >= 0 (0 means 1), got {s.n}")
+    if s.HasField("n") and s.n <= 0:
+        raise InvalidArgument("sampling.n", f"must be >= 1 (unset means 1), got {s.n}")
     if not s.temperature >= 0:  # also refuses NaN
         raise InvalidArgument("sampling.temperature", f"must be >= 0, got {s.temperature}")
-    if not 0 <= s.top_p <= 1:
-        raise InvalidArgument("sampling.top_p", f"must be in [0, 1] (0 means 1), got {s.top_p}")
+    if s.HasField("top_p") and not 0 < s.top_p <= 1:
+        raise InvalidArgument("sampling.top_p", f"must be in (0, 1] (unset means 1), got {s.top_p}")
     if s.top_k < 0:
         raise InvalidArgument("sampling.top_k", f"must be >= 0 (0 disables), got {s.top_k}")
+    if not 0 <= s.min_p <= 1:
+        raise InvalidArgument("sampling.min_p", f"must be in [0, 1] (0 disables), got {s.min_p}")
+    for i, stop in enumerate(s.stop):
+        if not stop:
+            raise InvalidArgument(f"sampling.stop[{i}]", "a stop string must not be empty")
     return SamplingParams(
         max_tokens=s.max_tokens,
         temperature=s.temperature,
-        top_p=s.top_p if s.top_p > 0 else 1.0,
+        top_p=s.top_p if s.HasField("top_p") else 1.0,
         top_k=s.top_k,
-        n=s.n or 1,
+        n=s.n if s.HasField("n") else 1,
         seed=s.seed if s.HasField("seed") else None,
         stop_token_ids=tuple(s.stop_token_ids),
+        min_p=s.min_p,
+        stop=tuple(s.stop),
+        model_logprobs=s.return_model_logprobs,
     )
 
 
@@ -54,6 +71,7 @@ def completion_to_proto(c: Completion, tokenizer: ByteTokenizer) -> pb.GenerateR
         policy_versions=c.policy_versions,
         finish_reason=_FINISH[c.finish_reason],
         text=tokenizer.decode(c.token_ids),
+        model_logprobs=c.model_logprobs,
     )
 
 
@@ -87,6 +105,11 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
                 f"{len(prompt_ids)} tokens leave no room to generate: the model's "
                 f"max_seq_len is {context}",
             )
+        if s.max_tokens > context:
+            raise InvalidArgument(
+                "sampling.max_tokens",
+                f"{s.max_tokens} is above the model's context length (max_seq_len {context})",
+            )
         for i, token in enumerate(s.stop_token_ids):
             if not 0 <= token < vocab:
                 raise InvalidArgument(
@@ -102,7 +125,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         trace.get_current_span().set_attributes(
             {"prompt.tokens": len(prompt_ids), "sampling.n": params.n}
         )
-        async for completion in self.engine.generate(prompt_ids, params):
+        async for completion in self.engine.generate(prompt_ids, params, stream=request.stream):
             yield completion_to_proto(completion, self.tokenizer)
 
     async def GetStatus(
@@ -119,4 +142,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             vocab_size=s.vocab_size,
             max_seq_len=s.max_seq_len,
             replica_id=self.replica_id,
+            kv_slots_used=s.kv_slots_used,
+            kv_slots_total=s.kv_slots_total,
+            kv_usage=s.kv_usage,
         )

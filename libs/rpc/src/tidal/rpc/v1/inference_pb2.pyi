@@ -18,7 +18,7 @@ FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_p", "top_k", "max_tokens", "n", "seed", "stop_token_ids")
+    __slots__ = ("temperature", "top_p", "top_k", "max_tokens", "n", "seed", "stop_token_ids", "min_p", "stop", "return_model_logprobs")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,9 @@ class SamplingParams(_message.Message):
     N_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    MIN_P_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    RETURN_MODEL_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     top_k: int
@@ -33,22 +36,27 @@ class SamplingParams(_message.Message):
     n: int
     seed: int
     stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_tokens: _Optional[int] = ..., n: _Optional[int] = ..., seed: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    min_p: float
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    return_model_logprobs: bool
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_tokens: _Optional[int] = ..., n: _Optional[int] = ..., seed: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., min_p: _Optional[float] = ..., stop: _Optional[_Iterable[str]] = ..., return_model_logprobs: _Optional[bool] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_ids", "prompt", "sampling")
+    __slots__ = ("request_id", "prompt_ids", "prompt", "sampling", "stream")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
     prompt: str
     sampling: SamplingParams
-    def __init__(self, request_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
+    stream: bool
+    def __init__(self, request_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stream: _Optional[bool] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("index", "prompt_ids", "token_ids", "logprobs", "policy_versions", "finish_reason", "text")
+    __slots__ = ("index", "prompt_ids", "token_ids", "logprobs", "policy_versions", "finish_reason", "text", "model_logprobs")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +64,7 @@ class GenerateResponse(_message.Message):
     POLICY_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     index: int
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -63,10 +72,11 @@ class GenerateResponse(_message.Message):
     policy_versions: _containers.RepeatedScalarFieldContainer[int]
     finish_reason: FinishReason
     text: str
-    def __init__(self, index: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., policy_versions: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., text: _Optional[str] = ...) -> None: ...
+    model_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, index: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., policy_versions: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., text: _Optional[str] = ..., model_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class InferenceStatus(_message.Message):
-    __slots__ = ("policy_version", "running", "queued", "generated_tokens", "tokens_per_s", "model", "vocab_size", "max_seq_len", "replica_id")
+    __slots__ = ("policy_version", "running", "queued", "generated_tokens", "tokens_per_s", "model", "vocab_size", "max_seq_len", "replica_id", "kv_slots_used", "kv_slots_total", "kv_usage")
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     QUEUED_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +86,9 @@ class InferenceStatus(_message.Message):
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_SEQ_LEN_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    KV_SLOTS_USED_FIELD_NUMBER: _ClassVar[int]
+    KV_SLOTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    KV_USAGE_FIELD_NUMBER: _ClassVar[int]
     policy_version: int
     running: int
     queued: int
@@ -85,4 +98,7 @@ class InferenceStatus(_message.Message):
     vocab_size: int
     max_seq_len: int
     replica_id: str
-    def __init__(self, policy_version: _Optional[int] = ..., running: _Optional[int] = ..., queued: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_seq_len: _Optional[int] = ..., replica_id: _Optional[str] = ...) -> None: ...
+    kv_slots_used: int
+    kv_slots_total: int
+    kv_usage: float
+    def __init__(self, policy_version: _Optional[int] = ..., running: _Optional[int] = ..., queued: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_seq_len: _Optional[int] = ..., replica_id: _Optional[str] = ..., kv_slots_used: _Optional[int] = ..., kv_slots_total: _Optional[int] = ..., kv_usage: _Optional[float] = ...) -> None: ...

@@ -1,0 +1,225 @@
+"""Generated tokens/s: the native engine vs Hugging Face `generate()`, same weights, one run.
+
+A ~50M-parameter Llama is built from a config and random-initialised once; the native
+engine serves its published state dict and transformers' `LlamaForCausalLM` loads the
+same state dict (our parameter names are HF's, the config is `to_hf_config()`). Both get
+the same 32 prompts of mixed lengths, as one batch, in two scenarios:
+
+- `fixed`: greedy, 128 new tokens each, no early stop, so both produce exactly 32 x 128
+  tokens (the issue's measure; the same tokens, which the agreement column checks).
+- `eos`: sampling at temperature 1 with a set of stop tokens (1/40 of the vocabulary,
+  standing in for EOS), up to 128 new tokens: completions of different lengths, as RL
+  rollouts are. Tokens/s counts real tokens only (up to and including the stop token).
+  The two systems draw different random numbers, so their lengths differ by chance; the
+  mean length is reported beside the rate.
+
+Runs alternate between systems and the medians are compared, so drift on a shared
+machine hits both alike.
+
+`python bench/inference.py [--repeats N] [--dtypes float32 bfloat16]`
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import print_table, write_result
+
+from tidal.inference.config import InferenceConfig
+from tidal.inference.native import NativeEngine
+from tidal.inference.sampling import SamplingParams
+from tidal.trainer.models.llama.model import LlamaArgs, LlamaForCausalLM
+
+ARGS = LlamaArgs(
+    vocab_size=32000, dim=512, n_layers=10, n_heads=8, n_kv_heads=4, ffn_dim=1536, max_seq_len=512
+)
+BATCH, NEW_TOKENS, PROMPT_LENS = 32, 128, (16, 48)
+STOP_IDS = tuple(range(3, ARGS.vocab_size, 40))  # the `eos` scenario's stop set
+SCENARIOS = ("fixed", "eos")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def make_prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(PROMPT_LENS[0], PROMPT_LENS[1] + 1, (BATCH,), generator=g)
+    return [torch.randint(3, ARGS.vocab_size, (int(n),), generator=g).tolist() for n in lengths]
+
+
+def build_state() -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(ARGS)
+    model.init_weights(std=0.1)  # peaked enough that greedy argmaxes have clear margins
+    return {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
+
+
+def until_stop(tokens: list[int]) -> list[int]:
+    """A completion up to and including its first stop token."""
+    stops = set(STOP_IDS)
+    end = next((i + 1 for i, t in enumerate(tokens) if t in stops), len(tokens))
+    return tokens[:end]
+
+
+class Native:
+    """The engine on its own event loop, fed all prompts at once (as concurrent requests)."""
+
+    def __init__(self, state: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+        self.loop = asyncio.new_event_loop()
+        cfg = InferenceConfig()
+        self.engine = NativeEngine(
+            device=torch.device("cpu"),
+            dtype=dtype,
+            max_batch_size=BATCH,
+            max_queue=cfg.max_queue,
+            max_step_tokens=cfg.max_step_tokens,
+            kv_cache_mb=cfg.kv_cache_mb,
+        )
+        self.loop.run_until_complete(self.engine.start())
+        self.loop.run_until_complete(self.engine.update_weights(0, ARGS.to_hf_config(), state))
+
+    def generate(self, prompts: list[list[int]], scenario: str) -> list[list[int]]:
+        def params(i: int) -> SamplingParams:
+            if scenario == "fixed":
+                return SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
+            return SamplingParams(NEW_TOKENS, temperature=1.0, seed=i, stop_token_ids=STOP_IDS)
+
+        async def one(i: int, prompt: list[int]) -> list[int]:
+            return [t async for c in self.engine.generate(prompt, params(i)) for t in c.token_ids]
+
+        async def run() -> list[list[int]]:
+            return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
+
+        return self.loop.run_until_complete(run())
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.engine.close())
+        self.loop.close()
+
+
+class HuggingFace:
+    def __init__(self, state: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+        from transformers import LlamaConfig
+        from transformers import LlamaForCausalLM as HFLlama
+
+        config = LlamaConfig(**ARGS.to_hf_config(), pad_token_id=0)
+        self.model = HFLlama(config).to(dtype).eval()
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+        self.model.tie_weights()
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[list[int]], scenario: str) -> list[list[int]]:
+        width = max(len(p) for p in prompts)
+        ids = torch.zeros(len(prompts), width, dtype=torch.long)  # left-padded, as HF expects
+        mask = torch.zeros_like(ids)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p) :] = torch.tensor(p)
+            mask[i, width - len(p) :] = 1
+        if scenario == "fixed":
+            options: dict[str, Any] = {"do_sample": False, "min_new_tokens": NEW_TOKENS}
+        else:  # full-distribution sampling, like the engine's: no default top-k
+            options = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
+            options["eos_token_id"] = list(STOP_IDS)
+        out = self.model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, pad_token_id=0, **options
+        )
+        completions = out[:, width:].tolist()
+        return completions if scenario == "fixed" else [until_stop(c) for c in completions]
+
+
+def agreement(a: list[list[int]], b: list[list[int]]) -> float:
+    """Fraction of positions where two runs generated the same token."""
+    same = sum(x == y for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True))
+    return same / max(1, sum(len(r) for r in a))
+
+
+def measure(
+    systems: dict[tuple[str, str], Any], prompts: list[list[int]], repeats: int
+) -> dict[tuple[str, str, str], tuple[list[float], list[int], list[list[int]]]]:
+    """(system, dtype, scenario) → (seconds per run, tokens per run, last run's tokens)."""
+    runs: dict[tuple[str, str, str], tuple[list[float], list[int], list[list[int]]]] = {}
+    for _ in range(repeats):  # interleaved, so load drift on the machine hits all alike
+        for scenario in SCENARIOS:
+            for (name, dtype), system in systems.items():
+                started = time.perf_counter()
+                tokens = system.generate(prompts, scenario)
+                seconds = time.perf_counter() - started
+                times, counts, _ = runs.setdefault((name, dtype, scenario), ([], [], []))
+                times.append(seconds)
+                counts.append(sum(len(t) for t in tokens))
+                runs[name, dtype, scenario] = (times, counts, tokens)
+    return runs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dtypes", nargs="+", choices=sorted(DTYPES), default=["float32"])
+    cli = parser.parse_args()
+    prompts, state = make_prompts(), build_state()
+    systems: dict[tuple[str, str], Any] = {}
+    for dtype in cli.dtypes:
+        systems["hf", dtype] = HuggingFace(state, DTYPES[dtype])
+        systems["native", dtype] = Native(state, DTYPES[dtype])
+    for system in systems.values():
+        system.generate(prompts[:4], "fixed")  # warm-up: allocator, thread pool, kernels
+    runs = measure(systems, prompts, cli.repeats)
+    for (name, _), system in systems.items():
+        if name == "native":
+            system.close()
+    labels = {"hf": "transformers generate()", "native": "tidal native engine"}
+    rows, rate = [], {}
+    for (name, dtype, scenario), (times, counts, tokens) in runs.items():
+        rate[name, dtype, scenario] = statistics.median(
+            c / t for c, t in zip(counts, times, strict=True)
+        )
+        same = agreement(tokens, runs["hf", dtype, scenario][2]) if scenario == "fixed" else None
+        rows.append(
+            {
+                "scenario": scenario,
+                "system": f"{labels[name]} {dtype}",
+                "median_s": statistics.median(times),
+                "tokens_per_s": rate[name, dtype, scenario],
+                "mean_completion_tokens": statistics.mean(counts) / BATCH,
+                "same_tokens_as_hf": "-" if same is None else f"{same:.1%}",
+                "runs_s": ", ".join(f"{t:.1f}" for t in times),
+            }
+        )
+    summary: dict[str, Any] = {}
+    for dtype in cli.dtypes:
+        for scenario in SCENARIOS:
+            ratio = rate["native", dtype, scenario] / rate["hf", dtype, scenario]
+            summary[f"speedup_vs_hf_{scenario}_{dtype}"] = round(ratio, 3)
+    # The headline is the issue's measure: fixed length, both in the first dtype (fp32).
+    summary["speedup_vs_hf"] = summary[f"speedup_vs_hf_fixed_{cli.dtypes[0]}"]
+    summary["speedup_vs_hf_eos"] = summary[f"speedup_vs_hf_eos_{cli.dtypes[0]}"]
+    print_table(f"Generation, batch {BATCH}, up to {NEW_TOKENS} new tokens", rows)
+    print(summary)
+    write_result(
+        "inference",
+        config={
+            "model": ARGS.as_dict(),
+            "parameters": sum(v.numel() for v in state.values()),
+            "dtypes": cli.dtypes,
+            "batch": BATCH,
+            "new_tokens": NEW_TOKENS,
+            "prompt_lengths": [len(p) for p in prompts],
+            "eos_stop_ids": f"every 40th id from 3 ({len(STOP_IDS)} ids)",
+            "repeats": cli.repeats,
+            "threads": torch.get_num_threads(),
+        },
+        results=rows,
+        summary=summary,
+    )
+
+
+if __name__ == "__main__":
+    main()

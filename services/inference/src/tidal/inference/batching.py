@@ -1,0 +1,86 @@
+"""The two forwards of continuous batching, prefill and decode, over a slot KV cache.
+
+Decisions:
+- The engine's scheduler decides *which* sequences run; this module only runs them: a
+  prefill forward for newly admitted prompts and a decode forward for running sequences,
+  each followed by one sampling step. Both are synchronous torch code the scheduler runs
+  in a worker thread; only the scheduler calls them, so they never overlap.
+- Prefill runs once per prompt, however many of its n samples were admitted: the prompt
+  goes into the first sample's slot, the others get a copy of its cache (`fork`) and
+  sample their first token from the same logits with their own uniforms. So sharing
+  gives exactly the tokens that prefilling each sample separately would.
+- Prompts of one prefill are right-padded to the longest; each row's next-token logits
+  are read at its own last prompt position.
+- A row's sampling parameters are gathered into small `(B,)` tensors per step, so rows
+  with different temperatures, filters and seeds share one vectorised sampling step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tidal.inference.kv_cache import SlotKVCache
+from tidal.inference.sampling import filtered_logprobs, sample_tokens
+from tidal.inference.sequence import Detokenize, Sequence
+from tidal.trainer.models.llama.model import LlamaForCausalLM
+
+
+class Batcher:
+    """Runs prefill and decode steps of sequences that own slots of `cache`."""
+
+    def __init__(
+        self, model: LlamaForCausalLM, cache: SlotKVCache, detokenize: Detokenize | None
+    ) -> None:
+        self.model = model
+        self.cache = cache
+        self.detokenize = detokenize
+        self.device = model.lm_head.weight.device
+
+    @torch.inference_mode()
+    def prefill(self, groups: list[list[Sequence]], version: int) -> None:
+        """Prefill each group's shared prompt once and sample every sequence's first token."""
+        lengths = [len(g[0].prompt_ids) for g in groups]
+        inputs = torch.zeros(len(groups), max(lengths), dtype=torch.long)  # (G, P); 0 = filler
+        for i, g in enumerate(groups):
+            inputs[i, : lengths[i]] = torch.tensor(g[0].prompt_ids)
+        inputs = inputs.to(self.device)
+        positions = torch.arange(inputs.shape[1], device=self.device).expand_as(inputs)  # (G, P)
+        slots = torch.tensor([g[0].slot for g in groups], device=self.device)  # (G,)
+        logits = self.model(inputs, positions, attention=self.cache.prefill(slots))  # (G, P, V)
+        last = torch.tensor(lengths, device=self.device) - 1  # (G,)
+        next_logits = logits[torch.arange(len(groups), device=self.device), last]  # (G, V)
+        for g, length in zip(groups, lengths, strict=True):
+            self.cache.fork(g[0].slot, [s.slot for s in g[1:]], length)
+        owner = torch.tensor([i for i, g in enumerate(groups) for _ in g], device=self.device)
+        self._sample([s for g in groups for s in g], next_logits[owner], version)  # (B, V)
+
+    @torch.inference_mode()
+    def decode(self, sequences: list[Sequence], version: int) -> None:
+        """Feed each sequence's last token and sample its next one."""
+        inputs = torch.tensor([[s.token_ids[-1]] for s in sequences], device=self.device)  # (B, 1)
+        pos = torch.tensor([s.position for s in sequences], device=self.device)  # (B,)
+        slots = torch.tensor([s.slot for s in sequences], device=self.device)  # (B,)
+        attention = self.cache.decode(slots, pos)
+        logits = self.model(inputs, pos[:, None], attention=attention)[:, -1]  # (B, V)
+        self._sample(sequences, logits, version)
+
+    def _sample(self, sequences: list[Sequence], logits: torch.Tensor, version: int) -> None:
+        """One token per sequence from `logits` (B, V), recorded with its logprobs."""
+        params = [s.params for s in sequences]
+        device = logits.device
+        temperature = torch.tensor([p.temperature for p in params], device=device)  # (B,)
+        top_k = torch.tensor([p.top_k for p in params], device=device)
+        top_p = torch.tensor([p.top_p for p in params], device=device)
+        min_p = torch.tensor([p.min_p for p in params], device=device)
+        logprobs = filtered_logprobs(logits, temperature, top_k, top_p, min_p)  # (B, V)
+        uniforms = torch.stack([s.uniforms[len(s.token_ids)] for s in sequences])  # (B,)
+        tokens = sample_tokens(logprobs, temperature <= 0, uniforms)  # (B,)
+        chosen = logprobs.gather(-1, tokens[:, None]).squeeze(-1).tolist()
+        model_lp: list[float | None] = [None] * len(sequences)
+        if any(p.model_logprobs for p in params):
+            raw = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+            model_lp = [
+                lp if p.model_logprobs else None for lp, p in zip(raw.tolist(), params, strict=True)
+            ]
+        for s, token, lp, mlp in zip(sequences, tokens.tolist(), chosen, model_lp, strict=True):
+            s.append(token, lp, mlp, version, self.detokenize)

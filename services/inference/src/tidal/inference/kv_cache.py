@@ -1,0 +1,142 @@
+"""The KV cache: preallocated slots, one per running sequence, and its attention backends.
+
+Decisions:
+- Slots, not paged blocks: one tensor `[L, slots, H_kv, max_seq_len, D]` each for keys and
+  values, allocated once under the configured memory bound and reused by every request.
+  A sequence owns one slot from admission to its end. Slots waste the tail of short
+  sequences but make every access a plain index (no block tables, no gather kernels), which
+  is what makes the CPU path fast; paged blocks would pay off for long, ragged contexts.
+- Prefill is plain causal attention over the new, right-padded prompts (a real query never
+  sees a padding key, because padding comes after it), writing keys and values to slot
+  positions `[0, T)`. Padding writes garbage past a prompt's end; it is never attended,
+  because decode masks every key beyond the sequence's own position and overwrites it.
+- Decode feeds one token per sequence at its own position: keys are written at
+  `(slot, position)` and each query attends to positions `[0, position]` of its slot. When
+  the running slots are exactly `0..B-1` (the common, full-batch case) the cache is read
+  through a view, otherwise through one gather.
+- Prefix sharing: the n samples of a prompt are prefilled once, in one slot, and the other
+  samples' slots receive a copy of its keys and values (`fork`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tidal.trainer.models.attention import sdpa
+from tidal.trainer.models.llama.model import LlamaArgs
+
+
+def slot_bytes(args: LlamaArgs, dtype: torch.dtype) -> int:
+    """Bytes of keys plus values that one slot (one full-length sequence) holds."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return 2 * args.n_layers * args.n_kv_heads * args.max_seq_len * args.head_dim * itemsize
+
+
+def slots_within(args: LlamaArgs, dtype: torch.dtype, *, memory_mb: float, max_slots: int) -> int:
+    """How many slots fit in `memory_mb` (at most `max_slots`); ValueError when not one does."""
+    per_slot = slot_bytes(args, dtype)
+    fit = int(memory_mb * 2**20 // per_slot)
+    if fit < 1:
+        raise ValueError(
+            f"inference.kv_cache_mb = {memory_mb} MiB holds no sequence: one slot of this "
+            f"model needs {per_slot / 2**20:.2f} MiB"
+        )
+    return min(fit, max_slots)
+
+
+class SlotKVCache:
+    """Keys and values of up to `slots` sequences of up to `max_seq_len` tokens."""
+
+    def __init__(self, args: LlamaArgs, *, slots: int, dtype: torch.dtype, device: Any) -> None:
+        shape = (args.n_layers, slots, args.n_kv_heads, args.max_seq_len, args.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, N, Hkv, S, D)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.slots = slots
+        self._free = list(range(slots - 1, -1, -1))  # a stack: lowest slot on top
+
+    @property
+    def used(self) -> int:
+        return self.slots - len(self._free)
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    def allocate(self) -> int:
+        if not self._free:
+            raise RuntimeError("no free KV-cache slot")
+        return self._free.pop()
+
+    def release(self, slot: int) -> None:
+        self._free.append(slot)
+        self._free.sort(reverse=True)  # keep handing out the lowest slots: views stay possible
+
+    def fork(self, source: int, targets: list[int], length: int) -> None:
+        """Copy the first `length` positions of slot `source` into each of `targets`."""
+        if not targets:
+            return
+        index = torch.tensor(targets, device=self.k.device)
+        for cache in (self.k, self.v):
+            prefix = cache[:, source : source + 1, :, :length]  # (L, 1, Hkv, P, D)
+            cache[:, index, :, :length] = prefix.expand(-1, len(targets), -1, -1, -1)
+
+    def prefill(self, slots: torch.Tensor) -> PrefillAttention:
+        return PrefillAttention(self, slots)
+
+    def decode(self, slots: torch.Tensor, positions: torch.Tensor) -> DecodeAttention:
+        return DecodeAttention(self, slots, positions)
+
+
+class PrefillAttention:
+    """Causal attention over right-padded prompts `(B, T)`, caching them at `[0, T)`."""
+
+    def __init__(self, cache: SlotKVCache, slots: torch.Tensor) -> None:
+        self.cache = cache
+        self.slots = slots  # (B,) long
+
+    def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        t = k.shape[2]
+        self.cache.k[layer, self.slots, :, :t] = k  # k: (B, Hkv, T, D)
+        self.cache.v[layer, self.slots, :, :t] = v
+        return sdpa(q, k, v, mask=None, causal=True)  # (B, H, T, D)
+
+
+class DecodeAttention:
+    """One new token per sequence, at its own position in its own slot."""
+
+    def __init__(self, cache: SlotKVCache, slots: torch.Tensor, positions: torch.Tensor) -> None:
+        self.cache = cache
+        self.slots = slots  # (B,) long
+        self.positions = positions  # (B,) long: where each new token goes
+        self.length = int(positions.max()) + 1  # keys read per sequence
+        b = len(slots)
+        # Slots 0..B-1 in order: read through a view instead of gathering.
+        self.contiguous = bool((slots == torch.arange(b, device=slots.device)).all())
+        keys = torch.arange(self.length, device=slots.device)
+        self.mask = (keys[None, :] <= positions[:, None])[:, None, None, :]  # (B, 1, 1, S)
+        # Rows of the cache viewed as (N * Hkv * S_max, D) that the new keys go to:
+        # one index_copy_ per layer, cheaper than a two-tensor advanced-index assignment.
+        _, n_kv, s_max, _ = cache.k.shape[1:]
+        heads = torch.arange(n_kv, device=slots.device)
+        self.rows = (
+            (slots[:, None] * n_kv + heads[None, :]) * s_max + positions[:, None]
+        ).flatten()
+
+    def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        ck, cv = self.cache.k[layer], self.cache.v[layer]  # (N, Hkv, S_max, D)
+        d = k.shape[-1]
+        ck.view(-1, d).index_copy_(0, self.rows, k.reshape(-1, d))  # k: (B, Hkv, 1, D)
+        cv.view(-1, d).index_copy_(0, self.rows, v.reshape(-1, d))
+        if self.contiguous:
+            keys = ck[: len(self.slots), :, : self.length]  # (B, Hkv, S, D), a view
+            values = cv[: len(self.slots), :, : self.length]
+        else:
+            keys = ck[self.slots, :, : self.length]  # (B, Hkv, S, D), gathered
+            values = cv[self.slots, :, : self.length]
+        return sdpa(q, keys, values, mask=self.mask, causal=False)  # (B, H, 1, D)

@@ -1,0 +1,188 @@
+"""The vLLM backend (`inference.engine = "vllm"`, extra `tidal-inference[vllm]`, GPU only).
+
+Decisions:
+- The same `Engine` interface as the native engine, over vLLM's async engine (`AsyncLLM`),
+  so the servicer, the weight watcher and the orchestrator cannot tell them apart.
+- vLLM is imported only when this engine is built: without the extra, nothing else in
+  Tidal imports it, and choosing it fails with a message saying what to install.
+- Startup needs no checkpoint: the first version's `config.json` is written to a scratch
+  folder and vLLM starts with dummy weights (`load_format="dummy"`, no tokenizer; prompts
+  are token ids), then every version, the first included, arrives through
+  `update_weights`. A worker extension (`VllmWeightLoader`) runs in each vLLM worker and
+  loads the state dict with the model's own `load_weights` (HF names, which ours are).
+- Logprobs: the engine runs with `logprobs_mode="processed_logprobs"`, so the logprob of a
+  sampled token is under the distribution it was sampled from (after temperature and
+  filters), matching the native engine; `model_logprobs` is not supported here (vLLM
+  returns one mode per engine) and is refused with INVALID_ARGUMENT.
+- Version tags: vLLM's engine core runs a weight update between two scheduler steps and
+  answers it on the same ordered output stream as the tokens, so tokens that arrive
+  before the update's answer came from the old weights and later ones from the new.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tidal.common.errors import InvalidArgument, ResourceExhausted, Unavailable
+from tidal.inference.engine import Completion, Engine, EngineStatus
+from tidal.inference.sampling import SamplingParams
+
+INSTALL_HINT = (
+    'inference.engine = "vllm" needs vLLM and a CUDA GPU: pip install "tidal-inference[vllm]"'
+)
+
+
+class VllmWeightLoader:
+    """vLLM worker extension: the method `update_weights` calls on every worker."""
+
+    def tidal_load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        model = self.model_runner.model  # type: ignore[attr-defined]
+        model.load_weights(weights=iter(state_dict.items()))
+        torch.cuda.synchronize()
+
+
+def vllm_available() -> bool:
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+class VllmEngine(Engine):
+    def __init__(
+        self, *, dtype: str, max_batch_size: int, max_queue: int, gpu_memory_utilization: float
+    ) -> None:
+        if not vllm_available():
+            raise RuntimeError(INSTALL_HINT)
+        self.dtype, self.max_batch_size, self.max_queue = dtype, max_batch_size, max_queue
+        self.gpu_memory_utilization = gpu_memory_utilization
+        self._llm: Any = None
+        self._hf_config: dict[str, Any] = {}
+        self._version = -1
+        self._ids = itertools.count()
+        self._active = 0
+        self._generated = 0
+        self._scratch = tempfile.TemporaryDirectory(prefix="tidal-vllm-")
+
+    async def start(self) -> None:
+        return None  # vLLM starts with the first weights, when the architecture is known
+
+    async def close(self) -> None:
+        if self._llm is not None:
+            self._llm.shutdown()
+            self._llm = None
+        self._scratch.cleanup()
+
+    def _build(self, hf_config: dict[str, Any]) -> Any:
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        folder = Path(self._scratch.name)
+        (folder / "config.json").write_text(json.dumps(hf_config))
+        args = AsyncEngineArgs(
+            model=str(folder),
+            skip_tokenizer_init=True,
+            load_format="dummy",
+            dtype=self.dtype,
+            max_num_seqs=self.max_batch_size,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls=f"{__name__}.VllmWeightLoader",
+        )
+        return AsyncLLM.from_engine_args(args)
+
+    async def update_weights(
+        self, version: int, hf_config: dict[str, Any], state_dict: dict[str, torch.Tensor]
+    ) -> None:
+        if self._llm is None:
+            self._llm = self._build(hf_config)
+            self._hf_config = hf_config
+        elif hf_config.get("num_hidden_layers") != self._hf_config.get("num_hidden_layers"):
+            raise ValueError("model config changed; vLLM serves one architecture per process")
+        await self._llm.collective_rpc("tidal_load_weights", args=(state_dict,))
+        self._version = version
+
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, *, stream: bool = False
+    ) -> AsyncIterator[Completion]:
+        if self._llm is None:
+            raise Unavailable("no weights loaded yet; retry once the first version is served")
+        if params.model_logprobs:
+            raise InvalidArgument(
+                "sampling.return_model_logprobs", "not supported by the vLLM backend"
+            )
+        if params.stop:
+            raise InvalidArgument("sampling.stop", "stop strings need the native backend")
+        if self._active >= self.max_queue:
+            raise ResourceExhausted(f"{self._active} requests in flight (inference.max_queue)")
+        from vllm import SamplingParams as VllmSampling
+        from vllm.sampling_params import RequestOutputKind
+
+        sampling = VllmSampling(
+            n=params.n,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else -1,
+            min_p=params.min_p,
+            seed=params.seed,
+            max_tokens=params.max_tokens,
+            stop_token_ids=list(params.stop_token_ids),
+            logprobs=0,  # the sampled token's logprob only
+            output_kind=RequestOutputKind.DELTA,
+        )
+        request_id = f"tidal-{next(self._ids)}"
+        pieces: dict[int, list[tuple[int, float, int]]] = {i: [] for i in range(params.n)}
+        self._active += 1
+        try:
+            async for output in self._llm.generate(
+                {"prompt_token_ids": prompt_ids}, sampling, request_id
+            ):
+                for out in output.outputs:
+                    version = self._version  # tokens arrive in step order, see the docstring
+                    for token, logprobs in zip(out.token_ids, out.logprobs or [], strict=False):
+                        pieces[out.index].append((token, logprobs[token].logprob, version))
+                    self._generated += len(out.token_ids)
+                    if stream or out.finish_reason is not None:
+                        yield self._completion(prompt_ids, out, pieces[out.index])
+                        pieces[out.index] = []
+        except asyncio.CancelledError:
+            await self._llm.abort(request_id)
+            raise
+        finally:
+            self._active -= 1
+
+    @staticmethod
+    def _completion(
+        prompt_ids: list[int], out: Any, tokens: list[tuple[int, float, int]]
+    ) -> Completion:
+        reason = out.finish_reason if out.finish_reason in (None, "stop", "length") else "stop"
+        return Completion(
+            index=out.index,
+            prompt_ids=prompt_ids,
+            token_ids=[t for t, _, _ in tokens],
+            logprobs=[lp for _, lp, _ in tokens],
+            policy_versions=[v for _, _, v in tokens],
+            finish_reason=reason,
+        )
+
+    def status(self) -> EngineStatus:
+        config = self._hf_config
+        return EngineStatus(
+            policy_version=self._version,
+            running=self._active,
+            queued=0,
+            generated_tokens=self._generated,
+            tokens_per_s=0.0,
+            model="vllm" if config else "",
+            vocab_size=config.get("vocab_size", 0),
+            max_seq_len=config.get("max_position_embeddings", 0),
+        )
