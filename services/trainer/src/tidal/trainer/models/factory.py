@@ -26,6 +26,7 @@ from torch import nn
 
 from tidal.trainer.config import ModelConfig
 from tidal.trainer.models.args import DecoderArgs, RopeScaling
+from tidal.trainer.models.attention import PackedKind, check_packed_kind
 from tidal.trainer.models.families import (
     FAMILIES,
     UnsupportedArchitecture,
@@ -34,6 +35,7 @@ from tidal.trainer.models.families import (
 )
 from tidal.trainer.models.family import StateDict, StateDictAdapter
 from tidal.trainer.models.hf_folder import check_weights, read_config, read_weights, write_folder
+from tidal.trainer.models.layers import DecoderLM
 
 TIED_HEAD = "lm_head.weight"
 MOE_FAMILIES = ("qwen3_moe", "qwen2_moe")
@@ -75,8 +77,10 @@ def build_model(config: ModelConfig, *, seed: int, device: Any = "cpu") -> nn.Mo
 
     The same (config, seed) gives the same weights.
     """
+    check_packed_kind(config.attn, device)
     if config.path is not None:
-        return load_hf_folder(config.path, impl=config.impl, device=device)
+        model = load_hf_folder(config.path, impl=config.impl, device=device)
+        return _with_packed_kind(model, config.attn)
     args = args_from_config(config)
     if config.impl == "hf":
         from tidal.trainer.models.hf_model import HFCausalLM
@@ -89,7 +93,18 @@ def build_model(config: ModelConfig, *, seed: int, device: Any = "cpu") -> nn.Mo
             torch.manual_seed(seed)
             model = family_of(args.family).model_class(args)
             model.init_weights(config.init_std)
-    return model.to(device=device, dtype=torch.float32)
+    return _with_packed_kind(model, config.attn).to(device=device, dtype=torch.float32)
+
+
+def _with_packed_kind(model: nn.Module, kind: PackedKind) -> nn.Module:
+    if not isinstance(model, DecoderLM) and kind != "sdpa":
+        raise ValueError(
+            f'model.attn = "{kind}" needs our implementation, but the model runs on '
+            'transformers (model.impl = "hf", or "auto" for an architecture we do not '
+            'implement); use model.attn = "sdpa"'
+        )
+    model.packed_kind = kind
+    return model
 
 
 def model_from_hf_config(

@@ -9,9 +9,11 @@ Decisions:
   fp32 logits. Packed rows pass transformers a ready 4D block-diagonal causal mask (it
   takes a 4D mask as-is). Other attention backends (an inference KV cache, context
   parallelism) cannot be injected into transformers' attention: that is an error.
-- `args` is a small record of the shape fields other code reads (`vocab_size`,
-  `n_layers`, `n_kv_heads`, `head_dim`, `max_seq_len`, `tie_embeddings`, `family`) plus
-  `to_hf_config()` returning the config the model was built from.
+- `args` is our `DecoderArgs` when we know the architecture (so the family's state-dict
+  adapter applies: transformers 5 also keeps experts stacked in memory), else a small
+  record of the shape fields other code reads (`vocab_size`, `n_layers`, `n_kv_heads`,
+  `head_dim`, `max_seq_len`, `tie_embeddings`, `family`) plus `to_hf_config()` returning
+  the config the model was built from.
 """
 
 from __future__ import annotations
@@ -22,12 +24,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from tidal.trainer.models.args import DecoderArgs
 from tidal.trainer.models.attention import (
     AttentionBackend,
     CausalAttention,
     PackedCausalAttention,
     packed_causal_mask,
 )
+from tidal.trainer.models.families import UnsupportedArchitecture
+from tidal.trainer.models.hf_config import UnsupportedConfig
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,27 @@ def _import_transformers() -> Any:
     return transformers
 
 
+def _args(hf_config: dict[str, Any], config: Any) -> DecoderArgs | HFArgs:
+    """Our `DecoderArgs` where we know the architecture (so adapters apply), else a record."""
+    try:
+        return DecoderArgs.from_hf_config(hf_config)
+    except (UnsupportedArchitecture, UnsupportedConfig):
+        pass
+    heads = config.num_attention_heads
+    return HFArgs(
+        vocab_size=config.vocab_size,
+        dim=config.hidden_size,
+        n_layers=config.num_hidden_layers,
+        n_heads=heads,
+        n_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+        head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+        max_seq_len=config.max_position_embeddings,
+        tie_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        family=config.model_type,
+        hf_config=dict(hf_config),
+    )
+
+
 class HFCausalLM(nn.Module):
     def __init__(self, hf_config: dict[str, Any]) -> None:
         super().__init__()
@@ -72,19 +98,8 @@ class HFCausalLM(nn.Module):
         object.__setattr__(self, "_hf", hf)  # unregistered: parameters come via children
         self.model = hf.model
         self.lm_head = hf.lm_head
-        heads = config.num_attention_heads
-        self.args = HFArgs(
-            vocab_size=config.vocab_size,
-            dim=config.hidden_size,
-            n_layers=config.num_hidden_layers,
-            n_heads=heads,
-            n_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
-            head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
-            max_seq_len=config.max_position_embeddings,
-            tie_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
-            family=model_type,
-            hf_config=dict(hf_config),
-        )
+        self.packed_kind = "sdpa"  # packed rows always go through SDPA with a 4D mask here
+        self.args: DecoderArgs | HFArgs = _args(hf_config, config)
 
     def get_input_embeddings(self) -> nn.Module:
         return self.model.embed_tokens
@@ -106,7 +121,7 @@ class HFCausalLM(nn.Module):
         mask = None
         if isinstance(attention, PackedCausalAttention):
             mask = attention.mask
-        elif sample_lengths is not None:
+        elif attention is None and sample_lengths is not None:
             mask = packed_causal_mask(sample_lengths, input_ids.shape[1])  # (1, 1, T, T)
         elif attention is not None and not isinstance(attention, CausalAttention):
             raise ValueError(

@@ -24,7 +24,8 @@ from tidal.trainer.models.args import DecoderArgs
 from tidal.trainer.models.attention import (
     AttentionBackend,
     CausalAttention,
-    PackedCausalAttention,
+    PackedKind,
+    packed_attention,
 )
 from tidal.trainer.models.mlp import MLP
 from tidal.trainer.models.moe import MoEFeedForward, RouterStats, load_balancing_loss
@@ -101,6 +102,7 @@ class DecoderLM(nn.Module):
     def __init__(self, args: DecoderArgs) -> None:
         super().__init__()
         self.args = args
+        self.packed_kind: PackedKind = "sdpa"  # `model.attn`; set by the factory
         self.model = DecoderModel(args)
         self.lm_head = nn.Linear(args.dim, args.vocab_size, bias=False)
         if args.tie_embeddings:
@@ -137,14 +139,15 @@ class DecoderLM(nn.Module):
     ) -> torch.Tensor:
         """Logits `(B, T, V)` in fp32.
 
-        `sample_lengths` is shorthand for `attention=PackedCausalAttention(...)`; with
-        neither, every row is one causal sequence.
+        `sample_lengths` is shorthand for the packed backend `model.attn` selects (SDPA
+        with a block-diagonal mask, or flash-attn varlen); with neither, every row is one
+        causal sequence.
         """
         if attention is None:
             attention = (
                 CausalAttention()
                 if sample_lengths is None
-                else PackedCausalAttention(sample_lengths, input_ids.shape[1])
+                else packed_attention(self.packed_kind, sample_lengths, input_ids.shape[1])
             )
         x = self.model.embed_tokens(input_ids)  # (B, T, dim)
         cos = self.rope_cos[position_ids].unsqueeze(1).to(x.dtype)  # (B, 1, T, D)
