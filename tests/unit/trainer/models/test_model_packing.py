@@ -130,3 +130,15 @@ def test_flash_varlen_equals_sdpa_block_diagonal_on_gpu() -> None:
     flash = FlashVarlenAttention(lengths, total)(0, q, k, v)
     reference = PackedCausalAttention(lengths, total)(0, q, k, v)
     torch.testing.assert_close(flash.float(), reference.float(), rtol=0, atol=2e-2)
+
+
+def test_per_segment_attention_equals_the_block_diagonal_mask() -> None:
+    from tidal.trainer.models.attention import PackedCausalAttention, sdpa
+
+    g = torch.Generator().manual_seed(4)
+    total = sum(LENGTHS)
+    q = torch.randn(1, 4, total, 8, generator=g)  # (1, H, T, D)
+    k, v = torch.randn(2, 1, 2, total, 8, generator=g)  # (1, Hkv, T, D) each
+    backend = PackedCausalAttention(torch.tensor(LENGTHS), total)
+    masked = sdpa(q, k, v, mask=backend.mask, causal=False)
+    torch.testing.assert_close(backend(0, q, k, v), masked, rtol=0, atol=1e-6)

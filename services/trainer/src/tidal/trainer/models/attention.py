@@ -10,8 +10,9 @@ Decisions:
   `(B, Hkv, T, D)` *after* RoPE; it returns `(B, H, T, D)`. GQA expansion is the
   backend's choice (SDPA's `enable_gqa` does it without a copy).
 - The default is plain causal attention over the given tokens; `PackedCausalAttention`
-  isolates samples concatenated along one `[1, T]` row (padding-free packing) with a
-  block-diagonal causal mask through SDPA, which has a backward on CPU and GPU.
+  isolates samples concatenated along one `[1, T]` row (padding-free packing) by causal
+  SDPA per sample (equal to one SDPA call with a block-diagonal causal mask, which it
+  also offers as `.mask`, and faster); SDPA has a backward on CPU and GPU.
 - `FlashVarlenAttention` does the same with flash-attn's `flash_attn_varlen_func` over
   cumulative sample offsets (no T×T mask; CUDA only). `model.attn` picks between them
   through `packed_attention`; asking for flash-attn without the package or without CUDA
@@ -74,15 +75,46 @@ def packed_causal_mask(sample_lengths: torch.Tensor, total: int) -> torch.Tensor
 
 
 class PackedCausalAttention:
-    """Samples of lengths `sample_lengths` concatenated along one `[1, T]` row."""
+    """Samples of lengths `sample_lengths` concatenated along one `[1, T]` row.
+
+    Computed per segment (causal SDPA over each sample's slice), which does Σ Lᵢ² work
+    instead of T², needs no `T×T` mask and runs the fast `is_causal` kernels; measured on
+    CPU at 1.2-3× faster forward+backward than one SDPA call with the block-diagonal mask
+    (which stays available as `.mask` for callers that need a mask).
+    """
 
     def __init__(self, sample_lengths: torch.Tensor, total: int) -> None:
-        self.mask = packed_causal_mask(sample_lengths, total)  # (1, 1, T, T), built once
+        self.lengths = [int(n) for n in sample_lengths.tolist()]  # one host sync per batch
+        if sum(self.lengths) != total:
+            raise ValueError(
+                f"sample_lengths sum to {sum(self.lengths)}, but the batch has {total} tokens"
+            )
+        self._sample_lengths, self._total = sample_lengths, total
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """Block-diagonal causal mask `[1, 1, T, T]` (True = attend)."""
+        return packed_causal_mask(self._sample_lengths, self._total)
 
     def __call__(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
-        return sdpa(q, k, v, mask=self.mask, causal=False)
+        if len(self.lengths) == 1:
+            return sdpa(q, k, v, mask=None, causal=True)
+        outs, start = [], 0
+        for n in self.lengths:
+            end = start + n
+            outs.append(
+                sdpa(
+                    q[:, :, start:end],
+                    k[:, :, start:end],
+                    v[:, :, start:end],
+                    mask=None,
+                    causal=True,
+                )
+            )
+            start = end
+        return torch.cat(outs, dim=2)  # (B, H, T, D)
 
 
 PackedKind = Literal["sdpa", "flash_attention_2"]

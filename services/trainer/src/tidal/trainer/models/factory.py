@@ -173,10 +173,16 @@ def publishable_state_dict(model: nn.Module) -> StateDict:
     return {n: t.detach().to("cpu", copy=True) for n, t in adapter.to_hf(state, args).items()}
 
 
+def hf_to_native_state_dict(model: nn.Module, state_dict: StateDict) -> StateDict:
+    """HF checkpoint names → `model`'s own names (its family's adapter; no copies)."""
+    adapter, args = _adapter_args(model)
+    return adapter.from_hf(state_dict, args)
+
+
 def load_published_state_dict(model: nn.Module, state_dict: StateDict) -> None:
     """Load HF-checkpoint-named weights, all or nothing; raises WeightMismatch naming a tensor."""
-    adapter, args = _adapter_args(model)
-    native = adapter.from_hf(state_dict, args)
+    args = model.args
+    native = hf_to_native_state_dict(model, state_dict)
     expected = {name: t.shape for name, t in model.state_dict().items()}
     check_weights(expected, native, optional={TIED_HEAD} if args.tie_embeddings else set())
     with torch.no_grad():
