@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from tidal.trainer.models.args import DecoderArgs
@@ -32,6 +33,15 @@ from tidal.trainer.models.moe import MoEFeedForward, RouterStats, load_balancing
 from tidal.trainer.models.rope import apply_rope, rope_tables
 
 
+class HeadRMSNorm(nn.RMSNorm):
+    """RMSNorm in the input's dtype: under bf16 autocast q/k arrive in bf16 and an fp32
+    weight would push torch off its fused kernel. Identical to `nn.RMSNorm` in fp32."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.weight is not None
+        return F.rms_norm(x, self.normalized_shape, self.weight.to(x.dtype), self.eps)
+
+
 class Attention(nn.Module):
     def __init__(self, args: DecoderArgs) -> None:
         super().__init__()
@@ -42,8 +52,8 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=bias)
         self.o_proj = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
         if args.qk_norm:  # over each head's D features, before RoPE (Qwen3)
-            self.q_norm = nn.RMSNorm(args.head_dim, eps=args.norm_eps)
-            self.k_norm = nn.RMSNorm(args.head_dim, eps=args.norm_eps)
+            self.q_norm = HeadRMSNorm(args.head_dim, eps=args.norm_eps)
+            self.k_norm = HeadRMSNorm(args.head_dim, eps=args.norm_eps)
         self.qk_norm = args.qk_norm
 
     def forward(
@@ -61,6 +71,9 @@ class Attention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H*, T, D)
+        # Rotate in q's dtype: under bf16 autocast q is bf16 while the tables are fp32, and
+        # promoting q/k to fp32 here would only add casts before attention casts them back.
+        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = attention(layer, q, k, v)  # (B, H, T, D)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
