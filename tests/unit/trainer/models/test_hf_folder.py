@@ -157,3 +157,15 @@ def test_auto_impl_prefers_ours_and_falls_back_to_transformers(
     fallback = load_hf_folder(tmp_path / "mistral", impl="auto")
     assert isinstance(fallback, HFCausalLM) and fallback.args.n_kv_heads == 2
     assert fallback(IDS % 64, POS).shape == (1, 6, 64)
+
+
+def test_build_model_with_hf_impl_is_seeded_and_refuses_flash_attention() -> None:
+    pytest.importorskip("transformers")
+    config = TINY_MOE.model_copy(update={"impl": "hf", "family": "qwen3"})
+    a, b = build_model(config, seed=5), build_model(config, seed=5)
+    assert isinstance(a, HFCausalLM) and a.args == b.args
+    torch.testing.assert_close(a(IDS, POS), b(IDS, POS), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="needs our implementation"):
+        from tidal.trainer.models.factory import _with_packed_kind
+
+        _with_packed_kind(a, "flash_attention_2")
