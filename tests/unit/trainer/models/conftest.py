@@ -49,6 +49,10 @@ TINY: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),
     "llama_tied": ("LlamaConfig", {"tie_word_embeddings": True}),
+    "llama_linear_rope": (
+        "LlamaConfig",
+        {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}},
+    ),
     "qwen2": ("Qwen2Config", {"tie_word_embeddings": True}),
     "qwen3": ("Qwen3Config", {"head_dim": 16, "tie_word_embeddings": False}),
     "qwen3_moe": (
