@@ -44,7 +44,10 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.
     x: (M, K) with expert e's rows contiguous and `counts[e]` of them; w: (E, K, N) → (M, N).
     """
     align = 16 // x.element_size()
-    if hasattr(torch, "_grouped_mm") and x.shape[1] % align == 0 and w.shape[2] % align == 0:
+    # CPU takes fp32 and bf16; CUDA kernels take bf16 only (and are untested here: no GPU).
+    kernel_dtype = x.device.type == "cpu" or x.dtype == torch.bfloat16
+    aligned = x.shape[1] % align == 0 and w.shape[2] % align == 0
+    if hasattr(torch, "_grouped_mm") and kernel_dtype and aligned:
         offs = torch.cumsum(counts, dim=0).to(torch.int32)  # (E,) end offset of each group
         return torch._grouped_mm(x.contiguous(), w, offs=offs)
     pieces = torch.split(x, counts.tolist())
