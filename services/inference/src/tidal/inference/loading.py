@@ -1,7 +1,8 @@
 """Build the served model from a published HF config and load published weights into it.
 
 Decisions:
-- The model is built once, from the first version's `config.json` (`LlamaArgs.from_hf_config`),
+- The model is built once, from the first version's `config.json` (any family the trainer
+  implements, through `model_from_hf_config`),
   and later versions are copied into its parameters in place: no reallocation, and the
   KV cache and rope tables stay valid. A later version whose config describes another
   architecture is refused (ValueError), not half-loaded.
@@ -20,6 +21,7 @@ from typing import Any
 
 import torch
 
+from tidal.trainer.models.factory import hf_to_native_state_dict, model_from_hf_config
 from tidal.trainer.models.llama.model import LlamaArgs, LlamaForCausalLM, rope_tables
 
 TIED_HEAD = "lm_head.weight"
@@ -39,13 +41,8 @@ def build_model(
     hf_config: dict[str, Any], *, device: torch.device, dtype: torch.dtype
 ) -> LlamaForCausalLM:
     """An inference-mode model of the architecture `hf_config` describes (weights unset)."""
-    model_type = hf_config.get("model_type", "llama")
-    if model_type != "llama":
-        raise ValueError(f"unsupported model_type {model_type!r}; supported: llama")
-    args = LlamaArgs.from_hf_config(hf_config)
-    with torch.random.fork_rng(devices=[]):  # the random init is overwritten; keep RNG intact
-        model = LlamaForCausalLM(args).to(device=device, dtype=dtype).eval()
-    cos, sin = rope_tables(args, device=device)
+    model = model_from_hf_config(hf_config, impl="custom", device=device, dtype=dtype).eval()
+    cos, sin = rope_tables(model.args, device=device)
     model.rope_cos, model.rope_sin = cos, sin  # fp32 even when the weights are bf16
     model.requires_grad_(False)
     return model
@@ -65,6 +62,7 @@ def check_compatible(model: LlamaForCausalLM, hf_config: dict[str, Any]) -> None
 
 def load_weights(model: LlamaForCausalLM, state_dict: dict[str, torch.Tensor]) -> None:
     """Copy a published state dict into `model`, all or nothing."""
+    state_dict = hf_to_native_state_dict(model, state_dict)  # e.g. stack per-expert tensors
     expected = {name: t.shape for name, t in model.state_dict().items()}
     optional = {TIED_HEAD} if model.args.tie_embeddings else set()
     missing = sorted(set(expected) - set(state_dict) - optional)

@@ -1,32 +1,52 @@
-"""Build the policy model from `ModelConfig`, and move its weights to and from the HF layout.
+"""Build the policy model (from `ModelConfig`, an HF config dict or an HF folder) and move
+its weights to and from the Hugging Face checkpoint layout.
 
 Decisions:
 - Weights are built from the config under a fixed seed (`run.seed`), in fp32: the trainer
-  keeps fp32 master weights; lower-precision compute is a later memory lever.
+  keeps fp32 master weights; lower-precision compute is a memory lever applied later.
 - The seed is applied inside `torch.random.fork_rng`, so building a model neither depends
   on nor disturbs the process-wide RNG state.
-- Published state dicts follow the Hugging Face convention for tied embeddings: when
-  `tie_embeddings` is set, `lm_head.weight` is *not* saved (it is the same tensor as
-  `model.embed_tokens.weight`). `load_published_state_dict` loads such a dict with
-  `strict=False`, checks that only `lm_head.weight` was missing, and relies on the tie the
-  model constructor made (the head is the embedding, so it is loaded too). Inference
-  should load published weights through it (or do the same).
+- `model.impl`: "custom" is ours (`DecoderLM`), "hf" wraps transformers'
+  `AutoModelForCausalLM` behind the same forward (`hf_model.py`), "auto" is ours when the
+  architecture is one we implement, else transformers'.
+- Published / exported state dicts use HF *checkpoint* names (experts one tensor each,
+  through the family's adapter) and follow HF's convention for tied embeddings: when
+  tied, `lm_head.weight` is not saved. Loading goes back through the adapter, checks
+  names and shapes before the first copy (all or nothing) and relies on the tie the
+  constructor made.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from tidal.trainer.config import ModelConfig
-from tidal.trainer.models.llama.model import LlamaArgs, LlamaForCausalLM
+from tidal.trainer.models.args import DecoderArgs, RopeScaling
+from tidal.trainer.models.attention import PackedKind, check_packed_kind
+from tidal.trainer.models.families import (
+    FAMILIES,
+    UnsupportedArchitecture,
+    family_for_hf_config,
+    family_of,
+)
+from tidal.trainer.models.family import StateDict, StateDictAdapter
+from tidal.trainer.models.hf_folder import check_weights, read_config, read_weights, write_folder
+from tidal.trainer.models.layers import DecoderLM
 
 TIED_HEAD = "lm_head.weight"
+MOE_FAMILIES = ("qwen3_moe", "qwen2_moe")
 
 
-def llama_args(config: ModelConfig) -> LlamaArgs:
-    return LlamaArgs(
+def args_from_config(config: ModelConfig) -> DecoderArgs:
+    """`DecoderArgs` of a config-built model (`config.path` unset)."""
+    family = family_of(config.family)
+    moe = config.family in MOE_FAMILIES
+    scaling = config.rope_scaling
+    return DecoderArgs(
         vocab_size=config.vocab_size,
         dim=config.dim,
         n_layers=config.n_layers,
@@ -35,39 +55,139 @@ def llama_args(config: ModelConfig) -> LlamaArgs:
         ffn_dim=config.ffn_dim,
         max_seq_len=config.max_seq_len,
         rope_theta=config.rope_theta,
+        norm_eps=config.norm_eps,
         tie_embeddings=config.tie_embeddings,
+        family=family.name,
+        head_dim=config.head_dim or 0,
+        rope_scaling=RopeScaling(**scaling.model_dump()) if scaling is not None else None,
+        attention_bias=config.family in ("qwen2", "qwen2_moe"),
+        qk_norm=config.family in ("qwen3", "qwen3_moe"),
+        n_experts=config.n_experts if moe else 0,
+        n_experts_per_tok=config.n_experts_per_tok if moe else 0,
+        moe_ffn_dim=config.moe_ffn_dim if moe else 0,
+        norm_topk_prob=config.norm_topk_prob,
+        shared_expert_ffn_dim=config.shared_expert_ffn_dim if moe else 0,
+        decoder_sparse_step=config.decoder_sparse_step,
+        router_aux_loss_coef=config.router_aux_loss_coef,
     )
 
 
-def build_model(config: ModelConfig, *, seed: int, device: Any = "cpu") -> LlamaForCausalLM:
-    """A freshly initialised fp32 model; the same (config, seed) gives the same weights."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM(llama_args(config))
-        model.init_weights(config.init_std)
-    return model.to(device=device, dtype=torch.float32)
+def build_model(config: ModelConfig, *, seed: int, device: Any = "cpu") -> nn.Module:
+    """The policy in fp32: loaded from `config.path`, else freshly initialised.
+
+    The same (config, seed) gives the same weights.
+    """
+    check_packed_kind(config.attn, device)
+    if config.path is not None:
+        model = load_hf_folder(config.path, impl=config.impl, device=device)
+        return _with_packed_kind(model, config.attn)
+    args = args_from_config(config)
+    if config.impl == "hf":
+        from tidal.trainer.models.hf_model import HFCausalLM
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model: nn.Module = HFCausalLM(args.to_hf_config())
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = family_of(args.family).model_class(args)
+            model.init_weights(config.init_std)
+    return _with_packed_kind(model, config.attn).to(device=device, dtype=torch.float32)
 
 
-def publishable_state_dict(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
-    """Detached CPU copies of the weights in HF naming (no tied `lm_head.weight`)."""
+def _with_packed_kind(model: nn.Module, kind: PackedKind) -> nn.Module:
+    if not isinstance(model, DecoderLM) and kind != "sdpa":
+        raise ValueError(
+            f'model.attn = "{kind}" needs our implementation, but the model runs on '
+            'transformers (model.impl = "hf", or "auto" for an architecture we do not '
+            'implement); use model.attn = "sdpa"'
+        )
+    model.packed_kind = kind
+    return model
+
+
+def model_from_hf_config(
+    hf_config: dict[str, Any],
+    *,
+    impl: str = "auto",
+    device: Any = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> nn.Module:
+    """A model of the architecture an HF `config.json` describes (weights uninitialised)."""
+    with torch.random.fork_rng(devices=[]):  # the init is overwritten; keep RNG intact
+        if _use_custom(hf_config, impl):
+            args = DecoderArgs.from_hf_config(hf_config)
+            model: nn.Module = family_of(args.family).model_class(args)
+        else:
+            from tidal.trainer.models.hf_model import HFCausalLM
+
+            model = HFCausalLM(hf_config)
+    return model.to(device=device, dtype=dtype)
+
+
+def _use_custom(hf_config: dict[str, Any], impl: str) -> bool:
+    if impl == "hf":
+        return False
+    try:
+        family_for_hf_config(hf_config)
+    except UnsupportedArchitecture:
+        if impl == "custom":
+            raise
+        return False
+    return True
+
+
+def load_hf_folder(folder: Path, *, impl: str = "auto", device: Any = "cpu") -> nn.Module:
+    """A model with the weights of a local HF folder (fp32)."""
+    config = read_config(folder)
+    model = model_from_hf_config(config, impl=impl, device="cpu")
+    load_published_state_dict(model, read_weights(folder))
+    return model.to(device=device)
+
+
+def export_hf_folder(model: nn.Module, folder: Path, *, max_shard_bytes: int | None = None) -> None:
+    """Write `model` as an HF folder that `transformers.AutoModelForCausalLM` loads."""
+    write_folder(
+        folder,
+        model.args.to_hf_config(),
+        publishable_state_dict(model),
+        max_shard_bytes=max_shard_bytes,
+    )
+
+
+def _adapter_args(model: nn.Module) -> tuple[Any, DecoderArgs]:
+    args: DecoderArgs = model.args
+    family = FAMILIES.get(args.family)
+    if family is None:  # transformers' model of an architecture we do not implement
+        return StateDictAdapter(), args
+    return family.adapter, args
+
+
+def publishable_state_dict(model: nn.Module) -> StateDict:
+    """Detached CPU copies of the weights in HF checkpoint naming (no tied `lm_head.weight`)."""
     state = model.state_dict()
     if model.args.tie_embeddings:
         state.pop(TIED_HEAD, None)
-    return {name: t.detach().to("cpu", copy=True) for name, t in state.items()}
+    adapter, args = _adapter_args(model)
+    return {n: t.detach().to("cpu", copy=True) for n, t in adapter.to_hf(state, args).items()}
 
 
-def load_published_state_dict(model: LlamaForCausalLM, state_dict: dict[str, torch.Tensor]) -> None:
-    """Load a published (HF-style) state dict, restoring the tied head if it was dropped."""
-    result = model.load_state_dict(state_dict, strict=False)
-    missing = set(result.missing_keys)
-    if model.args.tie_embeddings:
-        missing.discard(TIED_HEAD)
-    if missing or result.unexpected_keys:
-        raise ValueError(
-            f"state dict does not match the model: missing {sorted(missing)}, "
-            f"unexpected {sorted(result.unexpected_keys)}"
-        )
-    if model.args.tie_embeddings:
-        # load_state_dict copies in place, so the tie survives; guard against a model whose
-        # tie was broken (e.g. by a later .to() on a meta model).
-        assert model.lm_head.weight is model.model.embed_tokens.weight
+def hf_to_native_state_dict(model: nn.Module, state_dict: StateDict) -> StateDict:
+    """HF checkpoint names → `model`'s own names (its family's adapter; no copies)."""
+    adapter, args = _adapter_args(model)
+    return adapter.from_hf(state_dict, args)
+
+
+def load_published_state_dict(model: nn.Module, state_dict: StateDict) -> None:
+    """Load HF-checkpoint-named weights, all or nothing; raises WeightMismatch naming a tensor."""
+    args = model.args
+    native = hf_to_native_state_dict(model, state_dict)
+    expected = {name: t.shape for name, t in model.state_dict().items()}
+    check_weights(expected, native, optional={TIED_HEAD} if args.tie_embeddings else set())
+    with torch.no_grad():
+        model.load_state_dict(native, strict=False)
+    if args.tie_embeddings:
+        head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+        # load_state_dict copies in place, so the tie survives; guard against a broken tie.
+        assert head.weight is embed.weight, "tied lm_head lost its tie to the embedding"

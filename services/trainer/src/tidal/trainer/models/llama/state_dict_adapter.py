@@ -1,0 +1,12 @@
+"""Llama ⇄ Hugging Face checkpoint names: the identity (our parameter names are HF's).
+
+A tied head is the factory's business (`lm_head.weight` is dropped on export when tied).
+"""
+
+from __future__ import annotations
+
+from tidal.trainer.models.family import StateDictAdapter
+
+
+class LlamaStateDictAdapter(StateDictAdapter):
+    """Dense Llama: nothing to rename or reshape."""
