@@ -98,3 +98,22 @@ def verify_files(manifest: WeightManifest) -> None:
                 f"version {manifest.version}: sha256 of {f.path} is {actual[:12]}…, "
                 f"manifest says {f.sha256[:12]}…"
             )
+
+
+def verify_bytes(manifest: WeightManifest, files: dict[str, bytes]) -> None:
+    """Like `verify_files`, for files received in memory (the stream path)."""
+    for f in manifest.files:
+        data = files.get(f.path)
+        if data is None:
+            raise CorruptWeights(f"version {manifest.version}: file {f.path} was not received")
+        if len(data) != f.size:
+            raise CorruptWeights(
+                f"version {manifest.version}: file {f.path} has {len(data)} bytes, "
+                f"manifest says {f.size}"
+            )
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != f.sha256:
+            raise CorruptWeights(
+                f"version {manifest.version}: sha256 of {f.path} is {actual[:12]}…, "
+                f"manifest says {f.sha256[:12]}…"
+            )

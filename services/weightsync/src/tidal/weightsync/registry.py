@@ -2,9 +2,11 @@
 
 Rules it enforces: versions only grow; a version is registered only after its files
 verify against their sha256; retention keeps the newest `keep_last` versions plus any
-version a known replica still serves. Subscribers wait on an asyncio.Condition, so a
-Watch stream wakes exactly when something is published. On start the registry is rebuilt
-from the manifests already on disk, so a restarted service loses nothing.
+version a known replica still serves, and each replica's newest version sent by Watch
+that it has not acknowledged yet (it may be reading those files right now). Subscribers
+wait on an asyncio.Condition, so a Watch stream wakes exactly when something is
+published. On start the registry is rebuilt from the manifests already on disk, so a
+restarted service loses nothing.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class VersionRegistry:
         self.keep_last = keep_last
         self._entries: dict[int, _Entry] = {}
         self._replicas: dict[str, int] = {}  # replica id → version it serves (-1: none yet)
+        self._sent: dict[str, int] = {}  # replica id → newest version Watch sent it
         self._changed = asyncio.Condition()
         self._load_existing()
 
@@ -68,14 +71,23 @@ class VersionRegistry:
     def all(self) -> list[VersionEvent]:
         return [self._entries[v].snapshot() for v in sorted(self._entries)]
 
-    async def publish(self, manifest: WeightManifest, trace_context: dict[str, str]) -> None:
-        if manifest.version <= self.newest:
+    def check_newer(self, version: int) -> None:
+        """Raise FailedPrecondition unless `version` is newer than every published one."""
+        if version <= self.newest:
             raise FailedPrecondition(
-                f"manifest.version {manifest.version} is not greater than the newest "
+                f"manifest.version {version} is not greater than the newest "
                 f"published version {self.newest}"
             )
-        # Hashing reads every byte: keep it off the event loop.
-        await asyncio.to_thread(verify_files, manifest)
+
+    async def publish(
+        self, manifest: WeightManifest, trace_context: dict[str, str], *, verified: bool = False
+    ) -> None:
+        """Register a version whose files are in place; `verified` skips re-hashing files
+        the caller just hashed while writing them (uploads)."""
+        self.check_newer(manifest.version)
+        if not verified:
+            # Hashing reads every byte: keep it off the event loop.
+            await asyncio.to_thread(verify_files, manifest)
         if manifest.version <= self.newest:  # a concurrent publish won meanwhile
             raise FailedPrecondition(
                 f"manifest.version {manifest.version} lost a race to version {self.newest}"
@@ -90,6 +102,10 @@ class VersionRegistry:
         if not replica_id:
             raise InvalidArgument("replica_id", "must not be empty")
         self._replicas.setdefault(replica_id, -1)
+
+    def mark_sent(self, replica_id: str, version: int) -> None:
+        """Watch sent `version` to the replica: keep its files until the replica acks it."""
+        self._sent[replica_id] = max(self._sent.get(replica_id, -1), version)
 
     def ack(self, replica_id: str, version: int) -> None:
         if replica_id not in self._replicas:
@@ -110,6 +126,7 @@ class VersionRegistry:
 
     def _retain(self) -> None:
         keep = set(sorted(self._entries)[-self.keep_last :]) | set(self._replicas.values())
+        keep |= {v for r, v in self._sent.items() if v > self._replicas.get(r, -1)}
         for version in sorted(set(self._entries) - keep):
             folder = Path(self._entries.pop(version).event.manifest.location)
             shutil.rmtree(folder, ignore_errors=True)

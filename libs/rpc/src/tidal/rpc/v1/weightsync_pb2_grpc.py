@@ -64,6 +64,16 @@ class WeightSyncServiceStub:
                 request_serializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.FetchWeightsRequest.SerializeToString,
                 response_deserializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.WeightChunk.FromString,
                 _registered_method=True)
+        self.UploadWeights = channel.stream_unary(
+                '/tidal.rpc.v1.WeightSyncService/UploadWeights',
+                request_serializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.UploadWeightsRequest.SerializeToString,
+                response_deserializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.PublishResponse.FromString,
+                _registered_method=True)
+        self.JoinSync = channel.unary_unary(
+                '/tidal.rpc.v1.WeightSyncService/JoinSync',
+                request_serializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.JoinSyncRequest.SerializeToString,
+                response_deserializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.SyncPlan.FromString,
+                _registered_method=True)
 
 
 class WeightSyncServiceServicer:
@@ -111,6 +121,25 @@ class WeightSyncServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UploadWeights(self, request_iterator, context):
+        """Publishes a version by sending its files (the "stream" path, for trainers without the
+        shared filesystem): the first message is the manifest (files with size and sha256;
+        location is ignored), then the chunks of each file in order. The service writes them
+        atomically under its root, verifies every sha256 and registers the version.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def JoinSync(self, request, context):
+        """Tells a trainer or replica which data path the run uses and, for "broadcast", its
+        place in the torch.distributed group (rendezvous). A replica's call waits until the
+        trainer has joined.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WeightSyncServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -143,6 +172,16 @@ def add_WeightSyncServiceServicer_to_server(servicer, server):
                     servicer.FetchWeights,
                     request_deserializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.FetchWeightsRequest.FromString,
                     response_serializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.WeightChunk.SerializeToString,
+            ),
+            'UploadWeights': grpc.stream_unary_rpc_method_handler(
+                    servicer.UploadWeights,
+                    request_deserializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.UploadWeightsRequest.FromString,
+                    response_serializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.PublishResponse.SerializeToString,
+            ),
+            'JoinSync': grpc.unary_unary_rpc_method_handler(
+                    servicer.JoinSync,
+                    request_deserializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.JoinSyncRequest.FromString,
+                    response_serializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.SyncPlan.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -307,6 +346,60 @@ class WeightSyncService:
             '/tidal.rpc.v1.WeightSyncService/FetchWeights',
             tidal_dot_rpc_dot_v1_dot_weightsync__pb2.FetchWeightsRequest.SerializeToString,
             tidal_dot_rpc_dot_v1_dot_weightsync__pb2.WeightChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UploadWeights(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/tidal.rpc.v1.WeightSyncService/UploadWeights',
+            tidal_dot_rpc_dot_v1_dot_weightsync__pb2.UploadWeightsRequest.SerializeToString,
+            tidal_dot_rpc_dot_v1_dot_weightsync__pb2.PublishResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def JoinSync(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidal.rpc.v1.WeightSyncService/JoinSync',
+            tidal_dot_rpc_dot_v1_dot_weightsync__pb2.JoinSyncRequest.SerializeToString,
+            tidal_dot_rpc_dot_v1_dot_weightsync__pb2.SyncPlan.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,192 @@
+"""The broadcast data path: trainer rank 0 → every replica over a torch.distributed group.
+
+Decisions:
+- The group is a standalone `ProcessGroupGloo` / `ProcessGroupNCCL` built on the TCP store
+  the trainer hosts (address handed out by weightsync's `JoinSync`), not the default
+  process group: the trainer's own torchrun group (FSDP ranks) is left alone, and the
+  inference process needs no global torch.distributed state.
+- One version = a header (version, step, HF config, tensor specs, bucket size; JSON, sent
+  as a length then bytes) followed by the buckets of `tidal.weightsync.buckets`. Only one
+  bucket buffer exists beyond the weights on either side. A header with version -1 tells
+  receivers the sender is closing.
+- Calls block; callers run them in a worker thread. A failed collective (a replica died)
+  raises; the trainer then stops broadcasting and replicas catch up from the filesystem
+  copy every broadcast version also gets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from tidal.weightsync.buckets import (
+    TensorSpec,
+    bucket_size,
+    byte_view,
+    empty_like_specs,
+    iter_packed_buckets,
+    plan_buckets,
+    specs_of,
+    unpack_bucket,
+)
+from tidal.weightsync.rendezvous import GroupSeat
+
+log = logging.getLogger(__name__)
+CLOSE = -1
+T = TypeVar("T")
+# A receiver waits for the next version as long as training takes; a dead sender is seen
+# at once anyway (its connections close).
+RECEIVER_TIMEOUT = timedelta(days=1)
+
+
+@dataclass(frozen=True)
+class ReceivedVersion:
+    version: int
+    step: int
+    hf_config: dict[str, Any]
+    state_dict: dict[str, torch.Tensor]
+
+
+def resolve_backend(name: str) -> str:
+    if name == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    return name
+
+
+def host_store(host: str, timeout_s: float) -> dist.TCPStore:
+    """The trainer's TCP store on a free port (its address goes to weightsync)."""
+    return dist.TCPStore(
+        host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s)
+    )
+
+
+def connect_store(address: str, timeout_s: float) -> dist.TCPStore:
+    host, _, port = address.rpartition(":")
+    return dist.TCPStore(
+        host,
+        int(port),
+        is_master=False,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=timeout_s),
+    )
+
+
+class BroadcastGroup:
+    """One member of the group; blocks in `__init__` until every member has joined."""
+
+    def __init__(self, store: dist.Store, seat: GroupSeat) -> None:
+        self.seat = seat
+        self.backend = resolve_backend(seat.backend)
+        prefixed = dist.PrefixStore(f"tidal-weights/g{seat.generation}/", store)
+        timeout = timedelta(seconds=seat.timeout_s) if seat.rank == 0 else RECEIVER_TIMEOUT
+        if self.backend == "nccl":
+            self.device = torch.device("cuda", torch.cuda.current_device())
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            self.pg: dist.ProcessGroup = dist.ProcessGroupNCCL(
+                prefixed, seat.rank, seat.world_size, options
+            )
+        else:
+            self.device = torch.device("cpu")
+            self.pg = dist.ProcessGroupGloo(prefixed, seat.rank, seat.world_size, timeout)
+        self._bucket = torch.empty(seat.bucket_bytes, dtype=torch.uint8, device=self.device)
+
+    def _broadcast(self, tensor: torch.Tensor) -> None:
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        self.pg.broadcast([tensor], options).wait()
+
+    def _send_header(self, header: dict[str, Any]) -> None:
+        payload = json.dumps(header).encode()
+        self._broadcast(torch.tensor([len(payload)], dtype=torch.int64, device=self.device))
+        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(self.device)
+        self._broadcast(data)
+
+    def _recv_header(self) -> dict[str, Any]:
+        length = torch.zeros(1, dtype=torch.int64, device=self.device)
+        self._broadcast(length)
+        data = torch.empty(int(length.item()), dtype=torch.uint8, device=self.device)
+        self._broadcast(data)
+        return json.loads(bytes(data.cpu().tolist()))
+
+    def send(
+        self,
+        version: int,
+        step: int,
+        hf_config: dict[str, Any],
+        state_dict: Mapping[str, torch.Tensor],
+    ) -> None:
+        """Rank 0: broadcast one version, bucket by bucket."""
+        specs = specs_of(state_dict)
+        header = {
+            "version": version,
+            "step": step,
+            "hf_config": hf_config,
+            "tensors": [s.to_json() for s in specs],
+            "bucket_bytes": self.seat.bucket_bytes,
+        }
+        self._send_header(header)
+        plan = plan_buckets(specs, self.seat.bucket_bytes)
+        for bucket in iter_packed_buckets(state_dict, plan, self._bucket):
+            self._broadcast(bucket)
+
+    def receive(self) -> ReceivedVersion | None:
+        """Rank > 0: the next version, or None when the sender closed the group."""
+        header = self._recv_header()
+        if header["version"] == CLOSE:
+            return None
+        specs = [TensorSpec.from_json(item) for item in header["tensors"]]
+        state_dict = empty_like_specs(specs, self.device)
+        views = [byte_view(t) for t in state_dict.values()]
+        bucket_bytes = int(header["bucket_bytes"])
+        if bucket_bytes > self._bucket.numel():
+            self._bucket = torch.empty(bucket_bytes, dtype=torch.uint8, device=self.device)
+        for pieces in plan_buckets(specs, bucket_bytes):
+            bucket = self._bucket[: bucket_size(pieces)]
+            self._broadcast(bucket)
+            unpack_bucket(bucket, pieces, views)
+        return ReceivedVersion(
+            int(header["version"]), int(header["step"]), header["hf_config"], state_dict
+        )
+
+    def close(self) -> None:
+        """Rank 0: tell receivers to stop (best effort)."""
+        try:
+            self._send_header({"version": CLOSE})
+        except RuntimeError as exc:
+            log.warning("could not close the broadcast group: %s", exc)
+
+
+def in_daemon_thread(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+    """Run a blocking collective in a daemon thread (a thread stuck waiting for a dead peer
+    must not keep the process alive at exit, as `asyncio.to_thread`'s pool would)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: T | None, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]
+
+    def target() -> None:
+        try:
+            result = fn(*args)
+        except BaseException as exc:
+            loop.call_soon_threadsafe(settle, None, exc)
+        else:
+            loop.call_soon_threadsafe(settle, result, None)
+
+    threading.Thread(target=target, name=f"weights-{fn.__name__}", daemon=True).start()
+    return future
