@@ -10,6 +10,9 @@ Decisions:
   for it, which arrives once the trainer has also written the version to the shared
   folder, is then only acknowledged. A replica without a seat (joined late, group full)
   or whose receiver broke loads from the shared folder: that is the catch-up path.
+- Before reading a version's files the replica calls `BeginLoad`, so retention keeps
+  them until it acknowledges; a version already removed (superseded while queued) is
+  skipped in favour of the newer one that caused its removal.
 - Loads are serialised by a lock and never go backwards, so a version arriving by both
   paths is loaded once. `AckLoaded` is sent once the engine serves the version *and* the
   version is registered (the broadcast can beat the registration), so weight-sync's
@@ -149,6 +152,8 @@ class WeightWatcher:
                 }
             )
             started = time.perf_counter()
+            if not await self._begin_load(manifest.version):
+                return False
             try:
                 hf_config, state_dict = await self._fetch(manifest)
                 installed = await self._install(
@@ -163,6 +168,18 @@ class WeightWatcher:
             span.set_attribute("weights.load_s", time.perf_counter() - started)
         if not installed:  # a broadcast of this version won the race
             await self._ack(manifest.version)
+        return True
+
+    async def _begin_load(self, version: int) -> bool:
+        """Ask weight-sync to keep the version's files while we read them; False if gone."""
+        try:
+            await self.client.begin_load(self.replica_id, version)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                log.info("version %d was superseded and removed before loading it", version)
+                self.skipped.append(version)
+                return False
+            log.warning("could not announce loading version %d: %s", version, exc.details())
         return True
 
     async def _fetch(

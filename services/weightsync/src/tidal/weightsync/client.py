@@ -61,6 +61,10 @@ class WeightSyncClient:
         async for reply in call:
             yield event_from_proto(reply)
 
+    async def begin_load(self, replica_id: str, version: int, *, timeout: float = 30.0) -> None:
+        request = pb.BeginLoadRequest(replica_id=replica_id, version=version)
+        await self.stub.BeginLoad(request, timeout=timeout)
+
     async def ack_loaded(self, replica_id: str, version: int, *, timeout: float = 30.0) -> None:
         request = pb.AckLoadedRequest(replica_id=replica_id, version=version)
         await self.stub.AckLoaded(request, timeout=timeout)

@@ -70,9 +70,14 @@ class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
         after = request.after_version
         while True:
             for event in await self.registry.wait_newer(after):
-                self.registry.mark_sent(request.replica_id, event.manifest.version)
                 yield event_to_proto(event)
                 after = event.manifest.version
+
+    async def BeginLoad(
+        self, request: pb.BeginLoadRequest, context: grpc.aio.ServicerContext
+    ) -> pb.BeginLoadResponse:
+        self.registry.begin_load(request.replica_id, request.version)
+        return pb.BeginLoadResponse()
 
     async def AckLoaded(
         self, request: pb.AckLoadedRequest, context: grpc.aio.ServicerContext

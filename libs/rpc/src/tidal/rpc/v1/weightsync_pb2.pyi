@@ -95,6 +95,18 @@ class WatchRequest(_message.Message):
     after_version: int
     def __init__(self, replica_id: _Optional[str] = ..., after_version: _Optional[int] = ...) -> None: ...
 
+class BeginLoadRequest(_message.Message):
+    __slots__ = ("replica_id", "version")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    version: int
+    def __init__(self, replica_id: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class BeginLoadResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class AckLoadedRequest(_message.Message):
     __slots__ = ("replica_id", "version")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]

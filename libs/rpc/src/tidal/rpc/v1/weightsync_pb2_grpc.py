@@ -54,6 +54,11 @@ class WeightSyncServiceStub:
                 request_serializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.WatchRequest.SerializeToString,
                 response_deserializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.WeightVersion.FromString,
                 _registered_method=True)
+        self.BeginLoad = channel.unary_unary(
+                '/tidal.rpc.v1.WeightSyncService/BeginLoad',
+                request_serializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.BeginLoadRequest.SerializeToString,
+                response_deserializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.BeginLoadResponse.FromString,
+                _registered_method=True)
         self.AckLoaded = channel.unary_unary(
                 '/tidal.rpc.v1.WeightSyncService/AckLoaded',
                 request_serializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.AckLoadedRequest.SerializeToString,
@@ -102,6 +107,15 @@ class WeightSyncServiceServicer:
 
     def Watch(self, request, context):
         """Streams every version newer than after_version, now and as they are published.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BeginLoad(self, request, context):
+        """A replica reports that it starts loading a version: retention keeps the version's
+        files until the replica acknowledges it (or a later one). NOT_FOUND when the version
+        was already removed (a newer one exists: load that instead).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -162,6 +176,11 @@ def add_WeightSyncServiceServicer_to_server(servicer, server):
                     servicer.Watch,
                     request_deserializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.WatchRequest.FromString,
                     response_serializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.WeightVersion.SerializeToString,
+            ),
+            'BeginLoad': grpc.unary_unary_rpc_method_handler(
+                    servicer.BeginLoad,
+                    request_deserializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.BeginLoadRequest.FromString,
+                    response_serializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.BeginLoadResponse.SerializeToString,
             ),
             'AckLoaded': grpc.unary_unary_rpc_method_handler(
                     servicer.AckLoaded,
@@ -292,6 +311,33 @@ class WeightSyncService:
             '/tidal.rpc.v1.WeightSyncService/Watch',
             tidal_dot_rpc_dot_v1_dot_weightsync__pb2.WatchRequest.SerializeToString,
             tidal_dot_rpc_dot_v1_dot_weightsync__pb2.WeightVersion.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BeginLoad(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidal.rpc.v1.WeightSyncService/BeginLoad',
+            tidal_dot_rpc_dot_v1_dot_weightsync__pb2.BeginLoadRequest.SerializeToString,
+            tidal_dot_rpc_dot_v1_dot_weightsync__pb2.BeginLoadResponse.FromString,
             options,
             channel_credentials,
             insecure,
