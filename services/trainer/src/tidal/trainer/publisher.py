@@ -98,6 +98,16 @@ class WeightPublisher:
             log.info("published version %d", version, extra={"fields": {"dir": manifest.location}})
             return manifest
 
+    async def broadcast_ready(self) -> bool:
+        """Wait until the broadcast group has formed (True) or failed to (False)."""
+        if self._group is None:
+            return False
+        try:
+            await asyncio.shield(self._group)
+        except RuntimeError:
+            return False
+        return not self._broadcast_broken
+
     async def _join(self) -> SyncPlan:
         if self.plan is not None:
             return self.plan
