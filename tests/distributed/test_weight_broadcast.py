@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from safetensors.torch import load_file
 
 from tidal.common.sections import GrpcConfig
@@ -58,7 +59,9 @@ async def wait_for(path: Path, process: subprocess.Popen[bytes], timeout: float)
 
 
 @pytest.fixture
-async def broadcast_weightsync(tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
+async def broadcast_weightsync(
+    tmp_path: Path, span_exporter: InMemorySpanExporter
+) -> AsyncIterator[tuple[str, Path]]:
     root = tmp_path / "weights"
     root.mkdir()
     transport = BroadcastTransport(replicas=1, backend="gloo", bucket_bytes=4096, timeout_s=30)
@@ -74,6 +77,7 @@ async def broadcast_weightsync(tmp_path: Path) -> AsyncIterator[tuple[str, Path]
     await server.start()
     yield f"127.0.0.1:{server.port}", root
     await server.stop()
+    span_exporter.clear()  # other tests look up load spans by version number
 
 
 @pytest.mark.slow

@@ -20,6 +20,8 @@ Decisions:
 - A version that fails verification or does not fit the model is logged and skipped;
   the engine keeps serving the previous one, and the next version is tried normally.
 - Each load is a span whose parent is the publish span carried in the event.
+- A replica starting (or joining late) watches from the newest version on: older ones
+  would only be loaded to be replaced.
 - A broken stream (weight-sync restarting) is reopened after an exponential backoff,
   resuming after the newest version seen, so nothing is loaded twice.
 """
@@ -91,6 +93,10 @@ class WeightWatcher:
                         self.replica_id, "replica", timeout=JOIN_TIMEOUT_S
                     )
                     self._start_receiver(self.plan)
+                if self.seen < 0:  # a fresh replica starts from the newest version
+                    latest = await self.client.latest()
+                    if latest is not None:
+                        self.seen = latest.manifest.version - 1
                 async for event in self.client.watch(self.replica_id, after_version=self.seen):
                     backoff = BACKOFF_START_S
                     await self.load(event)
