@@ -132,7 +132,11 @@ class WeightWatcher:
                 self.received_by_broadcast.append(received.version)
                 try:
                     await self._install(
-                        received.version, received.step, received.hf_config, received.state_dict
+                        received.version,
+                        received.step,
+                        received.hf_config,
+                        received.state_dict,
+                        source="broadcast",
                     )
                 except ValueError as exc:
                     log.error("skipping broadcast version %d: %s", received.version, exc)
@@ -162,8 +166,13 @@ class WeightWatcher:
                 return False
             try:
                 hf_config, state_dict = await self._fetch(manifest)
+                source = self.plan.transport if self.plan is not None else "filesystem"
                 installed = await self._install(
-                    manifest.version, manifest.step, hf_config, state_dict
+                    manifest.version,
+                    manifest.step,
+                    hf_config,
+                    state_dict,
+                    source="stream" if source == "stream" else "filesystem",
                 )
             except (CorruptWeights, ValueError, OSError) as exc:
                 log.error("skipping version %d: %s", manifest.version, exc)
@@ -197,7 +206,13 @@ class WeightWatcher:
         return await asyncio.to_thread(load_version, manifest)
 
     async def _install(
-        self, version: int, step: int, hf_config: dict[str, Any], state: dict[str, torch.Tensor]
+        self,
+        version: int,
+        step: int,
+        hf_config: dict[str, Any],
+        state: dict[str, torch.Tensor],
+        *,
+        source: str,
     ) -> bool:
         """Hand the weights to the engine unless it already serves this or a newer version."""
         started = time.perf_counter()

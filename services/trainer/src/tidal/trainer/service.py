@@ -67,7 +67,11 @@ async def start_trainer(config: TrainerRunConfig) -> RunningTrainer:
     device = resolve_device(config.trainer.device)
     trainer = Trainer(config.trainer, seed=config.run.seed, device=torch.device(device))
     client = WeightSyncClient(config.endpoints.weightsync, config.grpc)
-    publisher = WeightPublisher(config.publish_dir, client, trainer.hf_config())
+    # Broadcast replicas reach this trainer's TCP store at the host of its endpoint.
+    host = config.endpoints.trainer.rsplit(":", 1)[0]
+    publisher = WeightPublisher(
+        config.publish_dir, client, trainer.hf_config(), advertise_host=host
+    )
     runner = StepRunner(trainer, publisher)
     servicer = TrainerServicer(runner, device=device)
     binding = ServiceBinding(servicer, pb_grpc.add_TrainerServiceServicer_to_server, FULL_NAME)
