@@ -1,8 +1,8 @@
 """torchrun worker: pack buckets from a DTensor-sharded state dict on 2 gloo ranks.
 
 Each rank holds only its Shard(0) of every tensor. Both ranks run `iter_packed_buckets`
-(the per-tensor gather is a collective); rank 0 unpacks the buckets and saves what it
-got, plus the size of the largest single gather.
+(the per-tensor gather is a collective); rank 0 lays the buckets into a flat buffer (as a
+receiver does) and saves what it got, plus the size of the largest single gather.
 """
 
 from __future__ import annotations
@@ -16,14 +16,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
 from tidal.weightsync import buckets
-from tidal.weightsync.buckets import (
-    byte_view,
-    empty_like_specs,
-    iter_packed_buckets,
-    plan_buckets,
-    specs_of,
-    unpack_bucket,
-)
+from tidal.weightsync.buckets import iter_packed_buckets, layout_of, specs_of, tensor_views
 
 
 def full_state() -> dict[str, torch.Tensor]:
@@ -49,14 +42,14 @@ def main(out: str) -> None:
         return full
 
     buckets.gather_full_tensor = counting_gather  # type: ignore[assignment]
-    specs = specs_of(sharded)
-    plan = plan_buckets(specs, 300)
-    received = empty_like_specs(specs, torch.device("cpu"))
-    views = [byte_view(t) for t in received.values()]
-    buffer = torch.empty(300, dtype=torch.uint8)
-    for pieces, bucket in zip(plan, iter_packed_buckets(sharded, plan, buffer), strict=True):
-        unpack_bucket(bucket, pieces, views)
+    layout = layout_of(specs_of(sharded))
+    flat = torch.zeros(layout.total_bytes, dtype=torch.uint8)
+    buffers = [torch.empty(300, dtype=torch.uint8) for _ in range(2)]
+    packed = iter_packed_buckets(sharded, layout, 300, buffers)
+    for (start, stop), bucket in zip(layout.buckets(300), packed, strict=True):
+        flat[start:stop].copy_(bucket)
     if dist.get_rank() == 0:
+        received = {k: v.clone() for k, v in tensor_views(flat, layout).items()}
         received["peak_gathered_bytes"] = torch.tensor(peak)
         save_file(received, out)
     dist.destroy_process_group()

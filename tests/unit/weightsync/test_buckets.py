@@ -8,22 +8,22 @@ import pytest
 import torch
 
 from tidal.weightsync.buckets import (
+    ALIGN,
     TensorSpec,
-    bucket_size,
     byte_view,
-    empty_like_specs,
     iter_packed_buckets,
-    plan_buckets,
+    layout_of,
     specs_of,
-    unpack_bucket,
+    tensor_views,
 )
 
 
 def mixed_state() -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     return {
-        "emb": torch.randn(37, 11, generator=g).to(torch.bfloat16),  # 814 bytes
-        "norm": torch.randn(11, generator=g),  # fp32, 44 bytes
+        "flags": torch.tensor([1, 0, 1], dtype=torch.uint8),  # odd size: next one is padded
+        "emb": torch.randn(37, 11, generator=g).to(torch.bfloat16),
+        "norm": torch.randn(11, generator=g),
         "steps": torch.arange(5, dtype=torch.int64),
         "scalar": torch.tensor(3.5, dtype=torch.float64),  # 0-d
         "empty": torch.zeros(0, 4),
@@ -31,32 +31,39 @@ def mixed_state() -> dict[str, torch.Tensor]:
     }
 
 
-@pytest.mark.parametrize("bucket_bytes", [1, 7, 64, 100, 10_000])
-def test_send_and_receive_buckets_is_bit_identical(bucket_bytes: int) -> None:
+@pytest.mark.parametrize(
+    ("bucket_bytes", "buffers"), [(1, 1), (7, 2), (64, 2), (100, 1), (10_000, 2)]
+)
+def test_buckets_received_into_a_flat_buffer_are_bit_identical(
+    bucket_bytes: int, buffers: int
+) -> None:
     state = mixed_state()
-    specs = specs_of(state)
-    plan = plan_buckets(specs, bucket_bytes)
-    received = empty_like_specs(specs, torch.device("cpu"))
-    views = [byte_view(t) for t in received.values()]
-    buffer = torch.empty(bucket_bytes, dtype=torch.uint8)
-    for pieces, bucket in zip(plan, iter_packed_buckets(state, plan, buffer), strict=True):
-        assert bucket.numel() == bucket_size(pieces) <= bucket_bytes
-        unpack_bucket(bucket.clone(), pieces, views)
+    layout = layout_of(specs_of(state))
+    flat = torch.zeros(layout.total_bytes, dtype=torch.uint8)  # the receiver's buffer
+    ranges = layout.buckets(bucket_bytes)
+    pool = [torch.empty(bucket_bytes, dtype=torch.uint8) for _ in range(buffers)]
+    packed = iter_packed_buckets(state, layout, bucket_bytes, pool)
+    for (start, stop), bucket in zip(ranges, packed, strict=True):
+        assert bucket.numel() == stop - start <= bucket_bytes
+        flat[start:stop].copy_(bucket)  # what a broadcast into the slice does
+    received = tensor_views(flat, layout)
     for name, tensor in state.items():
         assert received[name].dtype == tensor.dtype and received[name].shape == tensor.shape
         assert torch.equal(byte_view(received[name]), byte_view(tensor)), name
 
 
-def test_plan_covers_every_byte_once_and_fills_buckets() -> None:
+def test_layout_aligns_every_tensor_and_buckets_cover_it_once() -> None:
     specs = specs_of(mixed_state())
-    total = sum(s.nbytes for s in specs)
-    plan = plan_buckets(specs, 100)
-    assert [bucket_size(p) for p in plan] == [100] * (total // 100) + [total % 100]
-    for index, spec in enumerate(specs):
-        pieces = [p for bucket in plan for p in bucket if p.index == index]
-        covered = sum(p.stop - p.start for p in pieces)
-        assert covered == spec.nbytes
-        assert all(a.stop == b.start for a, b in itertools.pairwise(pieces))
+    layout = layout_of(specs)
+    assert all(offset % ALIGN == 0 for offset in layout.offsets)
+    for (spec, a), b in zip(
+        zip(specs, layout.offsets, strict=True), layout.offsets[1:], strict=False
+    ):
+        assert a + spec.nbytes <= b  # no overlap
+    assert layout.total_bytes == layout.offsets[-1] + specs[-1].nbytes
+    ranges = layout.buckets(100)
+    assert ranges[0][0] == 0 and ranges[-1][1] == layout.total_bytes
+    assert all(stop == start for (_, stop), (start, _) in itertools.pairwise(ranges))
 
 
 def test_specs_round_trip_json_and_refuse_unknown_dtypes() -> None:
@@ -65,4 +72,4 @@ def test_specs_round_trip_json_and_refuse_unknown_dtypes() -> None:
     with pytest.raises(ValueError, match="unknown dtype 'float99'"):
         _ = TensorSpec("w", "float99", (1,)).nbytes
     with pytest.raises(ValueError, match="bucket_bytes must be > 0"):
-        plan_buckets([spec], 0)
+        layout_of([spec]).buckets(0)

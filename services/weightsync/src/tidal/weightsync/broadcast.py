@@ -6,9 +6,11 @@ Decisions:
   process group: the trainer's own torchrun group (FSDP ranks) is left alone, and the
   inference process needs no global torch.distributed state.
 - One version = a header (version, step, HF config, tensor specs, bucket size; JSON, sent
-  as a length then bytes) followed by the buckets of `tidal.weightsync.buckets`. Only one
-  bucket buffer exists beyond the weights on either side. A header with version -1 tells
-  receivers the sender is closing.
+  as a length then bytes) followed by the buckets of `tidal.weightsync.buckets`. The
+  sender holds two bucket buffers beyond its weights (packing bucket k+1 while bucket k
+  is on the wire); the receiver receives into the one flat buffer its tensors view, so
+  it holds nothing beyond the new weights. A header with version -1 tells receivers the
+  sender is closing.
 - Calls block; callers run them in a worker thread. A failed collective (a replica died)
   raises; the trainer then stops broadcasting and replicas catch up from the filesystem
   copy every broadcast version also gets.
@@ -30,13 +32,10 @@ import torch.distributed as dist
 
 from tidal.weightsync.buckets import (
     TensorSpec,
-    bucket_size,
-    byte_view,
-    empty_like_specs,
     iter_packed_buckets,
-    plan_buckets,
+    layout_of,
     specs_of,
-    unpack_bucket,
+    tensor_views,
 )
 from tidal.weightsync.rendezvous import GroupSeat
 
@@ -98,12 +97,15 @@ class BroadcastGroup:
         else:
             self.device = torch.device("cpu")
             self.pg = dist.ProcessGroupGloo(prefixed, seat.rank, seat.world_size, timeout)
-        self._bucket = torch.empty(seat.bucket_bytes, dtype=torch.uint8, device=self.device)
+        self._buffers: list[torch.Tensor] = []  # the sender's two bucket buffers
 
-    def _broadcast(self, tensor: torch.Tensor) -> None:
+    def _broadcast_async(self, tensor: torch.Tensor) -> dist.Work:
         options = dist.BroadcastOptions()
         options.rootRank = 0
-        self.pg.broadcast([tensor], options).wait()
+        return self.pg.broadcast([tensor], options)
+
+    def _broadcast(self, tensor: torch.Tensor) -> None:
+        self._broadcast_async(tensor).wait()
 
     def _send_header(self, header: dict[str, Any]) -> None:
         payload = json.dumps(header).encode()
@@ -125,37 +127,54 @@ class BroadcastGroup:
         hf_config: dict[str, Any],
         state_dict: Mapping[str, torch.Tensor],
     ) -> None:
-        """Rank 0: broadcast one version, bucket by bucket."""
+        """Rank 0: broadcast one version, bucket by bucket, packing the next bucket while
+        the previous one is on the wire (two buffers)."""
         specs = specs_of(state_dict)
+        bucket_bytes = self.seat.bucket_bytes
         header = {
             "version": version,
             "step": step,
             "hf_config": hf_config,
             "tensors": [s.to_json() for s in specs],
-            "bucket_bytes": self.seat.bucket_bytes,
+            "bucket_bytes": bucket_bytes,
         }
         self._send_header(header)
-        plan = plan_buckets(specs, self.seat.bucket_bytes)
-        for bucket in iter_packed_buckets(state_dict, plan, self._bucket):
-            self._broadcast(bucket)
+        if not self._buffers:
+            self._buffers = [
+                torch.empty(bucket_bytes, dtype=torch.uint8, device=self.device) for _ in range(2)
+            ]
+        layout = layout_of(specs)
+        in_flight: dist.Work | None = None
+        for bucket in iter_packed_buckets(state_dict, layout, bucket_bytes, self._buffers):
+            work = self._broadcast_async(bucket)
+            if in_flight is not None:
+                in_flight.wait()  # frees the buffer the next bucket is packed into
+            in_flight = work
+        if in_flight is not None:
+            in_flight.wait()
 
     def receive(self) -> ReceivedVersion | None:
-        """Rank > 0: the next version, or None when the sender closed the group."""
+        """Rank > 0: the next version, or None when the sender closed the group.
+
+        Every bucket is received straight into its slice of one flat buffer; all receives
+        are posted at once so the transport never waits for this side.
+        """
         header = self._recv_header()
         if header["version"] == CLOSE:
             return None
-        specs = [TensorSpec.from_json(item) for item in header["tensors"]]
-        state_dict = empty_like_specs(specs, self.device)
-        views = [byte_view(t) for t in state_dict.values()]
-        bucket_bytes = int(header["bucket_bytes"])
-        if bucket_bytes > self._bucket.numel():
-            self._bucket = torch.empty(bucket_bytes, dtype=torch.uint8, device=self.device)
-        for pieces in plan_buckets(specs, bucket_bytes):
-            bucket = self._bucket[: bucket_size(pieces)]
-            self._broadcast(bucket)
-            unpack_bucket(bucket, pieces, views)
+        layout = layout_of([TensorSpec.from_json(item) for item in header["tensors"]])
+        flat = torch.empty(layout.total_bytes, dtype=torch.uint8, device=self.device)
+        works = [
+            self._broadcast_async(flat[start:stop])
+            for start, stop in layout.buckets(int(header["bucket_bytes"]))
+        ]
+        for work in works:
+            work.wait()
         return ReceivedVersion(
-            int(header["version"]), int(header["step"]), header["hf_config"], state_dict
+            int(header["version"]),
+            int(header["step"]),
+            header["hf_config"],
+            tensor_views(flat, layout),
         )
 
     def close(self) -> None:

@@ -2,11 +2,14 @@
 
 Decisions:
 - The state dict is treated as one byte stream (tensors in a fixed order, each as its raw
-  little-endian bytes) cut into buckets of `bucket_bytes`; a tensor larger than a bucket
-  simply spans several. Every dtype (bf16, fp32, int) goes through the same uint8 view,
-  so there is no per-dtype bucketing and the receiver gets bit-identical bytes.
-- Sender and receiver compute the same plan from the same `TensorSpec` list (which the
-  sender broadcasts first), so only raw bucket bytes cross the wire afterwards.
+  little-endian bytes, each starting on a 64-byte boundary) cut into buckets of
+  `bucket_bytes`; a tensor larger than a bucket simply spans several. Every dtype goes
+  through the same uint8 view, so the receiver gets bit-identical bytes.
+- The receiver allocates the stream as one flat buffer and receives every bucket straight
+  into its slice; its tensors are dtype views of that buffer (`tensor_views`), which the
+  alignment makes valid. So the receiver copies nothing and holds no bucket buffer.
+- Sender and receiver compute the same `Layout` from the same `TensorSpec` list (which
+  the sender broadcasts first), so only raw bucket bytes cross the wire afterwards.
 - Sharded (FSDP/DTensor) weights are gathered by one function, `gather_full_tensor`,
   called lazily one tensor at a time while buckets are packed: a rank never holds more
   than one full tensor plus one bucket beyond its shard, never the whole model. Every
@@ -21,6 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+ALIGN = 64
 
 
 @dataclass(frozen=True)
@@ -54,13 +59,21 @@ class TensorSpec:
 
 
 @dataclass(frozen=True)
-class Piece:
-    """Bytes [start, stop) of tensor `index`, placed at `bucket_offset` in its bucket."""
+class Layout:
+    """Where each tensor's bytes sit in the version's byte stream (64-byte aligned)."""
 
-    index: int
-    start: int
-    stop: int
-    bucket_offset: int
+    specs: tuple[TensorSpec, ...]
+    offsets: tuple[int, ...]
+    total_bytes: int
+
+    def buckets(self, bucket_bytes: int) -> list[tuple[int, int]]:
+        """The [start, stop) byte ranges of consecutive buckets of at most `bucket_bytes`."""
+        if bucket_bytes <= 0:
+            raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+        return [
+            (start, min(start + bucket_bytes, self.total_bytes))
+            for start in range(0, self.total_bytes, bucket_bytes)
+        ]
 
 
 def specs_of(state_dict: Mapping[str, torch.Tensor]) -> list[TensorSpec]:
@@ -71,30 +84,15 @@ def specs_of(state_dict: Mapping[str, torch.Tensor]) -> list[TensorSpec]:
     ]
 
 
-def plan_buckets(specs: list[TensorSpec], bucket_bytes: int) -> list[list[Piece]]:
-    """Cut the concatenated bytes of `specs` into buckets of at most `bucket_bytes`."""
-    if bucket_bytes <= 0:
-        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
-    buckets: list[list[Piece]] = []
-    current: list[Piece] = []
-    used = 0
-    for index, spec in enumerate(specs):
-        start, total = 0, spec.nbytes
-        while start < total:
-            take = min(total - start, bucket_bytes - used)
-            current.append(Piece(index, start, start + take, used))
-            start += take
-            used += take
-            if used == bucket_bytes:
-                buckets.append(current)
-                current, used = [], 0
-    if current:
-        buckets.append(current)
-    return buckets
-
-
-def bucket_size(pieces: list[Piece]) -> int:
-    return pieces[-1].bucket_offset + pieces[-1].stop - pieces[-1].start if pieces else 0
+def layout_of(specs: list[TensorSpec]) -> Layout:
+    """Tensors back to back, each starting on an ALIGN boundary (so byte views of a flat
+    buffer can be viewed as any dtype)."""
+    offsets, cursor = [], 0
+    for spec in specs:
+        cursor = -(-cursor // ALIGN) * ALIGN
+        offsets.append(cursor)
+        cursor += spec.nbytes
+    return Layout(tuple(specs), tuple(offsets), cursor)
 
 
 def byte_view(t: torch.Tensor) -> torch.Tensor:
@@ -112,34 +110,41 @@ def gather_full_tensor(t: torch.Tensor) -> torch.Tensor:
 
 
 def iter_packed_buckets(
-    state_dict: Mapping[str, torch.Tensor], plan: list[list[Piece]], buffer: torch.Tensor
+    state_dict: Mapping[str, torch.Tensor],
+    layout: Layout,
+    bucket_bytes: int,
+    buffers: list[torch.Tensor],
 ) -> Iterator[torch.Tensor]:
-    """Yield `buffer[:size]` filled with each bucket in turn (the same buffer every time).
+    """Yield each bucket packed into `buffers[k % len(buffers)][:size]`.
 
-    Full tensors are gathered one at a time, when their first byte is packed.
+    With two buffers a caller may send bucket k while bucket k+1 is packed, provided it
+    has waited for bucket k-1's send before asking for the next. Full tensors are
+    gathered one at a time, when their first byte is packed; padding bytes are unset.
     """
     tensors = list(state_dict.values())
+    first = 0  # first tensor that may still have bytes at or after the bucket's start
     held_index, held = -1, torch.empty(0, dtype=torch.uint8)
-    for pieces in plan:
-        for piece in pieces:
-            if piece.index != held_index:
-                full = gather_full_tensor(tensors[piece.index]).detach()
-                held_index, held = piece.index, byte_view(full.to(buffer.device))
-            length = piece.stop - piece.start
-            buffer[piece.bucket_offset : piece.bucket_offset + length].copy_(
-                held[piece.start : piece.stop]
-            )
-        yield buffer[: bucket_size(pieces)]
+    for k, (start, stop) in enumerate(layout.buckets(bucket_bytes)):
+        buffer = buffers[k % len(buffers)][: stop - start]
+        while first < len(tensors) and layout.offsets[first] + layout.specs[first].nbytes <= start:
+            first += 1
+        j = first
+        while j < len(tensors) and layout.offsets[j] < stop:
+            offset = layout.offsets[j]
+            lo, hi = max(start, offset), min(stop, offset + layout.specs[j].nbytes)
+            if hi > lo:
+                if j != held_index:
+                    full = gather_full_tensor(tensors[j]).detach()
+                    held_index, held = j, byte_view(full.to(buffer.device))
+                buffer[lo - start : hi - start].copy_(held[lo - offset : hi - offset])
+            j += 1
+        yield buffer
 
 
-def unpack_bucket(bucket: torch.Tensor, pieces: list[Piece], views: list[torch.Tensor]) -> None:
-    """Copy a received bucket's pieces into the destination tensors' byte views."""
-    for piece in pieces:
-        length = piece.stop - piece.start
-        views[piece.index][piece.start : piece.stop].copy_(
-            bucket[piece.bucket_offset : piece.bucket_offset + length]
-        )
-
-
-def empty_like_specs(specs: list[TensorSpec], device: torch.device) -> dict[str, torch.Tensor]:
-    return {s.name: torch.empty(s.shape, dtype=s.torch_dtype, device=device) for s in specs}
+def tensor_views(flat: torch.Tensor, layout: Layout) -> dict[str, torch.Tensor]:
+    """The state dict as views into one flat uint8 buffer laid out by `layout`."""
+    views = {}
+    for spec, offset in zip(layout.specs, layout.offsets, strict=True):
+        raw = flat[offset : offset + spec.nbytes]
+        views[spec.name] = raw.view(spec.torch_dtype).view(spec.shape)
+    return views
