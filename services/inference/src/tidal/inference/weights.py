@@ -221,9 +221,8 @@ class WeightWatcher:
                 return False
             await self.engine.update_weights(version, hf_config, state)
             self.loaded = version
-        log.info(
-            "loaded version %d (step %d) in %.3fs", version, step, time.perf_counter() - started
-        )
+        seconds = time.perf_counter() - started
+        log.info("loaded version %d (step %d) by %s in %.3fs", version, step, source, seconds)
         if self.seen >= version:  # registered already: weight-sync can record it
             await self._ack(version)
         if self.on_loaded is not None:
