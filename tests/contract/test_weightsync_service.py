@@ -259,6 +259,19 @@ async def test_malformed_upload_streams_name_the_field(weightsync_server) -> Non
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert err.value.details().startswith(field)
     assert list(weightsync_server.root.iterdir()) == []  # no folder, not even a temp one
+    # The location is weightsync's to choose: an uploader may leave it empty.
+    bare = manifest_to_proto(manifest)
+    bare.location = ""
+    messages = [pb.UploadWeightsRequest(manifest=bare)]
+    client = WeightSyncClient(weightsync_server.address)
+    _, files = encode_version(version=0, step=0, state_dict=state(0), config={})
+    messages += [
+        pb.UploadWeightsRequest(chunk=pb.WeightChunk(path=name, offset=0, data=data))
+        for name, data in files.items()
+    ]
+    reply = await pb_grpc.WeightSyncServiceStub(client.channel).UploadWeights(iter(messages))
+    assert reply.version == 0
+    await client.close()
 
 
 async def test_join_sync_reports_the_transport_and_checks_the_role(weightsync_server) -> None:  # type: ignore[no-untyped-def]

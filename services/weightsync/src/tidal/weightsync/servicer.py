@@ -111,7 +111,10 @@ class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
         first = await anext(aiter(request_iterator), None)
         if first is None or first.WhichOneof("item") != "manifest":
             raise InvalidArgument("item", "the first UploadWeights message must be the manifest")
-        manifest = manifest_from_proto(first.manifest)
+        header = pb.WeightManifest()
+        header.CopyFrom(first.manifest)
+        header.location = header.location or "(uploaded)"  # weightsync decides where
+        manifest = manifest_from_proto(header)
         self.registry.check_newer(manifest.version)
 
         async def chunks() -> AsyncIterator[UploadChunk]:
