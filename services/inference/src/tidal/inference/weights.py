@@ -5,8 +5,8 @@ Decisions:
   stream (which also registers this replica) announces every version, and each is
   fetched by that path: read from the shared folder (`load_version`) or streamed from
   weightsync (`fetch_files`, resumable); both verify every sha256 before a byte is used.
-- Broadcast: a replica with a seat in the group also runs a receiver (a daemon thread
-  blocked in the collective). A version it receives is loaded at once; the `Watch` event
+- Broadcast: a replica with a seat in the group also runs a receiver (a task polling
+  the collectives it posted). A version it receives is loaded at once; the `Watch` event
   for it, which arrives once the trainer has also written the version to the shared
   folder, is then only acknowledged. A replica without a seat (joined late, group full)
   or whose receiver broke loads from the shared folder: that is the catch-up path.
@@ -128,7 +128,7 @@ class WeightWatcher:
             store = await in_daemon_thread(connect_store, seat.store_address, seat.timeout_s)
             group = await in_daemon_thread(BroadcastGroup, store, seat)
             log.info("joined the broadcast group as rank %d of %d", seat.rank, seat.world_size)
-            while (received := await in_daemon_thread(group.receive)) is not None:
+            while (received := await group.receive()) is not None:
                 self.received_by_broadcast.append(received.version)
                 try:
                     await self._install(

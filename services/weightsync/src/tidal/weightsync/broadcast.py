@@ -11,9 +11,14 @@ Decisions:
   is on the wire); the receiver receives into the one flat buffer its tensors view, so
   it holds nothing beyond the new weights. A header with version -1 tells receivers the
   sender is closing.
-- Calls block; callers run them in a worker thread. A failed collective (a replica died)
-  raises; the trainer then stops broadcasting and replicas catch up from the filesystem
-  copy every broadcast version also gets.
+- An idle receiver holds no collective open: it polls a counter the sender bumps in the
+  TCP store before each version, and only then posts its receives (and polls them from
+  the event loop). A pending gloo receive would keep the process from exiting until
+  the trainer goes away; this way a replica shuts down at once, and the trainer's next
+  broadcast sees the peer gone. The sender blocks (callers run it in a daemon thread).
+- A failed collective (a replica or the trainer died) raises; the trainer then stops
+  broadcasting and replicas catch up from the filesystem copy every broadcast version
+  also gets.
 """
 
 from __future__ import annotations
@@ -45,6 +50,9 @@ T = TypeVar("T")
 # A receiver waits for the next version as long as training takes; a dead sender is seen
 # at once anyway (its connections close).
 RECEIVER_TIMEOUT = timedelta(days=1)
+POLL_S = 0.002
+IDLE_POLL_S = 0.01
+ANNOUNCE_KEY = "announced"
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,8 @@ class BroadcastGroup:
         self.seat = seat
         self.backend = resolve_backend(seat.backend)
         prefixed = dist.PrefixStore(f"tidal-weights/g{seat.generation}/", store)
+        self.store = prefixed
+        self._announced = 0  # versions (and closes) the sender has announced so far
         timeout = timedelta(seconds=seat.timeout_s) if seat.rank == 0 else RECEIVER_TIMEOUT
         if self.backend == "nccl":
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -108,16 +118,20 @@ class BroadcastGroup:
         self._broadcast_async(tensor).wait()
 
     def _send_header(self, header: dict[str, Any]) -> None:
+        self.store.add(ANNOUNCE_KEY, 1)  # receivers post their receives only now
         payload = json.dumps(header).encode()
         self._broadcast(torch.tensor([len(payload)], dtype=torch.int64, device=self.device))
         data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(self.device)
         self._broadcast(data)
 
-    def _recv_header(self) -> dict[str, Any]:
+    async def _recv_header(self) -> dict[str, Any]:
+        while self.store.add(ANNOUNCE_KEY, 0) <= self._announced:
+            await asyncio.sleep(IDLE_POLL_S)
+        self._announced += 1
         length = torch.zeros(1, dtype=torch.int64, device=self.device)
-        self._broadcast(length)
+        await completed(self._broadcast_async(length))
         data = torch.empty(int(length.item()), dtype=torch.uint8, device=self.device)
-        self._broadcast(data)
+        await completed(self._broadcast_async(data))
         return json.loads(bytes(data.cpu().tolist()))
 
     def send(
@@ -153,13 +167,13 @@ class BroadcastGroup:
         if in_flight is not None:
             in_flight.wait()
 
-    def receive(self) -> ReceivedVersion | None:
+    async def receive(self) -> ReceivedVersion | None:
         """Rank > 0: the next version, or None when the sender closed the group.
 
         Every bucket is received straight into its slice of one flat buffer; all receives
         are posted at once so the transport never waits for this side.
         """
-        header = self._recv_header()
+        header = await self._recv_header()
         if header["version"] == CLOSE:
             return None
         layout = layout_of([TensorSpec.from_json(item) for item in header["tensors"]])
@@ -169,7 +183,7 @@ class BroadcastGroup:
             for start, stop in layout.buckets(int(header["bucket_bytes"]))
         ]
         for work in works:
-            work.wait()
+            await completed(work)
         return ReceivedVersion(
             int(header["version"]),
             int(header["step"]),
@@ -183,6 +197,13 @@ class BroadcastGroup:
             self._send_header({"version": CLOSE})
         except RuntimeError as exc:
             log.warning("could not close the broadcast group: %s", exc)
+
+
+async def completed(work: dist.Work) -> None:
+    """Wait for a collective without blocking the loop; raises if it failed."""
+    while not work.is_completed():
+        await asyncio.sleep(POLL_S)
+    work.wait()  # returns at once; raises the collective's error
 
 
 def in_daemon_thread(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
