@@ -32,7 +32,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import torch
@@ -45,6 +45,9 @@ from tidal.weightsync.filesystem import load_version
 from tidal.weightsync.manifest import CorruptWeights, VersionEvent, WeightManifest
 from tidal.weightsync.rendezvous import SyncPlan
 from tidal.weightsync.stream import decode_version
+
+if TYPE_CHECKING:
+    from tidal.weightsync.broadcast import ReceivedVersion
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
@@ -130,19 +133,33 @@ class WeightWatcher:
             log.info("joined the broadcast group as rank %d of %d", seat.rank, seat.world_size)
             while (received := await group.receive()) is not None:
                 self.received_by_broadcast.append(received.version)
-                try:
-                    await self._install(
-                        received.version,
-                        received.step,
-                        received.hf_config,
-                        received.state_dict,
-                        source="broadcast",
-                    )
-                except ValueError as exc:
-                    log.error("skipping broadcast version %d: %s", received.version, exc)
-                    self.skipped.append(received.version)
+                await self._install_received(received)
         except RuntimeError as exc:  # the sender died or the group never formed
             log.warning("broadcast receiver stopped (%s); following the filesystem", exc)
+
+    async def _install_received(self, received: ReceivedVersion) -> None:
+        context = extract_carrier(received.trace_context)
+        with tracer.start_as_current_span("inference.load_weights", context=context) as span:
+            span.set_attributes(
+                {
+                    "weights.version": received.version,
+                    "weights.step": received.step,
+                    "weights.path": "broadcast",
+                    "replica.id": self.replica_id,
+                }
+            )
+            try:
+                await self._install(
+                    received.version,
+                    received.step,
+                    received.hf_config,
+                    received.state_dict,
+                    source="broadcast",
+                )
+            except ValueError as exc:
+                log.error("skipping broadcast version %d: %s", received.version, exc)
+                span.record_exception(exc)
+                self.skipped.append(received.version)
 
     async def load(self, event: VersionEvent) -> bool:
         """Load one announced version into the engine and acknowledge it; False when skipped."""

@@ -32,6 +32,7 @@ import torch
 from opentelemetry import trace
 
 from tidal.common.errors import FailedPrecondition
+from tidal.common.telemetry import inject_carrier
 from tidal.weightsync.client import WeightSyncClient
 from tidal.weightsync.filesystem import version_dir, write_version
 from tidal.weightsync.manifest import WeightManifest
@@ -162,7 +163,7 @@ class WeightPublisher:
 
         try:
             await in_daemon_thread(
-                group.result().send, version, version, self.hf_config, state_dict
+                group.result().send, version, version, self.hf_config, state_dict, inject_carrier()
             )
         except RuntimeError as exc:  # a replica died mid-broadcast (gloo/NCCL error)
             log.warning("broadcast of version %d failed (%s); filesystem from now on", version, exc)

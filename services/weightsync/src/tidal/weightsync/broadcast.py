@@ -5,7 +5,8 @@ Decisions:
   the trainer hosts (address handed out by weightsync's `JoinSync`), not the default
   process group: the trainer's own torchrun group (FSDP ranks) is left alone, and the
   inference process needs no global torch.distributed state.
-- One version = a header (version, step, HF config, tensor specs, bucket size; JSON, sent
+- One version = a header (version, step, HF config, trace context of the publish, tensor
+  specs, bucket size; JSON, sent
   as a length then bytes) followed by the buckets of `tidal.weightsync.buckets`. The
   sender holds two bucket buffers beyond its weights (packing bucket k+1 while bucket k
   is on the wire); the receiver receives into the one flat buffer its tensors view, so
@@ -61,6 +62,7 @@ class ReceivedVersion:
     step: int
     hf_config: dict[str, Any]
     state_dict: dict[str, torch.Tensor]
+    trace_context: dict[str, str]
 
 
 def resolve_backend(name: str) -> str:
@@ -140,6 +142,7 @@ class BroadcastGroup:
         step: int,
         hf_config: dict[str, Any],
         state_dict: Mapping[str, torch.Tensor],
+        trace_context: dict[str, str] | None = None,
     ) -> None:
         """Rank 0: broadcast one version, bucket by bucket, packing the next bucket while
         the previous one is on the wire (two buffers)."""
@@ -149,6 +152,7 @@ class BroadcastGroup:
             "version": version,
             "step": step,
             "hf_config": hf_config,
+            "trace_context": trace_context or {},
             "tensors": [s.to_json() for s in specs],
             "bucket_bytes": bucket_bytes,
         }
@@ -189,6 +193,7 @@ class BroadcastGroup:
             int(header["step"]),
             header["hf_config"],
             tensor_views(flat, layout),
+            dict(header.get("trace_context", {})),
         )
 
     def close(self) -> None:
