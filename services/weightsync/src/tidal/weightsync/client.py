@@ -7,6 +7,8 @@ sha256 before returning, so a caller never sees unverified bytes.
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import logging
 from collections.abc import AsyncIterator, Mapping
 
@@ -22,7 +24,7 @@ from tidal.weightsync.convert import (
     plan_from_proto,
     role_to_proto,
 )
-from tidal.weightsync.manifest import VersionEvent, WeightManifest, verify_bytes
+from tidal.weightsync.manifest import VersionEvent, WeightManifest, verify_digests
 from tidal.weightsync.rendezvous import SyncPlan
 
 log = logging.getLogger(__name__)
@@ -104,26 +106,36 @@ class WeightSyncClient:
     async def fetch_files(
         self, manifest: WeightManifest, *, retries: int = 3, timeout: float = 600.0
     ) -> dict[str, bytes]:
-        """Every file of a version, streamed in chunks, resumed on a broken stream, verified."""
+        """Every file of a version, streamed in chunks, resumed on a broken stream, verified.
+
+        Each chunk is hashed in a worker thread while the next one is received, so
+        verifying costs no extra pass over the bytes.
+        """
         buffers = {f.path: bytearray() for f in manifest.files}
-        order = [f.path for f in manifest.files]
+        digests = {f.path: hashlib.sha256() for f in manifest.files}
+        hashing: asyncio.Future[None] | None = None  # hash of the previous chunk
         attempt = 0
         while True:
-            pending = [
-                p for p, f in zip(order, manifest.files, strict=True) if len(buffers[p]) < f.size
-            ]
+            pending = [f.path for f in manifest.files if len(buffers[f.path]) < f.size]
             if not pending:
                 break
             path, offset = pending[0], len(buffers[pending[0]])
             request = pb.FetchWeightsRequest(version=manifest.version, path=path, offset=offset)
             try:
                 async for chunk in self.stub.FetchWeights(request, timeout=timeout):
-                    buffer = buffers[chunk.path]
+                    buffer = buffers.get(chunk.path)
+                    if buffer is None:
+                        raise ValueError(f"chunk of {chunk.path!r}, which is not in the manifest")
                     if chunk.offset != len(buffer):
                         raise ValueError(
                             f"{chunk.path}: chunk at offset {chunk.offset}, expected {len(buffer)}"
                         )
                     buffer += chunk.data
+                    if hashing is not None:
+                        await hashing  # updates of one digest must stay in order
+                    hashing = asyncio.ensure_future(
+                        asyncio.to_thread(digests[chunk.path].update, chunk.data)
+                    )
                 break
             except grpc.aio.AioRpcError as exc:
                 attempt += 1
@@ -132,9 +144,13 @@ class WeightSyncClient:
                 log.warning(
                     "fetch of version %d broke (%s); resuming", manifest.version, exc.code().name
                 )
-        files = {path: bytes(data) for path, data in buffers.items()}
-        verify_bytes(manifest, files)
-        return files
+            finally:
+                if hashing is not None:
+                    await hashing
+                    hashing = None
+        received = {p: (len(buffers[p]), d.hexdigest()) for p, d in digests.items()}
+        verify_digests(manifest, received)
+        return {path: bytes(data) for path, data in buffers.items()}
 
     async def close(self) -> None:
         await self.channel.close()

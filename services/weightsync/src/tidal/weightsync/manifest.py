@@ -100,18 +100,18 @@ def verify_files(manifest: WeightManifest) -> None:
             )
 
 
-def verify_bytes(manifest: WeightManifest, files: dict[str, bytes]) -> None:
-    """Like `verify_files`, for files received in memory (the stream path)."""
+def verify_digests(manifest: WeightManifest, received: dict[str, tuple[int, str]]) -> None:
+    """Like `verify_files`, for files received in memory: `received` maps each path to
+    (size, sha256 hex digest) as computed while receiving it."""
     for f in manifest.files:
-        data = files.get(f.path)
-        if data is None:
+        if f.path not in received:
             raise CorruptWeights(f"version {manifest.version}: file {f.path} was not received")
-        if len(data) != f.size:
+        size, actual = received[f.path]
+        if size != f.size:
             raise CorruptWeights(
-                f"version {manifest.version}: file {f.path} has {len(data)} bytes, "
+                f"version {manifest.version}: file {f.path} has {size} bytes, "
                 f"manifest says {f.size}"
             )
-        actual = hashlib.sha256(data).hexdigest()
         if actual != f.sha256:
             raise CorruptWeights(
                 f"version {manifest.version}: sha256 of {f.path} is {actual[:12]}…, "
