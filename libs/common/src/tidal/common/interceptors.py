@@ -68,7 +68,13 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
-        return handler  # client/bidi streaming: none in the v1 contracts
+        if handler.stream_unary is not None:  # client streaming (weight uploads)
+            return grpc.stream_unary_rpc_method_handler(
+                _wrap_unary(handler.stream_unary, method),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler  # bidi streaming: none in the v1 contracts
 
 
 def _wrap_unary(behaviour: Callable[..., Any], method: str) -> Callable[..., Any]:
