@@ -104,12 +104,18 @@ def file_bound(folder: Path, size: int, repeats: int) -> float:
 
 async def run_replica(address: str) -> None:
     """The inference side: print `loaded <version> <monotonic time>` as each is served."""
+    from tidal.inference.config import InferenceConfig
     from tidal.inference.native import NativeEngine
     from tidal.inference.weights import WeightWatcher
     from tidal.weightsync.client import WeightSyncClient
 
     engine = NativeEngine(
-        device=torch.device("cpu"), dtype=torch.bfloat16, max_batch_size=1, max_queue=1
+        device=torch.device("cpu"),
+        dtype=torch.bfloat16,
+        max_batch_size=1,
+        max_queue=1,
+        max_step_tokens=InferenceConfig().max_step_tokens,
+        kv_cache_mb=InferenceConfig().kv_cache_mb,
     )
     await engine.start()
 

@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from tidal.common.sections import GrpcConfig
 from tidal.common.server import GrpcServer, ServiceBinding
+from tidal.inference.config import InferenceConfig
 from tidal.inference.native import NativeEngine
 from tidal.inference.weights import WeightWatcher
 from tidal.rpc.v1 import weightsync_pb2_grpc
@@ -30,6 +31,12 @@ from tidal.weightsync.config import FilesystemTransport, StreamTransport
 from tidal.weightsync.filesystem import write_version
 from tidal.weightsync.registry import VersionRegistry
 from tidal.weightsync.servicer import WeightSyncServicer
+
+# The engine's per-step token budget and KV-cache bound, at their configured defaults.
+ENGINE_BUDGET = {
+    "max_step_tokens": InferenceConfig().max_step_tokens,
+    "kv_cache_mb": InferenceConfig().kv_cache_mb,
+}
 
 ARGS = LlamaArgs(
     vocab_size=264, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=64
@@ -48,7 +55,11 @@ class RecordingEngine(NativeEngine):
 
     def __init__(self) -> None:
         super().__init__(
-            device=torch.device("cpu"), dtype=torch.float32, max_batch_size=4, max_queue=4
+            device=torch.device("cpu"),
+            dtype=torch.float32,
+            max_batch_size=4,
+            max_queue=4,
+            **ENGINE_BUDGET,
         )
         self.handed: dict[int, dict[str, torch.Tensor]] = {}
 

@@ -24,6 +24,7 @@ from safetensors.torch import load_file
 
 from tidal.common.sections import GrpcConfig
 from tidal.common.server import GrpcServer, ServiceBinding
+from tidal.inference.config import InferenceConfig
 from tidal.inference.native import NativeEngine
 from tidal.inference.weights import WeightWatcher
 from tidal.rpc.v1 import weightsync_pb2_grpc
@@ -33,6 +34,12 @@ from tidal.weightsync.client import WeightSyncClient
 from tidal.weightsync.config import BroadcastTransport
 from tidal.weightsync.registry import VersionRegistry
 from tidal.weightsync.servicer import WeightSyncServicer
+
+# The engine's per-step token budget and KV-cache bound, at their configured defaults.
+ENGINE_BUDGET = {
+    "max_step_tokens": InferenceConfig().max_step_tokens,
+    "kv_cache_mb": InferenceConfig().kv_cache_mb,
+}
 
 pytestmark = pytest.mark.distributed
 
@@ -94,7 +101,11 @@ async def test_broadcast_delivers_bit_identical_weights_and_late_replica_catches
     client = WeightSyncClient(address)
     publisher = WeightPublisher(root, client, ARGS.to_hf_config())
     late_engine = NativeEngine(
-        device=torch.device("cpu"), dtype=torch.float32, max_batch_size=4, max_queue=4
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+        max_batch_size=4,
+        max_queue=4,
+        **ENGINE_BUDGET,
     )
     await late_engine.start()
     late_task: asyncio.Task[None] | None = None

@@ -18,15 +18,27 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from tidal.inference.config import InferenceConfig
 from tidal.inference.native import NativeEngine
 from tidal.inference.weights import WeightWatcher
 from tidal.weightsync.client import WeightSyncClient
+
+# The engine's per-step token budget and KV-cache bound, at their configured defaults.
+ENGINE_BUDGET = {
+    "max_step_tokens": InferenceConfig().max_step_tokens,
+    "kv_cache_mb": InferenceConfig().kv_cache_mb,
+}
 
 
 class RecordingEngine(NativeEngine):
     def __init__(self, out: Path) -> None:
         super().__init__(
-            device=torch.device("cpu"), dtype=torch.float32, max_batch_size=4, max_queue=4, seed=0
+            device=torch.device("cpu"),
+            dtype=torch.float32,
+            max_batch_size=4,
+            max_queue=4,
+            **ENGINE_BUDGET,
+            seed=0,
         )
         self.out = out
 
