@@ -37,10 +37,20 @@ STARTUP_TIMEOUT_S = 120.0
 
 
 class WeightPublisher:
-    def __init__(self, root: Path, client: WeightSyncClient, hf_config: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        root: Path,
+        client: WeightSyncClient,
+        hf_config: dict[str, Any],
+        *,
+        adapter_config: dict[str, Any] | None = None,
+    ) -> None:
         self.root = root
         self.client = client
         self.hf_config = hf_config
+        # LoRA adapter-only publishing: versions after 0 hold adapters, described in
+        # config.json under "adapter_config" (docs/memory.md).
+        self.adapter_config = adapter_config
         self.newest = -1  # newest version this process published
 
     async def check_fresh(self) -> None:
@@ -99,6 +109,9 @@ class WeightPublisher:
         folder = version_dir(self.root, version)
         if folder.exists():  # an unregistered leftover of a failed attempt: replace it
             shutil.rmtree(folder)
+        config = self.hf_config
+        if self.adapter_config is not None and version > 0:
+            config = {**config, "adapter_config": self.adapter_config}
         return write_version(
-            self.root, version=version, step=version, state_dict=state_dict, config=self.hf_config
+            self.root, version=version, step=version, state_dict=state_dict, config=config
         )

@@ -77,7 +77,9 @@ async def start_trainer(config: TrainerRunConfig) -> RunningTrainer:
     elif config.resume:
         log.warning("--resume: no checkpoint under %s; starting fresh", checkpoints.root)
     client = WeightSyncClient(config.endpoints.weightsync, config.grpc)
-    publisher = WeightPublisher(config.publish_dir, client, trainer.hf_config())
+    publisher = WeightPublisher(
+        config.publish_dir, client, trainer.hf_config(), adapter_config=trainer.adapter_config()
+    )
     runner = StepRunner(
         trainer, publisher, checkpoints=checkpoints, checkpoint_interval=ckpt.interval
     )
