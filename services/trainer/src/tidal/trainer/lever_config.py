@@ -115,13 +115,8 @@ def check_lever_combination(model: Any) -> None:
     ac = model.ac
     if ac is not None and ac.mode == "selective" and ac.freq != 1:
         raise ValueError('ac.freq applies to ac.mode = "full" only; remove it or use "full"')
-    if model.ac_offloading is not None and model.compile is not None:
+    if model.impl == "hf" and chunk != "disabled":
         raise ValueError(
-            "ac_offloading and compile cannot combine: compiled blocks do not run the "
-            "saved-tensor hooks offloading relies on; unset one of them"
-        )
-    if model.impl == "hf" and (chunk != "disabled" or model.ac is not None):
-        raise ValueError(
-            'fused_lm_head_token_chunk_size and ac need model.impl = "custom" (or "auto" for '
-            'an architecture we implement); model.impl = "hf" runs transformers own forward'
+            'fused_lm_head_token_chunk_size needs model.impl = "custom" (or "auto" for an '
+            'architecture we implement): model.impl = "hf" gives no hidden states to chunk'
         )
