@@ -38,6 +38,7 @@ from tidal.trainer.levers.apply import apply_model_levers
 from tidal.trainer.levers.lm_head import chunked_logprobs_entropy, resolve_chunk_size
 from tidal.trainer.levers.lora import adapter_config, adapter_state_dict
 from tidal.trainer.levers.offload import offloading
+from tidal.trainer.levers.truncation import truncate_micro_batch, truncation_enabled
 from tidal.trainer.loss import TokenInputs, rl_loss, sft_loss, token_entropy
 from tidal.trainer.models.factory import build_model, publishable_state_dict
 from tidal.trainer.normalisation import Reduce, StepCounts, segment_ids, step_counts, token_weights
@@ -151,6 +152,9 @@ class Trainer:
         self, batches: list[MicroBatchData], kind: LossKind
     ) -> dict[str, torch.Tensor]:
         """Fresh `.grad`s of the step's loss; returns step-level metric sums (loss, entropy…)."""
+        truncation = self.config.model.truncation
+        if truncation_enabled(truncation):
+            batches = [truncate_micro_batch(b, truncation) for b in batches]
         counts = step_counts(batches, self.reduce)
         if counts.loss_tokens == 0:
             raise InvalidArgument("micro_batches.loss_mask", "no token of the step has loss_mask 1")
