@@ -65,3 +65,18 @@ def test_selective_with_a_frequency_is_a_config_error_naming_both_fields() -> No
 def test_an_unknown_selective_target_is_a_config_error_naming_the_field() -> None:
     with pytest.raises(pydantic.ValidationError, match=r"ac\.targets"):
         ModelConfig(ac={"mode": "selective", "targets": ["lm_head"]})
+
+
+def test_moe_blocks_under_checkpointing_and_the_chunked_head_match(batches) -> None:
+    moe = {"family": "qwen3_moe", "n_experts": 4, "n_experts_per_tok": 2, "moe_ffn_dim": 16}
+    off = loss_and_grads(make_trainer(FULL_LOSS, **moe), batches)
+    on = loss_and_grads(
+        make_trainer(
+            FULL_LOSS,
+            **moe,
+            ac={"mode": "selective", "targets": ["attention", "mlp"]},
+            fused_lm_head_token_chunk_size=16,
+        ),
+        batches,
+    )
+    assert_same(on, off)
