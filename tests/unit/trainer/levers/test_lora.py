@@ -173,3 +173,24 @@ def test_published_adapter_versions_describe_the_adapters_in_config_json(tmp_pat
     assert config1["adapter_config"]["r"] == 4
     weights = load_file(tmp_path / v1.location / "model.safetensors")
     assert all(name.startswith(PEFT_PREFIX) for name in weights)
+
+
+def test_a_checkpoint_restores_adapters_and_their_optimizer_state(tmp_path, batches) -> None:
+    from tidal.trainer.checkpoint import CheckpointManager
+
+    trained = make_trainer(lora=LORA)
+    trained.train_step(1, batches, "pg")
+    manager = CheckpointManager(tmp_path, keep_last=1)
+    manager.save(trained)
+    restored = make_trainer(lora=LORA)
+    manager.load(restored)
+    for (name, a), (_, b) in zip(
+        trained.model.named_parameters(), restored.model.named_parameters(), strict=True
+    ):
+        assert torch.equal(a, b), name
+    trained.train_step(2, batches, "pg")
+    restored.train_step(2, batches, "pg")
+    for (name, a), (_, b) in zip(
+        trained.model.named_parameters(), restored.model.named_parameters(), strict=True
+    ):
+        assert torch.equal(a, b), name
