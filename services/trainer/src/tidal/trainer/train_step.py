@@ -185,9 +185,12 @@ class Trainer:
         targets = batch.input_ids[1:]  # (T-1,)
         if self.lm_head_chunk is not None:
             with self._autocast():
-                hidden = model.hidden_states(ids, positions, sample_lengths=batch.sample_lengths)
+                hidden = model.hidden_states(  # type: ignore[operator]
+                    ids, positions, sample_lengths=batch.sample_lengths
+                )  # (1, T, dim)
+                head = model.get_output_embeddings().weight  # type: ignore[operator]
                 logprobs, entropy = chunked_logprobs_entropy(
-                    hidden[0, :-1], model.lm_head.weight, targets, chunk=self.lm_head_chunk
+                    hidden[0, :-1], head, targets, chunk=self.lm_head_chunk
                 )  # (T-1,), (T-1,)
             return logprobs, entropy if entropy_grad else entropy.detach()
         with self._autocast():

@@ -45,7 +45,7 @@ def checkpoint_module(module: nn.Module) -> None:
 
 
 def _selective_targets(block: nn.Module, targets: list[str]) -> Iterator[nn.Module]:
-    attn = block.self_attn
+    attn = block.get_submodule("self_attn")
     for target in targets:
         if target == "norm":
             yield from (getattr(block, name) for name in NORMS)
@@ -54,7 +54,7 @@ def _selective_targets(block: nn.Module, targets: list[str]) -> Iterator[nn.Modu
         elif target == "attention":
             yield attn
         elif target == "mlp":
-            yield block.mlp
+            yield block.get_submodule("mlp")
         else:  # the config's Literal makes this unreachable from TOML
             raise ValueError(f"unknown ac.targets entry {target!r}")
 
