@@ -194,3 +194,13 @@ def test_a_checkpoint_restores_adapters_and_their_optimizer_state(tmp_path, batc
         trained.model.named_parameters(), restored.model.named_parameters(), strict=True
     ):
         assert torch.equal(a, b), name
+
+
+def test_adapters_are_a_function_of_the_seed_alone() -> None:
+    a = make_trainer(lora=LORA)
+    torch.rand(100)  # disturb the global RNG
+    b = make_trainer(lora=LORA)
+    for (name, x), (_, y) in zip(
+        a.model.named_parameters(), b.model.named_parameters(), strict=True
+    ):
+        assert torch.equal(x, y), name

@@ -62,7 +62,7 @@ class Trainer:
         self.device = device
         self.reduce = reduce
         self.model = apply_model_levers(
-            build_model(config.model, seed=seed, device=device), config.model
+            build_model(config.model, seed=seed, device=device), config.model, seed=seed
         )
         self.lm_head_chunk = resolve_chunk_size(
             config.model.fused_lm_head_token_chunk_size, config.model.vocab_size

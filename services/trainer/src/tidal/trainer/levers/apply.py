@@ -17,8 +17,8 @@ from tidal.trainer.parallel.ac import apply_ac
 from tidal.trainer.parallel.compile import apply_compile
 
 
-def apply_model_levers(model: nn.Module, config: ModelConfig) -> nn.Module:
-    """LoRA → AC → compile on `model` in place; returns it."""
+def apply_model_levers(model: nn.Module, config: ModelConfig, *, seed: int) -> nn.Module:
+    """LoRA → AC → compile on `model` in place; returns it (adapters drawn from `seed`)."""
     layers = getattr(getattr(model, "model", None), "layers", None)
     if (config.ac is not None or config.compile is not None) and layers is None:
         raise ConfigError("trainer.model.ac / trainer.model.compile need decoder blocks")
@@ -27,7 +27,7 @@ def apply_model_levers(model: nn.Module, config: ModelConfig) -> nn.Module:
             "trainer.model.fused_lm_head_token_chunk_size needs our model implementation "
             '(model.impl = "custom"); this architecture runs on transformers'
         )
-    apply_lora(model, config.lora)
+    apply_lora(model, config.lora, seed=seed)
     apply_ac(model, config.ac)
     apply_compile(model, config.compile)
     return model

@@ -64,8 +64,11 @@ class LoRALinear(nn.Linear):
         return self.weight + self.scale * (self.lora_B @ self.lora_A)
 
 
-def apply_lora(model: nn.Module, config: LoRAConfig | None) -> list[str]:
-    """Swap targeted linears for `LoRALinear` and freeze the rest; returns their names."""
+def apply_lora(model: nn.Module, config: LoRAConfig | None, *, seed: int = 0) -> list[str]:
+    """Swap targeted linears for `LoRALinear` and freeze the rest; returns their names.
+
+    The adapters' initialisation depends only on `seed` (not on the global RNG).
+    """
     if config is None:
         return []
     targets = set(config.target_modules)
@@ -84,11 +87,13 @@ def apply_lora(model: nn.Module, config: LoRAConfig | None) -> list[str]:
     if any(name == "lm_head" for name, _ in chosen):
         raise ConfigError("trainer.model.lora.target_modules: the LM head cannot take an adapter")
     model.requires_grad_(False)
-    for name, module in chosen:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name)
-        lora = LoRALinear(module, rank=config.rank, alpha=config.alpha, dropout=config.dropout)
-        setattr(parent, child, lora)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for name, module in chosen:
+            parent_name, _, child = name.rpartition(".")
+            parent = model.get_submodule(parent_name)
+            lora = LoRALinear(module, rank=config.rank, alpha=config.alpha, dropout=config.dropout)
+            setattr(parent, child, lora)
     model.lora_config = config  # type: ignore[assignment]
     return [name for name, _ in chosen]
 
