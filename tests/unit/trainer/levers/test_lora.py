@@ -128,6 +128,7 @@ def test_adapter_publishing_sends_only_peft_named_adapters_after_version_0(batch
         for m in ("self_attn.q_proj", "self_attn.v_proj", "mlp.down_proj")
         for part in ("lora_A", "lora_B")
     }
+    assert not any("lora" in name for name in trainer.state_dict_for_export())  # merged
     assert trainer.adapter_config() == {
         "peft_type": "LORA",
         "r": 4,

@@ -97,13 +97,17 @@ class Trainer:
             return None
         return adapter_config(lora)
 
+    def state_dict_for_export(self) -> dict[str, torch.Tensor]:
+        """Full HF-named weights, LoRA adapters merged in (a plain HF checkpoint)."""
+        return publishable_state_dict(self.model)
+
     def state_dict_for_publish(self) -> dict[str, torch.Tensor]:
         """Full HF-named weights (LoRA merged); with `lora.publish = "adapters"`, versions
         after 0 carry only the adapters (docs/memory.md)."""
         lora = self.config.model.lora
         if lora is not None and lora.publish == "adapters" and self.trained_step > 0:
             return adapter_state_dict(self.model)
-        return publishable_state_dict(self.model)
+        return self.state_dict_for_export()
 
     def _set_lr(self, kind: LossKind) -> float:
         """Scale this step's lr: the schedule's factor times the peak of this kind of step."""
