@@ -66,3 +66,11 @@ def test_training_with_truncation_equals_training_on_the_cut_samples() -> None:
 def test_a_zero_cap_is_a_config_error_naming_the_field() -> None:
     with pytest.raises(pydantic.ValidationError, match="max_prompt_tokens"):
         ModelConfig(truncation={"max_prompt_tokens": 0})
+
+
+def test_step_metrics_count_the_tokens_kept() -> None:
+    batch = pack([(list(range(10, 20)), 6, 1.0), (list(range(30, 35)), 2, -1.0)])
+    trainer = make_trainer(truncation={"max_prompt_tokens": 3, "max_completion_tokens": 2})
+    metrics = trainer.train_step(1, [batch], "pg")
+    assert metrics["tokens"] == 9
+    assert metrics["loss_tokens"] == 4

@@ -126,6 +126,7 @@ class Trainer:
             raise FailedPrecondition(f"expected step {self.trained_step + 1}, got step {step}")
         start = time.perf_counter()
         lr = self._set_lr(kind)
+        batches = self._truncate(batches)  # so the token metrics count trained tokens
         sums = self.compute_gradients(batches, kind)
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), self.config.optim.max_grad_norm
@@ -156,9 +157,7 @@ class Trainer:
         self, batches: list[MicroBatchData], kind: LossKind
     ) -> dict[str, torch.Tensor]:
         """Fresh `.grad`s of the step's loss; returns step-level metric sums (loss, entropy…)."""
-        truncation = self.config.model.truncation
-        if truncation_enabled(truncation):
-            batches = [truncate_micro_batch(b, truncation) for b in batches]
+        batches = self._truncate(batches)
         counts = step_counts(batches, self.reduce)
         if counts.loss_tokens == 0:
             raise InvalidArgument("micro_batches.loss_mask", "no token of the step has loss_mask 1")
@@ -171,6 +170,13 @@ class Trainer:
             for name, value in self._backward(batch.to(self.device), kind, counts).items():
                 sums[name] += value
         return dict(sums)
+
+    def _truncate(self, batches: list[MicroBatchData]) -> list[MicroBatchData]:
+        """The micro-batches cut to `model.truncation` (unchanged without caps; idempotent)."""
+        truncation = self.config.model.truncation
+        if not truncation_enabled(truncation):
+            return batches
+        return [truncate_micro_batch(b, truncation) for b in batches]
 
     def _autocast(self) -> contextlib.AbstractContextManager[object]:
         if self.config.precision == "bf16":
