@@ -18,6 +18,10 @@ Decisions:
   writing NaNs into the weights; the step still counts as trained, so the run goes on.
 - This class is synchronous and knows nothing about gRPC or publishing; the service runs
   it in a worker thread.
+- Memory levers (docs/memory.md): LoRA → activation checkpointing → compile are applied
+  to the model once (`levers/apply.py`); truncation cuts the micro-batches before the
+  step's counts; offloading wraps each forward; the chunked LM head replaces the
+  `[T, V]` logits path. The optimizer only gets parameters that require grad (LoRA).
 """
 
 from __future__ import annotations
