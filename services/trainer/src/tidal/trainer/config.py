@@ -16,6 +16,15 @@ from pydantic import Field, model_validator
 from tidal.common.config import BaseConfig
 from tidal.common.sections import ServiceRunConfig, SharedConfig
 from tidal.common.tokenizer import ByteTokenizer
+from tidal.trainer.lever_config import (
+    ActivationCheckpointConfig,
+    ActivationOffloadingConfig,
+    ChunkSize,
+    CompileConfig,
+    LoRAConfig,
+    TruncationConfig,
+    check_lever_combination,
+)
 
 Family = Literal["llama", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe"]
 MOE_FAMILIES = ("qwen3_moe", "qwen2_moe")
@@ -101,6 +110,19 @@ class ModelConfig(BaseConfig):
     """MoE families: weight of the load-balancing auxiliary loss."""
     init_std: float = Field(default=0.02, gt=0)
     """Standard deviation of the normal initialisation of weight matrices."""
+    ac: ActivationCheckpointConfig | None = None
+    """Activation checkpointing (memory lever); unset = off."""
+    ac_offloading: ActivationOffloadingConfig | None = None
+    """Activation offloading to host memory (memory lever); unset = off."""
+    fused_lm_head_token_chunk_size: ChunkSize = "disabled"
+    """Chunked LM head: logprobs and entropy computed this many tokens at a time without
+    materialising [tokens, vocab] logits; "auto" sizes chunks to ~64 MiB of fp32 logits."""
+    lora: LoRAConfig | None = None
+    """LoRA adapters on frozen base weights (memory lever); unset = full fine-tuning."""
+    compile: CompileConfig | None = None
+    """torch.compile per decoder block; unset = eager."""
+    truncation: TruncationConfig = TruncationConfig()
+    """Prompt / completion / total length caps applied to trained samples (unset = none)."""
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelConfig:
@@ -136,6 +158,7 @@ class ModelConfig(BaseConfig):
             )
         if self.family == "qwen2_moe" and not self.shared_expert_ffn_dim:
             raise ValueError('family "qwen2_moe" needs shared_expert_ffn_dim > 0')
+        check_lever_combination(self)
         return self
 
 

@@ -59,6 +59,7 @@ class WeightPublisher:
         *,
         member_id: str = "trainer",
         advertise_host: str = "127.0.0.1",
+        adapter_config: dict[str, Any] | None = None,
     ) -> None:
         self.root = root
         self.client = client
@@ -66,6 +67,9 @@ class WeightPublisher:
         self.member_id = member_id
         self.advertise_host = advertise_host
         """Host the replicas reach this trainer's TCP store at (broadcast path)."""
+        # LoRA adapter-only publishing: versions after 0 hold adapters, described in
+        # config.json under "adapter_config" (docs/memory.md).
+        self.adapter_config = adapter_config
         self.newest = -1  # newest version this process published
         self.plan: SyncPlan | None = None
         self._group: asyncio.Future[BroadcastGroup] | None = None
@@ -163,7 +167,10 @@ class WeightPublisher:
     ) -> WeightManifest:
         manifest, files = await asyncio.to_thread(
             lambda: encode_version(
-                version=version, step=version, state_dict=state_dict, config=self.hf_config
+                version=version,
+                step=version,
+                state_dict=state_dict,
+                config=self._config_for(version),
             )
         )
         await self.client.upload(manifest, files, chunk_bytes=plan.chunk_bytes)
@@ -184,7 +191,12 @@ class WeightPublisher:
 
         try:
             await in_daemon_thread(
-                group.result().send, version, version, self.hf_config, state_dict, inject_carrier()
+                group.result().send,
+                version,
+                version,
+                self._config_for(version),
+                state_dict,
+                inject_carrier(),
             )
         except RuntimeError as exc:  # a replica died mid-broadcast (gloo/NCCL error)
             log.warning("broadcast of version %d failed (%s); filesystem from now on", version, exc)
@@ -195,5 +207,16 @@ class WeightPublisher:
         if folder.exists():  # an unregistered leftover of a failed attempt: replace it
             shutil.rmtree(folder)
         return write_version(
-            self.root, version=version, step=version, state_dict=state_dict, config=self.hf_config
+            self.root,
+            version=version,
+            step=version,
+            state_dict=state_dict,
+            config=self._config_for(version),
         )
+
+    def _config_for(self, version: int) -> dict[str, Any]:
+        """config.json of a version: the model's, plus the adapter description when LoRA
+        publishes adapters only (every version after 0, which holds the base weights)."""
+        if self.adapter_config is not None and version > 0:
+            return {**self.hf_config, "adapter_config": self.adapter_config}
+        return self.hf_config

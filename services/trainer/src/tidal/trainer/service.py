@@ -80,7 +80,11 @@ async def start_trainer(config: TrainerRunConfig) -> RunningTrainer:
     # Broadcast replicas reach this trainer's TCP store at the host of its endpoint.
     host = config.endpoints.trainer.rsplit(":", 1)[0]
     publisher = WeightPublisher(
-        config.publish_dir, client, trainer.hf_config(), advertise_host=host
+        config.publish_dir,
+        client,
+        trainer.hf_config(),
+        advertise_host=host,
+        adapter_config=trainer.adapter_config(),
     )
     runner = StepRunner(
         trainer, publisher, checkpoints=checkpoints, checkpoint_interval=ckpt.interval

@@ -127,7 +127,7 @@ def export_final(trainer: Trainer, config: SftRunConfig) -> None:
 
     folder = config.run.dir / "final"
     folder.mkdir(parents=True, exist_ok=True)
-    save_file(trainer.state_dict_for_publish(), folder / "model.safetensors")
+    save_file(trainer.state_dict_for_export(), folder / "model.safetensors")
     (folder / "config.json").write_text(json.dumps(trainer.hf_config(), indent=2))
     log.info("final weights written to %s", folder)
 

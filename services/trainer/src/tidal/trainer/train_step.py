@@ -18,6 +18,10 @@ Decisions:
   writing NaNs into the weights; the step still counts as trained, so the run goes on.
 - This class is synchronous and knows nothing about gRPC or publishing; the service runs
   it in a worker thread.
+- Memory levers (docs/memory.md): LoRA → activation checkpointing → compile are applied
+  to the model once (`levers/apply.py`); truncation cuts the micro-batches before the
+  step's counts; offloading wraps each forward; the chunked LM head replaces the
+  `[T, V]` logits path. The optimizer only gets parameters that require grad (LoRA).
 """
 
 from __future__ import annotations
@@ -34,6 +38,11 @@ import torch
 from tidal.common.errors import FailedPrecondition, InvalidArgument
 from tidal.trainer.batch import MicroBatchData
 from tidal.trainer.config import TrainerConfig
+from tidal.trainer.levers.apply import apply_model_levers
+from tidal.trainer.levers.lm_head import chunked_logprobs_entropy, resolve_chunk_size
+from tidal.trainer.levers.lora import adapter_config, adapter_state_dict
+from tidal.trainer.levers.offload import offloading
+from tidal.trainer.levers.truncation import truncate_micro_batch, truncation_enabled
 from tidal.trainer.loss import TokenInputs, rl_loss, sft_loss, token_entropy
 from tidal.trainer.models.factory import build_model, publishable_state_dict
 from tidal.trainer.normalisation import Reduce, StepCounts, segment_ids, step_counts, token_weights
@@ -56,12 +65,18 @@ class Trainer:
         self.config = config
         self.device = device
         self.reduce = reduce
-        self.model = build_model(config.model, seed=seed, device=device)
+        self.model = apply_model_levers(
+            build_model(config.model, seed=seed, device=device), config.model, seed=seed
+        )
+        self.lm_head_chunk = resolve_chunk_size(
+            config.model.fused_lm_head_token_chunk_size, config.model.vocab_size
+        )
         self.reference: torch.nn.Module | None = None
         if config.loss.kl.coef > 0:
             self.reference = build_model(config.model, seed=seed, device=device)
             self.reference.requires_grad_(False).eval()
-        self.optimizer = build_optimizer(self.model.parameters(), config.optim)
+        trainable = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: adapters
+        self.optimizer = build_optimizer(trainable, config.optim)
         self.scheduler = build_scheduler(self.optimizer, config.optim.schedule)
         self.trained_step = 0  # last step whose optimizer step ran (0 = initial weights)
 
@@ -79,8 +94,24 @@ class Trainer:
             f"{m.n_layers} layers, {m.n_heads}/{m.n_kv_heads} heads, vocab {m.vocab_size})"
         )
 
-    def state_dict_for_publish(self) -> dict[str, torch.Tensor]:
+    def adapter_config(self) -> dict[str, object] | None:
+        """PEFT-style description of published adapters (None unless publishing adapters)."""
+        lora = self.config.model.lora
+        if lora is None or lora.publish != "adapters":
+            return None
+        return adapter_config(lora)
+
+    def state_dict_for_export(self) -> dict[str, torch.Tensor]:
+        """Full HF-named weights, LoRA adapters merged in (a plain HF checkpoint)."""
         return publishable_state_dict(self.model)
+
+    def state_dict_for_publish(self) -> dict[str, torch.Tensor]:
+        """Full HF-named weights (LoRA merged); with `lora.publish = "adapters"`, versions
+        after 0 carry only the adapters (docs/memory.md)."""
+        lora = self.config.model.lora
+        if lora is not None and lora.publish == "adapters" and self.trained_step > 0:
+            return adapter_state_dict(self.model)
+        return self.state_dict_for_export()
 
     def _set_lr(self, kind: LossKind) -> float:
         """Scale this step's lr: the schedule's factor times the peak of this kind of step."""
@@ -99,6 +130,7 @@ class Trainer:
             raise FailedPrecondition(f"expected step {self.trained_step + 1}, got step {step}")
         start = time.perf_counter()
         lr = self._set_lr(kind)
+        batches = self._truncate(batches)  # so the token metrics count trained tokens
         sums = self.compute_gradients(batches, kind)
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), self.config.optim.max_grad_norm
@@ -129,6 +161,7 @@ class Trainer:
         self, batches: list[MicroBatchData], kind: LossKind
     ) -> dict[str, torch.Tensor]:
         """Fresh `.grad`s of the step's loss; returns step-level metric sums (loss, entropy…)."""
+        batches = self._truncate(batches)
         counts = step_counts(batches, self.reduce)
         if counts.loss_tokens == 0:
             raise InvalidArgument("micro_batches.loss_mask", "no token of the step has loss_mask 1")
@@ -142,28 +175,53 @@ class Trainer:
                 sums[name] += value
         return dict(sums)
 
+    def _truncate(self, batches: list[MicroBatchData]) -> list[MicroBatchData]:
+        """The micro-batches cut to `model.truncation` (unchanged without caps; idempotent)."""
+        truncation = self.config.model.truncation
+        if not truncation_enabled(truncation):
+            return batches
+        return [truncate_micro_batch(b, truncation) for b in batches]
+
     def _autocast(self) -> contextlib.AbstractContextManager[object]:
         if self.config.precision == "bf16":
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
     def _target_logprobs(
-        self, model: torch.nn.Module, batch: MicroBatchData
+        self, model: torch.nn.Module, batch: MicroBatchData, *, entropy_grad: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(T-1, V) log-softmax and (T-1,) logprob of each next token, in fp32."""
-        with self._autocast():
-            logits = model(
-                batch.input_ids[None], batch.position_ids[None], sample_lengths=batch.sample_lengths
-            )[0]  # (T, V)
-        logprobs_all = torch.log_softmax(logits[:-1].float(), dim=-1)  # (T-1, V): row t → ids[t+1]
+        """(T-1,) fp32 logprob of each next token and (T-1,) entropy of each position.
+
+        The entropy carries gradient only with `entropy_grad`. With the chunked LM head
+        lever the `(T-1, V)` logits are never materialised (`levers/lm_head.py`).
+        """
+        ids, positions = batch.input_ids[None], batch.position_ids[None]
         targets = batch.input_ids[1:]  # (T-1,)
-        return logprobs_all, logprobs_all.gather(-1, targets[:, None]).squeeze(-1)
+        if self.lm_head_chunk is not None:
+            with self._autocast():
+                hidden = model.hidden_states(  # type: ignore[operator]
+                    ids, positions, sample_lengths=batch.sample_lengths
+                )  # (1, T, dim)
+                head = model.get_output_embeddings().weight  # type: ignore[operator]
+                logprobs, entropy = chunked_logprobs_entropy(
+                    hidden[0, :-1], head, targets, chunk=self.lm_head_chunk
+                )  # (T-1,), (T-1,)
+            return logprobs, entropy if entropy_grad else entropy.detach()
+        with self._autocast():
+            logits = model(ids, positions, sample_lengths=batch.sample_lengths)[0]  # (T, V)
+        logprobs_all = torch.log_softmax(logits[:-1].float(), dim=-1)  # (T-1, V): row t → ids[t+1]
+        entropy = token_entropy(logprobs_all if entropy_grad else logprobs_all.detach())
+        return logprobs_all.gather(-1, targets[:, None]).squeeze(-1), entropy
 
     def _backward(
         self, batch: MicroBatchData, kind: LossKind, counts: StepCounts
     ) -> dict[str, torch.Tensor]:
         """Forward and backward one packed micro-batch; return its detached metric parts."""
-        logprobs_all, logprobs = self._target_logprobs(self.model, batch)  # (T-1, V), (T-1,)
+        bonus = kind == "pg" and self.config.loss.entropy_coef > 0
+        with offloading(
+            self.config.model.ac_offloading, self.model
+        ):  # saved tensors → host until backward
+            logprobs, entropy = self._target_logprobs(self.model, batch, entropy_grad=bonus)
         mask = batch.loss_mask[1:]  # (T-1,)
         segments = segment_ids(batch.sample_lengths)[1:]  # (T-1,)
         num_segments = int(batch.sample_lengths.shape[0])
@@ -171,7 +229,6 @@ class Trainer:
         loss_cfg = self.config.loss
         if kind == "sft":
             loss, parts = sft_loss(logprobs, metric_weights)
-            entropy = token_entropy(logprobs_all.detach())  # (T-1,)
         else:
             weights = token_weights(
                 mask,
@@ -181,8 +238,6 @@ class Trainer:
                 counts=counts,
                 constant=loss_cfg.norm_constant,
             )  # (T-1,)
-            bonus = loss_cfg.entropy_coef > 0
-            entropy = token_entropy(logprobs_all if bonus else logprobs_all.detach())  # (T-1,)
             inputs = TokenInputs(
                 logprobs=logprobs,
                 behaviour_logprobs=batch.behaviour_logprobs[1:],
@@ -231,4 +286,4 @@ class Trainer:
         if self.reference is None:
             return None
         with torch.no_grad():
-            return self._target_logprobs(self.reference, batch)[1]
+            return self._target_logprobs(self.reference, batch)[0]

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from tidal.trainer.config import ModelConfig
+from tidal.trainer.levers.lora import merged_state_dict
 from tidal.trainer.models.args import DecoderArgs, RopeScaling
 from tidal.trainer.models.attention import PackedKind, check_packed_kind
 from tidal.trainer.models.families import (
@@ -166,7 +167,7 @@ def _adapter_args(model: nn.Module) -> tuple[Any, DecoderArgs]:
 
 def publishable_state_dict(model: nn.Module) -> StateDict:
     """Detached CPU copies of the weights in HF checkpoint naming (no tied `lm_head.weight`)."""
-    state = model.state_dict()
+    state = merged_state_dict(model)  # LoRA adapters folded in (plain state dict without)
     if model.args.tie_embeddings:
         state.pop(TIED_HEAD, None)
     adapter, args = _adapter_args(model)

@@ -156,6 +156,20 @@ class DecoderLM(nn.Module):
         with a block-diagonal mask, or flash-attn varlen); with neither, every row is one
         causal sequence.
         """
+        hidden = self.hidden_states(
+            input_ids, position_ids, sample_lengths=sample_lengths, attention=attention
+        )
+        return self.lm_head(hidden).float()
+
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,  # (B, T) long
+        position_ids: torch.Tensor,  # (B, T) long
+        *,
+        sample_lengths: torch.Tensor | None = None,  # (S,) for packed B == 1
+        attention: AttentionBackend | None = None,
+    ) -> torch.Tensor:
+        """Final-norm hidden states `(B, T, dim)`: the LM head's input (chunked head lever)."""
         if attention is None:
             attention = (
                 CausalAttention()
@@ -167,7 +181,7 @@ class DecoderLM(nn.Module):
         sin = self.rope_sin[position_ids].unsqueeze(1).to(x.dtype)
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, attention, i)
-        return self.lm_head(self.model.norm(x)).float()
+        return self.model.norm(x)
 
     def router_stats(self) -> list[RouterStats]:
         """Routing statistics of the last forward, one per MoE block (empty when dense)."""

@@ -1,0 +1,120 @@
+"""Chunked LM head: next-token logprobs and entropy without `[tokens, vocab]` logits.
+
+Decisions:
+- One custom `torch.autograd.Function` takes the final hidden states `(N, D)`, the head
+  weight `(V, D)` and the targets `(N,)`, and returns logprobs `(N,)` and entropies
+  `(N,)`. Forward computes logits for `chunk` tokens at a time (`(chunk, V)` in fp32),
+  keeps only each row's log-sum-exp and entropy, and discards the logits. Backward
+  recomputes each chunk's logits, so the saved state is O(N) besides the inputs.
+- Gradient of the logits of row i (z, p = softmax z, t the target, H the entropy):
+  d logp_t / dz = onehot(t) - p;  dH / dz = -p · (log p + H).
+  Both are combined with the incoming gradients and pushed through the matmul chunk by
+  chunk: grad_h[chunk] = g_z @ W, grad_W += g_zᵀ @ h[chunk].
+- The matmul runs in the hidden states' dtype (bf16 under autocast, like the unchunked
+  head), the softmax arithmetic in fp32, as `train_step` does for full logits.
+- "auto" sizes chunks so one chunk's fp32 logits take about `AUTO_CHUNK_BYTES`.
+- Alternatives: Liger's fused linear cross-entropy fuses the same way but in Triton
+  (GPU only) and returns a loss, not per-token logprobs and entropies the RL losses need.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+AUTO_CHUNK_BYTES = 64 * 2**20
+
+
+def resolve_chunk_size(setting: int | str, vocab_size: int) -> int | None:
+    """Tokens per chunk for a `fused_lm_head_token_chunk_size` setting; None = disabled."""
+    if setting == "disabled":
+        return None
+    if setting == "auto":
+        return max(1, AUTO_CHUNK_BYTES // (4 * vocab_size))
+    if isinstance(setting, int) and setting > 0:
+        return setting
+    raise ValueError(
+        f"fused_lm_head_token_chunk_size must be > 0, 'auto' or 'disabled'; got {setting!r}"
+    )
+
+
+def _accumulate_dtype(hidden: torch.Tensor) -> torch.dtype:
+    """fp32 for bf16/fp32 inputs, fp64 for fp64 (gradcheck)."""
+    return torch.promote_types(hidden.dtype, torch.float32)
+
+
+class _ChunkedLogprobEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any,
+        hidden: torch.Tensor,  # (N, D)
+        weight: torch.Tensor,  # (V, D)
+        targets: torch.Tensor,  # (N,) int64
+        chunk: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        n, acc = hidden.shape[0], _accumulate_dtype(hidden)
+        logprobs = hidden.new_empty(n, dtype=acc)  # (N,)
+        entropy = hidden.new_empty(n, dtype=acc)  # (N,)
+        lse = hidden.new_empty(n, dtype=acc)  # (N,)
+        w = weight.to(hidden.dtype)
+        for start in range(0, n, chunk):
+            end = min(start + chunk, n)
+            logits = (hidden[start:end] @ w.T).to(acc)  # (c, V)
+            row_lse = torch.logsumexp(logits, dim=-1)  # (c,)
+            log_p = logits - row_lse[:, None]  # (c, V)
+            lse[start:end] = row_lse
+            logprobs[start:end] = log_p.gather(-1, targets[start:end, None]).squeeze(-1)
+            entropy[start:end] = -(log_p.exp() * log_p).sum(-1)
+        ctx.save_for_backward(hidden, weight, targets, lse, entropy)
+        ctx.chunk = chunk
+        return logprobs, entropy
+
+    @staticmethod
+    def backward(
+        ctx: Any, grad_logprobs: torch.Tensor | None, grad_entropy: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
+        hidden, weight, targets, lse, entropy = ctx.saved_tensors
+        n, chunk = hidden.shape[0], ctx.chunk
+        w = weight.to(hidden.dtype)
+        grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None  # (N, D)
+        acc = _accumulate_dtype(hidden)
+        grad_weight = (
+            torch.zeros_like(weight, dtype=acc) if ctx.needs_input_grad[1] else None
+        )  # (V, D)
+        for start in range(0, n, chunk):
+            end = min(start + chunk, n)
+            h = hidden[start:end]  # (c, D)
+            log_p = (h @ w.T).to(acc) - lse[start:end, None]  # (c, V)
+            p = log_p.exp()
+            grad_z = torch.zeros_like(log_p)  # (c, V)
+            if grad_logprobs is not None:
+                g = grad_logprobs[start:end, None]  # (c, 1)
+                grad_z -= g * p
+                grad_z.scatter_add_(-1, targets[start:end, None], g)
+            if grad_entropy is not None:
+                grad_z -= grad_entropy[start:end, None] * p * (log_p + entropy[start:end, None])
+            grad_z = grad_z.to(hidden.dtype)
+            if grad_hidden is not None:
+                grad_hidden[start:end] = grad_z @ w  # (c, D)
+            if grad_weight is not None:
+                grad_weight += (grad_z.T @ h).to(acc)  # (V, D)
+        if grad_weight is not None:
+            grad_weight = grad_weight.to(weight.dtype)
+        return grad_hidden, grad_weight, None, None
+
+
+def chunked_logprobs_entropy(
+    hidden: torch.Tensor,  # (N, D) final-norm hidden states
+    weight: torch.Tensor,  # (V, D) LM head weight
+    targets: torch.Tensor,  # (N,) int64 next tokens
+    *,
+    chunk: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N,) log p(target) and (N,) entropy of each row's next-token distribution, in fp32."""
+    if chunk <= 0:
+        raise ValueError(f"chunk must be > 0, got {chunk}")
+    result: tuple[torch.Tensor, torch.Tensor] = _ChunkedLogprobEntropy.apply(
+        hidden, weight, targets, chunk
+    )
+    return result

@@ -1,0 +1,74 @@
+"""Truncation of trained samples: caps on prompt, completion and total length per sample.
+
+Decisions:
+- Applied by the trainer to each packed micro-batch before the step's token counts are
+  taken, so normalisation sees exactly the tokens that are trained.
+- A sample's prompt is its tokens before the first loss token (all of it when it has
+  none). The prompt keeps its *last* `max_prompt_tokens` (the context nearest the
+  completion), the completion its *first* `max_completion_tokens`; then, over
+  `max_total_tokens`, the completion's tail goes first and the prompt's head after it.
+- A truncated sample is a new sequence: positions restart at 0 and its first kept token
+  is never a loss token (nothing inside the sample predicts it), as the micro-batch
+  contract requires. Samples left with no token are dropped.
+- Behaviour logprobs were computed with the full context; truncating a prompt makes
+  them stale for the kept tokens, which the importance ratio then accounts for. It is a
+  memory lever to use knowingly, off by default.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tidal.trainer.batch import MicroBatchData, positions_for
+from tidal.trainer.lever_config import TruncationConfig
+
+
+def truncation_enabled(config: TruncationConfig) -> bool:
+    return any(
+        v is not None
+        for v in (config.max_prompt_tokens, config.max_completion_tokens, config.max_total_tokens)
+    )
+
+
+def _kept_span(prompt: int, completion: int, config: TruncationConfig) -> tuple[int, int]:
+    """(prompt tokens kept, completion tokens kept) for one sample."""
+    if config.max_prompt_tokens is not None:
+        prompt = min(prompt, config.max_prompt_tokens)
+    if config.max_completion_tokens is not None:
+        completion = min(completion, config.max_completion_tokens)
+    total = config.max_total_tokens
+    if total is not None and prompt + completion > total:
+        completion = max(0, total - prompt)
+        prompt = min(prompt, total)
+    return prompt, completion
+
+
+def truncate_micro_batch(batch: MicroBatchData, config: TruncationConfig) -> MicroBatchData:
+    """`batch` with every sample cut to the caps of `config` (the same object if none apply)."""
+    keep = torch.zeros(batch.num_tokens, dtype=torch.bool, device=batch.input_ids.device)  # (T,)
+    lengths: list[int] = []
+    start = 0
+    for length in batch.sample_lengths.tolist():
+        mask = batch.loss_mask[start : start + length]
+        loss_at = torch.nonzero(mask > 0)
+        prompt = int(loss_at[0]) if loss_at.numel() else length
+        kept_prompt, kept_completion = _kept_span(prompt, length - prompt, config)
+        first = start + prompt - kept_prompt
+        keep[first : start + prompt + kept_completion] = True
+        if kept_prompt + kept_completion:
+            lengths.append(kept_prompt + kept_completion)
+        start += length
+    if bool(keep.all()):
+        return batch
+    sample_lengths = torch.tensor(lengths, dtype=torch.int64, device=keep.device)  # (S',)
+    loss_mask = batch.loss_mask[keep].clone()  # (T',)
+    starts = torch.cumsum(sample_lengths, 0) - sample_lengths  # (S',)
+    loss_mask[starts] = 0.0  # a sample's first token has no prediction inside it
+    return MicroBatchData(
+        input_ids=batch.input_ids[keep],
+        position_ids=positions_for(sample_lengths.cpu()).to(keep.device),
+        sample_lengths=sample_lengths,
+        loss_mask=loss_mask,
+        advantages=batch.advantages[keep] * loss_mask,
+        behaviour_logprobs=batch.behaviour_logprobs[keep] * loss_mask,
+    )

@@ -1,0 +1,26 @@
+"""Activation checkpointing and compile applied before FSDP2 (2 gloo processes) give the
+single-process gradients of the plain model (fp32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+MODES = ("ac-full", "ac-selective-compile")
+
+
+@pytest.fixture(scope="module")
+def runs(worker, tmp_path_factory: pytest.TempPathFactory) -> dict:  # type: ignore[no-untyped-def,type-arg]
+    out = tmp_path_factory.mktemp("levers_fsdp")
+    worker("levers_fsdp.py", "--modes", "single", "--out", str(out / "ref.pt"), nproc=1)
+    worker("levers_fsdp.py", "--modes", ",".join(MODES), "--out", str(out / "levers.pt"))
+    return {**torch.load(out / "ref.pt"), **torch.load(out / "levers.pt")}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_levers_under_fsdp_give_the_single_process_gradients(runs: dict, mode: str) -> None:  # type: ignore[type-arg]
+    reference, sharded = runs["single"], runs[mode]
+    assert sharded.keys() == reference.keys()
+    for name, expected in reference.items():
+        torch.testing.assert_close(sharded[name], expected, atol=1e-5, rtol=0, msg=name)
