@@ -8,6 +8,10 @@ Decisions:
 - Gradient accumulation over micro-batches, each loss already weighted by step-level
   counts (`normalisation.py`, summed over all micro-batches first), so packing never
   changes the result. `reduce` is where a data-parallel all-reduce of those counts goes.
+- Under torchrun a `RankContext` (parallel/runtime.py) wraps the model (FSDP), all-reduces
+  the counts and metric sums, and scales each loss so FSDP's gradient average is the
+  global sum; every rank then runs every micro-batch it was given, zero-loss ones too,
+  so the collectives of all ranks stay in step.
 - Packed forward: one `[1, T]` row per micro-batch with `sample_lengths` (block-diagonal
   causal mask, positions restarting per sample). Logits at t-1 score input_ids[t]; the
   pair across a sample boundary is scored too but always masked (loss_mask is 0 at every
@@ -27,7 +31,7 @@ import logging
 import math
 import time
 from collections import defaultdict
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
@@ -38,6 +42,9 @@ from tidal.trainer.loss import TokenInputs, rl_loss, sft_loss, token_entropy
 from tidal.trainer.models.factory import build_model, publishable_state_dict
 from tidal.trainer.normalisation import Reduce, StepCounts, segment_ids, step_counts, token_weights
 from tidal.trainer.optim import build_optimizer, build_scheduler, lr_factor
+
+if TYPE_CHECKING:
+    from tidal.trainer.parallel.runtime import RankContext
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +59,15 @@ class Trainer:
         seed: int,
         device: torch.device,
         reduce: Reduce | None = None,
+        parallel: RankContext | None = None,
     ) -> None:
         self.config = config
         self.device = device
-        self.reduce = reduce
+        self.parallel = parallel
+        self.reduce = parallel.reduce if parallel is not None else reduce
         self.model = build_model(config.model, seed=seed, device=device)
+        if parallel is not None:
+            self.model = parallel.parallelize(self.model)
         self.reference: torch.nn.Module | None = None
         if config.loss.kl.coef > 0:
             self.reference = build_model(config.model, seed=seed, device=device)
@@ -136,10 +147,14 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=self.device))
         for batch in batches:
-            if batch.num_loss_tokens == 0:
-                continue  # contributes nothing to loss or gradient
+            if batch.num_loss_tokens == 0 and self.parallel is None:
+                continue  # contributes nothing; under torchrun it still keeps ranks in step
             for name, value in self._backward(batch.to(self.device), kind, counts).items():
                 sums[name] += value
+        if self.parallel is not None:  # the step's metric sums over all ranks
+            names = sorted(sums)
+            total = self.parallel.reduce(torch.stack([sums[n].float() for n in names]))
+            return dict(zip(names, total, strict=True))
         return dict(sums)
 
     def _autocast(self) -> contextlib.AbstractContextManager[object]:
@@ -196,7 +211,8 @@ class Trainer:
             loss, parts = rl_loss(
                 inputs, config=loss_cfg, weights=weights, metric_weights=metric_weights
             )
-        loss.backward()
+        scale = self.parallel.loss_scale if self.parallel is not None else 1.0
+        (loss * scale if scale != 1.0 else loss).backward()
         parts["entropy"] = (entropy.detach() * metric_weights).sum()
         parts["loss"] = loss.detach()
         return parts

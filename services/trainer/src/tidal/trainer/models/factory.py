@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from tidal.trainer.config import ModelConfig
 from tidal.trainer.models.args import DecoderArgs, RopeScaling
@@ -166,7 +167,10 @@ def _adapter_args(model: nn.Module) -> tuple[Any, DecoderArgs]:
 
 def publishable_state_dict(model: nn.Module) -> StateDict:
     """Detached CPU copies of the weights in HF checkpoint naming (no tied `lm_head.weight`)."""
-    state = model.state_dict()
+    # FSDP-sharded weights are gathered whole (a collective: every rank calls this).
+    state = {
+        n: t.full_tensor() if isinstance(t, DTensor) else t for n, t in model.state_dict().items()
+    }
     if model.args.tie_embeddings:
         state.pop(TIED_HEAD, None)
     adapter, args = _adapter_args(model)
