@@ -9,6 +9,8 @@ Decisions:
 - Inside torchrun (`LOCAL_RANK` is set) every rank parses the same arguments, starts its
   process group, and builds its shard of the trainer. Rank 0 serves gRPC and leads
   (parallel/leader.py); the other ranks follow until rank 0 says stop.
+- Shutdown: SIGTERM reaches every rank (torchrun forwards it); followers ignore it and
+  leave when rank 0, after its graceful gRPC shutdown, commands `stop`.
 - Telemetry (traces) is rank 0's: it is the rank that answers RPCs.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -54,6 +57,9 @@ def run_rank(config: TrainerRunConfig, argv: Sequence[str]) -> None:
         if ranks.rank == 0:
             asyncio.run(serve(config, ranks))
         else:
+            # torchrun passes SIGTERM to every rank at once; a follower waits for rank 0's
+            # `stop` (sent after its graceful gRPC shutdown) instead of dying mid-collective.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
             trainer, checkpoints, _ = build_trainer(config, ranks=ranks)
             log.info("rank %d of %d follows rank 0", ranks.rank, ranks.world_size)
             follow(trainer, checkpoints, ControlChannel(ranks))
