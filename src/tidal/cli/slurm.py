@@ -21,13 +21,14 @@ Decisions:
 
 from __future__ import annotations
 
+import datetime
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from tidal.common.config import BaseConfig, to_toml
 from tidal.common.errors import ConfigError
@@ -52,7 +53,7 @@ class SlurmConfig(BaseConfig):
     account: str | None = None
     """`--account`; unset = the user's default."""
     time: str = "24:00:00"
-    """Wall-clock limit (`--time`)."""
+    """Wall-clock limit (`--time`), e.g. "2-00:00:00" or "00:30:00"."""
     extra_sbatch: list[str] = []
     """More `#SBATCH` lines, e.g. ["--exclusive", "--qos=high"]."""
     setup: str = ""
@@ -63,6 +64,12 @@ class SlurmConfig(BaseConfig):
     """torch.distributed rendezvous port on node 0."""
     template: Path | None = None
     """Jinja2 sbatch template; unset = the packaged `tidal/cli/templates/tidal.sbatch.j2`."""
+
+    @field_validator("time", mode="before")
+    @classmethod
+    def _time_as_text(cls, value: Any) -> Any:
+        # `--slurm.time 00:30:00` parses as a TOML local time; SLURM wants the text.
+        return value.strftime("%H:%M:%S") if isinstance(value, datetime.time) else value
 
     @property
     def nodes(self) -> int:
