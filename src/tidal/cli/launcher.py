@@ -79,9 +79,10 @@ def apply_placement(config: RunConfig, gpus: list[str]) -> dict[str, dict[str, s
     explicit = "world_size" in config.trainer.model_fields_set
     if config.slurm is not None:
         world = trainer_world_size(
-            type(config.deployment)(num_train_gpus=config.slurm.world_size),
+            config.slurm.world_size,
             config.trainer.world_size,
-            explicit,
+            explicit=explicit,
+            source="slurm.trainer_nodes × gpus_per_node",
         )
         config.trainer.world_size = world
         if config.slurm.gpus_per_node:
@@ -90,7 +91,7 @@ def apply_placement(config: RunConfig, gpus: list[str]) -> dict[str, dict[str, s
         return {}
     devices = place(config.deployment, gpus)
     config.trainer.world_size = trainer_world_size(
-        config.deployment, config.trainer.world_size, explicit
+        config.deployment.num_train_gpus, config.trainer.world_size, explicit=explicit
     )
     if config.deployment.num_infer_gpus:
         config.inference.device = "cuda"

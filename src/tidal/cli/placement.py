@@ -60,14 +60,15 @@ def place(deployment: DeploymentConfig, gpus: list[str]) -> dict[str, str]:
     return {"inference": ",".join(infer), "trainer": ",".join(train)}
 
 
-def trainer_world_size(deployment: DeploymentConfig, world_size: int, explicit: bool) -> int:
-    """The trainer's world size once `num_train_gpus` is applied."""
-    gpus = deployment.num_train_gpus
-    if gpus <= 1:
+def trainer_world_size(
+    ranks: int, world_size: int, *, explicit: bool, source: str = "deployment.num_train_gpus"
+) -> int:
+    """The trainer's world size once `ranks` (from `source`, named in errors) is applied."""
+    if ranks <= 1:
         return world_size
-    if explicit and world_size not in (1, gpus):
+    if explicit and world_size not in (1, ranks):
         raise ConfigError(
-            f"trainer.world_size = {world_size} but deployment.num_train_gpus = {gpus}; "
-            "leave trainer.world_size unset (it follows the GPUs) or make them equal"
+            f"trainer.world_size = {world_size} but {source} = {ranks}; leave "
+            "trainer.world_size unset (it follows) or make them equal"
         )
-    return gpus
+    return ranks

@@ -63,7 +63,7 @@ def test_dry_run_writes_the_script_and_the_resolved_config(tmp_path: Path) -> No
 def test_explicit_world_size_that_disagrees_with_the_nodes_is_refused(tmp_path: Path) -> None:
     done = dry_run(tmp_path, "--slurm.trainer-nodes", "2", "--trainer.world-size", "3")
     assert done.returncode == 2
-    assert "trainer.world_size = 3 but deployment.num_train_gpus = 2" in done.stderr
+    assert "trainer.world_size = 3 but slurm.trainer_nodes × gpus_per_node = 2" in done.stderr
 
 
 def test_a_users_template_replaces_the_default(tmp_path: Path) -> None:
