@@ -87,7 +87,7 @@ def apply_placement(config: RunConfig, gpus: list[str]) -> dict[str, dict[str, s
         config.trainer.world_size = world
         if config.slurm.gpus_per_node:
             config.trainer.device = config.inference.device = "cuda"
-        check_parallel(world, config.trainer.parallel, config.trainer.model)
+        check_parallel(world, config.trainer.parallel, config.trainer.model, config.trainer.loss)
         return {}
     devices = place(config.deployment, gpus)
     config.trainer.world_size = trainer_world_size(
@@ -97,7 +97,8 @@ def apply_placement(config: RunConfig, gpus: list[str]) -> dict[str, dict[str, s
         config.inference.device = "cuda"
     if config.deployment.num_train_gpus:
         config.trainer.device = "cuda"
-    check_parallel(config.trainer.world_size, config.trainer.parallel, config.trainer.model)
+    t = config.trainer
+    check_parallel(t.world_size, t.parallel, t.model, t.loss)
     return {name: {"CUDA_VISIBLE_DEVICES": ids} for name, ids in devices.items()}
 
 

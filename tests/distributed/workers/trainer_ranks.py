@@ -8,6 +8,8 @@ hands rank 1 its share over the control group; three micro-batches, so one rank 
 a zero-loss batch), a DCP checkpoint after step 2, the full weights published after
 steps 2 and 3. single: the same three steps in one process, and a fresh single-process
 trainer restored from the 2-rank checkpoint, which then trains step 3 itself.
+`--cp ring|ulysses`: the 2 ranks are one context-parallel group instead (both train every
+micro-batch, each on its zigzag half of the tokens).
 """
 
 from __future__ import annotations
@@ -25,9 +27,15 @@ from tidal.trainer.train_step import Trainer
 MODEL = {"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 64, "max_seq_len": 64}
 
 
-def config(world_size: int) -> TrainerConfig:
+def config(world_size: int, cp: str = "none") -> TrainerConfig:
+    parallel = {} if cp == "none" else {"cp": world_size, "cp_style": cp}
     return TrainerConfig.model_validate(
-        {"model": MODEL, "world_size": world_size, "optim": {"lr": 1e-2, "weight_decay": 0.1}}
+        {
+            "model": MODEL,
+            "world_size": world_size,
+            "parallel": parallel,
+            "optim": {"lr": 1e-2, "weight_decay": 0.1},
+        }
     )
 
 
@@ -69,7 +77,7 @@ def run_single(ckpt: Path) -> dict[str, object]:
     return {"metrics": metrics, "published": published, "restored": restored}
 
 
-def run_ranks(ckpt: Path) -> dict[str, object] | None:
+def run_ranks(ckpt: Path, cp: str) -> dict[str, object] | None:
     from tidal.trainer.parallel.leader import (
         ControlChannel,
         LeaderCheckpoints,
@@ -78,8 +86,8 @@ def run_ranks(ckpt: Path) -> dict[str, object] | None:
     )
     from tidal.trainer.parallel.runtime import RankContext
 
-    ranks = RankContext.init(config(2), "cpu")
-    trainer = Trainer(config(2), seed=0, device=ranks.device, parallel=ranks)
+    ranks = RankContext.init(config(2, cp), "cpu")
+    trainer = Trainer(config(2, cp), seed=0, device=ranks.device, parallel=ranks)
     channel = ControlChannel(ranks)
     if ranks.rank != 0:
         follow(trainer, CheckpointManager(ckpt, keep_last=2), channel)
@@ -103,9 +111,10 @@ def main() -> None:
     parser.add_argument("--mode", choices=["single", "ranks"], required=True)
     parser.add_argument("--ckpt", type=Path, required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--cp", choices=["none", "ring", "ulysses"], default="none")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    result = run_single(args.ckpt) if args.mode == "single" else run_ranks(args.ckpt)
+    result = run_single(args.ckpt) if args.mode == "single" else run_ranks(args.ckpt, args.cp)
     if result is not None:
         torch.save(result, args.out)
 

@@ -65,6 +65,13 @@ def test_cp_with_an_attention_kernel_it_cannot_replace_names_the_fields(
         trainer(2, {"attn": "flash_attention_2"}, cp=2)
 
 
+def test_cp_refuses_losses_that_need_whole_samples() -> None:
+    for loss in ({"norm": "sequence"}, {"ratio_level": "sequence"}):
+        with pytest.raises(ValidationError, match=r"trainer.parallel.cp = 2 splits samples"):
+            TrainerConfig.model_validate({"world_size": 2, "parallel": {"cp": 2}, "loss": loss})
+    assert trainer(2, cp=2).parallel.cp == 2
+
+
 def test_ulysses_needs_heads_divisible_by_cp() -> None:
     with pytest.raises(
         ValidationError, match=r"n_heads \(4\) divisible by trainer.parallel.cp \(8\)"

@@ -274,7 +274,7 @@ class TrainerConfig(BaseConfig):
     @model_validator(mode="after")
     def _check_parallel(self) -> TrainerConfig:
         try:
-            check_parallel(self.world_size, self.parallel, self.model)
+            check_parallel(self.world_size, self.parallel, self.model, self.loss)
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
         return self

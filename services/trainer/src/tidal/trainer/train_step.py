@@ -153,7 +153,7 @@ class Trainer:
                 sums[name] += value
         if self.parallel is not None:  # the step's metric sums over all ranks
             names = sorted(sums)
-            total = self.parallel.reduce(torch.stack([sums[n].float() for n in names]))
+            total = self.parallel.sum_over_ranks(torch.stack([sums[n].float() for n in names]))
             return dict(zip(names, total, strict=True))
         return dict(sums)
 
@@ -178,9 +178,18 @@ class Trainer:
         self, batch: MicroBatchData, kind: LossKind, counts: StepCounts
     ) -> dict[str, torch.Tensor]:
         """Forward and backward one packed micro-batch; return its detached metric parts."""
-        logprobs_all, logprobs = self._target_logprobs(self.model, batch)  # (T-1, V), (T-1,)
-        mask = batch.loss_mask[1:]  # (T-1,)
-        segments = segment_ids(batch.sample_lengths)[1:]  # (T-1,)
+        # `scored`: which tokens the logprobs score: all but the first, or under context
+        # parallelism this rank's share (tidal.trainer.parallel.cp_batch).
+        scored: slice | torch.Tensor = slice(1, None)
+        if self.parallel is not None and self.parallel.dims.cp > 1:
+            logprobs_all, logprobs, scored, valid = self.parallel.cp_logprobs(
+                self.model, batch, self._autocast
+            )  # (N, V), (N,), (N,), (N,)
+            mask = batch.loss_mask[scored] * valid  # (N,)
+        else:
+            logprobs_all, logprobs = self._target_logprobs(self.model, batch)  # (T-1, V), (T-1,)
+            mask = batch.loss_mask[scored]  # (T-1,)
+        segments = segment_ids(batch.sample_lengths)[scored]  # (N,)
         num_segments = int(batch.sample_lengths.shape[0])
         metric_weights = mask / counts.loss_tokens  # (T-1,) token mean over the step
         loss_cfg = self.config.loss
@@ -200,13 +209,13 @@ class Trainer:
             entropy = token_entropy(logprobs_all if bonus else logprobs_all.detach())  # (T-1,)
             inputs = TokenInputs(
                 logprobs=logprobs,
-                behaviour_logprobs=batch.behaviour_logprobs[1:],
-                advantages=batch.advantages[1:],
+                behaviour_logprobs=batch.behaviour_logprobs[scored],
+                advantages=batch.advantages[scored],
                 loss_mask=mask,
                 segments=segments,
                 num_segments=num_segments,
                 entropy=entropy if bonus else None,
-                ref_logprobs=self._reference_logprobs(batch),
+                ref_logprobs=self._reference_logprobs(batch, scored),
             )
             loss, parts = rl_loss(
                 inputs, config=loss_cfg, weights=weights, metric_weights=metric_weights
@@ -217,9 +226,12 @@ class Trainer:
         parts["loss"] = loss.detach()
         return parts
 
-    def _reference_logprobs(self, batch: MicroBatchData) -> torch.Tensor | None:
-        """(T-1,) logprobs of the next tokens under the frozen reference, if there is one."""
+    def _reference_logprobs(
+        self, batch: MicroBatchData, scored: slice | torch.Tensor
+    ) -> torch.Tensor | None:
+        """(N,) logprobs of the `scored` tokens under the frozen (unsharded) reference."""
         if self.reference is None:
             return None
         with torch.no_grad():
-            return self._target_logprobs(self.reference, batch)[1]
+            every = self._target_logprobs(self.reference, batch)[1]  # (T-1,): tokens 1..T-1
+        return every if isinstance(scored, slice) else every[scored - 1]

@@ -22,7 +22,7 @@ from tidal.common.errors import ConfigError
 from tidal.trainer.parallel.dims import ParallelDims
 
 if TYPE_CHECKING:
-    from tidal.trainer.config import ModelConfig
+    from tidal.trainer.config import LossConfig, ModelConfig
 
 MOE_FAMILIES = ("qwen3_moe", "qwen2_moe")
 # Attention kernels the CP backends can stand in for (ring and Ulysses compute the
@@ -58,7 +58,12 @@ class ParallelConfig(BaseConfig):
     """torch.distributed backend: "auto" is NCCL on CUDA, gloo on CPU."""
 
 
-def check_parallel(world_size: int, parallel: ParallelConfig, model: ModelConfig) -> ParallelDims:
+def check_parallel(
+    world_size: int,
+    parallel: ParallelConfig,
+    model: ModelConfig,
+    loss: LossConfig | None = None,
+) -> ParallelDims:
     """Resolve the dims and check them against the model; ConfigError names the fields."""
     dims = ParallelDims.build(
         world_size=world_size,
@@ -78,6 +83,13 @@ def check_parallel(world_size: int, parallel: ParallelConfig, model: ModelConfig
                 f"trainer.parallel.ep = {dims.ep} must divide trainer.model.n_experts = "
                 f"{model.n_experts}"
             )
+    if dims.cp > 1 and loss is not None and "sequence" in (loss.norm, loss.ratio_level):
+        raise ConfigError(
+            f"trainer.parallel.cp = {dims.cp} splits samples over ranks, which "
+            f"trainer.loss.norm = {loss.norm!r} / trainer.loss.ratio_level = "
+            f"{loss.ratio_level!r} cannot take (they need whole samples on one rank); "
+            'use "token" for both, or cp = 1'
+        )
     if dims.cp > 1:
         if model.attn not in CP_ATTENTION:
             raise ConfigError(

@@ -84,8 +84,15 @@ class LeaderTrainer:
             raise FailedPrecondition(
                 f"expected step {self.trainer.trained_step + 1}, got step {step}"
             )
-        shares = assign_micro_batches(batches, self.channel.world)
-        mine = self.channel.send([Command("train", step, kind, share) for share in shares])
+        ranks = self.trainer.parallel
+        assert ranks is not None
+        shares = assign_micro_batches(batches, ranks.dims.dp)  # CP ranks share their group's
+        mine = self.channel.send(
+            [
+                Command("train", step, kind, shares[ranks.dp_index(r)])
+                for r in range(self.channel.world)
+            ]
+        )
         metrics = self.trainer.train_step(step, mine.batches, kind)
         tokens = sum(b.num_tokens for b in batches)  # the whole step's, not rank 0's share
         metrics.update(

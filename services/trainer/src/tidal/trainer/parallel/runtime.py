@@ -11,9 +11,15 @@ Decisions:
   (`parallelize`: AC → compile → FSDP, in that fixed order), the loss factor that turns
   FSDP's gradient average into the sum (`loss_scale`), and the all-reduce of the step's
   token counts and metric sums (`reduce`). So train_step.py stays one process's story.
-- Data parallelism is what is wired today: CP and EP run in the tests of `cp.py` and
-  `ep.py`, but the trainer's packed forward and the MoE block do not use them yet, so a
-  config asking for them stops here with a clear error rather than training wrongly.
+- Context parallelism: the CP ranks of a data-parallel group get the same micro-batches;
+  `cp_logprobs` runs the model on this rank's zigzag share (cp_batch.py) with the ring or
+  Ulysses backend. Token counts are then summed over data-parallel ranks only (`reduce`
+  divides the all-rank sum by cp), metric sums over all ranks (each CP rank holds part
+  of every sample). The "sequence" normalisation and GSPO's sequence ratio need whole
+  samples on one rank, so config validation refuses them with cp > 1.
+- Expert parallelism runs in the tests of `ep.py`, but the MoE block does not use it
+  yet, so a config asking for it stops here with a clear error rather than training
+  wrongly.
 """
 
 from __future__ import annotations
@@ -28,8 +34,10 @@ import torch.distributed as dist
 from torch import nn
 
 from tidal.common.errors import ConfigError
+from tidal.trainer.batch import MicroBatchData
 from tidal.trainer.config import TrainerConfig
 from tidal.trainer.parallel.config import check_parallel
+from tidal.trainer.parallel.cp_batch import shard_for_cp
 from tidal.trainer.parallel.dims import ParallelDims
 from tidal.trainer.parallel.fsdp import apply_fsdp, fsdp_mesh, grad_sum_factor
 
@@ -61,11 +69,11 @@ class RankContext:
             raise ConfigError(
                 f"torchrun started {world} processes but trainer.world_size is {config.world_size}"
             )
-        dims = check_parallel(world, config.parallel, config.model)
-        if dims.cp > 1 or dims.ep > 1:
+        dims = check_parallel(world, config.parallel, config.model, config.loss)
+        if dims.ep > 1:
             raise ConfigError(
-                "trainer.parallel.cp / ep > 1 are not wired into the trainer's forward yet "
-                "(parallel/cp.py and parallel/ep.py are tested on their own); use cp = ep = 1"
+                "trainer.parallel.ep > 1 is not wired into the MoE block yet (parallel/ep.py "
+                "is tested on its own); use ep = 1"
             )
         backend = config.parallel.backend
         if backend == "auto":
@@ -106,11 +114,40 @@ class RankContext:
             cpu_offload=p.cpu_offload,
         )
 
-    def reduce(self, t: torch.Tensor) -> torch.Tensor:
-        """Sum over the data-parallel ranks (host tensors, the gloo control group)."""
+    def sum_over_ranks(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum over every rank (host tensors, the gloo control group)."""
         out = t.detach().to("cpu", copy=True)
         dist.all_reduce(out, group=self.control)
         return out.to(t.device)
+
+    def reduce(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum of per-rank step counts over the data-parallel ranks (the CP ranks of a
+        group hold the same micro-batches, so the all-rank sum counts them cp times)."""
+        return self.sum_over_ranks(t) / self.dims.cp
+
+    def dp_index(self, rank: int) -> int:
+        """Which data-parallel share global `rank` trains (cp is the innermost mesh dim)."""
+        return rank // self.dims.cp
+
+    def cp_logprobs(
+        self, model: nn.Module, batch: MicroBatchData, autocast: Any
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This CP rank's (n, V) log-softmax, (n,) target logprobs, (n,) target index into
+        the row and (n,) validity (cp_batch.py)."""
+        cp_mesh = self.mesh["cp"]
+        shard = shard_for_cp(
+            batch,
+            cp=self.dims.cp,
+            rank=cp_mesh.get_local_rank(),
+            style=self.config.parallel.cp_style,
+            group=cp_mesh.get_group(),
+        )
+        with autocast():
+            logits = model(shard.input_ids, shard.position_ids, attention=shard.attention)[0]
+        logprobs_all = torch.log_softmax(logits.float(), dim=-1)  # (n, V)
+        targets = batch.input_ids[shard.target_index]  # (n,)
+        logprobs = logprobs_all.gather(-1, targets[:, None]).squeeze(-1)  # (n,)
+        return logprobs_all, logprobs, shard.target_index, shard.valid
 
     def close(self) -> None:
         if dist.is_initialized():
