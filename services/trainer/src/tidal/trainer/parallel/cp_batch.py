@@ -50,7 +50,7 @@ def shard_for_cp(batch: MicroBatchData, *, cp: int, rank: int, style: str, group
     every = torch.cat([shard_indices(padded, cp, r) for r in range(cp)])  # (T_pad,) rank order
     mine = shard_indices(padded, cp, rank)  # (n,)
     backend_cls = RingAttention if style == "ring" else UlyssesAttention
-    attention = backend_cls(group, every, segments)
+    attention = backend_cls(group, every.to(device), segments.to(device))  # masks on device
     target = mine + 1
     valid = (target < t).to(torch.float32)
     mine_d = mine.to(device)
