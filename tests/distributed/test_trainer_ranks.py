@@ -25,7 +25,7 @@ def runs(worker, tmp_path_factory: pytest.TempPathFactory) -> dict:  # type: ign
         "trainer_ranks.py", "--mode", "single", "--ckpt", ckpt, "--out", str(out / "s.pt"), nproc=1
     )
     runs = {"ranks": torch.load(out / "r.pt"), "single": torch.load(out / "s.pt")}
-    for style in CP_STYLES:
+    for style in (*CP_STYLES, "hsdp"):
         target = out / f"{style}.pt"
         worker(
             "trainer_ranks.py", "--mode", "ranks", "--cp", style,
@@ -41,9 +41,10 @@ def assert_same_weights(got: dict, expected: dict, atol: float) -> None:  # type
         torch.testing.assert_close(got[name], tensor, atol=atol, rtol=0, msg=name)
 
 
+@pytest.mark.parametrize("mode", ["ranks", "hsdp"])
 @pytest.mark.parametrize("step", [1, 2, 3])
-def test_two_ranks_publish_the_weights_one_process_trains(runs: dict, step: int) -> None:  # type: ignore[type-arg]
-    got, expected = runs["ranks"]["published"][step], runs["single"]["published"][step]
+def test_two_ranks_publish_the_weights_one_process_trains(runs: dict, mode: str, step: int) -> None:  # type: ignore[type-arg]
+    got, expected = runs[mode]["published"][step], runs["single"]["published"][step]
     assert_same_weights(got, expected, TOL)
 
 

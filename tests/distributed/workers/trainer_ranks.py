@@ -9,7 +9,7 @@ a zero-loss batch), a DCP checkpoint after step 2, the full weights published af
 steps 2 and 3. single: the same three steps in one process, and a fresh single-process
 trainer restored from the 2-rank checkpoint, which then trains step 3 itself.
 `--cp ring|ulysses`: the 2 ranks are one context-parallel group instead (both train every
-micro-batch, each on its zigzag half of the tokens).
+micro-batch, each on its zigzag half of the tokens); `--cp hsdp`: two HSDP replicas.
 """
 
 from __future__ import annotations
@@ -28,7 +28,12 @@ MODEL = {"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 64,
 
 
 def config(world_size: int, cp: str = "none") -> TrainerConfig:
-    parallel = {} if cp == "none" else {"cp": world_size, "cp_style": cp}
+    """`cp`: "none" (FSDP), "hsdp" (replicas), or a CP style ("ring", "ulysses")."""
+    parallel: dict[str, object] = {}
+    if cp == "hsdp":
+        parallel = {"dp_replicate": world_size}
+    elif cp != "none":
+        parallel = {"cp": world_size, "cp_style": cp}
     return TrainerConfig.model_validate(
         {
             "model": MODEL,
@@ -111,7 +116,7 @@ def main() -> None:
     parser.add_argument("--mode", choices=["single", "ranks"], required=True)
     parser.add_argument("--ckpt", type=Path, required=True)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--cp", choices=["none", "ring", "ulysses"], default="none")
+    parser.add_argument("--cp", choices=["none", "hsdp", "ring", "ulysses"], default="none")
     args = parser.parse_args()
     torch.set_num_threads(1)
     result = run_single(args.ckpt) if args.mode == "single" else run_ranks(args.ckpt, args.cp)
