@@ -177,3 +177,133 @@ async def test_restarted_registry_recovers_versions(weightsync_server) -> None: 
     await client.close()
     recovered = VersionRegistry(weightsync_server.root, keep_last=3)
     assert [e.manifest.version for e in recovered.all()] == [0, 1]
+
+
+def state(seed: int, numel: int = 30_000) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "emb": torch.randn(numel, generator=g).to(torch.bfloat16),
+        "norm": torch.randn(7, generator=g),
+    }
+
+
+async def test_upload_then_fetch_is_bit_identical_and_resumable(weightsync_server) -> None:  # type: ignore[no-untyped-def]
+    from tidal.weightsync.stream import decode_version, encode_version
+
+    client = WeightSyncClient(weightsync_server.address)
+    sent = state(0)
+    manifest, files = encode_version(version=0, step=0, state_dict=sent, config={"a": 1})
+    assert await client.upload(manifest, files, chunk_bytes=5000) == 0
+    registered = (await client.latest()).manifest  # type: ignore[union-attr]
+    assert registered.files == manifest.files
+    assert Path(registered.location) == weightsync_server.root / "v000000"
+    config, received = decode_version(await client.fetch_files(registered))
+    assert config == {"a": 1}
+    assert all(torch.equal(received[k], v) for k, v in sent.items())
+    # A fetch resumed mid-file (what fetch_files does after a broken stream) gets the rest.
+    stub = pb_grpc.WeightSyncServiceStub(client.channel)
+    resume = pb.FetchWeightsRequest(version=0, path="model.safetensors", offset=12_345)
+    rest = b"".join(
+        [c.data async for c in stub.FetchWeights(resume) if c.path == "model.safetensors"]
+    )
+    assert rest == files["model.safetensors"][12_345:]
+    await client.close()
+
+
+async def test_upload_with_wrong_checksum_is_refused_and_nothing_lost(weightsync_server) -> None:  # type: ignore[no-untyped-def]
+    from dataclasses import replace
+
+    from tidal.weightsync.stream import encode_version
+
+    client = WeightSyncClient(weightsync_server.address)
+    good, good_files = encode_version(version=0, step=0, state_dict=state(0), config={})
+    await client.upload(good, good_files, chunk_bytes=1 << 16)
+    manifest, files = encode_version(version=1, step=1, state_dict=state(1), config={})
+    tampered = dict(files)
+    data = bytearray(tampered["model.safetensors"])
+    data[100] ^= 0x01
+    tampered["model.safetensors"] = bytes(data)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await client.upload(manifest, tampered, chunk_bytes=1 << 16)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "model.safetensors arrived with" in err.value.details()
+    stale = replace(manifest, version=0)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await client.upload(stale, files, chunk_bytes=1 << 16)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "not greater than the newest published version 0" in err.value.details()
+    assert [v.manifest.version for v in await client.list_versions()] == [0]
+    assert sorted(p.name for p in weightsync_server.root.iterdir()) == ["v000000"]
+    await client.close()
+
+
+async def test_malformed_upload_streams_name_the_field(weightsync_server) -> None:  # type: ignore[no-untyped-def]
+    from tidal.weightsync.stream import encode_version
+
+    manifest, _ = encode_version(version=0, step=0, state_dict=state(0), config={})
+    header = pb.UploadWeightsRequest(manifest=manifest_to_proto(manifest))
+
+    def chunk(path: str, offset: int) -> pb.UploadWeightsRequest:
+        return pb.UploadWeightsRequest(chunk=pb.WeightChunk(path=path, offset=offset, data=b"x"))
+
+    cases = [
+        ([chunk("model.safetensors", 0)], "item"),
+        ([header, chunk("other", 0)], "chunk.path"),
+        ([header, chunk("model.safetensors", 9)], "chunk.offset"),
+    ]
+    async with make_channel(weightsync_server.address) as channel:
+        stub = pb_grpc.WeightSyncServiceStub(channel)
+        for messages, field in cases:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.UploadWeights(iter(messages), timeout=10)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert err.value.details().startswith(field)
+    assert list(weightsync_server.root.iterdir()) == []  # no folder, not even a temp one
+    # The location is weightsync's to choose: an uploader may leave it empty.
+    bare = manifest_to_proto(manifest)
+    bare.location = ""
+    messages = [pb.UploadWeightsRequest(manifest=bare)]
+    client = WeightSyncClient(weightsync_server.address)
+    _, files = encode_version(version=0, step=0, state_dict=state(0), config={})
+    messages += [
+        pb.UploadWeightsRequest(chunk=pb.WeightChunk(path=name, offset=0, data=data))
+        for name, data in files.items()
+    ]
+    reply = await pb_grpc.WeightSyncServiceStub(client.channel).UploadWeights(iter(messages))
+    assert reply.version == 0
+    await client.close()
+
+
+async def test_join_sync_reports_the_transport_and_checks_the_role(weightsync_server) -> None:  # type: ignore[no-untyped-def]
+    client = WeightSyncClient(weightsync_server.address)
+    plan = await client.join_sync("replica-a", "replica")
+    assert (plan.transport, plan.seat) == ("filesystem", None)
+    stub = pb_grpc.WeightSyncServiceStub(client.channel)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.JoinSync(pb.JoinSyncRequest(member_id="x"), timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith("role")
+    await client.close()
+
+
+async def test_retention_never_deletes_a_version_being_loaded(weightsync_server) -> None:  # type: ignore[no-untyped-def]
+    client = WeightSyncClient(weightsync_server.address)
+    await client.publish(publish_files(weightsync_server.root, 0))
+    await client.publish(publish_files(weightsync_server.root, 1))
+    stream = client.watch("loading-replica", after_version=-1)
+    assert (await anext(stream)).manifest.version == 0
+    await client.begin_load("loading-replica", 1)  # a slow load of v1 starts
+    for v in range(2, 6):
+        await client.publish(publish_files(weightsync_server.root, v))
+    assert [v.manifest.version for v in await client.list_versions()] == [1, 3, 4, 5]
+    assert (weightsync_server.root / "v000001" / "model.safetensors").is_file()
+    await client.ack_loaded("loading-replica", 1)  # now it serves v1: still kept
+    await client.publish(publish_files(weightsync_server.root, 6))
+    assert [v.manifest.version for v in await client.list_versions()] == [1, 4, 5, 6]
+    with pytest.raises(grpc.aio.AioRpcError) as err:  # v0 is gone: load a newer one
+        await client.begin_load("loading-replica", 0)
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await client.begin_load("stranger", 6)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    await client.close()

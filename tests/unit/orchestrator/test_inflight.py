@@ -37,3 +37,11 @@ async def test_no_more_than_the_limit_run_at_once() -> None:
 
     await asyncio.gather(*(work() for _ in range(20)))
     assert peak == 3 and limiter.inflight == 0
+
+
+def test_a_full_kv_cache_halves_the_limit_even_without_a_queue() -> None:
+    limiter = InflightLimiter(16, queue_target=4, kv_usage_target=0.9)
+    limiter.observe_queue(0, kv_usage=0.95)
+    assert limiter.limit == 8
+    limiter.observe_queue(0, kv_usage=0.5)
+    assert limiter.limit == 9

@@ -11,6 +11,7 @@ Tracing is not done here: opentelemetry-instrumentation-grpc's interceptors hand
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import uuid
@@ -68,36 +69,42 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
-        return handler  # client/bidi streaming: none in the v1 contracts
+        if handler.stream_unary is not None:  # client streaming (weight uploads)
+            return grpc.stream_unary_rpc_method_handler(
+                _wrap_unary(handler.stream_unary, method),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler  # bidi streaming: none in the v1 contracts
+
+
+@contextlib.asynccontextmanager
+async def _mapped_errors(context: grpc.aio.ServicerContext, method: str) -> AsyncIterator[None]:
+    """Bind the request id for the call's logs; turn an escaping exception into a status."""
+    token = request_id_var.set(_request_id(context))
+    try:
+        yield
+    except (grpc.aio.AbortError, grpc.aio.UsageError):
+        raise
+    except Exception as exc:
+        await _abort_for(exc, context, method)
+    finally:
+        request_id_var.reset(token)
 
 
 def _wrap_unary(behaviour: Callable[..., Any], method: str) -> Callable[..., Any]:
     async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        token = request_id_var.set(_request_id(context))
-        try:
+        async with _mapped_errors(context, method):
             return await behaviour(request, context)
-        except (grpc.aio.AbortError, grpc.aio.UsageError):
-            raise
-        except Exception as exc:
-            await _abort_for(exc, context, method)
-        finally:
-            request_id_var.reset(token)
 
     return wrapped
 
 
 def _wrap_stream(behaviour: Callable[..., Any], method: str) -> Callable[..., Any]:
     async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        token = request_id_var.set(_request_id(context))
-        try:
+        async with _mapped_errors(context, method):
             async for response in behaviour(request, context):
                 yield response
-        except (grpc.aio.AbortError, grpc.aio.UsageError):
-            raise
-        except Exception as exc:
-            await _abort_for(exc, context, method)
-        finally:
-            request_id_var.reset(token)
 
     return wrapped
 

@@ -1,16 +1,27 @@
 """The weight watcher: follow weight-sync's versions and hot-load each into the engine.
 
 Decisions:
-- One long-lived `Watch` stream (which also registers this replica); each event is read
-  from the shared filesystem with `load_version`, which verifies every sha256 first, in
-  a worker thread so the event loop keeps serving. Then the engine swaps the weights in
-  between decode steps, and only after it serves them do we `AckLoaded`, so weight-sync's
-  `loaded_by` means "serving", not "downloaded". A failed ack (after the channel's own
-  retries) is logged, not fatal: the replica serves the version either way.
+- First `JoinSync` tells the replica the run's data path. Then one long-lived `Watch`
+  stream (which also registers this replica) announces every version, and each is
+  fetched by that path: read from the shared folder (`load_version`) or streamed from
+  weightsync (`fetch_files`, resumable); both verify every sha256 before a byte is used.
+- Broadcast: a replica with a seat in the group also runs a receiver (a task polling
+  the collectives it posted). A version it receives is loaded at once; the `Watch` event
+  for it, which arrives once the trainer has also written the version to the shared
+  folder, is then only acknowledged. A replica without a seat (joined late, group full)
+  or whose receiver broke loads from the shared folder: that is the catch-up path.
+- Before reading a version's files the replica calls `BeginLoad`, so retention keeps
+  them until it acknowledges; a version already removed (superseded while queued) is
+  skipped in favour of the newer one that caused its removal.
+- Loads are serialised by a lock and never go backwards, so a version arriving by both
+  paths is loaded once. `AckLoaded` is sent once the engine serves the version *and* the
+  version is registered (the broadcast can beat the registration), so weight-sync's
+  `loaded_by` means "serving". A failed ack is logged, not fatal.
 - A version that fails verification or does not fit the model is logged and skipped;
   the engine keeps serving the previous one, and the next version is tried normally.
-- Each load is a span whose parent is the publish span carried in the event, so a
-  replica's load appears inside the training step's trace.
+- Each load is a span whose parent is the publish span carried in the event.
+- A replica starting (or joining late) watches from the newest version on: older ones
+  would only be loaded to be replaced.
 - A broken stream (weight-sync restarting) is reopened after an exponential backoff,
   resuming after the newest version seen, so nothing is loaded twice.
 """
@@ -21,21 +32,29 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import grpc
+import torch
 from opentelemetry import trace
 
 from tidal.common.telemetry import extract_carrier
 from tidal.inference.engine import Engine
 from tidal.weightsync.client import WeightSyncClient
 from tidal.weightsync.filesystem import load_version
-from tidal.weightsync.manifest import CorruptWeights, VersionEvent
+from tidal.weightsync.manifest import CorruptWeights, VersionEvent, WeightManifest
+from tidal.weightsync.rendezvous import SyncPlan
+from tidal.weightsync.stream import decode_version
+
+if TYPE_CHECKING:
+    from tidal.weightsync.broadcast import ReceivedVersion
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
 
 BACKOFF_START_S = 0.2
 BACKOFF_MAX_S = 5.0
+JOIN_TIMEOUT_S = 300.0
 
 
 class WeightWatcher:
@@ -51,14 +70,36 @@ class WeightWatcher:
         self.engine = engine
         self.replica_id = replica_id
         self.on_loaded = on_loaded
-        self.seen = -1  # newest version received (loaded or skipped)
+        self.plan: SyncPlan | None = None
+        self.seen = -1  # newest version announced by Watch (loaded or skipped)
+        self.loaded = -1  # newest version the engine serves
+        self.acked = -1
         self.skipped: list[int] = []
+        self.received_by_broadcast: list[int] = []
+        self._lock = asyncio.Lock()
+        self._receiver: asyncio.Task[None] | None = None
 
     async def run(self) -> None:
-        """Watch forever, reconnecting with backoff; cancel the task to stop."""
+        """Join, then watch forever, reconnecting with backoff; cancel the task to stop."""
+        try:
+            await self._watch_forever()
+        finally:
+            if self._receiver is not None:
+                self._receiver.cancel()
+
+    async def _watch_forever(self) -> None:
         backoff = BACKOFF_START_S
         while True:
             try:
+                if self.plan is None:
+                    self.plan = await self.client.join_sync(
+                        self.replica_id, "replica", timeout=JOIN_TIMEOUT_S
+                    )
+                    self._start_receiver(self.plan)
+                if self.seen < 0:  # a fresh replica starts from the newest version
+                    latest = await self.client.latest()
+                    if latest is not None:
+                        self.seen = latest.manifest.version - 1
                 async for event in self.client.watch(self.replica_id, after_version=self.seen):
                     backoff = BACKOFF_START_S
                     await self.load(event)
@@ -73,10 +114,60 @@ class WeightWatcher:
             await asyncio.sleep(backoff)
             backoff = min(2 * backoff, BACKOFF_MAX_S)
 
+    def _start_receiver(self, plan: SyncPlan) -> None:
+        if plan.transport != "broadcast" or plan.seat is None:
+            return
+        if not plan.seat.member:
+            log.info("not in the broadcast group (%s)", plan.seat.reason)
+            return
+        self._receiver = asyncio.create_task(self._receive_broadcasts(), name="weights-broadcast")
+
+    async def _receive_broadcasts(self) -> None:
+        from tidal.weightsync.broadcast import BroadcastGroup, connect_store, in_daemon_thread
+
+        assert self.plan is not None and self.plan.seat is not None
+        seat = self.plan.seat
+        try:
+            store = await in_daemon_thread(connect_store, seat.store_address, seat.timeout_s)
+            group = await in_daemon_thread(BroadcastGroup, store, seat)
+            log.info("joined the broadcast group as rank %d of %d", seat.rank, seat.world_size)
+            while (received := await group.receive()) is not None:
+                self.received_by_broadcast.append(received.version)
+                await self._install_received(received)
+        except RuntimeError as exc:  # the sender died or the group never formed
+            log.warning("broadcast receiver stopped (%s); following the filesystem", exc)
+
+    async def _install_received(self, received: ReceivedVersion) -> None:
+        context = extract_carrier(received.trace_context)
+        with tracer.start_as_current_span("inference.load_weights", context=context) as span:
+            span.set_attributes(
+                {
+                    "weights.version": received.version,
+                    "weights.step": received.step,
+                    "weights.path": "broadcast",
+                    "replica.id": self.replica_id,
+                }
+            )
+            try:
+                await self._install(
+                    received.version,
+                    received.step,
+                    received.hf_config,
+                    received.state_dict,
+                    source="broadcast",
+                )
+            except ValueError as exc:
+                log.error("skipping broadcast version %d: %s", received.version, exc)
+                span.record_exception(exc)
+                self.skipped.append(received.version)
+
     async def load(self, event: VersionEvent) -> bool:
-        """Load one version into the engine and acknowledge it; False when skipped."""
+        """Load one announced version into the engine and acknowledge it; False when skipped."""
         manifest = event.manifest
         self.seen = max(self.seen, manifest.version)
+        if self.loaded >= manifest.version:  # it came by broadcast already
+            await self._ack(manifest.version)
+            return True
         context = extract_carrier(event.trace_context)
         with tracer.start_as_current_span("inference.load_weights", context=context) as span:
             span.set_attributes(
@@ -88,24 +179,78 @@ class WeightWatcher:
                 }
             )
             started = time.perf_counter()
+            if not await self._begin_load(manifest.version):
+                return False
             try:
-                hf_config, state_dict = await asyncio.to_thread(load_version, manifest)
-                await self.engine.update_weights(manifest.version, hf_config, state_dict)
+                hf_config, state_dict = await self._fetch(manifest)
+                source = self.plan.transport if self.plan is not None else "filesystem"
+                installed = await self._install(
+                    manifest.version,
+                    manifest.step,
+                    hf_config,
+                    state_dict,
+                    source="stream" if source == "stream" else "filesystem",
+                )
             except (CorruptWeights, ValueError, OSError) as exc:
                 log.error("skipping version %d: %s", manifest.version, exc)
                 span.record_exception(exc)
                 span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
                 self.skipped.append(manifest.version)
                 return False
-            seconds = time.perf_counter() - started
-            span.set_attribute("weights.load_s", seconds)
-            log.info(
-                "loaded version %d (step %d) in %.3fs", manifest.version, manifest.step, seconds
-            )
-            try:
-                await self.client.ack_loaded(self.replica_id, manifest.version)
-            except grpc.aio.AioRpcError as exc:  # already retried by the channel's policy
-                log.warning("could not acknowledge version %d: %s", manifest.version, exc.details())
-        if self.on_loaded is not None:
-            await self.on_loaded(manifest.version)
+            span.set_attribute("weights.load_s", time.perf_counter() - started)
+        if not installed:  # a broadcast of this version won the race
+            await self._ack(manifest.version)
         return True
+
+    async def _begin_load(self, version: int) -> bool:
+        """Ask weight-sync to keep the version's files while we read them; False if gone."""
+        try:
+            await self.client.begin_load(self.replica_id, version)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                log.info("version %d was superseded and removed before loading it", version)
+                self.skipped.append(version)
+                return False
+            log.warning("could not announce loading version %d: %s", version, exc.details())
+        return True
+
+    async def _fetch(
+        self, manifest: WeightManifest
+    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        if self.plan is not None and self.plan.transport == "stream":
+            files = await self.client.fetch_files(manifest)
+            return await asyncio.to_thread(decode_version, files)
+        return await asyncio.to_thread(load_version, manifest)
+
+    async def _install(
+        self,
+        version: int,
+        step: int,
+        hf_config: dict[str, Any],
+        state: dict[str, torch.Tensor],
+        *,
+        source: str,
+    ) -> bool:
+        """Hand the weights to the engine unless it already serves this or a newer version."""
+        started = time.perf_counter()
+        async with self._lock:
+            if self.loaded >= version:
+                return False
+            await self.engine.update_weights(version, hf_config, state)
+            self.loaded = version
+        seconds = time.perf_counter() - started
+        log.info("loaded version %d (step %d) by %s in %.3fs", version, step, source, seconds)
+        if self.seen >= version:  # registered already: weight-sync can record it
+            await self._ack(version)
+        if self.on_loaded is not None:
+            await self.on_loaded(version)
+        return True
+
+    async def _ack(self, version: int) -> None:
+        if version <= self.acked:
+            return
+        self.acked = version
+        try:
+            await self.client.ack_loaded(self.replica_id, version)
+        except grpc.aio.AioRpcError as exc:  # already retried by the channel's policy
+            log.warning("could not acknowledge version %d: %s", version, exc.details())

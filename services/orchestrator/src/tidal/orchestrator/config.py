@@ -116,9 +116,12 @@ class OrchestratorConfig(BaseConfig):
     reloads and late loads)."""
     max_inflight_requests: int = Field(default=64, gt=0)
     """Upper bound of concurrent Generate calls; the bound adapts downwards while
-    inference reports more than inflight_queue_target queued requests."""
+    inference reports more than inflight_queue_target queued requests or a KV cache
+    fuller than inflight_kv_usage_target."""
     inflight_queue_target: int = Field(default=16, ge=0)
     """Queued requests at inference above which the in-flight bound is halved."""
+    inflight_kv_usage_target: float = Field(default=0.9, gt=0, le=1)
+    """KV-cache usage reported by inference above which the in-flight bound is halved."""
     eval: EvalConfig = EvalConfig()
     """Held-out evaluation."""
     resume: bool = False

@@ -50,13 +50,13 @@ class InferenceClient:
             )
         return int(status.policy_version)
 
-    async def queued(self, *, timeout: float = 10.0) -> int:
-        """Requests waiting in the replica's queue (not yet running)."""
+    async def pressure(self, *, timeout: float = 10.0) -> tuple[int, float]:
+        """(requests waiting in the replica's queue, fraction of its KV cache in use)."""
         with peer_call("inference", self.address, "GetStatus"):
             status = await self.stub.GetStatus(
                 common_pb2.StatusRequest(), timeout=timeout, wait_for_ready=False
             )
-        return int(status.queued)
+        return int(status.queued), float(status.kv_usage)
 
     async def generate(
         self,

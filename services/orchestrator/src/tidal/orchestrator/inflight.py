@@ -3,10 +3,11 @@
 Decisions:
 - Generation is bounded so a burst (a step's prompts, the next step's prompts, eval)
   cannot flood the inference queue, which would only add latency to every request.
-- The bound adapts to what inference reports (GetStatus `queued`, polled twice a second
-  by the loop): above `queue_target` queued requests it halves, otherwise it grows by
-  one, between 1 and `max_inflight`. The v1 inference contract reports no KV-cache usage,
-  so the queue is the only pressure signal (a queue builds when the KV cache is full).
+- The bound adapts to what inference reports (GetStatus `queued` and `kv_usage`, polled
+  twice a second by the loop): above `queue_target` queued requests, or with the KV
+  cache fuller than `kv_usage_target`, it halves; otherwise it grows by one, between 1
+  and `max_inflight`. A full cache is the earlier signal: new samples stop fitting
+  before a queue builds.
 """
 
 from __future__ import annotations
@@ -16,16 +17,19 @@ from types import TracebackType
 
 
 class InflightLimiter:
-    def __init__(self, max_inflight: int, *, queue_target: int) -> None:
+    def __init__(
+        self, max_inflight: int, *, queue_target: int, kv_usage_target: float = 1.0
+    ) -> None:
         self.max_inflight = max_inflight
         self.queue_target = queue_target
+        self.kv_usage_target = kv_usage_target
         self.limit = max_inflight
         self.inflight = 0
         self._changed = asyncio.Condition()
 
-    def observe_queue(self, queued: int) -> None:
-        """Adapt the bound to inference's reported queue length."""
-        if queued > self.queue_target:
+    def observe_queue(self, queued: int, kv_usage: float = 0.0) -> None:
+        """Adapt the bound to inference's reported queue length and KV-cache usage."""
+        if queued > self.queue_target or kv_usage > self.kv_usage_target:
             self.limit = max(1, self.limit // 2)
         else:
             self.limit = min(self.max_inflight, self.limit + 1)

@@ -106,7 +106,7 @@ async def follow_inference_queue(
     """Adapt the in-flight bound to inference's queue (runs until cancelled)."""
     while True:
         with contextlib.suppress(Exception):
-            limiter.observe_queue(await inference.queued(timeout=period_s * 4))
+            limiter.observe_queue(*await inference.pressure(timeout=period_s * 4))
             await limiter.wake()
         await asyncio.sleep(period_s)
 
@@ -124,7 +124,11 @@ async def run_training(
     weightsync = WeightSyncClient(config.endpoints.weightsync, config.grpc)
     gate = PolicyGate(inference, progress)
     tokenizer = get_tokenizer(config.run.tokenizer)
-    limiter = InflightLimiter(orch.max_inflight_requests, queue_target=orch.inflight_queue_target)
+    limiter = InflightLimiter(
+        orch.max_inflight_requests,
+        queue_target=orch.inflight_queue_target,
+        kv_usage_target=orch.inflight_kv_usage_target,
+    )
     verifier = ContainedVerifier(mixture.tasks, timeout_s=orch.verifier_timeout_s)
     generator = RolloutGenerator(
         orch,

@@ -1,17 +1,25 @@
-"""Publishing weight versions: write the files (shared filesystem), then tell weightsync.
+"""Publishing weight versions through the run's data path, then telling weightsync.
 
 Decisions:
-- Files are written by `tidal.weightsync.filesystem.write_version` (atomic rename, sha256
-  manifest) in a worker thread, so the event loop keeps answering health checks while
-  a large model is serialised; then `WeightSyncClient.publish` registers the manifest.
+- The data path is weightsync's choice (`JoinSync`, asked once, on the first publish), so
+  trainer and inference config never disagree with the service about it:
+  - filesystem: `write_version` (atomic rename, sha256 manifest) in a worker thread, then
+    `WeightSyncClient.publish` registers the manifest;
+  - stream: the same files encoded in memory and uploaded with `UploadWeights` (for a
+    trainer without the shared folder); weightsync writes and verifies them;
+  - broadcast: the version is broadcast to the replicas' group in buckets first (the
+    fast path), then written and registered as on the filesystem path, which is how a
+    replica that joined late or missed a broadcast catches up. The group forms in the
+    background (it waits for every replica); versions published before it is ready, or
+    after it broke (a replica died), go by the filesystem path only.
 - Version `v` holds the weights after step `v`; version 0 (initial weights) is published
   once at start-up. A fresh trainer refuses to start if weightsync already knows any
   version (its fresh weights would not be the ones those versions continue from) and
   says how to fix it. A trainer resumed from the checkpoint of step k accepts versions
   up to k (it republishes k if missing) and refuses newer ones: they came from steps the
   checkpoint does not hold.
-- Retrying a publish is safe: a folder left by an earlier failed attempt is reused when
-  weightsync registered it, and replaced when it did not.
+- Retrying a publish is safe: a version weightsync already registered is not sent again;
+  a folder left by an earlier failed attempt is replaced.
 """
 
 from __future__ import annotations
@@ -20,15 +28,21 @@ import asyncio
 import logging
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from opentelemetry import trace
 
 from tidal.common.errors import FailedPrecondition
+from tidal.common.telemetry import inject_carrier
 from tidal.weightsync.client import WeightSyncClient
 from tidal.weightsync.filesystem import version_dir, write_version
 from tidal.weightsync.manifest import WeightManifest
+from tidal.weightsync.rendezvous import SyncPlan
+from tidal.weightsync.stream import encode_version
+
+if TYPE_CHECKING:
+    from tidal.weightsync.broadcast import BroadcastGroup
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
@@ -37,11 +51,25 @@ STARTUP_TIMEOUT_S = 120.0
 
 
 class WeightPublisher:
-    def __init__(self, root: Path, client: WeightSyncClient, hf_config: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        root: Path,
+        client: WeightSyncClient,
+        hf_config: dict[str, Any],
+        *,
+        member_id: str = "trainer",
+        advertise_host: str = "127.0.0.1",
+    ) -> None:
         self.root = root
         self.client = client
         self.hf_config = hf_config
+        self.member_id = member_id
+        self.advertise_host = advertise_host
+        """Host the replicas reach this trainer's TCP store at (broadcast path)."""
         self.newest = -1  # newest version this process published
+        self.plan: SyncPlan | None = None
+        self._group: asyncio.Future[BroadcastGroup] | None = None
+        self._broadcast_broken = False
 
     async def check_fresh(self) -> None:
         """Raise FailedPrecondition when weightsync already holds versions (no resume yet)."""
@@ -74,26 +102,93 @@ class WeightPublisher:
         return newest == step
 
     async def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> WeightManifest:
-        """Write version `version` and register it with weightsync; returns its manifest."""
-        with tracer.start_as_current_span("trainer.publish", attributes={"version": version}):
-            leftover = await self._registered_leftover(version)
-            if leftover is not None:
-                manifest = leftover
-            else:
-                manifest = await asyncio.to_thread(self._write, version, state_dict)
-                await self.client.publish(manifest)
+        """Publish version `version` by the run's data path; returns its manifest."""
+        plan = await self._join()
+        with tracer.start_as_current_span(
+            "trainer.publish", attributes={"version": version, "transport": plan.transport}
+        ):
+            manifest = await self._registered(version)
+            if manifest is None:
+                if plan.transport == "stream":
+                    manifest = await self._upload(version, state_dict, plan)
+                else:
+                    if plan.transport == "broadcast":
+                        await self._broadcast(version, state_dict)
+                    manifest = await asyncio.to_thread(self._write, version, state_dict)
+                    await self.client.publish(manifest)
             self.newest = version
             log.info("published version %d", version, extra={"fields": {"dir": manifest.location}})
             return manifest
 
-    async def _registered_leftover(self, version: int) -> WeightManifest | None:
-        """The manifest of a folder from an earlier attempt that weightsync did register."""
-        if not version_dir(self.root, version).exists():
+    async def broadcast_ready(self) -> bool:
+        """Wait until the broadcast group has formed (True) or failed to (False)."""
+        if self._group is None:
+            return False
+        try:
+            await asyncio.shield(self._group)
+        except RuntimeError:
+            return False
+        return not self._broadcast_broken
+
+    async def _join(self) -> SyncPlan:
+        if self.plan is not None:
+            return self.plan
+        plan = await self.client.join_sync(self.member_id, "trainer", timeout=STARTUP_TIMEOUT_S)
+        if plan.transport == "broadcast":
+            from tidal.weightsync.broadcast import BroadcastGroup, host_store, in_daemon_thread
+
+            store = host_store(self.advertise_host, STARTUP_TIMEOUT_S)
+            address = f"{self.advertise_host}:{store.port}"
+            plan = await self.client.join_sync(
+                self.member_id, "trainer", store_address=address, timeout=STARTUP_TIMEOUT_S
+            )
+            assert plan.seat is not None
+            log.info("broadcast group: hosting its store at %s, waiting for replicas", address)
+            self._group = in_daemon_thread(BroadcastGroup, store, plan.seat)
+        self.plan = plan
+        return plan
+
+    async def _registered(self, version: int) -> WeightManifest | None:
+        """The manifest of `version` if an earlier attempt did get it registered."""
+        uploaded = self.plan is not None and self.plan.transport == "stream"
+        if not uploaded and not version_dir(self.root, version).exists():
             return None
         latest = await self.client.latest()
         if latest is not None and latest.manifest.version == version:
             return latest.manifest
         return None
+
+    async def _upload(
+        self, version: int, state_dict: dict[str, torch.Tensor], plan: SyncPlan
+    ) -> WeightManifest:
+        manifest, files = await asyncio.to_thread(
+            lambda: encode_version(
+                version=version, step=version, state_dict=state_dict, config=self.hf_config
+            )
+        )
+        await self.client.upload(manifest, files, chunk_bytes=plan.chunk_bytes)
+        return manifest
+
+    async def _broadcast(self, version: int, state_dict: dict[str, torch.Tensor]) -> None:
+        """Send to the group when it is ready; a failure only disables broadcasting."""
+        group = self._group
+        if group is None or self._broadcast_broken or not group.done():
+            return
+        if group.exception() is not None:
+            log.warning(
+                "broadcast group did not form (%s); using the filesystem", group.exception()
+            )
+            self._broadcast_broken = True
+            return
+        from tidal.weightsync.broadcast import in_daemon_thread
+
+        try:
+            await in_daemon_thread(
+                group.result().send, version, version, self.hf_config, state_dict, inject_carrier()
+            )
+        except RuntimeError as exc:  # a replica died mid-broadcast (gloo/NCCL error)
+            log.warning("broadcast of version %d failed (%s); filesystem from now on", version, exc)
+            self._broadcast_broken = True
 
     def _write(self, version: int, state_dict: dict[str, torch.Tensor]) -> WeightManifest:
         folder = version_dir(self.root, version)

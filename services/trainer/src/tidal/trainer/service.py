@@ -119,7 +119,11 @@ async def start_trainer(
     device = str(trainer.device)
     ckpt = config.trainer.ckpt
     client = WeightSyncClient(config.endpoints.weightsync, config.grpc)
-    publisher = WeightPublisher(config.publish_dir, client, trainer.hf_config())
+    # Broadcast replicas reach this trainer's TCP store at the host of its endpoint.
+    host = config.endpoints.trainer.rsplit(":", 1)[0]
+    publisher = WeightPublisher(
+        config.publish_dir, client, trainer.hf_config(), advertise_host=host
+    )
     runner = StepRunner(
         trainer, publisher, checkpoints=checkpoints, checkpoint_interval=ckpt.interval
     )

@@ -220,11 +220,36 @@ class Trainer:
             loss, parts = rl_loss(
                 inputs, config=loss_cfg, weights=weights, metric_weights=metric_weights
             )
+        parts.update(self._add_router_terms(batch, counts))
+        if "aux_loss" in parts:
+            loss = loss + parts.pop("_aux_term")
         scale = self.parallel.loss_scale if self.parallel is not None else 1.0
         (loss * scale if scale != 1.0 else loss).backward()
         parts["entropy"] = (entropy.detach() * metric_weights).sum()
         parts["loss"] = loss.detach()
         return parts
+
+    def _add_router_terms(
+        self, batch: MicroBatchData, counts: StepCounts
+    ) -> dict[str, torch.Tensor]:
+        """MoE load balancing: `router_aux_loss_coef × aux_loss` of this micro-batch's forward,
+        weighted by its share of the step's loss tokens (so the step adds a token-weighted
+        mean), plus load metrics. Empty for dense models."""
+        model = self.model
+        stats = model.router_stats() if hasattr(model, "router_stats") else []
+        if not stats:
+            return {}
+        share = batch.num_loss_tokens / counts.loss_tokens
+        aux = model.aux_loss()  # type: ignore[operator]
+        load = model.expert_load().detach()  # type: ignore[operator]  # (L_moe, E)
+        experts = load.shape[-1]
+        return {
+            "_aux_term": model.args.router_aux_loss_coef * aux * share,  # type: ignore[union-attr]
+            "aux_loss": aux.detach() * share,
+            # 1.0 = perfectly balanced; E = every slot on one expert.
+            "expert_load_max": load.max() * experts * share,
+            "expert_load_min": load.min() * experts * share,
+        }
 
     def _reference_logprobs(
         self, batch: MicroBatchData, scored: slice | torch.Tensor

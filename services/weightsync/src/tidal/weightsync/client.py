@@ -1,8 +1,16 @@
-"""Async client of the weight-sync service, used by the trainer, inference and the CLI."""
+"""Async client of the weight-sync service, used by the trainer, inference and the CLI.
+
+`fetch_files` is the receiving half of the stream path: it resumes a broken FetchWeights
+stream from the last (file, offset) received, up to `retries` times, and verifies every
+sha256 before returning, so a caller never sees unverified bytes.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import hashlib
+import logging
+from collections.abc import AsyncIterator, Mapping
 
 import grpc
 
@@ -10,8 +18,21 @@ from tidal.common.channel import make_channel
 from tidal.common.sections import GrpcConfig
 from tidal.rpc.v1 import weightsync_pb2 as pb
 from tidal.rpc.v1 import weightsync_pb2_grpc as pb_grpc
-from tidal.weightsync.convert import event_from_proto, manifest_to_proto
-from tidal.weightsync.manifest import VersionEvent, WeightManifest
+from tidal.weightsync.convert import (
+    event_from_proto,
+    manifest_to_proto,
+    plan_from_proto,
+    role_to_proto,
+)
+from tidal.weightsync.manifest import VersionEvent, WeightManifest, verify_digests
+from tidal.weightsync.rendezvous import SyncPlan
+
+log = logging.getLogger(__name__)
+RETRYABLE = (
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.ABORTED,
+)
 
 
 class WeightSyncClient:
@@ -42,9 +63,94 @@ class WeightSyncClient:
         async for reply in call:
             yield event_from_proto(reply)
 
+    async def begin_load(self, replica_id: str, version: int, *, timeout: float = 30.0) -> None:
+        request = pb.BeginLoadRequest(replica_id=replica_id, version=version)
+        await self.stub.BeginLoad(request, timeout=timeout)
+
     async def ack_loaded(self, replica_id: str, version: int, *, timeout: float = 30.0) -> None:
         request = pb.AckLoadedRequest(replica_id=replica_id, version=version)
         await self.stub.AckLoaded(request, timeout=timeout)
+
+    async def join_sync(
+        self, member_id: str, role: str, *, store_address: str = "", timeout: float = 300.0
+    ) -> SyncPlan:
+        """The run's data path; for broadcast, this member's seat (a replica waits for the
+        trainer to join)."""
+        request = pb.JoinSyncRequest(
+            member_id=member_id, role=role_to_proto(role), store_address=store_address
+        )
+        return plan_from_proto(await self.stub.JoinSync(request, timeout=timeout))
+
+    async def upload(
+        self,
+        manifest: WeightManifest,
+        files: Mapping[str, bytes],
+        *,
+        chunk_bytes: int,
+        timeout: float = 600.0,
+    ) -> int:
+        """Publish a version by streaming its files; returns the registered version."""
+
+        async def requests() -> AsyncIterator[pb.UploadWeightsRequest]:
+            yield pb.UploadWeightsRequest(manifest=manifest_to_proto(manifest))
+            for f in manifest.files:
+                data = memoryview(files[f.path])
+                for offset in range(0, len(data), chunk_bytes):
+                    chunk = pb.WeightChunk(
+                        path=f.path, offset=offset, data=bytes(data[offset : offset + chunk_bytes])
+                    )
+                    yield pb.UploadWeightsRequest(chunk=chunk)
+
+        return (await self.stub.UploadWeights(requests(), timeout=timeout)).version
+
+    async def fetch_files(
+        self, manifest: WeightManifest, *, retries: int = 3, timeout: float = 600.0
+    ) -> dict[str, bytes]:
+        """Every file of a version, streamed in chunks, resumed on a broken stream, verified.
+
+        Each chunk is hashed in a worker thread while the next one is received, so
+        verifying costs no extra pass over the bytes.
+        """
+        buffers = {f.path: bytearray() for f in manifest.files}
+        digests = {f.path: hashlib.sha256() for f in manifest.files}
+        hashing: asyncio.Future[None] | None = None  # hash of the previous chunk
+        attempt = 0
+        while True:
+            pending = [f.path for f in manifest.files if len(buffers[f.path]) < f.size]
+            if not pending:
+                break
+            path, offset = pending[0], len(buffers[pending[0]])
+            request = pb.FetchWeightsRequest(version=manifest.version, path=path, offset=offset)
+            try:
+                async for chunk in self.stub.FetchWeights(request, timeout=timeout):
+                    buffer = buffers.get(chunk.path)
+                    if buffer is None:
+                        raise ValueError(f"chunk of {chunk.path!r}, which is not in the manifest")
+                    if chunk.offset != len(buffer):
+                        raise ValueError(
+                            f"{chunk.path}: chunk at offset {chunk.offset}, expected {len(buffer)}"
+                        )
+                    buffer += chunk.data
+                    if hashing is not None:
+                        await hashing  # updates of one digest must stay in order
+                    hashing = asyncio.ensure_future(
+                        asyncio.to_thread(digests[chunk.path].update, chunk.data)
+                    )
+                break
+            except grpc.aio.AioRpcError as exc:
+                attempt += 1
+                if exc.code() not in RETRYABLE or attempt > retries:
+                    raise
+                log.warning(
+                    "fetch of version %d broke (%s); resuming", manifest.version, exc.code().name
+                )
+            finally:
+                if hashing is not None:
+                    await hashing
+                    hashing = None
+        received = {p: (len(buffers[p]), d.hexdigest()) for p, d in digests.items()}
+        verify_digests(manifest, received)
+        return {path: bytes(data) for path, data in buffers.items()}
 
     async def close(self) -> None:
         await self.channel.close()

@@ -1,9 +1,15 @@
-"""Configuration of the weight-sync service (`[weightsync]`)."""
+"""Configuration of the weight-sync service (`[weightsync]`).
+
+The data path is a discriminated union on `transport.type`, so each path carries only
+its own settings and an unknown type is a clear error naming the valid ones. Trainer and
+inference do not read this section: they ask the running service (`JoinSync`), so the
+service's config is the single place the run's data path is chosen.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -11,15 +17,53 @@ from tidal.common.config import BaseConfig
 from tidal.common.sections import ServiceRunConfig
 
 
-class WeightSyncConfig(BaseConfig):
+class FilesystemTransport(BaseConfig):
+    """Shared folder: safetensors + manifest, written to a temp folder and renamed atomically."""
+
     type: Literal["filesystem"] = "filesystem"
-    """Data path. "filesystem" (shared folder, atomic publish); broadcast and stream come later."""
+    """Data path: trainer and replicas see the same folder (weightsync's root)."""
+
+
+class BroadcastTransport(BaseConfig):
+    """torch.distributed broadcast from trainer rank 0 to every replica, in fixed-size buckets.
+
+    Every version is also written to the shared folder, which is how a replica that
+    joins late (or misses a broadcast) catches up.
+    """
+
+    type: Literal["broadcast"] = "broadcast"
+    """Data path: a process group between trainer rank 0 and the replicas."""
+    replicas: int = Field(default=1, ge=1)
+    """Replicas in the group (world size - 1); more replicas use the filesystem path."""
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """torch.distributed backend; "auto" is NCCL when the trainer has CUDA, else gloo."""
+    bucket_bytes: int = Field(default=64 << 20, gt=0)
+    """Bytes per broadcast: neither side holds more than one bucket beyond the weights."""
+    timeout_s: float = Field(default=300.0, gt=0)
+    """How long group formation and each collective may take before the trainer gives up."""
+
+
+class StreamTransport(BaseConfig):
+    """Chunked gRPC transfer through this service, for hosts without a shared filesystem."""
+
+    type: Literal["stream"] = "stream"
+    """Data path: the trainer uploads the files, replicas fetch them (resumable by offset)."""
+
+
+Transport = Annotated[
+    FilesystemTransport | BroadcastTransport | StreamTransport, Field(discriminator="type")
+]
+
+
+class WeightSyncConfig(BaseConfig):
+    transport: Transport = FilesystemTransport()
+    """Data path of published weights: filesystem | broadcast | stream (`transport.type`)."""
     root: Path | None = None
-    """Shared folder holding version folders; default `<run dir>/weights`."""
+    """Folder holding version folders; default `<run dir>/weights`."""
     keep_last: int = Field(default=3, ge=1)
     """Versions kept on disk; older ones are deleted unless a replica still serves them."""
-    chunk_bytes: int = Field(default=1 << 20, gt=0)
-    """Chunk size of FetchWeights streams."""
+    chunk_bytes: int = Field(default=4 << 20, gt=0)
+    """Chunk size of UploadWeights and FetchWeights streams."""
 
 
 class WeightSyncRunConfig(ServiceRunConfig):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from tidal.common.errors import InvalidArgument
 from tidal.rpc.v1 import weightsync_pb2 as pb
 from tidal.weightsync.manifest import VersionEvent, WeightFile, WeightManifest
+from tidal.weightsync.rendezvous import GroupSeat, SyncPlan
 
 
 def manifest_to_proto(m: WeightManifest) -> pb.WeightManifest:
@@ -57,3 +58,53 @@ def event_from_proto(v: pb.WeightVersion) -> VersionEvent:
         loaded_by=tuple(v.loaded_by),
         published_unix_ms=v.published_unix_ms,
     )
+
+
+def seat_to_proto(s: GroupSeat) -> pb.BroadcastGroup:
+    return pb.BroadcastGroup(
+        member=s.member,
+        reason=s.reason,
+        store_address=s.store_address,
+        rank=s.rank,
+        world_size=s.world_size,
+        backend=s.backend,
+        bucket_bytes=s.bucket_bytes,
+        timeout_s=s.timeout_s,
+        generation=s.generation,
+    )
+
+
+def plan_to_proto(p: SyncPlan) -> pb.SyncPlan:
+    group = seat_to_proto(p.seat) if p.seat is not None else None
+    return pb.SyncPlan(transport=p.transport, chunk_bytes=p.chunk_bytes, group=group)
+
+
+def plan_from_proto(p: pb.SyncPlan) -> SyncPlan:
+    seat = None
+    if p.HasField("group"):
+        g = p.group
+        seat = GroupSeat(
+            g.member,
+            g.reason,
+            g.store_address,
+            g.rank,
+            g.world_size,
+            g.backend,
+            g.bucket_bytes,
+            g.timeout_s,
+            g.generation,
+        )
+    return SyncPlan(p.transport, p.chunk_bytes, seat)
+
+
+ROLES = {pb.SYNC_ROLE_TRAINER: "trainer", pb.SYNC_ROLE_REPLICA: "replica"}
+
+
+def role_from_proto(role: int) -> str:
+    if role not in ROLES:
+        raise InvalidArgument("role", f"must be SYNC_ROLE_TRAINER or SYNC_ROLE_REPLICA, got {role}")
+    return ROLES[role]
+
+
+def role_to_proto(role: str) -> int:
+    return {v: k for k, v in ROLES.items()}[role]

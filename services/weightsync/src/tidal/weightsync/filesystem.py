@@ -39,7 +39,7 @@ def version_dir(root: Path, version: int) -> Path:
     return root / f"v{version:06d}"
 
 
-def _fsync_path(path: Path) -> None:
+def fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -78,14 +78,14 @@ def write_version(
     (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2))
     files = []
     for name in (WEIGHTS_FILE, CONFIG_FILE):
-        _fsync_path(tmp / name)
+        fsync_path(tmp / name)
         files.append(WeightFile(name, (tmp / name).stat().st_size, sha256_file(tmp / name)))
     manifest = WeightManifest(version=version, step=step, location=str(final), files=tuple(files))
     (tmp / MANIFEST_FILE).write_text(manifest.to_json())
-    _fsync_path(tmp / MANIFEST_FILE)
-    _fsync_path(tmp)
+    fsync_path(tmp / MANIFEST_FILE)
+    fsync_path(tmp)
     os.rename(tmp, final)
-    _fsync_path(root)
+    fsync_path(root)
     return manifest
 
 

@@ -98,3 +98,22 @@ def verify_files(manifest: WeightManifest) -> None:
                 f"version {manifest.version}: sha256 of {f.path} is {actual[:12]}…, "
                 f"manifest says {f.sha256[:12]}…"
             )
+
+
+def verify_digests(manifest: WeightManifest, received: dict[str, tuple[int, str]]) -> None:
+    """Like `verify_files`, for files received in memory: `received` maps each path to
+    (size, sha256 hex digest) as computed while receiving it."""
+    for f in manifest.files:
+        if f.path not in received:
+            raise CorruptWeights(f"version {manifest.version}: file {f.path} was not received")
+        size, actual = received[f.path]
+        if size != f.size:
+            raise CorruptWeights(
+                f"version {manifest.version}: file {f.path} has {size} bytes, "
+                f"manifest says {f.size}"
+            )
+        if actual != f.sha256:
+            raise CorruptWeights(
+                f"version {manifest.version}: sha256 of {f.path} is {actual[:12]}…, "
+                f"manifest says {f.sha256[:12]}…"
+            )

@@ -2,9 +2,11 @@
 
 Rules it enforces: versions only grow; a version is registered only after its files
 verify against their sha256; retention keeps the newest `keep_last` versions plus any
-version a known replica still serves. Subscribers wait on an asyncio.Condition, so a
-Watch stream wakes exactly when something is published. On start the registry is rebuilt
-from the manifests already on disk, so a restarted service loses nothing.
+version a known replica still serves or has begun loading (`begin_load`, until it
+acknowledges that version or a later one: it may be reading those files). Subscribers
+wait on an asyncio.Condition, so a Watch stream wakes exactly when something is
+published. On start the registry is rebuilt from the manifests already on disk, so a
+restarted service loses nothing.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class VersionRegistry:
         self.keep_last = keep_last
         self._entries: dict[int, _Entry] = {}
         self._replicas: dict[str, int] = {}  # replica id → version it serves (-1: none yet)
+        self._loading: dict[str, int] = {}  # replica id → version it is loading
         self._changed = asyncio.Condition()
         self._load_existing()
 
@@ -68,14 +71,23 @@ class VersionRegistry:
     def all(self) -> list[VersionEvent]:
         return [self._entries[v].snapshot() for v in sorted(self._entries)]
 
-    async def publish(self, manifest: WeightManifest, trace_context: dict[str, str]) -> None:
-        if manifest.version <= self.newest:
+    def check_newer(self, version: int) -> None:
+        """Raise FailedPrecondition unless `version` is newer than every published one."""
+        if version <= self.newest:
             raise FailedPrecondition(
-                f"manifest.version {manifest.version} is not greater than the newest "
+                f"manifest.version {version} is not greater than the newest "
                 f"published version {self.newest}"
             )
-        # Hashing reads every byte: keep it off the event loop.
-        await asyncio.to_thread(verify_files, manifest)
+
+    async def publish(
+        self, manifest: WeightManifest, trace_context: dict[str, str], *, verified: bool = False
+    ) -> None:
+        """Register a version whose files are in place; `verified` skips re-hashing files
+        the caller just hashed while writing them (uploads)."""
+        self.check_newer(manifest.version)
+        if not verified:
+            # Hashing reads every byte: keep it off the event loop.
+            await asyncio.to_thread(verify_files, manifest)
         if manifest.version <= self.newest:  # a concurrent publish won meanwhile
             raise FailedPrecondition(
                 f"manifest.version {manifest.version} lost a race to version {self.newest}"
@@ -91,16 +103,31 @@ class VersionRegistry:
             raise InvalidArgument("replica_id", "must not be empty")
         self._replicas.setdefault(replica_id, -1)
 
-    def ack(self, replica_id: str, version: int) -> None:
+    def _known(self, replica_id: str) -> None:
         if replica_id not in self._replicas:
             raise FailedPrecondition(
                 f"unknown replica_id {replica_id!r}: a replica registers by calling Watch first"
             )
+
+    def begin_load(self, replica_id: str, version: int) -> None:
+        """Keep `version`'s files while the replica loads it; NotFound if already removed."""
+        self._known(replica_id)
+        if version not in self._entries:
+            raise NotFound(
+                f"version {version} is not registered (removed by retention or never "
+                f"published; newest is {self.newest})"
+            )
+        self._loading[replica_id] = version
+
+    def ack(self, replica_id: str, version: int) -> None:
+        self._known(replica_id)
         entry = self._entries.get(version)
         if entry is None:
             raise InvalidArgument("version", f"version {version} is not registered")
         entry.loaded_by.add(replica_id)
         self._replicas[replica_id] = max(self._replicas[replica_id], version)
+        if self._loading.get(replica_id, -1) <= version:
+            self._loading.pop(replica_id, None)
 
     async def wait_newer(self, after: int) -> list[VersionEvent]:
         """Versions newer than `after`, waiting until there is at least one."""
@@ -110,6 +137,7 @@ class VersionRegistry:
 
     def _retain(self) -> None:
         keep = set(sorted(self._entries)[-self.keep_last :]) | set(self._replicas.values())
+        keep |= set(self._loading.values())
         for version in sorted(set(self._entries) - keep):
             folder = Path(self._entries.pop(version).event.manifest.location)
             shutil.rmtree(folder, ignore_errors=True)

@@ -24,12 +24,19 @@ async def serve(config: WeightSyncRunConfig) -> None:
     provider = setup_telemetry("weightsync", config.telemetry, config.run.dir)
     config.weights_root.mkdir(parents=True, exist_ok=True)
     registry = VersionRegistry(config.weights_root, config.weightsync.keep_last)
-    servicer = WeightSyncServicer(registry, chunk_bytes=config.weightsync.chunk_bytes)
+    servicer = WeightSyncServicer(
+        registry, chunk_bytes=config.weightsync.chunk_bytes, transport=config.weightsync.transport
+    )
     binding = ServiceBinding(servicer, pb_grpc.add_WeightSyncServiceServicer_to_server, FULL_NAME)
     address = config.grpc.listen_address(config.endpoints.weightsync)
     server = GrpcServer(address, [binding], config.grpc)
     await server.start()
-    log.info("serving on %s, root %s", config.endpoints.weightsync, config.weights_root)
+    log.info(
+        "serving on %s, root %s, transport %s",
+        config.endpoints.weightsync,
+        config.weights_root,
+        config.weightsync.transport.type,
+    )
     await server.serve_forever()
     provider.shutdown()
 

@@ -7,18 +7,38 @@ from pathlib import Path
 
 import grpc
 
-from tidal.common.errors import InvalidArgument
+from tidal.common.errors import FailedPrecondition, InvalidArgument
 from tidal.common.telemetry import inject_carrier
 from tidal.rpc.v1 import weightsync_pb2 as pb
 from tidal.rpc.v1 import weightsync_pb2_grpc as pb_grpc
-from tidal.weightsync.convert import event_to_proto, manifest_from_proto
+from tidal.weightsync.config import BroadcastTransport, FilesystemTransport, Transport
+from tidal.weightsync.convert import (
+    event_to_proto,
+    manifest_from_proto,
+    plan_to_proto,
+    role_from_proto,
+)
 from tidal.weightsync.registry import VersionRegistry
+from tidal.weightsync.rendezvous import BroadcastRendezvous, SyncPlan
+from tidal.weightsync.upload import UploadChunk, receive_upload
 
 
 class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
-    def __init__(self, registry: VersionRegistry, *, chunk_bytes: int) -> None:
+    def __init__(
+        self,
+        registry: VersionRegistry,
+        *,
+        chunk_bytes: int,
+        transport: Transport | None = None,
+    ) -> None:
         self.registry = registry
         self.chunk_bytes = chunk_bytes
+        self.transport = transport or FilesystemTransport()
+        self.rendezvous = (
+            BroadcastRendezvous(self.transport)
+            if isinstance(self.transport, BroadcastTransport)
+            else None
+        )
 
     async def Publish(
         self, request: pb.PublishRequest, context: grpc.aio.ServicerContext
@@ -53,6 +73,12 @@ class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
                 yield event_to_proto(event)
                 after = event.manifest.version
 
+    async def BeginLoad(
+        self, request: pb.BeginLoadRequest, context: grpc.aio.ServicerContext
+    ) -> pb.BeginLoadResponse:
+        self.registry.begin_load(request.replica_id, request.version)
+        return pb.BeginLoadResponse()
+
     async def AckLoaded(
         self, request: pb.AckLoadedRequest, context: grpc.aio.ServicerContext
     ) -> pb.AckLoadedResponse:
@@ -76,3 +102,43 @@ class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
                 while data := f.read(self.chunk_bytes):
                     yield pb.WeightChunk(path=name, offset=offset, data=data)
                     offset += len(data)
+
+    async def UploadWeights(
+        self,
+        request_iterator: AsyncIterator[pb.UploadWeightsRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> pb.PublishResponse:
+        first = await anext(aiter(request_iterator), None)
+        if first is None or first.WhichOneof("item") != "manifest":
+            raise InvalidArgument("item", "the first UploadWeights message must be the manifest")
+        header = pb.WeightManifest()
+        header.CopyFrom(first.manifest)
+        header.location = header.location or "(uploaded)"  # weightsync decides where
+        manifest = manifest_from_proto(header)
+        self.registry.check_newer(manifest.version)
+
+        async def chunks() -> AsyncIterator[UploadChunk]:
+            async for message in request_iterator:
+                if message.WhichOneof("item") != "chunk":
+                    raise InvalidArgument("item", "only the first message may be a manifest")
+                c = message.chunk
+                yield UploadChunk(c.path, c.offset, c.data)
+
+        published = await receive_upload(self.registry.root, manifest, chunks())
+        await self.registry.publish(published, inject_carrier(), verified=True)
+        return pb.PublishResponse(version=published.version)
+
+    async def JoinSync(
+        self, request: pb.JoinSyncRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SyncPlan:
+        role = role_from_proto(request.role)
+        plan = SyncPlan(self.transport.type, self.chunk_bytes)
+        if self.rendezvous is None or (role == "trainer" and not request.store_address):
+            return plan_to_proto(plan)  # the transport only: the trainer has no store yet
+        if role == "trainer":
+            seat = await self.rendezvous.join_trainer(request.store_address)
+        else:
+            if request.store_address:
+                raise FailedPrecondition("only the trainer may offer a store_address")
+            seat = await self.rendezvous.join_replica(request.member_id)
+        return plan_to_proto(SyncPlan(plan.transport, plan.chunk_bytes, seat))

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dtidal/rpc/v1/weightsync.proto\x12\x0ctidal.rpc.v1\"8\n\nWeightFile\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\x0e\n\x06sha256\x18\x03 \x01(\t\"z\n\x0eWeightManifest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0e\n\x06\x66ormat\x18\x03 \x01(\t\x12\x10\n\x08location\x18\x04 \x01(\t\x12\'\n\x05\x66iles\x18\x05 \x03(\x0b\x32\x18.tidal.rpc.v1.WeightFile\"\xe8\x01\n\rWeightVersion\x12.\n\x08manifest\x18\x01 \x01(\x0b\x32\x1c.tidal.rpc.v1.WeightManifest\x12\x11\n\tloaded_by\x18\x02 \x03(\t\x12\x19\n\x11published_unix_ms\x18\x03 \x01(\x03\x12\x44\n\rtrace_context\x18\x04 \x03(\x0b\x32-.tidal.rpc.v1.WeightVersion.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"@\n\x0ePublishRequest\x12.\n\x08manifest\x18\x01 \x01(\x0b\x32\x1c.tidal.rpc.v1.WeightManifest\"\"\n\x0fPublishResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\"$\n\x11GetVersionRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\"\x15\n\x13ListVersionsRequest\"E\n\x14ListVersionsResponse\x12-\n\x08versions\x18\x01 \x03(\x0b\x32\x1b.tidal.rpc.v1.WeightVersion\"9\n\x0cWatchRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x15\n\rafter_version\x18\x02 \x01(\x03\"7\n\x10\x41\x63kLoadedRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\"\x13\n\x11\x41\x63kLoadedResponse\"D\n\x13\x46\x65tchWeightsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\x03\"9\n\x0bWeightChunk\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x32\xe0\x03\n\x11WeightSyncService\x12\x46\n\x07Publish\x12\x1c.tidal.rpc.v1.PublishRequest\x1a\x1d.tidal.rpc.v1.PublishResponse\x12J\n\nGetVersion\x12\x1f.tidal.rpc.v1.GetVersionRequest\x1a\x1b.tidal.rpc.v1.WeightVersion\x12U\n\x0cListVersions\x12!.tidal.rpc.v1.ListVersionsRequest\x1a\".tidal.rpc.v1.ListVersionsResponse\x12\x42\n\x05Watch\x12\x1a.tidal.rpc.v1.WatchRequest\x1a\x1b.tidal.rpc.v1.WeightVersion0\x01\x12L\n\tAckLoaded\x12\x1e.tidal.rpc.v1.AckLoadedRequest\x1a\x1f.tidal.rpc.v1.AckLoadedResponse\x12N\n\x0c\x46\x65tchWeights\x12!.tidal.rpc.v1.FetchWeightsRequest\x1a\x19.tidal.rpc.v1.WeightChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dtidal/rpc/v1/weightsync.proto\x12\x0ctidal.rpc.v1\"8\n\nWeightFile\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\x0e\n\x06sha256\x18\x03 \x01(\t\"z\n\x0eWeightManifest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0e\n\x06\x66ormat\x18\x03 \x01(\t\x12\x10\n\x08location\x18\x04 \x01(\t\x12\'\n\x05\x66iles\x18\x05 \x03(\x0b\x32\x18.tidal.rpc.v1.WeightFile\"\xe8\x01\n\rWeightVersion\x12.\n\x08manifest\x18\x01 \x01(\x0b\x32\x1c.tidal.rpc.v1.WeightManifest\x12\x11\n\tloaded_by\x18\x02 \x03(\t\x12\x19\n\x11published_unix_ms\x18\x03 \x01(\x03\x12\x44\n\rtrace_context\x18\x04 \x03(\x0b\x32-.tidal.rpc.v1.WeightVersion.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"@\n\x0ePublishRequest\x12.\n\x08manifest\x18\x01 \x01(\x0b\x32\x1c.tidal.rpc.v1.WeightManifest\"\"\n\x0fPublishResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\"$\n\x11GetVersionRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\"\x15\n\x13ListVersionsRequest\"E\n\x14ListVersionsResponse\x12-\n\x08versions\x18\x01 \x03(\x0b\x32\x1b.tidal.rpc.v1.WeightVersion\"9\n\x0cWatchRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x15\n\rafter_version\x18\x02 \x01(\x03\"7\n\x10\x42\x65ginLoadRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\"\x13\n\x11\x42\x65ginLoadResponse\"7\n\x10\x41\x63kLoadedRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\"\x13\n\x11\x41\x63kLoadedResponse\"D\n\x13\x46\x65tchWeightsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\x03\"9\n\x0bWeightChunk\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"|\n\x14UploadWeightsRequest\x12\x30\n\x08manifest\x18\x01 \x01(\x0b\x32\x1c.tidal.rpc.v1.WeightManifestH\x00\x12*\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x19.tidal.rpc.v1.WeightChunkH\x00\x42\x06\n\x04item\"a\n\x0fJoinSyncRequest\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12$\n\x04role\x18\x02 \x01(\x0e\x32\x16.tidal.rpc.v1.SyncRole\x12\x15\n\rstore_address\x18\x03 \x01(\t\"\xb7\x01\n\x0e\x42roadcastGroup\x12\x0e\n\x06member\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x15\n\rstore_address\x18\x03 \x01(\t\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12\x12\n\nworld_size\x18\x05 \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\x12\x14\n\x0c\x62ucket_bytes\x18\x07 \x01(\x03\x12\x11\n\ttimeout_s\x18\x08 \x01(\x01\x12\x12\n\ngeneration\x18\t \x01(\x03\"_\n\x08SyncPlan\x12\x11\n\ttransport\x18\x01 \x01(\t\x12\x13\n\x0b\x63hunk_bytes\x18\x02 \x01(\x03\x12+\n\x05group\x18\x03 \x01(\x0b\x32\x1c.tidal.rpc.v1.BroadcastGroup*S\n\x08SyncRole\x12\x19\n\x15SYNC_ROLE_UNSPECIFIED\x10\x00\x12\x15\n\x11SYNC_ROLE_TRAINER\x10\x01\x12\x15\n\x11SYNC_ROLE_REPLICA\x10\x02\x32\xc7\x05\n\x11WeightSyncService\x12\x46\n\x07Publish\x12\x1c.tidal.rpc.v1.PublishRequest\x1a\x1d.tidal.rpc.v1.PublishResponse\x12J\n\nGetVersion\x12\x1f.tidal.rpc.v1.GetVersionRequest\x1a\x1b.tidal.rpc.v1.WeightVersion\x12U\n\x0cListVersions\x12!.tidal.rpc.v1.ListVersionsRequest\x1a\".tidal.rpc.v1.ListVersionsResponse\x12\x42\n\x05Watch\x12\x1a.tidal.rpc.v1.WatchRequest\x1a\x1b.tidal.rpc.v1.WeightVersion0\x01\x12L\n\tBeginLoad\x12\x1e.tidal.rpc.v1.BeginLoadRequest\x1a\x1f.tidal.rpc.v1.BeginLoadResponse\x12L\n\tAckLoaded\x12\x1e.tidal.rpc.v1.AckLoadedRequest\x1a\x1f.tidal.rpc.v1.AckLoadedResponse\x12N\n\x0c\x46\x65tchWeights\x12!.tidal.rpc.v1.FetchWeightsRequest\x1a\x19.tidal.rpc.v1.WeightChunk0\x01\x12T\n\rUploadWeights\x12\".tidal.rpc.v1.UploadWeightsRequest\x1a\x1d.tidal.rpc.v1.PublishResponse(\x01\x12\x41\n\x08JoinSync\x12\x1d.tidal.rpc.v1.JoinSyncRequest\x1a\x16.tidal.rpc.v1.SyncPlanb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,6 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_WEIGHTVERSION_TRACECONTEXTENTRY']._loaded_options = None
   _globals['_WEIGHTVERSION_TRACECONTEXTENTRY']._serialized_options = b'8\001'
+  _globals['_SYNCROLE']._serialized_start=1550
+  _globals['_SYNCROLE']._serialized_end=1633
   _globals['_WEIGHTFILE']._serialized_start=47
   _globals['_WEIGHTFILE']._serialized_end=103
   _globals['_WEIGHTMANIFEST']._serialized_start=105
@@ -53,14 +55,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTVERSIONSRESPONSE']._serialized_end=696
   _globals['_WATCHREQUEST']._serialized_start=698
   _globals['_WATCHREQUEST']._serialized_end=755
-  _globals['_ACKLOADEDREQUEST']._serialized_start=757
-  _globals['_ACKLOADEDREQUEST']._serialized_end=812
-  _globals['_ACKLOADEDRESPONSE']._serialized_start=814
-  _globals['_ACKLOADEDRESPONSE']._serialized_end=833
-  _globals['_FETCHWEIGHTSREQUEST']._serialized_start=835
-  _globals['_FETCHWEIGHTSREQUEST']._serialized_end=903
-  _globals['_WEIGHTCHUNK']._serialized_start=905
-  _globals['_WEIGHTCHUNK']._serialized_end=962
-  _globals['_WEIGHTSYNCSERVICE']._serialized_start=965
-  _globals['_WEIGHTSYNCSERVICE']._serialized_end=1445
+  _globals['_BEGINLOADREQUEST']._serialized_start=757
+  _globals['_BEGINLOADREQUEST']._serialized_end=812
+  _globals['_BEGINLOADRESPONSE']._serialized_start=814
+  _globals['_BEGINLOADRESPONSE']._serialized_end=833
+  _globals['_ACKLOADEDREQUEST']._serialized_start=835
+  _globals['_ACKLOADEDREQUEST']._serialized_end=890
+  _globals['_ACKLOADEDRESPONSE']._serialized_start=892
+  _globals['_ACKLOADEDRESPONSE']._serialized_end=911
+  _globals['_FETCHWEIGHTSREQUEST']._serialized_start=913
+  _globals['_FETCHWEIGHTSREQUEST']._serialized_end=981
+  _globals['_WEIGHTCHUNK']._serialized_start=983
+  _globals['_WEIGHTCHUNK']._serialized_end=1040
+  _globals['_UPLOADWEIGHTSREQUEST']._serialized_start=1042
+  _globals['_UPLOADWEIGHTSREQUEST']._serialized_end=1166
+  _globals['_JOINSYNCREQUEST']._serialized_start=1168
+  _globals['_JOINSYNCREQUEST']._serialized_end=1265
+  _globals['_BROADCASTGROUP']._serialized_start=1268
+  _globals['_BROADCASTGROUP']._serialized_end=1451
+  _globals['_SYNCPLAN']._serialized_start=1453
+  _globals['_SYNCPLAN']._serialized_end=1548
+  _globals['_WEIGHTSYNCSERVICE']._serialized_start=1636
+  _globals['_WEIGHTSYNCSERVICE']._serialized_end=2347
 # @@protoc_insertion_point(module_scope)

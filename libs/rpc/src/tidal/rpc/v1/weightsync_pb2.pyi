@@ -1,10 +1,20 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class SyncRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SYNC_ROLE_UNSPECIFIED: _ClassVar[SyncRole]
+    SYNC_ROLE_TRAINER: _ClassVar[SyncRole]
+    SYNC_ROLE_REPLICA: _ClassVar[SyncRole]
+SYNC_ROLE_UNSPECIFIED: SyncRole
+SYNC_ROLE_TRAINER: SyncRole
+SYNC_ROLE_REPLICA: SyncRole
 
 class WeightFile(_message.Message):
     __slots__ = ("path", "size", "sha256")
@@ -85,6 +95,18 @@ class WatchRequest(_message.Message):
     after_version: int
     def __init__(self, replica_id: _Optional[str] = ..., after_version: _Optional[int] = ...) -> None: ...
 
+class BeginLoadRequest(_message.Message):
+    __slots__ = ("replica_id", "version")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    version: int
+    def __init__(self, replica_id: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class BeginLoadResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class AckLoadedRequest(_message.Message):
     __slots__ = ("replica_id", "version")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
@@ -116,3 +138,53 @@ class WeightChunk(_message.Message):
     offset: int
     data: bytes
     def __init__(self, path: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class UploadWeightsRequest(_message.Message):
+    __slots__ = ("manifest", "chunk")
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    manifest: WeightManifest
+    chunk: WeightChunk
+    def __init__(self, manifest: _Optional[_Union[WeightManifest, _Mapping]] = ..., chunk: _Optional[_Union[WeightChunk, _Mapping]] = ...) -> None: ...
+
+class JoinSyncRequest(_message.Message):
+    __slots__ = ("member_id", "role", "store_address")
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    STORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    member_id: str
+    role: SyncRole
+    store_address: str
+    def __init__(self, member_id: _Optional[str] = ..., role: _Optional[_Union[SyncRole, str]] = ..., store_address: _Optional[str] = ...) -> None: ...
+
+class BroadcastGroup(_message.Message):
+    __slots__ = ("member", "reason", "store_address", "rank", "world_size", "backend", "bucket_bytes", "timeout_s", "generation")
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    STORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    member: bool
+    reason: str
+    store_address: str
+    rank: int
+    world_size: int
+    backend: str
+    bucket_bytes: int
+    timeout_s: float
+    generation: int
+    def __init__(self, member: _Optional[bool] = ..., reason: _Optional[str] = ..., store_address: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., backend: _Optional[str] = ..., bucket_bytes: _Optional[int] = ..., timeout_s: _Optional[float] = ..., generation: _Optional[int] = ...) -> None: ...
+
+class SyncPlan(_message.Message):
+    __slots__ = ("transport", "chunk_bytes", "group")
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    transport: str
+    chunk_bytes: int
+    group: BroadcastGroup
+    def __init__(self, transport: _Optional[str] = ..., chunk_bytes: _Optional[int] = ..., group: _Optional[_Union[BroadcastGroup, _Mapping]] = ...) -> None: ...

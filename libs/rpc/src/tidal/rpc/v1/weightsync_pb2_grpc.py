@@ -54,6 +54,11 @@ class WeightSyncServiceStub:
                 request_serializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.WatchRequest.SerializeToString,
                 response_deserializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.WeightVersion.FromString,
                 _registered_method=True)
+        self.BeginLoad = channel.unary_unary(
+                '/tidal.rpc.v1.WeightSyncService/BeginLoad',
+                request_serializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.BeginLoadRequest.SerializeToString,
+                response_deserializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.BeginLoadResponse.FromString,
+                _registered_method=True)
         self.AckLoaded = channel.unary_unary(
                 '/tidal.rpc.v1.WeightSyncService/AckLoaded',
                 request_serializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.AckLoadedRequest.SerializeToString,
@@ -63,6 +68,16 @@ class WeightSyncServiceStub:
                 '/tidal.rpc.v1.WeightSyncService/FetchWeights',
                 request_serializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.FetchWeightsRequest.SerializeToString,
                 response_deserializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.WeightChunk.FromString,
+                _registered_method=True)
+        self.UploadWeights = channel.stream_unary(
+                '/tidal.rpc.v1.WeightSyncService/UploadWeights',
+                request_serializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.UploadWeightsRequest.SerializeToString,
+                response_deserializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.PublishResponse.FromString,
+                _registered_method=True)
+        self.JoinSync = channel.unary_unary(
+                '/tidal.rpc.v1.WeightSyncService/JoinSync',
+                request_serializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.JoinSyncRequest.SerializeToString,
+                response_deserializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.SyncPlan.FromString,
                 _registered_method=True)
 
 
@@ -97,6 +112,15 @@ class WeightSyncServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BeginLoad(self, request, context):
+        """A replica reports that it starts loading a version: retention keeps the version's
+        files until the replica acknowledges it (or a later one). NOT_FOUND when the version
+        was already removed (a newer one exists: load that instead).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def AckLoaded(self, request, context):
         """A replica reports that it serves a version.
         """
@@ -106,6 +130,25 @@ class WeightSyncServiceServicer:
 
     def FetchWeights(self, request, context):
         """Streams a version's files in chunks, for hosts without the shared filesystem.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UploadWeights(self, request_iterator, context):
+        """Publishes a version by sending its files (the "stream" path, for trainers without the
+        shared filesystem): the first message is the manifest (files with size and sha256;
+        location is ignored), then the chunks of each file in order. The service writes them
+        atomically under its root, verifies every sha256 and registers the version.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def JoinSync(self, request, context):
+        """Tells a trainer or replica which data path the run uses and, for "broadcast", its
+        place in the torch.distributed group (rendezvous). A replica's call waits until the
+        trainer has joined.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -134,6 +177,11 @@ def add_WeightSyncServiceServicer_to_server(servicer, server):
                     request_deserializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.WatchRequest.FromString,
                     response_serializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.WeightVersion.SerializeToString,
             ),
+            'BeginLoad': grpc.unary_unary_rpc_method_handler(
+                    servicer.BeginLoad,
+                    request_deserializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.BeginLoadRequest.FromString,
+                    response_serializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.BeginLoadResponse.SerializeToString,
+            ),
             'AckLoaded': grpc.unary_unary_rpc_method_handler(
                     servicer.AckLoaded,
                     request_deserializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.AckLoadedRequest.FromString,
@@ -143,6 +191,16 @@ def add_WeightSyncServiceServicer_to_server(servicer, server):
                     servicer.FetchWeights,
                     request_deserializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.FetchWeightsRequest.FromString,
                     response_serializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.WeightChunk.SerializeToString,
+            ),
+            'UploadWeights': grpc.stream_unary_rpc_method_handler(
+                    servicer.UploadWeights,
+                    request_deserializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.UploadWeightsRequest.FromString,
+                    response_serializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.PublishResponse.SerializeToString,
+            ),
+            'JoinSync': grpc.unary_unary_rpc_method_handler(
+                    servicer.JoinSync,
+                    request_deserializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.JoinSyncRequest.FromString,
+                    response_serializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.SyncPlan.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -264,6 +322,33 @@ class WeightSyncService:
             _registered_method=True)
 
     @staticmethod
+    def BeginLoad(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidal.rpc.v1.WeightSyncService/BeginLoad',
+            tidal_dot_rpc_dot_v1_dot_weightsync__pb2.BeginLoadRequest.SerializeToString,
+            tidal_dot_rpc_dot_v1_dot_weightsync__pb2.BeginLoadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def AckLoaded(request,
             target,
             options=(),
@@ -307,6 +392,60 @@ class WeightSyncService:
             '/tidal.rpc.v1.WeightSyncService/FetchWeights',
             tidal_dot_rpc_dot_v1_dot_weightsync__pb2.FetchWeightsRequest.SerializeToString,
             tidal_dot_rpc_dot_v1_dot_weightsync__pb2.WeightChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UploadWeights(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/tidal.rpc.v1.WeightSyncService/UploadWeights',
+            tidal_dot_rpc_dot_v1_dot_weightsync__pb2.UploadWeightsRequest.SerializeToString,
+            tidal_dot_rpc_dot_v1_dot_weightsync__pb2.PublishResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def JoinSync(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidal.rpc.v1.WeightSyncService/JoinSync',
+            tidal_dot_rpc_dot_v1_dot_weightsync__pb2.JoinSyncRequest.SerializeToString,
+            tidal_dot_rpc_dot_v1_dot_weightsync__pb2.SyncPlan.FromString,
             options,
             channel_credentials,
             insecure,

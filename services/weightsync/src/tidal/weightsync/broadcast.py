@@ -1,0 +1,237 @@
+"""The broadcast data path: trainer rank 0 → every replica over a torch.distributed group.
+
+Decisions:
+- The group is a standalone `ProcessGroupGloo` / `ProcessGroupNCCL` built on the TCP store
+  the trainer hosts (address handed out by weightsync's `JoinSync`), not the default
+  process group: the trainer's own torchrun group (FSDP ranks) is left alone, and the
+  inference process needs no global torch.distributed state.
+- One version = a header (version, step, HF config, trace context of the publish, tensor
+  specs, bucket size; JSON, sent
+  as a length then bytes) followed by the buckets of `tidal.weightsync.buckets`. The
+  sender holds two bucket buffers beyond its weights (packing bucket k+1 while bucket k
+  is on the wire); the receiver receives into the one flat buffer its tensors view, so
+  it holds nothing beyond the new weights. A header with version -1 tells receivers the
+  sender is closing.
+- An idle receiver holds no collective open: it polls a counter the sender bumps in the
+  TCP store before each version, and only then posts its receives (and polls them from
+  the event loop). A pending gloo receive would keep the process from exiting until
+  the trainer goes away; this way a replica shuts down at once, and the trainer's next
+  broadcast sees the peer gone. The sender blocks (callers run it in a daemon thread).
+- A failed collective (a replica or the trainer died) raises; the trainer then stops
+  broadcasting and replicas catch up from the filesystem copy every broadcast version
+  also gets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from tidal.weightsync.buckets import (
+    TensorSpec,
+    iter_packed_buckets,
+    layout_of,
+    specs_of,
+    tensor_views,
+)
+from tidal.weightsync.rendezvous import GroupSeat
+
+log = logging.getLogger(__name__)
+CLOSE = -1
+T = TypeVar("T")
+# A receiver waits for the next version as long as training takes; a dead sender is seen
+# at once anyway (its connections close).
+RECEIVER_TIMEOUT = timedelta(days=1)
+POLL_S = 0.002
+IDLE_POLL_S = 0.01
+ANNOUNCE_KEY = "announced"
+
+
+@dataclass(frozen=True)
+class ReceivedVersion:
+    version: int
+    step: int
+    hf_config: dict[str, Any]
+    state_dict: dict[str, torch.Tensor]
+    trace_context: dict[str, str]
+
+
+def resolve_backend(name: str) -> str:
+    if name == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    return name
+
+
+def host_store(host: str, timeout_s: float) -> dist.TCPStore:
+    """The trainer's TCP store on a free port (its address goes to weightsync)."""
+    return dist.TCPStore(
+        host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s)
+    )
+
+
+def connect_store(address: str, timeout_s: float) -> dist.TCPStore:
+    host, _, port = address.rpartition(":")
+    return dist.TCPStore(
+        host,
+        int(port),
+        is_master=False,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=timeout_s),
+    )
+
+
+class BroadcastGroup:
+    """One member of the group; blocks in `__init__` until every member has joined."""
+
+    def __init__(self, store: dist.Store, seat: GroupSeat) -> None:
+        self.seat = seat
+        self.backend = resolve_backend(seat.backend)
+        prefixed = dist.PrefixStore(f"tidal-weights/g{seat.generation}/", store)
+        self.store = prefixed
+        self._announced = 0  # versions (and closes) the sender has announced so far
+        timeout = timedelta(seconds=seat.timeout_s) if seat.rank == 0 else RECEIVER_TIMEOUT
+        if self.backend == "nccl":
+            self.device = torch.device("cuda", torch.cuda.current_device())
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            self.pg: dist.ProcessGroup = dist.ProcessGroupNCCL(
+                prefixed, seat.rank, seat.world_size, options
+            )
+        else:
+            self.device = torch.device("cpu")
+            self.pg = dist.ProcessGroupGloo(prefixed, seat.rank, seat.world_size, timeout)
+        self._buffers: list[torch.Tensor] = []  # the sender's two bucket buffers
+
+    def _broadcast_async(self, tensor: torch.Tensor) -> dist.Work:
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        return self.pg.broadcast([tensor], options)
+
+    def _broadcast(self, tensor: torch.Tensor) -> None:
+        self._broadcast_async(tensor).wait()
+
+    def _send_header(self, header: dict[str, Any]) -> None:
+        self.store.add(ANNOUNCE_KEY, 1)  # receivers post their receives only now
+        payload = json.dumps(header).encode()
+        self._broadcast(torch.tensor([len(payload)], dtype=torch.int64, device=self.device))
+        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(self.device)
+        self._broadcast(data)
+
+    async def _recv_header(self) -> dict[str, Any]:
+        while self.store.add(ANNOUNCE_KEY, 0) <= self._announced:
+            await asyncio.sleep(IDLE_POLL_S)
+        self._announced += 1
+        length = torch.zeros(1, dtype=torch.int64, device=self.device)
+        await completed(self._broadcast_async(length))
+        data = torch.empty(int(length.item()), dtype=torch.uint8, device=self.device)
+        await completed(self._broadcast_async(data))
+        return json.loads(bytes(data.cpu().tolist()))
+
+    def send(
+        self,
+        version: int,
+        step: int,
+        hf_config: dict[str, Any],
+        state_dict: Mapping[str, torch.Tensor],
+        trace_context: dict[str, str] | None = None,
+    ) -> None:
+        """Rank 0: broadcast one version, bucket by bucket, packing the next bucket while
+        the previous one is on the wire (two buffers)."""
+        specs = specs_of(state_dict)
+        bucket_bytes = self.seat.bucket_bytes
+        header = {
+            "version": version,
+            "step": step,
+            "hf_config": hf_config,
+            "trace_context": trace_context or {},
+            "tensors": [s.to_json() for s in specs],
+            "bucket_bytes": bucket_bytes,
+        }
+        self._send_header(header)
+        if not self._buffers:
+            self._buffers = [
+                torch.empty(bucket_bytes, dtype=torch.uint8, device=self.device) for _ in range(2)
+            ]
+        layout = layout_of(specs)
+        in_flight: dist.Work | None = None
+        for bucket in iter_packed_buckets(state_dict, layout, bucket_bytes, self._buffers):
+            work = self._broadcast_async(bucket)
+            if in_flight is not None:
+                in_flight.wait()  # frees the buffer the next bucket is packed into
+            in_flight = work
+        if in_flight is not None:
+            in_flight.wait()
+
+    async def receive(self) -> ReceivedVersion | None:
+        """Rank > 0: the next version, or None when the sender closed the group.
+
+        Every bucket is received straight into its slice of one flat buffer; all receives
+        are posted at once so the transport never waits for this side.
+        """
+        header = await self._recv_header()
+        if header["version"] == CLOSE:
+            return None
+        layout = layout_of([TensorSpec.from_json(item) for item in header["tensors"]])
+        flat = torch.empty(layout.total_bytes, dtype=torch.uint8, device=self.device)
+        works = [
+            self._broadcast_async(flat[start:stop])
+            for start, stop in layout.buckets(int(header["bucket_bytes"]))
+        ]
+        for work in works:
+            await completed(work)
+        return ReceivedVersion(
+            int(header["version"]),
+            int(header["step"]),
+            header["hf_config"],
+            tensor_views(flat, layout),
+            dict(header.get("trace_context", {})),
+        )
+
+    def close(self) -> None:
+        """Rank 0: tell receivers to stop (best effort)."""
+        try:
+            self._send_header({"version": CLOSE})
+        except RuntimeError as exc:
+            log.warning("could not close the broadcast group: %s", exc)
+
+
+async def completed(work: dist.Work) -> None:
+    """Wait for a collective without blocking the loop; raises if it failed."""
+    while not work.is_completed():
+        await asyncio.sleep(POLL_S)
+    work.wait()  # returns at once; raises the collective's error
+
+
+def in_daemon_thread(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+    """Run a blocking collective in a daemon thread (a thread stuck waiting for a dead peer
+    must not keep the process alive at exit, as `asyncio.to_thread`'s pool would)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: T | None, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]
+
+    def target() -> None:
+        try:
+            result = fn(*args)
+        except BaseException as exc:
+            loop.call_soon_threadsafe(settle, None, exc)
+        else:
+            loop.call_soon_threadsafe(settle, result, None)
+
+    threading.Thread(target=target, name=f"weights-{fn.__name__}", daemon=True).start()
+    return future

@@ -1,0 +1,178 @@
+"""The filesystem and stream paths end to end: the real trainer publisher, the real
+weight-sync service, the real replica watcher and native engine, all in-process.
+
+What the engine is handed (`update_weights`) is recorded and compared bit for bit with
+what the trainer published; a version corrupted after registration is refused and the
+replica keeps serving the previous one; a replica started late converges to the newest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from tidal.common.sections import GrpcConfig
+from tidal.common.server import GrpcServer, ServiceBinding
+from tidal.inference.config import InferenceConfig
+from tidal.inference.native import NativeEngine
+from tidal.inference.weights import WeightWatcher
+from tidal.rpc.v1 import weightsync_pb2_grpc
+from tidal.trainer.models.llama.model import LlamaArgs, LlamaForCausalLM
+from tidal.trainer.publisher import WeightPublisher
+from tidal.weightsync.client import WeightSyncClient
+from tidal.weightsync.config import FilesystemTransport, StreamTransport
+from tidal.weightsync.filesystem import write_version
+from tidal.weightsync.registry import VersionRegistry
+from tidal.weightsync.servicer import WeightSyncServicer
+
+# The engine's per-step token budget and KV-cache bound, at their configured defaults.
+ENGINE_BUDGET = {
+    "max_step_tokens": InferenceConfig().max_step_tokens,
+    "kv_cache_mb": InferenceConfig().kv_cache_mb,
+}
+
+ARGS = LlamaArgs(
+    vocab_size=264, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=64
+)
+
+
+def weights(version: int) -> dict[str, torch.Tensor]:
+    torch.manual_seed(version)
+    model = LlamaForCausalLM(ARGS)
+    model.init_weights(std=0.3)
+    return {k: v.clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+
+
+class RecordingEngine(NativeEngine):
+    """The native engine, remembering what each `update_weights` was handed."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            device=torch.device("cpu"),
+            dtype=torch.float32,
+            max_batch_size=4,
+            max_queue=4,
+            **ENGINE_BUDGET,
+        )
+        self.handed: dict[int, dict[str, torch.Tensor]] = {}
+
+    async def update_weights(
+        self, version: int, hf_config: dict[str, Any], state_dict: dict[str, torch.Tensor]
+    ) -> None:
+        self.handed[version] = {k: v.clone() for k, v in state_dict.items()}
+        await super().update_weights(version, hf_config, state_dict)
+
+
+async def until(check: Any, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture(params=["filesystem", "stream"])
+async def weightsync(
+    request: pytest.FixtureRequest, tmp_path: Path, span_exporter: InMemorySpanExporter
+) -> AsyncIterator[tuple[str, Path]]:
+    root = tmp_path / "weights"
+    root.mkdir()
+    transport = FilesystemTransport() if request.param == "filesystem" else StreamTransport()
+    servicer = WeightSyncServicer(
+        VersionRegistry(root, keep_last=3), chunk_bytes=4096, transport=transport
+    )
+    binding = ServiceBinding(
+        servicer,
+        weightsync_pb2_grpc.add_WeightSyncServiceServicer_to_server,
+        "tidal.rpc.v1.WeightSyncService",
+    )
+    server = GrpcServer("127.0.0.1:0", [binding], GrpcConfig(shutdown_grace_s=0.2))
+    await server.start()
+    yield f"127.0.0.1:{server.port}", root
+    await server.stop()
+    span_exporter.clear()  # other tests look up load spans by version number
+
+
+async def test_published_weights_reach_the_engine_bit_identical(
+    weightsync: tuple[str, Path], tmp_path: Path
+) -> None:
+    address, root = weightsync
+    client = WeightSyncClient(address)
+    # A stream trainer has no shared folder: its own folder must stay untouched.
+    trainer_dir = (
+        root
+        if (await client.join_sync("t", "trainer")).transport == "filesystem"
+        else tmp_path / "private"
+    )
+    publisher = WeightPublisher(trainer_dir, client, ARGS.to_hf_config())
+    engine = RecordingEngine()
+    await engine.start()
+    watcher = WeightWatcher(client, engine, "replica")
+    task = asyncio.create_task(watcher.run())
+    try:
+        for version in range(3):
+            await publisher.publish(version, weights(version))
+            await until(lambda v=version: watcher.acked == v, f"version {version} not loaded")
+        for version in range(3):
+            sent, handed = weights(version), engine.handed[version]
+            assert handed.keys() == sent.keys()
+            assert all(torch.equal(handed[k], sent[k]) for k in sent)
+        assert engine.policy_version == 2
+        if trainer_dir != root:
+            assert not trainer_dir.exists()
+    finally:
+        task.cancel()
+        await engine.close()
+        await client.close()
+
+
+async def test_corrupt_version_is_refused_and_late_replica_converges(
+    weightsync: tuple[str, Path],
+) -> None:
+    address, root = weightsync
+    client = WeightSyncClient(address)
+    publisher = WeightPublisher(root, client, ARGS.to_hf_config())
+    engine = RecordingEngine()
+    await engine.start()
+    watcher = WeightWatcher(client, engine, "replica")
+    task = asyncio.create_task(watcher.run())
+    late_engine = RecordingEngine()
+    await late_engine.start()
+    late_task: asyncio.Task[None] | None = None
+    try:
+        await publisher.publish(0, weights(0))
+        await until(lambda: watcher.acked == 0, "version 0 not loaded")
+        # Version 1 is registered intact, then a shard is damaged on disk (bit rot, a bad
+        # copy) before the replica reads it: refused, and version 0 keeps serving.
+        manifest = write_version(
+            root, version=1, step=1, state_dict=weights(1), config=ARGS.to_hf_config()
+        )
+        shard = Path(manifest.location) / "model.safetensors"
+        await client.publish(manifest)
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0x40
+        shard.write_bytes(bytes(data))
+        await until(lambda: watcher.skipped == [1], "corrupt version 1 not refused")
+        assert engine.policy_version == 0 and 1 not in engine.handed
+        for version in (2, 3):
+            await publisher.publish(version, weights(version))
+        await until(lambda: watcher.acked == 3, "version 3 not loaded")
+        # A replica starting now goes straight to the newest version.
+        late = WeightWatcher(client, late_engine, "late")
+        late_task = asyncio.create_task(late.run())
+        await until(lambda: late.acked == 3, "late replica did not converge")
+        assert list(late_engine.handed) == [3]
+        assert all(torch.equal(late_engine.handed[3][k], v) for k, v in weights(3).items())
+    finally:
+        task.cancel()
+        if late_task is not None:
+            late_task.cancel()
+        await engine.close()
+        await late_engine.close()
+        await client.close()

@@ -1,0 +1,174 @@
+"""The broadcast path between real processes over gloo, with the filesystem as catch-up.
+
+The test process is the trainer (the real `WeightPublisher`, rank 0, hosting the TCP
+store) next to a real weight-sync server configured for broadcast with one seat; a
+replica runs in its own process (`weight_replica.py`: the native engine behind the real
+`WeightWatcher`). A second replica, started late, finds the group full and converges
+through the shared folder, and keeps converging after the broadcast peer is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import torch
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from safetensors.torch import load_file
+
+from tidal.common.sections import GrpcConfig
+from tidal.common.server import GrpcServer, ServiceBinding
+from tidal.inference.config import InferenceConfig
+from tidal.inference.native import NativeEngine
+from tidal.inference.weights import WeightWatcher
+from tidal.rpc.v1 import weightsync_pb2_grpc
+from tidal.trainer.models.llama.model import LlamaArgs, LlamaForCausalLM
+from tidal.trainer.publisher import WeightPublisher
+from tidal.weightsync.client import WeightSyncClient
+from tidal.weightsync.config import BroadcastTransport
+from tidal.weightsync.registry import VersionRegistry
+from tidal.weightsync.servicer import WeightSyncServicer
+
+# The engine's per-step token budget and KV-cache bound, at their configured defaults.
+ENGINE_BUDGET = {
+    "max_step_tokens": InferenceConfig().max_step_tokens,
+    "kv_cache_mb": InferenceConfig().kv_cache_mb,
+}
+
+pytestmark = pytest.mark.distributed
+
+ARGS = LlamaArgs(
+    vocab_size=264, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=64
+)
+REPLICA_SCRIPT = Path(__file__).with_name("weight_replica.py")
+
+
+def weights(version: int) -> dict[str, torch.Tensor]:
+    torch.manual_seed(version)
+    model = LlamaForCausalLM(ARGS)
+    model.init_weights(std=0.3)
+    return {k: v.clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+
+
+async def wait_for(path: Path, process: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if process.poll() is not None:
+            raise AssertionError(f"replica exited with {process.returncode}")
+        assert time.monotonic() < deadline, f"{path.name} not written in {timeout}s"
+        await asyncio.sleep(0.1)
+
+
+@pytest.fixture
+async def broadcast_weightsync(
+    tmp_path: Path, span_exporter: InMemorySpanExporter
+) -> AsyncIterator[tuple[str, Path]]:
+    root = tmp_path / "weights"
+    root.mkdir()
+    transport = BroadcastTransport(replicas=1, backend="gloo", bucket_bytes=4096, timeout_s=30)
+    servicer = WeightSyncServicer(
+        VersionRegistry(root, keep_last=3), chunk_bytes=1 << 16, transport=transport
+    )
+    binding = ServiceBinding(
+        servicer,
+        weightsync_pb2_grpc.add_WeightSyncServiceServicer_to_server,
+        "tidal.rpc.v1.WeightSyncService",
+    )
+    server = GrpcServer("127.0.0.1:0", [binding], GrpcConfig(shutdown_grace_s=0.2))
+    await server.start()
+    yield f"127.0.0.1:{server.port}", root
+    await server.stop()
+    span_exporter.clear()  # other tests look up load spans by version number
+
+
+@pytest.mark.slow
+async def test_broadcast_delivers_bit_identical_weights_and_late_replica_catches_up(
+    broadcast_weightsync: tuple[str, Path], tmp_path: Path
+) -> None:
+    address, root = broadcast_weightsync
+    out = tmp_path / "replica"
+    out.mkdir()
+    replica = subprocess.Popen(
+        [sys.executable, str(REPLICA_SCRIPT), "--address", address, "--replica-id", "rank1",
+         "--out", str(out), "--until", "2"],
+    )  # fmt: skip
+    client = WeightSyncClient(address)
+    publisher = WeightPublisher(root, client, ARGS.to_hf_config())
+    late_engine = NativeEngine(
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+        max_batch_size=4,
+        max_queue=4,
+        **ENGINE_BUDGET,
+    )
+    await late_engine.start()
+    late_task: asyncio.Task[None] | None = None
+    try:
+        await publisher.publish(0, weights(0))  # before the group forms: the filesystem
+        assert await asyncio.wait_for(publisher.broadcast_ready(), 60)
+        for version in (1, 2):
+            await publisher.publish(version, weights(version))
+        await wait_for(out / "done.json", replica, 60)
+        done = json.loads((out / "done.json").read_text())
+        assert done == {"broadcast": [1, 2], "served": 2}
+        for version in (0, 1, 2):
+            delivered = load_file(out / f"v{version}.safetensors")
+            sent = weights(version)
+            assert delivered.keys() == sent.keys()
+            assert all(torch.equal(delivered[k], sent[k]) for k in sent)
+
+        # A replica arriving now finds the group full and converges from the shared folder.
+        late = WeightWatcher(client, late_engine, "late")
+        late_task = asyncio.create_task(late.run())
+        deadline = time.monotonic() + 30
+        while late.acked < 2:
+            assert time.monotonic() < deadline, "late replica did not converge"
+            await asyncio.sleep(0.05)
+        assert late.plan is not None and late.plan.seat is not None
+        assert not late.plan.seat.member and "is full" in late.plan.seat.reason
+        versions = {v.manifest.version: v.loaded_by for v in await client.list_versions()}
+        assert set(versions[2]) == {"rank1", "late"}
+
+        # The broadcast peer is gone: the next version still reaches the late replica.
+        assert replica.wait(30) == 0
+        await publisher.publish(3, weights(3))
+        deadline = time.monotonic() + 30
+        while late.acked < 3:
+            assert time.monotonic() < deadline, "late replica missed version 3"
+            await asyncio.sleep(0.05)
+        assert late.received_by_broadcast == []
+    finally:
+        if late_task is not None:
+            late_task.cancel()
+        await late_engine.close()
+        await client.close()
+        if replica.poll() is None:
+            replica.kill()
+
+
+@pytest.mark.slow
+def test_sharded_weights_are_gathered_tensor_by_tensor_into_buckets(tmp_path: Path) -> None:
+    out = tmp_path / "gathered.safetensors"
+    worker = Path(__file__).with_name("gather_buckets_worker.py")
+    subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(worker), str(out)],
+        check=True,
+        timeout=120,
+    )  # fmt: skip
+    got = load_file(out)
+    g = torch.Generator().manual_seed(0)
+    expected = {
+        "a": torch.randn(64, 16, generator=g).to(torch.bfloat16),
+        "b": torch.randn(10, 3, generator=g),
+        "c": torch.arange(33, dtype=torch.int64),
+    }
+    assert all(torch.equal(got[k], v) for k, v in expected.items())
+    # Gathers are per tensor: the largest is one tensor (a: 64·16·2 bytes), not the model.
+    assert int(got["peak_gathered_bytes"]) == 64 * 16 * 2
