@@ -2,7 +2,8 @@
 
 Both runs train the same model on the same global batch (world size 2 gives each rank
 half of it), one thread per process, so ideal scaling doubles tokens/s:
-efficiency_2 = tokens/s at 2 / (2 × tokens/s at 1). The communication share is the time
+efficiency_2 = tokens/s at 2 / (2 × tokens/s at 1). The two world sizes are run
+alternately, ROUNDS times each, and the medians compared. The communication share is the time
 the same collectives FSDP issues per step (all-gather of every unit's parameters in
 forward and again in backward, reduce-scatter of the gradients) take when run alone, in
 the same process group, divided by the step time: an upper bound on exposed
@@ -36,7 +37,7 @@ MODEL = {
     "ffn_dim": 1408,
     "max_seq_len": 1024,
 }
-GLOBAL_SAMPLES, SEQ, STEPS, WARMUP = 8, 256, 4, 1
+GLOBAL_SAMPLES, SEQ, STEPS, WARMUP, ROUNDS = 8, 256, 4, 1, 2
 
 
 def worker(out: str) -> None:
@@ -129,26 +130,39 @@ def run(world: int, out: Path) -> dict:  # type: ignore[type-arg]
 
 
 def main() -> None:
-    rows = []
+    # Alternate the world sizes (1, 2, 1, 2, ...) and take medians per world size, so a
+    # change in the shared machine's load hits both sides alike.
+    runs: dict[int, list[dict]] = {1: [], 2: []}  # type: ignore[type-arg]
     with tempfile.TemporaryDirectory() as tmp:
-        for world in (1, 2):
-            r = run(world, Path(tmp) / f"ws{world}.json")
-            tokens = GLOBAL_SAMPLES * SEQ
-            rows.append(
-                {
-                    "world_size": world,
-                    "step_s": r["step_s"],
-                    "tokens_per_s": tokens / r["step_s"],
-                    "comm_share": r["comm_s"] / r["step_s"],
-                    "params": r["params"],
-                }
-            )
+        for i in range(ROUNDS):
+            for world in (1, 2):
+                runs[world].append(run(world, Path(tmp) / f"ws{world}-{i}.json"))
+    rows = []
+    for world, results in runs.items():
+        step_s = statistics.median(r["step_s"] for r in results)
+        comm_s = statistics.median(r["comm_s"] for r in results)
+        rows.append(
+            {
+                "world_size": world,
+                "step_s": step_s,
+                "tokens_per_s": GLOBAL_SAMPLES * SEQ / step_s,
+                "comm_share": comm_s / step_s,
+                "params": results[0]["params"],
+                "step_s_per_round": [round(r["step_s"], 3) for r in results],
+            }
+        )
     efficiency = rows[1]["tokens_per_s"] / (2 * rows[0]["tokens_per_s"])
     print_table("Trainer scaling (FSDP2, gloo, 1 thread per process)", rows)
     print(f"efficiency_2 = {efficiency:.3f}")
     path = write_result(
         "scaling",
-        config={"model": MODEL, "global_samples": GLOBAL_SAMPLES, "seq_len": SEQ, "steps": STEPS},
+        config={
+            "model": MODEL,
+            "global_samples": GLOBAL_SAMPLES,
+            "seq_len": SEQ,
+            "steps": STEPS,
+            "rounds": ROUNDS,
+        },
         results=rows,
         summary={
             "efficiency_2": efficiency,

@@ -3,10 +3,14 @@
 `tidal rl` validates this strictly before anything starts (an unknown key anywhere fails
 with its path and a suggestion), then writes the resolved file that every child reads.
 Service config modules are pydantic-only (no torch), so importing this stays fast.
+`[deployment]` and `[slurm]` are the launcher's own: they are applied (devices, trainer
+world size) and left out of the file the services read.
 """
 
 from __future__ import annotations
 
+from tidal.cli.placement import DeploymentConfig
+from tidal.cli.slurm import SlurmConfig
 from tidal.common.sections import SharedConfig
 from tidal.inference.config import InferenceConfig
 from tidal.orchestrator.config import OrchestratorConfig
@@ -19,3 +23,10 @@ class RunConfig(SharedConfig):
     inference: InferenceConfig = InferenceConfig()
     trainer: TrainerConfig = TrainerConfig()
     weightsync: WeightSyncConfig = WeightSyncConfig()
+    deployment: DeploymentConfig = DeploymentConfig()
+    """Which visible GPUs inference and the trainer get (local `tidal rl`)."""
+    slurm: SlurmConfig | None = None
+    """Set to write (and submit) a multi-node sbatch script instead of running locally."""
+
+
+LAUNCHER_SECTIONS = {"deployment", "slurm"}

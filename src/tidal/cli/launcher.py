@@ -9,6 +9,9 @@ Decisions:
   SIGKILL after a grace period, so nothing is left running.
 - Each child's stdout and stderr go to `<run dir>/logs/<service>.log`; the orchestrator's
   output is also echoed to the terminal, since it reports the run's progress.
+- `[deployment]` places inference, then the trainer, on the visible GPUs (each child
+  gets its CUDA_VISIBLE_DEVICES; placement.py); `[slurm]` writes (and submits) an sbatch
+  script instead of running anything here (slurm.py).
 - The run ends when the orchestrator exits. Any child exiting earlier, or the
   orchestrator exiting non-zero, fails the run: the launcher exits 1 and shows that
   child's exit reason and last log lines.
@@ -28,8 +31,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tidal.cli.config import RunConfig
+import tomli_w
+
+from tidal.cli.config import LAUNCHER_SECTIONS, RunConfig
+from tidal.cli.placement import place, trainer_world_size, visible_gpus
+from tidal.cli.slurm import SlurmConfig, submit, write_job
 from tidal.common.config import load_or_exit, to_toml
+from tidal.common.errors import ConfigError
+from tidal.trainer.parallel.config import check_parallel
 
 # Start order: publishers before subscribers; clients wait for their servers anyway.
 START_ORDER = ("weightsync", "trainer", "inference", "orchestrator")
@@ -53,8 +62,44 @@ def prepare_run_dir(config: RunConfig) -> Path:
     (run_dir / "logs").mkdir(parents=True)
     for name in START_ORDER:
         setattr(config.endpoints, name, f"127.0.0.1:{free_port()}")
-    (run_dir / "config.toml").write_text(to_toml(config))
+    (run_dir / "config.toml").write_text(services_toml(config))
     return run_dir
+
+
+def services_toml(config: RunConfig) -> str:
+    """The resolved config the services read (without the launcher's own sections)."""
+    return tomli_w.dumps(
+        config.model_dump(mode="json", exclude_none=True, exclude=LAUNCHER_SECTIONS)
+    )
+
+
+def apply_placement(config: RunConfig, gpus: list[str]) -> dict[str, dict[str, str]]:
+    """Apply `[deployment]` (or `[slurm]`) to the trainer and inference sections; the
+    extra environment of each child. Raises ConfigError naming the fields."""
+    explicit = "world_size" in config.trainer.model_fields_set
+    if config.slurm is not None:
+        world = trainer_world_size(
+            config.slurm.world_size,
+            config.trainer.world_size,
+            explicit=explicit,
+            source="slurm.trainer_nodes × gpus_per_node",
+        )
+        config.trainer.world_size = world
+        if config.slurm.gpus_per_node:
+            config.trainer.device = config.inference.device = "cuda"
+        check_parallel(world, config.trainer.parallel, config.trainer.model, config.trainer.loss)
+        return {}
+    devices = place(config.deployment, gpus)
+    config.trainer.world_size = trainer_world_size(
+        config.deployment.num_train_gpus, config.trainer.world_size, explicit=explicit
+    )
+    if config.deployment.num_infer_gpus:
+        config.inference.device = "cuda"
+    if config.deployment.num_train_gpus:
+        config.trainer.device = "cuda"
+    t = config.trainer
+    check_parallel(t.world_size, t.parallel, t.model, t.loss)
+    return {name: {"CUDA_VISIBLE_DEVICES": ids} for name, ids in devices.items()}
 
 
 @dataclass
@@ -81,8 +126,10 @@ class Child:
             os.killpg(self.process.pid, sig)
 
 
-async def start_child(name: str, config_path: Path, log_dir: Path) -> Child:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+async def start_child(
+    name: str, config_path: Path, log_dir: Path, extra_env: dict[str, str] | None = None
+) -> Child:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -120,7 +167,7 @@ def describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
-async def supervise(run_dir: Path) -> int:
+async def supervise(run_dir: Path, envs: dict[str, dict[str, str]] | None = None) -> int:
     children: list[Child] = []
     pumps: list[asyncio.Task[None]] = []
     interrupted = asyncio.Event()
@@ -129,7 +176,9 @@ async def supervise(run_dir: Path) -> int:
         loop.add_signal_handler(sig, interrupted.set)
     try:
         for name in START_ORDER:
-            child = await start_child(name, run_dir / "config.toml", run_dir / "logs")
+            child = await start_child(
+                name, run_dir / "config.toml", run_dir / "logs", (envs or {}).get(name)
+            )
             children.append(child)
             pumps.append(asyncio.create_task(child.pump(echo=name in ECHOED)))
         exits = {asyncio.create_task(c.process.wait()): c for c in children}
@@ -156,7 +205,30 @@ async def supervise(run_dir: Path) -> int:
             pump.cancel()
 
 
+def run_slurm(config: RunConfig, slurm: SlurmConfig, *, dry_run: bool) -> None:
+    script = write_job(config, slurm, services_toml(config))
+    print(f"tidal: wrote {script} and {script.parent / 'config.toml'}")
+    if not dry_run:
+        print(f"tidal: {submit(script)}")
+
+
 def main(argv: Sequence[str]) -> None:
-    config = load_or_exit(RunConfig, argv, usage="tidal rl @ config.toml [--section.key value ...]")
+    dry_run = "--dry-run" in argv
+    config = load_or_exit(
+        RunConfig,
+        [a for a in argv if a != "--dry-run"],
+        usage="tidal rl @ config.toml [--section.key value ...]",
+    )
+    try:
+        envs = apply_placement(config, visible_gpus())
+        if config.slurm is not None:
+            run_slurm(config, config.slurm, dry_run=dry_run)
+            raise SystemExit(0)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if dry_run:
+        print(to_toml(config), end="")
+        raise SystemExit(0)
     run_dir = prepare_run_dir(config)
-    raise SystemExit(asyncio.run(supervise(run_dir)))
+    raise SystemExit(asyncio.run(supervise(run_dir, envs)))

@@ -102,6 +102,14 @@ def _is_rank0() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
 
 
+def _shared_nonce() -> str:
+    """A random folder suffix, rank 0's on every rank (all ranks write one checkpoint)."""
+    nonce = [uuid.uuid4().hex[:8]]
+    if dist.is_initialized():
+        dist.broadcast_object_list(nonce, src=0)
+    return nonce[0]
+
+
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
@@ -158,7 +166,7 @@ class CheckpointManager:
         """Write the trainer's state at its current step; returns the checkpoint folder."""
         step = trainer.trained_step
         final = self.root / f"step_{step:08d}"
-        tmp = self.root / f"{TMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
+        tmp = self.root / f"{TMP_PREFIX}{final.name}-{_shared_nonce()}"
         if _is_rank0():
             self.root.mkdir(parents=True, exist_ok=True)
             self._remove_temps()

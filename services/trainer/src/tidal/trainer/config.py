@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from tidal.common.config import BaseConfig
+from tidal.common.errors import ConfigError
 from tidal.common.sections import ServiceRunConfig, SharedConfig
 from tidal.common.tokenizer import ByteTokenizer
 from tidal.trainer.lever_config import (
@@ -25,6 +26,7 @@ from tidal.trainer.lever_config import (
     TruncationConfig,
     check_lever_combination,
 )
+from tidal.trainer.parallel.config import ParallelConfig, check_parallel
 
 Family = Literal["llama", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe"]
 MOE_FAMILIES = ("qwen3_moe", "qwen2_moe")
@@ -286,6 +288,19 @@ class TrainerConfig(BaseConfig):
     publish_dir: Path | None = None
     """Folder new weight versions are written to; default `<run dir>/weights`, the same
     default as weightsync's root (it must be inside weightsync's root)."""
+    world_size: int = Field(default=1, ge=1)
+    """Trainer processes on this node; > 1 makes `tidal trainer` start itself under
+    torchrun (rank 0 serves gRPC). See docs/distributed.md."""
+    parallel: ParallelConfig = ParallelConfig()
+    """How the world_size ranks split the work (FSDP/HSDP, CP, EP)."""
+
+    @model_validator(mode="after")
+    def _check_parallel(self) -> TrainerConfig:
+        try:
+            check_parallel(self.world_size, self.parallel, self.model, self.loss)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return self
 
 
 class TrainerRunConfig(ServiceRunConfig):

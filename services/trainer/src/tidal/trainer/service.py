@@ -5,8 +5,11 @@ Start-up order: model and optimizer (restored from the newest checkpoint with
 if weightsync already has versions (resumed: versions newer than the checkpoint) →
 publish version 0 (resumed: the checkpoint's version, if missing) → SERVING.
 `start_trainer` does all of it and is what contract tests run; `serve` adds telemetry and
-waits for SIGTERM. torch-bearing modules are imported inside them, after
-the config parsed, so `--help` and `--dry-run` stay instant.
+waits for SIGTERM. With `trainer.world_size` > 1, `main` re-executes itself under torchrun
+(parallel/launch.py): every rank builds and restores its shard of the same trainer, rank 0
+then continues here with a leading trainer, the others follow its commands.
+torch-bearing modules are imported inside functions, after the config parsed, so
+`--help` and `--dry-run` stay instant.
 """
 
 from __future__ import annotations
@@ -27,7 +30,11 @@ from tidal.trainer.config import TrainerRunConfig
 from tidal.weightsync.client import WeightSyncClient
 
 if TYPE_CHECKING:
+    from tidal.trainer.checkpoint import CheckpointManager
+    from tidal.trainer.parallel.leader import ControlChannel
+    from tidal.trainer.parallel.runtime import RankContext
     from tidal.trainer.runner import StepRunner
+    from tidal.trainer.train_step import Trainer
 
 log = logging.getLogger(__name__)
 FULL_NAME = "tidal.rpc.v1.TrainerService"
@@ -54,28 +61,63 @@ class RunningTrainer:
         await self.client.close()
 
 
-async def start_trainer(config: TrainerRunConfig) -> RunningTrainer:
-    """Build, serve NOT_SERVING, publish version 0, then SERVING. Raises FailedPrecondition
-    (after stopping what it started) when weightsync already holds versions."""
+def build_trainer(
+    config: TrainerRunConfig,
+    *,
+    ranks: RankContext | None = None,
+    channel: ControlChannel | None = None,
+) -> tuple[Trainer, CheckpointManager, bool]:
+    """The trainer (restored with `--resume`), its checkpoints and whether it resumed.
+    Under torchrun every rank calls this (the restore is collective); `channel` makes
+    rank 0's checkpoint manager command the other ranks' saves."""
     import torch
 
-    from tidal.rpc.v1 import trainer_pb2_grpc as pb_grpc
     from tidal.trainer.checkpoint import CheckpointManager
-    from tidal.trainer.publisher import WeightPublisher
-    from tidal.trainer.runner import StepRunner
-    from tidal.trainer.servicer import TrainerServicer
     from tidal.trainer.train_step import Trainer
 
     torch.set_num_threads(config.trainer.num_threads)
-    device = resolve_device(config.trainer.device)
-    trainer = Trainer(config.trainer, seed=config.run.seed, device=torch.device(device))
+    device = ranks.device if ranks else torch.device(resolve_device(config.trainer.device))
+    trainer = Trainer(config.trainer, seed=config.run.seed, device=device, parallel=ranks)
     ckpt = config.trainer.ckpt
-    checkpoints = CheckpointManager(config.checkpoint_dir, keep_last=ckpt.keep_last)
+    if channel is not None:
+        from tidal.trainer.parallel.leader import LeaderCheckpoints
+
+        checkpoints: CheckpointManager = LeaderCheckpoints(
+            config.checkpoint_dir, keep_last=ckpt.keep_last, channel=channel
+        )
+    else:
+        checkpoints = CheckpointManager(config.checkpoint_dir, keep_last=ckpt.keep_last)
     resumed = config.resume and checkpoints.latest() is not None
     if resumed:
-        await asyncio.to_thread(checkpoints.load, trainer)
+        checkpoints.load(trainer)  # every rank loads its shards (DCP reshards)
     elif config.resume:
         log.warning("--resume: no checkpoint under %s; starting fresh", checkpoints.root)
+    return trainer, checkpoints, resumed
+
+
+async def start_trainer(
+    config: TrainerRunConfig, *, ranks: RankContext | None = None
+) -> RunningTrainer:
+    """Build, serve NOT_SERVING, publish version 0, then SERVING. Raises FailedPrecondition
+    (after stopping what it started) when weightsync already holds versions. With `ranks`
+    this is rank 0 of a torchrun job, leading the others."""
+    from tidal.rpc.v1 import trainer_pb2_grpc as pb_grpc
+    from tidal.trainer.publisher import WeightPublisher
+    from tidal.trainer.runner import StepRunner
+    from tidal.trainer.servicer import TrainerServicer
+
+    channel = None
+    if ranks is not None:
+        from tidal.trainer.parallel.leader import ControlChannel
+
+        channel = ControlChannel(ranks)
+    trainer, checkpoints, resumed = build_trainer(config, ranks=ranks, channel=channel)
+    if channel is not None:
+        from tidal.trainer.parallel.leader import LeaderTrainer
+
+        trainer = LeaderTrainer(trainer, channel)  # type: ignore[assignment]
+    device = str(trainer.device)
+    ckpt = config.trainer.ckpt
     client = WeightSyncClient(config.endpoints.weightsync, config.grpc)
     # Broadcast replicas reach this trainer's TCP store at the host of its endpoint.
     host = config.endpoints.trainer.rsplit(":", 1)[0]
@@ -104,16 +146,18 @@ async def start_trainer(config: TrainerRunConfig) -> RunningTrainer:
     return running
 
 
-async def serve(config: TrainerRunConfig) -> None:
+async def serve(config: TrainerRunConfig, ranks: RankContext | None = None) -> None:
     provider = setup_telemetry("trainer", config.telemetry, config.run.dir)
     try:
-        running = await start_trainer(config)
+        running = await start_trainer(config, ranks=ranks)
     except FailedPrecondition as exc:
         log.error("cannot start: %s", exc)
         provider.shutdown()
         raise SystemExit(1) from None
     log.info("serving on %s", config.endpoints.trainer)
     await running.server.serve_forever(on_stop=running.client.close)
+    if ranks is not None:
+        running.runner.trainer.stop()  # type: ignore[attr-defined]  # LeaderTrainer
     provider.shutdown()
 
 
@@ -122,4 +166,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         TrainerRunConfig, sys.argv[1:] if argv is None else argv, usage="tidal trainer @ cfg.toml"
     )
     setup_logging("trainer", level=config.telemetry.log_level)
+    if config.trainer.world_size > 1:
+        from tidal.trainer.parallel.launch import run_rank
+
+        run_rank(config, sys.argv[1:] if argv is None else list(argv))
+        return
     asyncio.run(serve(config))

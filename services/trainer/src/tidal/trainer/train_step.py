@@ -8,6 +8,10 @@ Decisions:
 - Gradient accumulation over micro-batches, each loss already weighted by step-level
   counts (`normalisation.py`, summed over all micro-batches first), so packing never
   changes the result. `reduce` is where a data-parallel all-reduce of those counts goes.
+- Under torchrun a `RankContext` (parallel/runtime.py) wraps the model (FSDP), all-reduces
+  the counts and metric sums, and scales each loss so FSDP's gradient average is the
+  global sum; every rank then runs every micro-batch it was given, zero-loss ones too,
+  so the collectives of all ranks stay in step.
 - Packed forward: one `[1, T]` row per micro-batch with `sample_lengths` (block-diagonal
   causal mask, positions restarting per sample). Logits at t-1 score input_ids[t]; the
   pair across a sample boundary is scored too but always masked (loss_mask is 0 at every
@@ -31,7 +35,7 @@ import logging
 import math
 import time
 from collections import defaultdict
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
@@ -48,6 +52,9 @@ from tidal.trainer.models.factory import build_model, publishable_state_dict
 from tidal.trainer.normalisation import Reduce, StepCounts, segment_ids, step_counts, token_weights
 from tidal.trainer.optim import build_optimizer, build_scheduler, lr_factor
 
+if TYPE_CHECKING:
+    from tidal.trainer.parallel.runtime import RankContext
+
 log = logging.getLogger(__name__)
 
 LossKind = Literal["pg", "sft"]
@@ -61,13 +68,18 @@ class Trainer:
         seed: int,
         device: torch.device,
         reduce: Reduce | None = None,
+        parallel: RankContext | None = None,
     ) -> None:
         self.config = config
         self.device = device
-        self.reduce = reduce
+        self.parallel = parallel
+        self.reduce = parallel.reduce if parallel is not None else reduce
+        # Order: LoRA → activation checkpointing → compile (the levers), then sharding.
         self.model = apply_model_levers(
             build_model(config.model, seed=seed, device=device), config.model, seed=seed
         )
+        if parallel is not None:
+            self.model = parallel.parallelize(self.model)
         self.lm_head_chunk = resolve_chunk_size(
             config.model.fused_lm_head_token_chunk_size, config.model.vocab_size
         )
@@ -169,10 +181,14 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=self.device))
         for batch in batches:
-            if batch.num_loss_tokens == 0:
-                continue  # contributes nothing to loss or gradient
+            if batch.num_loss_tokens == 0 and self.parallel is None:
+                continue  # contributes nothing; under torchrun it still keeps ranks in step
             for name, value in self._backward(batch.to(self.device), kind, counts).items():
                 sums[name] += value
+        if self.parallel is not None:  # the step's metric sums over all ranks
+            names = sorted(sums)
+            total = self.parallel.sum_over_ranks(torch.stack([sums[n].float() for n in names]))
+            return dict(zip(names, total, strict=True))
         return dict(sums)
 
     def _truncate(self, batches: list[MicroBatchData]) -> list[MicroBatchData]:
@@ -218,12 +234,22 @@ class Trainer:
     ) -> dict[str, torch.Tensor]:
         """Forward and backward one packed micro-batch; return its detached metric parts."""
         bonus = kind == "pg" and self.config.loss.entropy_coef > 0
+        # `scored`: which tokens the logprobs score: all but the first, or under context
+        # parallelism this rank's share (tidal.trainer.parallel.cp_batch).
+        scored: slice | torch.Tensor = slice(1, None)
         with offloading(
             self.config.model.ac_offloading, self.model
         ):  # saved tensors → host until backward
-            logprobs, entropy = self._target_logprobs(self.model, batch, entropy_grad=bonus)
-        mask = batch.loss_mask[1:]  # (T-1,)
-        segments = segment_ids(batch.sample_lengths)[1:]  # (T-1,)
+            if self.parallel is not None and self.parallel.dims.cp > 1:
+                logprobs_all, logprobs, scored, valid = self.parallel.cp_logprobs(
+                    self.model, batch, self._autocast
+                )  # (N, V), (N,), (N,), (N,)
+                entropy = token_entropy(logprobs_all if bonus else logprobs_all.detach())  # (N,)
+                mask = batch.loss_mask[scored] * valid  # (N,)
+            else:
+                logprobs, entropy = self._target_logprobs(self.model, batch, entropy_grad=bonus)
+                mask = batch.loss_mask[scored]  # (T-1,)
+        segments = segment_ids(batch.sample_lengths)[scored]  # (N,)
         num_segments = int(batch.sample_lengths.shape[0])
         metric_weights = mask / counts.loss_tokens  # (T-1,) token mean over the step
         loss_cfg = self.config.loss
@@ -240,13 +266,13 @@ class Trainer:
             )  # (T-1,)
             inputs = TokenInputs(
                 logprobs=logprobs,
-                behaviour_logprobs=batch.behaviour_logprobs[1:],
-                advantages=batch.advantages[1:],
+                behaviour_logprobs=batch.behaviour_logprobs[scored],
+                advantages=batch.advantages[scored],
                 loss_mask=mask,
                 segments=segments,
                 num_segments=num_segments,
                 entropy=entropy if bonus else None,
-                ref_logprobs=self._reference_logprobs(batch),
+                ref_logprobs=self._reference_logprobs(batch, scored),
             )
             loss, parts = rl_loss(
                 inputs, config=loss_cfg, weights=weights, metric_weights=metric_weights
@@ -254,7 +280,8 @@ class Trainer:
         parts.update(self._add_router_terms(batch, counts))
         if "aux_loss" in parts:
             loss = loss + parts.pop("_aux_term")
-        loss.backward()
+        scale = self.parallel.loss_scale if self.parallel is not None else 1.0
+        (loss * scale if scale != 1.0 else loss).backward()
         parts["entropy"] = (entropy.detach() * metric_weights).sum()
         parts["loss"] = loss.detach()
         return parts
@@ -281,9 +308,12 @@ class Trainer:
             "expert_load_min": load.min() * experts * share,
         }
 
-    def _reference_logprobs(self, batch: MicroBatchData) -> torch.Tensor | None:
-        """(T-1,) logprobs of the next tokens under the frozen reference, if there is one."""
+    def _reference_logprobs(
+        self, batch: MicroBatchData, scored: slice | torch.Tensor
+    ) -> torch.Tensor | None:
+        """(N,) logprobs of the `scored` tokens under the frozen (unsharded) reference."""
         if self.reference is None:
             return None
         with torch.no_grad():
-            return self._target_logprobs(self.reference, batch)[0]
+            every = self._target_logprobs(self.reference, batch)[0]  # (T-1,): tokens 1..T-1
+        return every if isinstance(scored, slice) else every[scored - 1]

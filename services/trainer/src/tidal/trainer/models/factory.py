@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from tidal.trainer.config import ModelConfig
 from tidal.trainer.levers.lora import merged_state_dict
@@ -168,6 +169,8 @@ def _adapter_args(model: nn.Module) -> tuple[Any, DecoderArgs]:
 def publishable_state_dict(model: nn.Module) -> StateDict:
     """Detached CPU copies of the weights in HF checkpoint naming (no tied `lm_head.weight`)."""
     state = merged_state_dict(model)  # LoRA adapters folded in (plain state dict without)
+    # FSDP-sharded weights are gathered whole (a collective: every rank calls this).
+    state = {n: t.full_tensor() if isinstance(t, DTensor) else t for n, t in state.items()}
     if model.args.tie_embeddings:
         state.pop(TIED_HEAD, None)
     adapter, args = _adapter_args(model)

@@ -136,7 +136,7 @@ class _RingAttentionFn(torch.autograd.Function):
     ) -> torch.Tensor:
         scale = 1.0 / math.sqrt(q.shape[-1])
         out = torch.zeros_like(q, dtype=torch.float32)
-        lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32)  # (B, H, Tq)
+        lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
         kv, owner = [k, v], ring.rank
         for step in range(ring.size):
             scores = _block_scores(q.float(), kv[0].float(), ring.mask_with(owner), scale)

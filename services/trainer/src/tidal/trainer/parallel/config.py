@@ -1,0 +1,113 @@
+"""`[trainer.parallel]`: how the trainer's torchrun ranks divide the model and the batch.
+
+Decisions:
+- pydantic only (no torch), like every config module, so `tidal trainer --help` and
+  `--dry-run` stay instant. The factors are checked against `trainer.world_size` by
+  `ParallelDims` (which shows the arithmetic) from `check_parallel`, called by the
+  trainer config's validator, so a bad product fails before torchrun starts anything.
+- Checks that need the model (experts, heads, attention kernel) live here as well, in
+  `check_parallel`, because they relate fields of two sections: the error names both.
+- Mixed precision is FSDP's: parameters gathered in `param_dtype`, gradients reduced in
+  `reduce_dtype`; master weights and optimizer state stay fp32 in both cases.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field
+
+from tidal.common.config import BaseConfig
+from tidal.common.errors import ConfigError
+from tidal.trainer.parallel.dims import ParallelDims
+
+if TYPE_CHECKING:
+    from tidal.trainer.config import LossConfig, ModelConfig
+
+MOE_FAMILIES = ("qwen3_moe", "qwen2_moe")
+# Attention kernels the CP backends can stand in for (ring and Ulysses compute the
+# packed causal attention themselves; flash-attn's varlen kernel has no CP variant here).
+CP_ATTENTION = ("sdpa",)
+
+
+class ParallelConfig(BaseConfig):
+    dp_replicate: int = Field(default=1, ge=1)
+    """HSDP replica groups: parameters are sharded within a group and replicated
+    (gradients all-reduced) across groups. 1 = plain FSDP."""
+    dp_shard: int = -1
+    """Ranks each parameter is sharded over (FSDP); -1 = what is left of world_size after
+    dp_replicate × cp."""
+    cp: int = Field(default=1, ge=1)
+    """Context-parallel ranks: each packed row is split along tokens over them."""
+    cp_style: Literal["ring", "ulysses"] = "ring"
+    """CP attention: "ring" passes key/value blocks round the ranks (any head count);
+    "ulysses" all-to-alls heads (needs n_heads divisible by cp)."""
+    ep: int = Field(default=1, ge=1)
+    """Expert-parallel ranks (MoE families), taken from the dp_shard ranks: must divide
+    dp_shard and the model's n_experts."""
+    param_dtype: Literal["float32", "bfloat16"] = "float32"
+    """FSDP mixed precision: dtype parameters are gathered in for compute."""
+    reduce_dtype: Literal["float32", "bfloat16"] = "float32"
+    """FSDP mixed precision: dtype gradients are reduced in."""
+    reshard_after_forward: bool = True
+    """Free gathered parameters after each block's forward (gathered again in backward):
+    less memory, one more all-gather per block."""
+    cpu_offload: bool = False
+    """Keep sharded parameters, gradients and optimizer state in host memory."""
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """torch.distributed backend: "auto" is NCCL on CUDA, gloo on CPU."""
+
+
+def check_parallel(
+    world_size: int,
+    parallel: ParallelConfig,
+    model: ModelConfig,
+    loss: LossConfig | None = None,
+) -> ParallelDims:
+    """Resolve the dims and check them against the model; ConfigError names the fields."""
+    dims = ParallelDims.build(
+        world_size=world_size,
+        dp_replicate=parallel.dp_replicate,
+        dp_shard=parallel.dp_shard,
+        cp=parallel.cp,
+        ep=parallel.ep,
+    )
+    if dims.ep > 1 and model.path is None:  # a folder's experts are checked when it loads
+        if model.family not in MOE_FAMILIES:
+            raise ConfigError(
+                f"trainer.parallel.ep = {dims.ep} needs a mixture-of-experts model, but "
+                f"trainer.model.family is {model.family!r}"
+            )
+        if model.n_experts % dims.ep:
+            raise ConfigError(
+                f"trainer.parallel.ep = {dims.ep} must divide trainer.model.n_experts = "
+                f"{model.n_experts}"
+            )
+    if dims.world_size > 1 and model.fused_lm_head_token_chunk_size != "disabled":
+        # The chunked head calls the model's trunk and head separately, outside the root
+        # FSDP unit's forward, so the root's sharded parameters would never be gathered.
+        raise ConfigError(
+            "trainer.model.fused_lm_head_token_chunk_size is not supported with "
+            f'trainer.world_size = {dims.world_size} yet (FSDP); set it to "disabled"'
+        )
+    if dims.cp > 1 and loss is not None and "sequence" in (loss.norm, loss.ratio_level):
+        raise ConfigError(
+            f"trainer.parallel.cp = {dims.cp} splits samples over ranks, which "
+            f"trainer.loss.norm = {loss.norm!r} / trainer.loss.ratio_level = "
+            f"{loss.ratio_level!r} cannot take (they need whole samples on one rank); "
+            'use "token" for both, or cp = 1'
+        )
+    if dims.cp > 1:
+        if model.attn not in CP_ATTENTION:
+            raise ConfigError(
+                f"trainer.parallel.cp = {dims.cp} (cp_style {parallel.cp_style!r}) does not "
+                f'support trainer.model.attn = {model.attn!r}; use model.attn = "sdpa" '
+                "(the CP backends replace the packed kernel) or cp = 1"
+            )
+        if parallel.cp_style == "ulysses" and model.n_heads % dims.cp:
+            raise ConfigError(
+                f'trainer.parallel.cp_style = "ulysses" needs trainer.model.n_heads '
+                f"({model.n_heads}) divisible by trainer.parallel.cp ({dims.cp}); use "
+                'cp_style = "ring"'
+            )
+    return dims

@@ -1,0 +1,67 @@
+"""`tidal trainer --trainer.world-size N`: the trainer as one torchrun job on this node.
+
+Decisions:
+- The command re-executes itself under `python -m torch.distributed.run --standalone`
+  (torchrun's own launcher: rendezvous on a free local port, one process per rank, and
+  when one rank dies the others are stopped, so no rank is left waiting). `exec` keeps
+  the PID, so whoever started `tidal trainer` (e.g. `tidal rl`) still signals the right
+  process: torchrun forwards SIGTERM to the ranks.
+- Inside torchrun (`LOCAL_RANK` is set) every rank parses the same arguments, starts its
+  process group, and builds its shard of the trainer. Rank 0 serves gRPC and leads
+  (parallel/leader.py); the other ranks follow until rank 0 says stop.
+- Shutdown: SIGTERM reaches every rank (torchrun forwards it); followers ignore it and
+  leave when rank 0, after its graceful gRPC shutdown, commands `stop`.
+- Telemetry (traces) is rank 0's: it is the rank that answers RPCs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+from tidal.trainer.config import TrainerRunConfig
+
+log = logging.getLogger(__name__)
+
+
+def torchrun_command(world_size: int, argv: Sequence[str]) -> list[str]:
+    """The command running `tidal.trainer` with `argv` as `world_size` local ranks."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={world_size}",
+        "-m",
+        "tidal.trainer",
+        *argv,
+    ]
+
+
+def run_rank(config: TrainerRunConfig, argv: Sequence[str]) -> None:
+    """Outside torchrun: become torchrun. Inside: run this rank (rank 0 serves)."""
+    if "LOCAL_RANK" not in os.environ:
+        command = torchrun_command(config.trainer.world_size, argv)
+        os.environ.setdefault("OMP_NUM_THREADS", str(config.trainer.num_threads))
+        os.execv(command[0], command)
+    from tidal.trainer.parallel.leader import ControlChannel, follow
+    from tidal.trainer.parallel.runtime import RankContext
+    from tidal.trainer.service import build_trainer, resolve_device, serve
+
+    ranks = RankContext.init(config.trainer, resolve_device(config.trainer.device))
+    try:
+        if ranks.rank == 0:
+            asyncio.run(serve(config, ranks))
+        else:
+            # torchrun passes SIGTERM to every rank at once; a follower waits for rank 0's
+            # `stop` (sent after its graceful gRPC shutdown) instead of dying mid-collective.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            trainer, checkpoints, _ = build_trainer(config, ranks=ranks)
+            log.info("rank %d of %d follows rank 0", ranks.rank, ranks.world_size)
+            follow(trainer, checkpoints, ControlChannel(ranks))
+    finally:
+        ranks.close()

@@ -1,0 +1,142 @@
+"""Rank 0 leads, the other ranks follow: one command stream over the gloo control group.
+
+Decisions:
+- Only rank 0 serves gRPC. Everything the service does that involves the model is a
+  collective under FSDP (a training step, gathering full weights to publish, a DCP
+  save), so rank 0 first tells every rank what to do, then does it itself. The command
+  and each rank's share of the micro-batches travel in one `scatter_object_list` (each
+  rank receives only its own micro-batches), on the gloo control group.
+- `LeaderTrainer` and `LeaderCheckpoints` have the interfaces the single-process service
+  uses (`Trainer`, `CheckpointManager`), so runner.py and servicer.py do not change.
+- Rank 0 checks the step number before it commands anything, so a request the service
+  refuses never reaches the followers. Errors that do happen after the command (e.g.
+  no loss token in the step) happen on every rank alike, because they depend only on
+  the global counts: followers log them and wait for the next command.
+- `stop` ends the followers' loop when rank 0's server shuts down.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+
+from tidal.common.errors import FailedPrecondition, TidalError
+from tidal.trainer.batch import MicroBatchData
+from tidal.trainer.checkpoint import CheckpointManager
+from tidal.trainer.parallel.assign import assign_micro_batches
+from tidal.trainer.parallel.runtime import RankContext
+from tidal.trainer.train_step import LossKind, Trainer
+
+log = logging.getLogger(__name__)
+
+Op = Literal["train", "publish", "save", "stop"]
+
+
+@dataclass
+class Command:
+    op: Op
+    step: int = 0
+    kind: LossKind = "pg"
+    batches: list[MicroBatchData] = field(default_factory=list)  # this rank's share
+
+
+class ControlChannel:
+    def __init__(self, ranks: RankContext) -> None:
+        self.group, self.world = ranks.control, ranks.world_size
+
+    def send(self, commands: list[Command]) -> Command:
+        """Rank 0: command i goes to rank i; returns rank 0's own."""
+        mine: list[Any] = [None]
+        dist.scatter_object_list(mine, commands, src=0, group=self.group)
+        return mine[0]  # type: ignore[no-any-return]
+
+    def broadcast(self, command: Command) -> Command:
+        return self.send([command] * self.world)
+
+    def receive(self) -> Command:
+        mine: list[Any] = [None]
+        dist.scatter_object_list(mine, None, src=0, group=self.group)
+        return mine[0]  # type: ignore[no-any-return]
+
+
+class LeaderTrainer:
+    """Rank 0's `Trainer`: commands the followers, then trains its own share."""
+
+    def __init__(self, trainer: Trainer, channel: ControlChannel) -> None:
+        self.trainer, self.channel = trainer, channel
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.trainer, name)
+
+    @property
+    def trained_step(self) -> int:
+        return self.trainer.trained_step
+
+    def train_step(
+        self, step: int, batches: list[MicroBatchData], kind: LossKind
+    ) -> dict[str, float]:
+        if step != self.trainer.trained_step + 1:
+            raise FailedPrecondition(
+                f"expected step {self.trainer.trained_step + 1}, got step {step}"
+            )
+        ranks = self.trainer.parallel
+        assert ranks is not None
+        shares = assign_micro_batches(batches, ranks.dims.dp)  # CP ranks share their group's
+        mine = self.channel.send(
+            [
+                Command("train", step, kind, shares[ranks.dp_index(r)])
+                for r in range(self.channel.world)
+            ]
+        )
+        metrics = self.trainer.train_step(step, mine.batches, kind)
+        tokens = sum(b.num_tokens for b in batches)  # the whole step's, not rank 0's share
+        metrics.update(
+            tokens=float(tokens),
+            loss_tokens=float(sum(b.num_loss_tokens for b in batches)),
+            tokens_per_s=tokens / metrics["seconds"] if metrics["seconds"] > 0 else 0.0,
+        )
+        return metrics
+
+    def state_dict_for_publish(self) -> dict[str, torch.Tensor]:
+        self.channel.broadcast(Command("publish"))
+        return self.trainer.state_dict_for_publish()
+
+    def stop(self) -> None:
+        self.channel.broadcast(Command("stop"))
+
+
+class LeaderCheckpoints(CheckpointManager):
+    """Rank 0's checkpoint manager: every rank writes its shards of the same save."""
+
+    def __init__(self, root: Path, *, keep_last: int, channel: ControlChannel) -> None:
+        super().__init__(root, keep_last=keep_last)
+        self.channel = channel
+
+    def save(self, trainer: Any, *, extra: dict[str, int] | None = None) -> Path:
+        self.channel.broadcast(Command("save"))
+        real = trainer.trainer if isinstance(trainer, LeaderTrainer) else trainer
+        return super().save(real, extra=extra)
+
+
+def follow(trainer: Trainer, checkpoints: CheckpointManager, channel: ControlChannel) -> None:
+    """A follower rank's life: do what rank 0 commands until it says stop."""
+    while True:
+        command = channel.receive()
+        try:
+            if command.op == "stop":
+                return
+            if command.op == "train":
+                trainer.train_step(command.step, command.batches, command.kind)
+            elif command.op == "publish":
+                trainer.state_dict_for_publish()
+            elif command.op == "save":
+                checkpoints.save(trainer)
+        except TidalError as exc:  # rank 0 hit the same error and answered the caller
+            log.warning(
+                "rank %d: %s failed alike on every rank: %s", dist.get_rank(), command.op, exc
+            )

@@ -1,0 +1,153 @@
+"""One trainer rank's view of the job: process groups, mesh, and how the model is wrapped.
+
+Decisions:
+- `RankContext.init` is called once per torchrun rank, after the config was validated:
+  it starts the process group (NCCL on CUDA, gloo on CPU: `parallel.backend = "auto"`),
+  builds the named mesh once (`ParallelDims.build_mesh`) and a second, gloo group over
+  all ranks for control traffic (rank 0's commands, step counts, metrics), which stays
+  on the host whatever the compute backend is and never times out while the trainer
+  waits for the next step.
+- The `Trainer` takes the context and asks it for three things only: wrap the model
+  (`parallelize`: AC → compile → FSDP, in that fixed order), the loss factor that turns
+  FSDP's gradient average into the sum (`loss_scale`), and the all-reduce of the step's
+  token counts and metric sums (`reduce`). So train_step.py stays one process's story.
+- Context parallelism: the CP ranks of a data-parallel group get the same micro-batches;
+  `cp_logprobs` runs the model on this rank's zigzag share (cp_batch.py) with the ring or
+  Ulysses backend. Token counts are then summed over data-parallel ranks only (`reduce`
+  divides the all-rank sum by cp), metric sums over all ranks (each CP rank holds part
+  of every sample). The "sequence" normalisation and GSPO's sequence ratio need whole
+  samples on one rank, so config validation refuses them with cp > 1.
+- Expert parallelism runs in the tests of `ep.py`, but the MoE block does not use it
+  yet, so a config asking for it stops here with a clear error rather than training
+  wrongly.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tidal.common.errors import ConfigError
+from tidal.trainer.batch import MicroBatchData
+from tidal.trainer.config import TrainerConfig
+from tidal.trainer.parallel.config import check_parallel
+from tidal.trainer.parallel.cp_batch import shard_for_cp
+from tidal.trainer.parallel.dims import ParallelDims
+from tidal.trainer.parallel.fsdp import apply_fsdp, fsdp_mesh, grad_sum_factor
+
+CONTROL_TIMEOUT = datetime.timedelta(days=7)  # followers wait this long for rank 0's next step
+
+
+def rank_device(device: str) -> torch.device:
+    """This rank's device: its own GPU (LOCAL_RANK) on CUDA, else the CPU."""
+    if device == "cuda":
+        index = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    return torch.device(device)
+
+
+@dataclass
+class RankContext:
+    config: TrainerConfig
+    dims: ParallelDims
+    mesh: Any  # DeviceMesh ("dp_replicate", "dp_shard", "cp") + flattened views
+    control: Any  # gloo ProcessGroup over all ranks
+    device: torch.device
+
+    @classmethod
+    def init(cls, config: TrainerConfig, device: str) -> RankContext:
+        """Start this rank's process group (collective: every rank calls it)."""
+        world = int(os.environ["WORLD_SIZE"])
+        if world != config.world_size:
+            raise ConfigError(
+                f"torchrun started {world} processes but trainer.world_size is {config.world_size}"
+            )
+        dims = check_parallel(world, config.parallel, config.model, config.loss)
+        if dims.ep > 1:
+            raise ConfigError(
+                "trainer.parallel.ep > 1 is not wired into the MoE block yet (parallel/ep.py "
+                "is tested on its own); use ep = 1"
+            )
+        backend = config.parallel.backend
+        if backend == "auto":
+            backend = "nccl" if device == "cuda" else "gloo"
+        torch_device = rank_device(device)
+        dist.init_process_group(backend)
+        control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
+        mesh = dims.build_mesh(torch_device.type)
+        return cls(config, dims, mesh, control, torch_device)
+
+    @property
+    def rank(self) -> int:
+        return dist.get_rank()
+
+    @property
+    def world_size(self) -> int:
+        return self.dims.world_size
+
+    @property
+    def _fsdp_mesh(self) -> Any:
+        return fsdp_mesh(self.mesh, hsdp=self.dims.dp_replicate > 1)
+
+    @property
+    def loss_scale(self) -> float:
+        return float(grad_sum_factor(self._fsdp_mesh))
+
+    def parallelize(self, model: nn.Module) -> nn.Module:
+        """Shard the model in place; returns it. The Trainer applies the memory levers
+        (LoRA, activation checkpointing, compile) before calling this."""
+        p = self.config.parallel
+        return apply_fsdp(
+            model,
+            self._fsdp_mesh,
+            param_dtype=p.param_dtype,
+            reduce_dtype=p.reduce_dtype,
+            reshard_after_forward=p.reshard_after_forward,
+            cpu_offload=p.cpu_offload,
+        )
+
+    def sum_over_ranks(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum over every rank (host tensors, the gloo control group)."""
+        out = t.detach().to("cpu", copy=True)
+        dist.all_reduce(out, group=self.control)
+        return out.to(t.device)
+
+    def reduce(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum of per-rank step counts over the data-parallel ranks (the CP ranks of a
+        group hold the same micro-batches, so the all-rank sum counts them cp times)."""
+        return self.sum_over_ranks(t) / self.dims.cp
+
+    def dp_index(self, rank: int) -> int:
+        """Which data-parallel share global `rank` trains (cp is the innermost mesh dim)."""
+        return rank // self.dims.cp
+
+    def cp_logprobs(
+        self, model: nn.Module, batch: MicroBatchData, autocast: Any
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This CP rank's (n, V) log-softmax, (n,) target logprobs, (n,) target index into
+        the row and (n,) validity (cp_batch.py)."""
+        cp_mesh = self.mesh["cp"]
+        shard = shard_for_cp(
+            batch,
+            cp=self.dims.cp,
+            rank=cp_mesh.get_local_rank(),
+            style=self.config.parallel.cp_style,
+            group=cp_mesh.get_group(),
+        )
+        with autocast():
+            logits = model(shard.input_ids, shard.position_ids, attention=shard.attention)[0]
+        logprobs_all = torch.log_softmax(logits.float(), dim=-1)  # (n, V)
+        targets = batch.input_ids[shard.target_index]  # (n,)
+        logprobs = logprobs_all.gather(-1, targets[:, None]).squeeze(-1)  # (n,)
+        return logprobs_all, logprobs, shard.target_index, shard.valid
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

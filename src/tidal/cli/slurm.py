@@ -1,0 +1,146 @@
+"""`[slurm]`: `tidal rl` writes one sbatch script placing the whole run across nodes.
+
+Decisions:
+- The script is rendered from a Jinja2 template (`slurm.template`; the default ships in
+  `tidal/cli/templates/tidal.sbatch.j2`), so a site replaces it (modules, containers,
+  srun flags) without touching Python. The template gets plain values: node counts,
+  ports, paths, the python to run, the resolved config's path.
+- Addresses are only known when the job runs (node names come from
+  SLURM_JOB_NODELIST), so the script builds the endpoints from `scontrol show hostnames`
+  and passes them as `--endpoints.*` flags over the resolved config; ports come from
+  the config's endpoints. Servers bind 0.0.0.0.
+- The trainer is `trainer_nodes` torchrun agents with static rendezvous on node 0 and
+  node rank SLURM_NODEID, so global rank 0, which serves gRPC, is on node 0. Its world
+  size is trainer_nodes × GPUs per node (1 process per node on CPU), written into the
+  resolved config.
+- The orchestrator talks to one inference endpoint today, so the job has one inference
+  replica: on its own node (`inference_nodes = 1`) or beside the others on node 0 (0).
+- `tidal rl --dry-run` with `[slurm]` writes the script and the resolved config and
+  exits; without it, the script is also submitted with `sbatch`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from tidal.common.config import BaseConfig, to_toml
+from tidal.common.errors import ConfigError
+
+DEFAULT_TEMPLATE = Path(__file__).resolve().parent / "templates" / "tidal.sbatch.j2"
+SCRIPT_NAME = "tidal.sbatch"
+
+
+class SlurmConfig(BaseConfig):
+    job_name: str = "tidal"
+    """SLURM job name (`#SBATCH --job-name`)."""
+    trainer_nodes: int = Field(default=1, ge=1)
+    """Nodes running the trainer (node 0 first); its ranks are trainer_nodes × GPUs per node."""
+    inference_nodes: int = Field(default=1, ge=0, le=1)
+    """1: inference on a node of its own; 0: on node 0 with the others (single-node jobs)."""
+    gpus_per_node: int = Field(default=0, ge=0)
+    """GPUs per node (`--gpus-per-node`); 0 = CPU nodes (one trainer process per node)."""
+    cpus_per_task: int | None = Field(default=None, gt=0)
+    """`--cpus-per-task`, if the site needs it."""
+    partition: str | None = None
+    """`--partition`; unset = the cluster's default."""
+    account: str | None = None
+    """`--account`; unset = the user's default."""
+    time: str = "24:00:00"
+    """Wall-clock limit (`--time`), e.g. "2-00:00:00" or "00:30:00"."""
+    extra_sbatch: list[str] = []
+    """More `#SBATCH` lines, e.g. ["--exclusive", "--qos=high"]."""
+    setup: str = ""
+    """Shell lines run first on the batch node (module loads, `source .venv/bin/activate`)."""
+    python: str = Field(default_factory=lambda: sys.executable)
+    """Python that runs the services on the nodes (default: the one running `tidal rl`)."""
+    rdzv_port: int = Field(default=29500, gt=0, lt=65536)
+    """torch.distributed rendezvous port on node 0."""
+    template: Path | None = None
+    """Jinja2 sbatch template; unset = the packaged `tidal/cli/templates/tidal.sbatch.j2`."""
+
+    @field_validator("time", mode="before")
+    @classmethod
+    def _time_as_text(cls, value: Any) -> Any:
+        # `--slurm.time 00:30:00` parses as a TOML local time; SLURM wants the text.
+        return value.strftime("%H:%M:%S") if isinstance(value, datetime.time) else value
+
+    @property
+    def nodes(self) -> int:
+        return self.trainer_nodes + self.inference_nodes
+
+    @property
+    def procs_per_node(self) -> int:
+        return self.gpus_per_node or 1
+
+    @property
+    def world_size(self) -> int:
+        return self.trainer_nodes * self.procs_per_node
+
+
+def _port(endpoint: str, field: str) -> int:
+    try:
+        return int(endpoint.rsplit(":", 1)[1])
+    except (IndexError, ValueError):
+        raise ConfigError(f"{field} {endpoint!r} has no port (host:port)") from None
+
+
+def render(slurm: SlurmConfig, *, run_name: str, run_dir: Path, endpoints: Any) -> str:
+    """The sbatch script for this run (run_dir absolute: the job may start elsewhere)."""
+    import jinja2
+
+    template = slurm.template or DEFAULT_TEMPLATE
+    if not template.is_file():
+        raise ConfigError(f"slurm.template {str(template)!r} is not a file")
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    ports = {
+        name: _port(getattr(endpoints, name), f"endpoints.{name}")
+        for name in ("orchestrator", "inference", "trainer", "weightsync")
+    }
+    values = {
+        **slurm.model_dump(exclude={"template"}),
+        "nodes": slurm.nodes,
+        "procs_per_node": slurm.procs_per_node,
+        "world_size": slurm.world_size,
+        "infer_index": slurm.trainer_nodes if slurm.inference_nodes else 0,
+        "template": str(template),
+        "run_name": run_name,
+        "config_path": str(run_dir / "config.toml"),
+        "log_dir": str(run_dir / "logs"),
+        "ports": ports,
+    }
+    try:
+        return env.from_string(template.read_text()).render(**values)
+    except jinja2.TemplateError as exc:
+        raise ConfigError(f"slurm.template {str(template)!r}: {exc}") from None
+
+
+def write_job(config: Any, slurm: SlurmConfig, services_toml: str) -> Path:
+    """Write `<run dir>/config.toml` (what the services read), `<run dir>/launch.toml` (the
+    whole resolved config, `[slurm]` included) and `<run dir>/tidal.sbatch`; the script."""
+    run_dir = config.run.dir.resolve()
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.toml").write_text(services_toml)
+    (run_dir / "launch.toml").write_text(to_toml(config))
+    script = run_dir / SCRIPT_NAME
+    script.write_text(
+        render(slurm, run_name=config.run.name, run_dir=run_dir, endpoints=config.endpoints)
+    )
+    script.chmod(0o755)
+    return script
+
+
+def submit(script: Path) -> str:
+    """`sbatch` the script; returns sbatch's answer (the job id line)."""
+    if shutil.which("sbatch") is None:
+        raise ConfigError("[slurm] is set but `sbatch` is not on PATH; use --dry-run to write")
+    done = subprocess.run(["sbatch", str(script)], capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise ConfigError(f"sbatch {script} failed: {done.stderr.strip()}")
+    return done.stdout.strip()

@@ -1,0 +1,191 @@
+"""`tidal rl` with `[slurm]` submits its rendered sbatch script to a real single-node
+SLURM cluster started by the test; the whole run (all four services) completes there.
+
+The cluster (munged, slurmctld, slurmd) lives in a temp folder on free ports with its own
+munge key and socket, so it touches no system configuration; the daemons are stopped by
+their pid files afterwards. It needs Debian's slurm-wlm and munge, and root (the daemons
+run as SlurmUser root); without them the test is skipped with that reason."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol")
+
+
+def missing_reason() -> str | None:
+    """Why no cluster can be started here, or None."""
+    absent = [d for d in DAEMONS if shutil.which(d) is None and not Path(f"/usr/sbin/{d}").exists()]
+    if absent:
+        return f"slurm/munge not installed ({', '.join(absent)}): apt-get install -y slurm-wlm"
+    if os.geteuid() != 0:
+        return "slurmctld/slurmd run here as SlurmUser root, and this test is not root"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _exe(name: str) -> str:
+    return shutil.which(name) or f"/usr/sbin/{name}"
+
+
+CONF = """ClusterName=tidaltest
+SlurmctldHost={host}
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={root}/munge.sock
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation={root}/state
+SlurmdSpoolDir={root}/spool
+SlurmctldPidFile={root}/slurmctld.pid
+SlurmdPidFile={root}/slurmd.pid
+SlurmctldLogFile={root}/slurmctld.log
+SlurmdLogFile={root}/slurmd.log
+SlurmctldPort={ctld_port}
+SlurmdPort={d_port}
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+ReturnToService=2
+MpiDefault=none
+JobCompType=jobcomp/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+NodeName={host} CPUs={cpus} RealMemory=1000 State=UNKNOWN
+PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE
+"""
+
+
+@dataclass
+class SlurmCluster:
+    root: Path
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": str(self.root / "slurm.conf")}
+
+    @classmethod
+    def start(cls, root: Path) -> SlurmCluster:
+        for sub in ("state", "spool"):
+            (root / sub).mkdir(parents=True)
+        key = root / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o600)
+        subprocess.run(
+            [_exe("munged"), "--force", f"--socket={root}/munge.sock", f"--key-file={key}",
+             f"--log-file={root}/munged.log", f"--pid-file={root}/munged.pid",
+             f"--seed-file={root}/munged.seed"],
+            check=True,
+        )  # fmt: skip
+        host = subprocess.run(["hostname", "-s"], capture_output=True, text=True).stdout.strip()
+        (root / "slurm.conf").write_text(
+            CONF.format(
+                host=host,
+                root=root,
+                ctld_port=_free_port(),
+                d_port=_free_port(),
+                cpus=os.cpu_count() or 1,
+            )
+        )
+        cluster = cls(root)
+        conf = str(root / "slurm.conf")
+        subprocess.run([_exe("slurmctld"), "-f", conf], check=True, env=cluster.env)
+        subprocess.run([_exe("slurmd"), "-f", conf], check=True, env=cluster.env)
+        cluster.wait_idle()
+        return cluster
+
+    def wait_idle(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            out = subprocess.run(
+                ["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, env=self.env
+            ).stdout
+            if out.strip() == "idle":
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"the test cluster's node never became idle:\n{self.logs()}")
+
+    def job_state(self, job_id: str) -> tuple[str, str]:
+        """(JobState, ExitCode) of a job, from scontrol."""
+        out = subprocess.run(
+            ["scontrol", "show", "job", job_id], capture_output=True, text=True, env=self.env
+        ).stdout
+        fields = dict(f.split("=", 1) for f in out.split() if "=" in f)
+        return fields.get("JobState", "UNKNOWN"), fields.get("ExitCode", "")
+
+    def wait_job(self, job_id: str, timeout: float) -> tuple[str, str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            state = self.job_state(job_id)
+            if state[0] not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
+                return state
+            time.sleep(1)
+        return self.job_state(job_id)
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text()[-2000:]}" for p in sorted(self.root.glob("*.log"))
+        )
+
+    def stop(self) -> None:
+        for name in ("slurmd", "slurmctld", "munged"):
+            pid_file = self.root / f"{name}.pid"
+            if pid_file.is_file():
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid_file.read_text().split()[0]), signal.SIGTERM)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[SlurmCluster]:
+    reason = missing_reason()
+    if reason:
+        pytest.skip(reason)
+    started = SlurmCluster.start(tmp_path / "slurm")
+    yield started
+    started.stop()
+
+
+def test_tidal_rl_job_completes_on_a_real_slurm_cluster(
+    cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    submitted = subprocess.run(
+        [
+            sys.executable, "-m", "tidal.cli", "rl", "@", str(ROOT / "configs" / "default.toml"),
+            "--run.output-dir", str(tmp_path / "out"), "--run.name", "job",
+            "--slurm.inference-nodes", "0", "--slurm.time", "00:05:00",
+            "--orchestrator.steps", "3", "--orchestrator.warmup-steps", "1",
+        ],
+        capture_output=True, text=True, timeout=60, env=cluster.env, cwd=tmp_path,
+    )  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = re.search(r"Submitted batch job (\d+)", submitted.stdout)
+    assert job_id, submitted.stdout
+    state, exit_code = cluster.wait_job(job_id.group(1), timeout=240)
+    logs = tmp_path / "out" / "job" / "logs"
+    detail = "\n".join(f"--- {p.name}\n{p.read_text()[-1500:]}" for p in logs.glob("*"))
+    assert (state, exit_code) == ("COMPLETED", "0:0"), f"{detail}\n{cluster.logs()}"
+    assert "run finished: 4 steps" in (logs / "orchestrator.log").read_text()
+    assert "trained step 4 " in (logs / "trainer.log").read_text()

@@ -1,0 +1,83 @@
+"""`tidal rl` with `[slurm]`: --dry-run writes the rendered sbatch script and the resolved
+config; the script wires nodes, ports and the trainer's rendezvous."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tidal.cli.slurm import SlurmConfig, render
+from tidal.common.errors import ConfigError
+from tidal.common.sections import Endpoints
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def dry_run(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable, "-m", "tidal.cli", "rl", "@", str(ROOT / "configs" / "default.toml"),
+            "--run.output-dir", str(tmp_path), "--run.name", "job", *flags, "--dry-run",
+        ],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_dry_run_writes_the_script_and_the_resolved_config(tmp_path: Path) -> None:
+    done = dry_run(
+        tmp_path,
+        "--slurm.trainer-nodes", "2", "--slurm.gpus-per-node", "4",
+        "--slurm.partition", "gpu", "--slurm.extra-sbatch", '["--exclusive"]',
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    script = (tmp_path / "job" / "tidal.sbatch").read_text()
+    config = tomllib.loads((tmp_path / "job" / "config.toml").read_text())
+    assert "slurm" not in config and "deployment" not in config  # the launcher's own
+    assert config["trainer"]["world_size"] == 8 and config["trainer"]["device"] == "cuda"
+    assert tomllib.loads((tmp_path / "job" / "launch.toml").read_text())["slurm"]["partition"]
+    for line in (
+        "#SBATCH --nodes=3",
+        "#SBATCH --gpus-per-node=4",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --exclusive",
+        f"CONFIG={tmp_path / 'job' / 'config.toml'}",
+        "INFER_NODE=${NODES[2]}",
+        '--endpoints.trainer "$HEAD:50053"',
+        '--endpoints.inference "$INFER_NODE:50052"',
+        "--nnodes=2",
+        "--nproc-per-node=4",
+        '--node-rank="$SLURM_NODEID"',
+        "--master-port=29500",
+        "-m tidal.orchestrator",
+        "-m tidal.weightsync",
+        "-m tidal.inference",
+    ):
+        assert line in script, line
+    assert not (tmp_path / "job" / "logs" / "trainer.log").exists()  # nothing ran
+
+
+def test_explicit_world_size_that_disagrees_with_the_nodes_is_refused(tmp_path: Path) -> None:
+    done = dry_run(tmp_path, "--slurm.trainer-nodes", "2", "--trainer.world-size", "3")
+    assert done.returncode == 2
+    assert "trainer.world_size = 3 but slurm.trainer_nodes × gpus_per_node = 2" in done.stderr
+
+
+def test_a_users_template_replaces_the_default(tmp_path: Path) -> None:
+    template = tmp_path / "mine.j2"
+    template.write_text("#!/bin/sh\n# {{ job_name }} on {{ nodes }} nodes, ws {{ world_size }}\n")
+    slurm = SlurmConfig(template=template, job_name="mine", inference_nodes=0)
+    out = render(slurm, run_name="r", run_dir=tmp_path, endpoints=Endpoints())
+    assert out == "#!/bin/sh\n# mine on 1 nodes, ws 1\n"
+
+
+def test_a_template_naming_an_unknown_value_fails_with_its_path(tmp_path: Path) -> None:
+    template = tmp_path / "bad.j2"
+    template.write_text("{{ no_such_value }}")
+    with pytest.raises(ConfigError, match=r"slurm.template .*bad.j2.*no_such_value"):
+        render(
+            SlurmConfig(template=template), run_name="r", run_dir=tmp_path, endpoints=Endpoints()
+        )
