@@ -128,6 +128,21 @@ def _activations(a: DecoderArgs, levers: Levers, w: Workload) -> tuple[float, fl
     return saved, recompute
 
 
+def activation_per_layer(a: DecoderArgs, w: Workload) -> dict[str, float]:
+    """Saved activation bytes of the average block under each checkpointing/offload choice."""
+    choices = {
+        "no checkpointing": Levers(),
+        "selective (norm, mlp)": Levers(ac_mode="selective"),
+        "full checkpointing": Levers(ac_mode="full"),
+        "offloaded": Levers(ac_offloading=True),
+    }
+    return {
+        name: _activations(a, levers, w)[0] / a.n_layers
+        for name, levers in choices.items()
+        if name != "offloaded" or w.device == "cuda"
+    }
+
+
 def _trainable(a: DecoderArgs, counts: ParamCounts, levers: Levers) -> float:
     if levers.lora_rank is None:
         return counts.total
