@@ -18,8 +18,9 @@ Decisions:
   CUDA device (on CPU the host *is* the device, so nothing is saved).
 - Logits: the unchunked head keeps three `[tokens, vocab]` fp32 tensors alive at its
   peak (backward: the saved log-softmax, its incoming gradient and the outgoing one;
-  forward: the log-softmax, exp() of it and their product for the entropy); a chunked
-  head keeps those three for one chunk only.
+  forward: the log-softmax, exp() of it and their product for the entropy); the chunked
+  head (issue 7a) keeps five `[chunk, vocab]` tensors in its backward (the recomputed
+  logits, log p, p, the logits' gradient and one product temporary).
 - Peak = model states + the larger of the backward-start phase (all saved activations,
   the logits peak, the head's weight gradient) and the update phase (all gradients and the
   optimizer's temporaries), then a fragmentation margin on top (the CUDA caching
@@ -32,12 +33,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tidal.trainer.models.args import DecoderArgs
-from tidal.trainer.plan.levers import Levers
+from tidal.trainer.plan.levers import Levers, chunk_tokens
 from tidal.trainer.plan.model_size import ParamCounts, param_counts
 
 GB = 10**9  # the ZeRO paper's "GB" is decimal
 FRAGMENTATION = {"cuda": 0.08, "cpu": 0.02}
 LOGITS_LIVE = 3  # [tokens, vocab] fp32 tensors alive at the head's backward peak
+CHUNK_LIVE = 5  # [chunk, vocab] fp32 tensors alive in the chunked head's backward
 
 
 @dataclass(frozen=True)
@@ -179,8 +181,11 @@ def plan_memory(a: DecoderArgs, levers: Levers, w: Workload) -> MemoryPlan:
         notes.append(f"optimizer states off the device ({levers.optim_offload}), pool {pool:.0f} B")
         optim = min(optim, pool)
     saved, recompute = _activations(a, levers, w)
-    chunk = min(w.tokens, levers.lm_head_chunk or w.tokens)
-    logits = LOGITS_LIVE * chunk * a.vocab_size * 4
+    chunk = chunk_tokens(levers, a.vocab_size, w.tokens)
+    if chunk is None:
+        logits = LOGITS_LIVE * w.tokens * a.vocab_size * 4
+    else:  # per chunk, plus the (N,) log-sum-exp, entropy and logprobs it keeps
+        logits = CHUNK_LIVE * chunk * a.vocab_size * 4 + 3 * w.tokens * 4
     head_grad = 4 * (counts.lm_head or counts.embedding) * (trainable == total) / shard
     final_norm = 3 * a.dim * w.tokens * (2 if w.precision == "bf16" else 4)
     backward_start = saved + recompute + logits + head_grad + final_norm

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from tidal.trainer.models.args import DecoderArgs
 from tidal.trainer.plan.estimate import MemoryPlan, Workload, plan_memory
-from tidal.trainer.plan.levers import AUTO_CHUNK, Levers
+from tidal.trainer.plan.levers import Levers
 
 STEP_TIME_FACTOR = {
     "chunked LM head": 1.03,
@@ -66,7 +66,7 @@ def candidates(base: Levers, device: str) -> list[Levers]:
     out = []
     for ac, chunk, offload, optim, fsdp in itertools.product(
         ("none", "selective", "full"),
-        (None, AUTO_CHUNK),
+        (None, "auto"),
         (False, True) if on_gpu else (False,),
         ("none", "cpu", "disk") if on_gpu else ("none", "disk"),
         (False, True) if on_gpu else (False,),

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from tidal.trainer.config import TrainerConfig
 
-AUTO_CHUNK = 1024  # tokens per chunk of `fused_lm_head_token_chunk_size = "auto"`
+AUTO_CHUNK_BYTES = 64 * 2**20  # "auto" chunks hold about this much fp32 logits (issue 7a)
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
@@ -28,7 +28,7 @@ class Levers:
     ac_targets: tuple[str, ...] = ("norm", "mlp")
     ac_offloading: bool = False
     max_inflight_activations: int = 4
-    lm_head_chunk: int | None = None  # tokens per chunk; None = full logits
+    lm_head_chunk: int | Literal["auto"] | None = None  # tokens per chunk; None = full logits
     lora_rank: int | None = None
     lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS
     compile: bool = False
@@ -58,7 +58,7 @@ class Levers:
             max_inflight_activations=(
                 offloading.max_inflight_activations if offloading is not None else 4
             ),
-            lm_head_chunk=None if chunk == "disabled" else AUTO_CHUNK if chunk == "auto" else chunk,
+            lm_head_chunk=None if chunk == "disabled" else chunk,
             lora_rank=lora.rank if lora is not None else None,
             lora_targets=tuple(lora.target_modules) if lora is not None else DEFAULT_LORA_TARGETS,
             compile=getattr(model, "compile", None) is not None,
@@ -79,7 +79,7 @@ class Levers:
         if self.ac_offloading:
             on.append("activation offloading")
         if self.lm_head_chunk is not None:
-            on.append(f"chunked LM head ({self.lm_head_chunk} tokens)")
+            on.append(f"chunked LM head ({self.lm_head_chunk})")
         if self.lora_rank is not None:
             on.append(f"LoRA r={self.lora_rank}")
         if self.compile:
@@ -95,7 +95,7 @@ class Levers:
         model: list[str] = []
         tables: list[str] = []
         if self.lm_head_chunk is not None:
-            chunk = '"auto"' if self.lm_head_chunk == AUTO_CHUNK else str(self.lm_head_chunk)
+            chunk = '"auto"' if self.lm_head_chunk == "auto" else str(self.lm_head_chunk)
             model.append(f"fused_lm_head_token_chunk_size = {chunk}")
         if self.fsdp_cpu_offload:
             model.append("fsdp_cpu_offload = true")
@@ -127,3 +127,12 @@ class Levers:
         elif self.optim_offload == "disk":
             out.append('[trainer.optim]\noptim_offload = "disk"\n')
         return "\n".join(out) if out else "# no lever needed\n"
+
+
+def chunk_tokens(levers: Levers, vocab_size: int, tokens: int) -> int | None:
+    """Tokens per LM-head chunk (None: unchunked), "auto" resolved as issue 7a does."""
+    if levers.lm_head_chunk is None:
+        return None
+    if levers.lm_head_chunk == "auto":
+        return min(tokens, max(1, AUTO_CHUNK_BYTES // (4 * vocab_size)))
+    return min(tokens, levers.lm_head_chunk)
