@@ -32,7 +32,7 @@ from tidal.trainer.plan.measure import measure
 from tidal.trainer.plan.model_size import decoder_args, param_counts
 
 TOKENS = 4096
-STEPS = 3
+STEPS = 4
 MODEL = {
     "family": "qwen3", "dim": 512, "n_layers": 10, "n_heads": 8, "n_kv_heads": 4,
     "head_dim": 64, "ffn_dim": 1536, "vocab_size": 32000, "max_seq_len": 1024,
@@ -41,7 +41,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "vanilla": {},
     "ac full": {"model": {"ac": {"mode": "full"}}},
     "ac selective": {"model": {"ac": {"mode": "selective", "targets": ["norm", "mlp"]}}},
-    "chunked LM head": {"model": {"fused_lm_head_token_chunk_size": 1024}},
+    "chunked LM head": {"model": {"fused_lm_head_token_chunk_size": "auto"}},
     "activation offloading": {"model": {"ac_offloading": {}}},
     "optimizer on disk": {"optim": {"optim_offload": "disk"}},
     "optimizer on host": {"optim": {"optim_cpu_offload": True}},
