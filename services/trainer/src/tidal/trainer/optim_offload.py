@@ -216,9 +216,12 @@ class OffloadedOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Write the states into the store; only the step counts stay in `self.state`."""
         params = [p for g in self.param_groups for p in g["params"]]
-        slim = {"param_groups": state_dict["param_groups"], "state": {}}
+        # Saved groups name parameters by index (torch) or by FQN (DCP); order matches ours.
+        saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        by_id = dict(zip(saved_ids, params, strict=True))
+        slim: dict[str, Any] = {"param_groups": state_dict["param_groups"], "state": {}}
         for i, entry in state_dict["state"].items():
-            p = params[int(i)]
+            p = by_id[i]
             for kind in self.kinds:
                 flat = entry[kind].detach().reshape(-1).to("cpu", torch.float32)
                 for s in self._slices(p):
