@@ -6,9 +6,13 @@ Decisions:
   at most 72 combinations, each priced by `plan_memory`, so no heuristic ordering is
   needed. Combinations the config validators reject (FSDP CPU offload with optimizer
   offload) and those that save nothing on this device (host offloads on CPU) are skipped.
-- Cost is the product of each lever's step-time factor (`STEP_TIME_FACTOR`, measured by
-  `bench/memory.py`, docs/benchmarks/memory.md; offloads to host are GPU figures from the
-  ZeRO-Offload and torchtune reports, marked as such there). Ties go to the lower peak.
+- Cost is the product of each lever's step-time factor (`STEP_TIME_FACTOR`). These are
+  estimates from how much work each lever adds (full checkpointing: one more forward,
+  about a third of a step; selective: the recomputed norms and MLP; the chunked head: a
+  recomputed head matmul; disk offload: streaming 8 bytes per parameter through the page
+  cache). `bench/memory.py` measures them; on the shared 2-core CPU of its first run the
+  step times were too noisy to replace the estimates (docs/benchmarks/memory.md).
+  Ties go to the lower peak.
 - LoRA and compile are not searched: LoRA changes what is trained, and compile is a
   speed lever; both are kept as the config sets them.
 """
