@@ -119,11 +119,12 @@ RSS_SCRIPT = textwrap.dedent(
     w = torch.nn.Parameter(torch.zeros(12 * 2**20))  # 48 MiB of fp32 weights
     w.grad = torch.full_like(w, 1e-3)
     opt = build_optimizer([w], config)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    open("/proc/self/clear_refs", "w").write("5")  # peak := current resident size
+    before = int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize()
     for _ in range(2):
         opt.step()
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print((after - before) * 1024)
+    hwm = next(ln for ln in open("/proc/self/status") if ln.startswith("VmHWM:"))
+    print(int(hwm.split()[1]) * 1024 - before)
     """
 )
 
@@ -145,7 +146,7 @@ def test_disk_offload_bounds_host_memory_of_the_update() -> None:
     plain = _peak_growth(OptimConfig())
     disk = _peak_growth(OptimConfig(optim_offload="disk", optim_offload_buffer_mb=4))
     assert plain > 90 * 2**20
-    assert disk < 20 * 2**20, f"disk offload grew peak RSS by {disk / 2**20:.0f} MiB"
+    assert disk < 32 * 2**20, f"disk offload grew peak RSS by {disk / 2**20:.0f} MiB"
 
 
 def test_optim_cpu_offload_and_disk_are_alternatives() -> None:
