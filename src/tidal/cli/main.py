@@ -21,6 +21,7 @@ commands:
   weightsync     run the weight-sync service alone
   sft            supervised fine-tuning on prompt/completion data (--resume continues)
   client         talk to running services: status | generate | versions | progress
+  plan           predict peak memory per rank (--memory 80GiB [--world-size N] [--fit] [--json])
 
 Config files compose left to right; `TIDAL_SECTION__KEY` env vars and `--section.key value`
 flags override them (flags win). `--dry-run` prints the resolved config as TOML.
@@ -45,6 +46,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         from tidal.trainer.sft import main as sft
 
         sft(rest)
+    elif command == "plan":
+        from tidal.cli.plan import main as plan
+
+        plan(rest)
     elif command == "client":
         from tidal.cli.client import main as client
 

@@ -125,6 +125,10 @@ class ModelConfig(BaseConfig):
     """torch.compile per decoder block; unset = eager."""
     truncation: TruncationConfig = TruncationConfig()
     """Prompt / completion / total length caps applied to trained samples (unset = none)."""
+    fsdp_cpu_offload: bool = False
+    """FSDP keeps parameters, gradients and optimizer states in host memory and moves each
+    block's shard to the device only while it computes (needs FSDP; excludes
+    `trainer.optim.optim_cpu_offload`, which it already covers)."""
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelConfig:
@@ -202,6 +206,26 @@ class OptimConfig(BaseConfig):
     """Peak learning rate of SFT (warm-start) steps; unset means the same as `lr`."""
     schedule: ScheduleConfig = ScheduleConfig()
     """Warmup and decay of the learning rate over steps."""
+    optim_cpu_offload: bool = False
+    """Keep optimizer states in host memory between steps; the update streams them to the
+    device slice by slice through a small buffer pool (saves device memory on GPU)."""
+    optim_offload: Literal["none", "disk"] = "none"
+    """"disk": optimizer states live in memory-mapped files under `optim_offload_dir`, updated
+    slice by slice through a small reused buffer pool, so host memory stays bounded."""
+    optim_offload_dir: Path | None = None
+    """Folder of the memory-mapped state files of `optim_offload = "disk"`; default a
+    temporary folder removed at exit."""
+    optim_offload_buffer_mb: float = Field(default=64.0, gt=0)
+    """Size of the reused buffer pool of an offloaded update (all state kinds together)."""
+
+    @model_validator(mode="after")
+    def _check_offload(self) -> OptimConfig:
+        if self.optim_cpu_offload and self.optim_offload == "disk":
+            raise ValueError(
+                'optim.optim_cpu_offload and optim.optim_offload = "disk" are alternatives '
+                "(host memory or memory-mapped files); set one"
+            )
+        return self
 
 
 class TrustRegionConfig(BaseConfig):
@@ -300,6 +324,18 @@ class TrainerConfig(BaseConfig):
             check_parallel(self.world_size, self.parallel, self.model, self.loss)
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
+        return self
+
+    @model_validator(mode="after")
+    def _check_offload_levers(self) -> TrainerConfig:
+        if self.model.fsdp_cpu_offload and (
+            self.optim.optim_cpu_offload or self.optim.optim_offload != "none"
+        ):
+            raise ValueError(
+                "trainer.model.fsdp_cpu_offload and trainer.optim.optim_cpu_offload / "
+                "optim_offload cannot combine: FSDP CPU offload already keeps the optimizer "
+                "states (with parameters and gradients) in host memory; set only one"
+            )
         return self
 
 

@@ -12,6 +12,8 @@ Decisions:
 - SFT steps of an RL run (`sft_lr`) use the same factor with a different peak: the
   trainer scales the group lr for that one step; `LambdaLR.step()` recomputes it from
   the base lr afterwards, so the override never leaks into the next step.
+- `optim_cpu_offload` / `optim_offload = "disk"` swap in `OffloadedOptimizer`
+  (`optim_offload.py`): the same update, states in host memory or memory-mapped files.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Iterable
 import torch
 
 from tidal.trainer.config import OptimConfig, ScheduleConfig
+from tidal.trainer.optim_offload import OffloadedOptimizer, optimizer_store
 
 
 def lr_factor(k: int, schedule: ScheduleConfig) -> float:
@@ -46,6 +49,19 @@ def build_optimizer(
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": config.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
+    store = optimizer_store(config.optim_cpu_offload, config.optim_offload)
+    if store is not None:
+        return OffloadedOptimizer(
+            groups,
+            kind=config.type,
+            store=store,
+            lr=config.lr,
+            betas=config.betas,
+            eps=config.eps,
+            momentum=config.momentum,
+            buffer_mb=config.optim_offload_buffer_mb,
+            directory=config.optim_offload_dir,
+        )
     if config.type == "adamw":
         return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, eps=config.eps)
     if config.type == "sgd":

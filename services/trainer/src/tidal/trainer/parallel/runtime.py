@@ -110,7 +110,8 @@ class RankContext:
             param_dtype=p.param_dtype,
             reduce_dtype=p.reduce_dtype,
             reshard_after_forward=p.reshard_after_forward,
-            cpu_offload=p.cpu_offload,
+            # The memory lever's name for the same policy (issue 7) switches it on too.
+            cpu_offload=p.cpu_offload or self.config.model.fsdp_cpu_offload,
         )
 
     def sum_over_ranks(self, t: torch.Tensor) -> torch.Tensor:

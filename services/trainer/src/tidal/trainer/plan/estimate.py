@@ -1,0 +1,212 @@
+"""Peak memory per rank of one training step, itemised, from the config alone.
+
+Decisions:
+- Model states follow the ZeRO paper's accounting (Rajbhandari et al. 2020, §3 and
+  Figure 1): Ψ parameters cost `param_bytes·Ψ + grad_bytes·Ψ + optim_bytes·Ψ`, and stage
+  1 / 2 / 3 (P_os, P_os+g, P_os+g+p) divide the optimizer states / + gradients / +
+  parameters by the data-parallel degree Nd. `zero_model_states` is that formula alone,
+  so a test can hold it to the paper's published example. Tidal's own trainer keeps fp32
+  master weights and fp32 gradients (4 + 4 bytes), AdamW 8 bytes (SGD with momentum 4),
+  and FSDP (world size > 1) shards all three, i.e. stage 3.
+- Activations are counted tensor by tensor from what our blocks save for backward
+  (`models/layers.py`: the block input, for each RMSNorm its normalised input x·rstd
+  and its output, rotated q and k, v, the attention output and its reshaped copy, the
+  MLP's gate, silu(gate), up and their product), in elements per token. Checkpointing
+  keeps only the block input of a checkpointed block and adds one block's worth back
+  while it is recomputed; selective checkpointing removes only the tensors its targets
+  recompute; activation offloading leaves `max_inflight_activations` saved tensors on a
+  CUDA device (on CPU the host *is* the device, so nothing is saved).
+- Logits: the unchunked head keeps three `[tokens, vocab]` fp32 tensors alive at its
+  peak (backward: the saved log-softmax, its incoming gradient and the outgoing one;
+  forward: the log-softmax, exp() of it and their product for the entropy); the chunked
+  head (issue 7a) keeps five `[chunk, vocab]` tensors in its backward (the recomputed
+  logits, log p, p, the logits' gradient and one product temporary).
+- Peak = model states + the larger of the backward-start phase (all saved activations,
+  the logits peak, the head's weight gradient) and the update phase (all gradients and the
+  optimizer's temporaries), then a fragmentation margin on top (the CUDA caching
+  allocator wastes some; glibc with a low mmap threshold hardly any).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from tidal.trainer.models.args import DecoderArgs
+from tidal.trainer.plan.levers import Levers, chunk_tokens
+from tidal.trainer.plan.model_size import ParamCounts, param_counts
+
+GB = 10**9  # the ZeRO paper's "GB" is decimal
+FRAGMENTATION = {"cuda": 0.08, "cpu": 0.02}
+LOGITS_LIVE = 3  # [tokens, vocab] fp32 tensors alive at the head's backward peak
+CHUNK_LIVE = 5  # [chunk, vocab] fp32 tensors alive in the chunked head's backward
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    params: float
+    grads: float
+    optim: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optim
+
+
+def zero_model_states(
+    num_params: float,
+    dp: int,
+    *,
+    stage: Literal[0, 1, 2, 3],
+    param_bytes: float = 2,
+    grad_bytes: float = 2,
+    optim_bytes: float = 12,
+) -> ModelStates:
+    """Per-device model-state bytes under ZeRO stage 0-3 (defaults: mixed-precision Adam)."""
+    return ModelStates(
+        params=param_bytes * num_params / (dp if stage >= 3 else 1),
+        grads=grad_bytes * num_params / (dp if stage >= 2 else 1),
+        optim=optim_bytes * num_params / (dp if stage >= 1 else 1),
+    )
+
+
+@dataclass(frozen=True)
+class Workload:
+    tokens: int  # per micro-batch
+    world_size: int = 1
+    device: Literal["cpu", "cuda"] = "cpu"
+    precision: Literal["fp32", "bf16"] = "fp32"
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    items: dict[str, float]  # bytes per rank, in the order they are reported
+    notes: list[str]
+
+    @property
+    def peak(self) -> float:
+        return sum(self.items.values())
+
+
+def _layer_elements(a: DecoderArgs, layer: int) -> dict[str, int]:
+    """Elements per token saved for backward by one block, by what recomputes them."""
+    q, kv = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
+    if a.is_moe_layer(layer):  # routed inputs/outputs of top-k experts, plus a shared one
+        inner = a.n_experts_per_tok * (2 * a.dim + 4 * a.moe_ffn_dim) + a.n_experts
+        inner += 4 * a.shared_expert_ffn_dim
+    else:
+        inner = 4 * a.ffn_dim  # gate, silu(gate), up, silu(gate)·up
+    return {
+        "input": a.dim,  # the block input (what a checkpoint keeps)
+        "norm": 4 * a.dim,  # each RMSNorm saves x·rstd and its output feeds a matmul
+        "attention": 2 * q + 2 * kv + (2 * (q + kv) if a.qk_norm else 0),  # q, k, v, out
+        "attn_proj": q + a.dim,  # o_proj's input; the residual sum feeding the second norm
+        "mlp": inner,
+    }
+
+
+def _activations(a: DecoderArgs, levers: Levers, w: Workload) -> tuple[float, float]:
+    """(saved activation bytes of all blocks, extra bytes while one block recomputes)."""
+    width = 2 if w.precision == "bf16" else 4
+    saved, recompute = 0.0, 0.0
+    for i in range(a.n_layers):
+        parts = _layer_elements(a, i)
+        full = sum(parts.values())
+        if levers.ac_mode == "full" and i % levers.ac_freq == 0:
+            kept = parts["input"]
+            recompute = max(recompute, full - kept)
+        elif levers.ac_mode == "selective":
+            dropped = sum(parts[t] for t in levers.ac_targets if t in parts)
+            kept = full - dropped
+            recompute = max(recompute, dropped)
+        else:
+            kept = full
+        saved += kept * w.tokens * width
+    recompute *= w.tokens * width
+    if levers.ac_offloading and w.device == "cuda":
+        largest = max(sum(_layer_elements(a, i).values()) for i in range(a.n_layers))
+        per_tensor = largest * w.tokens * width / 8  # a block saves ~8 tensors
+        saved = min(saved, levers.max_inflight_activations * per_tensor)
+    return saved, recompute
+
+
+def activation_per_layer(a: DecoderArgs, w: Workload) -> dict[str, float]:
+    """Saved activation bytes of the average block under each checkpointing/offload choice."""
+    choices = {
+        "no checkpointing": Levers(),
+        "selective (norm, mlp)": Levers(ac_mode="selective"),
+        "full checkpointing": Levers(ac_mode="full"),
+        "offloaded": Levers(ac_offloading=True),
+    }
+    return {
+        name: _activations(a, levers, w)[0] / a.n_layers
+        for name, levers in choices.items()
+        if name != "offloaded" or w.device == "cuda"
+    }
+
+
+def _trainable(a: DecoderArgs, counts: ParamCounts, levers: Levers) -> float:
+    if levers.lora_rank is None:
+        return counts.total
+    q, kv = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
+    shapes = {
+        "q_proj": (a.dim, q),
+        "k_proj": (a.dim, kv),
+        "v_proj": (a.dim, kv),
+        "o_proj": (q, a.dim),
+        "gate_proj": (a.dim, a.ffn_dim),
+        "up_proj": (a.dim, a.ffn_dim),
+        "down_proj": (a.ffn_dim, a.dim),
+    }
+    per_layer = sum(sum(shapes[t]) for t in levers.lora_targets if t in shapes)
+    return float(levers.lora_rank * per_layer * a.n_layers)
+
+
+def plan_memory(a: DecoderArgs, levers: Levers, w: Workload) -> MemoryPlan:
+    """Itemised peak bytes per rank for one training step of `a` with `levers` on `w`."""
+    counts = param_counts(a)
+    total, trainable = float(counts.total), _trainable(a, counts, levers)
+    shard = w.world_size
+    optim_per_param = {"adamw": 8, "sgd": 4 if levers.momentum > 0 else 0}[levers.optimizer]
+    notes: list[str] = []
+    params, grads = 4 * total / shard, 4 * trainable / shard
+    optim = optim_per_param * trainable / shard
+    if levers.fsdp_cpu_offload:
+        if w.device == "cuda":
+            notes.append("FSDP CPU offload: parameters, gradients and optimizer states on host")
+            largest_block = 4 * max(counts.per_layer)
+            params, grads, optim = 2 * largest_block, largest_block, 0.0
+    elif levers.optim_offload == "disk" or (levers.optim_offload == "cpu" and w.device == "cuda"):
+        pool = levers.optim_buffer_mb * 2**20
+        notes.append(f"optimizer states off the device ({levers.optim_offload}), pool {pool:.0f} B")
+        optim = min(optim, pool)
+    saved, recompute = _activations(a, levers, w)
+    chunk = chunk_tokens(levers, a.vocab_size, w.tokens)
+    if chunk is None:
+        logits = LOGITS_LIVE * w.tokens * a.vocab_size * 4
+    else:  # per chunk, plus the (N,) log-sum-exp, entropy and logprobs it keeps
+        logits = CHUNK_LIVE * chunk * a.vocab_size * 4 + 3 * w.tokens * 4
+    head_grad = 4 * (counts.lm_head or counts.embedding) * (trainable == total) / shard
+    final_norm = 3 * a.dim * w.tokens * (2 if w.precision == "bf16" else 4)
+    backward_start = saved + recompute + logits + head_grad + final_norm
+    largest_param = 4 * max(counts.embedding, max(counts.per_layer) // 4)
+    update = grads + (2 * largest_param if optim_per_param else 0)
+    comm = 0.0
+    if shard > 1:  # FSDP: all-gather current + prefetched block, reduce-scatter one block
+        comm = 3 * 4 * max(counts.per_layer)
+    if backward_start > update:
+        notes.append("peak at the start of backward (activations and logits alive)")
+        phase = {"gradients": head_grad, "activations": saved + recompute}
+        phase |= {"logits": logits + final_norm, "optimizer temporaries": 0.0}
+    else:
+        notes.append("peak in the optimizer update (all gradients alive)")
+        phase = {"gradients": grads, "activations": 0.0, "logits": 0.0}
+        phase["optimizer temporaries"] = update - grads
+    items = {"parameters": params, "optimizer states": optim, **phase}
+    items["communication buffers"] = comm
+    items["fragmentation margin"] = FRAGMENTATION[w.device] * sum(items.values())
+    per_layer = (saved + recompute) / max(1, a.n_layers)
+    notes.append(f"activations: {per_layer / 2**20:.1f} MiB per layer on average")
+    if trainable < total:
+        notes.append(f"LoRA: {trainable:.3g} trainable of {total:.3g} parameters")
+    return MemoryPlan(items=items, notes=notes)

@@ -1,0 +1,105 @@
+"""`--fit`: the cheapest combination of memory levers whose predicted peak fits a budget.
+
+Decisions:
+- Exhaustive search over the memory levers (checkpointing none/selective/full,
+  chunked LM head, activation offloading, optimizer offload host/disk, FSDP CPU offload):
+  at most 72 combinations, each priced by `plan_memory`, so no heuristic ordering is
+  needed. Combinations the config validators reject (FSDP CPU offload with optimizer
+  offload) and those that save nothing on this device (host offloads on CPU) are skipped.
+- Cost is the product of each lever's step-time factor (`STEP_TIME_FACTOR`). These are
+  estimates from how much work each lever adds (full checkpointing: one more forward,
+  about a third of a step; selective: the recomputed norms and MLP; the chunked head: a
+  recomputed head matmul; disk offload: streaming 8 bytes per parameter through the page
+  cache). `bench/memory.py` measures them; on the shared 2-core CPU of its first run the
+  step times were too noisy to replace the estimates (docs/benchmarks/memory.md).
+  Ties go to the lower peak.
+- LoRA and compile are not searched: LoRA changes what is trained, and compile is a
+  speed lever; both are kept as the config sets them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass
+
+from tidal.trainer.models.args import DecoderArgs
+from tidal.trainer.plan.estimate import MemoryPlan, Workload, plan_memory
+from tidal.trainer.plan.levers import Levers
+
+STEP_TIME_FACTOR = {
+    "chunked LM head": 1.03,
+    "ac selective": 1.12,
+    "ac full": 1.30,
+    "activation offloading": 1.10,
+    "optimizer offload (cpu)": 1.05,
+    "optimizer offload (disk)": 1.25,
+    "FSDP CPU offload": 1.60,
+}
+
+
+@dataclass(frozen=True)
+class Fit:
+    levers: Levers
+    plan: MemoryPlan
+    cost: float  # predicted step time relative to no lever
+    reasons: list[str]
+
+
+def _cost(levers: Levers) -> tuple[float, list[str]]:
+    factors = []
+    if levers.lm_head_chunk is not None:
+        factors.append("chunked LM head")
+    if levers.ac_mode != "none":
+        factors.append(f"ac {levers.ac_mode}")
+    if levers.ac_offloading:
+        factors.append("activation offloading")
+    if levers.optim_offload != "none":
+        factors.append(f"optimizer offload ({levers.optim_offload})")
+    if levers.fsdp_cpu_offload:
+        factors.append("FSDP CPU offload")
+    cost = 1.0
+    for name in factors:
+        cost *= STEP_TIME_FACTOR[name]
+    return cost, [f"{name}: ×{STEP_TIME_FACTOR[name]:.2f} step time" for name in factors]
+
+
+def candidates(base: Levers, device: str) -> list[Levers]:
+    """Every lever combination that can run on `device`, keeping LoRA/compile as set."""
+    on_gpu = device == "cuda"
+    out = []
+    for ac, chunk, offload, optim, fsdp in itertools.product(
+        ("none", "selective", "full"),
+        (None, "auto"),
+        (False, True) if on_gpu else (False,),
+        ("none", "cpu", "disk") if on_gpu else ("none", "disk"),
+        (False, True) if on_gpu else (False,),
+    ):
+        if fsdp and optim != "none":
+            continue  # the config refuses it: FSDP offload already covers optimizer states
+        out.append(
+            dataclasses.replace(
+                base,
+                ac_mode=ac,
+                ac_freq=1,
+                ac_targets=("norm", "mlp"),
+                lm_head_chunk=chunk,
+                ac_offloading=offload,
+                optim_offload=optim,
+                fsdp_cpu_offload=fsdp,
+            )
+        )
+    return out
+
+
+def fit(a: DecoderArgs, base: Levers, w: Workload, budget: float) -> Fit | None:
+    """The cheapest combination whose predicted peak is at most `budget` bytes, or None."""
+    best: Fit | None = None
+    for levers in candidates(base, w.device):
+        plan = plan_memory(a, levers, w)
+        if plan.peak > budget:
+            continue
+        cost, reasons = _cost(levers)
+        if best is None or (cost, plan.peak) < (best.cost, best.plan.peak):
+            best = Fit(levers, plan, cost, reasons)
+    return best

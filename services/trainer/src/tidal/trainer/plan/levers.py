@@ -1,0 +1,138 @@
+"""The memory levers as the planner sees them, read from a `TrainerConfig`.
+
+Decisions:
+- The planner predicts from the config, not from the lever code: it reads the field names
+  of `[trainer.model]` (`ac`, `ac_offloading`, `fused_lm_head_token_chunk_size`, `lora`,
+  `compile`, `fsdp_cpu_offload`) and `[trainer.optim]` (`optim_cpu_offload`,
+  `optim_offload`) with `getattr`, so it works on a config whether or not a lever's code
+  is installed, and `--fit` can suggest a lever the config does not set yet.
+- One frozen dataclass with plain values; `to_toml()` writes exactly the keys to paste
+  (only the levers that are on), so `--fit`'s answer round-trips through the config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from tidal.trainer.config import TrainerConfig
+
+AUTO_CHUNK_BYTES = 64 * 2**20  # "auto" chunks hold about this much fp32 logits (issue 7a)
+DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+@dataclass(frozen=True)
+class Levers:
+    ac_mode: Literal["none", "full", "selective"] = "none"
+    ac_freq: int = 1
+    ac_targets: tuple[str, ...] = ("norm", "mlp")
+    ac_offloading: bool = False
+    max_inflight_activations: int = 4
+    lm_head_chunk: int | Literal["auto"] | None = None  # tokens per chunk; None = full logits
+    lora_rank: int | None = None
+    lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS
+    compile: bool = False
+    optim_offload: Literal["none", "cpu", "disk"] = "none"
+    optim_buffer_mb: float = 64.0
+    fsdp_cpu_offload: bool = False
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    momentum: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def from_config(cls, trainer: TrainerConfig) -> Levers:
+        model, optim = trainer.model, trainer.optim
+        ac = getattr(model, "ac", None)
+        offloading = getattr(model, "ac_offloading", None)
+        chunk = getattr(model, "fused_lm_head_token_chunk_size", "disabled")
+        lora = getattr(model, "lora", None)
+        if optim.optim_offload == "disk":
+            optim_offload: Literal["none", "cpu", "disk"] = "disk"
+        else:
+            optim_offload = "cpu" if optim.optim_cpu_offload else "none"
+        return cls(
+            ac_mode=ac.mode if ac is not None else "none",
+            ac_freq=ac.freq if ac is not None else 1,
+            ac_targets=tuple(ac.targets) if ac is not None else ("norm", "mlp"),
+            ac_offloading=offloading is not None,
+            max_inflight_activations=(
+                offloading.max_inflight_activations if offloading is not None else 4
+            ),
+            lm_head_chunk=None if chunk == "disabled" else chunk,
+            lora_rank=lora.rank if lora is not None else None,
+            lora_targets=tuple(lora.target_modules) if lora is not None else DEFAULT_LORA_TARGETS,
+            compile=getattr(model, "compile", None) is not None,
+            optim_offload=optim_offload,
+            optim_buffer_mb=optim.optim_offload_buffer_mb,
+            fsdp_cpu_offload=getattr(model, "fsdp_cpu_offload", False),
+            optimizer=optim.type,
+            momentum=optim.momentum,
+        )
+
+    def names(self) -> list[str]:
+        """Short names of the levers that are on (for tables and reasoning)."""
+        on = []
+        if self.ac_mode == "full":
+            on.append(f"ac full (every {self.ac_freq})")
+        elif self.ac_mode == "selective":
+            on.append(f"ac selective ({', '.join(self.ac_targets)})")
+        if self.ac_offloading:
+            on.append("activation offloading")
+        if self.lm_head_chunk is not None:
+            on.append(f"chunked LM head ({self.lm_head_chunk})")
+        if self.lora_rank is not None:
+            on.append(f"LoRA r={self.lora_rank}")
+        if self.compile:
+            on.append("compile")
+        if self.optim_offload != "none":
+            on.append(f"optimizer offload ({self.optim_offload})")
+        if self.fsdp_cpu_offload:
+            on.append("FSDP CPU offload")
+        return on or ["none"]
+
+    def to_toml(self) -> str:
+        """The `[trainer.model]` / `[trainer.optim]` keys that turn these levers on."""
+        model: list[str] = []
+        tables: list[str] = []
+        if self.lm_head_chunk is not None:
+            chunk = '"auto"' if self.lm_head_chunk == "auto" else str(self.lm_head_chunk)
+            model.append(f"fused_lm_head_token_chunk_size = {chunk}")
+        if self.fsdp_cpu_offload:
+            model.append("fsdp_cpu_offload = true")
+        if self.ac_mode != "none":
+            body = f'mode = "{self.ac_mode}"\n'
+            if self.ac_mode == "full":
+                body += f"freq = {self.ac_freq}\n"
+            else:
+                body += "targets = [" + ", ".join(f'"{t}"' for t in self.ac_targets) + "]\n"
+            tables.append("[trainer.model.ac]\n" + body)
+        if self.ac_offloading:
+            tables.append(
+                "[trainer.model.ac_offloading]\n"
+                f"max_inflight_activations = {self.max_inflight_activations}\n"
+            )
+        if self.lora_rank is not None:
+            targets = ", ".join(f'"{t}"' for t in self.lora_targets)
+            tables.append(
+                f"[trainer.model.lora]\nrank = {self.lora_rank}\ntarget_modules = [{targets}]\n"
+            )
+        if self.compile:
+            tables.append("[trainer.model.compile]\n")
+        out = []
+        if model:
+            out.append("[trainer.model]\n" + "\n".join(model) + "\n")
+        out.extend(tables)
+        if self.optim_offload == "cpu":
+            out.append("[trainer.optim]\noptim_cpu_offload = true\n")
+        elif self.optim_offload == "disk":
+            out.append('[trainer.optim]\noptim_offload = "disk"\n')
+        return "\n".join(out) if out else "# no lever needed\n"
+
+
+def chunk_tokens(levers: Levers, vocab_size: int, tokens: int) -> int | None:
+    """Tokens per LM-head chunk (None: unchunked), "auto" resolved as issue 7a does."""
+    if levers.lm_head_chunk is None:
+        return None
+    if levers.lm_head_chunk == "auto":
+        return min(tokens, max(1, AUTO_CHUNK_BYTES // (4 * vocab_size)))
+    return min(tokens, levers.lm_head_chunk)

@@ -1,0 +1,84 @@
+"""Parameter counts of a decoder from its `DecoderArgs`, without building it.
+
+Decisions:
+- Counted from the same shape description the model is built from, term by term as the
+  blocks in `models/layers.py` and `models/moe.py` create them, so the planner can size a
+  70B model on a laptop; a unit test checks the count against `sum(p.numel())` of built
+  models of every family.
+- Tied embeddings count once (the output head shares the embedding matrix).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from tidal.trainer.config import MOE_FAMILIES, ModelConfig
+from tidal.trainer.models.args import DecoderArgs
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """Parameters by where they live (elements, not bytes)."""
+
+    embedding: int
+    lm_head: int  # 0 when tied to the embedding
+    per_layer: tuple[int, ...]  # each decoder block
+    final_norm: int
+
+    @property
+    def total(self) -> int:
+        return self.embedding + self.lm_head + sum(self.per_layer) + self.final_norm
+
+
+def decoder_args(config: ModelConfig) -> DecoderArgs:
+    """The architecture of `config` (its folder's config.json when `path` is set)."""
+    if config.path is not None:
+        return DecoderArgs.from_hf_config(json.loads((config.path / "config.json").read_text()))
+    moe = config.family in MOE_FAMILIES
+    return DecoderArgs(
+        vocab_size=config.vocab_size,
+        dim=config.dim,
+        n_layers=config.n_layers,
+        n_heads=config.n_heads,
+        n_kv_heads=config.n_kv_heads,
+        ffn_dim=config.ffn_dim,
+        max_seq_len=config.max_seq_len,
+        tie_embeddings=config.tie_embeddings,
+        family=config.family,
+        head_dim=config.head_dim or 0,
+        attention_bias=config.family in ("qwen2", "qwen2_moe"),
+        qk_norm=config.family in ("qwen3", "qwen3_moe"),
+        n_experts=config.n_experts if moe else 0,
+        n_experts_per_tok=config.n_experts_per_tok if moe else 0,
+        moe_ffn_dim=config.moe_ffn_dim if moe else 0,
+        shared_expert_ffn_dim=config.shared_expert_ffn_dim if moe else 0,
+        decoder_sparse_step=config.decoder_sparse_step,
+    )
+
+
+def _attention(a: DecoderArgs) -> int:
+    q, kv = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
+    weights = a.dim * q + 2 * a.dim * kv + q * a.dim  # q, k, v, o projections
+    biases = (q + 2 * kv) if a.attention_bias else 0
+    qk_norm = 2 * a.head_dim if a.qk_norm else 0
+    return weights + biases + qk_norm
+
+
+def _feed_forward(a: DecoderArgs, layer: int) -> int:
+    if not a.is_moe_layer(layer):
+        return 3 * a.dim * a.ffn_dim  # gate, up, down
+    experts = a.n_experts * 3 * a.dim * a.moe_ffn_dim  # (E, 2I, H) + (E, H, I)
+    router = a.n_experts * a.dim
+    shared = (3 * a.dim * a.shared_expert_ffn_dim + a.dim) if a.shared_expert_ffn_dim else 0
+    return experts + router + shared
+
+
+def param_counts(a: DecoderArgs) -> ParamCounts:
+    per_layer = tuple(_attention(a) + _feed_forward(a, i) + 2 * a.dim for i in range(a.n_layers))
+    return ParamCounts(
+        embedding=a.vocab_size * a.dim,
+        lm_head=0 if a.tie_embeddings else a.vocab_size * a.dim,
+        per_layer=per_layer,
+        final_norm=a.dim,
+    )

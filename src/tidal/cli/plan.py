@@ -1,0 +1,172 @@
+"""`tidal plan @ cfg.toml --memory 80GiB [--world-size N] [--tokens N] [--fit] [--json]`.
+
+Decisions:
+- The planner's own flags are a pydantic class (`PlanOptions`, field docstrings as help),
+  split off the command line before the rest is loaded as a normal run config, so any
+  `tidal rl` config (and its `--section.key value` overrides) plans as it is.
+- No torch import: planning a 70B model is arithmetic on the config, instant anywhere.
+- Lives in the umbrella CLI (it needs the whole run config); the planner itself is
+  `tidal.trainer.plan`.
+- Tokens per micro-batch default to the run's `orchestrator.micro_batch_tokens`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator
+
+from tidal.cli.config import RunConfig
+from tidal.common.config import BaseConfig, ConfigError, load_config
+from tidal.trainer.plan.estimate import MemoryPlan, Workload, activation_per_layer, plan_memory
+from tidal.trainer.plan.fit import fit
+from tidal.trainer.plan.levers import Levers
+from tidal.trainer.plan.model_size import decoder_args, param_counts
+
+USAGE = "tidal plan @ cfg.toml --memory 80GiB [--world-size N] [--tokens N] [--fit] [--json]"
+UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+FLAGS = {"--memory", "--world-size", "--tokens", "--device", "--fit", "--json"}
+
+
+def parse_bytes(text: str) -> int:
+    """ "80GiB", "80 GB", "512MiB", "1e9" → bytes."""
+    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([A-Za-z]*)\s*", text)
+    if m is None or m.group(2).lower() not in UNITS:
+        raise ValueError(f"memory {text!r} is not a size like 80GiB, 24GB or 512MiB")
+    return int(float(m.group(1)) * UNITS[m.group(2).lower()])
+
+
+class PlanOptions(BaseConfig):
+    memory: int
+    """Memory budget per rank, e.g. 80GiB (binary) or 80GB (decimal)."""
+    world_size: int = Field(default=1, gt=0)
+    """Ranks the model states are sharded over (FSDP full shard when > 1)."""
+    tokens: int | None = Field(default=None, gt=0)
+    """Tokens per micro-batch; default the run's orchestrator.micro_batch_tokens."""
+    device: Literal["cpu", "cuda"] = "cuda"
+    """What the budget is: GPU memory ("cuda") or host memory of a CPU run ("cpu")."""
+    fit: bool = False
+    """Pick the cheapest lever combination that fits and print the TOML to paste."""
+    json_output: bool = False
+    """`--json`: print JSON (for tools) instead of a table."""
+
+    @field_validator("memory", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> int:
+        return parse_bytes(str(value))
+
+
+def split_plan_args(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
+    """The planner's flags, and everything else (config files and overrides)."""
+    own: dict[str, Any] = {}
+    rest: list[str] = []
+    args = list(argv)
+    while args:
+        token = args.pop(0)
+        key, eq, value = token.partition("=")
+        if key == "--fit":
+            own["fit"] = True
+        elif key == "--json":
+            own["json_output"] = True
+        elif key in FLAGS:
+            if not eq:
+                if not args:
+                    raise ConfigError(f"{key} needs a value")
+                value = args.pop(0)
+            own[key[2:].replace("-", "_")] = value
+        else:
+            rest.append(token)
+    return own, rest
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:8.2f} GiB"
+
+
+def report(plan: MemoryPlan, budget: int, levers: Levers) -> str:
+    lines = [f"levers: {', '.join(levers.names())}"]
+    lines += [f"  {name:<24}{_gib(value)}" for name, value in plan.items.items()]
+    verdict = "fits" if plan.peak <= budget else "does NOT fit"
+    lines.append(f"  {'peak per rank':<24}{_gib(plan.peak)}  ({verdict} in {_gib(budget).strip()})")
+    lines += [f"  note: {n}" for n in plan.notes]
+    return "\n".join(lines)
+
+
+def run(argv: Sequence[str]) -> tuple[str, int]:
+    """The planner's output and exit code (0 fits / found a fit, 1 does not)."""
+    own, rest = split_plan_args(argv)
+    try:
+        options = PlanOptions.model_validate(own)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        raise ConfigError(f"plan option {error['loc'][0]}: {error['msg']}") from None
+    config, _ = load_config(RunConfig, rest)
+    args = decoder_args(config.trainer.model)
+    tokens = options.tokens or config.orchestrator.micro_batch_tokens
+    workload = Workload(tokens, options.world_size, options.device, config.trainer.precision)
+    levers = Levers.from_config(config.trainer)
+    plan = plan_memory(args, levers, workload)
+    found = fit(args, levers, workload, options.memory) if options.fit else None
+    if options.json_output:
+        out: dict[str, Any] = {
+            "parameters": param_counts(args).total,
+            "tokens_per_micro_batch": tokens,
+            "world_size": options.world_size,
+            "budget_bytes": options.memory,
+            "current": {"levers": levers.names(), "items": plan.items, "peak": plan.peak},
+            "activation_bytes_per_layer": activation_per_layer(args, workload),
+        }
+        if options.fit:
+            out["fit"] = (
+                None
+                if found is None
+                else {
+                    "levers": found.levers.names(),
+                    "items": found.plan.items,
+                    "peak": found.plan.peak,
+                    "step_time_factor": found.cost,
+                    "reasons": found.reasons,
+                    "toml": found.levers.to_toml(),
+                }
+            )
+        code = 0 if (found is not None if options.fit else plan.peak <= options.memory) else 1
+        return json.dumps(out, indent=2), code
+    head = f"{param_counts(args).total / 1e6:,.1f}M parameters, {tokens} tokens per micro-batch, "
+    head += f"world size {options.world_size}, {options.device}"
+    per_layer = activation_per_layer(args, workload)
+    text = [head, report(plan, options.memory, levers), "  activations per layer:"]
+    text += [f"    {name:<22}{value / 2**20:10.1f} MiB" for name, value in per_layer.items()]
+    if not options.fit:
+        return "\n".join(text), 0 if plan.peak <= options.memory else 1
+    if found is None:
+        text.append(
+            "\nno lever combination fits: raise --world-size, shorten micro-batches or use LoRA"
+        )
+        return "\n".join(text), 1
+    text.append("\ncheapest combination that fits:")
+    text.append(report(found.plan, options.memory, found.levers))
+    reasons = found.reasons or ["the config fits as it is"]
+    text.append(f"  predicted step time ×{found.cost:.2f}: " + "; ".join(reasons))
+    text.append("\npaste into the run config:\n" + found.levers.to_toml())
+    return "\n".join(text), 0
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if any(a in ("-h", "--help") for a in args):
+        from tidal.common.config import help_text
+
+        print(f"usage: {USAGE}\n\noptions:\n{help_text(PlanOptions)}")
+        raise SystemExit(0)
+    try:
+        text, code = run(args)
+    except (ConfigError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(text)
+    raise SystemExit(code)
