@@ -16,9 +16,10 @@ Decisions:
   while it is recomputed; selective checkpointing removes only the tensors its targets
   recompute; activation offloading leaves `max_inflight_activations` saved tensors on a
   CUDA device (on CPU the host *is* the device, so nothing is saved).
-- Logits: the unchunked head keeps three `[tokens, vocab]` fp32 tensors alive at its
-  peak (backward: the saved log-softmax, its incoming gradient and the outgoing one;
-  forward: the log-softmax, exp() of it and their product for the entropy); the chunked
+- Logits: the unchunked head keeps four `[tokens, vocab]` fp32 tensors alive at its
+  peak (the logits themselves, their log-softmax, and in the forward exp() of it and
+  the product for the entropy; in backward the saved log-softmax and two gradients;
+  measured against the trainer's step, which the planner tests pin); the chunked
   head (issue 7a) keeps five `[chunk, vocab]` tensors in its backward (the recomputed
   logits, log p, p, the logits' gradient and one product temporary).
 - Peak = model states + the larger of the backward-start phase (all saved activations,
@@ -38,7 +39,7 @@ from tidal.trainer.plan.model_size import ParamCounts, param_counts
 
 GB = 10**9  # the ZeRO paper's "GB" is decimal
 FRAGMENTATION = {"cuda": 0.08, "cpu": 0.02}
-LOGITS_LIVE = 3  # [tokens, vocab] fp32 tensors alive at the head's backward peak
+LOGITS_LIVE = 4  # [tokens, vocab] fp32 tensors alive at the head's backward peak
 CHUNK_LIVE = 5  # [chunk, vocab] fp32 tensors alive in the chunked head's backward
 
 
