@@ -95,8 +95,14 @@ def main() -> None:
     peaks = [matmul_peak(torch.bfloat16)]
     fp32_peak = matmul_peak(torch.float32)
     rows = []
+    chunked = Trainer(
+        TrainerConfig(model=MODEL.model_copy(update={"fused_lm_head_token_chunk_size": "auto"})),
+        seed=0,
+        device=torch.device("cpu"),
+    )
     steps = (
         ("train step, bf16 autocast", lambda: step_seconds(trainer, data, True)),
+        ("train step, bf16, chunked LM head", lambda: step_seconds(chunked, data, True)),
         ("train step, fp32", lambda: step_seconds(trainer, data, False)),
         ("model fwd+bwd only, bf16 autocast", lambda: forward_backward_seconds(trainer, data)),
     )
@@ -119,7 +125,7 @@ def main() -> None:
         f"{torch.get_num_threads()} threads (bf16 peak {bf16_peak / 1e9:.0f} GFLOP/s)",
         rows,
     )
-    best, fp32, model_only = rows
+    best, chunked_row, fp32, model_only = rows
     write_result(
         "trainer",
         config={
@@ -137,6 +143,8 @@ def main() -> None:
         summary={
             "mfu": round(best["mfu_vs_bf16_peak"], 4),
             "tokens_per_s": round(best["tokens_per_s"], 1),
+            "mfu_chunked_lm_head": round(chunked_row["mfu_vs_bf16_peak"], 4),
+            "tokens_per_s_chunked_lm_head": round(chunked_row["tokens_per_s"], 1),
             "mfu_fp32": round(fp32["mfu_vs_bf16_peak"], 4),
             "tokens_per_s_fp32": round(fp32["tokens_per_s"], 1),
             "mfu_model_fwd_bwd_only": round(model_only["mfu_vs_bf16_peak"], 4),
