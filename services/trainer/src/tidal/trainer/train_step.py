@@ -297,6 +297,9 @@ class Trainer:
         if not stats:
             return {}
         share = batch.num_loss_tokens / counts.loss_tokens
+        if self.parallel is not None and self.parallel.dims.cp > 1:
+            # Each CP rank routes its share of the row; their sum would count the row cp times.
+            share /= self.parallel.dims.cp
         aux = model.aux_loss()  # type: ignore[operator]
         load = model.expert_load().detach()  # type: ignore[operator]  # (L_moe, E)
         experts = load.shape[-1]
