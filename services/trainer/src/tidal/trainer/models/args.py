@@ -16,7 +16,10 @@ Decisions:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tidal.trainer.config import ModelConfig
 
 ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -116,3 +119,36 @@ class DecoderArgs:
         from tidal.trainer.models.families import family_for_hf_config
 
         return family_for_hf_config(config).from_hf_config(config)
+
+
+def args_from_config(config: ModelConfig) -> DecoderArgs:
+    """`DecoderArgs` of a config-built model (`config.path` unset). Torch-free, so the
+    memory planner and the model factory read a config the same way."""
+    from tidal.trainer.config import MOE_FAMILIES  # config imports no model code
+
+    moe = config.family in MOE_FAMILIES
+    scaling = config.rope_scaling
+    return DecoderArgs(
+        vocab_size=config.vocab_size,
+        dim=config.dim,
+        n_layers=config.n_layers,
+        n_heads=config.n_heads,
+        n_kv_heads=config.n_kv_heads,
+        ffn_dim=config.ffn_dim,
+        max_seq_len=config.max_seq_len,
+        rope_theta=config.rope_theta,
+        norm_eps=config.norm_eps,
+        tie_embeddings=config.tie_embeddings,
+        family=config.family,
+        head_dim=config.head_dim or 0,
+        rope_scaling=RopeScaling(**scaling.model_dump()) if scaling is not None else None,
+        attention_bias=config.family in ("qwen2", "qwen2_moe"),
+        qk_norm=config.family in ("qwen3", "qwen3_moe"),
+        n_experts=config.n_experts if moe else 0,
+        n_experts_per_tok=config.n_experts_per_tok if moe else 0,
+        moe_ffn_dim=config.moe_ffn_dim if moe else 0,
+        norm_topk_prob=config.norm_topk_prob,
+        shared_expert_ffn_dim=config.shared_expert_ffn_dim if moe else 0,
+        decoder_sparse_step=config.decoder_sparse_step,
+        router_aux_loss_coef=config.router_aux_loss_coef,
+    )

@@ -27,7 +27,7 @@ from torch.distributed.tensor import DTensor
 
 from tidal.trainer.config import ModelConfig
 from tidal.trainer.levers.lora import merged_state_dict
-from tidal.trainer.models.args import DecoderArgs, RopeScaling
+from tidal.trainer.models.args import DecoderArgs, args_from_config
 from tidal.trainer.models.attention import PackedKind, check_packed_kind
 from tidal.trainer.models.families import (
     FAMILIES,
@@ -40,38 +40,6 @@ from tidal.trainer.models.hf_folder import check_weights, read_config, read_weig
 from tidal.trainer.models.layers import DecoderLM
 
 TIED_HEAD = "lm_head.weight"
-MOE_FAMILIES = ("qwen3_moe", "qwen2_moe")
-
-
-def args_from_config(config: ModelConfig) -> DecoderArgs:
-    """`DecoderArgs` of a config-built model (`config.path` unset)."""
-    family = family_of(config.family)
-    moe = config.family in MOE_FAMILIES
-    scaling = config.rope_scaling
-    return DecoderArgs(
-        vocab_size=config.vocab_size,
-        dim=config.dim,
-        n_layers=config.n_layers,
-        n_heads=config.n_heads,
-        n_kv_heads=config.n_kv_heads,
-        ffn_dim=config.ffn_dim,
-        max_seq_len=config.max_seq_len,
-        rope_theta=config.rope_theta,
-        norm_eps=config.norm_eps,
-        tie_embeddings=config.tie_embeddings,
-        family=family.name,
-        head_dim=config.head_dim or 0,
-        rope_scaling=RopeScaling(**scaling.model_dump()) if scaling is not None else None,
-        attention_bias=config.family in ("qwen2", "qwen2_moe"),
-        qk_norm=config.family in ("qwen3", "qwen3_moe"),
-        n_experts=config.n_experts if moe else 0,
-        n_experts_per_tok=config.n_experts_per_tok if moe else 0,
-        moe_ffn_dim=config.moe_ffn_dim if moe else 0,
-        norm_topk_prob=config.norm_topk_prob,
-        shared_expert_ffn_dim=config.shared_expert_ffn_dim if moe else 0,
-        decoder_sparse_step=config.decoder_sparse_step,
-        router_aux_loss_coef=config.router_aux_loss_coef,
-    )
 
 
 def build_model(config: ModelConfig, *, seed: int, device: Any = "cpu") -> nn.Module:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from tidal.trainer.config import MOE_FAMILIES, ModelConfig
-from tidal.trainer.models.args import DecoderArgs
+from tidal.trainer.config import ModelConfig
+from tidal.trainer.models.args import DecoderArgs, args_from_config
 
 
 @dataclass(frozen=True)
@@ -35,26 +35,7 @@ def decoder_args(config: ModelConfig) -> DecoderArgs:
     """The architecture of `config` (its folder's config.json when `path` is set)."""
     if config.path is not None:
         return DecoderArgs.from_hf_config(json.loads((config.path / "config.json").read_text()))
-    moe = config.family in MOE_FAMILIES
-    return DecoderArgs(
-        vocab_size=config.vocab_size,
-        dim=config.dim,
-        n_layers=config.n_layers,
-        n_heads=config.n_heads,
-        n_kv_heads=config.n_kv_heads,
-        ffn_dim=config.ffn_dim,
-        max_seq_len=config.max_seq_len,
-        tie_embeddings=config.tie_embeddings,
-        family=config.family,
-        head_dim=config.head_dim or 0,
-        attention_bias=config.family in ("qwen2", "qwen2_moe"),
-        qk_norm=config.family in ("qwen3", "qwen3_moe"),
-        n_experts=config.n_experts if moe else 0,
-        n_experts_per_tok=config.n_experts_per_tok if moe else 0,
-        moe_ffn_dim=config.moe_ffn_dim if moe else 0,
-        shared_expert_ffn_dim=config.shared_expert_ffn_dim if moe else 0,
-        decoder_sparse_step=config.decoder_sparse_step,
-    )
+    return args_from_config(config)
 
 
 def _attention(a: DecoderArgs) -> int:
