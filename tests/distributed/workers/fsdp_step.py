@@ -12,6 +12,7 @@ gradients and the parameters after both steps.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -76,7 +77,9 @@ def train(mode: str) -> dict[str, dict[str, torch.Tensor]]:
     return {"grads": grads, "params": {n: full(p) for n, p in model.named_parameters()}}
 
 
-def main() -> None:
+def main(run: Callable[[str], object] = train) -> None:
+    """Run `run(mode)` for every `--modes` entry (one process group for all sharded
+    modes) and save {mode: result} from rank 0 to `--out`."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--modes", required=True, help="comma-separated; 'single' runs alone")
     parser.add_argument("--out", required=True)
@@ -85,7 +88,7 @@ def main() -> None:
     modes = args.modes.split(",")
     if modes != ["single"]:
         dist.init_process_group("gloo")
-    results = {mode: train(mode) for mode in modes}
+    results = {mode: run(mode) for mode in modes}
     if not dist.is_initialized() or dist.get_rank() == 0:
         torch.save(results, args.out)
     if dist.is_initialized():

@@ -10,11 +10,9 @@ gradients of one backward.
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 import torch.distributed as dist
-from fsdp_step import TINY, full, global_batch, packed_loss
+from fsdp_step import TINY, full, global_batch, main, packed_loss
 
 from tidal.trainer.lever_config import ActivationCheckpointConfig, CompileConfig
 from tidal.trainer.models.factory import build_model
@@ -50,21 +48,5 @@ def grads(mode: str) -> dict[str, torch.Tensor]:
     return {n: full(p.grad) for n, p in model.named_parameters()}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--modes", required=True, help="comma-separated; 'single' runs alone")
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    modes = args.modes.split(",")
-    if modes != ["single"]:
-        dist.init_process_group("gloo")
-    results = {mode: grads(mode) for mode in modes}
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        torch.save(results, args.out)
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
 if __name__ == "__main__":
-    main()
+    main(grads)
