@@ -48,6 +48,7 @@ def worker(out: str) -> None:
     from tidal.trainer.models.factory import build_model
     from tidal.trainer.parallel.dims import ParallelDims
     from tidal.trainer.parallel.fsdp import apply_fsdp, fsdp_mesh, grad_sum_factor
+    from tidal.trainer.parallel.runtime import leave_process_group
 
     torch.set_num_threads(1)
     distributed = "RANK" in os.environ
@@ -88,7 +89,7 @@ def worker(out: str) -> None:
             json.dumps({"world_size": world, "step_s": step_s, "comm_s": comm_s, "params": params})
         )
     if distributed:
-        dist.destroy_process_group()
+        leave_process_group()
 
 
 def _collectives_seconds(model, world: int) -> float:  # type: ignore[no-untyped-def]

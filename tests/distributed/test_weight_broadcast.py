@@ -2,7 +2,7 @@
 
 The test process is the trainer (the real `WeightPublisher`, rank 0, hosting the TCP
 store) next to a real weight-sync server configured for broadcast with one seat; a
-replica runs in its own process (`weight_replica.py`: the native engine behind the real
+replica runs in its own process (`workers/weight_replica.py`: the native engine behind the real
 `WeightWatcher`). A second replica, started late, finds the group full and converges
 through the shared folder, and keeps converging after the broadcast peer is gone.
 """
@@ -46,7 +46,7 @@ pytestmark = pytest.mark.distributed
 ARGS = LlamaArgs(
     vocab_size=264, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=64
 )
-REPLICA_SCRIPT = Path(__file__).with_name("weight_replica.py")
+REPLICA_SCRIPT = Path(__file__).parent / "workers" / "weight_replica.py"
 
 
 def weights(version: int) -> dict[str, torch.Tensor]:
@@ -155,7 +155,7 @@ async def test_broadcast_delivers_bit_identical_weights_and_late_replica_catches
 @pytest.mark.slow
 def test_sharded_weights_are_gathered_tensor_by_tensor_into_buckets(tmp_path: Path) -> None:
     out = tmp_path / "gathered.safetensors"
-    worker = Path(__file__).with_name("gather_buckets_worker.py")
+    worker = Path(__file__).parent / "workers" / "gather_buckets.py"
     subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
          str(worker), str(out)],

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from tidal.trainer.config import ModelConfig
 from tidal.trainer.models.factory import build_model
 from tidal.trainer.parallel.cp import RingAttention, UlyssesAttention, segment_ids, shard_indices
+from tidal.trainer.parallel.runtime import leave_process_group
 
 TINY = ModelConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=64)
 LENGTHS = torch.tensor([11, 6, 15])  # T = 32: divisible by 2·cp for cp = 2 and 4
@@ -78,7 +79,7 @@ def main() -> None:
     results = {"reference": run(None), "ring": run("ring"), "ulysses": run("ulysses")}
     if dist.get_rank() == 0:
         torch.save(results, args.out)
-    dist.destroy_process_group()
+    leave_process_group()
 
 
 if __name__ == "__main__":

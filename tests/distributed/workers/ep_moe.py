@@ -17,6 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from tidal.trainer.parallel.ep import expert_parallel
+from tidal.trainer.parallel.runtime import leave_process_group
 
 E, TOP_K, D, FFN, N = 8, 2, 16, 24, 40
 
@@ -103,7 +104,7 @@ def main() -> None:
     results = {"reference": reference(w), "ep": sharded(w)}
     if dist.get_rank() == 0:
         torch.save(results, args.out)
-    dist.destroy_process_group()
+    leave_process_group()
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from tidal.trainer.config import ModelConfig
 from tidal.trainer.models.factory import build_model
 from tidal.trainer.parallel.dims import ParallelDims
 from tidal.trainer.parallel.fsdp import apply_fsdp, fsdp_mesh, grad_sum_factor
+from tidal.trainer.parallel.runtime import leave_process_group
 
 TINY = ModelConfig(dim=32, n_layers=3, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=64)
 SAMPLES, STEPS = 6, 2
@@ -92,7 +93,7 @@ def main(run: Callable[[str], object] = train) -> None:
     if not dist.is_initialized() or dist.get_rank() == 0:
         torch.save(results, args.out)
     if dist.is_initialized():
-        dist.destroy_process_group()
+        leave_process_group()
 
 
 if __name__ == "__main__":

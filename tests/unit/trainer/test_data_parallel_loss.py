@@ -20,6 +20,7 @@ import torch.distributed as dist
 from tidal.orchestrator.packing import TrainSample
 from tidal.trainer.batch import MicroBatchData
 from tidal.trainer.config import LossConfig, ModelConfig, TrainerConfig
+from tidal.trainer.parallel.runtime import leave_process_group
 from tidal.trainer.sft import pack_for_trainer
 from tidal.trainer.train_step import Trainer
 
@@ -87,7 +88,7 @@ def rank_main(out: Path) -> None:
         }
     if rank == 0:
         out.write_text(json.dumps(errors))
-    dist.destroy_process_group()
+    leave_process_group()
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ from safetensors.torch import save_file
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
+from tidal.trainer.parallel.runtime import leave_process_group
 from tidal.weightsync import buckets
 from tidal.weightsync.buckets import iter_packed_buckets, layout_of, specs_of, tensor_views
 
@@ -52,7 +53,7 @@ def main(out: str) -> None:
         received = {k: v.clone() for k, v in tensor_views(flat, layout).items()}
         received["peak_gathered_bytes"] = torch.tensor(peak)
         save_file(received, out)
-    dist.destroy_process_group()
+    leave_process_group()
 
 
 if __name__ == "__main__":
