@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import os
-import random
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from tidal.orchestrator.packing import TrainSample
 from tidal.trainer.batch import MicroBatchData
 from tidal.trainer.checkpoint import CheckpointManager
 from tidal.trainer.config import ModelConfig, OptimConfig, ScheduleConfig, TrainerConfig
-from tidal.trainer.sft import pack_for_trainer
 from tidal.trainer.train_step import Trainer
 
 TINY = ModelConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=32)
@@ -28,34 +26,21 @@ def new_trainer() -> Trainer:
     return Trainer(CONFIG, seed=0, device=torch.device("cpu"))
 
 
-def batches_for(step: int) -> list[MicroBatchData]:
-    """The step's data: three random samples with behaviour logprobs, packed."""
-    g = random.Random(step)
-    samples = [
-        TrainSample(
-            (256, *(g.randrange(256) for _ in range(3))),
-            tuple(g.randrange(256) for _ in range(5)),
-            advantage=g.uniform(-1, 1),
-            completion_logprobs=tuple(-g.uniform(0.5, 3) for _ in range(5)),
-        )
-        for _ in range(3)
-    ]
-    return pack_for_trainer(samples, 64)
-
-
 def params(trainer: Trainer) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
 
 
-def test_resuming_from_a_checkpoint_continues_bitwise_identically(tmp_path: Path) -> None:
+def test_resuming_from_a_checkpoint_continues_bitwise_identically(
+    tmp_path: Path, step_batches: Callable[[int], list[MicroBatchData]]
+) -> None:
     straight = new_trainer()
     for step in range(1, 5):
-        straight.train_step(step, batches_for(step), "pg")
+        straight.train_step(step, step_batches(step), "pg")
 
     first = new_trainer()
     manager = CheckpointManager(tmp_path, keep_last=2)
     for step in range(1, 3):
-        first.train_step(step, batches_for(step), "pg")
+        first.train_step(step, step_batches(step), "pg")
     torch.manual_seed(1234)  # the RNG state is part of the checkpoint
     manager.save(first, extra={"data_position": 6})
     expected_rng = torch.get_rng_state()
@@ -66,30 +51,34 @@ def test_resuming_from_a_checkpoint_continues_bitwise_identically(tmp_path: Path
     assert resumed.trained_step == 2
     assert torch.equal(torch.get_rng_state(), expected_rng)
     for step in range(3, 5):
-        resumed.train_step(step, batches_for(step), "pg")
+        resumed.train_step(step, step_batches(step), "pg")
 
     a, b = params(straight), params(resumed)
     assert all(torch.equal(a[n], b[n]) for n in a)
     assert resumed.scheduler.last_epoch == straight.scheduler.last_epoch == 4
 
 
-def test_only_the_newest_keep_last_checkpoints_are_kept(tmp_path: Path) -> None:
+def test_only_the_newest_keep_last_checkpoints_are_kept(
+    tmp_path: Path, step_batches: Callable[[int], list[MicroBatchData]]
+) -> None:
     trainer = new_trainer()
     manager = CheckpointManager(tmp_path, keep_last=2)
     for step in range(1, 5):
-        trainer.train_step(step, batches_for(step), "sft")
+        trainer.train_step(step, step_batches(step), "sft")
         manager.save(trainer)
     assert [step for step, _ in manager.complete()] == [3, 4]
     assert manager.latest() == tmp_path / "step_00000004"
 
 
-def save_step_1_then_crash_while_saving_step_2(root: Path) -> None:
+def save_step_1_then_crash_while_saving_step_2(
+    root: Path, step_batches: Callable[[int], list[MicroBatchData]]
+) -> None:
     """Run in a child process: the power goes out once step 2's data is written."""
     trainer = new_trainer()
     manager = CheckpointManager(root, keep_last=2)
-    trainer.train_step(1, batches_for(1), "sft")
+    trainer.train_step(1, step_batches(1), "sft")
     manager.save(trainer)
-    trainer.train_step(2, batches_for(2), "sft")
+    trainer.train_step(2, step_batches(2), "sft")
     real_save = dcp.save
 
     def save_then_die(*args: object, **kwargs: object) -> None:
@@ -101,7 +90,9 @@ def save_step_1_then_crash_while_saving_step_2(root: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_crash_mid_save_never_leaves_a_checkpoint_that_looks_complete(tmp_path: Path) -> None:
+def test_a_crash_mid_save_never_leaves_a_checkpoint_that_looks_complete(
+    tmp_path: Path, step_batches: Callable[[int], list[MicroBatchData]]
+) -> None:
     root = tmp_path / "ckpt"
     done = subprocess.run(
         [sys.executable, __file__, str(root)], capture_output=True, timeout=120, check=False
@@ -116,7 +107,7 @@ def test_a_crash_mid_save_never_leaves_a_checkpoint_that_looks_complete(tmp_path
     trainer = new_trainer()
     manager.load(trainer)
     assert trainer.trained_step == 1
-    trainer.train_step(2, batches_for(2), "sft")
+    trainer.train_step(2, step_batches(2), "sft")
     manager.save(trainer)  # the next save clears the torn temp folder
     assert sorted(p.name for p in root.iterdir()) == ["step_00000001", "step_00000002"]
 
@@ -127,4 +118,6 @@ def test_loading_from_an_empty_folder_says_where_it_looked(tmp_path: Path) -> No
 
 
 if __name__ == "__main__":
-    save_step_1_then_crash_while_saving_step_2(Path(sys.argv[1]))
+    from conftest import batches_for  # run as a script: this folder is on sys.path
+
+    save_step_1_then_crash_while_saving_step_2(Path(sys.argv[1]), batches_for)
