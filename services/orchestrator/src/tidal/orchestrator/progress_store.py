@@ -16,11 +16,11 @@ Decisions:
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tidal.common.durable import write_atomic
 from tidal.common.errors import ConfigError
 
 PROGRESS_FILE = "progress.json"
@@ -40,21 +40,6 @@ class SavedProgress:
     counters: dict[str, float] = field(default_factory=dict)
     """Run-level counters carried over a restart (e.g. samples dropped so far)."""
     version: int = FORMAT_VERSION
-
-
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def save_progress(path: Path, progress: SavedProgress) -> None:

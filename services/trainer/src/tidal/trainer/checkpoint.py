@@ -40,6 +40,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
+from tidal.common.durable import fsync_path, fsync_tree
 from tidal.trainer.train_step import Trainer
 
 log = logging.getLogger(__name__)
@@ -123,22 +124,6 @@ def _single_process_is_intended() -> Iterator[None]:
         yield
 
 
-def _fsync_tree(folder: Path) -> None:
-    for path in sorted(folder.rglob("*")):
-        if path.is_file():
-            with open(path, "rb") as f:
-                os.fsync(f.fileno())
-    _fsync_dir(folder)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class CheckpointManager:
     def __init__(self, root: Path, *, keep_last: int) -> None:
         if keep_last < 1:
@@ -175,11 +160,11 @@ class CheckpointManager:
             dcp.save({"train": TrainState(trainer, extra)}, checkpoint_id=tmp)
         _barrier()
         if _is_rank0():
-            _fsync_tree(tmp)
+            fsync_tree(tmp)
             if final.exists():  # an older save of the same step (e.g. re-run after resume)
                 shutil.rmtree(final)
             os.replace(tmp, final)
-            _fsync_dir(self.root)
+            fsync_path(self.root)
             self._prune()
             log.info("checkpoint of step %d saved", step, extra={"fields": {"dir": str(final)}})
         _barrier()
