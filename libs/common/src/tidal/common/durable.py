@@ -33,7 +33,10 @@ def fsync_tree(folder: Path) -> None:
 def commit_dir(tmp: Path, final: Path) -> None:
     """Make a fully written (and fsynced) temporary folder visible as `final`, durably.
 
-    `final` must not exist (the caller decides what an existing one means)."""
+    `final` must not exist: the caller decides what an existing one means (rename(2)
+    would silently replace an empty folder, so it is checked here)."""
+    if final.exists():
+        raise FileExistsError(f"{final} already exists; refusing to replace it")
     fsync_path(tmp)
     os.rename(tmp, final)
     fsync_path(final.parent)
