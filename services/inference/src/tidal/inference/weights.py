@@ -82,7 +82,7 @@ class WeightWatcher:
         self.received_by_broadcast: list[int] = []
         self._lock = asyncio.Lock()
         self._receiver: asyncio.Task[None] | None = None
-        self.adapters = AdapterMerger()  # the base LoRA adapter versions are merged onto
+        self.adapters = AdapterMerger()  # the base that LoRA adapters merge onto
 
     async def run(self) -> None:
         """Join, then watch forever, reconnecting with backoff; cancel the task to stop."""
