@@ -99,6 +99,8 @@ async def test_unknown_replica_ack_is_refused(weightsync_server) -> None:  # typ
         (lambda m: setattr(m.files[0], "sha256", "abc"), "manifest.files[0].sha256"),
         (lambda m: m.ClearField("files"), "manifest.files"),
         (lambda m: setattr(m, "version", -2), "manifest.version"),
+        # LoRA adapters must apply to an older version (version 0 has none).
+        (lambda m: setattr(m, "format", "lora-adapters"), "manifest.base_version"),
     ],
 )
 async def test_malformed_manifest_names_field(weightsync_server, mutate, field) -> None:  # type: ignore[no-untyped-def]

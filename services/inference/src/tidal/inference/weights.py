@@ -22,6 +22,9 @@ Decisions:
 - Each load is a span whose parent is the publish span carried in the event.
 - A replica starting (or joining late) watches from the newest version on: older ones
   would only be loaded to be replaced.
+- LoRA adapter versions (format "lora-adapters") are merged onto their base version's
+  full weights before the engine sees them (`tidal.inference.adapters`); the base is
+  fetched by the run's path the first time it is needed.
 - A broken stream (weight-sync restarting) is reopened after an exponential backoff,
   resuming after the newest version seen, so nothing is loaded twice.
 """
@@ -39,6 +42,7 @@ import torch
 from opentelemetry import trace
 
 from tidal.common.telemetry import extract_carrier
+from tidal.inference.adapters import AdapterMerger, adapter_spec, check_described
 from tidal.inference.engine import Engine
 from tidal.weightsync.client import WeightSyncClient
 from tidal.weightsync.filesystem import load_version
@@ -78,6 +82,7 @@ class WeightWatcher:
         self.received_by_broadcast: list[int] = []
         self._lock = asyncio.Lock()
         self._receiver: asyncio.Task[None] | None = None
+        self.adapters = AdapterMerger()  # the base that LoRA adapters merge onto
 
     async def run(self) -> None:
         """Join, then watch forever, reconnecting with backoff; cancel the task to stop."""
@@ -183,6 +188,7 @@ class WeightWatcher:
                 return False
             try:
                 hf_config, state_dict = await self._fetch(manifest)
+                check_described(manifest, hf_config)
                 source = self.plan.transport if self.plan is not None else "filesystem"
                 installed = await self._install(
                     manifest.version,
@@ -236,6 +242,7 @@ class WeightWatcher:
         async with self._lock:
             if self.loaded >= version:
                 return False
+            hf_config, state = await self._apply_adapters(version, hf_config, state)
             await self.engine.update_weights(version, hf_config, state)
             self.loaded = version
         seconds = time.perf_counter() - started
@@ -245,6 +252,36 @@ class WeightWatcher:
         if self.on_loaded is not None:
             await self.on_loaded(version)
         return True
+
+    async def _apply_adapters(
+        self, version: int, hf_config: dict[str, Any], state: dict[str, torch.Tensor]
+    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """Full weights of `version`: LoRA adapters merged onto their base, else as given."""
+        spec = adapter_spec(hf_config)
+        if spec is None:
+            return hf_config, state
+        if not self.adapters.holds(spec.base_version):
+            base_config, base_state = await self._fetch_base(version, spec.base_version)
+            self.adapters.keep_base(spec.base_version, base_config, base_state)
+        return await asyncio.to_thread(self.adapters.merge, version, hf_config, state)
+
+    async def _fetch_base(
+        self, version: int, base: int
+    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """The full weights of `base` (the version adapters of `version` apply to)."""
+        try:
+            events = {e.manifest.version: e for e in await self.client.list_versions()}
+            if base not in events:
+                raise ValueError(f"weight-sync does not hold it (it holds {sorted(events)})")
+            log.info("fetching base version %d for the adapters of version %d", base, version)
+            hf_config, state = await self._fetch(events[base].manifest)
+            check_described(events[base].manifest, hf_config)
+        except (grpc.aio.AioRpcError, CorruptWeights, OSError, ValueError) as exc:
+            raise ValueError(
+                f"adapters of version {version} apply to base version {base}, which could not "
+                f"be loaded: {exc}"
+            ) from exc
+        return hf_config, state
 
     async def _ack(self, version: int) -> None:
         if version <= self.acked:

@@ -68,10 +68,10 @@ class LoRAConfig(BaseConfig):
     target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj"]
     """Names of the linear layers that get adapters (matched against the last component of
     each module name, e.g. "q_proj", "gate_proj"); each must match at least one module."""
-    publish: Literal["adapters", "merged"] = "merged"
-    """What weight versions after 0 carry: "merged" (full weights with B·A folded in; what
-    inference loads today) or "adapters" (only lora_A/lora_B tensors plus
-    `adapter_config`, for an inference that adds them to the version-0 base: docs/memory.md)."""
+    publish: Literal["adapters", "merged"] = "adapters"
+    """What weight versions after 0 carry: "adapters" (only the lora_A/lora_B tensors plus
+    `adapter_config`; replicas merge them onto the version-0 base: docs/weightsync.md) or
+    "merged" (full weights with B·A folded in, for consumers that cannot apply adapters)."""
 
     @model_validator(mode="after")
     def _check_targets(self) -> LoRAConfig:

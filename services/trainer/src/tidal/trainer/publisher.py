@@ -18,6 +18,10 @@ Decisions:
   says how to fix it. A trainer resumed from the checkpoint of step k accepts versions
   up to k (it republishes k if missing) and refuses newer ones: they came from steps the
   checkpoint does not hold.
+- LoRA with `lora.publish = "adapters"`: version 0 holds the full base weights, every
+  later version only the adapters (format "lora-adapters", `base_version` 0 in the
+  manifest and in config.json's `adapter_config`, so the broadcast path, which carries
+  no manifest, says it too). Replicas merge them onto version 0 (tidal.inference.adapters).
 - Retrying a publish is safe: a version weightsync already registered is not sent again;
   a folder left by an earlier failed attempt is replaced.
 """
@@ -37,7 +41,7 @@ from tidal.common.errors import FailedPrecondition
 from tidal.common.telemetry import inject_carrier
 from tidal.weightsync.client import WeightSyncClient
 from tidal.weightsync.filesystem import version_dir, write_version
-from tidal.weightsync.manifest import WeightManifest
+from tidal.weightsync.manifest import FULL_WEIGHTS, LORA_ADAPTERS, WeightManifest
 from tidal.weightsync.rendezvous import SyncPlan
 from tidal.weightsync.stream import encode_version
 
@@ -48,6 +52,8 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
 
 STARTUP_TIMEOUT_S = 120.0
+BASE_VERSION = 0
+"""The version holding the full weights that published LoRA adapters apply to."""
 
 
 class WeightPublisher:
@@ -68,7 +74,7 @@ class WeightPublisher:
         self.advertise_host = advertise_host
         """Host the replicas reach this trainer's TCP store at (broadcast path)."""
         # LoRA adapter-only publishing: versions after 0 hold adapters, described in
-        # config.json under "adapter_config" (docs/memory.md).
+        # config.json under "adapter_config" (docs/weightsync.md).
         self.adapter_config = adapter_config
         self.newest = -1  # newest version this process published
         self.plan: SyncPlan | None = None
@@ -171,6 +177,7 @@ class WeightPublisher:
                 step=version,
                 state_dict=state_dict,
                 config=self._config_for(version),
+                **self._format_for(version),
             )
         )
         await self.client.upload(manifest, files, chunk_bytes=plan.chunk_bytes)
@@ -212,11 +219,22 @@ class WeightPublisher:
             step=version,
             state_dict=state_dict,
             config=self._config_for(version),
+            **self._format_for(version),
         )
+
+    def _adapters_only(self, version: int) -> bool:
+        return self.adapter_config is not None and version > BASE_VERSION
+
+    def _format_for(self, version: int) -> dict[str, Any]:
+        """Manifest fields of a version: full weights, or adapters on version 0."""
+        if self._adapters_only(version):
+            return {"format": LORA_ADAPTERS, "base_version": BASE_VERSION}
+        return {"format": FULL_WEIGHTS, "base_version": None}
 
     def _config_for(self, version: int) -> dict[str, Any]:
         """config.json of a version: the model's, plus the adapter description when LoRA
         publishes adapters only (every version after 0, which holds the base weights)."""
-        if self.adapter_config is not None and version > 0:
-            return {**self.hf_config, "adapter_config": self.adapter_config}
+        if self._adapters_only(version):
+            adapters = {**(self.adapter_config or {}), "base_version": BASE_VERSION}
+            return {**self.hf_config, "adapter_config": adapters}
         return self.hf_config

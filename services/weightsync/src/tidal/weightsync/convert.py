@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from tidal.common.errors import InvalidArgument
 from tidal.rpc.v1 import weightsync_pb2 as pb
-from tidal.weightsync.manifest import VersionEvent, WeightFile, WeightManifest
+from tidal.weightsync.manifest import (
+    FORMATS,
+    LORA_ADAPTERS,
+    VersionEvent,
+    WeightFile,
+    WeightManifest,
+)
 from tidal.weightsync.rendezvous import GroupSeat, SyncPlan
 
 
@@ -15,6 +21,7 @@ def manifest_to_proto(m: WeightManifest) -> pb.WeightManifest:
         format=m.format,
         location=m.location,
         files=[pb.WeightFile(path=f.path, size=f.size, sha256=f.sha256) for f in m.files],
+        base_version=m.base_version or 0,
     )
 
 
@@ -23,10 +30,11 @@ def manifest_from_proto(m: pb.WeightManifest, *, field: str = "manifest") -> Wei
         raise InvalidArgument(f"{field}.version", f"must be >= 0, got {m.version}")
     if m.step < 0:
         raise InvalidArgument(f"{field}.step", f"must be >= 0, got {m.step}")
-    if m.format != "safetensors":
+    if m.format not in FORMATS:
         raise InvalidArgument(
-            f"{field}.format", f"unsupported {m.format!r}; supported: safetensors"
+            f"{field}.format", f"unsupported {m.format!r}; supported: {', '.join(FORMATS)}"
         )
+    base_version = _base_version(m, field)
     if not m.location:
         raise InvalidArgument(f"{field}.location", "must name the folder holding the files")
     if not m.files:
@@ -39,7 +47,19 @@ def manifest_from_proto(m: pb.WeightManifest, *, field: str = "manifest") -> Wei
         if len(f.sha256) != 64:
             raise InvalidArgument(f"{field}.files[{i}].sha256", "must be 64 hex characters")
     files = tuple(WeightFile(f.path, f.size, f.sha256) for f in m.files)
-    return WeightManifest(m.version, m.step, m.location, files, m.format)
+    return WeightManifest(m.version, m.step, m.location, files, m.format, base_version)
+
+
+def _base_version(m: pb.WeightManifest, field: str) -> int | None:
+    """Adapters name an older version as their base; full weights have none."""
+    if m.format != LORA_ADAPTERS:
+        return None
+    if not 0 <= m.base_version < m.version:
+        raise InvalidArgument(
+            f"{field}.base_version",
+            f"adapters of version {m.version} must apply to an older version, got {m.base_version}",
+        )
+    return m.base_version
 
 
 def event_to_proto(e: VersionEvent) -> pb.WeightVersion:

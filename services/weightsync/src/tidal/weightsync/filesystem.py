@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tidal.weightsync.manifest import (
+    FULL_WEIGHTS,
     MANIFEST_FILE,
     WeightFile,
     WeightManifest,
@@ -62,8 +63,11 @@ def write_version(
     step: int,
     state_dict: dict[str, torch.Tensor],
     config: dict[str, Any],
+    format: str = FULL_WEIGHTS,
+    base_version: int | None = None,
 ) -> WeightManifest:
-    """Write one version atomically and return its manifest (location = final folder)."""
+    """Write one version atomically and return its manifest (location = final folder);
+    `format`/`base_version` describe LoRA adapter versions (`LORA_ADAPTERS`)."""
     from safetensors.torch import save_file
 
     root.mkdir(parents=True, exist_ok=True)
@@ -80,7 +84,14 @@ def write_version(
     for name in (WEIGHTS_FILE, CONFIG_FILE):
         fsync_path(tmp / name)
         files.append(WeightFile(name, (tmp / name).stat().st_size, sha256_file(tmp / name)))
-    manifest = WeightManifest(version=version, step=step, location=str(final), files=tuple(files))
+    manifest = WeightManifest(
+        version=version,
+        step=step,
+        location=str(final),
+        files=tuple(files),
+        format=format,
+        base_version=base_version,
+    )
     (tmp / MANIFEST_FILE).write_text(manifest.to_json())
     fsync_path(tmp / MANIFEST_FILE)
     fsync_path(tmp)

@@ -16,6 +16,10 @@ from typing import Any
 from tidal.common.errors import FailedPrecondition
 
 MANIFEST_FILE = "manifest.json"
+FULL_WEIGHTS = "safetensors"
+LORA_ADAPTERS = "lora-adapters"
+"""A version holding only LoRA adapters, applied to the full weights of `base_version`."""
+FORMATS = (FULL_WEIGHTS, LORA_ADAPTERS)
 _HASH_CHUNK = 1 << 20
 
 
@@ -32,7 +36,9 @@ class WeightManifest:
     step: int
     location: str
     files: tuple[WeightFile, ...]
-    format: str = "safetensors"
+    format: str = FULL_WEIGHTS
+    base_version: int | None = None
+    """For `LORA_ADAPTERS`: the version whose full weights the adapters apply to."""
 
     @property
     def total_bytes(self) -> int:
@@ -49,7 +55,8 @@ class WeightManifest:
             step=int(data["step"]),
             location=str(data["location"]),
             files=files,
-            format=data.get("format", "safetensors"),
+            format=data.get("format", FULL_WEIGHTS),
+            base_version=data.get("base_version"),
         )
 
     @classmethod

@@ -3,7 +3,8 @@
 Rules it enforces: versions only grow; a version is registered only after its files
 verify against their sha256; retention keeps the newest `keep_last` versions plus any
 version a known replica still serves or has begun loading (`begin_load`, until it
-acknowledges that version or a later one: it may be reading those files). Subscribers
+acknowledges that version or a later one: it may be reading those files), and the base
+version of every LoRA adapter version it keeps (replicas merge adapters onto it). Subscribers
 wait on an asyncio.Condition, so a Watch stream wakes exactly when something is
 published. On start the registry is rebuilt from the manifests already on disk, so a
 restarted service loses nothing.
@@ -20,7 +21,13 @@ from pathlib import Path
 
 from tidal.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from tidal.weightsync.filesystem import sweep_partial
-from tidal.weightsync.manifest import MANIFEST_FILE, VersionEvent, WeightManifest, verify_files
+from tidal.weightsync.manifest import (
+    FULL_WEIGHTS,
+    MANIFEST_FILE,
+    VersionEvent,
+    WeightManifest,
+    verify_files,
+)
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +92,7 @@ class VersionRegistry:
         """Register a version whose files are in place; `verified` skips re-hashing files
         the caller just hashed while writing them (uploads)."""
         self.check_newer(manifest.version)
+        self.check_base(manifest)
         if not verified:
             # Hashing reads every byte: keep it off the event loop.
             await asyncio.to_thread(verify_files, manifest)
@@ -97,6 +105,18 @@ class VersionRegistry:
         self._retain()
         async with self._changed:
             self._changed.notify_all()
+
+    def check_base(self, manifest: WeightManifest) -> None:
+        """LoRA adapters must name a registered full-weights version as their base."""
+        if manifest.base_version is None:
+            return
+        base = self._entries.get(manifest.base_version)
+        if base is None or base.event.manifest.format != FULL_WEIGHTS:
+            held = "is not registered" if base is None else "holds adapters, not full weights"
+            raise FailedPrecondition(
+                f"manifest.base_version {manifest.base_version} {held}: adapters of version "
+                f"{manifest.version} need full base weights"
+            )
 
     def register_replica(self, replica_id: str) -> None:
         if not replica_id:
@@ -138,6 +158,8 @@ class VersionRegistry:
     def _retain(self) -> None:
         keep = set(sorted(self._entries)[-self.keep_last :]) | set(self._replicas.values())
         keep |= set(self._loading.values())
+        bases = (self._entries[v].event.manifest.base_version for v in keep & set(self._entries))
+        keep |= {base for base in bases if base is not None}
         for version in sorted(set(self._entries) - keep):
             folder = Path(self._entries.pop(version).event.manifest.location)
             shutil.rmtree(folder, ignore_errors=True)

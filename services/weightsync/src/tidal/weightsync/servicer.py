@@ -116,6 +116,7 @@ class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
         header.location = header.location or "(uploaded)"  # weightsync decides where
         manifest = manifest_from_proto(header)
         self.registry.check_newer(manifest.version)
+        self.registry.check_base(manifest)
 
         async def chunks() -> AsyncIterator[UploadChunk]:
             async for message in request_iterator:

@@ -19,13 +19,19 @@ import torch
 from safetensors.torch import load, save
 
 from tidal.weightsync.filesystem import CONFIG_FILE, WEIGHTS_FILE
-from tidal.weightsync.manifest import WeightFile, WeightManifest
+from tidal.weightsync.manifest import FULL_WEIGHTS, WeightFile, WeightManifest
 
 UPLOAD_LOCATION = "(uploaded)"
 
 
 def encode_version(
-    *, version: int, step: int, state_dict: Mapping[str, torch.Tensor], config: dict[str, Any]
+    *,
+    version: int,
+    step: int,
+    state_dict: Mapping[str, torch.Tensor],
+    config: dict[str, Any],
+    format: str = FULL_WEIGHTS,
+    base_version: int | None = None,
 ) -> tuple[WeightManifest, dict[str, bytes]]:
     """The files of one version and their manifest (location filled in by weightsync)."""
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
@@ -37,7 +43,7 @@ def encode_version(
         WeightFile(name, len(data), hashlib.sha256(data).hexdigest())
         for name, data in files.items()
     )
-    return WeightManifest(version, step, UPLOAD_LOCATION, entries), files
+    return WeightManifest(version, step, UPLOAD_LOCATION, entries, format, base_version), files
 
 
 def decode_version(files: Mapping[str, bytes]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:

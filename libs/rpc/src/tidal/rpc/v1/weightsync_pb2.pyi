@@ -27,18 +27,20 @@ class WeightFile(_message.Message):
     def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
 
 class WeightManifest(_message.Message):
-    __slots__ = ("version", "step", "format", "location", "files")
+    __slots__ = ("version", "step", "format", "location", "files", "base_version")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     LOCATION_FIELD_NUMBER: _ClassVar[int]
     FILES_FIELD_NUMBER: _ClassVar[int]
+    BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
     version: int
     step: int
     format: str
     location: str
     files: _containers.RepeatedCompositeFieldContainer[WeightFile]
-    def __init__(self, version: _Optional[int] = ..., step: _Optional[int] = ..., format: _Optional[str] = ..., location: _Optional[str] = ..., files: _Optional[_Iterable[_Union[WeightFile, _Mapping]]] = ...) -> None: ...
+    base_version: int
+    def __init__(self, version: _Optional[int] = ..., step: _Optional[int] = ..., format: _Optional[str] = ..., location: _Optional[str] = ..., files: _Optional[_Iterable[_Union[WeightFile, _Mapping]]] = ..., base_version: _Optional[int] = ...) -> None: ...
 
 class WeightVersion(_message.Message):
     __slots__ = ("manifest", "loaded_by", "published_unix_ms", "trace_context")

@@ -61,7 +61,18 @@ class LoRALinear(nn.Linear):
 
     def merged_weight(self) -> torch.Tensor:
         """(out, in) W + scale · B A."""
-        return self.weight + self.scale * (self.lora_B @ self.lora_A)
+        return merge_update(self.weight, self.lora_A, self.lora_B, self.scale)
+
+
+def merge_update(
+    weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """(out, in) W + scale · B A, for W (out, in), A (r, in), B (out, r).
+
+    The one expression every merge uses (export, "merged" publishing, and inference
+    merging published adapters), so all three give bit-identical weights.
+    """
+    return weight + scale * (lora_b @ lora_a)
 
 
 def apply_lora(model: nn.Module, config: LoRAConfig | None, *, seed: int = 0) -> list[str]:
@@ -126,7 +137,8 @@ def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def adapter_config(config: LoRAConfig) -> dict[str, Any]:
-    """PEFT-style `adapter_config.json` fields of the published adapters."""
+    """PEFT-style `adapter_config.json` fields of the published adapters (the publisher
+    adds `base_version`, the version whose full weights they apply to)."""
     return {
         "peft_type": "LORA",
         "r": config.rank,
