@@ -186,6 +186,7 @@ class Trainer:
             for name, value in self._backward(batch.to(self.device), kind, counts).items():
                 sums[name] += value
         if self.parallel is not None:  # the step's metric sums over all ranks
+            self.parallel.finish_gradients(self.model)
             names = sorted(sums)
             total = self.parallel.sum_over_ranks(torch.stack([sums[n].float() for n in names]))
             return dict(zip(names, total, strict=True))

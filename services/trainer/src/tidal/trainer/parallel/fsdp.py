@@ -44,13 +44,17 @@ def apply_fsdp(
     reduce_dtype: str = "float32",
     reshard_after_forward: bool = True,
     cpu_offload: bool = False,
+    ignored_params: set[nn.Parameter] | None = None,
 ) -> nn.Module:
-    """Shard `model` in place (blocks, then root) and return it."""
+    """Shard `model` in place (blocks, then root) and return it. `ignored_params` (the
+    experts under expert parallelism, already sharded) are left as they are."""
     policy = MixedPrecisionPolicy(
         param_dtype=DTYPES[param_dtype], reduce_dtype=DTYPES[reduce_dtype]
     )
     offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cpu_offload else None
     kwargs: dict[str, Any] = {"mesh": mesh, "mp_policy": policy}
+    if ignored_params:
+        kwargs["ignored_params"] = ignored_params
     if offload is not None:
         kwargs["offload_policy"] = offload
     blocks = list(model.model.layers)  # type: ignore[union-attr,arg-type]
