@@ -2,6 +2,7 @@
 
     python trainer_ep.py --mode single --ckpt DIR --out ref.pt
     torchrun --nproc-per-node 2 trainer_ep.py --mode ranks --ckpt DIR --out x.pt
+    torchrun --nproc-per-node 4 ...: the same as two HSDP replicas of ep = 2
 
 A tiny Qwen3-MoE (4 experts, top-2, a noticeable aux-loss coefficient). ranks: each rank
 holds 2 of the 4 experts per MoE block and gets its share of the step's micro-batches
@@ -16,6 +17,7 @@ single: the same in one process, plus a fresh trainer restored from the 2-rank c
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import torch
@@ -43,7 +45,8 @@ SUMS = ("loss", "aux_loss", "expert_load_max", "expert_load_min", "entropy")
 
 
 def config(world_size: int) -> TrainerConfig:
-    parallel = {"ep": world_size} if world_size > 1 else {}
+    """One process; ep over 2 ranks; or (4 ranks) two HSDP replicas of ep = 2 each."""
+    parallel = {"ep": 2, "dp_replicate": world_size // 2} if world_size > 1 else {}
     return TrainerConfig.model_validate(
         {
             "model": MODEL,
@@ -95,11 +98,12 @@ def run_ranks(ckpt: Path) -> dict[str, object] | None:
     from tidal.trainer.parallel.assign import assign_micro_batches
     from tidal.trainer.parallel.runtime import RankContext
 
-    ranks = RankContext.init(config(2), "cpu")
-    trainer = Trainer(config(2), seed=0, device=ranks.device, parallel=ranks)
+    world = int(os.environ["WORLD_SIZE"])
+    ranks = RankContext.init(config(world), "cpu")
+    trainer = Trainer(config(world), seed=0, device=ranks.device, parallel=ranks)
     experts = trainer.model.model.layers[0].mlp.experts.gate_up_proj
     assert experts.to_local().shape[0] == 2, "each rank holds 2 of the 4 experts"
-    share = [assign_micro_batches(step_batches(s), 2)[ranks.rank] for s in (1, 2)]
+    share = [assign_micro_batches(step_batches(s), world)[ranks.rank] for s in (1, 2)]
     result = train(trainer, share)
     CheckpointManager(ckpt, keep_last=1).save(trainer)
     rank = ranks.rank
