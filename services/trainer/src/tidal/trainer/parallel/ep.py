@@ -42,6 +42,7 @@ from torch import nn
 from torch.distributed.nn.functional import all_to_all_single
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
+from tidal.common.errors import ConfigError
 from tidal.trainer.models.moe import MoEFeedForward
 
 LocalExperts = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -112,6 +113,22 @@ def expert_parallel(
 
 def _moe_blocks(model: nn.Module) -> list[MoEFeedForward]:
     return [m for m in model.modules() if isinstance(m, MoEFeedForward)]
+
+
+def check_expert_model(model: nn.Module, ep: int) -> None:
+    """The built model can be split `ep` ways: it has MoE blocks and ep divides their
+    experts. (Config validation checks the same from the config; a model loaded from
+    `model.path` is only known here.)"""
+    blocks = _moe_blocks(model)
+    if not blocks:
+        raise ConfigError(
+            f"trainer.parallel.ep = {ep} needs a mixture-of-experts model, but the model "
+            "has no MoE blocks"
+        )
+    if blocks[0].n_experts % ep:
+        raise ConfigError(
+            f"trainer.parallel.ep = {ep} must divide the model's n_experts = {blocks[0].n_experts}"
+        )
 
 
 def shard_experts(model: nn.Module, mesh: Any) -> set[nn.Parameter]:

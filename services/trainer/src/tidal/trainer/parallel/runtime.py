@@ -47,7 +47,7 @@ from tidal.trainer.config import TrainerConfig
 from tidal.trainer.parallel.config import check_parallel
 from tidal.trainer.parallel.cp_batch import shard_for_cp
 from tidal.trainer.parallel.dims import ParallelDims
-from tidal.trainer.parallel.ep import finish_expert_grads, shard_experts
+from tidal.trainer.parallel.ep import check_expert_model, finish_expert_grads, shard_experts
 from tidal.trainer.parallel.fsdp import apply_fsdp, fsdp_mesh, grad_sum_factor
 
 CONTROL_TIMEOUT = datetime.timedelta(days=7)  # followers wait this long for rank 0's next step
@@ -110,7 +110,7 @@ class RankContext:
         p = self.config.parallel
         experts: set[nn.Parameter] = set()
         if self.dims.ep > 1:
-            self.dims.check_experts(model.args.n_experts)  # type: ignore[union-attr]
+            check_expert_model(model, self.dims.ep)
             experts = shard_experts(model, self._fsdp_mesh)
         return apply_fsdp(
             model,
