@@ -20,7 +20,7 @@ Decisions:
   torch.compile, then this (sharding wraps the compiled, checkpointed blocks).
 - On gloo the gradient reduce-scatter is an all-reduce of FSDP's reduce-scatter input
   followed by a copy of this rank's chunk (`AllReduceScatter`): gloo's own
-  `reduce_scatter_tensor` took 1.7× as long as that on a block-sized (11 MB) buffer
+  `reduce_scatter_tensor` took 1.5-1.7× as long as that on a block-sized (11.8 MB) buffer
   over 2 ranks here (docs/benchmarks/scaling.md). Same sum, same result; NCCL keeps the
   real reduce-scatter.
 """
