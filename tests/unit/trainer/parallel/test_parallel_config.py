@@ -40,6 +40,15 @@ def test_ep_not_dividing_the_experts_names_both_fields() -> None:
     assert trainer(2, MOE, ep=2).parallel.ep == 2
 
 
+def test_ep_other_than_the_whole_shard_group_names_the_fields() -> None:
+    with pytest.raises(
+        ValidationError, match=r"trainer.parallel.ep = 2 must equal trainer.parallel.dp_shard"
+    ):
+        trainer(4, MOE, ep=2)
+    with pytest.raises(ValidationError, match=r"with trainer.parallel.cp = 1 \(cp is 2\)"):
+        trainer(4, MOE, ep=2, cp=2)
+
+
 def test_ep_on_a_dense_model_is_refused() -> None:
     with pytest.raises(ValidationError, match=r"ep = 2 needs a mixture-of-experts model"):
         trainer(2, ep=2)

@@ -185,7 +185,9 @@ class Trainer:
                 continue  # contributes nothing; under torchrun it still keeps ranks in step
             for name, value in self._backward(batch.to(self.device), kind, counts).items():
                 sums[name] += value
-        if self.parallel is not None:  # the step's metric sums over all ranks
+        if self.parallel is not None:
+            self.parallel.finish_gradients(self.model)  # expert parallelism's gradients
+            # The step's metric sums over all ranks.
             names = sorted(sums)
             total = self.parallel.sum_over_ranks(torch.stack([sums[n].float() for n in names]))
             return dict(zip(names, total, strict=True))

@@ -17,10 +17,15 @@ Decisions:
   (Switch Transformer's E·Σ f_e·P_e, over all MoE layers together as HF does) and
   per-expert load metrics. Recording on the module keeps the forward's return type (fp32
   logits) the same for dense and MoE models.
+- Expert parallelism is installed from outside (`tidal.trainer.parallel.ep.shard_experts`):
+  it leaves each rank only its experts (as DTensor shards) and sets `dispatch`, which
+  moves the routed tokens to their experts' ranks and back. The block itself stays free
+  of torch.distributed, and with `dispatch` unset (one process) its path is unchanged.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +34,9 @@ from torch import nn
 
 from tidal.trainer.models.args import DecoderArgs
 from tidal.trainer.models.mlp import MLP
+
+# (tokens (N, H), top-k expert ids (N, k), top-k weights (N, k), local experts) → (N, H)
+Dispatch = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, "GroupedExperts"], torch.Tensor]
 
 
 @dataclass
@@ -80,8 +88,18 @@ class GroupedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """x: (M, H) sorted by expert, `counts[e]` rows each → (M, H)."""
-        gate, up = grouped_mm(x, self.gate_up_proj.transpose(1, 2), counts).chunk(2, dim=-1)
-        return grouped_mm(F.silu(gate) * up, self.down_proj.transpose(1, 2), counts)
+        gate_up, down = self._local(self.gate_up_proj, x), self._local(self.down_proj, x)
+        gate, up = grouped_mm(x, gate_up.transpose(1, 2), counts).chunk(2, dim=-1)
+        return grouped_mm(F.silu(gate) * up, down.transpose(1, 2), counts)
+
+    @staticmethod
+    def _local(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The weight as a plain tensor: under expert parallelism it is a DTensor holding
+        this rank's experts (`to_local` keeps the gradient path), used in the tokens' dtype
+        as FSDP's mixed precision would gather it. Unchanged otherwise."""
+        if hasattr(weight, "to_local"):
+            return weight.to_local().to(x.dtype)
+        return weight
 
 
 class MoEFeedForward(nn.Module):
@@ -95,19 +113,23 @@ class MoEFeedForward(nn.Module):
             self.shared_expert_gate = nn.Linear(args.dim, 1, bias=False)
         self.has_shared = bool(args.shared_expert_ffn_dim)
         self.last_stats: RouterStats | None = None
+        self.dispatch: Dispatch | None = None  # set by expert parallelism (parallel/ep.py)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         shape = hidden.shape
         x = hidden.reshape(-1, shape[-1])  # (N, H)
         probs, top_w, top_i = self.gate(x)  # (N, E), (N, k), (N, k)
-        k = top_i.shape[1]
         flat_expert = top_i.reshape(-1)  # (N·k,)
-        order = torch.argsort(flat_expert, stable=True)  # (N·k,) pairs grouped by expert
         counts = torch.bincount(flat_expert, minlength=self.n_experts)  # (E,)
-        token = order // k  # (N·k,) source token of each sorted pair
-        y = self.experts(x[token], counts)  # (N·k, H)
-        y = y * top_w.reshape(-1)[order, None]
-        out = torch.zeros_like(x).index_add_(0, token, y)  # (N, H)
+        if self.dispatch is not None:
+            out = self.dispatch(x, top_i, top_w, self.experts)  # (N, H)
+        else:
+            k = top_i.shape[1]
+            order = torch.argsort(flat_expert, stable=True)  # (N·k,) pairs grouped by expert
+            token = order // k  # (N·k,) source token of each sorted pair
+            y = self.experts(x[token], counts)  # (N·k, H)
+            y = y * top_w.reshape(-1)[order, None]
+            out = torch.zeros_like(x).index_add_(0, token, y)  # (N, H)
         if self.has_shared:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         self.last_stats = RouterStats(

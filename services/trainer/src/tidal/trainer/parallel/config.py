@@ -83,6 +83,13 @@ def check_parallel(
                 f"trainer.parallel.ep = {dims.ep} must divide trainer.model.n_experts = "
                 f"{model.n_experts}"
             )
+    if dims.ep > 1 and (dims.ep != dims.dp_shard or dims.cp > 1):
+        # Experts are sharded over the whole FSDP shard group (ep.py); a 2-D expert layout
+        # (EP × FSDP over dp_shard / ep) or EP across CP ranks is not implemented.
+        raise ConfigError(
+            f"trainer.parallel.ep = {dims.ep} must equal trainer.parallel.dp_shard "
+            f"(= {dims.dp_shard}) with trainer.parallel.cp = 1 (cp is {dims.cp})"
+        )
     if dims.world_size > 1 and model.fused_lm_head_token_chunk_size != "disabled":
         # The chunked head calls the model's trunk and head separately, outside the root
         # FSDP unit's forward, so the root's sharded parameters would never be gathered.

@@ -11,16 +11,39 @@ Decisions:
   The combine weights by the router's weights and sums the top-k outputs per token.
 - The local experts are any callable `(tokens (M, D), counts (E_local,)) -> (M, D)` over
   tokens grouped by expert, so the model's grouped expert computation is reused as is.
+
+In the trainer (`shard_experts`, called by `RankContext.parallelize` before FSDP):
+- The EP group is the whole FSDP shard group (`ep = dp_shard`, `cp = 1`; config.py
+  refuses other splits). The stacked expert weights `(E, ...)` then become DTensors
+  `Shard(0)` on the FSDP mesh (with `Replicate()` over HSDP replicas), the layout FSDP
+  itself would give them, so gradient clipping, the optimizer, publishing
+  (`full_tensor`) and DCP checkpoints (global shapes: they reshard to any world size)
+  treat them like every other parameter. FSDP is told to ignore them: they are never
+  all-gathered, the all-to-all brings the tokens to them instead.
+- Gradients: each rank's loss is multiplied by the FSDP mesh size S so that FSDP's
+  average becomes a sum (fsdp.py). An expert's gradient on its owner already sums the
+  tokens of every EP rank, so `finish_expert_grads` divides by S after backward and, for
+  HSDP, first sums over the replicas (which own the same experts).
+- Alternatives not taken: torchtitan's 2-D layout (experts sharded over EP and again by
+  FSDP over dp_shard/ep) needs FSDP over a mesh other than the dense weights', and so
+  its own gradient-norm and optimizer grouping; worth it only when one rank cannot hold
+  E/dp_shard experts, which is not a case this trainer meets yet.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.distributed.nn.functional import all_to_all_single
+from torch.distributed.tensor import DTensor, Replicate, Shard
+
+from tidal.common.errors import ConfigError
+from tidal.trainer.models.moe import MoEFeedForward
 
 LocalExperts = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -86,3 +109,66 @@ def expert_parallel(
     per_choice[order] = returned  # (N·k, D) in (token, choice) order
     weighted = per_choice * weights.flatten()[:, None].to(per_choice.dtype)
     return torch.zeros_like(x).index_add(0, token_of, weighted)
+
+
+def _moe_blocks(model: nn.Module) -> list[MoEFeedForward]:
+    return [m for m in model.modules() if isinstance(m, MoEFeedForward)]
+
+
+def check_expert_model(model: nn.Module, ep: int) -> None:
+    """The built model can be split `ep` ways: it has MoE blocks and ep divides their
+    experts. (Config validation checks the same from the config; a model loaded from
+    `model.path` is only known here.)"""
+    blocks = _moe_blocks(model)
+    if not blocks:
+        raise ConfigError(
+            f"trainer.parallel.ep = {ep} needs a mixture-of-experts model, but the model "
+            "has no MoE blocks"
+        )
+    if blocks[0].n_experts % ep:
+        raise ConfigError(
+            f"trainer.parallel.ep = {ep} must divide the model's n_experts = {blocks[0].n_experts}"
+        )
+
+
+def shard_experts(model: nn.Module, mesh: Any) -> set[nn.Parameter]:
+    """Keep this rank's experts of every MoE block and route tokens to the others' (in place).
+
+    `mesh`: the FSDP mesh, 1-D (dp_shard) or 2-D (dp_replicate, dp_shard); its last
+    dimension is the EP group. Returns the expert parameters, for FSDP to ignore.
+    """
+    placements = (Replicate(),) * (mesh.ndim - 1) + (Shard(0),)
+    ep, index = mesh.size(-1), mesh.get_local_rank(mesh.ndim - 1)
+    group = mesh.get_group(mesh.ndim - 1)
+    sharded: set[nn.Parameter] = set()
+    for block in _moe_blocks(model):
+        per_rank = block.n_experts // ep
+        for name, full in list(block.experts.named_parameters(recurse=False)):
+            mine = full.detach()[index * per_rank : (index + 1) * per_rank].clone()  # (E/ep, ...)
+            param = nn.Parameter(
+                DTensor.from_local(mine, mesh, placements, run_check=False),
+                requires_grad=full.requires_grad,
+            )
+            setattr(block.experts, name, param)
+            sharded.add(param)
+        block.dispatch = functools.partial(
+            expert_parallel, num_experts=block.n_experts, group=group
+        )
+    return sharded
+
+
+def finish_expert_grads(model: nn.Module, mesh: Any, loss_scale: float) -> None:
+    """Turn expert gradients into those of the global loss (after the step's backward).
+
+    Each owner's gradient already sums every EP rank's tokens, times `loss_scale`;
+    HSDP replicas (mesh dimension 0 of a 2-D mesh) own the same experts: summed first.
+    """
+    replicas = mesh.get_group(0) if mesh.ndim > 1 else None
+    for block in _moe_blocks(model):
+        for param in block.experts.parameters(recurse=False):
+            if param.grad is None:
+                continue
+            local = param.grad.to_local()  # (E/ep, ...) this rank's experts' gradient
+            if replicas is not None:
+                dist.all_reduce(local, group=replicas)
+            local.div_(loss_scale)

@@ -23,9 +23,10 @@ Decisions:
   of a two-rank job on this machine, none in 30 with the barrier). The barrier is a
   `monitored_barrier` on a gloo group, so a peer that already died costs a logged
   timeout, not a hang.
-- Expert parallelism runs in the tests of `ep.py`, but the MoE block does not use it
-  yet, so a config asking for it stops here with a clear error rather than training
-  wrongly.
+- Expert parallelism (`ep > 1`): `parallelize` shards the MoE blocks' experts over the
+  FSDP shard group before FSDP wraps the rest (ep.py), and `finish_gradients`, called
+  by the Trainer after the step's last backward, makes their gradients the global sum
+  like FSDP's reduce-scatter does for every other parameter.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from tidal.trainer.config import TrainerConfig
 from tidal.trainer.parallel.config import check_parallel
 from tidal.trainer.parallel.cp_batch import shard_for_cp
 from tidal.trainer.parallel.dims import ParallelDims
+from tidal.trainer.parallel.ep import check_expert_model, finish_expert_grads, shard_experts
 from tidal.trainer.parallel.fsdp import apply_fsdp, fsdp_mesh, grad_sum_factor
 
 CONTROL_TIMEOUT = datetime.timedelta(days=7)  # followers wait this long for rank 0's next step
@@ -77,11 +79,6 @@ class RankContext:
                 f"torchrun started {world} processes but trainer.world_size is {config.world_size}"
             )
         dims = check_parallel(world, config.parallel, config.model, config.loss)
-        if dims.ep > 1:
-            raise ConfigError(
-                "trainer.parallel.ep > 1 is not wired into the MoE block yet (parallel/ep.py "
-                "is tested on its own); use ep = 1"
-            )
         backend = config.parallel.backend
         if backend == "auto":
             backend = "nccl" if device == "cuda" else "gloo"
@@ -111,15 +108,25 @@ class RankContext:
         """Shard the model in place; returns it. The Trainer applies the memory levers
         (LoRA, activation checkpointing, compile) before calling this."""
         p = self.config.parallel
+        experts: set[nn.Parameter] = set()
+        if self.dims.ep > 1:
+            check_expert_model(model, self.dims.ep)
+            experts = shard_experts(model, self._fsdp_mesh)
         return apply_fsdp(
             model,
             self._fsdp_mesh,
+            ignored_params=experts,
             param_dtype=p.param_dtype,
             reduce_dtype=p.reduce_dtype,
             reshard_after_forward=p.reshard_after_forward,
             # The memory lever's name for the same policy (issue 7) switches it on too.
             cpu_offload=p.cpu_offload or self.config.model.fsdp_cpu_offload,
         )
+
+    def finish_gradients(self, model: nn.Module) -> None:
+        """After the step's last backward: expert gradients become global sums (ep > 1)."""
+        if self.dims.ep > 1:
+            finish_expert_grads(model, self._fsdp_mesh, self.loss_scale)
 
     def sum_over_ranks(self, t: torch.Tensor) -> torch.Tensor:
         """Sum over every rank (host tensors, the gloo control group)."""
