@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from tidal.inference.kv_cache import SlotKVCache
-from tidal.inference.sampling import filtered_logprobs, sample_tokens
+from tidal.inference.sampling import filtered_logprobs, greedy_tokens, sample_tokens
 from tidal.inference.sequence import Detokenize, Sequence
 from tidal.trainer.models.llama.model import LlamaForCausalLM
 
@@ -73,6 +73,22 @@ class Batcher:
     def _sample(self, sequences: list[Sequence], logits: torch.Tensor, version: int) -> None:
         """One token per sequence from `logits` (B, V), recorded with its logprobs."""
         params = [s.params for s in sequences]
+        if all(p.greedy for p in params):  # the model's own logprob is the sampled one
+            tokens, greedy_lp = greedy_tokens(logits)  # (B,), (B,)
+            chosen = greedy_lp.tolist()
+            model_lp = [
+                lp if p.model_logprobs else None for lp, p in zip(chosen, params, strict=True)
+            ]
+        else:
+            tokens, chosen, model_lp = self._draw(sequences, logits)
+        for s, token, lp, mlp in zip(sequences, tokens.tolist(), chosen, model_lp, strict=True):
+            s.append(token, lp, mlp, version, self.detokenize)
+
+    def _draw(
+        self, sequences: list[Sequence], logits: torch.Tensor
+    ) -> tuple[torch.Tensor, list[float], list[float | None]]:
+        """Filtered, seeded draws: tokens (B,), their logprobs and (on request) model logprobs."""
+        params = [s.params for s in sequences]
         device = logits.device
         temperature = torch.tensor([p.temperature for p in params], device=device)  # (B,)
         top_k = torch.tensor([p.top_k for p in params], device=device)
@@ -88,5 +104,4 @@ class Batcher:
             model_lp = [
                 lp if p.model_logprobs else None for lp, p in zip(raw.tolist(), params, strict=True)
             ]
-        for s, token, lp, mlp in zip(sequences, tokens.tolist(), chosen, model_lp, strict=True):
-            s.append(token, lp, mlp, version, self.detokenize)
+        return tokens, chosen, model_lp

@@ -17,7 +17,8 @@ Decisions:
   logits, never on which other rows share the batch. Unseeded requests get a seed from
   the engine's own RNG.
 - Everything except drawing the uniforms is batched tensor code, one sort per step at
-  most (and none when no row filters).
+  most (and none when no row filters). A step whose rows are all greedy skips the
+  `(B, V)` log-softmax: one max pass and one logsumexp give the token and its logprob.
 """
 
 from __future__ import annotations
@@ -118,3 +119,13 @@ def sample_tokens(
     if bool(greedy.any()):
         drawn = torch.where(greedy, logprobs.argmax(dim=-1), drawn)
     return drawn
+
+
+def greedy_tokens(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Argmax tokens `(B,)` and their model logprobs `(B,)` of fp32 `logits` (B, V).
+
+    The same tokens and logprobs as `filtered_logprobs` + `sample_tokens` give greedy rows,
+    without materialising the `(B, V)` log-softmax.
+    """
+    best, tokens = logits.max(dim=-1)  # (B,), (B,)
+    return tokens, best - torch.logsumexp(logits, dim=-1)
