@@ -17,8 +17,10 @@ Decisions:
   logits, never on which other rows share the batch. Unseeded requests get a seed from
   the engine's own RNG.
 - Everything except drawing the uniforms is batched tensor code, one sort per step at
-  most (and none when no row filters). A step whose rows are all greedy skips the
-  `(B, V)` log-softmax: one max pass and one logsumexp give the token and its logprob.
+  most (and none when no row filters). A step whose rows are all greedy skips building
+  the per-row parameter tensors and the uniforms: log-softmax, argmax, gather. (A
+  `max` + `logsumexp` pair, which avoids the `(B, V)` log-softmax, measured ~3x slower
+  on CPU: `logsumexp` makes several passes; `log_softmax` is one fused kernel.)
 """
 
 from __future__ import annotations
@@ -124,8 +126,8 @@ def sample_tokens(
 def greedy_tokens(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Argmax tokens `(B,)` and their model logprobs `(B,)` of fp32 `logits` (B, V).
 
-    The same tokens and logprobs as `filtered_logprobs` + `sample_tokens` give greedy rows,
-    without materialising the `(B, V)` log-softmax.
+    The same tokens and logprobs as `filtered_logprobs` + `sample_tokens` give greedy rows.
     """
-    best, tokens = logits.max(dim=-1)  # (B,), (B,)
-    return tokens, best - torch.logsumexp(logits, dim=-1)
+    logprobs = torch.log_softmax(logits, dim=-1)  # (B, V)
+    tokens = logprobs.argmax(dim=-1)  # (B,)
+    return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
