@@ -16,7 +16,11 @@ the same 32 prompts of mixed lengths, as one batch, in two scenarios:
 Runs alternate between systems and the medians are compared, so drift on a shared
 machine hits both alike.
 
-`python bench/inference.py [--repeats N] [--dtypes float32 bfloat16]`
+Then one decode step of the engine at batch 32 (fixed scenario, after 40 steps) is timed
+with oneDNN-prepacked linears against plain `F.linear` (interleaved steps, medians) and
+profiled: `summary.decode_step_profile` is the share of its time per kind of work.
+
+`python bench/inference.py [--repeats N] [--dtypes float32 bfloat16] [--threads T]`
 """
 
 from __future__ import annotations
@@ -34,9 +38,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import print_table, write_result
 
+from tidal.inference.batching import Batcher
 from tidal.inference.config import InferenceConfig
+from tidal.inference.kv_cache import SlotKVCache
+from tidal.inference.loading import build_model, load_weights
 from tidal.inference.native import NativeEngine
+from tidal.inference.packed_linear import pack_linears
 from tidal.inference.sampling import SamplingParams
+from tidal.inference.sequence import Sequence
 from tidal.trainer.models.llama.model import LlamaArgs, LlamaForCausalLM
 
 ARGS = LlamaArgs(
@@ -135,6 +144,74 @@ class HuggingFace:
         return completions if scenario == "fixed" else [until_stop(c) for c in completions]
 
 
+def running_batch(
+    state: dict[str, torch.Tensor], prompts: list[list[int]], *, packed: bool, steps: int
+) -> tuple[Batcher, list[Sequence]]:
+    """The engine's batcher with all prompts prefilled and `steps` greedy tokens decoded."""
+    model = build_model(ARGS.to_hf_config(), device=torch.device("cpu"), dtype=torch.float32)
+    if packed:
+        pack_linears(model, batch_hint=BATCH)
+    load_weights(model, state)
+    cache = SlotKVCache(model.args, slots=BATCH, dtype=torch.float32, device="cpu")
+    batcher = Batcher(model, cache, None)
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
+    sequences = []
+    for prompt in prompts:
+        s = Sequence(None, 0, prompt, params, torch.zeros(NEW_TOKENS), NEW_TOKENS)
+        s.slot = cache.allocate()
+        sequences.append(s)
+    batcher.prefill([[s] for s in sequences], 0)
+    for _ in range(steps):
+        batcher.decode(sequences, 0)
+    return batcher, sequences
+
+
+# Top-level profiler ops (their time including the ops they call) → the kind of work;
+# the rest of the step's CPU time is "other".
+OP_KINDS = {
+    "mkldnn::_linear_pointwise": "linear layers (matmuls)",
+    "aten::linear": "linear layers (matmuls)",
+    "aten::scaled_dot_product_attention": "attention (SDPA over the cache)",
+    "aten::index_copy_": "KV-cache writes",
+    "aten::rms_norm": "RMSNorm",
+    "aten::log_softmax": "greedy sampling (log-softmax, argmax)",
+    "aten::argmax": "greedy sampling (log-softmax, argmax)",
+}
+OTHER = "other (rope, residuals, SiLU, indexing, Python)"
+
+
+def decode_step_study(
+    state: dict[str, torch.Tensor], prompts: list[list[int]], steps: int = 12
+) -> tuple[dict[str, float], dict[str, float]]:
+    """(median ms of one decode step, packed vs plain linears; share of time per kind)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    variants = {
+        k: running_batch(state, prompts, packed=k == "packed", steps=40)
+        for k in ("plain", "packed")
+    }
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    for _ in range(steps):  # interleaved: load drift hits both alike
+        for name, (batcher, sequences) in variants.items():
+            started = time.perf_counter()
+            batcher.decode(sequences, 0)
+            times[name].append(time.perf_counter() - started)
+    step_ms = {k: 1000 * statistics.median(v) for k, v in times.items()}
+    batcher, sequences = variants["packed"]
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(5):
+            batcher.decode(sequences, 0)
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    kinds: dict[str, float] = {}
+    for event in events:
+        if event.key in OP_KINDS:
+            kind = OP_KINDS[event.key]
+            kinds[kind] = kinds.get(kind, 0.0) + event.cpu_time_total / total
+    kinds[OTHER] = 1 - sum(kinds.values())
+    return step_ms, {k: round(v, 3) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])}
+
+
 def agreement(a: list[list[int]], b: list[list[int]]) -> float:
     """Fraction of positions where two runs generated the same token."""
     same = sum(x == y for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True))
@@ -142,12 +219,15 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> float:
 
 
 def measure(
-    systems: dict[tuple[str, str], Any], prompts: list[list[int]], repeats: int
+    systems: dict[tuple[str, str], Any],
+    prompts: list[list[int]],
+    repeats: int,
+    scenarios: list[str],
 ) -> dict[tuple[str, str, str], tuple[list[float], list[int], list[list[int]]]]:
     """(system, dtype, scenario) → (seconds per run, tokens per run, last run's tokens)."""
     runs: dict[tuple[str, str, str], tuple[list[float], list[int], list[list[int]]]] = {}
     for _ in range(repeats):  # interleaved, so load drift on the machine hits all alike
-        for scenario in SCENARIOS:
+        for scenario in scenarios:
             for (name, dtype), system in systems.items():
                 started = time.perf_counter()
                 tokens = system.generate(prompts, scenario)
@@ -163,7 +243,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtypes", nargs="+", choices=sorted(DTYPES), default=["float32"])
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads (default: torch's own choice)"
+    )
+    parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
     cli = parser.parse_args()
+    if cli.threads is not None:
+        torch.set_num_threads(cli.threads)
     prompts, state = make_prompts(), build_state()
     systems: dict[tuple[str, str], Any] = {}
     for dtype in cli.dtypes:
@@ -171,7 +257,7 @@ def main() -> None:
         systems["native", dtype] = Native(state, DTYPES[dtype])
     for system in systems.values():
         system.generate(prompts[:4], "fixed")  # warm-up: allocator, thread pool, kernels
-    runs = measure(systems, prompts, cli.repeats)
+    runs = measure(systems, prompts, cli.repeats, cli.scenarios)
     for (name, _), system in systems.items():
         if name == "native":
             system.close()
@@ -195,13 +281,28 @@ def main() -> None:
         )
     summary: dict[str, Any] = {}
     for dtype in cli.dtypes:
-        for scenario in SCENARIOS:
+        for scenario in cli.scenarios:
             ratio = rate["native", dtype, scenario] / rate["hf", dtype, scenario]
             summary[f"speedup_vs_hf_{scenario}_{dtype}"] = round(ratio, 3)
+            # Each repeat's ratio of neighbouring runs: how far load drift spreads it.
+            (tn, cn, _), (th, ch, _) = runs["native", dtype, scenario], runs["hf", dtype, scenario]
+            summary[f"paired_speedups_{scenario}_{dtype}"] = [
+                round((n / a) / (h / b), 2) for n, a, h, b in zip(cn, tn, ch, th, strict=True)
+            ]
     # The headline is the issue's measure: fixed length, both in the first dtype (fp32).
-    summary["speedup_vs_hf"] = summary[f"speedup_vs_hf_fixed_{cli.dtypes[0]}"]
-    summary["speedup_vs_hf_eos"] = summary[f"speedup_vs_hf_eos_{cli.dtypes[0]}"]
+    for scenario in cli.scenarios:
+        key = "speedup_vs_hf" if scenario == "fixed" else f"speedup_vs_hf_{scenario}"
+        summary[key] = summary[f"speedup_vs_hf_{scenario}_{cli.dtypes[0]}"]
+    step_ms, shares = decode_step_study(state, prompts)
+    summary["decode_step_ms_plain_linear"] = round(step_ms["plain"], 1)
+    summary["decode_step_ms_packed_linear"] = round(step_ms["packed"], 1)
+    summary["packed_linear_decode_speedup"] = round(step_ms["plain"] / step_ms["packed"], 3)
+    summary["decode_step_profile"] = shares
     print_table(f"Generation, batch {BATCH}, up to {NEW_TOKENS} new tokens", rows)
+    print_table(
+        "One decode step, batch 32, fp32: share of time",
+        [{"kind": k, "share": f"{v:.1%}"} for k, v in shares.items()],
+    )
     print(summary)
     write_result(
         "inference",

@@ -1,14 +1,13 @@
 """Continuous batching, prefix sharing, stop conditions, exact logprobs and hot reload.
 
-The same tiny peaked model as test_engine.py (helpers repeated: test modules cannot
-import each other under pytest's importlib mode), so greedy argmaxes and inverse-CDF draws
-have clear margins and batch composition cannot flip a token through float rounding.
+The same tiny peaked model as test_engine.py (the `tiny` fixture, conftest.py), so greedy
+argmaxes and inverse-CDF draws have clear margins and batch composition cannot flip a
+token through float rounding.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -16,78 +15,12 @@ import torch
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tidal.common.tokenizer import ByteTokenizer
-from tidal.inference.config import InferenceConfig
-from tidal.inference.engine import Completion
 from tidal.inference.kv_cache import slot_bytes
 from tidal.inference.native import NativeEngine
 from tidal.inference.sampling import SamplingParams, filtered_logprobs
-from tidal.trainer.models.llama.model import LlamaArgs, LlamaForCausalLM, token_logprobs
+from tidal.trainer.models.llama.model import token_logprobs
 
-ARGS = LlamaArgs(
-    vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=48
-)
 PROMPTS = [[1, 2, 3], [5, 9, 13, 17, 21, 25, 29], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49]]
-
-
-def tiny_model(seed: int) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(ARGS)
-    model.init_weights(std=0.3)
-    return model.eval()
-
-
-def published(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
-    return {k: v.clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
-
-
-def make_engine(**kwargs: Any) -> NativeEngine:
-    defaults = InferenceConfig()
-    options = {
-        "max_batch_size": 128,
-        "max_queue": 64,
-        "max_step_tokens": defaults.max_step_tokens,
-        "kv_cache_mb": defaults.kv_cache_mb,
-        "detokenize": ByteTokenizer().decode,
-        **kwargs,
-    }
-    return NativeEngine(device=torch.device("cpu"), dtype=torch.float32, seed=0, **options)
-
-
-async def collect(
-    engine: NativeEngine, prompt: list[int], params: SamplingParams
-) -> list[Completion]:
-    return sorted([c async for c in engine.generate(prompt, params)], key=lambda c: c.index)
-
-
-@torch.no_grad()
-def reference_greedy(model: LlamaForCausalLM, prompt: list[int], steps: int) -> list[int]:
-    """Recompute the whole sequence each step: no cache, no batch."""
-    ids = list(prompt)
-    for _ in range(steps):
-        ids.append(int(model(torch.tensor([ids]), torch.arange(len(ids))[None])[0, -1].argmax()))
-    return ids[len(prompt) :]
-
-
-@torch.no_grad()
-def reference_logits(model: LlamaForCausalLM, prompt: list[int], tokens: list[int]) -> torch.Tensor:
-    """The trainer's view: one forward over prompt + completion, logits predicting tokens."""
-    ids = torch.tensor([prompt + tokens])
-    return model(ids, torch.arange(ids.shape[1])[None])[0, len(prompt) - 1 : -1]  # (T, V)
-
-
-def reference_logprobs(
-    model: LlamaForCausalLM, prompt: list[int], tokens: list[int]
-) -> torch.Tensor:
-    return token_logprobs(reference_logits(model, prompt, tokens), torch.tensor(tokens))
-
-
-@pytest.fixture
-async def engine() -> AsyncIterator[NativeEngine]:
-    e = make_engine()
-    await e.start()
-    await e.update_weights(0, ARGS.to_hf_config(), published(tiny_model(0)))
-    yield e
-    await e.close()
 
 
 async def wait_for_tokens(engine: NativeEngine, count: int) -> None:
@@ -100,13 +33,14 @@ SEEDED = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, min_p=0.01, n
 
 async def test_request_joining_a_busy_batch_gets_the_same_tokens_as_alone(
     engine: NativeEngine,
+    tiny: Any,
 ) -> None:
-    alone = await collect(engine, PROMPTS[0], SEEDED)
+    alone = await tiny.collect(engine, PROMPTS[0], SEEDED)
     busy = SamplingParams(max_tokens=40, temperature=0.9, top_k=6, n=4, seed=5)
-    others = [asyncio.create_task(collect(engine, p, busy)) for p in (PROMPTS[1], [7, 8])]
+    others = [asyncio.create_task(tiny.collect(engine, p, busy)) for p in (PROMPTS[1], [7, 8])]
     await wait_for_tokens(engine, alone[0].token_ids.__len__() * 3 + 8 * 5)
     assert engine.status().running == 8  # the batch is mid-flight when the request joins
-    joined = await collect(engine, PROMPTS[0], SEEDED)
+    joined = await tiny.collect(engine, PROMPTS[0], SEEDED)
     assert not any(t.done() for t in others)  # it joined and left while they kept running
     assert [c.token_ids for c in joined] == [c.token_ids for c in alone]
     for a, b in zip(alone, joined, strict=True):
@@ -116,42 +50,43 @@ async def test_request_joining_a_busy_batch_gets_the_same_tokens_as_alone(
 
 
 async def test_prefix_sharing_gives_what_separate_prefills_give(
-    engine: NativeEngine, span_exporter: InMemorySpanExporter
+    engine: NativeEngine,
+    span_exporter: InMemorySpanExporter,
+    tiny: Any,
 ) -> None:
     span_exporter.clear()
-    shared = await collect(engine, PROMPTS[2], SEEDED)
+    shared = await tiny.collect(engine, PROMPTS[2], SEEDED)
     (prefill,) = [s for s in span_exporter.get_finished_spans() if s.name == "inference.prefill"]
     assert prefill.attributes["prefill.prompts"] == 1
     assert prefill.attributes["prefill.sequences"] == 3
-    single = make_engine(max_batch_size=1)  # one slot: every sample is prefilled on its own
-    await single.start()
-    await single.update_weights(0, ARGS.to_hf_config(), published(tiny_model(0)))
-    separate = await collect(single, PROMPTS[2], SEEDED)
-    await single.close()
+    async with tiny.serving(max_batch_size=1) as single:  # every sample prefilled on its own
+        separate = await tiny.collect(single, PROMPTS[2], SEEDED)
     assert [c.token_ids for c in shared] == [c.token_ids for c in separate]
     assert len({tuple(c.token_ids) for c in shared}) > 1
     for a, b in zip(shared, separate, strict=True):
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs))
 
 
-async def test_stop_string_ends_at_the_token_completing_it(engine: NativeEngine) -> None:
+async def test_stop_string_ends_at_the_token_completing_it(engine: NativeEngine, tiny: Any) -> None:
     tok = ByteTokenizer()
-    greedy = reference_greedy(tiny_model(0), PROMPTS[1], 16)
+    greedy = tiny.reference_greedy(tiny.model(0), PROMPTS[1], 16)
     stop = tok.decode(greedy[5:7])  # a two-token stop string
     end = next(i for i in range(16) if stop in tok.decode(greedy[: i + 1]))
     params = SamplingParams(max_tokens=16, temperature=0.0, stop=("never", stop))
-    (completion,) = await collect(engine, PROMPTS[1], params)
+    (completion,) = await tiny.collect(engine, PROMPTS[1], params)
     assert completion.token_ids == greedy[: end + 1]
     assert completion.finish_reason == "stop"
-    (capped,) = await collect(engine, PROMPTS[1], SamplingParams(max_tokens=5, temperature=0.0))
+    (capped,) = await tiny.collect(
+        engine, PROMPTS[1], SamplingParams(max_tokens=5, temperature=0.0)
+    )
     assert capped.token_ids == greedy[:5] and capped.finish_reason == "length"
 
 
-async def test_logprobs_match_the_trainers_recomputation(engine: NativeEngine) -> None:
-    model = tiny_model(0)
+async def test_logprobs_match_the_trainers_recomputation(engine: NativeEngine, tiny: Any) -> None:
+    model = tiny.model(0)
     plain = SamplingParams(max_tokens=20, temperature=1.0, n=4, seed=8, model_logprobs=True)
-    for c in await collect(engine, PROMPTS[1], plain):
-        trainer = reference_logprobs(model, PROMPTS[1], c.token_ids)  # (T,)
+    for c in await tiny.collect(engine, PROMPTS[1], plain):
+        trainer = tiny.reference_logprobs(model, PROMPTS[1], c.token_ids)  # (T,)
         behaviour = torch.tensor(c.logprobs)
         kl = (behaviour - trainer).mean().abs()  # sampled-token (k1) estimate of KL
         assert kl < 1e-3
@@ -162,8 +97,8 @@ async def test_logprobs_match_the_trainers_recomputation(engine: NativeEngine) -
     filtered = SamplingParams(
         max_tokens=20, temperature=0.7, top_k=8, top_p=0.9, n=2, seed=9, model_logprobs=True
     )
-    for c in await collect(engine, PROMPTS[1], filtered):
-        logits = reference_logits(model, PROMPTS[1], c.token_ids)  # (T, V)
+    for c in await tiny.collect(engine, PROMPTS[1], filtered):
+        logits = tiny.reference_logits(model, PROMPTS[1], c.token_ids)  # (T, V)
         t = len(c.token_ids)
         expected = filtered_logprobs(
             logits, torch.full((t,), 0.7), torch.full((t,), 8), torch.full((t,), 0.9)
@@ -175,14 +110,15 @@ async def test_logprobs_match_the_trainers_recomputation(engine: NativeEngine) -
 
 async def test_reload_mid_generation_loses_nothing_and_tags_versions(
     engine: NativeEngine,
+    tiny: Any,
 ) -> None:
     params = SamplingParams(max_tokens=30, temperature=1.0, n=2, seed=4)
     greedy = SamplingParams(max_tokens=30, temperature=0.0)
-    before = [asyncio.create_task(collect(engine, p, params)) for p in PROMPTS]
-    greedy_task = asyncio.create_task(collect(engine, PROMPTS[0], greedy))
+    before = [asyncio.create_task(tiny.collect(engine, p, params)) for p in PROMPTS]
+    greedy_task = asyncio.create_task(tiny.collect(engine, PROMPTS[0], greedy))
     await wait_for_tokens(engine, 7 * 5)
-    await engine.update_weights(1, ARGS.to_hf_config(), published(tiny_model(1)))
-    after = asyncio.create_task(collect(engine, PROMPTS[1], params))
+    await engine.update_weights(1, tiny.args.to_hf_config(), tiny.published(1))
+    after = asyncio.create_task(tiny.collect(engine, PROMPTS[1], params))
     results = [*(await asyncio.gather(*before)), await greedy_task]
     for completions in results:
         for c in completions:
@@ -192,12 +128,12 @@ async def test_reload_mid_generation_loses_nothing_and_tags_versions(
     assert sum(len(r) for r in results) == 7
     (g,) = results[-1]
     old = g.policy_versions.count(0)
-    assert g.token_ids[:old] == reference_greedy(tiny_model(0), PROMPTS[0], old)
+    assert g.token_ids[:old] == tiny.reference_greedy(tiny.model(0), PROMPTS[0], old)
     assert all(set(c.policy_versions) == {1} for c in await after)
 
 
-async def test_streamed_pieces_add_up_to_the_completion(engine: NativeEngine) -> None:
-    whole = await collect(engine, PROMPTS[0], SEEDED)
+async def test_streamed_pieces_add_up_to_the_completion(engine: NativeEngine, tiny: Any) -> None:
+    whole = await tiny.collect(engine, PROMPTS[0], SEEDED)
     pieces: dict[int, list] = {0: [], 1: [], 2: []}
     async for piece in engine.generate(PROMPTS[0], SEEDED, stream=True):
         pieces[piece.index].append(piece)
@@ -209,48 +145,39 @@ async def test_streamed_pieces_add_up_to_the_completion(engine: NativeEngine) ->
         assert [v for p in mine for v in p.policy_versions] == c.policy_versions
 
 
-async def test_kv_cache_memory_bound_limits_running_sequences_not_service() -> None:
-    two_slots = 2.5 * slot_bytes(ARGS, torch.float32) / 2**20
-    engine = make_engine(kv_cache_mb=two_slots)
-    await engine.start()
-    await engine.update_weights(0, ARGS.to_hf_config(), published(tiny_model(0)))
-    assert engine.status().kv_slots_total == 2
-    task = asyncio.create_task(collect(engine, PROMPTS[1], SamplingParams(20, n=5, seed=2)))
-    await wait_for_tokens(engine, 4)
-    status = engine.status()
-    assert status.kv_slots_used == status.running == 2
-    assert 0 < status.kv_usage <= 1
-    assert [len(c.token_ids) for c in await task] == [20] * 5
-    assert engine.status().kv_slots_used == 0  # every slot came back
-    await engine.close()
+async def test_kv_cache_memory_bound_limits_running_sequences_not_service(tiny: Any) -> None:
+    two_slots = 2.5 * slot_bytes(tiny.args, torch.float32) / 2**20
+    async with tiny.serving(kv_cache_mb=two_slots) as engine:
+        assert engine.status().kv_slots_total == 2
+        params = SamplingParams(20, n=5, seed=2)
+        task = asyncio.create_task(tiny.collect(engine, PROMPTS[1], params))
+        await wait_for_tokens(engine, 4)
+        status = engine.status()
+        assert status.kv_slots_used == status.running == 2
+        assert 0 < status.kv_usage <= 1
+        assert [len(c.token_ids) for c in await task] == [20] * 5
+        assert engine.status().kv_slots_used == 0  # every slot came back
 
 
-async def test_kv_cache_too_small_for_one_sequence_is_refused() -> None:
-    engine = make_engine(kv_cache_mb=0.001)
-    await engine.start()
+async def test_kv_cache_too_small_for_one_sequence_is_refused(tiny: Any) -> None:
     with pytest.raises(ValueError, match="kv_cache_mb"):
-        await engine.update_weights(0, ARGS.to_hf_config(), published(tiny_model(0)))
-    await engine.close()
+        async with tiny.serving(kv_cache_mb=0.001):
+            pass
 
 
 async def test_step_token_budget_spreads_prefills_over_steps(
     span_exporter: InMemorySpanExporter,
+    tiny: Any,
 ) -> None:
     params = SamplingParams(max_tokens=6, temperature=1.0, seed=3)
     prompts = [PROMPTS[1], [p + 1 for p in PROMPTS[1]], [p + 2 for p in PROMPTS[1]]]
-    tight = make_engine(max_step_tokens=len(PROMPTS[1]) + 3)  # room for one prompt a step
-    await tight.start()
-    await tight.update_weights(0, ARGS.to_hf_config(), published(tiny_model(0)))
-    span_exporter.clear()
-    budgeted = await asyncio.gather(*(collect(tight, p, params) for p in prompts))
+    async with tiny.serving(max_step_tokens=len(PROMPTS[1]) + 3) as tight:  # one prompt a step
+        span_exporter.clear()
+        budgeted = await asyncio.gather(*(tiny.collect(tight, p, params) for p in prompts))
     prefills = [s for s in span_exporter.get_finished_spans() if s.name == "inference.prefill"]
-    await tight.close()
     assert [p.attributes["prefill.prompts"] for p in prefills] == [1, 1, 1]
-    roomy = make_engine()
-    await roomy.start()
-    await roomy.update_weights(0, ARGS.to_hf_config(), published(tiny_model(0)))
-    together = await asyncio.gather(*(collect(roomy, p, params) for p in prompts))
-    await roomy.close()
+    async with tiny.serving() as roomy:
+        together = await asyncio.gather(*(tiny.collect(roomy, p, params) for p in prompts))
     assert [[c.token_ids for c in r] for r in budgeted] == [
         [c.token_ids for c in r] for r in together
     ]

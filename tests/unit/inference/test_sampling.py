@@ -9,6 +9,7 @@ import torch
 from tidal.inference.sampling import (
     draw_uniforms,
     filtered_logprobs,
+    greedy_tokens,
     row_seed,
     sample_tokens,
 )
@@ -115,3 +116,12 @@ def test_min_p_drops_tokens_below_a_fraction_of_the_best() -> None:
     sharp = filtered_logprobs(probs.log(), torch.tensor([0.5]), k, p, torch.tensor([0.2]))[0]
     assert kept(sharp) == {0, 1}
     assert kept(filtered_logprobs(probs.log(), t, k, p, torch.tensor([0.0]))[0]) == {0, 1, 2, 3}
+
+
+def test_greedy_fast_path_equals_filtered_argmax() -> None:
+    logits = torch.randn(6, 50) * 4  # (B, V)
+    tokens, logprobs = greedy_tokens(logits)
+    full = filtered_logprobs(logits, *params(6, temperature=0.0))
+    expected = sample_tokens(full, torch.ones(6, dtype=torch.bool), torch.rand(6).double())
+    assert tokens.tolist() == expected.tolist()
+    torch.testing.assert_close(logprobs, full.gather(-1, expected[:, None]).squeeze(-1))

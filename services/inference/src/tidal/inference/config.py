@@ -33,6 +33,9 @@ class InferenceConfig(BaseConfig):
     max_step_tokens: int = Field(default=4096, gt=0)
     """Token budget of one scheduler step: one per running sequence plus the prompt
     tokens prefilled with it (the first waiting prompt is admitted whenever a slot is free)."""
+    packed_weights: bool = True
+    """CPU only: run the model's linear layers on oneDNN-prepacked copies of their weights
+    (faster matmuls, one extra copy of the weights in memory; see docs/inference.md)."""
     max_queue: int = Field(default=1024, gt=0)
     """Most requests waiting for a batch; beyond it Generate answers RESOURCE_EXHAUSTED."""
     gpu_memory_utilization: float = Field(default=0.8, gt=0, le=1)

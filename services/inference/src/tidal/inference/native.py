@@ -24,6 +24,9 @@ Decisions:
 - A failing forward fails only the requests in it (each gets the exception); the
   scheduler keeps serving.
 - Each prefill is one span, linked to the spans of the requests it admits.
+- On CPU the served model's linears run on oneDNN-prepacked weights (`packed_linear.py`,
+  `inference.packed_weights`): the decode step is mostly matmuls, and this is what makes
+  them faster than the trainer's plain `F.linear`.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from tidal.inference.batching import Batcher
 from tidal.inference.engine import Completion, Engine, EngineStatus
 from tidal.inference.kv_cache import SlotKVCache, slots_within
 from tidal.inference.loading import build_model, check_compatible, load_weights
+from tidal.inference.packed_linear import pack_linears, packing_available
 from tidal.inference.sampling import SamplingParams, draw_uniforms, row_seed
 from tidal.inference.sequence import Detokenize, Sequence, sequence_budget
 
@@ -88,11 +92,13 @@ class NativeEngine(Engine):
         kv_cache_mb: float,
         detokenize: Detokenize | None = None,
         seed: int = 0,
+        packed_weights: bool = True,
     ) -> None:
         self.device, self.dtype = device, dtype
         self.max_batch_size, self.max_queue = max_batch_size, max_queue
         self.max_step_tokens, self.kv_cache_mb = max_step_tokens, kv_cache_mb
         self.detokenize = detokenize
+        self.packed_weights = packed_weights and packing_available(device)
         self._rng = random.Random(seed)  # seeds of unseeded requests
         self._batcher: Batcher | None = None
         self._version = -1
@@ -348,6 +354,8 @@ class NativeEngine(Engine):
             load_weights(self._batcher.model, pending.state_dict)
             return self._batcher
         model = build_model(pending.hf_config, device=self.device, dtype=self.dtype)
+        if self.packed_weights:  # before loading: the packed copies follow every later load
+            pack_linears(model, batch_hint=self.max_batch_size)
         load_weights(model, pending.state_dict)
         slots = slots_within(
             model.args, self.dtype, memory_mb=self.kv_cache_mb, max_slots=self.max_batch_size

@@ -17,7 +17,10 @@ Decisions:
   logits, never on which other rows share the batch. Unseeded requests get a seed from
   the engine's own RNG.
 - Everything except drawing the uniforms is batched tensor code, one sort per step at
-  most (and none when no row filters).
+  most (and none when no row filters). A step whose rows are all greedy skips building
+  the per-row parameter tensors and the uniforms: log-softmax, argmax, gather. (A
+  `max` + `logsumexp` pair, which avoids the `(B, V)` log-softmax, measured ~3x slower
+  on CPU: `logsumexp` makes several passes; `log_softmax` is one fused kernel.)
 """
 
 from __future__ import annotations
@@ -118,3 +121,13 @@ def sample_tokens(
     if bool(greedy.any()):
         drawn = torch.where(greedy, logprobs.argmax(dim=-1), drawn)
     return drawn
+
+
+def greedy_tokens(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Argmax tokens `(B,)` and their model logprobs `(B,)` of fp32 `logits` (B, V).
+
+    The same tokens and logprobs as `filtered_logprobs` + `sample_tokens` give greedy rows.
+    """
+    logprobs = torch.log_softmax(logits, dim=-1)  # (B, V)
+    tokens = logprobs.argmax(dim=-1)  # (B,)
+    return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)

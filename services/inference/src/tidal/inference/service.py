@@ -107,6 +107,7 @@ def build_engine(config: InferenceRunConfig, tokenizer: ByteTokenizer) -> Engine
         kv_cache_mb=cfg.kv_cache_mb,
         detokenize=tokenizer.decode,
         seed=config.run.seed,
+        packed_weights=cfg.packed_weights,
     )
 
 
