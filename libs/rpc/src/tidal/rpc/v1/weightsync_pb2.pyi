@@ -147,6 +147,26 @@ class UploadWeightsRequest(_message.Message):
     chunk: WeightChunk
     def __init__(self, manifest: _Optional[_Union[WeightManifest, _Mapping]] = ..., chunk: _Optional[_Union[WeightChunk, _Mapping]] = ...) -> None: ...
 
+class GetUploadProgressRequest(_message.Message):
+    __slots__ = ("manifest",)
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    manifest: WeightManifest
+    def __init__(self, manifest: _Optional[_Union[WeightManifest, _Mapping]] = ...) -> None: ...
+
+class FileProgress(_message.Message):
+    __slots__ = ("path", "received")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    received: int
+    def __init__(self, path: _Optional[str] = ..., received: _Optional[int] = ...) -> None: ...
+
+class UploadProgress(_message.Message):
+    __slots__ = ("files",)
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    files: _containers.RepeatedCompositeFieldContainer[FileProgress]
+    def __init__(self, files: _Optional[_Iterable[_Union[FileProgress, _Mapping]]] = ...) -> None: ...
+
 class JoinSyncRequest(_message.Message):
     __slots__ = ("member_id", "role", "store_address")
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
