@@ -76,12 +76,21 @@ class WeightSyncClient:
         await self.stub.AckLoaded(request, timeout=timeout)
 
     async def join_sync(
-        self, member_id: str, role: str, *, store_address: str = "", timeout: float = 300.0
+        self,
+        member_id: str,
+        role: str,
+        *,
+        store_address: str = "",
+        after_generation: int = 0,
+        timeout: float = 300.0,
     ) -> SyncPlan:
         """The run's data path; for broadcast, this member's seat (a replica waits for the
-        trainer to join)."""
+        trainer to join, or to re-form the group after `after_generation` broke)."""
         request = pb.JoinSyncRequest(
-            member_id=member_id, role=role_to_proto(role), store_address=store_address
+            member_id=member_id,
+            role=role_to_proto(role),
+            store_address=store_address,
+            after_generation=after_generation,
         )
         return plan_from_proto(await self.stub.JoinSync(request, timeout=timeout))
 

@@ -155,5 +155,5 @@ class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
         else:
             if request.store_address:
                 raise FailedPrecondition("only the trainer may offer a store_address")
-            seat = await self.rendezvous.join_replica(request.member_id)
+            seat = await self.rendezvous.join_replica(request.member_id, request.after_generation)
         return plan_to_proto(SyncPlan(plan.transport, plan.chunk_bytes, seat))

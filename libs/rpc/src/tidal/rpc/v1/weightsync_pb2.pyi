@@ -168,14 +168,16 @@ class UploadProgress(_message.Message):
     def __init__(self, files: _Optional[_Iterable[_Union[FileProgress, _Mapping]]] = ...) -> None: ...
 
 class JoinSyncRequest(_message.Message):
-    __slots__ = ("member_id", "role", "store_address")
+    __slots__ = ("member_id", "role", "store_address", "after_generation")
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     STORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    AFTER_GENERATION_FIELD_NUMBER: _ClassVar[int]
     member_id: str
     role: SyncRole
     store_address: str
-    def __init__(self, member_id: _Optional[str] = ..., role: _Optional[_Union[SyncRole, str]] = ..., store_address: _Optional[str] = ...) -> None: ...
+    after_generation: int
+    def __init__(self, member_id: _Optional[str] = ..., role: _Optional[_Union[SyncRole, str]] = ..., store_address: _Optional[str] = ..., after_generation: _Optional[int] = ...) -> None: ...
 
 class BroadcastGroup(_message.Message):
     __slots__ = ("member", "reason", "store_address", "rank", "world_size", "backend", "bucket_bytes", "timeout_s", "generation")
