@@ -133,6 +133,7 @@ class UploadSession:
         return published
 
     def discard(self) -> None:
+        self.owner += 1  # a stream still attached to it fails UNAVAILABLE on its next chunk
         for f in self.files.values():
             f.handle.close()
         shutil.rmtree(self.folder, ignore_errors=True)
