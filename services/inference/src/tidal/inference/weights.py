@@ -136,18 +136,24 @@ class WeightWatcher:
 
     async def _receive_generation(self, seat: GroupSeat) -> bool:
         """Receive until the sender closes (False) or the group breaks (True)."""
-        from tidal.weightsync.broadcast import BroadcastGroup, connect_store, in_daemon_thread
+        from tidal.weightsync.broadcast import (
+            BroadcastGroup,
+            connect_store,
+            dispose_in_background,
+            in_daemon_thread,
+        )
 
+        holder: list[BroadcastGroup] = []
         try:
             store = await in_daemon_thread(connect_store, seat.store_address, seat.timeout_s)
-            group = await in_daemon_thread(BroadcastGroup, store, seat)
+            holder.append(await in_daemon_thread(BroadcastGroup, store, seat))
             log.info(
                 "joined broadcast generation %d as rank %d of %d",
                 seat.generation,
                 seat.rank,
                 seat.world_size,
             )
-            while (received := await group.receive()) is not None:
+            while (received := await holder[0].receive()) is not None:
                 self.received_by_broadcast.append(received.version)
                 await self._install_received(received)
             return False
@@ -158,6 +164,8 @@ class WeightWatcher:
                 exc,
             )
             return True
+        finally:
+            dispose_in_background(holder)  # its pending receives must not block this loop
 
     async def _rejoin(self, broken_generation: int) -> GroupSeat:
         """This replica's seat in the generation after `broken_generation` (waits for the

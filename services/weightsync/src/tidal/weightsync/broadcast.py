@@ -258,3 +258,10 @@ def in_daemon_thread(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
 
     threading.Thread(target=target, name=f"weights-{fn.__name__}", daemon=True).start()
     return future
+
+
+def dispose_in_background(holder: list[BroadcastGroup]) -> None:
+    """Drop the last reference to a broken group in a daemon thread: a process group with
+    collectives still pending blocks its destructor until they time out (`timeout_s`),
+    which must not stall the event loop that should be rejoining meanwhile."""
+    threading.Thread(target=holder.clear, name="weights-dispose", daemon=True).start()
