@@ -9,10 +9,19 @@ the publish call and ends when the replica reports the engine serves it (clocks 
 `time.monotonic`, CLOCK_MONOTONIC, shared by processes on one Linux host). Version 0 is
 a warm-up (the replica builds its model; the broadcast group forms).
 
-Lower bounds, measured in the same run on the same bytes (the safetensors payload):
+The three stacks run side by side and versions are published round-robin (filesystem,
+broadcast, stream, filesystem, ...), with the references measured between rounds, so
+every ratio compares figures taken under the same load; each cell is a median.
+
+Lower bounds, measured in the same run on the same number of bytes:
 - broadcast and stream: one in-memory copy (`Tensor.copy_`);
 - filesystem: write + fsync + read back of one file in the same folder.
-The summary's `<path>_fraction_of_bound` is bound / end-to-end at the largest size.
+Achievable references (the bare transport, nothing else done), also in the same run:
+- broadcast: a bare gloo broadcast between two processes in the path's bucket size;
+- stream: a bare gRPC server stream between two processes in the path's chunk size
+  (raw bytes, no protobuf, no disk, no hashing).
+The summary's `<path>_fraction_of_bound` is bound / end-to-end at the largest size, and
+`<path>_fraction_of_transport` is bare transport / end-to-end.
 
 `python bench/weightsync.py [--sizes 100MB,1GB] [--repeats 3]`
 """
@@ -27,6 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +46,7 @@ import torch
 from common import print_table, write_result
 
 from tidal.trainer.models.llama.model import LlamaArgs, LlamaForCausalLM
+from tidal.weightsync.config import BroadcastTransport, WeightSyncConfig
 
 LAYERS = {"100MB": 1, "1GB": 11}  # dim 2048, ffn 5632: ~45M params (90 MB bf16) a layer
 PATHS = ("filesystem", "broadcast", "stream")
@@ -75,31 +86,100 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def copy_bound(size: int, repeats: int) -> float:
+def copy_bound(size: int) -> float:
+    """One in-memory copy of `size` bytes (warm buffers)."""
     src = torch.empty(size, dtype=torch.uint8).fill_(7)
     dst = torch.empty_like(src)
-    times = []
-    for _ in range(repeats + 1):
-        started = time.perf_counter()
-        dst.copy_(src)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times[1:])
+    dst.copy_(src)  # first touch of the pages
+    started = time.perf_counter()
+    dst.copy_(src)
+    return time.perf_counter() - started
 
 
-def file_bound(folder: Path, size: int, repeats: int) -> float:
+def file_bound(folder: Path, size: int) -> float:
+    """Write + fsync + read back of one file of `size` bytes."""
     data = bytes(size)
-    times = []
-    for i in range(repeats):
-        path = folder / f"bound-{i}.bin"
+    path = folder / "bound.bin"
+    started = time.perf_counter()
+    with path.open("wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    _ = path.read_bytes()
+    seconds = time.perf_counter() - started
+    path.unlink()
+    return seconds
+
+
+BARE_METHOD = "/bench.Bytes/Stream"
+
+
+async def serve_bytes(port: int) -> None:
+    """Bare gRPC source: streams `size` raw bytes in `chunk`-byte messages (no protobuf)."""
+    import grpc
+
+    async def stream(request: bytes, context: Any) -> Any:
+        size, chunk = (int(x) for x in request.decode().split())
+        data = memoryview(bytes(size))
+        for offset in range(0, size, chunk):
+            yield bytes(data[offset : offset + chunk])
+
+    handler = grpc.method_handlers_generic_handler(
+        "bench.Bytes", {"Stream": grpc.unary_stream_rpc_method_handler(stream)}
+    )
+    server = grpc.aio.server(options=GRPC_OPTIONS)
+    server.add_generic_rpc_handlers((handler,))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    await server.wait_for_termination()
+
+
+GRPC_OPTIONS = [
+    ("grpc.max_send_message_length", 256 << 20),
+    ("grpc.max_receive_message_length", 256 << 20),
+]
+
+
+async def bare_grpc(address: str, size: int, chunk: int) -> float:
+    """Seconds to receive `size` bytes over a bare gRPC stream into one buffer."""
+    import grpc
+
+    async with grpc.aio.insecure_channel(address, options=GRPC_OPTIONS) as channel:
+        call = channel.unary_stream(BARE_METHOD)
+        buffer = bytearray(size)
+        torch.frombuffer(buffer, dtype=torch.uint8).fill_(1)  # pages touched before timing
+        view = memoryview(buffer)
         started = time.perf_counter()
-        with path.open("wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        _ = path.read_bytes()
-        times.append(time.perf_counter() - started)
-        path.unlink()
-    return statistics.median(times)
+        offset = 0
+        async for data in call(f"{size} {chunk}".encode(), wait_for_ready=True):
+            view[offset : offset + len(data)] = data
+            offset += len(data)
+        seconds = time.perf_counter() - started
+    assert offset == size
+    return seconds
+
+
+def gloo_peer(store_address: str, size: int, bucket: int, rounds: int) -> None:
+    """Rank 1 of the bare gloo reference: receive `rounds` broadcasts, then leave."""
+    import torch.distributed as dist
+
+    host, _, port = store_address.rpartition(":")
+    store = dist.TCPStore(host, int(port), is_master=False, wait_for_workers=False)
+    pg = dist.ProcessGroupGloo(store, 1, 2, timedelta(seconds=600))
+    flat = torch.empty(size, dtype=torch.uint8)
+    for _ in range(rounds):
+        _gloo_round(pg, flat, bucket)
+
+
+def _gloo_round(pg: Any, flat: torch.Tensor, bucket: int) -> None:
+    import torch.distributed as dist
+
+    options = dist.BroadcastOptions()
+    options.rootRank = 0
+    works = [pg.broadcast([flat[i : i + bucket]], options) for i in range(0, flat.numel(), bucket)]
+    for work in works:
+        work.wait()
+    pg.barrier().wait()  # the receiver has everything
 
 
 async def run_replica(address: str) -> None:
@@ -138,85 +218,182 @@ async def wait_ready(client: Any, timeout: float = 60.0) -> None:
             await asyncio.sleep(0.2)
 
 
-async def time_path(
-    path: str, args: LlamaArgs, state: dict[str, torch.Tensor], repeats: int, work: Path
-) -> list[float]:
-    """End-to-end seconds of `repeats` versions published by `path` (after a warm-up)."""
-    from tidal.trainer.publisher import WeightPublisher
-    from tidal.weightsync.client import WeightSyncClient
+class Stack:
+    """One path's weight-sync service and replica processes, and the trainer's publisher."""
 
-    address = f"127.0.0.1:{free_port()}"
-    run = ["--run.output-dir", str(work), "--run.name", path, "--endpoints.weightsync", address]
-    service = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tidal.weightsync", *run,
-        "--weightsync.transport.type", path, "--telemetry.traces-file", "false",
-        "--telemetry.log-level", "WARNING",
-    )  # fmt: skip
-    replica = await asyncio.create_subprocess_exec(
-        sys.executable, __file__, "replica", "--address", address, stdout=asyncio.subprocess.PIPE
-    )
-    client = WeightSyncClient(address)
-    try:
-        await wait_ready(client)
-        publisher = WeightPublisher(work / path / "weights", client, args.to_hf_config())
-        seconds = []
-        assert replica.stdout is not None
-        for version in range(repeats + 1):
-            state["model.norm.weight"][0] = version  # each version differs
-            started = time.monotonic()
-            await publisher.publish(version, state)
-            line = (await asyncio.wait_for(replica.stdout.readline(), 600)).decode().split()
-            assert line[:2] == ["loaded", str(version)], line
-            if version == 0 and path == "broadcast":
-                assert await asyncio.wait_for(publisher.broadcast_ready(), 120)
-            elif version > 0:
-                seconds.append(float(line[2]) - started)
-        return seconds
-    finally:
-        await client.close()
-        for process in (replica, service):
+    def __init__(self, path: str, args: LlamaArgs, work: Path) -> None:
+        self.path, self.args, self.work = path, args, work
+        self.address = f"127.0.0.1:{free_port()}"
+        self.version = 0
+
+    async def start(self, state: dict[str, torch.Tensor]) -> None:
+        from tidal.trainer.publisher import WeightPublisher
+        from tidal.weightsync.client import WeightSyncClient
+
+        run = ["--run.output-dir", str(self.work), "--run.name", self.path,
+               "--endpoints.weightsync", self.address]  # fmt: skip
+        self.service = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tidal.weightsync", *run,
+            "--weightsync.transport.type", self.path, "--telemetry.traces-file", "false",
+            "--telemetry.log-level", "WARNING",
+        )  # fmt: skip
+        self.replica = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "replica", "--address", self.address,
+            stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        self.client = WeightSyncClient(self.address)
+        await wait_ready(self.client)
+        root = self.work / self.path / "weights"
+        self.publisher = WeightPublisher(root, self.client, self.args.to_hf_config())
+        await self.publish(state)  # warm-up: the replica builds its model, the group forms
+        if self.path == "broadcast":
+            assert await asyncio.wait_for(self.publisher.broadcast_ready(), 120)
+
+    async def publish(self, state: dict[str, torch.Tensor]) -> float:
+        """Seconds from the publish call until the replica serves the new version."""
+        version = self.version
+        self.version += 1
+        state["model.norm.weight"][0] = version  # each version differs
+        started = time.monotonic()
+        await self.publisher.publish(version, state)
+        assert self.replica.stdout is not None
+        line = (await asyncio.wait_for(self.replica.stdout.readline(), 600)).decode().split()
+        assert line[:2] == ["loaded", str(version)], line
+        return float(line[2]) - started
+
+    async def close(self) -> None:
+        await self.client.close()
+        for process in (self.replica, self.service):
             process.terminate()
             await process.wait()
 
 
+class References:
+    """The bare transports' peer processes (a gRPC byte source, a gloo rank 1)."""
+
+    def __init__(self, size: int, rounds: int) -> None:
+        self.size, self.rounds = size, rounds
+        self.grpc_address = f"127.0.0.1:{free_port()}"
+
+    async def start(self) -> None:
+        import torch.distributed as dist
+
+        port = self.grpc_address.rpartition(":")[2]
+        self.source = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "grpc-source", "--address", port
+        )
+        self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        self.peer = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "gloo-peer", "--address", f"127.0.0.1:{self.store.port}",
+            "--bytes", str(self.size), "--rounds", str(self.rounds),
+        )  # fmt: skip
+        self.pg = await asyncio.to_thread(
+            dist.ProcessGroupGloo, self.store, 0, 2, timedelta(seconds=600)
+        )
+        self.flat = torch.ones(self.size, dtype=torch.uint8)
+
+    async def gloo(self) -> float:
+        started = time.perf_counter()
+        await asyncio.to_thread(_gloo_round, self.pg, self.flat, BUCKET_BYTES)
+        return time.perf_counter() - started
+
+    async def grpc(self) -> float:
+        return await bare_grpc(self.grpc_address, self.size, CHUNK_BYTES)
+
+    async def close(self) -> None:
+        await self.peer.wait()
+        self.source.terminate()
+        await self.source.wait()
+
+
+BUCKET_BYTES = BroadcastTransport().bucket_bytes
+CHUNK_BYTES = WeightSyncConfig().chunk_bytes
+
+
+async def measure_size(
+    size: str, repeats: int, work: Path
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """One size: the three stacks and the references, interleaved round by round."""
+    args = llama(LAYERS[size])
+    state = make_weights(args)
+    total = nbytes(state)
+    stacks = {path: Stack(path, args, work / size) for path in PATHS}
+    refs = References(total, repeats)
+    times: dict[str, list[float]] = {k: [] for k in (*PATHS, "copy", "file", "gloo", "grpc")}
+    try:
+        for stack in stacks.values():
+            await stack.start(state)
+        await refs.start()
+        for _ in range(repeats):
+            for path, stack in stacks.items():
+                times[path].append(await stack.publish(state))
+            times["copy"].append(copy_bound(total))
+            times["file"].append(file_bound(work, total))
+            times["gloo"].append(await refs.gloo())
+            times["grpc"].append(await refs.grpc())
+    finally:
+        for stack in stacks.values():
+            if hasattr(stack, "client"):
+                await stack.close()
+        await refs.close()
+    med = {k: statistics.median(v) for k, v in times.items()}
+    transport: dict[str, tuple[str, float | None]] = {
+        "broadcast": ("bare gloo", med["gloo"]),
+        "stream": ("bare gRPC", med["grpc"]),
+    }
+    rows = []
+    for path in PATHS:
+        bound_name, bound = ("write+fsync+read", med["file"]) if path == "filesystem" else (
+            "memory copy", med["copy"])  # fmt: skip
+        ref_name, ref = transport.get(path, ("", None))
+        rows.append(
+            {
+                "size": size,
+                "path": path,
+                "bytes": total,
+                "end_to_end_s": med[path],
+                "bound": bound_name,
+                "bound_s": bound,
+                "fraction_of_bound": bound / med[path],
+                "transport": ref_name,
+                "transport_s": ref,
+                "fraction_of_transport": None if ref is None else ref / med[path],
+                "GB/s": total / med[path] / 1e9,
+                "runs": len(times[path]),
+            }
+        )
+    return rows, med
+
+
 async def run_bench(sizes: list[str], repeats: int) -> None:
     rows: list[dict[str, Any]] = []
-    summary: dict[str, Any] = {}
+    summary: dict[str, Any] = {"loadavg_before": Path("/proc/loadavg").read_text().split()[:3]}
     with tempfile.TemporaryDirectory(prefix="tidal-bench-ws-", dir=os.environ.get("TMPDIR")) as tmp:
-        work = Path(tmp)
         for size in sizes:
-            args = llama(LAYERS[size])
-            state = make_weights(args)
-            total = nbytes(state)
-            copy_s = copy_bound(total, repeats)
-            file_s = file_bound(work, total, repeats)
-            for path in PATHS:
-                times = await time_path(path, args, state, repeats, work / size)
-                median = statistics.median(times)
-                bound = file_s if path == "filesystem" else copy_s
-                rows.append(
-                    {
-                        "size": size,
-                        "path": path,
-                        "bytes": total,
-                        "end_to_end_s": median,
-                        "bound": "write+fsync+read" if path == "filesystem" else "memory copy",
-                        "bound_s": bound,
-                        "fraction_of_bound": bound / median,
-                        "GB/s": total / median / 1e9,
-                        "runs": len(times),
-                    }
-                )
-                summary[f"{path}_fraction_of_bound"] = bound / median  # the last size wins
-                summary[f"{path}_{size}_s"] = median
-            summary[f"copy_{size}_s"] = copy_s
-            summary[f"write_read_{size}_s"] = file_s
-            del state
+            size_rows, med = await measure_size(size, repeats, Path(tmp))
+            rows += size_rows
+            for row in size_rows:  # the last size wins the headline fractions
+                path = row["path"]
+                summary[f"{path}_fraction_of_bound"] = row["fraction_of_bound"]
+                summary[f"{path}_{size}_s"] = row["end_to_end_s"]
+                if row["transport"]:
+                    summary[f"{path}_fraction_of_transport"] = row["fraction_of_transport"]
+            for key, name in (("copy", "copy"), ("file", "write_read"), ("gloo", "bare_gloo"),
+                              ("grpc", "bare_grpc")):  # fmt: skip
+                summary[f"{name}_{size}_s"] = med[key]
     summary["size_of_fractions"] = sizes[-1]
+    summary["loadavg_after"] = Path("/proc/loadavg").read_text().split()[:3]
     print_table("weight sync: publish → replica serves (median seconds)", rows)
     out = write_result(
         "weightsync",
-        config={"sizes": sizes, "repeats": repeats, "layers": {s: LAYERS[s] for s in sizes}},
+        config={
+            "sizes": sizes,
+            "repeats": repeats,
+            "layers": {s: LAYERS[s] for s in sizes},
+            "bucket_bytes": BUCKET_BYTES,
+            "chunk_bytes": CHUNK_BYTES,
+            "interleaved": True,
+        },
         results=rows,
         summary=summary,
     )
@@ -225,13 +402,20 @@ async def run_bench(sizes: list[str], repeats: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", nargs="?", default="bench", choices=["bench", "replica"])
+    modes = ["bench", "replica", "grpc-source", "gloo-peer"]
+    parser.add_argument("mode", nargs="?", default="bench", choices=modes)
     parser.add_argument("--address", default="")
+    parser.add_argument("--bytes", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=0)
     parser.add_argument("--sizes", default="100MB,1GB")
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     ns = parser.parse_args()
     if ns.mode == "replica":
         asyncio.run(run_replica(ns.address))
+    elif ns.mode == "grpc-source":
+        asyncio.run(serve_bytes(int(ns.address)))
+    elif ns.mode == "gloo-peer":
+        gloo_peer(ns.address, ns.bytes, BUCKET_BYTES, ns.rounds)
     else:
         asyncio.run(run_bench(ns.sizes.split(","), ns.repeats))
 

@@ -65,13 +65,8 @@ async def wait_for(path: Path, process: subprocess.Popen[bytes], timeout: float)
         await asyncio.sleep(0.1)
 
 
-@pytest.fixture
-async def broadcast_weightsync(
-    tmp_path: Path, span_exporter: InMemorySpanExporter
-) -> AsyncIterator[tuple[str, Path]]:
-    root = tmp_path / "weights"
+async def start_weightsync(root: Path, transport: BroadcastTransport) -> GrpcServer:
     root.mkdir()
-    transport = BroadcastTransport(replicas=1, backend="gloo", bucket_bytes=4096, timeout_s=30)
     servicer = WeightSyncServicer(
         VersionRegistry(root, keep_last=3), chunk_bytes=1 << 16, transport=transport
     )
@@ -82,6 +77,16 @@ async def broadcast_weightsync(
     )
     server = GrpcServer("127.0.0.1:0", [binding], GrpcConfig(shutdown_grace_s=0.2))
     await server.start()
+    return server
+
+
+@pytest.fixture
+async def broadcast_weightsync(
+    tmp_path: Path, span_exporter: InMemorySpanExporter
+) -> AsyncIterator[tuple[str, Path]]:
+    root = tmp_path / "weights"
+    transport = BroadcastTransport(replicas=1, backend="gloo", bucket_bytes=4096, timeout_s=30)
+    server = await start_weightsync(root, transport)
     yield f"127.0.0.1:{server.port}", root
     await server.stop()
     span_exporter.clear()  # other tests look up load spans by version number
@@ -150,6 +155,60 @@ async def test_broadcast_delivers_bit_identical_weights_and_late_replica_catches
         await client.close()
         if replica.poll() is None:
             replica.kill()
+
+
+def start_replica(address: str, replica_id: str, out: Path, until: int) -> subprocess.Popen[bytes]:
+    out.mkdir()
+    return subprocess.Popen(
+        [sys.executable, str(REPLICA_SCRIPT), "--address", address, "--replica-id", replica_id,
+         "--out", str(out), "--until", str(until)],
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+async def test_group_broken_by_a_dead_replica_is_reformed_and_the_survivor_catches_up(
+    tmp_path: Path, span_exporter: InMemorySpanExporter
+) -> None:
+    transport = BroadcastTransport(
+        replicas=2, backend="gloo", bucket_bytes=4096, timeout_s=120, reform_window_s=10
+    )
+    root = tmp_path / "weights"
+    server = await start_weightsync(root, transport)
+    address = f"127.0.0.1:{server.port}"
+    survivor = start_replica(address, "survivor", tmp_path / "survivor", until=3)
+    doomed = start_replica(address, "doomed", tmp_path / "doomed", until=99)
+    client = WeightSyncClient(address)
+    publisher = WeightPublisher(root, client, ARGS.to_hf_config())
+    try:
+        await publisher.publish(0, weights(0))  # by the filesystem: the group is forming
+        assert await asyncio.wait_for(publisher.broadcast_ready(), 150)
+        await publisher.publish(1, weights(1))  # generation 1: both replicas
+        await wait_for(tmp_path / "doomed" / "v1.safetensors", doomed, 30)
+        doomed.kill()
+        doomed.wait(10)
+        # The broadcast of 2 fails; 2 still reaches the survivor through the filesystem.
+        await publisher.publish(2, weights(2))
+        # The trainer re-forms the group with whoever rejoins: the survivor alone.
+        reformed = await asyncio.wait_for(publisher.broadcast_ready(), 150)
+        assert reformed, publisher._group.exception() if publisher._group else None
+        await publisher.publish(3, weights(3))  # generation 2
+        await wait_for(tmp_path / "survivor" / "done.json", survivor, 60)
+        done = json.loads((tmp_path / "survivor" / "done.json").read_text())
+        assert done["served"] == 3
+        assert 1 in done["broadcast"] and 3 in done["broadcast"], done
+        for version in (0, 1, 2, 3):
+            delivered = load_file(tmp_path / "survivor" / f"v{version}.safetensors")
+            sent = weights(version)
+            assert all(torch.equal(delivered[k], sent[k]) for k in sent)
+        versions = {v.manifest.version: v.loaded_by for v in await client.list_versions()}
+        assert "survivor" in versions[3]
+    finally:
+        await client.close()
+        for process in (survivor, doomed):
+            if process.poll() is None:
+                process.kill()
+        await server.stop()
+        span_exporter.clear()
 
 
 @pytest.mark.slow

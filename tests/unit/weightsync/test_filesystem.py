@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -60,3 +61,16 @@ def test_crash_mid_publish_leaves_no_visible_version(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(TMP_PREFIX)] == []
     sweep_partial(tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_load_reads_each_file_once_into_one_buffer_the_tensors_view(tmp_path: Path) -> None:
+    tensors = state()
+    manifest = write_version(tmp_path, version=0, step=0, state_dict=tensors, config={})
+    _, loaded = load_version(manifest)
+    # Every tensor views the verified read buffer (no copies): all lie inside one span of
+    # the file's size, in the file's order.
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.nbytes) for t in loaded.values())
+    size = (Path(manifest.location) / "model.safetensors").stat().st_size
+    assert spans[-1][1] - spans[0][0] <= size
+    assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))
+    assert all(torch.equal(loaded[k], v) for k, v in tensors.items())

@@ -9,7 +9,9 @@ Decisions:
   the collectives it posted). A version it receives is loaded at once; the `Watch` event
   for it, which arrives once the trainer has also written the version to the shared
   folder, is then only acknowledged. A replica without a seat (joined late, group full)
-  or whose receiver broke loads from the shared folder: that is the catch-up path.
+  loads from the shared folder: that is the catch-up path. When the group breaks (a
+  peer died), the receiver rejoins the trainer's next generation of it (`JoinSync`
+  with `after_generation`) and catches up on missed versions from the shared folder.
 - Before reading a version's files the replica calls `BeginLoad`, so retention keeps
   them until it acknowledges; a version already removed (superseded while queued) is
   skipped in favour of the newer one that caused its removal.
@@ -47,7 +49,7 @@ from tidal.inference.engine import Engine
 from tidal.weightsync.client import WeightSyncClient
 from tidal.weightsync.filesystem import load_version
 from tidal.weightsync.manifest import CorruptWeights, VersionEvent, WeightManifest
-from tidal.weightsync.rendezvous import SyncPlan
+from tidal.weightsync.rendezvous import GroupSeat, SyncPlan
 from tidal.weightsync.stream import decode_version
 
 if TYPE_CHECKING:
@@ -128,19 +130,66 @@ class WeightWatcher:
         self._receiver = asyncio.create_task(self._receive_broadcasts(), name="weights-broadcast")
 
     async def _receive_broadcasts(self) -> None:
-        from tidal.weightsync.broadcast import BroadcastGroup, connect_store, in_daemon_thread
-
+        """Receive versions from the group; when it breaks, rejoin the next generation."""
         assert self.plan is not None and self.plan.seat is not None
         seat = self.plan.seat
+        while seat.member:
+            if not await self._receive_generation(seat):
+                return  # the trainer closed the group
+            seat = await self._rejoin(seat.generation)
+        log.info("not in the re-formed broadcast group (%s)", seat.reason)
+
+    async def _receive_generation(self, seat: GroupSeat) -> bool:
+        """Receive until the sender closes (False) or the group breaks (True)."""
+        from tidal.weightsync.broadcast import (
+            BroadcastGroup,
+            connect_store,
+            dispose_in_background,
+            in_daemon_thread,
+        )
+
+        holder: list[BroadcastGroup] = []
         try:
             store = await in_daemon_thread(connect_store, seat.store_address, seat.timeout_s)
-            group = await in_daemon_thread(BroadcastGroup, store, seat)
-            log.info("joined the broadcast group as rank %d of %d", seat.rank, seat.world_size)
-            while (received := await group.receive()) is not None:
+            holder.append(await in_daemon_thread(BroadcastGroup, store, seat))
+            log.info(
+                "joined broadcast generation %d as rank %d of %d",
+                seat.generation,
+                seat.rank,
+                seat.world_size,
+            )
+            while (received := await holder[0].receive()) is not None:
                 self.received_by_broadcast.append(received.version)
                 await self._install_received(received)
-        except RuntimeError as exc:  # the sender died or the group never formed
-            log.warning("broadcast receiver stopped (%s); following the filesystem", exc)
+            return False
+        except RuntimeError as exc:  # a peer died, or the group never formed
+            log.warning(
+                "broadcast generation %d broke (%s); rejoining, the filesystem meanwhile",
+                seat.generation,
+                exc,
+            )
+            return True
+        finally:
+            dispose_in_background(holder)  # its pending receives must not block this loop
+
+    async def _rejoin(self, broken_generation: int) -> GroupSeat:
+        """This replica's seat in the generation after `broken_generation` (waits for the
+        trainer to re-form the group; retried while weight-sync is unreachable)."""
+        backoff = BACKOFF_START_S
+        while True:
+            try:
+                plan = await self.client.join_sync(
+                    self.replica_id,
+                    "replica",
+                    after_generation=broken_generation,
+                    timeout=JOIN_TIMEOUT_S,
+                )
+                assert plan.seat is not None
+                return plan.seat
+            except grpc.aio.AioRpcError as exc:
+                log.warning("rejoining the broadcast group failed (%s)", exc.code().name)
+            await asyncio.sleep(backoff)
+            backoff = min(2 * backoff, BACKOFF_MAX_S)
 
     async def _install_received(self, received: ReceivedVersion) -> None:
         context = extract_carrier(received.trace_context)

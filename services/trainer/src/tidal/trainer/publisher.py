@@ -10,8 +10,10 @@ Decisions:
   - broadcast: the version is broadcast to the replicas' group in buckets first (the
     fast path), then written and registered as on the filesystem path, which is how a
     replica that joined late or missed a broadcast catches up. The group forms in the
-    background (it waits for every replica); versions published before it is ready, or
-    after it broke (a replica died), go by the filesystem path only.
+    background (it waits for every replica); versions published before it is ready go by
+    the filesystem path only. A broadcast that fails (a replica died) re-forms the group
+    as a new generation of whoever rejoins (`JoinSync`); versions published meanwhile go
+    by the filesystem, which is also how the survivors catch up.
 - Version `v` holds the weights after step `v`; version 0 (initial weights) is published
   once at start-up. A fresh trainer refuses to start if weightsync already knows any
   version (its fresh weights would not be the ones those versions continue from) and
@@ -80,6 +82,8 @@ class WeightPublisher:
         self.plan: SyncPlan | None = None
         self._group: asyncio.Future[BroadcastGroup] | None = None
         self._broadcast_broken = False
+        self._store: Any = None  # the broadcast group's TCP store, kept across generations
+        self._store_address = ""
 
     async def check_fresh(self) -> None:
         """Raise FailedPrecondition when weightsync already holds versions (no resume yet)."""
@@ -149,6 +153,7 @@ class WeightPublisher:
 
             store = host_store(self.advertise_host, STARTUP_TIMEOUT_S)
             address = f"{self.advertise_host}:{store.port}"
+            self._store, self._store_address = store, address
             plan = await self.client.join_sync(
                 self.member_id, "trainer", store_address=address, timeout=STARTUP_TIMEOUT_S
             )
@@ -206,8 +211,28 @@ class WeightPublisher:
                 inject_carrier(),
             )
         except RuntimeError as exc:  # a replica died mid-broadcast (gloo/NCCL error)
-            log.warning("broadcast of version %d failed (%s); filesystem from now on", version, exc)
-            self._broadcast_broken = True
+            log.warning("broadcast of version %d failed (%s); re-forming the group", version, exc)
+            try:
+                group.result().abandon()  # receivers still waiting on it rejoin now
+            except RuntimeError as abandon_exc:
+                log.warning("could not mark the broken group abandoned: %s", abandon_exc)
+            self._group = asyncio.ensure_future(self._reform())
+
+    async def _reform(self) -> BroadcastGroup:
+        """A new generation of the group with the replicas that rejoin (weightsync waits
+        `reform_window_s` for them); raises RuntimeError when none does."""
+        from tidal.weightsync.broadcast import BroadcastGroup, in_daemon_thread
+
+        plan = await self.client.join_sync(
+            self.member_id, "trainer", store_address=self._store_address,
+            timeout=STARTUP_TIMEOUT_S,
+        )  # fmt: skip
+        seat = plan.seat
+        if seat is None or seat.world_size < 2:
+            raise RuntimeError("no replica rejoined the broadcast group")
+        log.info("broadcast group re-formed: generation %d, %d ranks", seat.generation,
+                 seat.world_size)  # fmt: skip
+        return await in_daemon_thread(BroadcastGroup, self._store, seat)
 
     def _write(self, version: int, state_dict: dict[str, torch.Tensor]) -> WeightManifest:
         folder = version_dir(self.root, version)

@@ -17,9 +17,13 @@ Decisions:
   the event loop). A pending gloo receive would keep the process from exiting until
   the trainer goes away; this way a replica shuts down at once, and the trainer's next
   broadcast sees the peer gone. The sender blocks (callers run it in a daemon thread).
-- A failed collective (a replica or the trainer died) raises; the trainer then stops
-  broadcasting and replicas catch up from the filesystem copy every broadcast version
-  also gets.
+- A failed collective (a replica or the trainer died) raises. The trainer then re-forms
+  the group as a new generation (rendezvous through `JoinSync`, on the same TCP store,
+  keys prefixed by generation); the survivors' receives fail too (a peer's error, or the
+  collective timeout at the latest), they rejoin naming the broken generation, and catch
+  up on the versions they missed from the filesystem copy every broadcast version gets.
+- Receivers use the same collective timeout as the sender: they post receives only once
+  a version is announced, so no collective waits on training.
 """
 
 from __future__ import annotations
@@ -48,12 +52,11 @@ from tidal.weightsync.rendezvous import GroupSeat
 log = logging.getLogger(__name__)
 CLOSE = -1
 T = TypeVar("T")
-# A receiver waits for the next version as long as training takes; a dead sender is seen
-# at once anyway (its connections close).
-RECEIVER_TIMEOUT = timedelta(days=1)
 POLL_S = 0.002
 IDLE_POLL_S = 0.01
 ANNOUNCE_KEY = "announced"
+ABANDONED_KEY = "abandoned"
+ABANDON_CHECK_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,7 @@ class BroadcastGroup:
         prefixed = dist.PrefixStore(f"tidal-weights/g{seat.generation}/", store)
         self.store = prefixed
         self._announced = 0  # versions (and closes) the sender has announced so far
-        timeout = timedelta(seconds=seat.timeout_s) if seat.rank == 0 else RECEIVER_TIMEOUT
+        timeout = timedelta(seconds=seat.timeout_s)
         if self.backend == "nccl":
             self.device = torch.device("cuda", torch.cuda.current_device())
             options = dist.ProcessGroupNCCL.Options()
@@ -126,14 +129,28 @@ class BroadcastGroup:
         data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(self.device)
         self._broadcast(data)
 
+    def abandon(self) -> None:
+        """Rank 0: tell receivers this generation is dead (a peer failed), so they stop
+        waiting on it and rejoin the next one."""
+        self.store.set(ABANDONED_KEY, "1")
+        self.store.add(ANNOUNCE_KEY, 1)  # wakes idle receivers
+
+    def _check_abandoned(self) -> None:
+        if self.store.check([ABANDONED_KEY]):
+            raise RuntimeError(f"generation {self.seat.generation} was abandoned by the trainer")
+
+    async def _completed(self, work: dist.Work) -> None:
+        await completed(work, self._check_abandoned)
+
     async def _recv_header(self) -> dict[str, Any]:
         while self.store.add(ANNOUNCE_KEY, 0) <= self._announced:
             await asyncio.sleep(IDLE_POLL_S)
         self._announced += 1
+        self._check_abandoned()
         length = torch.zeros(1, dtype=torch.int64, device=self.device)
-        await completed(self._broadcast_async(length))
+        await self._completed(self._broadcast_async(length))
         data = torch.empty(int(length.item()), dtype=torch.uint8, device=self.device)
-        await completed(self._broadcast_async(data))
+        await self._completed(self._broadcast_async(data))
         return json.loads(bytes(data.cpu().tolist()))
 
     def send(
@@ -187,7 +204,7 @@ class BroadcastGroup:
             for start, stop in layout.buckets(int(header["bucket_bytes"]))
         ]
         for work in works:
-            await completed(work)
+            await self._completed(work)
         return ReceivedVersion(
             int(header["version"]),
             int(header["step"]),
@@ -204,10 +221,16 @@ class BroadcastGroup:
             log.warning("could not close the broadcast group: %s", exc)
 
 
-async def completed(work: dist.Work) -> None:
-    """Wait for a collective without blocking the loop; raises if it failed."""
+async def completed(work: dist.Work, check: Callable[[], None] | None = None) -> None:
+    """Wait for a collective without blocking the loop; raises if it failed, or whatever
+    `check` (called every ABANDON_CHECK_S) raises."""
+    loop = asyncio.get_running_loop()
+    next_check = loop.time() + ABANDON_CHECK_S
     while not work.is_completed():
         await asyncio.sleep(POLL_S)
+        if check is not None and loop.time() >= next_check:
+            check()
+            next_check = loop.time() + ABANDON_CHECK_S
     work.wait()  # returns at once; raises the collective's error
 
 
@@ -235,3 +258,10 @@ def in_daemon_thread(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
 
     threading.Thread(target=target, name=f"weights-{fn.__name__}", daemon=True).start()
     return future
+
+
+def dispose_in_background(holder: list[BroadcastGroup]) -> None:
+    """Drop the last reference to a broken group in a daemon thread: a process group with
+    collectives still pending blocks its destructor until they time out (`timeout_s`),
+    which must not stall the event loop that should be rejoining meanwhile."""
+    threading.Thread(target=holder.clear, name="weights-dispose", daemon=True).start()

@@ -33,6 +33,10 @@ RETRYABLE = (
     grpc.StatusCode.DEADLINE_EXCEEDED,
     grpc.StatusCode.ABORTED,
 )
+# gRPC core reports a connection lost while the client is still sending as INTERNAL
+# ("Internal error from Core"). Resuming an upload is always safe (weightsync checks every
+# offset and sha256), so uploads retry that too.
+UPLOAD_RETRYABLE = (*RETRYABLE, grpc.StatusCode.INTERNAL)
 
 
 class WeightSyncClient:
@@ -72,14 +76,31 @@ class WeightSyncClient:
         await self.stub.AckLoaded(request, timeout=timeout)
 
     async def join_sync(
-        self, member_id: str, role: str, *, store_address: str = "", timeout: float = 300.0
+        self,
+        member_id: str,
+        role: str,
+        *,
+        store_address: str = "",
+        after_generation: int = 0,
+        timeout: float = 300.0,
     ) -> SyncPlan:
         """The run's data path; for broadcast, this member's seat (a replica waits for the
-        trainer to join)."""
+        trainer to join, or to re-form the group after `after_generation` broke)."""
         request = pb.JoinSyncRequest(
-            member_id=member_id, role=role_to_proto(role), store_address=store_address
+            member_id=member_id,
+            role=role_to_proto(role),
+            store_address=store_address,
+            after_generation=after_generation,
         )
         return plan_from_proto(await self.stub.JoinSync(request, timeout=timeout))
+
+    async def upload_progress(
+        self, manifest: WeightManifest, *, timeout: float = 30.0
+    ) -> dict[str, int]:
+        """Bytes per file that weightsync holds of a cut upload of `manifest` ({} if none)."""
+        request = pb.GetUploadProgressRequest(manifest=manifest_to_proto(manifest))
+        reply = await self.stub.GetUploadProgress(request, timeout=timeout)
+        return {f.path: f.received for f in reply.files}
 
     async def upload(
         self,
@@ -87,50 +108,76 @@ class WeightSyncClient:
         files: Mapping[str, bytes],
         *,
         chunk_bytes: int,
+        retries: int = 3,
         timeout: float = 600.0,
     ) -> int:
-        """Publish a version by streaming its files; returns the registered version."""
+        """Publish a version by streaming its files; returns the registered version.
 
-        async def requests() -> AsyncIterator[pb.UploadWeightsRequest]:
-            yield pb.UploadWeightsRequest(manifest=manifest_to_proto(manifest))
-            for f in manifest.files:
-                data = memoryview(files[f.path])
-                for offset in range(0, len(data), chunk_bytes):
-                    chunk = pb.WeightChunk(
-                        path=f.path, offset=offset, data=bytes(data[offset : offset + chunk_bytes])
-                    )
-                    yield pb.UploadWeightsRequest(chunk=chunk)
-
-        return (await self.stub.UploadWeights(requests(), timeout=timeout)).version
+        Each attempt first asks how much of this manifest weightsync already holds (a cut
+        earlier attempt, even by another process) and sends only the rest; a stream
+        broken by a retryable status is resumed that way up to `retries` times.
+        """
+        attempt = 0
+        while True:
+            progress = await self.upload_progress(manifest)
+            if progress:
+                log.info(
+                    "upload of version %d resumes at %d of %d bytes",
+                    manifest.version,
+                    sum(progress.values()),
+                    manifest.total_bytes,
+                )
+            requests = _upload_requests(manifest, files, chunk_bytes, progress)
+            try:
+                return (await self.stub.UploadWeights(requests, timeout=timeout)).version
+            except grpc.aio.AioRpcError as exc:
+                attempt += 1
+                if exc.code() not in UPLOAD_RETRYABLE or attempt > retries:
+                    raise
+                log.warning(
+                    "upload of version %d broke (%s); resuming", manifest.version, exc.code().name
+                )
+                await asyncio.sleep(0.05 * attempt)
 
     async def fetch_files(
         self, manifest: WeightManifest, *, retries: int = 3, timeout: float = 600.0
-    ) -> dict[str, bytes]:
+    ) -> dict[str, bytearray]:
         """Every file of a version, streamed in chunks, resumed on a broken stream, verified.
 
-        Each chunk is hashed in a worker thread while the next one is received, so
-        verifying costs no extra pass over the bytes.
+        Each file lands in a buffer of its final size (no regrowing, no copy at the end);
+        each chunk is hashed in a worker thread while the next one is received, so
+        verifying costs no extra pass over the bytes. A broken stream resumes at the
+        first byte not yet received.
         """
-        buffers = {f.path: bytearray() for f in manifest.files}
+        buffers = {f.path: bytearray(f.size) for f in manifest.files}
+        received = {f.path: 0 for f in manifest.files}
         digests = {f.path: hashlib.sha256() for f in manifest.files}
         hashing: asyncio.Future[None] | None = None  # hash of the previous chunk
         attempt = 0
-        while True:
-            pending = [f.path for f in manifest.files if len(buffers[f.path]) < f.size]
-            if not pending:
-                break
-            path, offset = pending[0], len(buffers[pending[0]])
+        while pending := [f.path for f in manifest.files if received[f.path] < f.size]:
+            path, offset = pending[0], received[pending[0]]
+            if attempt:
+                log.info(
+                    "fetch of version %d resumes at %d of %d bytes",
+                    manifest.version,
+                    sum(received.values()),
+                    manifest.total_bytes,
+                )
             request = pb.FetchWeightsRequest(version=manifest.version, path=path, offset=offset)
             try:
                 async for chunk in self.stub.FetchWeights(request, timeout=timeout):
-                    buffer = buffers.get(chunk.path)
-                    if buffer is None:
+                    start = received.get(chunk.path)
+                    if start is None:
                         raise ValueError(f"chunk of {chunk.path!r}, which is not in the manifest")
-                    if chunk.offset != len(buffer):
+                    stop = start + len(chunk.data)
+                    if chunk.offset != start or stop > len(buffers[chunk.path]):
                         raise ValueError(
-                            f"{chunk.path}: chunk at offset {chunk.offset}, expected {len(buffer)}"
+                            f"{chunk.path}: chunk of {len(chunk.data)} bytes at offset "
+                            f"{chunk.offset}, expected offset {start} and at most "
+                            f"{len(buffers[chunk.path])} bytes in all"
                         )
-                    buffer += chunk.data
+                    memoryview(buffers[chunk.path])[start:stop] = chunk.data
+                    received[chunk.path] = stop
                     if hashing is not None:
                         await hashing  # updates of one digest must stay in order
                     hashing = asyncio.ensure_future(
@@ -148,9 +195,26 @@ class WeightSyncClient:
                 if hashing is not None:
                     await hashing
                     hashing = None
-        received = {p: (len(buffers[p]), d.hexdigest()) for p, d in digests.items()}
-        verify_digests(manifest, received)
-        return {path: bytes(data) for path, data in buffers.items()}
+        verify_digests(manifest, {p: (received[p], d.hexdigest()) for p, d in digests.items()})
+        return buffers
 
     async def close(self) -> None:
         await self.channel.close()
+
+
+async def _upload_requests(
+    manifest: WeightManifest,
+    files: Mapping[str, bytes],
+    chunk_bytes: int,
+    progress: Mapping[str, int],
+) -> AsyncIterator[pb.UploadWeightsRequest]:
+    """The manifest, then every file's chunks from its resume offset on."""
+    yield pb.UploadWeightsRequest(manifest=manifest_to_proto(manifest))
+    for f in manifest.files:
+        data = memoryview(files[f.path])
+        # A file received whole sends nothing: its digest is complete on weightsync.
+        for offset in range(progress.get(f.path, 0), len(data), chunk_bytes):
+            piece = bytes(data[offset : offset + chunk_bytes])
+            yield pb.UploadWeightsRequest(
+                chunk=pb.WeightChunk(path=f.path, offset=offset, data=piece)
+            )

@@ -40,7 +40,10 @@ class BroadcastTransport(BaseConfig):
     bucket_bytes: int = Field(default=64 << 20, gt=0)
     """Bytes per broadcast: neither side holds more than one bucket beyond the weights."""
     timeout_s: float = Field(default=300.0, gt=0)
-    """How long group formation and each collective may take before the trainer gives up."""
+    """How long group formation and each collective may take before a member gives up."""
+    reform_window_s: float = Field(default=5.0, gt=0)
+    """When the trainer re-forms a broken group (or restarts), the replicas that rejoin
+    within this many seconds make up the new group (the first group waits for all)."""
 
 
 class StreamTransport(BaseConfig):

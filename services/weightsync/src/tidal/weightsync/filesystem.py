@@ -6,12 +6,19 @@ the parent. A crash at any point leaves either no `v<version>` folder or a compl
 temp folders are ignored by readers and swept on the next publish. Readers verify every
 sha256 before loading (`load_version`), so a corrupted file is refused, not loaded.
 
+`load_version` reads each file once: into a buffer of its manifest size, hashing each
+slice as it lands, then hands out tensors that view that buffer (`safetensors_views`).
+Verifying and loading used to be two passes over the file (`sha256_file`, then
+`safetensors.torch.load_file`'s copy); now the engine's load is the only copy after the
+read.
+
 torch and safetensors are imported lazily: the weightsync service itself (which only
 checks manifests) does not need them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -22,10 +29,11 @@ from typing import TYPE_CHECKING, Any
 from tidal.weightsync.manifest import (
     FULL_WEIGHTS,
     MANIFEST_FILE,
+    CorruptWeights,
     WeightFile,
     WeightManifest,
     sha256_file,
-    verify_files,
+    verify_digests,
 )
 
 if TYPE_CHECKING:
@@ -100,13 +108,42 @@ def write_version(
     return manifest
 
 
+READ_SLICE = 16 << 20
+
+
 def load_version(
     manifest: WeightManifest, *, device: Any = "cpu"
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """Verify checksums, then return (HF config dict, state dict)."""
-    from safetensors.torch import load_file
+    """Read and verify every file in one pass, then return (HF config dict, state dict)."""
+    from tidal.weightsync.stream import decode_version
 
-    verify_files(manifest)
     root = Path(manifest.location)
-    config = json.loads((root / CONFIG_FILE).read_text())
-    return config, load_file(str(root / WEIGHTS_FILE), device=str(device))
+    buffers: dict[str, bytearray] = {}
+    received: dict[str, tuple[int, str]] = {}
+    for f in manifest.files:
+        buffers[f.path], received[f.path] = _read_hashed(manifest.version, root / f.path, f)
+    verify_digests(manifest, received)
+    config, state = decode_version(buffers)
+    if str(device) != "cpu":
+        state = {k: v.to(device) for k, v in state.items()}
+    return config, state
+
+
+def _read_hashed(version: int, path: Path, f: WeightFile) -> tuple[bytearray, tuple[int, str]]:
+    """The file's bytes (at most the manifest's size) and (size on disk, sha256)."""
+    if not path.is_file():
+        raise CorruptWeights(f"version {version}: file {f.path} is missing in {path.parent}")
+    size = path.stat().st_size
+    if size != f.size:
+        raise CorruptWeights(
+            f"version {version}: file {f.path} has {size} bytes, manifest says {f.size}"
+        )
+    buffer = bytearray(size)
+    view = memoryview(buffer)
+    digest = hashlib.sha256()
+    done = 0
+    with path.open("rb", buffering=0) as handle:
+        while done < size and (n := handle.readinto(view[done : done + READ_SLICE])):
+            digest.update(view[done : done + n])
+            done += n
+    return buffer, (done, digest.hexdigest())

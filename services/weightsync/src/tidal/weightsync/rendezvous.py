@@ -9,8 +9,14 @@ Decisions:
   member (with the reason). It then follows versions through the filesystem path,
   which every broadcast version is also written to. A replica rejoining under the same
   id gets its old rank back.
-- Each trainer join starts a new *generation* (a restarted trainer's old group is dead);
-  replicas of an older generation must rejoin.
+- Each trainer join starts a new *generation* (a restarted trainer's old group is dead,
+  or the trainer re-forms a group that broke because a replica died); replicas of an
+  older generation must rejoin, naming the generation they leave (`after_generation`),
+  and wait for a newer one.
+- The first generation waits for all `replicas`. A later one is formed by whoever
+  rejoins within `reform_window_s` of its opening (the dead replica will not), or closes
+  at once when all seats are taken; its world size is 1 + those replicas, so every seat
+  (the trainer's too) is answered only when the window closes.
 - A replica's join waits (asyncio.Condition) until a trainer has joined, bounded by the
   caller's deadline, so services may start in any order.
 """
@@ -18,6 +24,7 @@ Decisions:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass
 
 from tidal.common.errors import InvalidArgument
@@ -46,6 +53,7 @@ class BroadcastRendezvous:
         self._store_address = ""
         self._generation = 0
         self._ranks: dict[str, int] = {}  # replica id → rank in the current generation
+        self._closed = False  # the current generation's membership is final
         self._changed = asyncio.Condition()
 
     def _seat(self, *, rank: int, reason: str = "") -> GroupSeat:
@@ -54,7 +62,7 @@ class BroadcastRendezvous:
             reason=reason,
             store_address=self._store_address,
             rank=rank,
-            world_size=self.world_size,
+            world_size=self.world_size if self._generation == 1 else len(self._ranks) + 1,
             backend=self.config.backend,
             bucket_bytes=self.config.bucket_bytes,
             timeout_s=self.config.timeout_s,
@@ -69,25 +77,53 @@ class BroadcastRendezvous:
             self._store_address = store_address
             self._generation += 1
             self._ranks.clear()
+            self._closed = self._generation == 1  # the first group has a fixed size
+            generation = self._generation
             self._changed.notify_all()
+        if generation > 1:
+            await self._close_after_window(generation)
         return self._seat(rank=0)
 
-    async def join_replica(self, replica_id: str) -> GroupSeat:
+    async def _close_after_window(self, generation: int) -> None:
+        async with self._changed:
+            full = lambda: len(self._ranks) >= self.config.replicas  # noqa: E731
+            with contextlib.suppress(TimeoutError):  # the window closed before all rejoined
+                await asyncio.wait_for(
+                    self._changed.wait_for(full), timeout=self.config.reform_window_s
+                )
+            if self._generation == generation:
+                self._closed = True
+                self._changed.notify_all()
+
+    async def join_replica(self, replica_id: str, after_generation: int = 0) -> GroupSeat:
         if not replica_id:
             raise InvalidArgument("member_id", "must name the replica")
         async with self._changed:
-            await self._changed.wait_for(lambda: bool(self._store_address))
-        if replica_id in self._ranks:
-            return self._seat(rank=self._ranks[replica_id])
-        if len(self._ranks) >= self.config.replicas:
-            reason = (
-                f"the broadcast group of generation {self._generation} is full "
-                f"({self.config.replicas} replicas); follow versions through the filesystem"
+            await self._changed.wait_for(
+                lambda: bool(self._store_address) and self._generation > after_generation
             )
-            return self._seat(rank=-1, reason=reason)
-        rank = len(self._ranks) + 1
-        self._ranks[replica_id] = rank
-        return self._seat(rank=rank)
+            generation = self._generation
+            if replica_id not in self._ranks:
+                if len(self._ranks) >= self.config.replicas:
+                    reason = (
+                        f"the broadcast group of generation {generation} is full "
+                        f"({self.config.replicas} replicas); follow versions through the filesystem"
+                    )
+                    return self._seat(rank=-1, reason=reason)
+                if self._closed and generation > 1:
+                    reason = (
+                        f"the broadcast group of generation {generation} was re-formed without "
+                        "this replica (it rejoined after the window); follow versions through "
+                        "the filesystem"
+                    )
+                    return self._seat(rank=-1, reason=reason)
+                self._ranks[replica_id] = len(self._ranks) + 1
+                self._changed.notify_all()
+            # A re-formed group's world size is known only once its window closes.
+            await self._changed.wait_for(lambda: self._closed or self._generation != generation)
+            if self._generation != generation:
+                return self._seat(rank=-1, reason="the trainer rejoined meanwhile; rejoin")
+            return self._seat(rank=self._ranks[replica_id])
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,10 @@ from tidal.weightsync.convert import (
     plan_to_proto,
     role_from_proto,
 )
+from tidal.weightsync.manifest import WeightManifest
 from tidal.weightsync.registry import VersionRegistry
 from tidal.weightsync.rendezvous import BroadcastRendezvous, SyncPlan
-from tidal.weightsync.upload import UploadChunk, receive_upload
+from tidal.weightsync.upload import UploadChunk, UploadReceiver
 
 
 class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
@@ -34,6 +35,7 @@ class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
         self.registry = registry
         self.chunk_bytes = chunk_bytes
         self.transport = transport or FilesystemTransport()
+        self.uploads = UploadReceiver(registry.root)
         self.rendezvous = (
             BroadcastRendezvous(self.transport)
             if isinstance(self.transport, BroadcastTransport)
@@ -125,9 +127,22 @@ class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
                 c = message.chunk
                 yield UploadChunk(c.path, c.offset, c.data)
 
-        published = await receive_upload(self.registry.root, manifest, chunks())
-        await self.registry.publish(published, inject_carrier(), verified=True)
+        async def register(published: WeightManifest) -> None:
+            await self.registry.publish(published, inject_carrier(), verified=True)
+
+        published = await self.uploads.receive(manifest, chunks(), register)
         return pb.PublishResponse(version=published.version)
+
+    async def GetUploadProgress(
+        self, request: pb.GetUploadProgressRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UploadProgress:
+        header = pb.WeightManifest()
+        header.CopyFrom(request.manifest)
+        header.location = header.location or "(uploaded)"
+        progress = self.uploads.progress(manifest_from_proto(header))
+        return pb.UploadProgress(
+            files=[pb.FileProgress(path=p, received=n) for p, n in progress.items()]
+        )
 
     async def JoinSync(
         self, request: pb.JoinSyncRequest, context: grpc.aio.ServicerContext
@@ -141,5 +156,5 @@ class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
         else:
             if request.store_address:
                 raise FailedPrecondition("only the trainer may offer a store_address")
-            seat = await self.rendezvous.join_replica(request.member_id)
+            seat = await self.rendezvous.join_replica(request.member_id, request.after_generation)
         return plan_to_proto(SyncPlan(plan.transport, plan.chunk_bytes, seat))

@@ -4,7 +4,13 @@ Decisions:
 - The stream path moves exactly the files the filesystem path writes (same manifest,
   same sha256), so weightsync stores an uploaded version like any other and a replica
   may fetch any version, whichever path published it.
-- Encoding uses `safetensors.torch.save` (bytes, no temp file); decoding
+- Encoding uses `safetensors.torch.save` (bytes, no temp file). Decoding does not use
+  `safetensors.torch.load`: it accepts only `bytes` and copies every tensor out of them,
+  so a fetched 1 GB version would be copied twice (bytearray → bytes → tensors) before the
+  engine's own copy. `decode_version` instead reads the safetensors header (8-byte
+  little-endian length, then JSON: dtype, shape, data_offsets per tensor) and returns
+  `torch.frombuffer` views of the received buffer: zero copies, and the engine's load is
+  the one copy. `tests/unit/weightsync/test_stream_decode.py` pins it bit-equal to
   `safetensors.torch.load`. Checksums are verified by the caller before decoding.
 """
 
@@ -12,16 +18,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+import struct
 from collections.abc import Mapping
 from typing import Any
 
 import torch
-from safetensors.torch import load, save
+from safetensors.torch import save
 
 from tidal.weightsync.filesystem import CONFIG_FILE, WEIGHTS_FILE
 from tidal.weightsync.manifest import FULL_WEIGHTS, WeightFile, WeightManifest
 
 UPLOAD_LOCATION = "(uploaded)"
+_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool,
+}  # fmt: skip
 
 
 def encode_version(
@@ -46,6 +58,45 @@ def encode_version(
     return WeightManifest(version, step, UPLOAD_LOCATION, entries, format, base_version), files
 
 
-def decode_version(files: Mapping[str, bytes]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """(HF config, state dict) from verified files."""
-    return json.loads(files[CONFIG_FILE]), load(files[WEIGHTS_FILE])
+def decode_version(
+    files: Mapping[str, bytes | bytearray],
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(HF config, state dict) from verified files; tensors view the weights buffer."""
+    return json.loads(bytes(files[CONFIG_FILE])), safetensors_views(files[WEIGHTS_FILE])
+
+
+def safetensors_views(data: bytes | bytearray) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors payload as views of `data` (a writable bytearray gives
+    writable views; read-only `bytes` are copied once, as torch needs a writable buffer)."""
+    buffer = data if isinstance(data, bytearray) else bytearray(data)
+    if len(buffer) < 8:
+        raise ValueError(f"safetensors payload of {len(buffer)} bytes has no header")
+    (header_len,) = struct.unpack_from("<Q", buffer, 0)
+    begin = 8 + header_len
+    if begin > len(buffer):
+        raise ValueError(f"safetensors header of {header_len} bytes overruns the payload")
+    header = json.loads(bytes(buffer[8:begin]))
+    tensors: dict[str, torch.Tensor] = {}
+    for name, spec in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = _DTYPES.get(spec["dtype"])
+        if dtype is None:
+            raise ValueError(f"{name}: unsupported safetensors dtype {spec['dtype']!r}")
+        start, stop = (begin + int(o) for o in spec["data_offsets"])
+        shape = [int(d) for d in spec["shape"]]
+        if stop > len(buffer) or stop - start != dtype.itemsize * _numel(shape):
+            raise ValueError(f"{name}: data_offsets {spec['data_offsets']} do not fit its shape")
+        if start == stop:
+            tensors[name] = torch.empty(shape, dtype=dtype)
+            continue
+        flat = torch.frombuffer(buffer, dtype=torch.uint8, offset=start, count=stop - start)
+        tensors[name] = flat.view(dtype).view(shape)  # (bytes,) → (*shape,)
+    return tensors
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n

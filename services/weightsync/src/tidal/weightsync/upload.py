@@ -1,13 +1,30 @@
-"""Receiving an uploaded version (the "stream" path) into the root, atomically and verified.
+"""Receiving an uploaded version (the "stream" path) into the root: atomic, verified, resumable.
 
 Decisions:
 - The same on-disk contract as the filesystem path: files go into a hidden temp folder,
   each is hashed *while* it is written (no second read), sizes and sha256 must match the
   manifest the uploader sent first, then the manifest is written, everything fsynced and
-  the folder renamed to `v<version>`. An upload that breaks off or does not verify leaves
-  only a temp folder, which is removed at once (and swept on the next publish anyway).
-- Chunks of a file must arrive in order (offset == bytes received so far); anything else
-  is INVALID_ARGUMENT naming the field, so a confused uploader cannot corrupt a file.
+  the folder renamed to `v<version>`.
+- Resumable by offset: an upload is a *session* keyed by its manifest (location aside).
+  When the stream is cut (the uploader cancelled, the connection dropped) the session
+  keeps its open files and their running sha256 objects in memory, so a new stream with
+  the same manifest continues at `progress()` (bytes received per file) without
+  re-reading or re-hashing anything. The alternative, re-hashing the partial file on
+  resume, costs a read of everything received; keeping the hash state costs nothing.
+  A restarted weightsync loses its sessions (their temp folders are swept) and the
+  upload starts over, which is correct, only slower.
+- A stream that is *wrong* (a chunk not in the manifest, a gap before a chunk's offset, a
+  file that does not verify) discards its session at once: nothing of it is kept or
+  visible. A chunk may start *before* the bytes received (an uploader that retries from
+  zero, or that asked for progress just before the old stream wrote one more chunk):
+  the part already held is skipped, and the final sha256 covers every byte anyway.
+- One pending session at a time (one trainer uploads): a new manifest replaces the old
+  session and deletes its folder. A new stream for the same manifest takes the session
+  over even while an old stream still holds it (the server may notice a cut late, or
+  never for a half-open connection); the old stream's next chunk then fails UNAVAILABLE.
+- Finishing (verify, fsync, rename, register) is shielded from cancellation: a stream cut
+  after its last chunk either registers the version or leaves nothing, never a renamed
+  but unregistered folder.
 - File writes and hashing run in a worker thread per chunk, keeping the event loop free.
 """
 
@@ -18,12 +35,12 @@ import hashlib
 import os
 import shutil
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
 
-from tidal.common.errors import InvalidArgument
+from tidal.common.errors import InvalidArgument, Unavailable
 from tidal.weightsync.filesystem import TMP_PREFIX, fsync_path, sweep_partial, version_dir
 from tidal.weightsync.manifest import MANIFEST_FILE, CorruptWeights, WeightManifest
 
@@ -41,69 +58,161 @@ class _OpenFile:
     digest: hashlib._Hash
     written: int = 0
 
+    def append(self, data: bytes | memoryview) -> None:
+        self.handle.write(data)
+        self.digest.update(data)
+        self.written += len(data)
 
-def _append(f: _OpenFile, data: bytes) -> None:
-    f.handle.write(data)
-    f.digest.update(data)
-    f.written += len(data)
+
+def _key(manifest: WeightManifest) -> WeightManifest:
+    return replace(manifest, location="")
 
 
-async def receive_upload(
-    root: Path, manifest: WeightManifest, chunks: AsyncIterator[UploadChunk]
-) -> WeightManifest:
-    """Write an uploaded version under `root`; returns its manifest (location = final folder).
+class UploadSession:
+    """The files of one upload in a temp folder, with their running sha256."""
 
-    Raises InvalidArgument for malformed chunks and CorruptWeights when a file's size or
-    sha256 does not match; nothing becomes visible in either case.
-    """
-    final = version_dir(root, manifest.version)
-    if final.exists():
-        raise InvalidArgument("manifest.version", f"version {manifest.version} already exists")
-    sweep_partial(root)
-    tmp = root / f"{TMP_PREFIX}v{manifest.version:06d}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir(parents=True)
-    expected = {f.path: f for f in manifest.files}
-    files: dict[str, _OpenFile] = {}
-    try:
-        async for chunk in chunks:
-            if chunk.path not in expected:
+    def __init__(self, root: Path, manifest: WeightManifest) -> None:
+        self.manifest = manifest
+        self.key = _key(manifest)
+        self.folder = root / f"{TMP_PREFIX}v{manifest.version:06d}-{uuid.uuid4().hex[:8]}"
+        self.folder.mkdir(parents=True)
+        self.expected = {f.path: f for f in manifest.files}
+        self.files: dict[str, _OpenFile] = {}
+        self.owner = 0  # the stream that may write: each new stream takes over
+        self.finishing = False
+        self._writing = asyncio.Lock()
+
+    def progress(self) -> dict[str, int]:
+        return {path: f.written for path, f in self.files.items()}
+
+    async def write(self, chunk: UploadChunk, owner: int) -> None:
+        async with self._writing:
+            if owner != self.owner:
+                raise Unavailable("this upload stream was superseded by a newer one")
+            if chunk.path not in self.expected:
                 raise InvalidArgument("chunk.path", f"{chunk.path!r} is not in the manifest")
-            f = files.get(chunk.path)
+            f = self.files.get(chunk.path)
             if f is None:
-                (tmp / chunk.path).parent.mkdir(parents=True, exist_ok=True)
-                f = files[chunk.path] = _OpenFile((tmp / chunk.path).open("wb"), hashlib.sha256())
-            if chunk.offset != f.written:
+                target = self.folder / chunk.path
+                target.parent.mkdir(parents=True, exist_ok=True)
+                f = self.files[chunk.path] = _OpenFile(target.open("wb"), hashlib.sha256())
+            if chunk.offset > f.written or chunk.offset < 0:
                 raise InvalidArgument(
                     "chunk.offset",
-                    f"{chunk.path}: expected offset {f.written}, got {chunk.offset}",
+                    f"{chunk.path}: expected offset {f.written} or less, got {chunk.offset}",
                 )
-            await asyncio.to_thread(_append, f, chunk.data)
-        for name, want in expected.items():
-            f = files.get(name)
+            skip = f.written - chunk.offset  # bytes of this chunk already received
+            if skip < len(chunk.data):
+                await asyncio.to_thread(f.append, memoryview(chunk.data)[skip:])
+
+    def finish(self, final: Path) -> WeightManifest:
+        """Verify sizes and sha256, fsync, rename into place; CorruptWeights on mismatch."""
+        for name, want in self.expected.items():
+            f = self.files.get(name)
             size, digest = (
                 (f.written, f.digest.hexdigest()) if f else (0, hashlib.sha256().hexdigest())
             )
-            if f is None:
-                (tmp / name).touch()
             if size != want.size or digest != want.sha256:
                 raise CorruptWeights(
-                    f"upload of version {manifest.version}: {name} arrived with {size} bytes "
-                    f"and sha256 {digest[:12]}…, manifest says {want.size} bytes, "
+                    f"upload of version {self.manifest.version}: {name} arrived with {size} "
+                    f"bytes and sha256 {digest[:12]}…, manifest says {want.size} bytes, "
                     f"{want.sha256[:12]}…"
                 )
-        for f in files.values():
+            if f is None:
+                (self.folder / name).touch()
+        for f in self.files.values():
             f.handle.flush()
             os.fsync(f.handle.fileno())
             f.handle.close()
-        published = replace(manifest, location=str(final))
-        (tmp / MANIFEST_FILE).write_text(published.to_json())
-        fsync_path(tmp / MANIFEST_FILE)
-        fsync_path(tmp)
-        os.rename(tmp, final)
-        fsync_path(root)
+        published = replace(self.manifest, location=str(final))
+        (self.folder / MANIFEST_FILE).write_text(published.to_json())
+        fsync_path(self.folder / MANIFEST_FILE)
+        fsync_path(self.folder)
+        os.rename(self.folder, final)
+        fsync_path(final.parent)
         return published
-    finally:
-        for f in files.values():
+
+    def discard(self) -> None:
+        self.owner += 1  # a stream still attached to it fails UNAVAILABLE on its next chunk
+        for f in self.files.values():
             f.handle.close()
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class UploadReceiver:
+    """Uploads into `root`, one pending (resumable) session at a time."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._session: UploadSession | None = None
+
+    def progress(self, manifest: WeightManifest) -> dict[str, int]:
+        """Bytes received per file by the pending upload of `manifest`; {} when none."""
+        session = self._session
+        if session is None or session.key != _key(manifest):
+            return {}
+        return session.progress()
+
+    def _session_for(self, manifest: WeightManifest) -> UploadSession:
+        session = self._session
+        if session is not None and session.finishing:
+            raise Unavailable(
+                f"the upload of version {session.manifest.version} is being verified; retry shortly"
+            )
+        if session is not None and session.key == _key(manifest):
+            return session
+        if session is not None:
+            session.discard()
+        sweep_partial(self.root)
+        self._session = UploadSession(self.root, manifest)
+        return self._session
+
+    async def receive(
+        self,
+        manifest: WeightManifest,
+        chunks: AsyncIterator[UploadChunk],
+        register: Callable[[WeightManifest], Awaitable[None]],
+    ) -> WeightManifest:
+        """Receive chunks into the session of `manifest`, then verify, rename and
+        `register` it; returns the published manifest (location = final folder).
+
+        Raises InvalidArgument for malformed chunks and CorruptWeights when a file's size
+        or sha256 does not match; nothing becomes visible in either case. A stream that
+        breaks off leaves the session for a resumed upload.
+        """
+        final = version_dir(self.root, manifest.version)
+        if final.exists():
+            raise InvalidArgument("manifest.version", f"version {manifest.version} already exists")
+        self.root.mkdir(parents=True, exist_ok=True)
+        session = self._session_for(manifest)
+        session.owner += 1
+        owner = session.owner
+        try:
+            async for chunk in chunks:
+                await session.write(chunk, owner)
+            if owner != session.owner:
+                raise Unavailable("this upload stream was superseded by a newer one")
+            session.finishing = True  # until _complete drops the session
+            return await asyncio.shield(self._complete(session, final, register))
+        except InvalidArgument:
+            if owner == session.owner:
+                self._drop(session)
+            raise
+
+    async def _complete(
+        self,
+        session: UploadSession,
+        final: Path,
+        register: Callable[[WeightManifest], Awaitable[None]],
+    ) -> WeightManifest:
+        try:
+            published = await asyncio.to_thread(session.finish, final)
+            await register(published)
+            return published
+        finally:
+            self._drop(session)  # spent: registered, or refused and removed
+
+    def _drop(self, session: UploadSession) -> None:
+        session.discard()
+        if self._session is session:
+            self._session = None

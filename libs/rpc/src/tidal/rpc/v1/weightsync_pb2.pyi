@@ -149,15 +149,37 @@ class UploadWeightsRequest(_message.Message):
     chunk: WeightChunk
     def __init__(self, manifest: _Optional[_Union[WeightManifest, _Mapping]] = ..., chunk: _Optional[_Union[WeightChunk, _Mapping]] = ...) -> None: ...
 
+class GetUploadProgressRequest(_message.Message):
+    __slots__ = ("manifest",)
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    manifest: WeightManifest
+    def __init__(self, manifest: _Optional[_Union[WeightManifest, _Mapping]] = ...) -> None: ...
+
+class FileProgress(_message.Message):
+    __slots__ = ("path", "received")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    received: int
+    def __init__(self, path: _Optional[str] = ..., received: _Optional[int] = ...) -> None: ...
+
+class UploadProgress(_message.Message):
+    __slots__ = ("files",)
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    files: _containers.RepeatedCompositeFieldContainer[FileProgress]
+    def __init__(self, files: _Optional[_Iterable[_Union[FileProgress, _Mapping]]] = ...) -> None: ...
+
 class JoinSyncRequest(_message.Message):
-    __slots__ = ("member_id", "role", "store_address")
+    __slots__ = ("member_id", "role", "store_address", "after_generation")
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     STORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    AFTER_GENERATION_FIELD_NUMBER: _ClassVar[int]
     member_id: str
     role: SyncRole
     store_address: str
-    def __init__(self, member_id: _Optional[str] = ..., role: _Optional[_Union[SyncRole, str]] = ..., store_address: _Optional[str] = ...) -> None: ...
+    after_generation: int
+    def __init__(self, member_id: _Optional[str] = ..., role: _Optional[_Union[SyncRole, str]] = ..., store_address: _Optional[str] = ..., after_generation: _Optional[int] = ...) -> None: ...
 
 class BroadcastGroup(_message.Message):
     __slots__ = ("member", "reason", "store_address", "rank", "world_size", "backend", "bucket_bytes", "timeout_s", "generation")

@@ -74,6 +74,11 @@ class WeightSyncServiceStub:
                 request_serializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.UploadWeightsRequest.SerializeToString,
                 response_deserializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.PublishResponse.FromString,
                 _registered_method=True)
+        self.GetUploadProgress = channel.unary_unary(
+                '/tidal.rpc.v1.WeightSyncService/GetUploadProgress',
+                request_serializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.GetUploadProgressRequest.SerializeToString,
+                response_deserializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.UploadProgress.FromString,
+                _registered_method=True)
         self.JoinSync = channel.unary_unary(
                 '/tidal.rpc.v1.WeightSyncService/JoinSync',
                 request_serializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.JoinSyncRequest.SerializeToString,
@@ -140,6 +145,17 @@ class WeightSyncServiceServicer:
         shared filesystem): the first message is the manifest (files with size and sha256;
         location is ignored), then the chunks of each file in order. The service writes them
         atomically under its root, verifies every sha256 and registers the version.
+        A stream cut before its end (cancelled, connection lost) leaves the received bytes
+        in place: the uploader asks GetUploadProgress and resumes from there.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetUploadProgress(self, request, context):
+        """How many bytes of each file a pending upload of this exact manifest has received
+        (written and folded into the file's running sha256): the resume point of a cut
+        upload. No files when no upload of this manifest is pending.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -196,6 +212,11 @@ def add_WeightSyncServiceServicer_to_server(servicer, server):
                     servicer.UploadWeights,
                     request_deserializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.UploadWeightsRequest.FromString,
                     response_serializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.PublishResponse.SerializeToString,
+            ),
+            'GetUploadProgress': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetUploadProgress,
+                    request_deserializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.GetUploadProgressRequest.FromString,
+                    response_serializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.UploadProgress.SerializeToString,
             ),
             'JoinSync': grpc.unary_unary_rpc_method_handler(
                     servicer.JoinSync,
@@ -419,6 +440,33 @@ class WeightSyncService:
             '/tidal.rpc.v1.WeightSyncService/UploadWeights',
             tidal_dot_rpc_dot_v1_dot_weightsync__pb2.UploadWeightsRequest.SerializeToString,
             tidal_dot_rpc_dot_v1_dot_weightsync__pb2.PublishResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetUploadProgress(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidal.rpc.v1.WeightSyncService/GetUploadProgress',
+            tidal_dot_rpc_dot_v1_dot_weightsync__pb2.GetUploadProgressRequest.SerializeToString,
+            tidal_dot_rpc_dot_v1_dot_weightsync__pb2.UploadProgress.FromString,
             options,
             channel_credentials,
             insecure,
