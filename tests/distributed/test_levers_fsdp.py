@@ -1,5 +1,6 @@
-"""Activation checkpointing and compile applied before FSDP2 (2 gloo processes) give the
-single-process gradients of the plain model (fp32)."""
+"""Activation checkpointing and compile applied before FSDP2, and the chunked LM head run
+inside the root FSDP unit (2 gloo processes), give the single-process loss and gradients
+of the plain model with the dense head (fp32)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
-MODES = ("ac-full", "ac-selective-compile")
+MODES = ("ac-full", "ac-selective-compile", "chunked-head")
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +20,10 @@ def runs(worker, tmp_path_factory: pytest.TempPathFactory) -> dict:  # type: ign
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_levers_under_fsdp_give_the_single_process_gradients(runs: dict, mode: str) -> None:  # type: ignore[type-arg]
+def test_levers_under_fsdp_give_the_single_process_loss_and_grads(
+    runs: dict,  # type: ignore[type-arg]
+    mode: str,
+) -> None:
     reference, sharded = runs["single"], runs[mode]
     assert sharded.keys() == reference.keys()
     for name, expected in reference.items():

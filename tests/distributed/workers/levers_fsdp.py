@@ -1,20 +1,22 @@
-"""Levers under FSDP2 (run by torchrun): checkpointing → compile → sharding gives the
-single-process gradients of the plain model.
+"""Levers under FSDP2 (run by torchrun): checkpointing → compile → sharding, and the
+chunked LM head, give the single-process loss and gradients of the plain model.
 
     python levers_fsdp.py --modes single --out ref.pt
-    torchrun --nproc-per-node 2 levers_fsdp.py --modes ac-full,ac-selective-compile --out x.pt
+    torchrun --nproc-per-node 2 levers_fsdp.py --modes ac-full,chunked-head --out x.pt
 
-The global batch, loss and split are those of `fsdp_step.py`; rank 0 saves the full
-gradients of one backward.
+The global batch and split are those of `fsdp_step.py`; the loss is its packed token NLL
+minus an entropy bonus (so the chunked head's entropy gradient is exercised too). Rank 0
+saves the full gradients of one backward and the global loss (summed over ranks).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from fsdp_step import TINY, full, global_batch, main, packed_loss
+from fsdp_step import TINY, full, global_batch, main
 
 from tidal.trainer.lever_config import ActivationCheckpointConfig, CompileConfig
+from tidal.trainer.levers.lm_head import chunked_logprobs_entropy
 from tidal.trainer.models.factory import build_model
 from tidal.trainer.parallel.ac import apply_ac
 from tidal.trainer.parallel.compile import apply_compile
@@ -27,7 +29,33 @@ LEVERS = {
         ActivationCheckpointConfig(mode="selective", targets=["attention", "mlp"]),
         CompileConfig(backend="aot_eager"),
     ),
+    "chunked-head": (None, None),
 }
+CHUNK = 7  # tokens per head chunk: several chunks, the last one partial
+ENTROPY_COEF = 0.1
+
+
+def loss_of(
+    model: torch.nn.Module, samples: list[torch.Tensor], total: int, mode: str
+) -> torch.Tensor:
+    """(NLL - ENTROPY_COEF · entropy) summed over `samples`' scored tokens, / `total`."""
+    ids = torch.cat(samples)[None]  # (1, T)
+    lengths = torch.tensor([len(s) for s in samples])
+    positions = torch.cat([torch.arange(n) for n in lengths.tolist()])[None]  # (1, T)
+    targets = ids[0, 1:]  # (T-1,)
+    if mode == "chunked-head":
+
+        def head(hidden: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return chunked_logprobs_entropy(hidden[0, :-1], weight, targets, chunk=CHUNK)
+
+        logprobs, entropy = model(ids, positions, sample_lengths=lengths, head=head)  # (T-1,)
+    else:
+        log_p = torch.log_softmax(model(ids, positions, sample_lengths=lengths)[0, :-1], -1)
+        logprobs = log_p.gather(-1, targets[:, None]).squeeze(-1)  # (T-1,)
+        entropy = -(log_p.exp() * log_p).sum(-1)  # (T-1,)
+    keep = torch.ones_like(logprobs, dtype=torch.bool)
+    keep[(torch.cumsum(lengths, 0) - 1)[:-1]] = False  # a sample's last token predicts nothing
+    return (-logprobs - ENTROPY_COEF * entropy)[keep].sum() / total
 
 
 def grads(mode: str) -> dict[str, torch.Tensor]:
@@ -44,8 +72,12 @@ def grads(mode: str) -> dict[str, torch.Tensor]:
         factor = grad_sum_factor(mesh)
     samples = global_batch()
     total = sum(len(s) - 1 for s in samples)
-    (packed_loss(model, samples[rank::world], total) * factor).backward()
-    return {n: full(p.grad) for n, p in model.named_parameters()}
+    loss = loss_of(model, samples[rank::world], total, mode)
+    (loss * factor).backward()
+    loss = loss.detach().clone()
+    if dist.is_initialized():
+        dist.all_reduce(loss)  # each rank's share → the global loss
+    return {"loss": loss, **{n: full(p.grad) for n, p in model.named_parameters()}}
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """The planner's peak prediction against the measured peak RSS of real training steps.
 
 Each configuration trains two real steps (`Trainer.train_step`) in a fresh subprocess
-(`tidal.trainer.plan.measure`); the prediction must be within 15% of the measured peak.
-The levers of issue 7a (checkpointing, activation offloading, chunked head, LoRA) join
-this list as one line each once they are on main.
+(`tidal.trainer.plan.measure`); the prediction must be within 15% of the measured peak,
+for every configuration on its own (not as a median): plain models of different
+shapes, each memory lever alone, and all the levers together.
 """
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ from tidal.trainer.plan.measure import measure
 from tidal.trainer.plan.model_size import decoder_args
 
 SMALL = {"dim": 128, "n_heads": 4, "n_kv_heads": 2, "max_seq_len": 256}
+# Activations and logits both matter here, so each lever moves the peak.
+MIXED = {**SMALL, "dim": 256, "n_layers": 4, "ffn_dim": 704, "vocab_size": 4096}
+AC_FULL = {"ac": {"mode": "full"}}
 CASES = {
     "logits-dominated": ({"model": {**SMALL, "n_layers": 2, "vocab_size": 8192}}, 1024),
     "activation-dominated": (
@@ -46,6 +49,32 @@ CASES = {
             }
         },
         768,
+    ),
+    "ac-full": ({"model": {**MIXED, **AC_FULL}}, 1024),
+    "ac-every-2nd": ({"model": {**MIXED, "ac": {"mode": "full", "freq": 2}}}, 1024),
+    "ac-selective": ({"model": {**MIXED, "ac": {"mode": "selective"}}}, 1024),
+    "chunked-head": ({"model": {**MIXED, "fused_lm_head_token_chunk_size": 128}}, 1024),
+    "activation-offloading": ({"model": {**MIXED, "ac_offloading": {}}}, 1024),
+    "lora": ({"model": {**MIXED, "lora": {"rank": 8}}}, 1024),
+    "all-levers": (
+        {
+            "model": {
+                **MIXED,
+                **AC_FULL,
+                "ac_offloading": {},
+                "fused_lm_head_token_chunk_size": 128,
+                "lora": {"rank": 8},
+            },
+            "optim": {"optim_offload": "disk", "optim_offload_buffer_mb": 4},
+        },
+        1024,
+    ),
+    "memory-tight": (
+        {
+            "model": {**MIXED, **AC_FULL, "fused_lm_head_token_chunk_size": 128},
+            "optim": {"optim_offload": "disk", "optim_offload_buffer_mb": 4},
+        },
+        1024,
     ),
 }
 

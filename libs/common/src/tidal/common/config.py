@@ -7,7 +7,8 @@ Decisions:
   then `TIDAL_A__B=value` environment variables (deployment settings), then CLI overrides
   (`--a.b-c value`). CLI last because a person typing a flag means it.
 - Unknown keys are errors that name the full key path and the closest valid name, found by
-  walking pydantic's `extra_forbidden` error locations back through the model classes.
+  walking pydantic's `extra_forbidden` error locations back through the model classes. A
+  key that was removed in favour of another names its replacement (`moved_keys`).
 - Values given as strings (CLI, env) are parsed as TOML literals when they parse
   (`1e-5`, `true`, `[1, 2]`), otherwise kept as strings.
 """
@@ -40,6 +41,8 @@ class BaseConfig(BaseModel):
     model_config = ConfigDict(
         extra="forbid", use_attribute_docstrings=True, validate_default=True, frozen=False
     )
+    moved_keys: typing.ClassVar[dict[str, str]] = {}
+    """Removed key → the full name of the key that replaced it (named in the error)."""
 
 
 @dataclass
@@ -170,6 +173,9 @@ def _describe_error(cls: type[BaseModel], error: Mapping[str, Any]) -> str:
         owner: Any = cls
         for part in loc[:-1]:
             owner = _field_model(owner, part)
+        moved = getattr(owner, "moved_keys", {}).get(loc[-1])
+        if moved is not None:
+            return f"unknown key '{path}'; it was replaced by '{moved}'"
         valid = sorted(owner.model_fields) if owner is not None else []
         close = difflib.get_close_matches(loc[-1].replace("-", "_"), valid, n=1, cutoff=0.5)
         parent = ".".join(loc[:-1])

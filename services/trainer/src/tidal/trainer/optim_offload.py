@@ -5,10 +5,12 @@ Decisions:
 - One update engine, two state stores. The update walks every parameter in fixed-size
   slices of its flattened elements; for each slice it copies the states from the store
   into a small reused buffer pool on the parameter's device, applies the update there and
-  copies the states back. AdamW and SGD are elementwise, so a slice-wise update is exactly
-  the whole-tensor update, and device/host memory for states is bounded by the pool
-  (`optim_offload_buffer_mb`), whatever the model size (the ZeRO-Offload / ZeRO-Infinity
-  idea, MemAscend's bounded pool, without their C++ kernels).
+  copies the states back (on a CPU run the store already is host memory, so the slice is
+  updated where it lies: no copy in or out). AdamW and SGD are elementwise, so a
+  slice-wise update is exactly the whole-tensor update, and device/host memory for
+  states is bounded by the pool (`optim_offload_buffer_mb`), whatever the model size
+  (the ZeRO-Offload / ZeRO-Infinity idea, MemAscend's bounded pool, without their C++
+  kernels).
 - Host store: one flat fp32 tensor per state kind (pinned when CUDA is present, so the
   copies can overlap). Disk store: one file per state kind, mapped with `mmap`; every
   parameter's region starts on a page boundary, and after a slice is written back its
@@ -186,16 +188,21 @@ class OffloadedOptimizer(torch.optim.Optimizer):
     def _update_slice(self, p: torch.Tensor, s: Slice, group: dict[str, Any], step: int) -> None:
         param = p.view(-1)[s.start : s.stop]  # (n,) view into the parameter
         grad = p.grad.view(-1)[s.start : s.stop]  # (n,)
+        in_place = p.device.type == "cpu"  # the store is host memory: update it where it is
         bufs = {}
         for kind in self.kinds:  # store → device buffer
-            bufs[kind] = self._buffer(kind, p.device, s.stop - s.start)
-            bufs[kind].copy_(self.store.view(kind, s), non_blocking=True)
+            if in_place:
+                bufs[kind] = self.store.view(kind, s)
+            else:
+                bufs[kind] = self._buffer(kind, p.device, s.stop - s.start)
+                bufs[kind].copy_(self.store.view(kind, s), non_blocking=True)
         if self.kind == "adamw":
             _adamw(param, grad, bufs["exp_avg"], bufs["exp_avg_sq"], group, step)
         else:
             _sgd(param, grad, bufs.get("momentum_buffer"), group, first=step == 1)
         for kind in self.kinds:  # device buffer → store
-            self.store.view(kind, s).copy_(bufs[kind])
+            if not in_place:
+                self.store.view(kind, s).copy_(bufs[kind])
             self.store.release(kind, s)
 
     def state_dict(self) -> dict[str, Any]:

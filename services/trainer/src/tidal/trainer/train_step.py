@@ -216,14 +216,17 @@ class Trainer:
         ids, positions = batch.input_ids[None], batch.position_ids[None]
         targets = batch.input_ids[1:]  # (T-1,)
         if self.lm_head_chunk is not None:
-            with self._autocast():
-                hidden = model.hidden_states(  # type: ignore[operator]
-                    ids, positions, sample_lengths=batch.sample_lengths
-                )  # (1, T, dim)
-                head = model.get_output_embeddings().weight  # type: ignore[operator]
-                logprobs, entropy = chunked_logprobs_entropy(
-                    hidden[0, :-1], head, targets, chunk=self.lm_head_chunk
-                )  # (T-1,), (T-1,)
+            chunk = self.lm_head_chunk
+
+            def head(
+                hidden: torch.Tensor, weight: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor]:  # (1, T, dim), (V, dim) → (T-1,) twice
+                return chunked_logprobs_entropy(hidden[0, :-1], weight, targets, chunk=chunk)
+
+            with self._autocast():  # through forward: FSDP gathers the root unit for it
+                logprobs, entropy = model(
+                    ids, positions, sample_lengths=batch.sample_lengths, head=head
+                )
             return logprobs, entropy if entropy_grad else entropy.detach()
         with self._autocast():
             logits = model(ids, positions, sample_lengths=batch.sample_lengths)[0]  # (T, V)

@@ -10,6 +10,13 @@ Decisions:
   d logp_t / dz = onehot(t) - p;  dH / dz = -p · (log p + H).
   Both are combined with the incoming gradients and pushed through the matmul chunk by
   chunk: grad_h[chunk] = g_z @ W, grad_W += g_zᵀ @ h[chunk].
+- Cost: the matmuls (forward, recompute, two gradients: one more than the dense head)
+  are most of the head's time, so the rest is kept lean. Forward: one `exp` of the
+  max-shifted logits gives the log-sum-exp, the target's logprob and the entropy
+  (H = log Σe − Σ e·(z − max) / Σe). Backward: two `(chunk, V)` buffers updated in
+  place, and the weight gradient accumulates with `addmm_` (no `(V, D)` product per
+  chunk). The first version (a `logsumexp` plus a second `exp`, a fresh tensor per
+  elementwise op) made the head ~20% slower (docs/benchmarks/memory.md).
 - The matmul runs in the hidden states' dtype (bf16 under autocast, like the unchunked
   head), the softmax arithmetic in fp32, as `train_step` does for full logits.
 - "auto" sizes chunks so one chunk's fp32 logits take about `AUTO_CHUNK_BYTES`.
@@ -44,6 +51,34 @@ def _accumulate_dtype(hidden: torch.Tensor) -> torch.dtype:
     return torch.promote_types(hidden.dtype, torch.float32)
 
 
+def _logits_grad(
+    logits: torch.Tensor,  # (c, V), consumed (overwritten)
+    lse: torch.Tensor,  # (c,)
+    entropy: torch.Tensor,  # (c,)
+    targets: torch.Tensor,  # (c,)
+    g_logp: torch.Tensor | None,  # (c,)
+    g_ent: torch.Tensor | None,  # (c,)
+) -> torch.Tensor:
+    """(c, V) gradient wrt the logits: g·(onehot - p) - g_H·p·(log p + H).
+
+    Written as -p·(g + g_H·(log p + H)) + onehot·g with in-place ops on the two `(c, V)`
+    buffers it needs (log p, then p), instead of a fresh tensor per elementwise op.
+    """
+    log_p = logits.sub_(lse[:, None])  # (c, V)
+    p = log_p.exp()  # (c, V)
+    if g_ent is None:
+        assert g_logp is not None
+        grad_z = p.mul_(g_logp[:, None].neg())
+    else:
+        coef = log_p.add_(entropy[:, None]).mul_(g_ent[:, None])  # g_H·(log p + H)
+        if g_logp is not None:
+            coef.add_(g_logp[:, None])
+        grad_z = p.mul_(coef).neg_()
+    if g_logp is not None:
+        grad_z.scatter_add_(-1, targets[:, None], g_logp[:, None])
+    return grad_z
+
+
 class _ChunkedLogprobEntropy(torch.autograd.Function):
     @staticmethod
     def forward(
@@ -60,12 +95,17 @@ class _ChunkedLogprobEntropy(torch.autograd.Function):
         w = weight.to(hidden.dtype)
         for start in range(0, n, chunk):
             end = min(start + chunk, n)
-            logits = (hidden[start:end] @ w.T).to(acc)  # (c, V)
-            row_lse = torch.logsumexp(logits, dim=-1)  # (c,)
-            log_p = logits - row_lse[:, None]  # (c, V)
-            lse[start:end] = row_lse
-            logprobs[start:end] = log_p.gather(-1, targets[start:end, None]).squeeze(-1)
-            entropy[start:end] = -(log_p.exp() * log_p).sum(-1)
+            shifted = (hidden[start:end] @ w.T).to(acc)  # (c, V) logits z
+            top = shifted.amax(dim=-1, keepdim=True)  # (c, 1)
+            shifted.sub_(top)  # z - max, in place
+            e = shifted.exp()  # (c, V) the one exp of the forward
+            total = e.sum(dim=-1)  # (c,) Σ exp(z - max)
+            log_total = total.log()  # (c,)
+            lse[start:end] = top.squeeze(-1) + log_total
+            picked = shifted.gather(-1, targets[start:end, None]).squeeze(-1)  # (c,)
+            logprobs[start:end] = picked - log_total
+            # H = -Σ p log p = log Σe - Σ e·(z - max) / Σe
+            entropy[start:end] = log_total - e.mul_(shifted).sum(dim=-1) / total
         ctx.save_for_backward(hidden, weight, targets, lse, entropy)
         ctx.chunk = chunk
         return logprobs, entropy
@@ -77,7 +117,7 @@ class _ChunkedLogprobEntropy(torch.autograd.Function):
         hidden, weight, targets, lse, entropy = ctx.saved_tensors
         n, chunk = hidden.shape[0], ctx.chunk
         w = weight.to(hidden.dtype)
-        grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None  # (N, D)
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None  # (N, D)
         acc = _accumulate_dtype(hidden)
         grad_weight = (
             torch.zeros_like(weight, dtype=acc) if ctx.needs_input_grad[1] else None
@@ -85,19 +125,19 @@ class _ChunkedLogprobEntropy(torch.autograd.Function):
         for start in range(0, n, chunk):
             end = min(start + chunk, n)
             h = hidden[start:end]  # (c, D)
-            log_p = (h @ w.T).to(acc) - lse[start:end, None]  # (c, V)
-            p = log_p.exp()
-            grad_z = torch.zeros_like(log_p)  # (c, V)
-            if grad_logprobs is not None:
-                g = grad_logprobs[start:end, None]  # (c, 1)
-                grad_z -= g * p
-                grad_z.scatter_add_(-1, targets[start:end, None], g)
-            if grad_entropy is not None:
-                grad_z -= grad_entropy[start:end, None] * p * (log_p + entropy[start:end, None])
-            grad_z = grad_z.to(hidden.dtype)
+            grad_z = _logits_grad(
+                (h @ w.T).to(acc),
+                lse[start:end],
+                entropy[start:end],
+                targets[start:end],
+                None if grad_logprobs is None else grad_logprobs[start:end],
+                None if grad_entropy is None else grad_entropy[start:end],
+            ).to(hidden.dtype)  # (c, V)
             if grad_hidden is not None:
-                grad_hidden[start:end] = grad_z @ w  # (c, D)
-            if grad_weight is not None:
+                torch.matmul(grad_z, w, out=grad_hidden[start:end])  # (c, D)
+            if grad_weight is not None and grad_weight.dtype == h.dtype:
+                grad_weight.addmm_(grad_z.T, h)  # (V, D), no temporary
+            elif grad_weight is not None:
                 grad_weight += (grad_z.T @ h).to(acc)  # (V, D)
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)

@@ -9,6 +9,9 @@ Decisions:
 - One forward serves every caller: which keys each query sees is decided by the
   `AttentionBackend` passed in (packed training, plain causal attention, an inference
   KV cache). The model knows nothing of caches or masks.
+- A caller may pass `head` to `DecoderLM.forward` to replace the dense LM head (the
+  chunked-head lever): it runs inside the root module's forward, so under FSDP the root
+  unit's parameters (final norm, head) are gathered for it like for the dense head.
 - Norms are `nn.RMSNorm` (fused kernel); parity with HF's fp32-upcast RMSNorm holds to
   fp32 rounding in fp32, which is what the parity tests pin.
 """
@@ -16,6 +19,7 @@ Decisions:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -109,6 +113,9 @@ class DecoderModel(nn.Module):
         self.norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
 
 
+HeadOutput = tuple[torch.Tensor, torch.Tensor]  # a replacement head's (N,) results
+
+
 class DecoderLM(nn.Module):
     """A decoder-only causal LM of any supported family (`args.family`)."""
 
@@ -149,8 +156,10 @@ class DecoderLM(nn.Module):
         *,
         sample_lengths: torch.Tensor | None = None,  # (S,) for packed B == 1
         attention: AttentionBackend | None = None,
-    ) -> torch.Tensor:
-        """Logits `(B, T, V)` in fp32.
+        head: Callable[[torch.Tensor, torch.Tensor], HeadOutput] | None = None,
+    ) -> torch.Tensor | HeadOutput:
+        """Logits `(B, T, V)` in fp32, or what `head(hidden, weight)` returns for the
+        final-norm hidden states `(B, T, dim)` and the head weight `(V, dim)`.
 
         `sample_lengths` is shorthand for the packed backend `model.attn` selects (SDPA
         with a block-diagonal mask, or flash-attn varlen); with neither, every row is one
@@ -159,6 +168,8 @@ class DecoderLM(nn.Module):
         hidden = self.hidden_states(
             input_ids, position_ids, sample_lengths=sample_lengths, attention=attention
         )
+        if head is not None:
+            return head(hidden, self.lm_head.weight)
         return self.lm_head(hidden).float()
 
     def hidden_states(

@@ -13,7 +13,7 @@ Decisions:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field
 
@@ -52,10 +52,10 @@ class ParallelConfig(BaseConfig):
     reshard_after_forward: bool = True
     """Free gathered parameters after each block's forward (gathered again in backward):
     less memory, one more all-gather per block."""
-    cpu_offload: bool = False
-    """Keep sharded parameters, gradients and optimizer state in host memory."""
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     """torch.distributed backend: "auto" is NCCL on CUDA, gloo on CPU."""
+
+    moved_keys: ClassVar[dict[str, str]] = {"cpu_offload": "trainer.model.fsdp_cpu_offload"}
 
 
 def check_parallel(
@@ -89,13 +89,6 @@ def check_parallel(
         raise ConfigError(
             f"trainer.parallel.ep = {dims.ep} must equal trainer.parallel.dp_shard "
             f"(= {dims.dp_shard}) with trainer.parallel.cp = 1 (cp is {dims.cp})"
-        )
-    if dims.world_size > 1 and model.fused_lm_head_token_chunk_size != "disabled":
-        # The chunked head calls the model's trunk and head separately, outside the root
-        # FSDP unit's forward, so the root's sharded parameters would never be gathered.
-        raise ConfigError(
-            "trainer.model.fused_lm_head_token_chunk_size is not supported with "
-            f'trainer.world_size = {dims.world_size} yet (FSDP); set it to "disabled"'
         )
     if dims.cp > 1 and loss is not None and "sequence" in (loss.norm, loss.ratio_level):
         raise ConfigError(

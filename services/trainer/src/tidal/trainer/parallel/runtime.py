@@ -119,8 +119,7 @@ class RankContext:
             param_dtype=p.param_dtype,
             reduce_dtype=p.reduce_dtype,
             reshard_after_forward=p.reshard_after_forward,
-            # The memory lever's name for the same policy (issue 7) switches it on too.
-            cpu_offload=p.cpu_offload or self.config.model.fsdp_cpu_offload,
+            cpu_offload=self.config.model.fsdp_cpu_offload,  # the memory lever (issue 7)
         )
 
     def finish_gradients(self, model: nn.Module) -> None:

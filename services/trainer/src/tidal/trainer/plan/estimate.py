@@ -22,10 +22,14 @@ Decisions:
   measured against the trainer's step, which the planner tests pin); the chunked
   head (issue 7a) keeps five `[chunk, vocab]` tensors in its backward (the recomputed
   logits, log p, p, the logits' gradient and one product temporary).
-- Peak = model states + the larger of the backward-start phase (all saved activations,
-  the logits peak, the head's weight gradient) and the update phase (all gradients and the
+- Peak = model states + the larger of the backward phase (all saved activations, the
+  head's weight gradient, and the larger of the logits peak and one block's backward:
+  its recomputed activations plus activation gradients; the head's backward is over
+  before the first block recomputes) and the update phase (all gradients and the
   optimizer's temporaries), then a fragmentation margin on top (the CUDA caching
   allocator wastes some; glibc with a low mmap threshold hardly any).
+- LoRA: frozen projections that no adapter reads need not keep their inputs, so those
+  (the norms' outputs, the MLP product) leave the saved activations.
 """
 
 from __future__ import annotations
@@ -106,12 +110,25 @@ def _layer_elements(a: DecoderArgs, layer: int) -> dict[str, int]:
     }
 
 
+def _lora_unsaved(a: DecoderArgs, levers: Levers, layer: int) -> int:
+    """Elements per token a LoRA run does not save: the inputs of frozen projections that
+    no adapter reads (a frozen weight's input gradient needs the weight, not the input)."""
+    if levers.lora_rank is None or a.is_moe_layer(layer):
+        return 0
+    targets = set(levers.lora_targets)
+    unsaved = 0 if targets & {"q_proj", "k_proj", "v_proj"} else a.dim  # first norm's output
+    unsaved += 0 if targets & {"gate_proj", "up_proj"} else a.dim  # second norm's output
+    unsaved += 0 if "down_proj" in targets else a.ffn_dim  # silu(gate)·up
+    return unsaved
+
+
 def _activations(a: DecoderArgs, levers: Levers, w: Workload) -> tuple[float, float]:
     """(saved activation bytes of all blocks, extra bytes while one block recomputes)."""
     width = 2 if w.precision == "bf16" else 4
     saved, recompute = 0.0, 0.0
     for i in range(a.n_layers):
         parts = _layer_elements(a, i)
+        parts["mlp"] -= _lora_unsaved(a, levers, i)
         full = sum(parts.values())
         if levers.ac_mode == "full" and i % levers.ac_freq == 0:
             kept = parts["input"]
@@ -188,8 +205,12 @@ def plan_memory(a: DecoderArgs, levers: Levers, w: Workload) -> MemoryPlan:
     else:  # per chunk, plus the (N,) log-sum-exp, entropy and logprobs it keeps
         logits = CHUNK_LIVE * chunk * a.vocab_size * 4 + 3 * w.tokens * 4
     head_grad = 4 * (counts.lm_head or counts.embedding) * (trainable == total) / shard
-    final_norm = 3 * a.dim * w.tokens * (2 if w.precision == "bf16" else 4)
-    backward_start = saved + recompute + logits + head_grad + final_norm
+    width = 2 if w.precision == "bf16" else 4
+    final_norm = 3 * a.dim * w.tokens * width
+    # The head's backward ends (its logits freed) before the first block recomputes, so
+    # the two are not alive together; a block's backward also holds activation gradients.
+    block_backward = recompute + (2 * a.dim + 2 * a.ffn_dim) * w.tokens * width
+    backward_start = saved + head_grad + max(logits + final_norm, block_backward)
     largest_param = 4 * max(counts.embedding, max(counts.per_layer) // 4)
     update = grads + (2 * largest_param if optim_per_param else 0)
     comm = 0.0
@@ -197,8 +218,12 @@ def plan_memory(a: DecoderArgs, levers: Levers, w: Workload) -> MemoryPlan:
         comm = 3 * 4 * max(counts.per_layer)
     if backward_start > update:
         notes.append("peak at the start of backward (activations and logits alive)")
-        phase = {"gradients": head_grad, "activations": saved + recompute}
-        phase |= {"logits": logits + final_norm, "optimizer temporaries": 0.0}
+        if logits + final_norm >= block_backward:
+            phase = {"gradients": head_grad, "activations": saved}
+            phase |= {"logits": logits + final_norm, "optimizer temporaries": 0.0}
+        else:  # peak while a checkpointed block recomputes
+            phase = {"gradients": head_grad, "activations": saved + block_backward}
+            phase |= {"logits": 0.0, "optimizer temporaries": 0.0}
     else:
         notes.append("peak in the optimizer update (all gradients alive)")
         phase = {"gradients": grads, "activations": 0.0, "logits": 0.0}

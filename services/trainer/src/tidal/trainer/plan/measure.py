@@ -18,6 +18,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -58,8 +59,9 @@ def _batch(tokens: int, sample_len: int, vocab: int, seed: int) -> Any:
     )
 
 
-def run(trainer_json: str, tokens: int, steps: int) -> dict[str, float]:
-    """In this process: warm up, reset the peak, train `steps` steps; report peak and speed."""
+def run(trainer_json: str, tokens: int, steps: int) -> dict[str, Any]:
+    """In this process: warm up, reset the peak, train `steps` steps; report the peak, the
+    times of the steps after the first and their median."""
     import torch
 
     from tidal.trainer.config import TrainerConfig
@@ -89,9 +91,11 @@ def run(trainer_json: str, tokens: int, steps: int) -> dict[str, float]:
         if device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-    result = {
+    timed = times[1:] or times  # the first step allocates and faults in: not steady state
+    result: dict[str, Any] = {
         "peak_bytes": float(_hwm_bytes() - base),
-        "step_seconds": sorted(times[1:] or times)[len(times[1:] or times) // 2],
+        "step_seconds": statistics.median(timed),
+        "step_times": timed,
         "tokens": float(tokens),
     }
     if device.type == "cuda":

@@ -1,0 +1,23 @@
+"""FSDP CPU offload has one switch, `trainer.model.fsdp_cpu_offload`: the old
+`trainer.parallel.cpu_offload` is an unknown key whose error names its replacement."""
+
+from __future__ import annotations
+
+import pytest
+
+from tidal.cli.config import RunConfig
+from tidal.common.config import ConfigError, load_config
+
+
+def test_removed_parallel_cpu_offload_names_the_model_switch() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(RunConfig, ["--trainer.parallel.cpu-offload", "true"], environ={})
+    message = str(err.value)
+    assert "unknown key 'trainer.parallel.cpu_offload'" in message
+    assert "replaced by 'trainer.model.fsdp_cpu_offload'" in message
+
+
+def test_fsdp_cpu_offload_is_read_from_the_model_section() -> None:
+    config, _ = load_config(RunConfig, ["--trainer.model.fsdp-cpu-offload", "true"], environ={})
+    assert config.trainer.model.fsdp_cpu_offload
+    assert "cpu_offload" not in type(config.trainer.parallel).model_fields
