@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tidal.common.durable import commit_dir, fsync_path
 from tidal.weightsync.manifest import (
     FULL_WEIGHTS,
     MANIFEST_FILE,
@@ -46,14 +46,6 @@ TMP_PREFIX = ".tmp-"
 
 def version_dir(root: Path, version: int) -> Path:
     return root / f"v{version:06d}"
-
-
-def fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def sweep_partial(root: Path) -> None:
@@ -102,9 +94,7 @@ def write_version(
     )
     (tmp / MANIFEST_FILE).write_text(manifest.to_json())
     fsync_path(tmp / MANIFEST_FILE)
-    fsync_path(tmp)
-    os.rename(tmp, final)
-    fsync_path(root)
+    commit_dir(tmp, final)
     return manifest
 
 

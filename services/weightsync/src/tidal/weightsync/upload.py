@@ -40,8 +40,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
 
+from tidal.common.durable import commit_dir, fsync_path
 from tidal.common.errors import InvalidArgument, Unavailable
-from tidal.weightsync.filesystem import TMP_PREFIX, fsync_path, sweep_partial, version_dir
+from tidal.weightsync.filesystem import TMP_PREFIX, sweep_partial, version_dir
 from tidal.weightsync.manifest import MANIFEST_FILE, CorruptWeights, WeightManifest
 
 
@@ -127,9 +128,7 @@ class UploadSession:
         published = replace(self.manifest, location=str(final))
         (self.folder / MANIFEST_FILE).write_text(published.to_json())
         fsync_path(self.folder / MANIFEST_FILE)
-        fsync_path(self.folder)
-        os.rename(self.folder, final)
-        fsync_path(final.parent)
+        commit_dir(self.folder, final)
         return published
 
     def discard(self) -> None:
