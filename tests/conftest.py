@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry import trace
@@ -56,3 +57,36 @@ async def weightsync_server(tmp_path: Path) -> AsyncIterator[RunningWeightSync]:
     await server.start()
     yield RunningWeightSync(f"127.0.0.1:{server.port}", root, registry, server)
     await server.stop()
+
+
+@pytest.fixture
+def recording_engine() -> Any:
+    """A factory of real native engines (CPU, fp32, the configured step budget and KV
+    bound) that also remember the full weights each `update_weights` was handed, as
+    `engine.handed[version]`: what the weight paths delivered, to compare bit for bit."""
+    import torch
+
+    from tidal.inference.config import InferenceConfig
+    from tidal.inference.native import NativeEngine
+
+    defaults = InferenceConfig()
+
+    class RecordingEngine(NativeEngine):
+        def __init__(self) -> None:
+            super().__init__(
+                device=torch.device("cpu"),
+                dtype=torch.float32,
+                max_batch_size=4,
+                max_queue=4,
+                max_step_tokens=defaults.max_step_tokens,
+                kv_cache_mb=defaults.kv_cache_mb,
+            )
+            self.handed: dict[int, dict[str, torch.Tensor]] = {}
+
+        async def update_weights(
+            self, version: int, hf_config: dict[str, Any], state_dict: dict[str, torch.Tensor]
+        ) -> None:
+            self.handed[version] = {k: v.clone() for k, v in state_dict.items()}
+            await super().update_weights(version, hf_config, state_dict)
+
+    return RecordingEngine

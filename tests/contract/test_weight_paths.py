@@ -20,8 +20,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from tidal.common.sections import GrpcConfig
 from tidal.common.server import GrpcServer, ServiceBinding
-from tidal.inference.config import InferenceConfig
-from tidal.inference.native import NativeEngine
 from tidal.inference.weights import WeightWatcher
 from tidal.rpc.v1 import weightsync_pb2_grpc
 from tidal.trainer.models.llama.model import LlamaArgs, LlamaForCausalLM
@@ -31,12 +29,6 @@ from tidal.weightsync.config import FilesystemTransport, StreamTransport
 from tidal.weightsync.filesystem import write_version
 from tidal.weightsync.registry import VersionRegistry
 from tidal.weightsync.servicer import WeightSyncServicer
-
-# The engine's per-step token budget and KV-cache bound, at their configured defaults.
-ENGINE_BUDGET = {
-    "max_step_tokens": InferenceConfig().max_step_tokens,
-    "kv_cache_mb": InferenceConfig().kv_cache_mb,
-}
 
 ARGS = LlamaArgs(
     vocab_size=264, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=64
@@ -48,26 +40,6 @@ def weights(version: int) -> dict[str, torch.Tensor]:
     model = LlamaForCausalLM(ARGS)
     model.init_weights(std=0.3)
     return {k: v.clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
-
-
-class RecordingEngine(NativeEngine):
-    """The native engine, remembering what each `update_weights` was handed."""
-
-    def __init__(self) -> None:
-        super().__init__(
-            device=torch.device("cpu"),
-            dtype=torch.float32,
-            max_batch_size=4,
-            max_queue=4,
-            **ENGINE_BUDGET,
-        )
-        self.handed: dict[int, dict[str, torch.Tensor]] = {}
-
-    async def update_weights(
-        self, version: int, hf_config: dict[str, Any], state_dict: dict[str, torch.Tensor]
-    ) -> None:
-        self.handed[version] = {k: v.clone() for k, v in state_dict.items()}
-        await super().update_weights(version, hf_config, state_dict)
 
 
 async def until(check: Any, what: str, timeout: float = 20.0) -> None:
@@ -100,7 +72,7 @@ async def weightsync(
 
 
 async def test_published_weights_reach_the_engine_bit_identical(
-    weightsync: tuple[str, Path], tmp_path: Path
+    weightsync: tuple[str, Path], tmp_path: Path, recording_engine: Any
 ) -> None:
     address, root = weightsync
     client = WeightSyncClient(address)
@@ -111,7 +83,7 @@ async def test_published_weights_reach_the_engine_bit_identical(
         else tmp_path / "private"
     )
     publisher = WeightPublisher(trainer_dir, client, ARGS.to_hf_config())
-    engine = RecordingEngine()
+    engine = recording_engine()
     await engine.start()
     watcher = WeightWatcher(client, engine, "replica")
     task = asyncio.create_task(watcher.run())
@@ -133,16 +105,16 @@ async def test_published_weights_reach_the_engine_bit_identical(
 
 
 async def test_corrupt_version_is_refused_and_late_replica_converges(
-    weightsync: tuple[str, Path],
+    weightsync: tuple[str, Path], recording_engine: Any
 ) -> None:
     address, root = weightsync
     client = WeightSyncClient(address)
     publisher = WeightPublisher(root, client, ARGS.to_hf_config())
-    engine = RecordingEngine()
+    engine = recording_engine()
     await engine.start()
     watcher = WeightWatcher(client, engine, "replica")
     task = asyncio.create_task(watcher.run())
-    late_engine = RecordingEngine()
+    late_engine = recording_engine()
     await late_engine.start()
     late_task: asyncio.Task[None] | None = None
     try:

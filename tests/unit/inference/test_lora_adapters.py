@@ -22,7 +22,6 @@ import torch
 from tidal.common.sections import GrpcConfig
 from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.inference.adapters import AdapterMerger
-from tidal.inference.native import NativeEngine
 from tidal.inference.weights import WeightWatcher
 from tidal.rpc.v1 import weightsync_pb2_grpc
 from tidal.trainer.batch import MicroBatchData, positions_for
@@ -84,32 +83,6 @@ def positions(input_ids: torch.Tensor) -> torch.Tensor:
     return torch.arange(input_ids.shape[1]).expand_as(input_ids)  # (B, T)
 
 
-class RecordingEngine(NativeEngine):
-    """The native engine, remembering the full weights each `update_weights` was handed."""
-
-    def __init__(self) -> None:
-        super().__init__(
-            device=torch.device("cpu"),
-            dtype=torch.float32,
-            max_batch_size=2,
-            max_queue=4,
-            max_step_tokens=256,
-            kv_cache_mb=4.0,
-        )
-        self.handed: dict[int, dict[str, torch.Tensor]] = {}
-
-    async def update_weights(
-        self, version: int, hf_config: dict[str, Any], state_dict: dict[str, torch.Tensor]
-    ) -> None:
-        self.handed[version] = {k: v.clone() for k, v in state_dict.items()}
-        await super().update_weights(version, hf_config, state_dict)
-
-    def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
-        assert self._batcher is not None
-        with torch.no_grad():
-            return self._batcher.model(input_ids, positions(input_ids))  # (B, T, V)
-
-
 async def until(check: Any, what: str, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -135,7 +108,7 @@ async def weightsync(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIte
 
 
 async def test_adapter_versions_serve_the_trainers_merged_weights_and_logits(
-    weightsync: str, tmp_path: Path
+    weightsync: str, tmp_path: Path, recording_engine: Any
 ) -> None:
     client = WeightSyncClient(weightsync)
     trainer = make_trainer()
@@ -145,7 +118,7 @@ async def test_adapter_versions_serve_the_trainers_merged_weights_and_logits(
         trainer.hf_config(),
         adapter_config=trainer.adapter_config(),
     )
-    engine, late_engine = RecordingEngine(), RecordingEngine()
+    engine, late_engine = recording_engine(), recording_engine()
     await engine.start()
     await late_engine.start()
     watcher = WeightWatcher(client, engine, "replica")
@@ -186,7 +159,7 @@ async def test_adapter_versions_serve_the_trainers_merged_weights_and_logits(
 
 
 async def test_adapters_for_another_base_are_refused_and_the_replica_keeps_serving(
-    tmp_path: Path,
+    tmp_path: Path, recording_engine: Any
 ) -> None:
     root = tmp_path / "weights"
     root.mkdir()
@@ -203,7 +176,7 @@ async def test_adapters_for_another_base_are_refused_and_the_replica_keeps_servi
     publisher = WeightPublisher(
         root, client, trainer.hf_config(), adapter_config=trainer.adapter_config()
     )
-    engine = RecordingEngine()
+    engine = recording_engine()
     await engine.start()
     watcher = WeightWatcher(client, engine, "replica")
     task = asyncio.create_task(watcher.run())
