@@ -63,7 +63,8 @@ async def weightsync_server(tmp_path: Path) -> AsyncIterator[RunningWeightSync]:
 def recording_engine() -> Any:
     """A factory of real native engines (CPU, fp32, the configured step budget and KV
     bound) that also remember the full weights each `update_weights` was handed, as
-    `engine.handed[version]`: what the weight paths delivered, to compare bit for bit."""
+    `engine.handed[version]`: what the weight paths delivered, to compare bit for bit;
+    `engine.logits(ids)` runs the served model directly."""
     import torch
 
     from tidal.inference.config import InferenceConfig
@@ -88,5 +89,12 @@ def recording_engine() -> Any:
         ) -> None:
             self.handed[version] = {k: v.clone() for k, v in state_dict.items()}
             await super().update_weights(version, hf_config, state_dict)
+
+        def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+            """(B, T, V) logits of the served weights, straight from the model (no cache)."""
+            assert self._batcher is not None
+            positions = torch.arange(input_ids.shape[1]).expand_as(input_ids)  # (B, T)
+            with torch.no_grad():
+                return self._batcher.model(input_ids, positions)
 
     return RecordingEngine
