@@ -29,9 +29,9 @@ from tidal.common.durable import commit_dir, fsync_path
 from tidal.weightsync.manifest import (
     FULL_WEIGHTS,
     MANIFEST_FILE,
-    CorruptWeights,
     WeightFile,
     WeightManifest,
+    checked_size,
     sha256_file,
     verify_digests,
 )
@@ -121,13 +121,7 @@ def load_version(
 
 def _read_hashed(version: int, path: Path, f: WeightFile) -> tuple[bytearray, tuple[int, str]]:
     """The file's bytes (at most the manifest's size) and (size on disk, sha256)."""
-    if not path.is_file():
-        raise CorruptWeights(f"version {version}: file {f.path} is missing in {path.parent}")
-    size = path.stat().st_size
-    if size != f.size:
-        raise CorruptWeights(
-            f"version {version}: file {f.path} has {size} bytes, manifest says {f.size}"
-        )
+    size = checked_size(version, path, f)
     buffer = bytearray(size)
     view = memoryview(buffer)
     digest = hashlib.sha256()

@@ -86,25 +86,24 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def checked_size(version: int, path: Path, f: WeightFile) -> int:
+    """`f`'s size on disk at `path`; CorruptWeights if it is missing or not the manifest's."""
+    if not path.is_file():
+        raise CorruptWeights(f"version {version}: file {f.path} is missing in {path.parent}")
+    size = path.stat().st_size
+    if size != f.size:
+        raise CorruptWeights(
+            f"version {version}: file {f.path} has {size} bytes, manifest says {f.size}"
+        )
+    return size
+
+
 def verify_files(manifest: WeightManifest) -> None:
     """Raise CorruptWeights naming the first file that is missing or does not match."""
     root = Path(manifest.location)
     for f in manifest.files:
-        path = root / f.path
-        if not path.is_file():
-            raise CorruptWeights(f"version {manifest.version}: file {f.path} is missing in {root}")
-        size = path.stat().st_size
-        if size != f.size:
-            raise CorruptWeights(
-                f"version {manifest.version}: file {f.path} has {size} bytes, "
-                f"manifest says {f.size}"
-            )
-        actual = sha256_file(path)
-        if actual != f.sha256:
-            raise CorruptWeights(
-                f"version {manifest.version}: sha256 of {f.path} is {actual[:12]}…, "
-                f"manifest says {f.sha256[:12]}…"
-            )
+        size = checked_size(manifest.version, root / f.path, f)
+        _check_digest(manifest.version, f, size, sha256_file(root / f.path))
 
 
 def verify_digests(manifest: WeightManifest, received: dict[str, tuple[int, str]]) -> None:
@@ -113,14 +112,16 @@ def verify_digests(manifest: WeightManifest, received: dict[str, tuple[int, str]
     for f in manifest.files:
         if f.path not in received:
             raise CorruptWeights(f"version {manifest.version}: file {f.path} was not received")
-        size, actual = received[f.path]
-        if size != f.size:
-            raise CorruptWeights(
-                f"version {manifest.version}: file {f.path} has {size} bytes, "
-                f"manifest says {f.size}"
-            )
-        if actual != f.sha256:
-            raise CorruptWeights(
-                f"version {manifest.version}: sha256 of {f.path} is {actual[:12]}…, "
-                f"manifest says {f.sha256[:12]}…"
-            )
+        _check_digest(manifest.version, f, *received[f.path])
+
+
+def _check_digest(version: int, f: WeightFile, size: int, actual: str) -> None:
+    if size != f.size:
+        raise CorruptWeights(
+            f"version {version}: file {f.path} has {size} bytes, manifest says {f.size}"
+        )
+    if actual != f.sha256:
+        raise CorruptWeights(
+            f"version {version}: sha256 of {f.path} is {actual[:12]}…, "
+            f"manifest says {f.sha256[:12]}…"
+        )
