@@ -8,8 +8,11 @@ Decisions:
 - Broadcast: a replica with a seat in the group also runs a receiver (a task polling
   the collectives it posted). A version it receives is loaded at once; the `Watch` event
   for it, which arrives once the trainer has also written the version to the shared
-  folder, is then only acknowledged. A replica without a seat (joined late, group full)
-  loads from the shared folder: that is the catch-up path. When the group breaks (a
+  folder, is then only acknowledged. The received tensors view the group's receive
+  buffer, reused by the next version: each is installed (the engine copies it) before
+  the next receive, then confirmed to the trainer, which writes the catch-up copy only
+  then. A replica without a seat (joined late, group full) loads from the shared
+  folder: that is the catch-up path. When the group breaks (a
   peer died), the receiver rejoins the trainer's next generation of it (`JoinSync`
   with `after_generation`) and catches up on missed versions from the shared folder.
 - Before reading a version's files the replica calls `BeginLoad`, so retention keeps
@@ -160,7 +163,8 @@ class WeightWatcher:
             )
             while (received := await holder[0].receive()) is not None:
                 self.received_by_broadcast.append(received.version)
-                await self._install_received(received)
+                await self._install_received(received)  # copies: the next receive reuses
+                holder[0].confirm(received.version)  # the trainer writes the catch-up now
             return False
         except RuntimeError as exc:  # a peer died, or the group never formed
             log.warning(

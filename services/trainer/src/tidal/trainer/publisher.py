@@ -9,11 +9,15 @@ Decisions:
     trainer without the shared folder); weightsync writes and verifies them;
   - broadcast: the version is broadcast to the replicas' group in buckets first (the
     fast path), then written and registered as on the filesystem path, which is how a
-    replica that joined late or missed a broadcast catches up. The group forms in the
-    background (it waits for every replica); versions published before it is ready go by
-    the filesystem path only. A broadcast that fails (a replica died) re-forms the group
-    as a new generation of whoever rejoins (`JoinSync`); versions published meanwhile go
-    by the filesystem, which is also how the survivors catch up.
+    replica that joined late or missed a broadcast catches up. The write starts once the
+    group's replicas confirm they serve the version (at most `CONFIRM_WAIT_S`), so it
+    is off their critical path; `publish` still returns only once the version is
+    registered, so a failed write fails the publish (and the step retries it) as before.
+    The group forms in the background (it waits for every replica); versions published
+    before it is ready go by the filesystem path only. A broadcast that fails (a replica
+    died) re-forms the group as a new generation of whoever rejoins (`JoinSync`);
+    versions published meanwhile go by the filesystem, which is also how the survivors
+    catch up.
 - Version `v` holds the weights after step `v`; version 0 (initial weights) is published
   once at start-up. A fresh trainer refuses to start if weightsync already knows any
   version (its fresh weights would not be the ones those versions continue from) and
@@ -210,6 +214,9 @@ class WeightPublisher:
                 state_dict,
                 inject_carrier(),
             )
+            # The replicas copy the version into their engines now; the catch-up copy
+            # (written next) would compete with them for the cores, so it waits for them.
+            await in_daemon_thread(group.result().wait_confirmed, version)
         except RuntimeError as exc:  # a replica died mid-broadcast (gloo/NCCL error)
             log.warning("broadcast of version %d failed (%s); re-forming the group", version, exc)
             try:
