@@ -29,7 +29,9 @@ Decisions:
   would only be loaded to be replaced.
 - LoRA adapter versions (format "lora-adapters") are merged onto their base version's
   full weights before the engine sees them (`tidal.inference.adapters`); the base is
-  fetched by the run's path the first time it is needed.
+  fetched by the run's path the first time it is needed, into buffers of its own: the
+  stream path otherwise receives each version into the previous one's buffers (already
+  mapped; the engine copied that version before the next is fetched).
 - A broken stream (weight-sync restarting) is reopened after an exponential backoff,
   resuming after the newest version seen, so nothing is loaded twice.
 """
@@ -87,6 +89,7 @@ class WeightWatcher:
         self.received_by_broadcast: list[int] = []
         self._lock = asyncio.Lock()
         self._receiver: asyncio.Task[None] | None = None
+        self._fetched: dict[str, bytearray] = {}  # the stream path's receive buffers
         self.adapters = AdapterMerger()  # the base that LoRA adapters merge onto
 
     async def run(self) -> None:
@@ -240,7 +243,7 @@ class WeightWatcher:
             if not await self._begin_load(manifest.version):
                 return False
             try:
-                hf_config, state_dict = await self._fetch(manifest)
+                hf_config, state_dict = await self._fetch(manifest, reuse=True)
                 check_described(manifest, hf_config)
                 source = self.plan.transport if self.plan is not None else "filesystem"
                 installed = await self._install(
@@ -274,10 +277,17 @@ class WeightWatcher:
         return True
 
     async def _fetch(
-        self, manifest: WeightManifest
+        self, manifest: WeightManifest, *, reuse: bool = False
     ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """(config, state) of a version. With `reuse` (a version installed, i.e. copied,
+        before the next is fetched) the stream path receives into the previous fetch's
+        buffers; a LoRA base, kept as it is, gets its own."""
         if self.plan is not None and self.plan.transport == "stream":
-            files = await self.client.fetch_files(manifest)
+            if not reuse:
+                files = await self.client.fetch_files(manifest)
+                return await asyncio.to_thread(decode_version, files)
+            files = await self.client.fetch_files(manifest, reuse=self._fetched)
+            self._fetched = files
             return await asyncio.to_thread(decode_version, files)
         return await asyncio.to_thread(load_version, manifest)
 

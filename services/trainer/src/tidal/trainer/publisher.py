@@ -6,7 +6,8 @@ Decisions:
   - filesystem: `write_version` (atomic rename, sha256 manifest) in a worker thread, then
     `WeightSyncClient.publish` registers the manifest;
   - stream: the same files encoded in memory and uploaded with `UploadWeights` (for a
-    trainer without the shared folder); weightsync writes and verifies them;
+    trainer without the shared folder); weightsync writes and verifies them. The
+    encoded weights file is kept and rewritten in place by the next version;
   - broadcast: the version is broadcast to the replicas' group in buckets first (the
     fast path), then written and registered as on the filesystem path, which is how a
     replica that joined late or missed a broadcast catches up. The write starts once the
@@ -46,7 +47,7 @@ from opentelemetry import trace
 from tidal.common.errors import FailedPrecondition
 from tidal.common.telemetry import inject_carrier
 from tidal.weightsync.client import WeightSyncClient
-from tidal.weightsync.filesystem import version_dir, write_version
+from tidal.weightsync.filesystem import WEIGHTS_FILE, version_dir, write_version
 from tidal.weightsync.manifest import FULL_WEIGHTS, LORA_ADAPTERS, WeightManifest
 from tidal.weightsync.rendezvous import SyncPlan
 from tidal.weightsync.stream import encode_version
@@ -88,6 +89,9 @@ class WeightPublisher:
         self._broadcast_broken = False
         self._store: Any = None  # the broadcast group's TCP store, kept across generations
         self._store_address = ""
+        # The stream path's encoded weights file, rewritten in place by the next version
+        # of the same size (no fresh 1 GB buffer per publish).
+        self._upload_buffer: bytearray | None = None
 
     async def check_fresh(self) -> None:
         """Raise FailedPrecondition when weightsync already holds versions (no resume yet)."""
@@ -187,9 +191,12 @@ class WeightPublisher:
                 state_dict=state_dict,
                 config=self._config_for(version),
                 **self._format_for(version),
+                reuse=self._upload_buffer,
             )
         )
         await self.client.upload(manifest, files, chunk_bytes=plan.chunk_bytes)
+        weights = files[WEIGHTS_FILE]
+        self._upload_buffer = weights if isinstance(weights, bytearray) else None
         return manifest
 
     async def _broadcast(self, version: int, state_dict: dict[str, torch.Tensor]) -> None:
