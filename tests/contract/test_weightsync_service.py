@@ -268,7 +268,7 @@ async def test_malformed_upload_streams_name_the_field(weightsync_server) -> Non
     client = WeightSyncClient(weightsync_server.address)
     _, files = encode_version(version=0, step=0, state_dict=state(0), config={})
     messages += [
-        pb.UploadWeightsRequest(chunk=pb.WeightChunk(path=name, offset=0, data=data))
+        pb.UploadWeightsRequest(chunk=pb.WeightChunk(path=name, offset=0, data=bytes(data)))
         for name, data in files.items()
     ]
     reply = await pb_grpc.WeightSyncServiceStub(client.channel).UploadWeights(iter(messages))

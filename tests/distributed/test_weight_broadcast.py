@@ -94,7 +94,7 @@ async def broadcast_weightsync(
 
 @pytest.mark.slow
 async def test_broadcast_delivers_bit_identical_weights_and_late_replica_catches_up(
-    broadcast_weightsync: tuple[str, Path], tmp_path: Path
+    broadcast_weightsync: tuple[str, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     address, root = broadcast_weightsync
     out = tmp_path / "replica"
@@ -119,6 +119,9 @@ async def test_broadcast_delivers_bit_identical_weights_and_late_replica_catches
         assert await asyncio.wait_for(publisher.broadcast_ready(), 60)
         for version in (1, 2):
             await publisher.publish(version, weights(version))
+        # The replica confirmed each version before the trainer wrote its catch-up copy
+        # (else the trainer waits CONFIRM_WAIT_S and says so).
+        assert not [r for r in caplog.records if "catch-up copy anyway" in r.getMessage()]
         await wait_for(out / "done.json", replica, 60)
         done = json.loads((out / "done.json").read_text())
         assert done == {"broadcast": [1, 2], "served": 2}

@@ -141,7 +141,7 @@ async def test_cut_fetch_resumes_from_the_received_offset(weightsync_server, cap
 
 async def test_cut_upload_keeps_progress_a_bad_stream_drops_it(weightsync_server) -> None:  # type: ignore[no-untyped-def]
     manifest, files = encode_version(version=0, step=0, state_dict=weights(), config={})
-    data = files[WEIGHTS]
+    data = bytes(files[WEIGHTS])  # encode_version hands out a reusable bytearray
     stub_channel = WeightSyncClient(weightsync_server.address)
     stub = pb_grpc.WeightSyncServiceStub(stub_channel.channel)
     header = pb.UploadWeightsRequest(manifest=manifest_to_proto(manifest))
@@ -176,3 +176,23 @@ async def test_cut_upload_keeps_progress_a_bad_stream_drops_it(weightsync_server
     assert await stub_channel.upload_progress(manifest) == {}
     assert [p.name for p in weightsync_server.root.iterdir()] == []
     await stub_channel.close()
+
+
+async def test_versions_are_uploaded_and_fetched_through_reused_buffers(weightsync_server) -> None:  # type: ignore[no-untyped-def]
+    client = WeightSyncClient(weightsync_server.address)
+    first, second = weights(), {k: v + 1 for k, v in weights().items()}
+    manifest, files = encode_version(version=0, step=0, state_dict=first, config={})
+    await client.upload(manifest, files, chunk_bytes=1 << 16)
+    fetched = await client.fetch_files((await client.latest()).manifest)  # type: ignore[union-attr]
+    # The trainer re-encodes into its previous weights file, the replica fetches into its
+    # previous buffers: same objects, new bytes, still verified bit for bit.
+    manifest, again = encode_version(
+        version=1, step=1, state_dict=second, config={}, reuse=files[WEIGHTS]
+    )  # type: ignore[arg-type]
+    assert again[WEIGHTS] is files[WEIGHTS]
+    await client.upload(manifest, again, chunk_bytes=1 << 16)
+    refetched = await client.fetch_files((await client.latest()).manifest, reuse=fetched)  # type: ignore[union-attr]
+    assert refetched[WEIGHTS] is fetched[WEIGHTS]
+    _, received = decode_version(refetched)
+    assert all(torch.equal(received[k], v) for k, v in second.items())
+    await client.close()

@@ -8,8 +8,11 @@ Decisions:
 - Broadcast: a replica with a seat in the group also runs a receiver (a task polling
   the collectives it posted). A version it receives is loaded at once; the `Watch` event
   for it, which arrives once the trainer has also written the version to the shared
-  folder, is then only acknowledged. A replica without a seat (joined late, group full)
-  loads from the shared folder: that is the catch-up path. When the group breaks (a
+  folder, is then only acknowledged. The received tensors view the group's receive
+  buffer, reused by the next version: each is installed (the engine copies it) before
+  the next receive, then confirmed to the trainer, which writes the catch-up copy only
+  then. A replica without a seat (joined late, group full) loads from the shared
+  folder: that is the catch-up path. When the group breaks (a
   peer died), the receiver rejoins the trainer's next generation of it (`JoinSync`
   with `after_generation`) and catches up on missed versions from the shared folder.
 - Before reading a version's files the replica calls `BeginLoad`, so retention keeps
@@ -26,7 +29,9 @@ Decisions:
   would only be loaded to be replaced.
 - LoRA adapter versions (format "lora-adapters") are merged onto their base version's
   full weights before the engine sees them (`tidal.inference.adapters`); the base is
-  fetched by the run's path the first time it is needed.
+  fetched by the run's path the first time it is needed, into buffers of its own: the
+  stream path otherwise receives each version into the previous one's buffers (already
+  mapped; the engine copied that version before the next is fetched).
 - A broken stream (weight-sync restarting) is reopened after an exponential backoff,
   resuming after the newest version seen, so nothing is loaded twice.
 """
@@ -84,6 +89,7 @@ class WeightWatcher:
         self.received_by_broadcast: list[int] = []
         self._lock = asyncio.Lock()
         self._receiver: asyncio.Task[None] | None = None
+        self._fetched: dict[str, bytearray] = {}  # the stream path's receive buffers
         self.adapters = AdapterMerger()  # the base that LoRA adapters merge onto
 
     async def run(self) -> None:
@@ -160,7 +166,8 @@ class WeightWatcher:
             )
             while (received := await holder[0].receive()) is not None:
                 self.received_by_broadcast.append(received.version)
-                await self._install_received(received)
+                await self._install_received(received)  # copies: the next receive reuses
+                holder[0].confirm(received.version)  # the trainer writes the catch-up now
             return False
         except RuntimeError as exc:  # a peer died, or the group never formed
             log.warning(
@@ -236,7 +243,7 @@ class WeightWatcher:
             if not await self._begin_load(manifest.version):
                 return False
             try:
-                hf_config, state_dict = await self._fetch(manifest)
+                hf_config, state_dict = await self._fetch(manifest, reuse=True)
                 check_described(manifest, hf_config)
                 source = self.plan.transport if self.plan is not None else "filesystem"
                 installed = await self._install(
@@ -270,10 +277,17 @@ class WeightWatcher:
         return True
 
     async def _fetch(
-        self, manifest: WeightManifest
+        self, manifest: WeightManifest, *, reuse: bool = False
     ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """(config, state) of a version. With `reuse` (a version installed, i.e. copied,
+        before the next is fetched) the stream path receives into the previous fetch's
+        buffers; a LoRA base, kept as it is, gets its own."""
         if self.plan is not None and self.plan.transport == "stream":
-            files = await self.client.fetch_files(manifest)
+            if not reuse:
+                files = await self.client.fetch_files(manifest)
+                return await asyncio.to_thread(decode_version, files)
+            files = await self.client.fetch_files(manifest, reuse=self._fetched)
+            self._fetched = files
             return await asyncio.to_thread(decode_version, files)
         return await asyncio.to_thread(load_version, manifest)
 

@@ -6,14 +6,19 @@ Decisions:
   - filesystem: `write_version` (atomic rename, sha256 manifest) in a worker thread, then
     `WeightSyncClient.publish` registers the manifest;
   - stream: the same files encoded in memory and uploaded with `UploadWeights` (for a
-    trainer without the shared folder); weightsync writes and verifies them;
+    trainer without the shared folder); weightsync writes and verifies them. The
+    encoded weights file is kept and rewritten in place by the next version;
   - broadcast: the version is broadcast to the replicas' group in buckets first (the
     fast path), then written and registered as on the filesystem path, which is how a
-    replica that joined late or missed a broadcast catches up. The group forms in the
-    background (it waits for every replica); versions published before it is ready go by
-    the filesystem path only. A broadcast that fails (a replica died) re-forms the group
-    as a new generation of whoever rejoins (`JoinSync`); versions published meanwhile go
-    by the filesystem, which is also how the survivors catch up.
+    replica that joined late or missed a broadcast catches up. The write starts once the
+    group's replicas confirm they serve the version (at most `CONFIRM_WAIT_S`), so it
+    is off their critical path; `publish` still returns only once the version is
+    registered, so a failed write fails the publish (and the step retries it) as before.
+    The group forms in the background (it waits for every replica); versions published
+    before it is ready go by the filesystem path only. A broadcast that fails (a replica
+    died) re-forms the group as a new generation of whoever rejoins (`JoinSync`);
+    versions published meanwhile go by the filesystem, which is also how the survivors
+    catch up.
 - Version `v` holds the weights after step `v`; version 0 (initial weights) is published
   once at start-up. A fresh trainer refuses to start if weightsync already knows any
   version (its fresh weights would not be the ones those versions continue from) and
@@ -42,7 +47,7 @@ from opentelemetry import trace
 from tidal.common.errors import FailedPrecondition
 from tidal.common.telemetry import inject_carrier
 from tidal.weightsync.client import WeightSyncClient
-from tidal.weightsync.filesystem import version_dir, write_version
+from tidal.weightsync.filesystem import WEIGHTS_FILE, version_dir, write_version
 from tidal.weightsync.manifest import FULL_WEIGHTS, LORA_ADAPTERS, WeightManifest
 from tidal.weightsync.rendezvous import SyncPlan
 from tidal.weightsync.stream import encode_version
@@ -84,6 +89,9 @@ class WeightPublisher:
         self._broadcast_broken = False
         self._store: Any = None  # the broadcast group's TCP store, kept across generations
         self._store_address = ""
+        # The stream path's encoded weights file, rewritten in place by the next version
+        # of the same size (no fresh 1 GB buffer per publish).
+        self._upload_buffer: bytearray | None = None
 
     async def check_fresh(self) -> None:
         """Raise FailedPrecondition when weightsync already holds versions (no resume yet)."""
@@ -183,9 +191,12 @@ class WeightPublisher:
                 state_dict=state_dict,
                 config=self._config_for(version),
                 **self._format_for(version),
+                reuse=self._upload_buffer,
             )
         )
         await self.client.upload(manifest, files, chunk_bytes=plan.chunk_bytes)
+        weights = files[WEIGHTS_FILE]
+        self._upload_buffer = weights if isinstance(weights, bytearray) else None
         return manifest
 
     async def _broadcast(self, version: int, state_dict: dict[str, torch.Tensor]) -> None:
@@ -210,6 +221,9 @@ class WeightPublisher:
                 state_dict,
                 inject_carrier(),
             )
+            # The replicas copy the version into their engines now; the catch-up copy
+            # (written next) would compete with them for the cores, so it waits for them.
+            await in_daemon_thread(group.result().wait_confirmed, version)
         except RuntimeError as exc:  # a replica died mid-broadcast (gloo/NCCL error)
             log.warning("broadcast of version %d failed (%s); re-forming the group", version, exc)
             try:

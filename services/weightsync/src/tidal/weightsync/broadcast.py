@@ -24,6 +24,18 @@ Decisions:
   up on the versions they missed from the filesystem copy every broadcast version gets.
 - Receivers use the same collective timeout as the sender: they post receives only once
   a version is announced, so no collective waits on training.
+- The receiver keeps its flat buffer across versions (re-allocated only when the layout's
+  size changes): a fresh 1 GB buffer costs a page fault per 4 KiB page while gloo writes
+  into it, which under load took seconds. So the tensors `receive` returns are valid only
+  until the next `receive`; the watcher installs (copies) each version before asking for
+  the next, and engines copy what `update_weights` hands them.
+- Each receiver `confirm`s a version once it is installed (or refused), by a counter in
+  the store; the sender's `wait_confirmed` lets the trainer hold back the filesystem
+  catch-up copy (write + fsync + sha256 of every byte) until the replicas serve the
+  version, instead of competing with their receive and load for the same cores. It waits
+  at most `CONFIRM_WAIT_S`: the copy is how late joiners catch up, so it is delayed,
+  never skipped. No hashing on this path: the transport's integrity is TCP's (gloo) or
+  NCCL's; the filesystem copy keeps its sha256.
 """
 
 from __future__ import annotations
@@ -32,6 +44,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -57,6 +70,9 @@ IDLE_POLL_S = 0.01
 ANNOUNCE_KEY = "announced"
 ABANDONED_KEY = "abandoned"
 ABANDON_CHECK_S = 0.2
+CONFIRMED_KEY = "confirmed/v{version}"
+CONFIRM_WAIT_S = 10.0
+"""Longest the trainer holds back a version's catch-up copy for the replicas' confirms."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +129,7 @@ class BroadcastGroup:
             self.device = torch.device("cpu")
             self.pg = dist.ProcessGroupGloo(prefixed, seat.rank, seat.world_size, timeout)
         self._buffers: list[torch.Tensor] = []  # the sender's two bucket buffers
+        self._flat = torch.empty(0, dtype=torch.uint8, device=self.device)  # receiver's
 
     def _broadcast_async(self, tensor: torch.Tensor) -> dist.Work:
         options = dist.BroadcastOptions()
@@ -191,14 +208,18 @@ class BroadcastGroup:
     async def receive(self) -> ReceivedVersion | None:
         """Rank > 0: the next version, or None when the sender closed the group.
 
-        Every bucket is received straight into its slice of one flat buffer; all receives
-        are posted at once so the transport never waits for this side.
+        Every bucket is received straight into its slice of one flat buffer, kept across
+        versions: the returned tensors view it, so they are valid until the next call.
+        All receives are posted at once so the transport never waits for this side.
         """
         header = await self._recv_header()
         if header["version"] == CLOSE:
             return None
         layout = layout_of([TensorSpec.from_json(item) for item in header["tensors"]])
-        flat = torch.empty(layout.total_bytes, dtype=torch.uint8, device=self.device)
+        if self._flat.numel() != layout.total_bytes:  # else reuse: its pages are mapped
+            self._flat = torch.empty(0, dtype=torch.uint8, device=self.device)  # free first
+            self._flat = torch.empty(layout.total_bytes, dtype=torch.uint8, device=self.device)
+        flat = self._flat
         works = [
             self._broadcast_async(flat[start:stop])
             for start, stop in layout.buckets(int(header["bucket_bytes"]))
@@ -212,6 +233,25 @@ class BroadcastGroup:
             tensor_views(flat, layout),
             dict(header.get("trace_context", {})),
         )
+
+    def confirm(self, version: int) -> None:
+        """Rank > 0: this replica is done with `version` (serves it, or refused it)."""
+        self.store.add(CONFIRMED_KEY.format(version=version), 1)
+
+    def wait_confirmed(self, version: int, timeout_s: float = CONFIRM_WAIT_S) -> int:
+        """Rank 0 (blocking): wait until every receiver confirmed `version`, at most
+        `timeout_s`; returns how many did."""
+        key = CONFIRMED_KEY.format(version=version)
+        deadline = time.monotonic() + timeout_s
+        while (done := self.store.add(key, 0)) < self.seat.world_size - 1:
+            if time.monotonic() >= deadline:
+                log.warning(
+                    "%d of %d replicas confirmed version %d within %.1fs; writing its "
+                    "catch-up copy anyway", done, self.seat.world_size - 1, version, timeout_s,
+                )  # fmt: skip
+                break
+            time.sleep(POLL_S)
+        return done
 
     def close(self) -> None:
         """Rank 0: tell receivers to stop (best effort)."""

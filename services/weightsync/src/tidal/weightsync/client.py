@@ -105,7 +105,7 @@ class WeightSyncClient:
     async def upload(
         self,
         manifest: WeightManifest,
-        files: Mapping[str, bytes],
+        files: Mapping[str, bytes | bytearray],
         *,
         chunk_bytes: int,
         retries: int = 3,
@@ -140,16 +140,29 @@ class WeightSyncClient:
                 await asyncio.sleep(0.05 * attempt)
 
     async def fetch_files(
-        self, manifest: WeightManifest, *, retries: int = 3, timeout: float = 600.0
+        self,
+        manifest: WeightManifest,
+        *,
+        retries: int = 3,
+        timeout: float = 600.0,
+        reuse: Mapping[str, bytearray] | None = None,
     ) -> dict[str, bytearray]:
         """Every file of a version, streamed in chunks, resumed on a broken stream, verified.
 
-        Each file lands in a buffer of its final size (no regrowing, no copy at the end);
+        Each file lands in a buffer of its final size (no regrowing, no copy at the end):
+        the buffer of the same name in `reuse` (an earlier fetch's result the caller is
+        done with) when its size matches, so its pages are not faulted in again;
         each chunk is hashed in a worker thread while the next one is received, so
         verifying costs no extra pass over the bytes. A broken stream resumes at the
         first byte not yet received.
         """
-        buffers = {f.path: bytearray(f.size) for f in manifest.files}
+        reuse = reuse or {}
+        buffers = {
+            f.path: reuse[f.path]
+            if f.path in reuse and len(reuse[f.path]) == f.size
+            else bytearray(f.size)
+            for f in manifest.files
+        }
         received = {f.path: 0 for f in manifest.files}
         digests = {f.path: hashlib.sha256() for f in manifest.files}
         hashing: asyncio.Future[None] | None = None  # hash of the previous chunk
@@ -204,7 +217,7 @@ class WeightSyncClient:
 
 async def _upload_requests(
     manifest: WeightManifest,
-    files: Mapping[str, bytes],
+    files: Mapping[str, bytes | bytearray],
     chunk_bytes: int,
     progress: Mapping[str, int],
 ) -> AsyncIterator[pb.UploadWeightsRequest]:

@@ -4,7 +4,9 @@ Decisions:
 - The stream path moves exactly the files the filesystem path writes (same manifest,
   same sha256), so weightsync stores an uploaded version like any other and a replica
   may fetch any version, whichever path published it.
-- Encoding uses `safetensors.torch.save` (bytes, no temp file). Decoding does not use
+- Encoding writes the safetensors bytes itself into one buffer the caller may hand back
+  for the next version (`safetensors_writer`; `safetensors.torch.save` made three fresh
+  1 GB copies), then hashes that buffer once. Decoding does not use
   `safetensors.torch.load`: it accepts only `bytes` and copies every tensor out of them,
   so a fetched 1 GB version would be copied twice (bytearray → bytes → tensors) before the
   engine's own copy. `decode_version` instead reads the safetensors header (8-byte
@@ -23,10 +25,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from safetensors.torch import save
 
 from tidal.weightsync.filesystem import CONFIG_FILE, WEIGHTS_FILE
 from tidal.weightsync.manifest import FULL_WEIGHTS, WeightFile, WeightManifest
+from tidal.weightsync.safetensors_writer import encode_safetensors
 
 UPLOAD_LOCATION = "(uploaded)"
 _DTYPES = {
@@ -44,11 +46,15 @@ def encode_version(
     config: dict[str, Any],
     format: str = FULL_WEIGHTS,
     base_version: int | None = None,
-) -> tuple[WeightManifest, dict[str, bytes]]:
-    """The files of one version and their manifest (location filled in by weightsync)."""
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
-    files = {
-        WEIGHTS_FILE: save(tensors, metadata={"format": "pt"}),
+    reuse: bytearray | None = None,
+) -> tuple[WeightManifest, dict[str, bytes | bytearray]]:
+    """The files of one version and their manifest (location filled in by weightsync).
+
+    The weights file is written into `reuse` (the previous version's weights file) when
+    its size fits exactly; the caller must be done uploading that one.
+    """
+    files: dict[str, bytes | bytearray] = {
+        WEIGHTS_FILE: encode_safetensors(state_dict, metadata={"format": "pt"}, reuse=reuse),
         CONFIG_FILE: json.dumps(config, indent=2).encode(),
     }
     entries = tuple(

@@ -25,7 +25,11 @@ Decisions:
 - Finishing (verify, fsync, rename, register) is shielded from cancellation: a stream cut
   after its last chunk either registers the version or leaves nothing, never a renamed
   but unregistered folder.
-- File writes and hashing run in a worker thread per chunk, keeping the event loop free.
+- File writes and hashing run in a worker thread per chunk, keeping the event loop free,
+  and overlap the next chunk's arrival: a chunk's write is awaited only when the next
+  chunk (or the finish) needs its offset, so the network and the disk work at once.
+  `progress()` may lag by the chunk being written; a resumed upload that re-sends part
+  of it is skipped as above.
 """
 
 from __future__ import annotations
@@ -82,12 +86,21 @@ class UploadSession:
         self.owner = 0  # the stream that may write: each new stream takes over
         self.finishing = False
         self._writing = asyncio.Lock()
+        self._appending: asyncio.Future[None] | None = None  # the previous chunk's write
 
     def progress(self) -> dict[str, int]:
         return {path: f.written for path, f in self.files.items()}
 
+    async def settle(self) -> None:
+        """Wait for the chunk still being written; raises its error."""
+        pending, self._appending = self._appending, None
+        if pending is not None:
+            await pending
+
     async def write(self, chunk: UploadChunk, owner: int) -> None:
+        """Check the chunk and start writing it (finished by the next `write` or `settle`)."""
         async with self._writing:
+            await self.settle()
             if owner != self.owner:
                 raise Unavailable("this upload stream was superseded by a newer one")
             if chunk.path not in self.expected:
@@ -104,7 +117,8 @@ class UploadSession:
                 )
             skip = f.written - chunk.offset  # bytes of this chunk already received
             if skip < len(chunk.data):
-                await asyncio.to_thread(f.append, memoryview(chunk.data)[skip:])
+                data = memoryview(chunk.data)[skip:]
+                self._appending = asyncio.ensure_future(asyncio.to_thread(f.append, data))
 
     def finish(self, final: Path) -> WeightManifest:
         """Verify sizes and sha256, fsync, rename into place; CorruptWeights on mismatch."""
@@ -133,6 +147,9 @@ class UploadSession:
 
     def discard(self) -> None:
         self.owner += 1  # a stream still attached to it fails UNAVAILABLE on its next chunk
+        if self._appending is not None:  # its file closes under it: the error is moot
+            self._appending.add_done_callback(lambda f: f.cancelled() or f.exception())
+            self._appending = None
         for f in self.files.values():
             f.handle.close()
         shutil.rmtree(self.folder, ignore_errors=True)
@@ -189,6 +206,7 @@ class UploadReceiver:
         try:
             async for chunk in chunks:
                 await session.write(chunk, owner)
+            await session.settle()
             if owner != session.owner:
                 raise Unavailable("this upload stream was superseded by a newer one")
             session.finishing = True  # until _complete drops the session
