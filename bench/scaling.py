@@ -2,22 +2,29 @@
 
 Both runs train the same model on the same global batch (world size 2 gives each rank
 half of it), one thread per process, so ideal scaling doubles tokens/s:
-efficiency_2 = tokens/s at 2 / (2 × tokens/s at 1). World size 2 runs twice: as the
-trainer runs it (FSDP `reshard_after_forward = True`, blocks gathered again in backward)
-and with `reshard_after_forward = False` (one all-gather per block and step fewer, more
-memory): `efficiency_2_keep`. The variants run interleaved, ROUNDS times each in an order
-that rotates every round (a load change on the shared machine then hits all of them),
-and the medians are compared; the load average around each run is recorded, because on
-a shared 2-core machine the 2-rank runs need both cores and suffer more from neighbours.
-`cpu_efficiency_2` compares CPU seconds per step instead (the busier rank's at world
-size 2; waiting is not counted, the collectives' copying is), which the neighbours' load
-moves least. The communication share is the time the same collectives FSDP issues per
-step (all-gather of every unit's parameters in forward, and again in backward when
-resharding; the gradient reduce-scatter, done as on gloo by `apply_fsdp`) take when run
-alone, in the same process group, divided by the step time: an upper bound on exposed
-communication, since FSDP overlaps part of it with compute.
+efficiency_2 = tokens/s at 2 / (2 × tokens/s at 1). Measured at several global batch
+sizes (`SAMPLES` × `SEQ` tokens), because communication grows with the parameters and
+compute with tokens × parameters: the bigger the step, the smaller the comm share.
+Variants per size:
+- "ws1": one process on the whole batch; "ws2": 2 ranks as the trainer runs them
+  (FSDP, `reshard_after_forward = True`); with `--keep`, also "ws2-keep"
+  (`reshard_after_forward = False`: one all-gather per block and step fewer).
+- "pair": the hardware ceiling. Two INDEPENDENT single processes at the same time, each
+  on half the batch (no communication, no FSDP): ceiling_2 = tokens/s of the pair /
+  (2 × tokens/s of ws1). What both cores busy costs against one (shared L3 and memory
+  bandwidth, clocks); efficiency_2 / ceiling_2 is then what FSDP itself costs.
+The runs are interleaved, ROUNDS times, in an order that rotates every round (a load
+change on the shared machine then hits all of them), and the medians are compared; the
+load average around each run is recorded. `cpu_efficiency_2` compares CPU seconds per
+step instead (the busier rank's at world size 2; waiting is not counted, the
+collectives' copying is). The communication share is the time the same collectives FSDP
+issues per step (all-gather of every unit's parameters in forward, and again in backward
+when resharding; the gradient reduce-scatter, done as on gloo by `apply_fsdp`) take when
+run alone, in the same process group, divided by the step time: an upper bound on
+exposed communication, since FSDP overlaps part of it with compute.
 
-    python bench/scaling.py                      # every variant, writes scaling.json
+    python bench/scaling.py                      # every size and variant, writes scaling.json
+    python bench/scaling.py --samples 8 --keep   # one size, with the ws2-keep variant
     python bench/scaling.py --collectives-only   # gloo reduce-scatter vs all-reduce only
 """
 
@@ -46,13 +53,20 @@ MODEL = {
     "ffn_dim": 1408,
     "max_seq_len": 1024,
 }
-GLOBAL_SAMPLES, SEQ, STEPS, WARMUP, ROUNDS = 8, 256, 4, 1, 3
-# name → (world size, reshard_after_forward)
-VARIANTS = {"ws1": (1, True), "ws2": (2, True), "ws2-keep": (2, False)}
+SEQ, STEPS, WARMUP, ROUNDS = 256, 2, 1, 3
+# Global batches of 8, 16, 32 samples (2K, 4K, 8K tokens). The headline is the largest:
+# 32 samples × 256 tokens is the small end of an RL step (16-64 samples × 256-1024).
+SAMPLES = (8, 16, 32)
+HEADLINE = 32
+WARMUP_SAMPLES = 8  # the untimed first step (FSDP's lazy init, gloo's connections)
+# name → (processes, reshard_after_forward); "pair" = 2 independent processes
+VARIANTS = {"ws1": (1, True), "ws2": (2, True), "pair": (2, True), "ws2-keep": (2, False)}
 COLLECTIVE_REPEATS = 10
 
 
-def worker(out: str, reshard: bool) -> None:
+def worker(out: str, *, samples: int, reshard: bool, half: int | None) -> None:
+    """One run: `samples` × SEQ tokens per step over the ranks; `half` (0 or 1): an
+    independent process training on that half of the batch (the "pair" variant)."""
     import torch
     import torch.distributed as dist
 
@@ -64,7 +78,7 @@ def worker(out: str, reshard: bool) -> None:
 
     torch.set_num_threads(1)
     distributed = "RANK" in os.environ
-    rank, world = 0, 1
+    rank, world = (half, 2) if half is not None else (0, 1)
     model = build_model(ModelConfig(**MODEL), seed=0)
     params = sum(p.numel() for p in model.parameters())
     factor = 1
@@ -75,13 +89,15 @@ def worker(out: str, reshard: bool) -> None:
         apply_fsdp(model, mesh, reshard_after_forward=reshard)
         factor = grad_sum_factor(mesh)
     g = torch.Generator().manual_seed(0)
-    batch = torch.randint(0, 259, (GLOBAL_SAMPLES, SEQ), generator=g)[rank::world]  # (S/ws, T)
-    lengths = torch.full((len(batch),), SEQ)
-    ids = batch.reshape(1, -1)  # (1, S/ws·T) packed
-    positions = torch.arange(SEQ).repeat(len(batch))[None]
+    full = torch.randint(0, 259, (samples, SEQ), generator=g)
+    warm = torch.randint(0, 259, (WARMUP_SAMPLES, SEQ), generator=g)
     optim = torch.optim.AdamW(model.parameters(), lr=1e-4)
     times, cpu_times = [], []
     for step in range(WARMUP + STEPS):
+        batch = (warm if step < WARMUP else full)[rank::world]  # (S/ws, T)
+        lengths = torch.full((len(batch),), SEQ)
+        ids = batch.reshape(1, -1)  # (1, S/ws·T) packed
+        positions = torch.arange(SEQ).repeat(len(batch))[None]
         if distributed:
             dist.barrier()
         started, cpu_started = time.perf_counter(), time.process_time()
@@ -101,7 +117,7 @@ def worker(out: str, reshard: bool) -> None:
     if distributed:  # the busier rank's
         dist.all_reduce(step_cpu_s, op=dist.ReduceOp.MAX)
     comm_s = _collectives_seconds(model, world, 2 if reshard else 1) if distributed else 0.0
-    if rank == 0:
+    if rank == 0 or not distributed:  # a "pair" half writes its own file
         Path(out).write_text(
             json.dumps(
                 {
@@ -196,91 +212,144 @@ def load_average() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
 
 
-def run(variant: str, out: Path) -> dict:  # type: ignore[type-arg]
-    world, reshard = VARIANTS[variant]
+def run(variant: str, samples: int, out: Path) -> dict:  # type: ignore[type-arg]
+    procs, reshard = VARIANTS[variant]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    script = [str(Path(__file__).resolve()), "--worker", str(out)]
-    if not reshard:
-        script.append("--keep-gathered")
-    if world == 1:
-        command = [sys.executable, *script]
-    else:
-        command = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={world}",
-            *script,
+
+    def script(out: Path) -> list[str]:
+        flags = [] if reshard else ["--keep-gathered"]
+        return [
+            str(Path(__file__).resolve()),
+            "--worker",
+            str(out),
+            "--samples",
+            str(samples),
+            *flags,
         ]
+
     load_before = load_average()
-    subprocess.run(command, check=True, env=env)
-    return {**json.loads(out.read_text()), "load": (load_before + load_average()) / 2}
+    if variant == "pair":  # two independent processes at once, each on half the batch
+        outs = [out.with_suffix(f".{i}.json") for i in range(2)]
+        halves = [
+            subprocess.Popen([sys.executable, *script(o), "--half", str(i)], env=env)
+            for i, o in enumerate(outs)
+        ]
+        if any(p.wait() for p in halves):
+            raise RuntimeError("a pair half failed")
+        results = [json.loads(o.read_text()) for o in outs]
+        result = max(results, key=lambda r: r["step_s"])  # the pair is done when both are
+        result["step_cpu_s"] = max(r["step_cpu_s"] for r in results)
+    else:
+        launcher = [sys.executable]
+        if procs > 1:
+            launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={procs}"]
+        subprocess.run([*launcher, *script(out)], check=True, env=env)
+        result = json.loads(out.read_text())
+    return {**result, "load": (load_before + load_average()) / 2}
 
 
-def main(collectives_only: bool = False) -> None:
-    names = list(VARIANTS)
-    runs: dict[str, list[dict]] = {name: [] for name in names}  # type: ignore[type-arg]
+def summarise(samples: int, variant: str, results: list[dict]) -> dict:  # type: ignore[type-arg]
+    """One (size, variant)'s row: medians over the rounds."""
+    step_s = statistics.median(r["step_s"] for r in results)
+    return {
+        "samples": samples,
+        "tokens": samples * SEQ,
+        "variant": variant,
+        "processes": VARIANTS[variant][0],
+        "reshard_after_forward": VARIANTS[variant][1],
+        "step_s": step_s,
+        "tokens_per_s": samples * SEQ / step_s,
+        "step_cpu_s": statistics.median(r["step_cpu_s"] for r in results),
+        "comm_share": statistics.median(r["comm_s"] for r in results) / step_s,
+        "load_avg": statistics.median(r["load"] for r in results),
+        "params": results[0]["params"],
+        "step_s_per_round": [round(r["step_s"], 3) for r in results],
+    }
+
+
+def size_summary(rows: dict[str, dict]) -> dict[str, float]:  # type: ignore[type-arg]
+    """The ratios at one batch size (rows by variant)."""
+    single = rows["ws1"]["tokens_per_s"]
+    out = {
+        "tokens": rows["ws1"]["tokens"],
+        "efficiency_2": rows["ws2"]["tokens_per_s"] / (2 * single),
+        "ceiling_2": rows["pair"]["tokens_per_s"] / (2 * single),
+        # CPU seconds per step: what the neighbours' load changes least (waiting is not
+        # counted, the collectives' copying is). 1.0 = the 2 ranks do no extra work.
+        "cpu_efficiency_2": rows["ws1"]["step_cpu_s"] / (2 * rows["ws2"]["step_cpu_s"]),
+        "comm_share_2": rows["ws2"]["comm_share"],
+        "tokens_per_s_1": single,
+        "tokens_per_s_2": rows["ws2"]["tokens_per_s"],
+    }
+    out["efficiency_over_ceiling"] = out["efficiency_2"] / out["ceiling_2"]
+    if "ws2-keep" in rows:
+        out["efficiency_2_keep"] = rows["ws2-keep"]["tokens_per_s"] / (2 * single)
+    return out
+
+
+def main(sizes: list[int], keep: bool, rounds: int, collectives_only: bool = False) -> None:
+    names = [n for n in VARIANTS if keep or n != "ws2-keep"]
+    runs = [(n, samples) for samples in sizes for n in names]
+    results: dict[tuple[str, int], list[dict]] = {r: [] for r in runs}  # type: ignore[type-arg]
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         collectives = run_collectives(Path(tmp) / "collectives.json")
         print_table("gloo gradient reduce-scatter, one block, 2 ranks (medians)", [collectives])
         if collectives_only:
             return
-        for i in range(ROUNDS):
-            for name in names[i % len(names) :] + names[: i % len(names)]:  # rotating order
-                runs[name].append(run(name, Path(tmp) / f"{name}-{i}.json"))
-    rows = []
-    for name, results in runs.items():
-        step_s = statistics.median(r["step_s"] for r in results)
-        comm_s = statistics.median(r["comm_s"] for r in results)
-        rows.append(
-            {
-                "variant": name,
-                "world_size": VARIANTS[name][0],
-                "reshard_after_forward": VARIANTS[name][1],
-                "step_s": step_s,
-                "tokens_per_s": GLOBAL_SAMPLES * SEQ / step_s,
-                "step_cpu_s": statistics.median(r["step_cpu_s"] for r in results),
-                "comm_share": comm_s / step_s,
-                "load_avg": statistics.median(r["load"] for r in results),
-                "params": results[0]["params"],
-                "step_s_per_round": [round(r["step_s"], 3) for r in results],
-            }
-        )
-    by_name = {row["variant"]: row for row in rows}
-    single = by_name["ws1"]["tokens_per_s"]
-    efficiency = by_name["ws2"]["tokens_per_s"] / (2 * single)
-    efficiency_keep = by_name["ws2-keep"]["tokens_per_s"] / (2 * single)
-    # CPU seconds per step: what the neighbours' load changes least (waiting is not
-    # counted, the collectives' copying is). 1.0 = the 2 ranks do no extra work.
-    cpu_efficiency = by_name["ws1"]["step_cpu_s"] / (2 * by_name["ws2"]["step_cpu_s"])
-    shown = [
-        {k: v for k, v in row.items() if k not in ("params", "step_s_per_round")} for row in rows
-    ]
-    print_table("Trainer scaling (FSDP2, gloo, 1 thread per process)", shown)
-    print(
-        f"efficiency_2 = {efficiency:.3f}, efficiency_2_keep = {efficiency_keep:.3f}, "
-        f"cpu_efficiency_2 = {cpu_efficiency:.3f}"
+        for i in range(rounds):
+            shift = i % len(names)  # rotate the variants' order within each size
+            for samples in sizes:
+                for name in names[shift:] + names[:shift]:
+                    out = Path(tmp) / f"{name}-{samples}-{i}.json"
+                    results[(name, samples)].append(run(name, samples, out))
+    rows = [summarise(samples, name, results[(name, samples)]) for name, samples in runs]
+    by_size = {
+        samples: size_summary({r["variant"]: r for r in rows if r["samples"] == samples})
+        for samples in sizes
+    }
+    columns = (
+        "tokens",
+        "variant",
+        "step_s",
+        "tokens_per_s",
+        "step_cpu_s",
+        "comm_share",
+        "load_avg",
     )
+    shown = [{k: r[k] for k in columns} for r in rows]
+    print_table("Trainer scaling (FSDP2, gloo, 1 thread per process)", shown)
+    print_table(
+        "Per global batch (efficiency_2 = ws2 / 2·ws1, ceiling_2 = pair / 2·ws1)",
+        [{k: round(v, 3) for k, v in row.items()} for row in by_size.values()],
+    )
+    headline = by_size[HEADLINE if HEADLINE in by_size else max(sizes)]
+    load = statistics.median(r["load_avg"] for r in rows)
     path = write_result(
         "scaling",
         config={
             "model": MODEL,
-            "global_samples": GLOBAL_SAMPLES,
             "seq_len": SEQ,
+            "samples": sizes,
+            "headline_samples": headline["tokens"] // SEQ,
             "steps": STEPS,
-            "rounds": ROUNDS,
-            "variants": {k: {"world_size": w, "reshard": r} for k, (w, r) in VARIANTS.items()},
+            "warmup_steps": WARMUP,
+            "warmup_samples": WARMUP_SAMPLES,
+            "rounds": rounds,
+            "variants": {
+                n: {"processes": VARIANTS[n][0], "reshard": VARIANTS[n][1]} for n in names
+            },
         },
         results=[*rows, {"variant": "collectives", **collectives}],
         summary={
-            "efficiency_2": efficiency,
-            "efficiency_2_keep": efficiency_keep,
-            "cpu_efficiency_2": cpu_efficiency,
-            "tokens_per_s_1": single,
-            "tokens_per_s_2": by_name["ws2"]["tokens_per_s"],
-            "comm_share_2": by_name["ws2"]["comm_share"],
-            "load_avg": statistics.median(row["load_avg"] for row in rows),
+            **headline,
+            "by_tokens": {str(v["tokens"]): v for v in by_size.values()},
+            "load_avg": load,
+            # More runnable work than cores: the wall-clock ratios then favour the
+            # two-process variants (they get more of the scheduler's share) and swing
+            # from run to run; only comm_share and the CPU-time ratios hold up.
+            "oversubscribed": load > (os.cpu_count() or 1) + 0.5,
+            "bench_minutes": (time.perf_counter() - started) / 60,
             "gloo_reduce_scatter_over_all_reduce": collectives["ratio"],
         },
     )
@@ -290,6 +359,16 @@ def main(collectives_only: bool = False) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--worker", metavar="OUT")
+    parser.add_argument(
+        "--samples",
+        type=int,
+        nargs="+",
+        default=list(SAMPLES),
+        help="global batch sizes in samples of 256 tokens",
+    )
+    parser.add_argument("--half", type=int, choices=[0, 1], help="worker: a pair half")
+    parser.add_argument("--keep", action="store_true", help="also the ws2-keep variant")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="interleaved repeats")
     parser.add_argument("--keep-gathered", action="store_true", help="reshard_after_forward off")
     parser.add_argument("--collectives-worker", metavar="OUT")
     parser.add_argument(
@@ -297,8 +376,8 @@ if __name__ == "__main__":
     )
     args = parser.parse_args()
     if args.worker:
-        worker(args.worker, reshard=not args.keep_gathered)
+        worker(args.worker, samples=args.samples[0], reshard=not args.keep_gathered, half=args.half)
     elif args.collectives_worker:
         collectives_worker(args.collectives_worker)
     else:
-        main(collectives_only=args.collectives_only)
+        main(args.samples, args.keep, args.rounds, collectives_only=args.collectives_only)

@@ -33,6 +33,7 @@ def test_ep_must_divide_dp_shard_and_the_experts() -> None:
     with pytest.raises(ConfigError, match=r"ep 3 must divide dp_shard 4"):
         ParallelDims.build(world_size=4, ep=3)
     dims = ParallelDims.build(world_size=4, ep=2)
+    assert (dims.dp_shard, dims.dp_shard_mod_ep, dims.ep) == (4, 2, 2)
     dims.check_experts(8)
     with pytest.raises(ConfigError, match=r"ep 2 must divide the model's 5 experts"):
         dims.check_experts(5)

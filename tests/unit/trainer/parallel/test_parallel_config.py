@@ -40,12 +40,18 @@ def test_ep_not_dividing_the_experts_names_both_fields() -> None:
     assert trainer(2, MOE, ep=2).parallel.ep == 2
 
 
-def test_ep_other_than_the_whole_shard_group_names_the_fields() -> None:
+def test_ep_may_take_part_of_the_shard_group() -> None:
+    # dp_shard 4 = two EP groups of 2 (experts replicated across the groups)
+    assert trainer(4, MOE, ep=2).parallel.ep == 2
+    with pytest.raises(ValidationError, match=r"ep 4 must divide dp_shard 2"):
+        trainer(4, MOE, ep=4, dp_replicate=2)
+
+
+def test_ep_with_cp_names_both_fields() -> None:
     with pytest.raises(
-        ValidationError, match=r"trainer.parallel.ep = 2 must equal trainer.parallel.dp_shard"
+        ValidationError,
+        match=r"trainer.parallel.ep = 2 cannot be combined with trainer.parallel.cp = 2",
     ):
-        trainer(4, MOE, ep=2)
-    with pytest.raises(ValidationError, match=r"with trainer.parallel.cp = 1 \(cp is 2\)"):
         trainer(4, MOE, ep=2, cp=2)
 
 

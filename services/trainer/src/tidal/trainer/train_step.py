@@ -144,9 +144,12 @@ class Trainer:
         lr = self._set_lr(kind)
         batches = self._truncate(batches)  # so the token metrics count trained tokens
         sums = self.compute_gradients(batches, kind)
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), self.config.optim.max_grad_norm
-        )
+        if self.parallel is not None:  # expert and dense weights may sit on two meshes
+            grad_norm = self.parallel.clip_grad_norm(self.model, self.config.optim.max_grad_norm)
+        else:
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                self.model.parameters(), self.config.optim.max_grad_norm
+            )
         finite = math.isfinite(float(grad_norm))
         if finite:
             self.optimizer.step()

@@ -44,7 +44,8 @@ class ParallelConfig(BaseConfig):
     "ulysses" all-to-alls heads (needs n_heads divisible by cp)."""
     ep: int = Field(default=1, ge=1)
     """Expert-parallel ranks (MoE families), taken from the dp_shard ranks: must divide
-    dp_shard and the model's n_experts."""
+    dp_shard and the model's n_experts. The dp_shard ranks form dp_shard / ep groups of
+    ep ranks; each group holds every expert once (docs/distributed.md)."""
     param_dtype: Literal["float32", "bfloat16"] = "float32"
     """FSDP mixed precision: dtype parameters are gathered in for compute."""
     reduce_dtype: Literal["float32", "bfloat16"] = "float32"
@@ -83,12 +84,12 @@ def check_parallel(
                 f"trainer.parallel.ep = {dims.ep} must divide trainer.model.n_experts = "
                 f"{model.n_experts}"
             )
-    if dims.ep > 1 and (dims.ep != dims.dp_shard or dims.cp > 1):
-        # Experts are sharded over the whole FSDP shard group (ep.py); a 2-D expert layout
-        # (EP × FSDP over dp_shard / ep) or EP across CP ranks is not implemented.
+    if dims.ep > 1 and dims.cp > 1:
+        # EP groups are taken from the dp_shard ranks (ep.py); routing tokens of CP ranks
+        # (which share weights but hold different tokens) is not implemented.
         raise ConfigError(
-            f"trainer.parallel.ep = {dims.ep} must equal trainer.parallel.dp_shard "
-            f"(= {dims.dp_shard}) with trainer.parallel.cp = 1 (cp is {dims.cp})"
+            f"trainer.parallel.ep = {dims.ep} cannot be combined with trainer.parallel.cp "
+            f"= {dims.cp}; use cp = 1 with ep, or ep = 1 with cp"
         )
     if dims.cp > 1 and loss is not None and "sequence" in (loss.norm, loss.ratio_level):
         raise ConfigError(

@@ -4,15 +4,19 @@ Decisions:
 - World = dp_replicate × dp_shard × cp. Expert parallelism borrows its ranks from the
   data-parallel shard dimension (`ep` must divide `dp_shard`), as in torchtitan: experts
   are sharded across EP ranks while dense weights stay FSDP-sharded over the same ranks,
-  so EP costs no extra GPUs.
+  so EP costs no extra GPUs. With `ep < dp_shard` the shard ranks form dp_shard / ep EP
+  groups of `ep` neighbouring ranks ("dp_shard_mod_ep" × "ep"), each holding all experts.
 - `dp_shard = -1` means "whatever is left": world_size / (dp_replicate × cp).
 - Violations are found before any process group exists, and the message shows the
   arithmetic and the fields to change, because a wrong product is the most common
   launch mistake.
-- The device mesh is built once, with named dimensions ("dp_replicate", "dp_shard",
-  "cp") and flattened views the rest of the code asks for by purpose: "dp" (all
-  data-parallel ranks: batches are split over it), "dp_shard_cp" (FSDP shards parameters
-  over data shards and CP ranks together, since CP ranks hold the same weights).
+- The device mesh is built once, with named dimensions ("dp_replicate",
+  "dp_shard_mod_ep", "ep", "cp") and flattened views the rest of the code asks for by
+  purpose: "dp" (all data-parallel ranks: batches are split over it), "dp_shard_cp"
+  (FSDP shards parameters over data shards and CP ranks together, since CP ranks hold
+  the same weights), "edp" (expert data parallel: the ranks holding the same experts,
+  whose expert gradients are summed). Without EP, "dp_shard_mod_ep" is dp_shard and
+  "ep" has size 1.
 """
 
 from __future__ import annotations
@@ -81,15 +85,28 @@ class ParallelDims:
                 f"trainer.parallel.ep {self.ep} must divide the model's {num_experts} experts"
             )
 
+    @property
+    def dp_shard_mod_ep(self) -> int:
+        """Expert data-parallel degree within a shard group: how many EP groups it holds."""
+        return self.dp_shard // self.ep
+
     def build_mesh(self, device_type: str) -> Any:
-        """The named DeviceMesh with flattened "dp" and "dp_shard_cp" views (collective)."""
+        """The named DeviceMesh and its flattened views (collective: every rank calls it).
+
+        Dims ("dp_replicate", "dp_shard_mod_ep", "ep", "cp"): dp_shard is split into
+        EP groups of `ep` neighbouring ranks. Views: "dp_shard" = (dp_shard_mod_ep, ep),
+        "dp" = every data-parallel rank, "dp_shard_cp" = what FSDP shards over, "edp" =
+        (dp_replicate, dp_shard_mod_ep): the ranks holding the same experts.
+        """
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh(
             device_type,
-            (self.dp_replicate, self.dp_shard, self.cp),
-            mesh_dim_names=("dp_replicate", "dp_shard", "cp"),
+            (self.dp_replicate, self.dp_shard_mod_ep, self.ep, self.cp),
+            mesh_dim_names=("dp_replicate", "dp_shard_mod_ep", "ep", "cp"),
         )
-        mesh["dp_replicate", "dp_shard"]._flatten("dp")
-        mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
+        mesh["dp_shard_mod_ep", "ep"]._flatten("dp_shard")
+        mesh["dp_replicate", "dp_shard_mod_ep", "ep"]._flatten("dp")
+        mesh["dp_shard_mod_ep", "ep", "cp"]._flatten("dp_shard_cp")
+        mesh["dp_replicate", "dp_shard_mod_ep"]._flatten("edp")
         return mesh

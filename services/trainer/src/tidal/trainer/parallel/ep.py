@@ -13,21 +13,29 @@ Decisions:
   tokens grouped by expert, so the model's grouped expert computation is reused as is.
 
 In the trainer (`shard_experts`, called by `RankContext.parallelize` before FSDP):
-- The EP group is the whole FSDP shard group (`ep = dp_shard`, `cp = 1`; config.py
-  refuses other splits). The stacked expert weights `(E, ...)` then become DTensors
-  `Shard(0)` on the FSDP mesh (with `Replicate()` over HSDP replicas), the layout FSDP
-  itself would give them, so gradient clipping, the optimizer, publishing
-  (`full_tensor`) and DCP checkpoints (global shapes: they reshard to any world size)
-  treat them like every other parameter. FSDP is told to ignore them: they are never
-  all-gathered, the all-to-all brings the tokens to them instead.
+- Layout: the dp_shard ranks are split into dp_shard / ep EP groups of `ep` neighbouring
+  ranks (mesh dims "dp_shard_mod_ep" × "ep", dims.py). Within an EP group the stacked
+  expert weights `(E, ...)` are sharded (`Shard(0)` over "ep"); across EP groups and
+  HSDP replicas (the "expert data-parallel" ranks, "edp") they are replicated. They are
+  DTensors on the mesh (dp_replicate, dp_shard_mod_ep, ep), so the optimizer (its state
+  follows the DTensor: sharded over ep, replicated over edp), publishing (`full_tensor`)
+  and DCP checkpoints (global shapes: they reshard to any world size) treat them like
+  every other parameter. FSDP is told to ignore them: they are never all-gathered, the
+  all-to-all brings the tokens to them instead. `ep = dp_shard` is the special case of
+  one EP group.
 - Gradients: each rank's loss is multiplied by the FSDP mesh size S so that FSDP's
   average becomes a sum (fsdp.py). An expert's gradient on its owner already sums the
-  tokens of every EP rank, so `finish_expert_grads` divides by S after backward and, for
-  HSDP, first sums over the replicas (which own the same experts).
-- Alternatives not taken: torchtitan's 2-D layout (experts sharded over EP and again by
-  FSDP over dp_shard/ep) needs FSDP over a mesh other than the dense weights', and so
-  its own gradient-norm and optimizer grouping; worth it only when one rank cannot hold
-  E/dp_shard experts, which is not a case this trainer meets yet.
+  tokens of its EP group, so `finish_expert_grads` sums it over the edp ranks (the other
+  EP groups and replicas, which own the same experts and saw other tokens) and divides
+  by S: the gradient of the global loss, identical on every holder, so the replicated
+  copies stay equal after the optimizer step.
+- The expert weights live on a different mesh from the dense ones, so one
+  `clip_grad_norm_` over all parameters cannot stack their norms: grad_norm.py sums the
+  squared norms per mesh.
+- Alternatives not taken: torchtitan additionally FSDP-shards the experts over edp
+  (less memory per rank, an all-gather of experts per block and step); worth it only
+  when one rank cannot hold E/ep experts, which is not a case this trainer meets yet.
+  EP across CP ranks (cp > 1) is refused by config validation.
 """
 
 from __future__ import annotations
@@ -131,22 +139,28 @@ def check_expert_model(model: nn.Module, ep: int) -> None:
         )
 
 
+def expert_mesh(mesh: Any) -> Any:
+    """The submesh expert weights live on: (dp_replicate, dp_shard_mod_ep, ep)."""
+    return mesh["dp_replicate", "dp_shard_mod_ep", "ep"]
+
+
 def shard_experts(model: nn.Module, mesh: Any) -> set[nn.Parameter]:
     """Keep this rank's experts of every MoE block and route tokens to the others' (in place).
 
-    `mesh`: the FSDP mesh, 1-D (dp_shard) or 2-D (dp_replicate, dp_shard); its last
-    dimension is the EP group. Returns the expert parameters, for FSDP to ignore.
+    `mesh`: the trainer's full mesh (ParallelDims.build_mesh); the EP group is its "ep"
+    dimension. Returns the expert parameters, for FSDP to ignore.
     """
-    placements = (Replicate(),) * (mesh.ndim - 1) + (Shard(0),)
-    ep, index = mesh.size(-1), mesh.get_local_rank(mesh.ndim - 1)
-    group = mesh.get_group(mesh.ndim - 1)
+    experts_on = expert_mesh(mesh)
+    placements = (Replicate(), Replicate(), Shard(0))  # replicated over edp, sharded over ep
+    ep, index = mesh["ep"].size(), mesh["ep"].get_local_rank()
+    group = mesh["ep"].get_group()
     sharded: set[nn.Parameter] = set()
     for block in _moe_blocks(model):
         per_rank = block.n_experts // ep
         for name, full in list(block.experts.named_parameters(recurse=False)):
             mine = full.detach()[index * per_rank : (index + 1) * per_rank].clone()  # (E/ep, ...)
             param = nn.Parameter(
-                DTensor.from_local(mine, mesh, placements, run_check=False),
+                DTensor.from_local(mine, experts_on, placements, run_check=False),
                 requires_grad=full.requires_grad,
             )
             setattr(block.experts, name, param)
@@ -160,15 +174,17 @@ def shard_experts(model: nn.Module, mesh: Any) -> set[nn.Parameter]:
 def finish_expert_grads(model: nn.Module, mesh: Any, loss_scale: float) -> None:
     """Turn expert gradients into those of the global loss (after the step's backward).
 
-    Each owner's gradient already sums every EP rank's tokens, times `loss_scale`;
-    HSDP replicas (mesh dimension 0 of a 2-D mesh) own the same experts: summed first.
+    Each owner's gradient already sums its EP group's tokens, times `loss_scale`; the
+    expert data-parallel ranks ("edp": other EP groups, HSDP replicas) own the same
+    experts and saw other tokens: summed over them first.
     """
-    replicas = mesh.get_group(0) if mesh.ndim > 1 else None
+    edp = mesh["edp"]
+    group = edp.get_group() if edp.size() > 1 else None
     for block in _moe_blocks(model):
         for param in block.experts.parameters(recurse=False):
             if param.grad is None:
                 continue
             local = param.grad.to_local()  # (E/ep, ...) this rank's experts' gradient
-            if replicas is not None:
-                dist.all_reduce(local, group=replicas)
+            if group is not None:
+                dist.all_reduce(local, group=group)
             local.div_(loss_scale)

@@ -24,9 +24,10 @@ Decisions:
   `monitored_barrier` on a gloo group, so a peer that already died costs a logged
   timeout, not a hang.
 - Expert parallelism (`ep > 1`): `parallelize` shards the MoE blocks' experts over the
-  FSDP shard group before FSDP wraps the rest (ep.py), and `finish_gradients`, called
+  mesh's "ep" groups before FSDP wraps the rest (ep.py), `finish_gradients`, called
   by the Trainer after the step's last backward, makes their gradients the global sum
-  like FSDP's reduce-scatter does for every other parameter.
+  like FSDP's reduce-scatter does for every other parameter, and `clip_grad_norm` takes
+  the norm over both meshes (grad_norm.py).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from tidal.trainer.parallel.cp_batch import shard_for_cp
 from tidal.trainer.parallel.dims import ParallelDims
 from tidal.trainer.parallel.ep import check_expert_model, finish_expert_grads, shard_experts
 from tidal.trainer.parallel.fsdp import apply_fsdp, fsdp_mesh, grad_sum_factor
+from tidal.trainer.parallel.grad_norm import clip_grad_norm
 
 CONTROL_TIMEOUT = datetime.timedelta(days=7)  # followers wait this long for rank 0's next step
 
@@ -66,7 +68,7 @@ def rank_device(device: str) -> torch.device:
 class RankContext:
     config: TrainerConfig
     dims: ParallelDims
-    mesh: Any  # DeviceMesh ("dp_replicate", "dp_shard", "cp") + flattened views
+    mesh: Any  # DeviceMesh ("dp_replicate", "dp_shard_mod_ep", "ep", "cp") + flattened views
     control: Any  # gloo ProcessGroup over all ranks
     device: torch.device
 
@@ -111,7 +113,7 @@ class RankContext:
         experts: set[nn.Parameter] = set()
         if self.dims.ep > 1:
             check_expert_model(model, self.dims.ep)
-            experts = shard_experts(model, self._fsdp_mesh)
+            experts = shard_experts(model, self.mesh)
         return apply_fsdp(
             model,
             self._fsdp_mesh,
@@ -125,7 +127,11 @@ class RankContext:
     def finish_gradients(self, model: nn.Module) -> None:
         """After the step's last backward: expert gradients become global sums (ep > 1)."""
         if self.dims.ep > 1:
-            finish_expert_grads(model, self._fsdp_mesh, self.loss_scale)
+            finish_expert_grads(model, self.mesh, self.loss_scale)
+
+    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:
+        """Clip to the global L2 norm across meshes (expert and dense weights differ)."""
+        return clip_grad_norm(model.parameters(), max_norm)
 
     def sum_over_ranks(self, t: torch.Tensor) -> torch.Tensor:
         """Sum over every rank (host tensors, the gloo control group)."""
