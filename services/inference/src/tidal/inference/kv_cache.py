@@ -165,7 +165,11 @@ class DecodeAttention:
         else:
             keys = ck[self.slots, :, : self.length]  # (B, Hkv, S, D), gathered
             values = cv[self.slots, :, : self.length]
-        return grouped_decode_attention(q, keys, values, self.mask)  # (B, H, 1, D)
+        return self.attend(q, keys, values)  # (B, H, 1, D)
+
+    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """q (B, H, 1, D) over this step's keys and values (B, Hkv, S, D) → (B, H, 1, D)."""
+        return grouped_decode_attention(q, keys, values, self.mask)
 
 
 def grouped_decode_attention(
