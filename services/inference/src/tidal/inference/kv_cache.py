@@ -19,9 +19,9 @@ Decisions:
   (`grouped_decode_attention`), with an additive float mask built once per step. The
   alternative, SDPA with `enable_gqa` and a bool mask, gives the same sums but hands the
   CPU flash kernel one query row per (sequence, head): measured at batch 32 in the
-  benchmark's decode step that was ~7% slower in fp32 and 1.2-1.4x slower in bf16 (the
-  kernel's per-block overhead dominates at one row). Explicit matmuls were no faster in
-  fp32 and round scores to bf16 in bf16.
+  benchmark's decode step it was 1.2-1.6x slower in bf16 (the kernel's per-block
+  overhead dominates at one row) and within noise in fp32 (0.98-1.11x). Explicit
+  matmuls were no faster in fp32 and round scores to bf16 in bf16.
 - Prefix sharing: the n samples of a prompt are prefilled once, in one slot, and the other
   samples' slots receive a copy of its keys and values (`fork`).
 """
