@@ -16,9 +16,11 @@ the same 32 prompts of mixed lengths, as one batch, in two scenarios:
 Runs alternate between systems and the medians are compared, so drift on a shared
 machine hits both alike.
 
-Then one decode step of the engine at batch 32 (fixed scenario, after 40 steps) is timed
-with oneDNN-prepacked linears against plain `F.linear` (interleaved steps, medians) and
-profiled: `summary.decode_step_profile` is the share of its time per kind of work.
+Then one decode step of the engine at batch 32 (fixed scenario, after 40 steps), in each
+dtype, is timed in three variants, interleaved, medians: the engine now; the previous
+engine (prepacked linears, SDPA with `enable_gqa` and a bool mask, no fused sibling
+GEMMs); and plain `F.linear`. The current step is profiled:
+`summary.decode_step_profile_<dtype>` is the share of its time per kind of work.
 
 `python bench/inference.py [--repeats N] [--dtypes float32 bfloat16] [--threads T]`
 """
@@ -40,12 +42,13 @@ from common import print_table, write_result
 
 from tidal.inference.batching import Batcher
 from tidal.inference.config import InferenceConfig
-from tidal.inference.kv_cache import SlotKVCache
+from tidal.inference.kv_cache import DecodeAttention, SlotKVCache
 from tidal.inference.loading import build_model, load_weights
 from tidal.inference.native import NativeEngine
-from tidal.inference.packed_linear import pack_linears
+from tidal.inference.packed_linear import PackedLinear, pack_linears
 from tidal.inference.sampling import SamplingParams
 from tidal.inference.sequence import Sequence
+from tidal.trainer.models.attention import sdpa
 from tidal.trainer.models.llama.model import LlamaArgs, LlamaForCausalLM
 
 ARGS = LlamaArgs(
@@ -144,15 +147,49 @@ class HuggingFace:
         return completions if scenario == "fixed" else [until_stop(c) for c in completions]
 
 
+class _GqaSdpaDecode(DecodeAttention):
+    """The previous decode attention: SDPA with `enable_gqa` and a bool mask, one query row."""
+
+    def __init__(self, cache: SlotKVCache, slots: torch.Tensor, positions: torch.Tensor) -> None:
+        super().__init__(cache, slots, positions)
+        self.visible = torch.isfinite(self.mask)  # (B, 1, 1, S) bool, True = attend
+
+    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        return sdpa(q, keys, values, mask=self.visible, causal=False)
+
+
+class _PreviousCache(SlotKVCache):
+    def decode(self, slots: torch.Tensor, positions: torch.Tensor) -> DecodeAttention:
+        return _GqaSdpaDecode(self, slots, positions)
+
+
+# Decode-step variants: (linears, fused sibling GEMMs, folded-GQA attention).
+VARIANTS = {
+    "plain F.linear": ("plain", False, True),
+    "previous (packed, GQA SDPA, unfused)": ("packed", False, False),
+    "now (packed, fused siblings, folded GQA)": ("packed", True, True),
+}
+
+
 def running_batch(
-    state: dict[str, torch.Tensor], prompts: list[list[int]], *, packed: bool, steps: int
+    state: dict[str, torch.Tensor],
+    prompts: list[list[int]],
+    *,
+    variant: tuple[str, bool, bool],
+    dtype: torch.dtype,
+    steps: int,
 ) -> tuple[Batcher, list[Sequence]]:
     """The engine's batcher with all prompts prefilled and `steps` greedy tokens decoded."""
-    model = build_model(ARGS.to_hf_config(), device=torch.device("cpu"), dtype=torch.float32)
-    if packed:
+    linears, fused, folded = variant
+    model = build_model(ARGS.to_hf_config(), device=torch.device("cpu"), dtype=dtype)
+    if linears == "packed":
         pack_linears(model, batch_hint=BATCH)
+        for module in model.modules():
+            if isinstance(module, PackedLinear) and not fused:
+                module.group = None
     load_weights(model, state)
-    cache = SlotKVCache(model.args, slots=BATCH, dtype=torch.float32, device="cpu")
+    cache_type = SlotKVCache if folded else _PreviousCache
+    cache = cache_type(model.args, slots=BATCH, dtype=dtype, device="cpu")
     batcher = Batcher(model, cache, None)
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
     sequences = []
@@ -181,23 +218,24 @@ OTHER = "other (rope, residuals, SiLU, indexing, Python)"
 
 
 def decode_step_study(
-    state: dict[str, torch.Tensor], prompts: list[list[int]], steps: int = 12
+    state: dict[str, torch.Tensor], prompts: list[list[int]], dtype: torch.dtype, steps: int = 12
 ) -> tuple[dict[str, float], dict[str, float]]:
-    """(median ms of one decode step, packed vs plain linears; share of time per kind)."""
+    """(median ms of one decode step per variant; the current step's share of time per kind)."""
     from torch.profiler import ProfilerActivity, profile
 
+    state = {k: v.to(dtype) for k, v in state.items()}
     variants = {
-        k: running_batch(state, prompts, packed=k == "packed", steps=40)
-        for k in ("plain", "packed")
+        name: running_batch(state, prompts, variant=v, dtype=dtype, steps=40)
+        for name, v in VARIANTS.items()
     }
     times: dict[str, list[float]] = {k: [] for k in variants}
-    for _ in range(steps):  # interleaved: load drift hits both alike
+    for _ in range(steps):  # interleaved: load drift hits all alike
         for name, (batcher, sequences) in variants.items():
             started = time.perf_counter()
             batcher.decode(sequences, 0)
             times[name].append(time.perf_counter() - started)
     step_ms = {k: 1000 * statistics.median(v) for k, v in times.items()}
-    batcher, sequences = variants["packed"]
+    batcher, sequences = variants[list(VARIANTS)[-1]]
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(5):
             batcher.decode(sequences, 0)
@@ -293,16 +331,22 @@ def main() -> None:
     for scenario in cli.scenarios:
         key = "speedup_vs_hf" if scenario == "fixed" else f"speedup_vs_hf_{scenario}"
         summary[key] = summary[f"speedup_vs_hf_{scenario}_{cli.dtypes[0]}"]
-    step_ms, shares = decode_step_study(state, prompts)
-    summary["decode_step_ms_plain_linear"] = round(step_ms["plain"], 1)
-    summary["decode_step_ms_packed_linear"] = round(step_ms["packed"], 1)
-    summary["packed_linear_decode_speedup"] = round(step_ms["plain"] / step_ms["packed"], 3)
-    summary["decode_step_profile"] = shares
+    step_rows, step_shares = [], {}
+    for dtype in cli.dtypes:
+        step_ms, step_shares[dtype] = decode_step_study(state, prompts, DTYPES[dtype])
+        now = step_ms[list(VARIANTS)[-1]]
+        for name, ms in step_ms.items():
+            step_rows.append({"dtype": dtype, "decode step": name, "ms": ms, "x current": ms / now})
+        summary[f"decode_step_ms_{dtype}"] = {k: round(v, 1) for k, v in step_ms.items()}
+        summary[f"decode_step_profile_{dtype}"] = step_shares[dtype]
+    summary["decode_step_profile"] = step_shares[cli.dtypes[0]]
     print_table(f"Generation, batch {BATCH}, up to {NEW_TOKENS} new tokens", rows)
-    print_table(
-        "One decode step, batch 32, fp32: share of time",
-        [{"kind": k, "share": f"{v:.1%}"} for k, v in shares.items()],
-    )
+    print_table(f"One decode step, batch {BATCH}, after 40 tokens (interleaved)", step_rows)
+    for dtype, shares in step_shares.items():
+        print_table(
+            f"Current decode step, batch {BATCH}, {dtype}: share of time",
+            [{"kind": k, "share": f"{v:.1%}"} for k, v in shares.items()],
+        )
     print(summary)
     write_result(
         "inference",

@@ -9,9 +9,10 @@ Decisions:
   goes into the first sample's slot, the others get a copy of its cache (`fork`) and
   sample their first token from the same logits with their own uniforms. So sharing
   gives exactly the tokens that prefilling each sample separately would.
-- Prompts of one prefill are right-padded to the longest; the LM head runs only on each
-  row's own last prompt position (`model.hidden_states`, then `lm_head`), the one logit
-  row sampling needs.
+- Prompts of one prefill are packed into one `(1, T)` row without padding (positions
+  restart per prompt; the cache's prefill attention keeps prompts apart); the LM head runs
+  only on each prompt's last position (`model.hidden_states`, then `lm_head`), the one
+  logit row sampling needs.
 - A row's sampling parameters are gathered into small `(B,)` tensors per step, so rows
   with different temperatures, filters and seeds share one vectorised sampling step.
 """
@@ -41,20 +42,16 @@ class Batcher:
     def prefill(self, groups: list[list[Sequence]], version: int) -> None:
         """Prefill each group's shared prompt once and sample every sequence's first token."""
         lengths = [len(g[0].prompt_ids) for g in groups]
-        inputs = torch.zeros(len(groups), max(lengths), dtype=torch.long)  # (G, P); 0 = filler
-        for i, g in enumerate(groups):
-            inputs[i, : lengths[i]] = torch.tensor(g[0].prompt_ids)
-        inputs = inputs.to(self.device)
-        positions = torch.arange(inputs.shape[1], device=self.device).expand_as(inputs)  # (G, P)
-        slots = torch.tensor([g[0].slot for g in groups], device=self.device)  # (G,)
+        inputs = torch.tensor([[t for g in groups for t in g[0].prompt_ids]])  # (1, T)
+        positions = torch.cat([torch.arange(n) for n in lengths])[None]  # (1, T)
+        attention = self.cache.prefill([g[0].slot for g in groups], lengths)
         hidden = self.model.hidden_states(
-            inputs, positions, attention=self.cache.prefill(slots)
-        )  # (G, P, dim)
-        last = torch.tensor(lengths, device=self.device) - 1  # (G,)
+            inputs.to(self.device), positions.to(self.device), attention=attention
+        )  # (1, T, dim)
+        last = torch.tensor(lengths).cumsum(0) - 1  # (G,): each prompt's last position
         # The LM head on each prompt's last position only: the model's forward would compute
-        # (G, P, V) logits, ~5% of a batch-32 generation at vocab 32000, to use G rows.
-        next_hidden = hidden[torch.arange(len(groups), device=self.device), last]  # (G, dim)
-        next_logits = self.model.lm_head(next_hidden).float()  # (G, V)
+        # (T, V) logits, ~5% of a batch-32 generation at vocab 32000, to use G rows.
+        next_logits = self.model.lm_head(hidden[0, last.to(self.device)]).float()  # (G, V)
         for g, length in zip(groups, lengths, strict=True):
             self.cache.fork(g[0].slot, [s.slot for s in g[1:]], length)
         owner = torch.tensor([i for i, g in enumerate(groups) for _ in g], device=self.device)
