@@ -61,7 +61,6 @@ def test_pack_linears_keeps_parameters_names_and_the_tied_head() -> None:
     model = LlamaForCausalLM(args)
     before = model.state_dict()
     assert pack_linears(model, batch_hint=4) == 2 * 7 + 1  # q k v o gate up down, per layer; head
-    assert layer_groups(model) == 2 * 2  # (q, k, v) and (gate, up), per layer
     layer = model.model.layers[0]
     assert all(isinstance(m, PackedLinear) for m in (model.lm_head, layer.mlp.up_proj))
     assert model.lm_head.weight is model.model.embed_tokens.weight
@@ -70,53 +69,9 @@ def test_pack_linears_keeps_parameters_names_and_the_tied_head() -> None:
     assert all(after[k].data_ptr() == before[k].data_ptr() for k in before)  # same storage
 
 
-def layer_groups(model: nn.Module) -> int:
-    return len({id(m.group) for m in model.modules() if getattr(m, "group", None) is not None})
-
-
 def test_training_mode_autograd_takes_f_linear() -> None:
     linear = nn.Linear(8, 4)
     packed = PackedLinear(linear, batch_hint=2)
     x = torch.randn(2, 8)
     packed(x).sum().backward()
     assert linear.weight.grad is not None and packed._packed is None
-
-
-def _attention_with_bias() -> nn.Module:
-    torch.manual_seed(0)
-    block = nn.Module()
-    block.q_proj = nn.Linear(16, 32, bias=True)
-    block.k_proj = nn.Linear(16, 8, bias=False)  # a mix: the missing bias counts as zeros
-    block.v_proj = nn.Linear(16, 8, bias=True)
-    return block.requires_grad_(False)
-
-
-def test_siblings_share_one_gemm_and_equal_their_own_linears() -> None:
-    block = _attention_with_bias()
-    plain = {n: (m.weight.clone(), m.bias) for n, m in block.named_children()}
-    assert pack_linears(block, batch_hint=4) == 3
-    assert block.q_proj.group is block.v_proj.group is not None
-    x = torch.randn(2, 3, 16)
-    with torch.inference_mode():
-        for _ in range(2):  # the second round recomputes: a new input tensor
-            for name in ("q_proj", "k_proj", "v_proj"):
-                weight, bias = plain[name]
-                got = getattr(block, name)(x)
-                torch.testing.assert_close(got, F.linear(x, weight, bias), atol=1e-5, rtol=1e-5)
-            x = x + 1
-        q_again = block.q_proj(x)  # the same sibling twice on one input: computed afresh
-        torch.testing.assert_close(q_again, block.q_proj(x))
-
-
-def test_sibling_group_follows_an_in_place_load_of_one_member() -> None:
-    block = _attention_with_bias()
-    pack_linears(block, batch_hint=4)
-    x = torch.randn(4, 16)
-    with torch.inference_mode():
-        block.q_proj(x), block.k_proj(x), block.v_proj(x)
-    with torch.no_grad():
-        block.k_proj.weight.copy_(torch.randn(8, 16))  # what load_state_dict does
-    y = torch.randn(4, 16)
-    with torch.inference_mode():
-        block.q_proj(y)
-        torch.testing.assert_close(block.k_proj(y), y @ block.k_proj.weight.T)
