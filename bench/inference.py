@@ -18,8 +18,8 @@ machine hits both alike.
 
 Then one decode step of the engine at batch 32 (fixed scenario, after 40 steps), in each
 dtype, is timed in three variants, interleaved, medians: the engine now; the previous
-engine (prepacked linears, SDPA with `enable_gqa` and a bool mask, no fused sibling
-GEMMs); and plain `F.linear`. The current step is profiled:
+engine (prepacked linears, SDPA with `enable_gqa` and a bool mask); and plain
+`F.linear`. The current step is profiled:
 `summary.decode_step_profile_<dtype>` is the share of its time per kind of work.
 
 `python bench/inference.py [--repeats N] [--dtypes float32 bfloat16] [--threads T]`
@@ -45,7 +45,7 @@ from tidal.inference.config import InferenceConfig
 from tidal.inference.kv_cache import DecodeAttention, SlotKVCache
 from tidal.inference.loading import build_model, load_weights
 from tidal.inference.native import NativeEngine
-from tidal.inference.packed_linear import PackedLinear, pack_linears
+from tidal.inference.packed_linear import pack_linears
 from tidal.inference.sampling import SamplingParams
 from tidal.inference.sequence import Sequence
 from tidal.trainer.models.attention import sdpa
@@ -163,11 +163,11 @@ class _PreviousCache(SlotKVCache):
         return _GqaSdpaDecode(self, slots, positions)
 
 
-# Decode-step variants: (linears, fused sibling GEMMs, folded-GQA attention).
+# Decode-step variants: (linears, folded-GQA attention).
 VARIANTS = {
-    "plain F.linear": ("plain", False, True),
-    "previous (packed, GQA SDPA, unfused)": ("packed", False, False),
-    "now (packed, fused siblings, folded GQA)": ("packed", True, True),
+    "plain F.linear": ("plain", True),
+    "previous (packed, GQA SDPA)": ("packed", False),
+    "now (packed, folded GQA)": ("packed", True),
 }
 
 
@@ -175,18 +175,15 @@ def running_batch(
     state: dict[str, torch.Tensor],
     prompts: list[list[int]],
     *,
-    variant: tuple[str, bool, bool],
+    variant: tuple[str, bool],
     dtype: torch.dtype,
     steps: int,
 ) -> tuple[Batcher, list[Sequence]]:
     """The engine's batcher with all prompts prefilled and `steps` greedy tokens decoded."""
-    linears, fused, folded = variant
+    linears, folded = variant
     model = build_model(ARGS.to_hf_config(), device=torch.device("cpu"), dtype=dtype)
     if linears == "packed":
         pack_linears(model, batch_hint=BATCH)
-        for module in model.modules():
-            if isinstance(module, PackedLinear) and not fused:
-                module.group = None
     load_weights(model, state)
     cache_type = SlotKVCache if folded else _PreviousCache
     cache = cache_type(model.args, slots=BATCH, dtype=dtype, device="cpu")
