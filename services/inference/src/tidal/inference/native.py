@@ -5,9 +5,13 @@ Decisions:
   weights if any, (2) admits queued samples into free cache slots and prefills them,
   (3) runs one decode step for every running sequence, (4) delivers what finished and
   frees its slots. So requests join and leave the running batch at every step, and a
-  long completion never holds the queue back. Forwards run in a worker thread
-  (`asyncio.to_thread`), so the event loop keeps answering health checks, GetStatus and
-  new requests while torch computes.
+  long completion never holds the queue back. Forwards and weight swaps run in one
+  dedicated worker thread (a one-thread executor, not `asyncio.to_thread`'s shared
+  pool), so the event loop keeps answering health checks, GetStatus and new requests
+  while torch computes, and every model call comes from the same thread: torch's
+  intra-op thread team is reused instead of a new one per pool thread the call lands
+  on. Measured on the benchmark's fixed fp32 generation (2 threads, quiet machine, 4
+  interleaved rounds): 8.66 s against 9.28 s with `to_thread`.
 - Token budget per step (`max_step_tokens`): one step's decode tokens (one per running
   sequence) plus the prompt tokens prefilled with it. The first queued prompt is admitted
   whenever a slot is free, even over budget, so a long prompt cannot starve.
@@ -32,6 +36,7 @@ Decisions:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import random
@@ -107,6 +112,7 @@ class NativeEngine(Engine):
         self._pending: _PendingWeights | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._worker: concurrent.futures.ThreadPoolExecutor | None = None  # while started
         self._generated = 0
         self._recent: deque[tuple[float, int]] = deque()  # (monotonic time, tokens) per step
 
@@ -114,6 +120,7 @@ class NativeEngine(Engine):
 
     async def start(self) -> None:
         if self._task is None:
+            self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="engine")
             self._task = asyncio.create_task(self._schedule(), name="native-engine")
 
     async def close(self) -> None:
@@ -122,6 +129,9 @@ class NativeEngine(Engine):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        if self._worker is not None:
+            self._worker.shutdown(wait=False)  # a forward still running finishes on its own
+            self._worker = None
         closing = Unavailable("the engine is shutting down")
         for request in {s.owner for s in self._running} | set(self._queue):
             request.out.put_nowait(closing)
@@ -245,7 +255,7 @@ class NativeEngine(Engine):
     async def _run(self, forward: Any, work: Any, sequences: list[Sequence]) -> None:
         """One forward in a worker thread, then deliveries; a failure fails its requests."""
         try:
-            await asyncio.to_thread(forward, work, self._version)
+            await self._in_worker(forward, work, self._version)
         except Exception as exc:
             log.exception("a forward of %d sequences failed", len(sequences))
             failed = {s.owner for s in sequences}
@@ -339,7 +349,7 @@ class NativeEngine(Engine):
         if pending is None:
             return
         try:
-            self._batcher = await asyncio.to_thread(self._swap, pending)
+            self._batcher = await self._in_worker(self._swap, pending)
             self._version = pending.version
             log.info("serving policy version %d", pending.version)
             if not pending.loaded.done():  # the caller may have gone away meanwhile
@@ -347,6 +357,11 @@ class NativeEngine(Engine):
         except Exception as exc:  # a bad version: keep serving the old one
             if not pending.loaded.done():
                 pending.loaded.set_exception(exc)
+
+    async def _in_worker(self, func: Any, *args: Any) -> Any:
+        """`func(*args)` on the engine's one worker thread (every model call runs there)."""
+        assert self._worker is not None, "the scheduler runs only between start() and close()"
+        return await asyncio.get_running_loop().run_in_executor(self._worker, func, *args)
 
     def _swap(self, pending: _PendingWeights) -> Batcher:
         if self._batcher is not None:
