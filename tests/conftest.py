@@ -1,13 +1,14 @@
 """Fixtures shared by every test layer.
 
-`weightsync_server` runs the real weight-sync servicer on an in-process grpc.aio server on
-a free loopback port, so trainer and inference contract tests publish and watch real
+`start_weightsync` runs real weight-sync servicers (any transport, retention and chunk
+size) on in-process grpc.aio servers on free loopback ports, `weightsync_server` one with
+the defaults, so trainer and inference contract tests publish and watch real
 versions rather than a fake.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from tidal.common.sections import GrpcConfig
 from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.rpc.v1 import weightsync_pb2_grpc
+from tidal.weightsync.config import Transport
 from tidal.weightsync.registry import VersionRegistry
 from tidal.weightsync.servicer import WeightSyncServicer
 
@@ -43,20 +45,43 @@ class RunningWeightSync:
     server: GrpcServer
 
 
+StartWeightSync = Callable[..., Awaitable[RunningWeightSync]]
+
+
 @pytest.fixture
-async def weightsync_server(tmp_path: Path) -> AsyncIterator[RunningWeightSync]:
-    root = tmp_path / "weights"
-    root.mkdir()
-    registry = VersionRegistry(root, keep_last=3)
-    binding = ServiceBinding(
-        WeightSyncServicer(registry, chunk_bytes=1 << 16),
-        weightsync_pb2_grpc.add_WeightSyncServiceServicer_to_server,
-        "tidal.rpc.v1.WeightSyncService",
-    )
-    server = GrpcServer("127.0.0.1:0", [binding], GrpcConfig(shutdown_grace_s=0.5))
-    await server.start()
-    yield RunningWeightSync(f"127.0.0.1:{server.port}", root, registry, server)
-    await server.stop()
+async def start_weightsync() -> AsyncIterator[StartWeightSync]:
+    """Starts real weight-sync services (stopped when the test ends): `await
+    start_weightsync(root, transport=..., keep_last=..., chunk_bytes=...)`."""
+    started: list[GrpcServer] = []
+
+    async def start(
+        root: Path,
+        *,
+        transport: Transport | None = None,
+        keep_last: int = 3,
+        chunk_bytes: int = 1 << 16,
+    ) -> RunningWeightSync:
+        root.mkdir(parents=True, exist_ok=True)
+        registry = VersionRegistry(root, keep_last=keep_last)
+        binding = ServiceBinding(
+            WeightSyncServicer(registry, chunk_bytes=chunk_bytes, transport=transport),
+            weightsync_pb2_grpc.add_WeightSyncServiceServicer_to_server,
+            "tidal.rpc.v1.WeightSyncService",
+        )
+        server = GrpcServer("127.0.0.1:0", [binding], GrpcConfig(shutdown_grace_s=0.2))
+        await server.start()
+        started.append(server)
+        return RunningWeightSync(f"127.0.0.1:{server.port}", root, registry, server)
+
+    yield start
+    for server in started:
+        await server.stop()
+
+
+@pytest.fixture
+async def weightsync_server(tmp_path: Path, start_weightsync: StartWeightSync) -> RunningWeightSync:
+    """One service with the default (filesystem) transport, versions under tmp/weights."""
+    return await start_weightsync(tmp_path / "weights")
 
 
 @pytest.fixture

@@ -18,17 +18,12 @@ import pytest
 import torch
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from tidal.common.sections import GrpcConfig
-from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.inference.weights import WeightWatcher
-from tidal.rpc.v1 import weightsync_pb2_grpc
 from tidal.trainer.models.llama.model import LlamaArgs, LlamaForCausalLM
 from tidal.trainer.publisher import WeightPublisher
 from tidal.weightsync.client import WeightSyncClient
 from tidal.weightsync.config import FilesystemTransport, StreamTransport
 from tidal.weightsync.filesystem import write_version
-from tidal.weightsync.registry import VersionRegistry
-from tidal.weightsync.servicer import WeightSyncServicer
 
 ARGS = LlamaArgs(
     vocab_size=264, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=64
@@ -51,23 +46,14 @@ async def until(check: Any, what: str, timeout: float = 20.0) -> None:
 
 @pytest.fixture(params=["filesystem", "stream"])
 async def weightsync(
-    request: pytest.FixtureRequest, tmp_path: Path, span_exporter: InMemorySpanExporter
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    span_exporter: InMemorySpanExporter,
+    start_weightsync: Any,
 ) -> AsyncIterator[tuple[str, Path]]:
-    root = tmp_path / "weights"
-    root.mkdir()
     transport = FilesystemTransport() if request.param == "filesystem" else StreamTransport()
-    servicer = WeightSyncServicer(
-        VersionRegistry(root, keep_last=3), chunk_bytes=4096, transport=transport
-    )
-    binding = ServiceBinding(
-        servicer,
-        weightsync_pb2_grpc.add_WeightSyncServiceServicer_to_server,
-        "tidal.rpc.v1.WeightSyncService",
-    )
-    server = GrpcServer("127.0.0.1:0", [binding], GrpcConfig(shutdown_grace_s=0.2))
-    await server.start()
-    yield f"127.0.0.1:{server.port}", root
-    await server.stop()
+    service = await start_weightsync(tmp_path / "weights", transport=transport, chunk_bytes=4096)
+    yield service.address, service.root
     span_exporter.clear()  # other tests look up load spans by version number
 
 

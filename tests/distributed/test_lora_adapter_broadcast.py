@@ -14,24 +14,19 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from tidal.common.sections import GrpcConfig
-from tidal.common.server import GrpcServer, ServiceBinding
-from tidal.rpc.v1 import weightsync_pb2_grpc
 from tidal.trainer.batch import MicroBatchData, positions_for
 from tidal.trainer.config import ModelConfig, TrainerConfig
 from tidal.trainer.publisher import WeightPublisher
 from tidal.trainer.train_step import Trainer
 from tidal.weightsync.client import WeightSyncClient
 from tidal.weightsync.config import BroadcastTransport
-from tidal.weightsync.registry import VersionRegistry
-from tidal.weightsync.servicer import WeightSyncServicer
 
 pytestmark = pytest.mark.distributed
 
@@ -56,21 +51,10 @@ def batch(seed: int) -> MicroBatchData:
 
 
 @pytest.fixture
-async def broadcast_weightsync(tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
-    root = tmp_path / "weights"
-    root.mkdir()
+async def broadcast_weightsync(tmp_path: Path, start_weightsync: Any) -> tuple[str, Path]:
     transport = BroadcastTransport(replicas=1, backend="gloo", bucket_bytes=4096, timeout_s=30)
-    binding = ServiceBinding(
-        WeightSyncServicer(
-            VersionRegistry(root, keep_last=3), chunk_bytes=1 << 16, transport=transport
-        ),
-        weightsync_pb2_grpc.add_WeightSyncServiceServicer_to_server,
-        "tidal.rpc.v1.WeightSyncService",
-    )
-    server = GrpcServer("127.0.0.1:0", [binding], GrpcConfig(shutdown_grace_s=0.2))
-    await server.start()
-    yield f"127.0.0.1:{server.port}", root
-    await server.stop()
+    service = await start_weightsync(tmp_path / "weights", transport=transport)
+    return service.address, service.root
 
 
 @pytest.mark.slow

@@ -16,24 +16,20 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from safetensors.torch import load_file
 
-from tidal.common.sections import GrpcConfig
-from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.inference.config import InferenceConfig
 from tidal.inference.native import NativeEngine
 from tidal.inference.weights import WeightWatcher
-from tidal.rpc.v1 import weightsync_pb2_grpc
 from tidal.trainer.models.llama.model import LlamaArgs, LlamaForCausalLM
 from tidal.trainer.publisher import WeightPublisher
 from tidal.weightsync.client import WeightSyncClient
 from tidal.weightsync.config import BroadcastTransport
-from tidal.weightsync.registry import VersionRegistry
-from tidal.weightsync.servicer import WeightSyncServicer
 
 # The engine's per-step token budget and KV-cache bound, at their configured defaults.
 ENGINE_BUDGET = {
@@ -65,30 +61,13 @@ async def wait_for(path: Path, process: subprocess.Popen[bytes], timeout: float)
         await asyncio.sleep(0.1)
 
 
-async def start_weightsync(root: Path, transport: BroadcastTransport) -> GrpcServer:
-    root.mkdir()
-    servicer = WeightSyncServicer(
-        VersionRegistry(root, keep_last=3), chunk_bytes=1 << 16, transport=transport
-    )
-    binding = ServiceBinding(
-        servicer,
-        weightsync_pb2_grpc.add_WeightSyncServiceServicer_to_server,
-        "tidal.rpc.v1.WeightSyncService",
-    )
-    server = GrpcServer("127.0.0.1:0", [binding], GrpcConfig(shutdown_grace_s=0.2))
-    await server.start()
-    return server
-
-
 @pytest.fixture
 async def broadcast_weightsync(
-    tmp_path: Path, span_exporter: InMemorySpanExporter
+    tmp_path: Path, span_exporter: InMemorySpanExporter, start_weightsync: Any
 ) -> AsyncIterator[tuple[str, Path]]:
-    root = tmp_path / "weights"
     transport = BroadcastTransport(replicas=1, backend="gloo", bucket_bytes=4096, timeout_s=30)
-    server = await start_weightsync(root, transport)
-    yield f"127.0.0.1:{server.port}", root
-    await server.stop()
+    service = await start_weightsync(tmp_path / "weights", transport=transport)
+    yield service.address, service.root
     span_exporter.clear()  # other tests look up load spans by version number
 
 
@@ -170,14 +149,13 @@ def start_replica(address: str, replica_id: str, out: Path, until: int) -> subpr
 
 @pytest.mark.slow
 async def test_group_broken_by_a_dead_replica_is_reformed_and_the_survivor_catches_up(
-    tmp_path: Path, span_exporter: InMemorySpanExporter
+    tmp_path: Path, span_exporter: InMemorySpanExporter, start_weightsync: Any
 ) -> None:
     transport = BroadcastTransport(
         replicas=2, backend="gloo", bucket_bytes=4096, timeout_s=120, reform_window_s=10
     )
-    root = tmp_path / "weights"
-    server = await start_weightsync(root, transport)
-    address = f"127.0.0.1:{server.port}"
+    service = await start_weightsync(tmp_path / "weights", transport=transport)
+    address, root = service.address, service.root
     survivor = start_replica(address, "survivor", tmp_path / "survivor", until=3)
     doomed = start_replica(address, "doomed", tmp_path / "doomed", until=99)
     client = WeightSyncClient(address)
@@ -210,7 +188,6 @@ async def test_group_broken_by_a_dead_replica_is_reformed_and_the_survivor_catch
         for process in (survivor, doomed):
             if process.poll() is None:
                 process.kill()
-        await server.stop()
         span_exporter.clear()
 
 

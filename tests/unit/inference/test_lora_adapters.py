@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +18,8 @@ import grpc
 import pytest
 import torch
 
-from tidal.common.sections import GrpcConfig
-from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.inference.adapters import AdapterMerger
 from tidal.inference.weights import WeightWatcher
-from tidal.rpc.v1 import weightsync_pb2_grpc
 from tidal.trainer.batch import MicroBatchData, positions_for
 from tidal.trainer.config import ModelConfig, TrainerConfig
 from tidal.trainer.publisher import WeightPublisher
@@ -33,7 +29,6 @@ from tidal.weightsync.config import FilesystemTransport, StreamTransport
 from tidal.weightsync.filesystem import write_version
 from tidal.weightsync.manifest import LORA_ADAPTERS
 from tidal.weightsync.registry import VersionRegistry
-from tidal.weightsync.servicer import WeightSyncServicer
 
 TINY: dict[str, Any] = dict(
     dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=32, tie_embeddings=False
@@ -91,20 +86,12 @@ async def until(check: Any, what: str, timeout: float = 20.0) -> None:
 
 
 @pytest.fixture(params=["filesystem", "stream"])
-async def weightsync(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
-    root = tmp_path / "weights"
-    root.mkdir()
+async def weightsync(request: pytest.FixtureRequest, tmp_path: Path, start_weightsync: Any) -> str:
     transport = FilesystemTransport() if request.param == "filesystem" else StreamTransport()
-    registry = VersionRegistry(root, keep_last=2)
-    binding = ServiceBinding(
-        WeightSyncServicer(registry, chunk_bytes=1 << 14, transport=transport),
-        weightsync_pb2_grpc.add_WeightSyncServiceServicer_to_server,
-        "tidal.rpc.v1.WeightSyncService",
+    service = await start_weightsync(
+        tmp_path / "weights", transport=transport, keep_last=2, chunk_bytes=1 << 14
     )
-    server = GrpcServer("127.0.0.1:0", [binding], GrpcConfig(shutdown_grace_s=0.2))
-    await server.start()
-    yield f"127.0.0.1:{server.port}"
-    await server.stop()
+    return str(service.address)
 
 
 async def test_adapter_versions_serve_the_trainers_merged_weights_and_logits(
@@ -159,19 +146,11 @@ async def test_adapter_versions_serve_the_trainers_merged_weights_and_logits(
 
 
 async def test_adapters_for_another_base_are_refused_and_the_replica_keeps_serving(
-    tmp_path: Path, recording_engine: Any
+    tmp_path: Path, recording_engine: Any, start_weightsync: Any
 ) -> None:
     root = tmp_path / "weights"
-    root.mkdir()
-    registry = VersionRegistry(root, keep_last=2)
-    binding = ServiceBinding(
-        WeightSyncServicer(registry, chunk_bytes=1 << 14),
-        weightsync_pb2_grpc.add_WeightSyncServiceServicer_to_server,
-        "tidal.rpc.v1.WeightSyncService",
-    )
-    server = GrpcServer("127.0.0.1:0", [binding], GrpcConfig(shutdown_grace_s=0.2))
-    await server.start()
-    client = WeightSyncClient(f"127.0.0.1:{server.port}")
+    service = await start_weightsync(root, keep_last=2, chunk_bytes=1 << 14)
+    client = WeightSyncClient(service.address)
     trainer = make_trainer()
     publisher = WeightPublisher(
         root, client, trainer.hf_config(), adapter_config=trainer.adapter_config()
@@ -190,19 +169,23 @@ async def test_adapters_for_another_base_are_refused_and_the_replica_keeps_servi
         # Adapters naming an adapter version as their base: weight-sync refuses them.
         other = make_trainer(dim=48)  # adapters of another base model
         other.train_step(1, [batch(1)], "pg")
-        config = {
-            **other.hf_config(),
-            "adapter_config": {**other.adapter_config(), "base_version": 1},
-        }
-        bad = write_version(
-            root,
-            version=2,
-            step=2,
-            state_dict=other.state_dict_for_publish(),
-            config=config,
-            format=LORA_ADAPTERS,
-            base_version=1,
-        )
+
+        def adapters_claiming(base: int) -> Any:  # version 2: `other`'s adapters on `base`
+            config = {
+                **other.hf_config(),
+                "adapter_config": {**other.adapter_config(), "base_version": base},
+            }
+            return write_version(
+                root,
+                version=2,
+                step=2,
+                state_dict=other.state_dict_for_publish(),
+                config=config,
+                format=LORA_ADAPTERS,
+                base_version=base,
+            )
+
+        bad = adapters_claiming(1)
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await client.publish(bad)
         assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -210,16 +193,7 @@ async def test_adapters_for_another_base_are_refused_and_the_replica_keeps_servi
 
         # Adapters of another base model, claiming base 0: the replica refuses them.
         shutil.rmtree(bad.location)
-        config["adapter_config"]["base_version"] = 0
-        bad = write_version(
-            root,
-            version=2,
-            step=2,
-            state_dict=other.state_dict_for_publish(),
-            config=config,
-            format=LORA_ADAPTERS,
-            base_version=0,
-        )
+        bad = adapters_claiming(0)
         await client.publish(bad)
         await until(lambda: watcher.skipped == [2], "adapters of another base not refused")
         assert engine.policy_version == 1 and 2 not in engine.handed
@@ -235,7 +209,6 @@ async def test_adapters_for_another_base_are_refused_and_the_replica_keeps_servi
         task.cancel()
         await engine.close()
         await client.close()
-        await server.stop()
 
 
 def test_retention_keeps_the_base_of_the_adapters_it_keeps(tmp_path: Path) -> None:
