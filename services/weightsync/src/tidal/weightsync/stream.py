@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import struct
 from collections.abc import Mapping
 from typing import Any
@@ -28,14 +29,10 @@ import torch
 
 from tidal.weightsync.filesystem import CONFIG_FILE, WEIGHTS_FILE
 from tidal.weightsync.manifest import FULL_WEIGHTS, WeightFile, WeightManifest
-from tidal.weightsync.safetensors_writer import encode_safetensors
+from tidal.weightsync.safetensors_writer import DTYPE_NAMES, encode_safetensors
 
 UPLOAD_LOCATION = "(uploaded)"
-_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-    "U8": torch.uint8, "BOOL": torch.bool,
-}  # fmt: skip
+_DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}  # safetensors name → dtype
 
 
 def encode_version(
@@ -91,7 +88,7 @@ def safetensors_views(data: bytes | bytearray) -> dict[str, torch.Tensor]:
             raise ValueError(f"{name}: unsupported safetensors dtype {spec['dtype']!r}")
         start, stop = (begin + int(o) for o in spec["data_offsets"])
         shape = [int(d) for d in spec["shape"]]
-        if stop > len(buffer) or stop - start != dtype.itemsize * _numel(shape):
+        if stop > len(buffer) or stop - start != dtype.itemsize * math.prod(shape):
             raise ValueError(f"{name}: data_offsets {spec['data_offsets']} do not fit its shape")
         if start == stop:
             tensors[name] = torch.empty(shape, dtype=dtype)
@@ -99,10 +96,3 @@ def safetensors_views(data: bytes | bytearray) -> dict[str, torch.Tensor]:
         flat = torch.frombuffer(buffer, dtype=torch.uint8, offset=start, count=stop - start)
         tensors[name] = flat.view(dtype).view(shape)  # (bytes,) → (*shape,)
     return tensors
-
-
-def _numel(shape: list[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
