@@ -3,12 +3,13 @@
 `start_weightsync` runs real weight-sync servicers (any transport, retention and chunk
 size) on in-process grpc.aio servers on free loopback ports, `weightsync_server` one with
 the defaults, so trainer and inference contract tests publish and watch real
-versions rather than a fake.
+versions rather than a fake. `bf16_path` runs a test once on each bf16 kernel path of
+`tidal.common.cpu_features`: the fallback everywhere, the native one where the CPU has it.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from tidal.common.cpu_features import FORCE_ENV, bf16_support
 from tidal.common.sections import GrpcConfig
 from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.rpc.v1 import weightsync_pb2_grpc
@@ -35,6 +37,20 @@ def span_exporter() -> InMemorySpanExporter:
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     return exporter
+
+
+@pytest.fixture(params=["native", "fallback"])
+def bf16_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Each bf16 kernel path: "fallback" forced on every machine, "native" where it runs."""
+    bf16_support.cache_clear()
+    if request.param == "fallback":
+        monkeypatch.setenv(FORCE_ENV, "fallback")
+    else:
+        monkeypatch.delenv(FORCE_ENV, raising=False)
+        if not bf16_support().native:
+            pytest.skip(f"no native bf16 on this CPU: {bf16_support().reason}")
+    yield request.param
+    bf16_support.cache_clear()  # the next test probes the machine as it is
 
 
 @dataclass

@@ -235,6 +235,7 @@ async def test_new_version_is_loaded_acked_and_traced(
     await ready.at_version(1)
     status = await ready.status()
     assert (status.replica_id, status.vocab_size, status.max_seq_len) == (REPLICA, 264, 64)
+    assert status.kernels == "cpu onednn-packed fp32"  # the engine's choice, for the operator
     assert REPLICA in weightsync_server.registry.get(1).loaded_by
     (reply,) = await ready.generate(prompt="hi", sampling=pb.SamplingParams(max_tokens=3))
     assert set(reply.policy_versions) == {1}

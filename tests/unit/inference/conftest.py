@@ -52,9 +52,10 @@ class TinyLlama:
             "max_step_tokens": defaults.max_step_tokens,
             "kv_cache_mb": defaults.kv_cache_mb,
             "detokenize": ByteTokenizer().decode,
+            "dtype": torch.float32,
             **kwargs,
         }
-        return NativeEngine(device=torch.device("cpu"), dtype=torch.float32, seed=0, **options)
+        return NativeEngine(device=torch.device("cpu"), seed=0, **options)
 
     @contextlib.asynccontextmanager
     async def serving(self, seed: int = 0, **kwargs: Any) -> AsyncIterator[NativeEngine]:

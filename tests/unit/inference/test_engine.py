@@ -166,3 +166,19 @@ async def test_packed_and_plain_linears_generate_the_same_tokens(tiny: Any) -> N
     assert [c.token_ids for c in results[0]] == [c.token_ids for c in results[1]]
     for a, b in zip(*results, strict=True):
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs))
+
+
+async def test_bf16_engine_serves_on_each_kernel_path_and_says_which(
+    tiny: Any, bf16_path: str
+) -> None:
+    """Native bf16 kernels where the CPU has them; fp32 linears from bf16 weights anywhere."""
+    params = SamplingParams(max_tokens=12, temperature=0.0)
+    async with tiny.serving(dtype=torch.bfloat16) as engine:
+        kernels = engine.status().kernels
+        (completion,) = await tiny.collect(engine, PROMPTS[1], params)
+    if bf16_path == "native":
+        assert kernels == "cpu onednn-packed bf16"
+    else:
+        assert kernels.startswith("cpu onednn-packed fp32 from bf16 weights (no native bf16:")
+    reference = tiny.model(0).to(torch.bfloat16)  # plain bf16 F.linear, no cache
+    assert completion.token_ids == tiny.reference_greedy(reference, PROMPTS[1], 12)

@@ -7,7 +7,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tidal.inference.packed_linear import PackedLinear, pack_linears, packing_available
+from tidal.inference.packed_linear import (
+    PackedLinear,
+    choose_linear_kernel,
+    pack_linears,
+    packing_available,
+)
 from tidal.trainer.models.llama.model import LlamaArgs, LlamaForCausalLM
 
 pytestmark = pytest.mark.skipif(
@@ -15,19 +20,61 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+SHAPES = [(1, 48), (8, 48), (3, 5, 48), (2, 33, 48)]
+
+
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_packed_linear_equals_f_linear_for_any_row_count(bias: bool, dtype: torch.dtype) -> None:
+def test_packed_fp32_linear_equals_f_linear_for_any_row_count(bias: bool) -> None:
     torch.manual_seed(0)
-    linear = nn.Linear(48, 80, bias=bias).to(dtype).requires_grad_(False)
+    linear = nn.Linear(48, 80, bias=bias).requires_grad_(False)
     packed = PackedLinear(linear, batch_hint=8)
-    tol = 1e-5 if dtype == torch.float32 else 2e-2
     with torch.inference_mode():
-        for shape in [(1, 48), (8, 48), (3, 5, 48), (2, 33, 48)]:
-            x = torch.randn(shape, dtype=dtype)
-            expected = F.linear(x, linear.weight, linear.bias)
-            torch.testing.assert_close(packed(x), expected, atol=tol, rtol=tol)
+        for shape in SHAPES:
+            x = torch.randn(shape)
+            # A 48-term fp32 dot product in another order: rounding ~1e-7 relative.
+            torch.testing.assert_close(
+                packed(x), F.linear(x, linear.weight, linear.bias), atol=1e-5, rtol=1e-5
+            )
     assert packed._packed is not None  # the packed kernel ran, not the fallback
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_bf16_linear_equals_an_fp32_matmul_of_the_same_bf16_values(
+    bias: bool, bf16_path: str
+) -> None:
+    """Both bf16 paths: native kernels where the CPU has them, fp32 compute everywhere."""
+    torch.manual_seed(0)
+    linear = nn.Linear(48, 80, bias=bias).to(torch.bfloat16).requires_grad_(False)
+    packed = PackedLinear(linear, batch_hint=8)
+    expected_dtype = torch.bfloat16 if bf16_path == "native" else torch.float32
+    assert packed.compute_dtype == expected_dtype
+    weight = linear.weight.float()
+    bias_ = None if linear.bias is None else linear.bias.float()
+    with torch.inference_mode():
+        for shape in SHAPES:
+            x = torch.randn(shape).to(torch.bfloat16)
+            out = packed(x)
+            assert out.dtype == torch.bfloat16
+            # The exact product of bf16 values, rounded once to bf16 (2^-8 relative), or
+            # (native) accumulated in fp32 and rounded: within two bf16 ulps either way.
+            expected = F.linear(x.float(), weight, bias_)
+            torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2**-7)
+    assert packed._packed is not None and packed._packed.dtype == expected_dtype
+
+
+def test_kernel_choice_names_the_path_for_each_dtype(bf16_path: str) -> None:
+    cpu = torch.device("cpu")
+    fp32 = choose_linear_kernel(cpu, torch.float32, packed=True)
+    assert (fp32.packed, fp32.compute_dtype) == (True, torch.float32)
+    assert fp32.name == "cpu onednn-packed fp32"
+    bf16 = choose_linear_kernel(cpu, torch.bfloat16, packed=True)
+    if bf16_path == "native":
+        assert (bf16.compute_dtype, bf16.name) == (torch.bfloat16, "cpu onednn-packed bf16")
+    else:
+        assert bf16.compute_dtype == torch.float32
+        assert "fp32 from bf16 weights" in bf16.name and "TIDAL_CPU_BF16" in bf16.name
+    off = choose_linear_kernel(cpu, torch.bfloat16, packed=False)
+    assert (off.packed, off.name) == (False, "cpu F.linear bf16")
 
 
 def test_packed_copy_follows_in_place_loads_and_new_tensors() -> None:

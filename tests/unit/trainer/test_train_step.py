@@ -219,6 +219,21 @@ def test_bf16_autocast_trains_with_fp32_master_weights(device: str) -> None:
     assert state["exp_avg"].dtype == torch.float32
 
 
+def test_bf16_on_a_cpu_without_native_bf16_warns_with_the_measured_cost(
+    bf16_path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = make_trainer().config.model_copy(update={"device": "cpu", "precision": "bf16"})
+    with caplog.at_level("WARNING", logger="tidal.trainer.train_step"):
+        Trainer(config, seed=0, device=torch.device("cpu"))
+    warnings = [r.getMessage() for r in caplog.records if "asks for bf16" in r.getMessage()]
+    if bf16_path == "native":
+        assert warnings == []
+    else:
+        (warning,) = warnings
+        assert warning.startswith("trainer.precision = 'bf16' asks for bf16")
+        assert "x slower than fp32 here" in warning
+
+
 def test_kl_to_the_frozen_reference_starts_at_zero_and_grows() -> None:
     trainer = make_trainer({"kl": {"coef": 0.05}}, lr=3e-3)
     batch = [pack(random_samples(4, seed=8))]

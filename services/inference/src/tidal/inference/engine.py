@@ -67,6 +67,8 @@ class EngineStatus:
     kv_slots_total: int = 0
     kv_usage: float = 0.0
     """Fraction of the KV cache's token positions holding a running sequence's tokens."""
+    kernels: str = ""
+    """Which compute path the engine chose for this machine (dtype, kernel, and why)."""
 
 
 class Engine(abc.ABC):

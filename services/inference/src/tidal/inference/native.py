@@ -55,7 +55,7 @@ from tidal.inference.batching import Batcher
 from tidal.inference.engine import Completion, Engine, EngineStatus
 from tidal.inference.kv_cache import SlotKVCache, slots_within
 from tidal.inference.loading import build_model, check_compatible, load_weights
-from tidal.inference.packed_linear import pack_linears, packing_available
+from tidal.inference.packed_linear import choose_linear_kernel, pack_linears
 from tidal.inference.sampling import SamplingParams, draw_uniforms, row_seed
 from tidal.inference.sequence import Detokenize, Sequence, sequence_budget
 
@@ -103,7 +103,8 @@ class NativeEngine(Engine):
         self.max_batch_size, self.max_queue = max_batch_size, max_queue
         self.max_step_tokens, self.kv_cache_mb = max_step_tokens, kv_cache_mb
         self.detokenize = detokenize
-        self.packed_weights = packed_weights and packing_available(device)
+        self.kernel = choose_linear_kernel(device, dtype, packed=packed_weights)
+        log.info("linear kernels: %s", self.kernel.name)
         self._rng = random.Random(seed)  # seeds of unseeded requests
         self._batcher: Batcher | None = None
         self._version = -1
@@ -191,7 +192,10 @@ class NativeEngine(Engine):
             span_s = max(now - self._recent[0][0], 1e-3)
             rate = sum(n for _, n in self._recent) / span_s
         if self._batcher is None:
-            return EngineStatus(self._version, 0, len(self._queue), self._generated, rate, "", 0, 0)
+            return EngineStatus(
+                self._version, 0, len(self._queue), self._generated, rate, "", 0, 0,
+                kernels=self.kernel.name,
+            )  # fmt: skip
         args, cache = self._batcher.model.args, self._batcher.cache
         cached_tokens = sum(s.position + 1 for s in self._running)
         return EngineStatus(
@@ -206,6 +210,7 @@ class NativeEngine(Engine):
             kv_slots_used=cache.used,
             kv_slots_total=cache.slots,
             kv_usage=cached_tokens / (cache.slots * args.max_seq_len),
+            kernels=self.kernel.name,
         )
 
     # -- scheduler -------------------------------------------------------------------------
@@ -369,8 +374,10 @@ class NativeEngine(Engine):
             load_weights(self._batcher.model, pending.state_dict)
             return self._batcher
         model = build_model(pending.hf_config, device=self.device, dtype=self.dtype)
-        if self.packed_weights:  # before loading: the packed copies follow every later load
-            pack_linears(model, batch_hint=self.max_batch_size)
+        if self.kernel.packed:  # before loading: the packed copies follow every later load
+            pack_linears(
+                model, batch_hint=self.max_batch_size, compute_dtype=self.kernel.compute_dtype
+            )
         load_weights(model, pending.state_dict)
         slots = slots_within(
             model.args, self.dtype, memory_mb=self.kv_cache_mb, max_slots=self.max_batch_size

@@ -17,6 +17,13 @@ Decisions:
 - Cost: one packed copy of every linear weight (about the model's size again). Results
   differ from `F.linear` by float rounding only (another summation order): the engine's
   equivalence tests (tokens alone vs batched, logprobs vs the trainer's recompute) hold.
+- bf16 weights on a CPU without native bf16 (`tidal.common.cpu_features`): oneDNN's bf16
+  prepack raises there and a plain bf16 matmul runs ~50-100x slower than fp32, so the
+  packed copy is the weight upcast to fp32 and the call computes in fp32, casting its
+  input up and its output back to bf16. The model, its KV cache and every other op stay
+  bf16; only the linears' arithmetic is wider (more exact than native bf16, not less).
+  The kernel is chosen once per engine (`choose_linear_kernel`), logged and reported in
+  `GetStatus`, never re-decided per call.
 - Anything else (CUDA, autograd, weights created under inference mode, which have no
   version counter, a torch without oneDNN) takes plain `F.linear`, and
   `inference.packed_weights = false` turns the swap off.
@@ -24,9 +31,13 @@ Decisions:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from tidal.common.cpu_features import bf16_support
 
 
 def packing_available(device: torch.device) -> bool:
@@ -39,15 +50,57 @@ def packing_available(device: torch.device) -> bool:
     )
 
 
-class PackedLinear(nn.Linear):
-    """An `nn.Linear` whose no-grad CPU forward runs on a oneDNN-prepacked weight copy."""
+@dataclass(frozen=True)
+class LinearKernel:
+    """How a served model's linear layers compute: chosen once per engine."""
 
-    def __init__(self, linear: nn.Linear, *, batch_hint: int) -> None:
+    name: str
+    """What runs, for the log and `GetStatus` (e.g. "onednn-packed fp32 from bf16 weights")."""
+    packed: bool
+    """Swap the linears for `PackedLinear`s."""
+    compute_dtype: torch.dtype
+    """dtype the packed matmul runs in (the weights' own, or fp32 where bf16 is not native)."""
+
+
+def choose_linear_kernel(device: torch.device, dtype: torch.dtype, *, packed: bool) -> LinearKernel:
+    """The linear kernel for a model of `dtype` on `device` (`packed`: the config allows it)."""
+    if device.type != "cpu":
+        return LinearKernel(f"{device.type} F.linear {_name(dtype)}", False, dtype)
+    if not (packed and packing_available(device)):
+        return LinearKernel(f"cpu F.linear {_name(dtype)}", False, dtype)
+    compute = _native_or_fp32(dtype)
+    if compute != dtype:
+        reason = bf16_support().reason
+        name = f"cpu onednn-packed fp32 from bf16 weights (no native bf16: {reason})"
+        return LinearKernel(name, True, compute)
+    return LinearKernel(f"cpu onednn-packed {_name(dtype)}", True, dtype)
+
+
+def _native_or_fp32(dtype: torch.dtype) -> torch.dtype:
+    """`dtype` where this CPU computes it natively, else fp32 (bf16 without native kernels)."""
+    return torch.float32 if dtype == torch.bfloat16 and not bf16_support().native else dtype
+
+
+def _name(dtype: torch.dtype) -> str:
+    return {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(dtype, str(dtype))
+
+
+class PackedLinear(nn.Linear):
+    """An `nn.Linear` whose no-grad CPU forward runs on a oneDNN-prepacked weight copy.
+
+    With `compute_dtype` wider than the weight (bf16 weights, no native bf16), the packed
+    copy is the upcast weight and each call casts its input up and its output back.
+    """
+
+    def __init__(
+        self, linear: nn.Linear, *, batch_hint: int, compute_dtype: torch.dtype | None = None
+    ) -> None:
         nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight  # the same Parameter: ties and loading are unchanged
         self.bias = linear.bias
         self.batch_hint = batch_hint
+        self.compute_dtype = compute_dtype or _native_or_fp32(linear.weight.dtype)
         self._packed: torch.Tensor | None = None
         self._packed_from: tuple[torch.Tensor, int] | None = None  # (weight, its _version)
 
@@ -55,7 +108,7 @@ class PackedLinear(nn.Linear):
         source = (self.weight, self.weight._version)
         if self._packed is None or not _same(self._packed_from, source):
             self._packed = torch.ops.mkldnn._reorder_linear_weight(
-                self.weight.detach(), self.batch_hint
+                self.weight.detach().to(self.compute_dtype), self.batch_hint
             )
             self._packed_from = source
         return self._packed
@@ -67,26 +120,31 @@ class PackedLinear(nn.Linear):
             or self.weight.is_inference()  # no version counter: a reload could go unseen
         ):
             return F.linear(x, self.weight, self.bias)
-        flat = x.reshape(-1, self.in_features)  # (M, in)
+        flat = x.reshape(-1, self.in_features).to(self.compute_dtype)  # (M, in)
+        bias = None if self.bias is None else self.bias.to(self.compute_dtype)
         out = torch.ops.mkldnn._linear_pointwise(
-            flat, self._current_packed(), self.bias, "none", [], ""
+            flat, self._current_packed(), bias, "none", [], ""
         )  # (M, out)
-        return out.view(*x.shape[:-1], self.out_features)
+        return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
 
 def _same(a: tuple[torch.Tensor, int] | None, b: tuple[torch.Tensor, int]) -> bool:
     return a is not None and a[0] is b[0] and a[1] == b[1]
 
 
-def pack_linears(model: nn.Module, *, batch_hint: int) -> int:
+def pack_linears(
+    model: nn.Module, *, batch_hint: int, compute_dtype: torch.dtype | None = None
+) -> int:
     """Swap every `nn.Linear` of `model` for a `PackedLinear` in place; returns how many.
 
-    `batch_hint` is the row count the packed layout is tuned for (any count works).
+    `batch_hint` is the row count the packed layout is tuned for (any count works);
+    `compute_dtype` (default: each weight's own) is what the packed matmuls run in.
     """
     swapped = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:
-                setattr(parent, name, PackedLinear(child, batch_hint=batch_hint))
+                packed = PackedLinear(child, batch_hint=batch_hint, compute_dtype=compute_dtype)
+                setattr(parent, name, packed)
                 swapped += 1
     return swapped

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tidal.common.config import load_or_exit
+from tidal.common.cpu_features import bf16_cost_warning
 from tidal.common.logging import setup_logging
 from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.common.telemetry import setup_telemetry
@@ -98,8 +99,12 @@ def build_engine(config: InferenceRunConfig, tokenizer: ByteTokenizer) -> Engine
     from tidal.inference.loading import DTYPES, resolve_device
     from tidal.inference.native import NativeEngine
 
+    device = resolve_device(cfg.device)
+    bf16_on_cpu = cfg.dtype == "bfloat16" and device.type == "cpu"
+    if bf16_on_cpu and (warning := bf16_cost_warning('inference.dtype = "bfloat16"')):
+        log.warning("%s (the linears compute in fp32 from upcast copies)", warning)
     return NativeEngine(
-        device=resolve_device(cfg.device),
+        device=device,
         dtype=DTYPES[cfg.dtype],
         max_batch_size=cfg.max_batch_size,
         max_queue=cfg.max_queue,

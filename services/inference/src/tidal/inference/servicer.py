@@ -145,4 +145,5 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             kv_slots_used=s.kv_slots_used,
             kv_slots_total=s.kv_slots_total,
             kv_usage=s.kv_usage,
+            kernels=s.kernels,
         )

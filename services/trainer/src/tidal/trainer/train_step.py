@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
+from tidal.common.cpu_features import bf16_cost_warning
 from tidal.common.errors import FailedPrecondition, InvalidArgument
 from tidal.trainer.batch import MicroBatchData
 from tidal.trainer.config import TrainerConfig
@@ -74,6 +75,7 @@ class Trainer:
         self.device = device
         self.parallel = parallel
         self.reduce = parallel.reduce if parallel is not None else reduce
+        _warn_if_bf16_is_slow(config, device)
         # Order: LoRA → activation checkpointing → compile (the levers), then sharding.
         self.model = apply_model_levers(
             build_model(config.model, seed=seed, device=device), config.model, seed=seed
@@ -328,3 +330,18 @@ class Trainer:
         with torch.no_grad():
             every = self._target_logprobs(self.reference, batch)[0]  # (T-1,): tokens 1..T-1
         return every if isinstance(scored, slice) else every[scored - 1]
+
+
+def _warn_if_bf16_is_slow(config: TrainerConfig, device: torch.device) -> None:
+    """Warn, with the measured cost, when bf16 is asked for on a CPU without native bf16.
+
+    The request is honoured (it may be deliberate, e.g. to match a GPU run's rounding);
+    the fp32 default is what such a CPU should run.
+    """
+    if device.type != "cpu":
+        return
+    asks = [f"trainer.precision = {config.precision!r}"] if config.precision == "bf16" else []
+    if config.parallel.param_dtype == "bfloat16":
+        asks.append("trainer.parallel.param_dtype = 'bfloat16'")
+    if asks and (warning := bf16_cost_warning(" and ".join(asks))):
+        log.warning(warning)

@@ -76,7 +76,7 @@ class GenerateResponse(_message.Message):
     def __init__(self, index: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., policy_versions: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., text: _Optional[str] = ..., model_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class InferenceStatus(_message.Message):
-    __slots__ = ("policy_version", "running", "queued", "generated_tokens", "tokens_per_s", "model", "vocab_size", "max_seq_len", "replica_id", "kv_slots_used", "kv_slots_total", "kv_usage")
+    __slots__ = ("policy_version", "running", "queued", "generated_tokens", "tokens_per_s", "model", "vocab_size", "max_seq_len", "replica_id", "kv_slots_used", "kv_slots_total", "kv_usage", "kernels")
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     QUEUED_FIELD_NUMBER: _ClassVar[int]
@@ -89,6 +89,7 @@ class InferenceStatus(_message.Message):
     KV_SLOTS_USED_FIELD_NUMBER: _ClassVar[int]
     KV_SLOTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     KV_USAGE_FIELD_NUMBER: _ClassVar[int]
+    KERNELS_FIELD_NUMBER: _ClassVar[int]
     policy_version: int
     running: int
     queued: int
@@ -101,4 +102,5 @@ class InferenceStatus(_message.Message):
     kv_slots_used: int
     kv_slots_total: int
     kv_usage: float
-    def __init__(self, policy_version: _Optional[int] = ..., running: _Optional[int] = ..., queued: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_seq_len: _Optional[int] = ..., replica_id: _Optional[str] = ..., kv_slots_used: _Optional[int] = ..., kv_slots_total: _Optional[int] = ..., kv_usage: _Optional[float] = ...) -> None: ...
+    kernels: str
+    def __init__(self, policy_version: _Optional[int] = ..., running: _Optional[int] = ..., queued: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_seq_len: _Optional[int] = ..., replica_id: _Optional[str] = ..., kv_slots_used: _Optional[int] = ..., kv_slots_total: _Optional[int] = ..., kv_usage: _Optional[float] = ..., kernels: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,106 @@
+"""What this machine's CPU computes natively: the one probe every bf16 kernel choice reads.
+
+Decisions:
+- "Native bf16" means oneDNN's bf16 kernels run here (AVX-512 BW/VL/DQ, or AVX-NE-CONVERT
+  / AMX). Without them torch's plain bf16 matmul falls back to a reference loop: measured
+  on a 2-core AVX2 EPYC, ~1.3-2 GFLOP/s against ~75-125 in fp32, about 50-100x slower,
+  and oneDNN's bf16 weight prepacking raises outright. So the trainer warns on a bf16
+  request and the inference engine's linears compute in fp32 from an upcast copy
+  (`tidal.inference.packed_linear`).
+- The probe runs the kernel rather than trusting one flag:
+  `torch.ops.mkldnn._is_mkldnn_bf16_supported()` reads the hardware and ignores
+  `ONEDNN_MAX_CPU_ISA`, so an AVX-512 machine capped to AVX2 (how tests reproduce the
+  AVX2 machines) would still claim bf16. Order: the cap in the environment, torch's
+  hardware check, then one tiny bf16 prepack + packed linear actually executed.
+- One switch for tests and operators: `TIDAL_CPU_BF16=fallback` forces the no-native
+  path on any machine, so every path runs on every machine (the native one where the
+  hardware has it). It is an environment variable, not a config key, so it reaches
+  every service process of a launched stack and every torchrun rank alike.
+- The result is cached per process (`functools.cache`); `bf16_support.cache_clear()`
+  re-probes (tests that change the environment). The measured cost
+  (`bf16_matmul_slowdown`) is taken only when a warning needs it: ~20-60 ms.
+- torch is imported lazily: this module lives in `tidal.common`, which the torch-free
+  orchestrator imports too.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from dataclasses import dataclass
+
+FORCE_ENV = "TIDAL_CPU_BF16"
+"""`auto` (default): probe; `fallback`: act as if the CPU had no native bf16."""
+
+_ISA_CAP_ENV = "ONEDNN_MAX_CPU_ISA"
+# oneDNN ISA names below which its bf16 kernels do not exist (see oneDNN's dnnl_cpu_isa_t).
+_NO_BF16_ISAS = {"sse41", "avx", "avx2", "avx2_vnni", "avx512_core", "avx512_core_vnni"}
+
+
+@dataclass(frozen=True)
+class Bf16Support:
+    native: bool
+    """oneDNN's bf16 kernels run on this CPU (bf16 matmul at least as fast as fp32)."""
+    reason: str
+    """Why, in words for a log line: what was found or what forced it."""
+
+
+@functools.cache
+def bf16_support() -> Bf16Support:
+    """Whether bf16 compute on this CPU runs oneDNN's native kernels (probed once)."""
+    forced = os.environ.get(FORCE_ENV, "auto").strip().lower()
+    if forced not in ("auto", "fallback"):
+        raise ValueError(f"{FORCE_ENV}={forced!r}: use 'auto' (probe the CPU) or 'fallback'")
+    if forced == "fallback":
+        return Bf16Support(False, f"forced by {FORCE_ENV}=fallback")
+    cap = os.environ.get(_ISA_CAP_ENV, "").strip().lower()
+    if cap in _NO_BF16_ISAS:
+        return Bf16Support(False, f"oneDNN capped below bf16 by {_ISA_CAP_ENV}={cap}")
+    import torch
+
+    if not torch.backends.mkldnn.is_available():
+        return Bf16Support(False, "torch built without oneDNN")
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return Bf16Support(False, "CPU lacks avx512bw/vl/dq and avx_ne_convert")
+    try:  # the kernel itself, as the inference engine will call it
+        ones = torch.ones(16, 16, dtype=torch.bfloat16)
+        weight = torch.ops.mkldnn._reorder_linear_weight(ones, 1)
+        torch.ops.mkldnn._linear_pointwise(ones[:1], weight, None, "none", [], "")
+    except RuntimeError as exc:
+        return Bf16Support(False, f"oneDNN bf16 kernel refused: {str(exc).splitlines()[0]}")
+    return Bf16Support(True, f"oneDNN bf16 kernels run ({torch.backends.cpu.get_cpu_capability()})")
+
+
+def bf16_matmul_slowdown(n: int = 256, seconds: float = 0.02) -> float:
+    """fp32 matmul throughput over bf16's on this CPU, measured now (`n`² products).
+
+    Interleaved rounds, best of each, so a busy neighbour hits both dtypes alike.
+    """
+    import torch
+
+    def rate(dtype: torch.dtype) -> float:
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        torch.mm(a, b)  # warm-up: first calls pick and JIT kernels
+        calls, started = 0, time.perf_counter()
+        while calls == 0 or time.perf_counter() - started < seconds:
+            torch.mm(a, b)
+            calls += 1
+        return calls / (time.perf_counter() - started)
+
+    fp32, bf16 = 0.0, 0.0
+    for _ in range(2):
+        fp32, bf16 = max(fp32, rate(torch.float32)), max(bf16, rate(torch.bfloat16))
+    return fp32 / bf16
+
+
+def bf16_cost_warning(setting: str) -> str | None:
+    """A warning for a bf16 request on a CPU without native bf16, with the measured cost."""
+    support = bf16_support()
+    if support.native:
+        return None
+    return (
+        f"{setting} asks for bf16, but this CPU has no native bf16 ({support.reason}): "
+        f"a bf16 matmul measured {bf16_matmul_slowdown():.0f}x slower than fp32 here; "
+        "use fp32 on this machine"
+    )
