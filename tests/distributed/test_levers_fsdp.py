@@ -25,6 +25,10 @@ def test_levers_under_fsdp_give_the_single_process_loss_and_grads(
     mode: str,
 ) -> None:
     reference, sharded = runs["single"], runs[mode]
+    # fp32: FSDP's split sums (~6e-7 relative, see test_fsdp.py) plus, for the chunked head,
+    # the log-sum-exp over the vocabulary taken chunk by chunk (one extra rescale per chunk)
+    # and compile's fused kernels reordering elementwise sums: 1e-5 absolute on O(1)
+    # losses and gradients. Recomputation (activation checkpointing) is bit-identical.
     assert sharded.keys() == reference.keys()
     for name, expected in reference.items():
         torch.testing.assert_close(sharded[name], expected, atol=1e-5, rtol=0, msg=name)
