@@ -40,14 +40,38 @@ log = logging.getLogger(__name__)
 FULL_NAME = "tidal.rpc.v1.TrainerService"
 
 
-def resolve_device(name: str) -> str:
+def resolve_device(name: str, *, local_ranks: int = 1) -> str:
+    """`trainer.device` made concrete for a process that is one of `local_ranks` on its host."""
     import torch
 
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("trainer.device is 'cuda' but CUDA is not available")
-    return name
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return pick_device(name, gpus=gpus, local_ranks=local_ranks)
+
+
+def pick_device(name: str, *, gpus: int, local_ranks: int) -> str:
+    """ "cuda" or "cpu" for `trainer.device = name` given this host's GPUs and trainer ranks.
+
+    Each rank takes its own GPU (`LOCAL_RANK`), so CUDA needs a GPU per local rank: "auto"
+    falls back to the CPU (gloo) when there are fewer, saying so, rather than letting rank
+    1 die on a one-GPU machine with "invalid device ordinal"; an explicit "cuda" is an error.
+    """
+    if name == "cpu":
+        return name
+    if gpus >= local_ranks:
+        return "cuda" if gpus else "cpu"
+    if name == "cuda":
+        raise ConfigError(
+            f"trainer.device is 'cuda' but this host has {gpus} GPU(s) for {local_ranks} "
+            "trainer rank(s) (one GPU each): lower trainer.world_size (or the ranks per "
+            'node) to the GPU count, or set trainer.device = "cpu"'
+        )
+    if gpus:
+        log.warning(
+            "trainer.device = 'auto': %d trainer ranks on this host but %d GPU(s), so the "
+            "trainer runs on the CPU; set trainer.world_size to at most %d to use the GPUs",
+            local_ranks, gpus, gpus,
+        )  # fmt: skip
+    return "cpu"
 
 
 @dataclass

@@ -52,7 +52,9 @@ def run_rank(config: TrainerRunConfig, argv: Sequence[str]) -> None:
     from tidal.trainer.parallel.runtime import RankContext
     from tidal.trainer.service import build_trainer, resolve_device, serve
 
-    ranks = RankContext.init(config.trainer, resolve_device(config.trainer.device))
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    device = resolve_device(config.trainer.device, local_ranks=local_ranks)
+    ranks = RankContext.init(config.trainer, device)
     try:
         if ranks.rank == 0:
             asyncio.run(serve(config, ranks))
