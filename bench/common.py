@@ -49,8 +49,14 @@ def machine_info() -> dict[str, Any]:
     try:
         import torch
 
+        from tidal.common.cpu_features import bf16_support
+
         info["torch"] = torch.__version__
         info["torch_threads"] = torch.get_num_threads()
+        info["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+        support = bf16_support()
+        info["cpu_native_bf16"] = support.native
+        info["cpu_bf16_reason"] = support.reason
         if torch.cuda.is_available():
             info["gpu"] = torch.cuda.get_device_name(0)
     except ImportError:
