@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -31,6 +32,20 @@ class LaunchedRun:
                 raise AssertionError(f"no {path}; launcher output:\n{self.output()}")
             time.sleep(0.1)
         return tomllib.loads(path.read_text())
+
+    def children(self) -> list[int]:
+        """Pids of live processes whose command line names this run's config: the
+        launcher's children (zombies have an empty command line and do not count)."""
+        needle = str(self.run_dir / "config.toml").encode()
+        pids = []
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit():
+                try:
+                    if needle in (proc / "cmdline").read_bytes():
+                        pids.append(int(proc.name))
+                except OSError:
+                    continue
+        return pids
 
     def output(self) -> str:
         if self.process.poll() is None:
@@ -83,3 +98,6 @@ def launch(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
         if run.process.poll() is None:
             run.process.kill()
             run.process.wait()
+        for pid in run.children():  # a failed test must not leave services running
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -26,20 +26,6 @@ def _status(address: str, stub_cls, timeout: float = 5.0):  # type: ignore[no-un
             return None
 
 
-def _running_children(run_dir: Path) -> list[int]:
-    """Pids whose command line names this run's config (the launcher's children)."""
-    needle = str(run_dir / "config.toml").encode()
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if needle in (proc / "cmdline").read_bytes():
-                    pids.append(int(proc.name))
-            except OSError:
-                continue
-    return pids
-
-
 def _spans(run_dir: Path) -> list[dict]:  # type: ignore[type-arg]
     lines = (run_dir / "traces.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines if line.strip()]
@@ -82,7 +68,7 @@ def test_stack_trains_each_step_once_advances_inference_and_traces_all_services(
     assert [m["step"] for m in metrics] == list(range(1, TOTAL + 1))
 
     assert run.stop() == 130  # Ctrl-C: every child stopped gracefully
-    assert _running_children(run.run_dir) == []
+    assert run.children() == []
 
     # one RL step's spans from all four services share one trace id
     services_by_trace: dict[str, set[str]] = defaultdict(set)
@@ -124,7 +110,7 @@ def test_a_dying_child_fails_the_run_with_its_last_log_lines(launch) -> None:  #
         time.sleep(0.2)
     trainer_pids = [
         pid
-        for pid in _running_children(run.run_dir)
+        for pid in run.children()
         if b"tidal.trainer" in Path(f"/proc/{pid}/cmdline").read_bytes()
     ]
     assert len(trainer_pids) == 1
@@ -134,4 +120,4 @@ def test_a_dying_child_fails_the_run_with_its_last_log_lines(launch) -> None:  #
     assert "trainer killed by signal SIGKILL" in out
     assert "  | " in out  # the trainer's last log lines are shown
     time.sleep(1)
-    assert _running_children(run.run_dir) == []
+    assert run.children() == []

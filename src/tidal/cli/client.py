@@ -7,6 +7,11 @@
 
 Addresses come from the run config (`endpoints.*`), so pointing at a run's resolved
 `config.toml` reaches that run's services; `--endpoints.inference host:port` overrides.
+
+Every command first connects with a short timeout (`--connect-timeout`,
+tidal.common.channel.connect): a service that is down is reported at once as "cannot
+reach <service> at <address>", not as a DEADLINE_EXCEEDED after the call's whole
+deadline. `status` checks the four services concurrently.
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
 from rich.table import Table
 
-from tidal.common.channel import make_channel
+from tidal.common.channel import CONNECT_TIMEOUT_S, connect, wait_connected
 from tidal.common.config import load_or_exit
+from tidal.common.errors import Unreachable
 from tidal.common.sections import SERVICES, ServiceRunConfig
 from tidal.common.tokenizer import get_tokenizer
 from tidal.rpc.v1 import (
@@ -38,41 +44,43 @@ console = Console()
 STATUS_TIMEOUT_S = 5.0
 
 
-async def _health(address: str, config: ServiceRunConfig) -> str:
-    async with make_channel(address, config.grpc) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        try:
-            reply = await stub.Check(
-                health_pb2.HealthCheckRequest(), timeout=STATUS_TIMEOUT_S, wait_for_ready=False
+async def _health(channel: grpc.aio.Channel) -> str:
+    stub = health_pb2_grpc.HealthStub(channel)
+    try:
+        reply = await stub.Check(
+            health_pb2.HealthCheckRequest(), timeout=STATUS_TIMEOUT_S, wait_for_ready=False
+        )
+    except grpc.aio.AioRpcError as exc:
+        return f"no health ({exc.code().name})"
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+async def _details(name: str, channel: grpc.aio.Channel) -> str:
+    try:
+        if name == "inference":
+            s = await inference_pb2_grpc.InferenceServiceStub(channel).GetStatus(
+                common_pb2.StatusRequest(), timeout=STATUS_TIMEOUT_S, wait_for_ready=False
             )
-        except grpc.aio.AioRpcError as exc:
-            return f"unreachable ({exc.code().name})"
-        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+            return (
+                f"version {s.policy_version}, running {s.running}, queued {s.queued}, "
+                f"{s.tokens_per_s:.0f} tok/s, replica {s.replica_id}"
+            )
+        if name == "trainer":
+            t = await trainer_pb2_grpc.TrainerServiceStub(channel).GetStatus(
+                common_pb2.StatusRequest(), timeout=STATUS_TIMEOUT_S, wait_for_ready=False
+            )
+            return f"step {t.step}, version {t.policy_version}, {t.num_parameters:,} params"
+        if name == "orchestrator":
+            p = await orchestrator_pb2_grpc.OrchestratorServiceStub(channel).GetProgress(
+                common_pb2.StatusRequest(), timeout=STATUS_TIMEOUT_S, wait_for_ready=False
+            )
+            return f"{p.state}: step {p.step}/{p.total_steps}, version {p.policy_version}"
+    except grpc.aio.AioRpcError as exc:
+        return f"({exc.code().name}: {exc.details()})"
+    return ""
 
 
-async def _details(name: str, address: str, config: ServiceRunConfig) -> str:
-    async with make_channel(address, config.grpc) as channel:
-        try:
-            if name == "inference":
-                s = await inference_pb2_grpc.InferenceServiceStub(channel).GetStatus(
-                    common_pb2.StatusRequest(), timeout=STATUS_TIMEOUT_S, wait_for_ready=False
-                )
-                return (
-                    f"version {s.policy_version}, running {s.running}, queued {s.queued}, "
-                    f"{s.tokens_per_s:.0f} tok/s, replica {s.replica_id}"
-                )
-            if name == "trainer":
-                t = await trainer_pb2_grpc.TrainerServiceStub(channel).GetStatus(
-                    common_pb2.StatusRequest(), timeout=STATUS_TIMEOUT_S, wait_for_ready=False
-                )
-                return f"step {t.step}, version {t.policy_version}, {t.num_parameters:,} params"
-            if name == "orchestrator":
-                p = await orchestrator_pb2_grpc.OrchestratorServiceStub(channel).GetProgress(
-                    common_pb2.StatusRequest(), timeout=STATUS_TIMEOUT_S, wait_for_ready=False
-                )
-                return f"{p.state}: step {p.step}/{p.total_steps}, version {p.policy_version}"
-        except grpc.aio.AioRpcError as exc:
-            return f"({exc.code().name}: {exc.details()})"
+async def _weightsync_details(address: str, config: ServiceRunConfig) -> str:
     client = WeightSyncClient(address, config.grpc)
     try:
         versions = await client.list_versions(timeout=STATUS_TIMEOUT_S)
@@ -83,18 +91,39 @@ async def _details(name: str, address: str, config: ServiceRunConfig) -> str:
         await client.close()
 
 
-async def status(config: ServiceRunConfig) -> int:
+async def _check(name: str, config: ServiceRunConfig, connect_s: float) -> tuple[str, str]:
+    """(health, details) of one service; raises Unreachable when nothing answers."""
+    address = getattr(config.endpoints, name)
+    async with await connect(name, address, config.grpc, timeout_s=connect_s) as channel:
+        health = await _health(channel)
+        if health != "SERVING":
+            return health, ""
+        if name == "weightsync":
+            return health, await _weightsync_details(address, config)
+        return health, await _details(name, channel)
+
+
+async def status(config: ServiceRunConfig, opts: argparse.Namespace) -> int:
+    results = await asyncio.gather(
+        *(_check(name, config, opts.connect_timeout) for name in SERVICES),
+        return_exceptions=True,
+    )
     table = Table(title="Tidal services")
     for column in ("service", "address", "health", "details"):
         table.add_column(column)
+    errors: list[Unreachable] = []
     healthy = True
-    for name in SERVICES:
-        address = getattr(config.endpoints, name)
-        health = await _health(address, config)
-        details = await _details(name, address, config) if health == "SERVING" else ""
-        healthy &= health == "SERVING"
-        table.add_row(name, address, health, details)
+    for name, result in zip(SERVICES, results, strict=True):
+        if isinstance(result, Unreachable):
+            errors.append(result)
+            result = ("unreachable", "")
+        elif isinstance(result, BaseException):
+            raise result
+        healthy &= result[0] == "SERVING"
+        table.add_row(name, getattr(config.endpoints, name), *result)
     console.print(table)
+    for exc in errors:
+        print(f"error: {exc}", file=sys.stderr)
     return 0 if healthy else 1
 
 
@@ -109,7 +138,10 @@ async def generate(config: ServiceRunConfig, opts: argparse.Namespace) -> int:
     if opts.seed is not None:
         sampling.seed = opts.seed
     request = inference_pb2.GenerateRequest(prompt=opts.prompt, sampling=sampling)
-    async with make_channel(config.endpoints.inference, config.grpc) as channel:
+    address = config.endpoints.inference
+    async with await connect(
+        "inference", address, config.grpc, timeout_s=opts.connect_timeout
+    ) as channel:
         stub = inference_pb2_grpc.InferenceServiceStub(channel)
         try:
             async for reply in stub.Generate(request, timeout=opts.timeout):
@@ -125,9 +157,13 @@ async def generate(config: ServiceRunConfig, opts: argparse.Namespace) -> int:
     return 0
 
 
-async def versions(config: ServiceRunConfig) -> int:
-    client = WeightSyncClient(config.endpoints.weightsync, config.grpc)
+async def versions(config: ServiceRunConfig, opts: argparse.Namespace) -> int:
+    address = config.endpoints.weightsync
+    client = WeightSyncClient(address, config.grpc)
     try:
+        await wait_connected(
+            client.channel, service="weightsync", address=address, timeout_s=opts.connect_timeout
+        )
         events = await client.list_versions(timeout=STATUS_TIMEOUT_S)
     finally:
         await client.close()
@@ -147,8 +183,11 @@ async def versions(config: ServiceRunConfig) -> int:
     return 0
 
 
-async def progress(config: ServiceRunConfig) -> int:
-    async with make_channel(config.endpoints.orchestrator, config.grpc) as channel:
+async def progress(config: ServiceRunConfig, opts: argparse.Namespace) -> int:
+    address = config.endpoints.orchestrator
+    async with await connect(
+        "orchestrator", address, config.grpc, timeout_s=opts.connect_timeout
+    ) as channel:
         stub = orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
         p = await stub.GetProgress(common_pb2.StatusRequest(), timeout=STATUS_TIMEOUT_S)
     console.print(f"{p.state}: step {p.step}/{p.total_steps}, policy version {p.policy_version}")
@@ -169,17 +208,25 @@ def _parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    # A parent parser, so the option is accepted after the command like every other.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=CONNECT_TIMEOUT_S,
+        help="seconds to wait for a service to answer before reporting it unreachable",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("status", help="health and state of every service")
-    gen = sub.add_parser("generate", help="generate completions of a text prompt")
+    sub.add_parser("status", help="health and state of every service", parents=[common])
+    gen = sub.add_parser("generate", help="generate completions of a text prompt", parents=[common])
     gen.add_argument("prompt")
     gen.add_argument("--max-tokens", type=int, default=32)
     gen.add_argument("--n", type=int, default=1)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--timeout", type=float, default=60.0)
-    sub.add_parser("versions", help="published weight versions")
-    sub.add_parser("progress", help="the orchestrator's progress")
+    sub.add_parser("versions", help="published weight versions", parents=[common])
+    sub.add_parser("progress", help="the orchestrator's progress", parents=[common])
     return parser
 
 
@@ -188,10 +235,10 @@ def main(argv: Sequence[str]) -> None:
     # know (config files, `--endpoints.x host:port` overrides) is the run config's.
     opts, config_args = _parser().parse_known_args(list(argv))
     config = load_or_exit(ServiceRunConfig, config_args, usage="tidal client <command> @ cfg")
-    command = {
-        "status": lambda: status(config),
-        "generate": lambda: generate(config, opts),
-        "versions": lambda: versions(config),
-        "progress": lambda: progress(config),
-    }[opts.command]
-    sys.exit(asyncio.run(command()))
+    command = {"status": status, "generate": generate, "versions": versions, "progress": progress}
+    try:
+        code = asyncio.run(command[opts.command](config, opts))
+    except Unreachable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        code = 1
+    sys.exit(code)

@@ -7,6 +7,14 @@ Decisions:
 - Children start in their own sessions (process groups): a Ctrl-C reaches the launcher
   only, which then stops every child in order with SIGTERM (graceful gRPC shutdown) and
   SIGKILL after a grace period, so nothing is left running.
+- A launcher that is itself killed (SIGKILL, the OOM killer) cannot do that, so every
+  child also dies with it on its own (tidal.common.lifeline): on Linux by a parent-death
+  signal (PR_SET_PDEATHSIG = SIGTERM, set between fork and exec, so the kernel delivers
+  it however the launcher dies, and the child still shuts down gracefully), and on every
+  OS by a watchdog thread in each service watching the launcher's pid
+  (`TIDAL_LAUNCHER_PID`), which also covers torchrun ranks and kills a child whose
+  graceful shutdown hangs. Children are forked from the main thread, because
+  PDEATHSIG follows the forking thread, not the process.
 - Each child's stdout and stderr go to `<run dir>/logs/<service>.log`; the orchestrator's
   output is also echoed to the terminal, since it reports the run's progress.
 - `[deployment]` places inference, then the trainer, on the visible GPUs (each child
@@ -38,6 +46,7 @@ from tidal.cli.placement import place, trainer_world_size, visible_gpus
 from tidal.cli.slurm import SlurmConfig, submit, write_job
 from tidal.common.config import load_or_exit, to_toml
 from tidal.common.errors import ConfigError
+from tidal.common.lifeline import launcher_env, parent_death_signal
 from tidal.trainer.parallel.config import check_parallel
 
 # Start order: publishers before subscribers; clients wait for their servers anyway.
@@ -129,7 +138,7 @@ class Child:
 async def start_child(
     name: str, config_path: Path, log_dir: Path, extra_env: dict[str, str] | None = None
 ) -> Child:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **launcher_env(), **(extra_env or {})}
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -141,6 +150,7 @@ async def start_child(
         stdin=asyncio.subprocess.DEVNULL,
         env=env,
         start_new_session=True,
+        preexec_fn=parent_death_signal(),
     )
     return Child(name, process, log_dir / f"{name}.log")
 

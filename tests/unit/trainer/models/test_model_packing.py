@@ -4,6 +4,10 @@ gradients as running each sample on its own (fp32), for every family."""
 
 from __future__ import annotations
 
+import re
+import tomllib
+from pathlib import Path
+
 import pytest
 import torch
 from pydantic import ValidationError
@@ -12,6 +16,8 @@ from tidal.trainer.config import ModelConfig
 from tidal.trainer.models.attention import check_packed_kind
 from tidal.trainer.models.factory import build_model
 from tidal.trainer.models.layers import DecoderLM
+
+TRAINER_PYPROJECT = Path(__file__).resolve().parents[4] / "services" / "trainer" / "pyproject.toml"
 
 LENGTHS = [5, 11, 1, 8]
 SHAPE = {"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 48}
@@ -102,6 +108,19 @@ def test_flash_attention_without_the_package_is_a_config_error() -> None:
         pytest.skip("flash-attn is installed here")
     with pytest.raises(ValidationError, match="flash-attn package, which is not installed"):
         ModelConfig(attn="flash_attention_2")
+
+
+def test_the_flash_attention_install_hint_names_an_optional_extra_that_exists() -> None:
+    if flash_installed():
+        pytest.skip("flash-attn is installed here")
+    with pytest.raises(ValidationError) as refused:
+        ModelConfig(attn="flash_attention_2")
+    hint = re.search(r'pip install "tidal-trainer\[([\w-]+)\]"', str(refused.value))
+    assert hint is not None, str(refused.value)
+    project = tomllib.loads(TRAINER_PYPROJECT.read_text())["project"]
+    extra = project["optional-dependencies"].get(hint.group(1), [])
+    assert any(req.startswith("flash-attn") for req in extra)
+    assert not any(req.startswith("flash-attn") for req in project["dependencies"])
 
 
 def test_flash_attention_off_cuda_is_refused() -> None:

@@ -6,15 +6,26 @@
   call's deadline) instead of failing fast during start-up;
 - retries of UNAVAILABLE by gRPC's own retry policy (service config), not hand loops;
 - request-id and OpenTelemetry client interceptors (trace context in metadata).
+
+Services wait for their peers (wait-for-ready above): at start-up a peer that is not up
+yet is normal. A person's tool must instead say at once that a service is down, so
+`connect` / `wait_connected` first bring the channel to READY within a short timeout and
+otherwise raise `Unreachable` ("cannot reach inference at HOST:PORT (...)"). A refused
+connection fails at the first TRANSIENT_FAILURE (no need to wait out the timeout);
+the timeout bounds an address where nothing answers at all (a dropped SYN, a silent
+peer). Without this, a call to a stopped stack waited out its whole deadline (retries
+with back-off, wait-for-ready) and then said only DEADLINE_EXCEEDED or UNAVAILABLE.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import grpc
 from opentelemetry.instrumentation.grpc import aio_client_interceptors
 
+from tidal.common.errors import Unreachable
 from tidal.common.interceptors import RequestIdClientInterceptor
 from tidal.common.sections import GrpcConfig
 from tidal.common.server import message_options
@@ -38,6 +49,10 @@ _SERVICE_CONFIG = json.dumps(
 )
 
 
+CONNECT_TIMEOUT_S = 2.0
+_FAILED = (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN)
+
+
 def make_channel(address: str, config: GrpcConfig | None = None) -> grpc.aio.Channel:
     config = config or GrpcConfig()
     options = [
@@ -50,3 +65,45 @@ def make_channel(address: str, config: GrpcConfig | None = None) -> grpc.aio.Cha
     ]
     interceptors = [RequestIdClientInterceptor(), *aio_client_interceptors()]
     return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
+
+
+async def wait_connected(
+    channel: grpc.aio.Channel,
+    *,
+    service: str,
+    address: str,
+    timeout_s: float = CONNECT_TIMEOUT_S,
+) -> None:
+    """Bring `channel` to READY, or raise `Unreachable` naming `service` and `address`
+    when the connection fails or nothing answers within `timeout_s`."""
+
+    async def ready() -> None:
+        state = channel.get_state(try_to_connect=True)
+        while state != grpc.ChannelConnectivity.READY:
+            if state in _FAILED:
+                raise Unreachable(service, address, "connection failed")
+            await channel.wait_for_state_change(state)
+            state = channel.get_state(try_to_connect=True)
+
+    try:
+        await asyncio.wait_for(ready(), timeout_s)
+    except TimeoutError:
+        raise Unreachable(service, address, f"nothing answered within {timeout_s:g}s") from None
+
+
+async def connect(
+    service: str,
+    address: str,
+    config: GrpcConfig | None = None,
+    *,
+    timeout_s: float = CONNECT_TIMEOUT_S,
+) -> grpc.aio.Channel:
+    """A `make_channel` channel that is already connected; raises `Unreachable` (and
+    closes the channel) when `service` at `address` cannot be reached in `timeout_s`."""
+    channel = make_channel(address, config)
+    try:
+        await wait_connected(channel, service=service, address=address, timeout_s=timeout_s)
+    except Unreachable:
+        await channel.close()
+        raise
+    return channel

@@ -49,5 +49,14 @@ class Unavailable(TidalError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
+class Unreachable(Unavailable):
+    """Nothing answers at a service's address: the message names the service and address."""
+
+    def __init__(self, service: str, address: str, reason: str) -> None:
+        self.service = service
+        self.address = address
+        super().__init__(f"cannot reach {service} at {address} ({reason})")
+
+
 class ConfigError(Exception):
     """A configuration problem found before anything starts. Not a gRPC error."""

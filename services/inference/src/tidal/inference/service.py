@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from tidal.common.config import load_or_exit
 from tidal.common.cpu_features import bf16_cost_warning
+from tidal.common.lifeline import watch_launcher
 from tidal.common.logging import setup_logging
 from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.common.telemetry import setup_telemetry
@@ -139,4 +140,5 @@ def main(argv: Sequence[str] | None = None) -> None:
         usage="tidal inference @ cfg.toml",
     )
     setup_logging("inference", level=config.telemetry.log_level)
+    watch_launcher()  # no-op unless started by `tidal rl`
     asyncio.run(serve(config))

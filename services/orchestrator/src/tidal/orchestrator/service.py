@@ -27,6 +27,7 @@ from collections.abc import Sequence
 
 from tidal.common.config import load_or_exit
 from tidal.common.errors import ConfigError
+from tidal.common.lifeline import watch_launcher
 from tidal.common.logging import setup_logging
 from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.common.telemetry import setup_telemetry
@@ -235,6 +236,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         usage="tidal orchestrator @ cfg.toml",
     )
     setup_logging("orchestrator", level=config.telemetry.log_level)
+    watch_launcher()  # no-op unless started by `tidal rl`
     try:
         mixture = build_mixture(config)
     except ConfigError as exc:

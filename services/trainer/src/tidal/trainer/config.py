@@ -30,6 +30,11 @@ from tidal.trainer.parallel.config import ParallelConfig, check_parallel
 
 Family = Literal["llama", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe"]
 MOE_FAMILIES = ("qwen3_moe", "qwen2_moe")
+# The optional extra in services/trainer/pyproject.toml; flash-attn builds against the
+# installed torch, hence no build isolation.
+FLASH_ATTN_INSTALL = (
+    'on a CUDA machine: pip install "tidal-trainer[flash-attn]" --no-build-isolation'
+)
 # Architecture fields: taken from the folder's config.json when `path` is set.
 ARCHITECTURE_FIELDS = (
     "family", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "vocab_size",
@@ -142,7 +147,7 @@ class ModelConfig(BaseConfig):
         if self.attn == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
             raise ValueError(
                 'model.attn = "flash_attention_2" needs the flash-attn package, which is not '
-                'installed (pip install tidal-trainer[flash-attn] on a CUDA machine); use "sdpa"'
+                f'installed ({FLASH_ATTN_INSTALL}); use "sdpa"'
             )
         head_dim = self.head_dim or self.dim // self.n_heads
         if self.head_dim is None and self.dim % self.n_heads:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from tidal.common.config import load_or_exit
 from tidal.common.errors import ConfigError, FailedPrecondition
+from tidal.common.lifeline import watch_launcher
 from tidal.common.logging import setup_logging
 from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.common.telemetry import setup_telemetry
@@ -190,6 +191,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         TrainerRunConfig, sys.argv[1:] if argv is None else argv, usage="tidal trainer @ cfg.toml"
     )
     setup_logging("trainer", level=config.telemetry.log_level)
+    watch_launcher()  # no-op unless started by `tidal rl`
     if config.trainer.world_size > 1:
         from tidal.trainer.parallel.launch import run_rank
 

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from tidal.common.config import load_or_exit
+from tidal.common.lifeline import watch_launcher
 from tidal.common.logging import setup_logging
 from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.common.telemetry import setup_telemetry
@@ -48,4 +49,5 @@ def main(argv: Sequence[str] | None = None) -> None:
         usage="tidal weightsync @ cfg.toml",
     )
     setup_logging("weightsync", level=config.telemetry.log_level)
+    watch_launcher()  # no-op unless started by `tidal rl`
     asyncio.run(serve(config))

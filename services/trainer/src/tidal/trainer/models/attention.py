@@ -27,6 +27,8 @@ from typing import Literal, Protocol
 import torch
 import torch.nn.functional as F
 
+from tidal.trainer.config import FLASH_ATTN_INSTALL
+
 
 class AttentionBackend(Protocol):
     def __call__(
@@ -162,7 +164,7 @@ def check_packed_kind(kind: PackedKind, device: torch.device | str) -> None:
     if importlib.util.find_spec("flash_attn") is None:
         raise ValueError(
             'model.attn = "flash_attention_2" needs the flash-attn package, which is not '
-            'installed; install it on a CUDA machine or use model.attn = "sdpa"'
+            f'installed ({FLASH_ATTN_INSTALL}); or use model.attn = "sdpa"'
         )
     if torch.device(device).type != "cuda":
         raise ValueError(

@@ -1,0 +1,60 @@
+"""A launcher killed with SIGKILL takes its services with it: none keeps running or
+holds its port (tidal.common.lifeline)."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+SERVICES = ("weightsync", "trainer", "inference", "orchestrator")
+GONE_WITHIN_S = 5.0
+
+
+def _serving(address: str) -> bool:
+    with grpc.insecure_channel(address) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=1.0
+            )
+        except grpc.RpcError:
+            return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def _port_free(address: str) -> bool:
+    """Whether a new server could listen on `address` (SO_REUSEADDR like gRPC's own
+    listeners, so connections in TIME_WAIT do not count; a live listener does)."""
+    host, port = address.rsplit(":", 1)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, int(port)))
+            s.listen()
+        except OSError:
+            return False
+    return True
+
+
+def test_services_die_with_a_sigkilled_launcher_and_free_their_ports(launch) -> None:  # type: ignore[no-untyped-def]
+    run = launch("--orchestrator.steps", "1000", "--orchestrator.warmup-steps", "0")
+    endpoints = run.wait_for_config()["endpoints"]
+    deadline = time.monotonic() + 120
+    while not all(_serving(endpoints[name]) for name in SERVICES):
+        assert time.monotonic() < deadline and run.process.poll() is None, run.output()
+        time.sleep(0.2)
+    assert len(run.children()) == len(SERVICES)
+
+    run.process.kill()
+    run.process.wait(timeout=10)
+    killed_at = time.monotonic()
+    busy = list(SERVICES)
+    while time.monotonic() - killed_at < GONE_WITHIN_S:
+        busy = [name for name in SERVICES if not _port_free(endpoints[name])]
+        if not busy and not run.children():
+            break
+        time.sleep(0.1)
+    assert run.children() == [], f"still running {GONE_WITHIN_S}s after the launcher died"
+    assert busy == [], f"ports still held {GONE_WITHIN_S}s after the launcher died: {busy}"

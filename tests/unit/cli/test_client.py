@@ -1,0 +1,60 @@
+"""`tidal client` against a stack that is down: every command names the service and its
+address within a couple of seconds, instead of a bare DEADLINE_EXCEEDED after the call's
+whole deadline."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from tidal.cli import client
+from tidal.common.sections import SERVICES
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[3] / "configs" / "default.toml"
+WITHIN_S = 3.0
+
+
+def _free_address() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+@pytest.fixture
+def down() -> dict[str, str]:
+    """An address for every service where nobody listens."""
+    return {name: _free_address() for name in SERVICES}
+
+
+def _run(*args: str, endpoints: dict[str, str]) -> tuple[int, float]:
+    overrides = [a for name, address in endpoints.items() for a in (f"--endpoints.{name}", address)]
+    started = time.monotonic()
+    with pytest.raises(SystemExit) as exited:
+        client.main([*args, "@", str(DEFAULT_CONFIG), *overrides])
+    return int(exited.value.code or 0), time.monotonic() - started
+
+
+def test_generate_says_it_cannot_reach_inference(down, capsys) -> None:  # type: ignore[no-untyped-def]
+    code, seconds = _run("generate", "abc>", endpoints=down)
+    assert code == 1 and seconds < WITHIN_S
+    assert f"cannot reach inference at {down['inference']}" in capsys.readouterr().err
+
+
+def test_status_names_every_unreachable_service_quickly(down, capsys) -> None:  # type: ignore[no-untyped-def]
+    code, seconds = _run("status", endpoints=down)
+    assert code == 1 and seconds < WITHIN_S
+    err = capsys.readouterr().err
+    for name, address in down.items():
+        assert f"cannot reach {name} at {address}" in err
+
+
+@pytest.mark.parametrize(
+    ("command", "service"), [("versions", "weightsync"), ("progress", "orchestrator")]
+)
+def test_versions_and_progress_name_their_service(command, service, down, capsys) -> None:  # type: ignore[no-untyped-def]
+    code, seconds = _run(command, endpoints=down)
+    assert code == 1 and seconds < WITHIN_S
+    assert f"cannot reach {service} at {down[service]}" in capsys.readouterr().err
