@@ -6,6 +6,10 @@ Decisions:
 - Sources merge in increasing precedence: TOML files left to right (`@ a.toml @ b.toml`),
   then `TIDAL_A__B=value` environment variables (deployment settings), then CLI overrides
   (`--a.b-c value`). CLI last because a person typing a flag means it.
+- A flag without a value is true for a boolean key and an error naming the flag for any
+  other (`config_merge`): turned into `true`, pydantic read it as 1.
+- A token after `--key` that starts with `--` is the next flag, never the value: a value
+  that starts with `--` is written `--key=--value`.
 - Unknown keys are errors that name the full key path and the closest valid name, found by
   walking pydantic's `extra_forbidden` error locations back through the model classes. A
   key that was removed in favour of another names its replacement (`moved_keys`).
@@ -28,6 +32,7 @@ from typing import Any, TypeVar
 import tomli_w
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from tidal.common.config_merge import deep_merge, flag_layer, resolve_bare_flags
 from tidal.common.errors import ConfigError
 
 ENV_PREFIX = "TIDAL_"
@@ -50,7 +55,8 @@ class ParsedArgs:
     """The command line split into its parts, before any validation."""
 
     files: list[Path] = field(default_factory=list)
-    overrides: list[tuple[str, str]] = field(default_factory=list)
+    overrides: list[tuple[str, str | None]] = field(default_factory=list)
+    """(dotted key as typed, raw value); None for a flag given without a value."""
     dry_run: bool = False
     help: bool = False
 
@@ -79,11 +85,12 @@ def split_argv(argv: Sequence[str]) -> ParsedArgs:
             key, eq, value = token[2:].partition("=")
             if not key:
                 raise ConfigError(f"empty option name in {token!r}")
+            raw: str | None = value
             if not eq:
                 has_value = i + 1 < len(argv) and not argv[i + 1].startswith(("--", "@"))
-                value = argv[i + 1] if has_value else "true"
+                raw = argv[i + 1] if has_value else None
                 i += 1 if has_value else 0
-            parsed.overrides.append((key, value))
+            parsed.overrides.append((key, raw))
             i += 1
         else:
             raise ConfigError(
@@ -101,30 +108,6 @@ def parse_literal(raw: str) -> Any:
         return raw
 
 
-def deep_merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
-    """Merge `update` into a copy of `base`; tables merge, everything else replaces."""
-    out = dict(base)
-    for key, value in update.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
-    """Set `a.b-c` (kebab or snake case) to value, creating tables on the way."""
-    parts = [p.replace("-", "_") for p in dotted.split(".")]
-    node = data
-    for part in parts[:-1]:
-        child = node.get(part)
-        if not isinstance(child, dict):
-            child = {}
-            node[part] = child
-        node = child
-    node[parts[-1]] = value
-
-
 def read_toml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
@@ -134,23 +117,26 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
 
 
-def env_overrides(environ: Mapping[str, str]) -> list[tuple[str, str]]:
+def env_overrides(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
     """`TIDAL_ENDPOINTS__TRAINER=host:port` → ("endpoints.trainer", "host:port")."""
-    out = []
+    out: list[tuple[str, str | None]] = []
     for name, value in sorted(environ.items()):
         if name.startswith(ENV_PREFIX) and "__" in name:
             out.append((name[len(ENV_PREFIX) :].lower().replace("__", "."), value))
     return out
 
 
-def compose(parsed: ParsedArgs, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Merge files, env and overrides into one raw dict (not yet validated)."""
+def compose(
+    cls: type[BaseModel], parsed: ParsedArgs, environ: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """Merge files, env and overrides into one raw dict for `cls` (not yet validated)."""
     data: dict[str, Any] = {}
     for path in parsed.files:
         data = deep_merge(data, read_toml(path))
     environ = os.environ if environ is None else environ
-    for key, raw in [*env_overrides(environ), *parsed.overrides]:
-        set_dotted(data, key, parse_literal(raw))
+    data = deep_merge(data, flag_layer(env_overrides(environ), parse_literal))
+    data = deep_merge(data, flag_layer(parsed.overrides, parse_literal))
+    resolve_bare_flags(cls, data, parsed.overrides)
     return data
 
 
@@ -221,7 +207,7 @@ def load_config(
     parsed = split_argv(argv)
     if parsed.help:
         return cls(), parsed
-    return validate(cls, compose(parsed, environ)), parsed
+    return validate(cls, compose(cls, parsed, environ)), parsed
 
 
 def load_or_exit(cls: type[C], argv: Sequence[str], *, usage: str) -> C:
