@@ -10,16 +10,18 @@ Decisions:
   other (`config_merge`): turned into `true`, pydantic read it as 1.
 - A token after `--key` that starts with `--` is the next flag, never the value: a value
   that starts with `--` is written `--key=--value`.
-- Unknown keys are errors that name the full key path and the closest valid name, found by
-  walking pydantic's `extra_forbidden` error locations back through the model classes. A
-  key that was removed in favour of another names its replacement (`moved_keys`).
+- Each source is merged as one layer by `config_merge`, which knows the config classes: a
+  tagged section (a union discriminated on `type`) whose type a layer changes is replaced,
+  not merged, so a run file can switch `configs/default.toml`'s reversal task to another.
+- Unknown keys are errors that name the full key path and the closest valid name
+  (`config_errors`, which also reads tagged sections). A key that was removed in favour
+  of another names its replacement (`moved_keys`).
 - Values given as strings (CLI, env) are parsed as TOML literals when they parse
   (`1e-5`, `true`, `[1, 2]`), otherwise kept as strings.
 """
 
 from __future__ import annotations
 
-import difflib
 import os
 import sys
 import tomllib
@@ -32,7 +34,8 @@ from typing import Any, TypeVar
 import tomli_w
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from tidal.common.config_merge import deep_merge, flag_layer, resolve_bare_flags
+from tidal.common.config_errors import describe_error
+from tidal.common.config_merge import flag_layer, merge_layer, resolve_bare_flags
 from tidal.common.errors import ConfigError
 
 ENV_PREFIX = "TIDAL_"
@@ -132,10 +135,10 @@ def compose(
     """Merge files, env and overrides into one raw dict for `cls` (not yet validated)."""
     data: dict[str, Any] = {}
     for path in parsed.files:
-        data = deep_merge(data, read_toml(path))
+        data = merge_layer(cls, data, read_toml(path))
     environ = os.environ if environ is None else environ
-    data = deep_merge(data, flag_layer(env_overrides(environ), parse_literal))
-    data = deep_merge(data, flag_layer(parsed.overrides, parse_literal))
+    data = merge_layer(cls, data, flag_layer(env_overrides(environ), parse_literal))
+    data = merge_layer(cls, data, flag_layer(parsed.overrides, parse_literal))
     resolve_bare_flags(cls, data, parsed.overrides)
     return data
 
@@ -152,31 +155,12 @@ def _field_model(cls: Any, name: str) -> Any:
     return None
 
 
-def _describe_error(cls: type[BaseModel], error: Mapping[str, Any]) -> str:
-    loc = [str(part) for part in error["loc"]]
-    path = ".".join(loc)
-    if error["type"] == "extra_forbidden":
-        owner: Any = cls
-        for part in loc[:-1]:
-            owner = _field_model(owner, part)
-        moved = getattr(owner, "moved_keys", {}).get(loc[-1])
-        if moved is not None:
-            return f"unknown key '{path}'; it was replaced by '{moved}'"
-        valid = sorted(owner.model_fields) if owner is not None else []
-        close = difflib.get_close_matches(loc[-1].replace("-", "_"), valid, n=1, cutoff=0.5)
-        parent = ".".join(loc[:-1])
-        hint = f"did you mean '{parent + '.' if parent else ''}{close[0]}'?" if close else ""
-        choices = f"valid keys here: {', '.join(valid)}" if valid else ""
-        return f"unknown key '{path}'; " + (hint or choices)
-    return f"'{path}': {error['msg']} (got {error.get('input')!r})"
-
-
 def validate(cls: type[C], data: Mapping[str, Any]) -> C:
     """Validate raw data into `cls`, turning pydantic's errors into one readable ConfigError."""
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
-        lines = [_describe_error(cls, err) for err in exc.errors()]
+        lines = [describe_error(cls, err) for err in exc.errors()]
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines)) from None
 
 

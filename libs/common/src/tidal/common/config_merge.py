@@ -3,6 +3,15 @@
 Decisions:
 - Layers merge in order; tables merge key by key, anything else replaces (lists too: a
   later `tasks` list is the whole mixture, not an append).
+- A tagged section (a union discriminated on `type`, see `config_schema`) whose tag a
+  layer changes is replaced by that layer's table: the earlier type's keys are dropped
+  (the new type would reject them as unknown), keys given in the same layer as the new
+  tag are kept. A layer is one file, the environment, or all command-line flags together,
+  so `--task.num-numbers 4 --task.type countdown` keeps num_numbers in either order.
+  The alternative, making users clear the old keys by hand, has no spelling in TOML.
+- A tagged section given without its tag takes the tag of the field's default, written
+  into the data, so `--orchestrator.task.alphabet xy` edits the default task instead of
+  failing on a missing `type`.
 - A flag without a value (`--orchestrator.resume`) means true for a boolean key only; for
   any other known key it is an error naming the flag (it used to become `true`, which
   pydantic read as 1: `--trainer.optim.lr` trained with lr = 1.0). Where the type is not
@@ -16,8 +25,19 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
 
-from tidal.common.config_schema import Shape, Value, resolve
+from tidal.common.config_schema import (
+    Section,
+    Shape,
+    Table,
+    Tagged,
+    Value,
+    current_tag,
+    field_default,
+    field_shape,
+    resolve,
+)
 from tidal.common.errors import ConfigError
 
 
@@ -58,6 +78,55 @@ def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
             node[part] = child
         node = child
     node[last] = value
+
+
+def merge_layer(
+    cls: type[BaseModel], base: Mapping[str, Any], layer: Mapping[str, Any]
+) -> dict[str, Any]:
+    """`layer` merged over `base`, both raw data for `cls` (see the module docstring)."""
+    return _merge_section(cls, base, layer, None)
+
+
+def _merge_section(
+    cls: type[BaseModel], base: Mapping[str, Any], layer: Mapping[str, Any], default: Any
+) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in layer.items():
+        if isinstance(default, BaseModel) and key in type(default).model_fields:
+            key_default = getattr(default, key)
+        else:
+            key_default = field_default(cls, key)
+        out[key] = _merge_value(field_shape(cls, key), out.get(key), value, key_default)
+    return out
+
+
+def _merge_value(shape: Shape | None, previous: Any, value: Any, default: Any) -> Any:
+    if not isinstance(value, Mapping):
+        return value
+    base = previous if isinstance(previous, dict) else {}
+    if isinstance(shape, Tagged):
+        return _merge_tagged(shape, base, value, default)
+    if isinstance(shape, Section):
+        return _merge_section(shape.cls, base, value, default)
+    if isinstance(shape, Table):
+        out = dict(base)
+        for key, item in value.items():
+            out[key] = _merge_value(shape.value, out.get(key), item, PydanticUndefined)
+        return out
+    return deep_merge(base, value)
+
+
+def _merge_tagged(
+    tagged: Tagged, previous: dict[str, Any], layer: Mapping[str, Any], default: Any
+) -> dict[str, Any]:
+    old = current_tag(tagged, previous, default)
+    new = layer.get(tagged.key, old)
+    base = previous if new == old else {}
+    variant = tagged.variant(new)
+    if variant is None:  # an unknown tag: validation names it with the valid ones
+        return deep_merge(base, layer)
+    merged = _merge_section(variant, base, layer, default if isinstance(default, variant) else None)
+    return {tagged.key: new, **merged}
 
 
 def flag_layer(
