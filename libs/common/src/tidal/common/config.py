@@ -16,6 +16,8 @@ Decisions:
 - Unknown keys are errors that name the full key path and the closest valid name
   (`config_errors`, which also reads tagged sections). A key that was removed in favour
   of another names its replacement (`moved_keys`).
+- `--help` lists every key a user can set, spelt as in TOML with TOML defaults, optional
+  and tagged sections included (`config_help`).
 - Values given as strings (CLI, env) are parsed as TOML literals when they parse
   (`1e-5`, `true`, `[1, 2]`), otherwise kept as strings.
 """
@@ -35,10 +37,16 @@ import tomli_w
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tidal.common.config_errors import describe_error
+from tidal.common.config_help import help_text
 from tidal.common.config_merge import flag_layer, merge_layer, resolve_bare_flags
 from tidal.common.errors import ConfigError
 
 ENV_PREFIX = "TIDAL_"
+HELP_PREAMBLE = """\
+Every key below is set in a TOML file (`key = value` under its [table]) or by a flag
+(`--table.key value`, with `-` and `_` alike). A flag without a value sets a boolean key
+to true; any other key needs a value. `TIDAL_TABLE__KEY=value` sets it from the
+environment. Defaults are shown as TOML values."""
 
 C = TypeVar("C", bound="BaseConfig")
 
@@ -143,18 +151,6 @@ def compose(
     return data
 
 
-def _field_model(cls: Any, name: str) -> Any:
-    """The BaseModel class behind field `name` of model `cls` (through Optional), or None."""
-    if not (isinstance(cls, type) and issubclass(cls, BaseModel)) or name not in cls.model_fields:
-        return None
-    annotation = cls.model_fields[name].annotation
-    candidates = [annotation, *typing.get_args(annotation)]
-    for candidate in candidates:
-        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
-            return candidate
-    return None
-
-
 def validate(cls: type[C], data: Mapping[str, Any]) -> C:
     """Validate raw data into `cls`, turning pydantic's errors into one readable ConfigError."""
     try:
@@ -167,21 +163,6 @@ def validate(cls: type[C], data: Mapping[str, Any]) -> C:
 def to_toml(config: BaseModel) -> str:
     """The resolved config as TOML (None values omitted, since TOML has no null)."""
     return tomli_w.dumps(config.model_dump(mode="json", exclude_none=True))
-
-
-def help_text(cls: type[BaseModel], prefix: str = "") -> str:
-    """One line per leaf field: dotted kebab-case flag, default and docstring."""
-    lines = []
-    for name, info in cls.model_fields.items():
-        flag = f"{prefix}{name}".replace("_", "-")
-        nested = _field_model(cls, name)
-        if nested is not None and info.annotation is nested:
-            lines.append(help_text(nested, prefix=f"{prefix}{name}."))
-            continue
-        default = info.get_default(call_default_factory=True)
-        doc = " ".join((info.description or "").split())
-        lines.append(f"  --{flag} (default: {default!r})\n      {doc}")
-    return "\n".join(lines)
 
 
 def load_config(
@@ -202,7 +183,7 @@ def load_or_exit(cls: type[C], argv: Sequence[str], *, usage: str) -> C:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     if parsed.help:
-        print(f"usage: {usage}\n\noptions:\n{help_text(cls)}")
+        print(f"usage: {usage}\n\n{HELP_PREAMBLE}\n{help_text(cls)}")
         raise SystemExit(0)
     if parsed.dry_run:
         print(to_toml(config), end="")
