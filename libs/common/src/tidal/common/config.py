@@ -183,7 +183,8 @@ def load_or_exit(cls: type[C], argv: Sequence[str], *, usage: str) -> C:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     if parsed.help:
-        print(f"usage: {usage}\n\n{HELP_PREAMBLE}\n{help_text(cls)}")
+        keys = help_text(cls).lstrip("\n")
+        print(f"usage: {usage}\n\n{HELP_PREAMBLE}\n\n{keys}")
         raise SystemExit(0)
     if parsed.dry_run:
         print(to_toml(config), end="")
