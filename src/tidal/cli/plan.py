@@ -8,6 +8,10 @@ Decisions:
 - Lives in the umbrella CLI (it needs the whole run config); the planner itself is
   `tidal.trainer.plan`.
 - Tokens per micro-batch default to the run's `orchestrator.micro_batch_tokens`.
+- The flags, their spelling (a field's alias, else its kebab-cased name) and `--help` all
+  come from `PlanOptions`' fields, so help cannot advertise a flag the parser lacks.
+  Boolean options are switches; any other flag needs a value, and a following `--flag`
+  is never taken as one.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from pydantic import Field, ValidationError, field_validator
 
 from tidal.cli.config import RunConfig
 from tidal.common.config import BaseConfig, ConfigError, load_config
+from tidal.common.config_help import option_line
+from tidal.common.config_schema import field_default
 from tidal.trainer.plan.estimate import MemoryPlan, Workload, activation_per_layer, plan_memory
 from tidal.trainer.plan.fit import fit
 from tidal.trainer.plan.levers import Levers
@@ -30,7 +36,6 @@ from tidal.trainer.plan.model_size import decoder_args, param_counts
 USAGE = "tidal plan @ cfg.toml --memory 80GiB [--world-size N] [--tokens N] [--fit] [--json]"
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-FLAGS = {"--memory", "--world-size", "--tokens", "--device", "--fit", "--json"}
 
 
 def parse_bytes(text: str) -> int:
@@ -52,8 +57,8 @@ class PlanOptions(BaseConfig):
     """What the budget is: GPU memory ("cuda") or host memory of a CPU run ("cpu")."""
     fit: bool = False
     """Pick the cheapest lever combination that fits and print the TOML to paste."""
-    json_output: bool = False
-    """`--json`: print JSON (for tools) instead of a table."""
+    json_output: bool = Field(default=False, alias="json")
+    """Print JSON (for tools) instead of a table."""
 
     @field_validator("memory", mode="before")
     @classmethod
@@ -61,27 +66,49 @@ class PlanOptions(BaseConfig):
         return parse_bytes(str(value))
 
 
+def _flag(name: str) -> str:
+    return "--" + (PlanOptions.model_fields[name].alias or name).replace("_", "-")
+
+
+def plan_flags() -> dict[str, tuple[str, bool]]:
+    """`--flag` → (the key `PlanOptions` validates it as, whether it is a switch)."""
+    return {
+        _flag(name): (info.alias or name, info.annotation is bool)
+        for name, info in PlanOptions.model_fields.items()
+    }
+
+
 def split_plan_args(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
     """The planner's flags, and everything else (config files and overrides)."""
+    flags = plan_flags()
     own: dict[str, Any] = {}
     rest: list[str] = []
     args = list(argv)
     while args:
         token = args.pop(0)
-        key, eq, value = token.partition("=")
-        if key == "--fit":
-            own["fit"] = True
-        elif key == "--json":
-            own["json_output"] = True
-        elif key in FLAGS:
-            if not eq:
-                if not args:
-                    raise ConfigError(f"{key} needs a value")
-                value = args.pop(0)
-            own[key[2:].replace("-", "_")] = value
-        else:
+        flag, eq, value = token.partition("=")
+        if flag not in flags:
             rest.append(token)
+            continue
+        key, switch = flags[flag]
+        if eq:
+            own[key] = value
+        elif switch:
+            own[key] = True
+        elif args and not args[0].startswith(("--", "@")):
+            own[key] = args.pop(0)
+        else:
+            raise ConfigError(f"{flag} needs a value")
     return own, rest
+
+
+def plan_help() -> str:
+    """The planner's own flags; the run config's keys are `tidal rl --help`'s."""
+    lines = [f"usage: {USAGE}", "", "options:"]
+    for name, info in PlanOptions.model_fields.items():
+        lines.append(option_line(_flag(name), field_default(PlanOptions, name), info.description))
+    lines.append("\nAny run config key may follow as --section.key value (see `tidal rl --help`).")
+    return "\n".join(lines)
 
 
 def _gib(n: float) -> str:
@@ -159,9 +186,7 @@ def run(argv: Sequence[str]) -> tuple[str, int]:
 def main(argv: Sequence[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
     if any(a in ("-h", "--help") for a in args):
-        from tidal.common.config import help_text
-
-        print(f"usage: {USAGE}\n\noptions:\n{help_text(PlanOptions)}")
+        print(plan_help())
         raise SystemExit(0)
     try:
         text, code = run(args)

@@ -25,6 +25,8 @@ class Trainer(BaseConfig):
 class Run(BaseConfig):
     name: str = "default"
     """Run name."""
+    verbose: bool = False
+    """Log more."""
     trainer: Trainer = Trainer()
 
 
@@ -91,6 +93,26 @@ def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
 def test_stray_argument_is_rejected() -> None:
     with pytest.raises(ConfigError, match="unexpected argument"):
         split_argv(["config.toml"])
+
+
+def test_flag_without_value_is_an_error_naming_the_flag() -> None:
+    with pytest.raises(ConfigError, match=r"--trainer\.optim\.lr needs a value"):
+        load_config(Run, ["--trainer.optim.lr"], environ={})
+
+
+def test_flag_followed_by_another_flag_has_no_value() -> None:
+    with pytest.raises(ConfigError, match=r"--trainer\.max-steps needs a value"):
+        load_config(Run, ["--trainer.max-steps", "--name", "x"], environ={})
+
+
+def test_bare_boolean_flag_means_true() -> None:
+    config, _ = load_config(Run, ["--verbose", "--name", "x"], environ={})
+    assert config.verbose is True and config.name == "x"
+
+
+def test_bare_flag_of_an_unknown_key_suggests_the_closest() -> None:
+    with pytest.raises(ConfigError, match="did you mean 'verbose'"):
+        load_config(Run, ["--verbos"], environ={})
 
 
 def test_dry_run_prints_resolved_toml(capsys: pytest.CaptureFixture[str]) -> None:

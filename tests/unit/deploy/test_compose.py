@@ -46,7 +46,9 @@ def test_dockerfile_copies_existing_packages_and_runs_the_service(service: str) 
 
 def test_container_environment_is_a_valid_run_config() -> None:
     env = load_compose()["x-tidal-env"]
-    config = validate(RunConfig, compose(ParsedArgs(files=[ROOT / "configs/default.toml"]), env))
+    config = validate(
+        RunConfig, compose(RunConfig, ParsedArgs(files=[ROOT / "configs/default.toml"]), env)
+    )
     assert config.endpoints.trainer == "trainer:50053"
     assert config.grpc.listen_address(config.endpoints.trainer) == "0.0.0.0:50053"
     assert config.telemetry.otlp_endpoint == "otel-collector:4317"

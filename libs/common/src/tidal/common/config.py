@@ -6,16 +6,24 @@ Decisions:
 - Sources merge in increasing precedence: TOML files left to right (`@ a.toml @ b.toml`),
   then `TIDAL_A__B=value` environment variables (deployment settings), then CLI overrides
   (`--a.b-c value`). CLI last because a person typing a flag means it.
-- Unknown keys are errors that name the full key path and the closest valid name, found by
-  walking pydantic's `extra_forbidden` error locations back through the model classes. A
-  key that was removed in favour of another names its replacement (`moved_keys`).
+- A flag without a value is true for a boolean key and an error naming the flag for any
+  other (`config_merge`): turned into `true`, pydantic read it as 1.
+- A token after `--key` that starts with `--` is the next flag, never the value: a value
+  that starts with `--` is written `--key=--value`.
+- Each source is merged as one layer by `config_merge`, which knows the config classes: a
+  tagged section (a union discriminated on `type`) whose type a layer changes is replaced,
+  not merged, so a run file can switch `configs/default.toml`'s reversal task to another.
+- Unknown keys are errors that name the full key path and the closest valid name
+  (`config_errors`, which also reads tagged sections). A key that was removed in favour
+  of another names its replacement (`moved_keys`).
+- `--help` lists every key a user can set, spelt as in TOML with TOML defaults, optional
+  and tagged sections included (`config_help`).
 - Values given as strings (CLI, env) are parsed as TOML literals when they parse
   (`1e-5`, `true`, `[1, 2]`), otherwise kept as strings.
 """
 
 from __future__ import annotations
 
-import difflib
 import os
 import sys
 import tomllib
@@ -28,9 +36,17 @@ from typing import Any, TypeVar
 import tomli_w
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from tidal.common.config_errors import describe_error
+from tidal.common.config_help import help_text
+from tidal.common.config_merge import flag_layer, merge_layer, resolve_bare_flags
 from tidal.common.errors import ConfigError
 
 ENV_PREFIX = "TIDAL_"
+HELP_PREAMBLE = """\
+Every key below is set in a TOML file (`key = value` under its [table]) or by a flag
+(`--table.key value`, with `-` and `_` alike). A flag without a value sets a boolean key
+to true; any other key needs a value. `TIDAL_TABLE__KEY=value` sets it from the
+environment. Defaults are shown as TOML values."""
 
 C = TypeVar("C", bound="BaseConfig")
 
@@ -50,7 +66,8 @@ class ParsedArgs:
     """The command line split into its parts, before any validation."""
 
     files: list[Path] = field(default_factory=list)
-    overrides: list[tuple[str, str]] = field(default_factory=list)
+    overrides: list[tuple[str, str | None]] = field(default_factory=list)
+    """(dotted key as typed, raw value); None for a flag given without a value."""
     dry_run: bool = False
     help: bool = False
 
@@ -79,11 +96,12 @@ def split_argv(argv: Sequence[str]) -> ParsedArgs:
             key, eq, value = token[2:].partition("=")
             if not key:
                 raise ConfigError(f"empty option name in {token!r}")
+            raw: str | None = value
             if not eq:
                 has_value = i + 1 < len(argv) and not argv[i + 1].startswith(("--", "@"))
-                value = argv[i + 1] if has_value else "true"
+                raw = argv[i + 1] if has_value else None
                 i += 1 if has_value else 0
-            parsed.overrides.append((key, value))
+            parsed.overrides.append((key, raw))
             i += 1
         else:
             raise ConfigError(
@@ -101,30 +119,6 @@ def parse_literal(raw: str) -> Any:
         return raw
 
 
-def deep_merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
-    """Merge `update` into a copy of `base`; tables merge, everything else replaces."""
-    out = dict(base)
-    for key, value in update.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
-    """Set `a.b-c` (kebab or snake case) to value, creating tables on the way."""
-    parts = [p.replace("-", "_") for p in dotted.split(".")]
-    node = data
-    for part in parts[:-1]:
-        child = node.get(part)
-        if not isinstance(child, dict):
-            child = {}
-            node[part] = child
-        node = child
-    node[parts[-1]] = value
-
-
 def read_toml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
@@ -134,55 +128,27 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
 
 
-def env_overrides(environ: Mapping[str, str]) -> list[tuple[str, str]]:
+def env_overrides(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
     """`TIDAL_ENDPOINTS__TRAINER=host:port` → ("endpoints.trainer", "host:port")."""
-    out = []
+    out: list[tuple[str, str | None]] = []
     for name, value in sorted(environ.items()):
         if name.startswith(ENV_PREFIX) and "__" in name:
             out.append((name[len(ENV_PREFIX) :].lower().replace("__", "."), value))
     return out
 
 
-def compose(parsed: ParsedArgs, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Merge files, env and overrides into one raw dict (not yet validated)."""
+def compose(
+    cls: type[BaseModel], parsed: ParsedArgs, environ: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """Merge files, env and overrides into one raw dict for `cls` (not yet validated)."""
     data: dict[str, Any] = {}
     for path in parsed.files:
-        data = deep_merge(data, read_toml(path))
+        data = merge_layer(cls, data, read_toml(path))
     environ = os.environ if environ is None else environ
-    for key, raw in [*env_overrides(environ), *parsed.overrides]:
-        set_dotted(data, key, parse_literal(raw))
+    data = merge_layer(cls, data, flag_layer(env_overrides(environ), parse_literal))
+    data = merge_layer(cls, data, flag_layer(parsed.overrides, parse_literal))
+    resolve_bare_flags(cls, data, parsed.overrides)
     return data
-
-
-def _field_model(cls: Any, name: str) -> Any:
-    """The BaseModel class behind field `name` of model `cls` (through Optional), or None."""
-    if not (isinstance(cls, type) and issubclass(cls, BaseModel)) or name not in cls.model_fields:
-        return None
-    annotation = cls.model_fields[name].annotation
-    candidates = [annotation, *typing.get_args(annotation)]
-    for candidate in candidates:
-        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
-            return candidate
-    return None
-
-
-def _describe_error(cls: type[BaseModel], error: Mapping[str, Any]) -> str:
-    loc = [str(part) for part in error["loc"]]
-    path = ".".join(loc)
-    if error["type"] == "extra_forbidden":
-        owner: Any = cls
-        for part in loc[:-1]:
-            owner = _field_model(owner, part)
-        moved = getattr(owner, "moved_keys", {}).get(loc[-1])
-        if moved is not None:
-            return f"unknown key '{path}'; it was replaced by '{moved}'"
-        valid = sorted(owner.model_fields) if owner is not None else []
-        close = difflib.get_close_matches(loc[-1].replace("-", "_"), valid, n=1, cutoff=0.5)
-        parent = ".".join(loc[:-1])
-        hint = f"did you mean '{parent + '.' if parent else ''}{close[0]}'?" if close else ""
-        choices = f"valid keys here: {', '.join(valid)}" if valid else ""
-        return f"unknown key '{path}'; " + (hint or choices)
-    return f"'{path}': {error['msg']} (got {error.get('input')!r})"
 
 
 def validate(cls: type[C], data: Mapping[str, Any]) -> C:
@@ -190,28 +156,13 @@ def validate(cls: type[C], data: Mapping[str, Any]) -> C:
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
-        lines = [_describe_error(cls, err) for err in exc.errors()]
+        lines = [describe_error(cls, err) for err in exc.errors()]
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines)) from None
 
 
 def to_toml(config: BaseModel) -> str:
     """The resolved config as TOML (None values omitted, since TOML has no null)."""
     return tomli_w.dumps(config.model_dump(mode="json", exclude_none=True))
-
-
-def help_text(cls: type[BaseModel], prefix: str = "") -> str:
-    """One line per leaf field: dotted kebab-case flag, default and docstring."""
-    lines = []
-    for name, info in cls.model_fields.items():
-        flag = f"{prefix}{name}".replace("_", "-")
-        nested = _field_model(cls, name)
-        if nested is not None and info.annotation is nested:
-            lines.append(help_text(nested, prefix=f"{prefix}{name}."))
-            continue
-        default = info.get_default(call_default_factory=True)
-        doc = " ".join((info.description or "").split())
-        lines.append(f"  --{flag} (default: {default!r})\n      {doc}")
-    return "\n".join(lines)
 
 
 def load_config(
@@ -221,7 +172,7 @@ def load_config(
     parsed = split_argv(argv)
     if parsed.help:
         return cls(), parsed
-    return validate(cls, compose(parsed, environ)), parsed
+    return validate(cls, compose(cls, parsed, environ)), parsed
 
 
 def load_or_exit(cls: type[C], argv: Sequence[str], *, usage: str) -> C:
@@ -232,7 +183,8 @@ def load_or_exit(cls: type[C], argv: Sequence[str], *, usage: str) -> C:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     if parsed.help:
-        print(f"usage: {usage}\n\noptions:\n{help_text(cls)}")
+        keys = help_text(cls).lstrip("\n")
+        print(f"usage: {usage}\n\n{HELP_PREAMBLE}\n\n{keys}")
         raise SystemExit(0)
     if parsed.dry_run:
         print(to_toml(config), end="")

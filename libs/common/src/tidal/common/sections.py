@@ -86,6 +86,10 @@ class ServiceRunConfig(SharedConfig):
     """A run config as one service sees it: other services' sections pass through."""
 
     orchestrator: dict[str, Any] = Field(default_factory=dict)
+    """The orchestrator's section, carried through unchecked (`tidal orchestrator --help`)."""
     inference: dict[str, Any] = Field(default_factory=dict)
+    """The inference section, carried through unchecked (`tidal inference --help`)."""
     trainer: dict[str, Any] = Field(default_factory=dict)
+    """The trainer's section, carried through unchecked (`tidal trainer --help`)."""
     weightsync: dict[str, Any] = Field(default_factory=dict)
+    """The weight-sync section, carried through unchecked (`tidal weightsync --help`)."""

@@ -1,0 +1,172 @@
+"""Composing config layers (files, environment, flags) with knowledge of the config classes.
+
+Decisions:
+- Layers merge in order; tables merge key by key, anything else replaces (lists too: a
+  later `tasks` list is the whole mixture, not an append).
+- A tagged section (a union discriminated on `type`, see `config_schema`) whose tag a
+  layer changes is replaced by that layer's table: the earlier type's keys are dropped
+  (the new type would reject them as unknown), keys given in the same layer as the new
+  tag are kept. A layer is one file, the environment, or all command-line flags together,
+  so `--task.num-numbers 4 --task.type countdown` keeps num_numbers in either order.
+  The alternative, making users clear the old keys by hand, has no spelling in TOML.
+- A tagged section given without its tag takes the tag of the field's default, written
+  into the data, so `--orchestrator.task.alphabet xy` edits the default task instead of
+  failing on a missing `type`.
+- A flag without a value (`--orchestrator.resume`) means true for a boolean key only; for
+  any other known key it is an error naming the flag (it used to become `true`, which
+  pydantic read as 1: `--trainer.optim.lr` trained with lr = 1.0). Where the type is not
+  known (an unknown key, a free-form table) it stays `true`: validation then names an
+  unknown key with the closest valid one, and free-form values are the reader's to judge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
+
+from tidal.common.config_schema import (
+    Section,
+    Shape,
+    Table,
+    Tagged,
+    Value,
+    current_tag,
+    field_default,
+    field_shape,
+    resolve,
+)
+from tidal.common.errors import ConfigError
+
+
+class _BareFlag:
+    """Placeholder for a flag given without a value, until its key's type is known."""
+
+    def __repr__(self) -> str:
+        return "<flag without value>"
+
+
+BARE_FLAG = _BareFlag()
+
+
+def key_parts(dotted: str) -> list[str]:
+    """`a.b-c` → ["a", "b_c"]: flags may be kebab-case, TOML keys are snake_case."""
+    return [part.replace("-", "_") for part in dotted.split(".")]
+
+
+def deep_merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    """Merge `update` into a copy of `base`; tables merge, everything else replaces."""
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set `a.b-c` (kebab or snake case) to value, creating tables on the way."""
+    *parents, last = key_parts(dotted)
+    node = data
+    for part in parents:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[last] = value
+
+
+def merge_layer(
+    cls: type[BaseModel], base: Mapping[str, Any], layer: Mapping[str, Any]
+) -> dict[str, Any]:
+    """`layer` merged over `base`, both raw data for `cls` (see the module docstring)."""
+    return _merge_section(cls, base, layer, None)
+
+
+def _merge_section(
+    cls: type[BaseModel], base: Mapping[str, Any], layer: Mapping[str, Any], default: Any
+) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in layer.items():
+        if isinstance(default, BaseModel) and key in type(default).model_fields:
+            key_default = getattr(default, key)
+        else:
+            key_default = field_default(cls, key)
+        out[key] = _merge_value(field_shape(cls, key), out.get(key), value, key_default)
+    return out
+
+
+def _merge_value(shape: Shape | None, previous: Any, value: Any, default: Any) -> Any:
+    if not isinstance(value, Mapping):
+        return value
+    base = previous if isinstance(previous, dict) else {}
+    if isinstance(shape, Tagged):
+        return _merge_tagged(shape, base, value, default)
+    if isinstance(shape, Section):
+        return _merge_section(shape.cls, base, value, default)
+    if isinstance(shape, Table):
+        out = dict(base)
+        for key, item in value.items():
+            out[key] = _merge_value(shape.value, out.get(key), item, PydanticUndefined)
+        return out
+    return deep_merge(base, value)
+
+
+def _merge_tagged(
+    tagged: Tagged, previous: dict[str, Any], layer: Mapping[str, Any], default: Any
+) -> dict[str, Any]:
+    old = current_tag(tagged, previous, default)
+    new = layer.get(tagged.key, old)
+    base = previous if new == old else {}
+    variant = tagged.variant(new)
+    if variant is None:  # an unknown tag: validation names it with the valid ones
+        return deep_merge(base, layer)
+    merged = _merge_section(variant, base, layer, default if isinstance(default, variant) else None)
+    return {tagged.key: new, **merged}
+
+
+def flag_layer(
+    overrides: Sequence[tuple[str, str | None]], parse: Callable[[str], Any]
+) -> dict[str, Any]:
+    """One layer from `(dotted key, raw value)` pairs; None (a bare flag) is a placeholder
+    that `resolve_bare_flags` turns into true or an error."""
+    layer: dict[str, Any] = {}
+    for key, raw in overrides:
+        set_dotted(layer, key, BARE_FLAG if raw is None else parse(raw))
+    return layer
+
+
+def _bare_paths(data: Mapping[str, Any], path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    for key, value in data.items():
+        if value is BARE_FLAG:
+            yield (*path, key)
+        elif isinstance(value, Mapping):
+            yield from _bare_paths(value, (*path, key))
+
+
+def _takes_bare_flag(shape: Shape | None) -> bool:
+    if shape is None:  # unknown key: validation reports it, with the closest valid name
+        return True
+    return isinstance(shape, Value) and (shape.is_bool or shape.annotation is Any)
+
+
+def resolve_bare_flags(
+    cls: type[BaseModel], data: dict[str, Any], overrides: Sequence[tuple[str, str | None]]
+) -> None:
+    """Set every bare flag left in `data` to true, or raise ConfigError naming the flag."""
+    flags = {tuple(key_parts(key)): f"--{key}" for key, raw in overrides if raw is None}
+    for path in list(_bare_paths(data)):
+        if not _takes_bare_flag(resolve(cls, list(path), data)):
+            flag = flags.get(path, "--" + ".".join(path))
+            raise ConfigError(
+                f"{flag} needs a value ({flag} VALUE); only a boolean key may be given "
+                "without one, meaning true"
+            )
+        node = data
+        for part in path[:-1]:
+            node = node[part]
+        node[path[-1]] = True

@@ -1,0 +1,34 @@
+"""The whole run config composes over configs/default.toml, task type switches included."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tidal.cli.config import RunConfig
+from tidal.common.config import load_config
+from tidal.orchestrator.config import ArithmeticTaskConfig, CountdownTaskConfig
+from tidal.weightsync.config import StreamTransport
+
+ROOT = Path(__file__).resolve().parents[3]
+DEFAULT = ["@", str(ROOT / "configs" / "default.toml")]
+
+
+def test_docs_countdown_example_composes_over_the_default_run(tmp_path: Path) -> None:
+    countdown = tmp_path / "countdown.toml"
+    countdown.write_text('[orchestrator.task]\ntype = "countdown"\nnum_numbers = 4\n')
+    config, _ = load_config(RunConfig, [*DEFAULT, "@", str(countdown)], environ={})
+    assert config.orchestrator.task == CountdownTaskConfig(num_numbers=4)
+
+
+def test_task_type_flag_switches_the_default_task() -> None:
+    argv = [*DEFAULT, "--orchestrator.task.type", "arithmetic"]
+    config, _ = load_config(RunConfig, argv, environ={})
+    assert config.orchestrator.task == ArithmeticTaskConfig()
+
+
+def test_weight_transport_type_flag_replaces_the_transport_section(tmp_path: Path) -> None:
+    broadcast = tmp_path / "broadcast.toml"
+    broadcast.write_text('[weightsync.transport]\ntype = "broadcast"\nreplicas = 2\n')
+    argv = [*DEFAULT, "@", str(broadcast), "--weightsync.transport.type", "stream"]
+    config, _ = load_config(RunConfig, argv, environ={})
+    assert config.weightsync.transport == StreamTransport()
