@@ -63,7 +63,7 @@ async def _details(name: str, channel: grpc.aio.Channel) -> str:
             )
             return (
                 f"version {s.policy_version}, running {s.running}, queued {s.queued}, "
-                f"{s.tokens_per_s:.0f} tok/s, replica {s.replica_id}"
+                f"{s.tokens_per_s:.0f} tok/s, replica {s.replica_id}, kernels {s.kernels}"
             )
         if name == "trainer":
             t = await trainer_pb2_grpc.TrainerServiceStub(channel).GetStatus(
