@@ -42,6 +42,7 @@ import torch
 from tidal.common.errors import FailedPrecondition, InvalidArgument
 from tidal.trainer.batch import MicroBatchData
 from tidal.trainer.config import TrainerConfig
+from tidal.trainer.lever_config import check_levers_at_start
 from tidal.trainer.levers.apply import apply_model_levers
 from tidal.trainer.levers.lm_head import chunked_logprobs_entropy, resolve_chunk_size
 from tidal.trainer.levers.lora import adapter_config, adapter_state_dict
@@ -74,6 +75,7 @@ class Trainer:
         self.device = device
         self.parallel = parallel
         self.reduce = parallel.reduce if parallel is not None else reduce
+        check_levers_at_start(config.model, sharded=parallel is not None)
         # Order: LoRA → activation checkpointing → compile (the levers), then sharding.
         self.model = apply_model_levers(
             build_model(config.model, seed=seed, device=device), config.model, seed=seed
