@@ -1,6 +1,7 @@
-"""Activation checkpointing and compile applied before FSDP2, and the chunked LM head run
-inside the root FSDP unit (2 gloo processes), give the single-process loss and gradients
-of the plain model with the dense head (fp32)."""
+"""Activation checkpointing and compile applied before FSDP2, the chunked LM head run
+inside the root FSDP unit, and activation offloading around the sharded forward (2 gloo
+processes) give the single-process loss and gradients of the plain model with the dense
+head (fp32)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
-MODES = ("ac-full", "ac-selective-compile", "chunked-head")
+MODES = ("ac-full", "ac-selective-compile", "chunked-head", "ac-offloading")
 
 
 @pytest.fixture(scope="module")

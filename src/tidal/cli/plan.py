@@ -7,7 +7,12 @@ Decisions:
 - No torch import: planning a 70B model is arithmetic on the config, instant anywhere.
 - Lives in the umbrella CLI (it needs the whole run config); the planner itself is
   `tidal.trainer.plan`.
-- Tokens per micro-batch default to the run's `orchestrator.micro_batch_tokens`.
+- Tokens per micro-batch default to the run's `orchestrator.micro_batch_tokens`, the
+  world size to its `trainer.world_size`.
+- `--fit`'s TOML is an overlay of the run config (`fit.candidates`, `Levers.to_toml`):
+  laid over it, it gives the planned levers, and it sets `trainer.world_size` when the
+  plan was made for another world size than the config's (a lever such as FSDP CPU
+  offload is planned for, and only accepted at, more than one rank).
 - The flags, their spelling (a field's alias, else its kebab-cased name) and `--help` all
   come from `PlanOptions`' fields, so help cannot advertise a flag the parser lacks.
   Boolean options are switches; any other flag needs a value, and a following `--flag`
@@ -49,8 +54,9 @@ def parse_bytes(text: str) -> int:
 class PlanOptions(BaseConfig):
     memory: int
     """Memory budget per rank, e.g. 80GiB (binary) or 80GB (decimal)."""
-    world_size: int = Field(default=1, gt=0)
-    """Ranks the model states are sharded over (FSDP full shard when > 1)."""
+    world_size: int | None = Field(default=None, gt=0)
+    """Ranks the model states are sharded over (FSDP full shard when > 1); default the
+    run's trainer.world_size."""
     tokens: int | None = Field(default=None, gt=0)
     """Tokens per micro-batch; default the run's orchestrator.micro_batch_tokens."""
     device: Literal["cpu", "cuda"] = "cuda"
@@ -124,6 +130,16 @@ def report(plan: MemoryPlan, budget: int, levers: Levers) -> str:
     return "\n".join(lines)
 
 
+def overlay(found: Levers, configured: Levers, world_size: int, config_world_size: int) -> str:
+    """The TOML that turns the run config (levers `configured`, `config_world_size` ranks)
+    into the planned one."""
+    toml = found.to_toml(configured)
+    if world_size == config_world_size:
+        return toml
+    head = f"[trainer]\nworld_size = {world_size}\n"
+    return head if toml.startswith("# no lever needed") else f"{head}\n{toml}"
+
+
 def run(argv: Sequence[str]) -> tuple[str, int]:
     """The planner's output and exit code (0 fits / found a fit, 1 does not)."""
     own, rest = split_plan_args(argv)
@@ -135,7 +151,8 @@ def run(argv: Sequence[str]) -> tuple[str, int]:
     config, _ = load_config(RunConfig, rest)
     args = decoder_args(config.trainer.model)
     tokens = options.tokens or config.orchestrator.micro_batch_tokens
-    workload = Workload(tokens, options.world_size, options.device, config.trainer.precision)
+    world_size = options.world_size or config.trainer.world_size
+    workload = Workload(tokens, world_size, options.device, config.trainer.precision)
     levers = Levers.from_config(config.trainer)
     plan = plan_memory(args, levers, workload)
     found = fit(args, levers, workload, options.memory) if options.fit else None
@@ -143,7 +160,7 @@ def run(argv: Sequence[str]) -> tuple[str, int]:
         out: dict[str, Any] = {
             "parameters": param_counts(args).total,
             "tokens_per_micro_batch": tokens,
-            "world_size": options.world_size,
+            "world_size": world_size,
             "budget_bytes": options.memory,
             "current": {"levers": levers.names(), "items": plan.items, "peak": plan.peak},
             "activation_bytes_per_layer": activation_per_layer(args, workload),
@@ -158,13 +175,13 @@ def run(argv: Sequence[str]) -> tuple[str, int]:
                     "peak": found.plan.peak,
                     "step_time_factor": found.cost,
                     "reasons": found.reasons,
-                    "toml": found.levers.to_toml(),
+                    "toml": overlay(found.levers, levers, world_size, config.trainer.world_size),
                 }
             )
         code = 0 if (found is not None if options.fit else plan.peak <= options.memory) else 1
         return json.dumps(out, indent=2), code
     head = f"{param_counts(args).total / 1e6:,.1f}M parameters, {tokens} tokens per micro-batch, "
-    head += f"world size {options.world_size}, {options.device}"
+    head += f"world size {world_size}, {options.device}"
     per_layer = activation_per_layer(args, workload)
     text = [head, report(plan, options.memory, levers), "  activations per layer:"]
     text += [f"    {name:<22}{value / 2**20:10.1f} MiB" for name, value in per_layer.items()]
@@ -179,7 +196,8 @@ def run(argv: Sequence[str]) -> tuple[str, int]:
     text.append(report(found.plan, options.memory, found.levers))
     reasons = found.reasons or ["the config fits as it is"]
     text.append(f"  predicted step time ×{found.cost:.2f}: " + "; ".join(reasons))
-    text.append("\npaste into the run config:\n" + found.levers.to_toml())
+    toml = overlay(found.levers, levers, world_size, config.trainer.world_size)
+    text.append("\npaste into the run config (or lay it over it with @):\n" + toml)
     return "\n".join(text), 0
 
 

@@ -1,5 +1,6 @@
-"""Levers under FSDP2 (run by torchrun): checkpointing → compile → sharding, and the
-chunked LM head, give the single-process loss and gradients of the plain model.
+"""Levers under FSDP2 (run by torchrun): checkpointing → compile → sharding, the chunked
+LM head and activation offloading give the single-process loss and gradients of the plain
+model.
 
     python levers_fsdp.py --modes single --out ref.pt
     torchrun --nproc-per-node 2 levers_fsdp.py --modes ac-full,chunked-head --out x.pt
@@ -7,6 +8,8 @@ chunked LM head, give the single-process loss and gradients of the plain model.
 The global batch and split are those of `fsdp_step.py`; the loss is its packed token NLL
 minus an entropy bonus (so the chunked head's entropy gradient is exercised too). Rank 0
 saves the full gradients of one backward and the global loss (summed over ranks).
+"ac-offloading" copies every saved activation to host and back (`copy_on_cpu`, the CUDA
+path's bookkeeping) while FSDP gathers and frees the blocks' parameters.
 """
 
 from __future__ import annotations
@@ -15,8 +18,13 @@ import torch
 import torch.distributed as dist
 from fsdp_step import TINY, full, global_batch, main
 
-from tidal.trainer.lever_config import ActivationCheckpointConfig, CompileConfig
+from tidal.trainer.lever_config import (
+    ActivationCheckpointConfig,
+    ActivationOffloadingConfig,
+    CompileConfig,
+)
 from tidal.trainer.levers.lm_head import chunked_logprobs_entropy
+from tidal.trainer.levers.offload import offloading
 from tidal.trainer.models.factory import build_model
 from tidal.trainer.parallel.ac import apply_ac
 from tidal.trainer.parallel.compile import apply_compile
@@ -30,6 +38,7 @@ LEVERS = {
         CompileConfig(backend="aot_eager"),
     ),
     "chunked-head": (None, None),
+    "ac-offloading": (None, None),
 }
 CHUNK = 7  # tokens per head chunk: several chunks, the last one partial
 ENTROPY_COEF = 0.1
@@ -72,7 +81,10 @@ def grads(mode: str) -> dict[str, torch.Tensor]:
         factor = grad_sum_factor(mesh)
     samples = global_batch()
     total = sum(len(s) - 1 for s in samples)
-    loss = loss_of(model, samples[rank::world], total, mode)
+    config = ActivationOffloadingConfig(min_offload_bytes=0) if mode == "ac-offloading" else None
+    with offloading(config, model, copy_on_cpu=True) as offloader:
+        loss = loss_of(model, samples[rank::world], total, mode)
+    assert config is None or offloader.handles, "activation offloading copied nothing"
     (loss * factor).backward()
     loss = loss.detach().clone()
     if dist.is_initialized():

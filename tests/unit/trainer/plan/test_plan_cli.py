@@ -76,3 +76,21 @@ def test_memory_sizes_parse(text: str, expected: int) -> None:
 def test_bad_memory_names_the_option() -> None:
     with pytest.raises(ConfigError, match="memory"):
         run([*DEFAULT, "--memory", "lots"])
+
+
+def test_fit_at_one_rank_never_answers_fsdp_cpu_offload() -> None:
+    """Only FSDP CPU offload would fit this budget, but FSDP needs more than one rank: the
+    trainer refuses the lever at world size 1, so the planner finds nothing."""
+    text, code = run([*LLAMA_8B, "--memory", "40GiB", "--world-size", "1", "--fit", "--json"])
+    assert code == 1 and json.loads(text)["fit"] is None
+
+
+def test_world_size_defaults_to_the_runs_trainer_world_size() -> None:
+    text, _ = run([*LLAMA_8B, "--trainer.world_size", "8", "--memory", "80GiB", "--json"])
+    assert json.loads(text)["world_size"] == 8
+
+
+def test_fit_for_another_world_size_than_the_configs_sets_it() -> None:
+    text, code = run([*LLAMA_8B, "--memory", "80GiB", "--world-size", "8", "--fit", "--json"])
+    answer = tomllib.loads(json.loads(text)["fit"]["toml"])
+    assert code == 0 and answer["trainer"]["world_size"] == 8

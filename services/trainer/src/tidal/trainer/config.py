@@ -132,8 +132,9 @@ class ModelConfig(BaseConfig):
     """Prompt / completion / total length caps applied to trained samples (unset = none)."""
     fsdp_cpu_offload: bool = False
     """FSDP keeps parameters, gradients and optimizer states in host memory and moves each
-    block's shard to the device only while it computes (needs FSDP; excludes
-    `trainer.optim.optim_cpu_offload`, which it already covers)."""
+    block's shard to the device only while it computes (needs FSDP, so trainer.world_size
+    > 1: the trainer refuses it at world size 1; excludes `trainer.optim.optim_cpu_offload`,
+    which it already covers)."""
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelConfig:

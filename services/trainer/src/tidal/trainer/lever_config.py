@@ -9,6 +9,10 @@ Decisions:
   checked when the lever is applied and raises `ConfigError` naming the field.
 - The appliers live in `tidal.trainer.levers.*`; the memory planner reads these same
   classes, so these field names are the contract with it.
+- What depends on how the trainer was started is checked when it starts
+  (`check_levers_at_start`, called by the `Trainer`): whether FSDP wraps the model is
+  known only then, because the launcher may set `trainer.world_size` after the config
+  was validated (`deployment.num_train_gpus`). The planner's test calls the same check.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from tidal.common.config import BaseConfig
+from tidal.common.errors import ConfigError
 
 SELECTIVE_TARGETS = ("norm", "attn_proj", "attention", "mlp")
 
@@ -119,4 +124,15 @@ def check_lever_combination(model: Any) -> None:
         raise ValueError(
             'fused_lm_head_token_chunk_size needs model.impl = "custom" (or "auto" for an '
             'architecture we implement): model.impl = "hf" gives no hidden states to chunk'
+        )
+
+
+def check_levers_at_start(model: Any, *, sharded: bool) -> None:
+    """Raise ConfigError naming the field for a lever `model` (a ModelConfig) sets that this
+    start of the trainer cannot apply; `sharded`: FSDP wraps the model (torchrun)."""
+    if model.fsdp_cpu_offload and not sharded:
+        raise ConfigError(
+            "trainer.model.fsdp_cpu_offload needs FSDP, which the trainer applies only with "
+            "trainer.world_size > 1; at world size 1 keep the optimizer states off the "
+            "device with trainer.optim.optim_cpu_offload or optim_offload instead"
         )

@@ -26,6 +26,21 @@ Decisions:
   taken: subclassing torch's AdamW and swapping `state` tensors per step (touches private
   fused/foreach paths), or numpy memmaps (no page dropping, so RSS grows to the full
   state size).
+- Sharded parameters (FSDP2's DTensors, the expert weights of EP): every rank offloads
+  only its own local shard. Stores, slices and the update see `p.to_local()` and
+  `p.grad.to_local()` (AdamW and SGD are elementwise, so updating each shard alone is
+  the sharded update; replicated dimensions, as in HSDP, see the same gradient on every
+  replica and stay equal). Doing the arithmetic on the DTensors instead would mix them
+  with the store's plain tensors, which DTensor refuses (`got mixed torch.Tensor and
+  DTensor`), and would route every slice op through DTensor dispatch. `state_dict()`
+  wraps each rank's states in a DTensor with the parameter's own spec (mesh, placements,
+  global shape), as torch's AdamW states are under FSDP2, so DCP saves and reshards
+  them like any optimizer state. The wrap is FSDP2's own `DTensor(local, spec)`
+  construction, not `DTensor.from_local`, which would copy host states onto a CUDA mesh's
+  device and so hold every state on the GPU during a save.
+- Disk store under torchrun: a given `optim_offload_dir` gets one `rank-<r>` subfolder
+  per global rank, so ranks sharing a node (or a shared filesystem) never map the same
+  files.
 """
 
 from __future__ import annotations
@@ -40,6 +55,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 PAGE = mmap.PAGESIZE
 FP32 = 4  # bytes per state element; states are fp32 like the master weights
@@ -48,6 +65,26 @@ STATE_KINDS = {"adamw": ("exp_avg", "exp_avg_sq"), "sgd": ("momentum_buffer",)}
 
 def _align(n_bytes: int) -> int:
     return -(-n_bytes // PAGE) * PAGE
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor (a view sharing its storage); a plain tensor as is."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _like_param(state: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """`state` (this rank's shard, shaped like `_local(p)`) as `p` is: a DTensor with the
+    parameter's spec, or the plain tensor itself."""
+    if not isinstance(p, DTensor):
+        return state
+    return DTensor(state, p._spec, requires_grad=False)  # type: ignore[call-arg]
+
+
+def rank_directory(directory: Path | None) -> Path | None:
+    """`directory/rank-<r>` under a multi-rank process group, else `directory`."""
+    if directory is None or not dist.is_initialized() or dist.get_world_size() == 1:
+        return directory
+    return directory / f"rank-{dist.get_rank()}"
 
 
 @dataclass(frozen=True)
@@ -140,19 +177,19 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         self.kinds = STATE_KINDS[kind] if kind == "adamw" or momentum > 0 else ()
         all_params = [p for g in self.param_groups for p in g["params"]]
         for p in all_params:
-            if p.dtype != torch.float32 or not p.is_contiguous():
+            if p.dtype != torch.float32 or not _local(p).is_contiguous():
                 raise ValueError("optimizer offload needs contiguous fp32 parameters")
         self._index = {id(p): i for i, p in enumerate(all_params)}
         offsets, total = [], 0
         for p in all_params:  # page-aligned regions, so a parameter's pages are its own
             offsets.append(total)
-            total += _align(p.numel() * FP32) // FP32
+            total += _align(_local(p).numel() * FP32) // FP32  # this rank's shard only
         per_kind = int(buffer_mb * 2**20) // FP32 // max(1, len(self.kinds))
         self.slice_numel = max(PAGE // FP32, per_kind)  # elements per slice and buffer
         self.store: HostStateStore | DiskStateStore = (
             HostStateStore(self.kinds, offsets, total)
             if store == "host"
-            else DiskStateStore(self.kinds, offsets, total, directory)
+            else DiskStateStore(self.kinds, offsets, total, rank_directory(directory))
         )
         self._pool: dict[tuple[str, torch.device], torch.Tensor] = {}
 
@@ -163,7 +200,7 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         return self._pool[key][:n]  # (n,) reused across slices and steps
 
     def _slices(self, p: torch.Tensor) -> Iterator[Slice]:
-        i, n = self._index[id(p)], p.numel()
+        i, n = self._index[id(p)], _local(p).numel()
         for start in range(0, n, self.slice_numel):
             yield Slice(i, start, min(n, start + self.slice_numel))
 
@@ -186,15 +223,17 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         return loss
 
     def _update_slice(self, p: torch.Tensor, s: Slice, group: dict[str, Any], step: int) -> None:
-        param = p.view(-1)[s.start : s.stop]  # (n,) view into the parameter
-        grad = p.grad.view(-1)[s.start : s.stop]  # (n,)
-        in_place = p.device.type == "cpu"  # the store is host memory: update it where it is
+        assert p.grad is not None
+        local = _local(p)  # this rank's shard: plain tensors only from here on
+        param = local.view(-1)[s.start : s.stop]  # (n,) view into the parameter (shard)
+        grad = _local(p.grad).view(-1)[s.start : s.stop]  # (n,)
+        in_place = local.device.type == "cpu"  # the store is host memory: update it there
         bufs = {}
         for kind in self.kinds:  # store → device buffer
             if in_place:
                 bufs[kind] = self.store.view(kind, s)
             else:
-                bufs[kind] = self._buffer(kind, p.device, s.stop - s.start)
+                bufs[kind] = self._buffer(kind, local.device, s.stop - s.start)
                 bufs[kind].copy_(self.store.view(kind, s), non_blocking=True)
         if self.kind == "adamw":
             _adamw(param, grad, bufs["exp_avg"], bufs["exp_avg_sq"], group, step)
@@ -206,18 +245,20 @@ class OffloadedOptimizer(torch.optim.Optimizer):
             self.store.release(kind, s)
 
     def state_dict(self) -> dict[str, Any]:
-        """torch's optimizer format, states materialised (loads into a plain AdamW/SGD)."""
+        """torch's optimizer format, states materialised in host memory (loads into a plain
+        AdamW/SGD); a sharded parameter's states are DTensors with its spec."""
         sd = super().state_dict()
         params = [p for g in self.param_groups for p in g["params"]]
         for i, p in enumerate(params):
             if i not in sd["state"]:
                 continue
+            local = _local(p)
             for kind in self.kinds:
-                full = torch.empty(p.numel(), dtype=torch.float32)
+                full = torch.empty(local.numel(), dtype=torch.float32)  # (n_local,)
                 for s in self._slices(p):
                     full[s.start : s.stop] = self.store.view(kind, s)
                     self.store.release(kind, s)
-                sd["state"][i][kind] = full.view_as(p)
+                sd["state"][i][kind] = _like_param(full.view(local.shape), p)
         return sd
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -230,7 +271,14 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         for i, entry in state_dict["state"].items():
             p = by_id[i]
             for kind in self.kinds:
-                flat = entry[kind].detach().reshape(-1).to("cpu", torch.float32)
+                saved = _local(entry[kind].detach())  # this rank's shard
+                if saved.numel() != _local(p).numel():
+                    raise ValueError(
+                        f"optimizer state {kind!r} of parameter {i!r} has {saved.numel()} "
+                        f"elements here, its parameter {_local(p).numel()}: load a sharded "
+                        "state through DCP (`set_state_dict`), which reshards it"
+                    )
+                flat = saved.reshape(-1).to("cpu", torch.float32)  # (n_local,)
                 for s in self._slices(p):
                     self.store.view(kind, s).copy_(flat[s.start : s.stop])
                     self.store.release(kind, s)

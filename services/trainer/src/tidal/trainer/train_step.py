@@ -43,6 +43,7 @@ from tidal.common.cpu_features import bf16_cost_warning
 from tidal.common.errors import FailedPrecondition, InvalidArgument
 from tidal.trainer.batch import MicroBatchData
 from tidal.trainer.config import TrainerConfig
+from tidal.trainer.lever_config import check_levers_at_start
 from tidal.trainer.levers.apply import apply_model_levers
 from tidal.trainer.levers.lm_head import chunked_logprobs_entropy, resolve_chunk_size
 from tidal.trainer.levers.lora import adapter_config, adapter_state_dict
@@ -75,6 +76,7 @@ class Trainer:
         self.device = device
         self.parallel = parallel
         self.reduce = parallel.reduce if parallel is not None else reduce
+        check_levers_at_start(config.model, sharded=parallel is not None)
         _warn_if_bf16_is_slow(config, device)
         # Order: LoRA → activation checkpointing → compile (the levers), then sharding.
         self.model = apply_model_levers(

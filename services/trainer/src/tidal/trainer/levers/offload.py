@@ -17,6 +17,11 @@ Decisions:
   with plain copies, which is how CPU tests exercise it; the streams need CUDA.
 - Combines with checkpointing: a checkpointed block saves only its inputs outside its
   own hooks, so offloading then moves what the non-checkpointed parts save.
+- Under FSDP2 the model's parameters are DTensor shards (whose own storage cannot be
+  read: the resident set takes their local tensors'), and a block computes with the
+  unsharded parameters FSDP all-gathers for it, which are `nn.Parameter`s whose storage
+  FSDP frees after forward and refills before backward. Those and their views (`_base`
+  a parameter) are kept, never copied, so FSDP's resharding works as without the lever.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 
 @dataclass
@@ -67,7 +73,8 @@ class ActivationOffloader:
         cuda = tensor.device.type == "cuda"
         if (
             not (cuda or self.copy_on_cpu)
-            or isinstance(tensor, nn.Parameter)
+            or isinstance(tensor, nn.Parameter | DTensor)
+            or isinstance(tensor._base, nn.Parameter)  # e.g. FSDP's unsharded weight, transposed
             or tensor.untyped_storage().data_ptr() in self.resident  # a view of a parameter
             or tensor.numel() * tensor.element_size() < self.min_bytes
         ):
@@ -153,6 +160,11 @@ def offloading(
         max_inflight=config.max_inflight_activations,
         min_bytes=config.min_offload_bytes,
         copy_on_cpu=copy_on_cpu,
-        resident={p.untyped_storage().data_ptr() for p in model.parameters()},
+        resident={_local(p).untyped_storage().data_ptr() for p in model.parameters()},
     )
     return offloader.hooks()
+
+
+def _local(p: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor parameter (FSDP2, EP); a plain tensor as is."""
+    return p.to_local() if isinstance(p, DTensor) else p

@@ -4,8 +4,14 @@ Decisions:
 - Exhaustive search over the memory levers (checkpointing none/selective/full,
   chunked LM head, activation offloading, optimizer offload host/disk, FSDP CPU offload):
   at most 72 combinations, each priced by `plan_memory`, so no heuristic ordering is
-  needed. Combinations the config validators reject (FSDP CPU offload with optimizer
-  offload) and those that save nothing on this device (host offloads on CPU) are skipped.
+  needed. Skipped: what saves nothing on this device (host offloads on CPU), and every
+  combination the trainer would refuse or cannot give (`candidates`, each rule naming
+  the check it mirrors): FSDP CPU offload with optimizer offload (config validation) or
+  at world size 1 (the trainer applies FSDP only with more than one rank and refuses the
+  lever at start), the chunked head with `model.impl = "hf"` (config validation), and
+  turning off a table lever the config sets (the TOML answer is an overlay of the run
+  config, and an overlay cannot remove a table). `tests/unit/trainer/plan/
+  test_fit_candidates_validate.py` holds every candidate to the trainer's own checks.
 - Cost is the product of each lever's step-time factor (`STEP_TIME_FACTOR`). These are
   estimates from how much work each lever adds (full checkpointing: one more forward,
   about a third of a step; selective: the recomputed norms and MLP; the chunked head: a
@@ -64,19 +70,23 @@ def _cost(levers: Levers) -> tuple[float, list[str]]:
     return cost, [f"{name}: ×{STEP_TIME_FACTOR[name]:.2f} step time" for name in factors]
 
 
-def candidates(base: Levers, device: str) -> list[Levers]:
-    """Every lever combination that can run on `device`, keeping LoRA/compile as set."""
-    on_gpu = device == "cuda"
+def candidates(base: Levers, w: Workload) -> list[Levers]:
+    """Every lever combination the trainer accepts and that can help on `w`'s device and
+    world size, keeping LoRA, compile and the optimizer as `base` (the config) sets them."""
+    on_gpu = w.device == "cuda"  # host offloads save nothing on a CPU run
+    # A table lever the config sets stays on: the answer is an overlay, which cannot unset.
+    ac_modes = ("selective", "full") if base.ac_mode != "none" else ("none", "selective", "full")
+    offloading = (True,) if base.ac_offloading else (False, True) if on_gpu else (False,)
+    chunks = (None,) if base.impl == "hf" else (None, "auto")  # check_lever_combination
+    optims = ("none", "cpu", "disk") if on_gpu else ("none", "disk")
+    # FSDP exists only with more than one rank: check_levers_at_start refuses it at one.
+    fsdp_offloads = (False, True) if on_gpu and w.world_size > 1 else (False,)
     out = []
     for ac, chunk, offload, optim, fsdp in itertools.product(
-        ("none", "selective", "full"),
-        (None, "auto"),
-        (False, True) if on_gpu else (False,),
-        ("none", "cpu", "disk") if on_gpu else ("none", "disk"),
-        (False, True) if on_gpu else (False,),
+        ac_modes, chunks, offloading, optims, fsdp_offloads
     ):
         if fsdp and optim != "none":
-            continue  # the config refuses it: FSDP offload already covers optimizer states
+            continue  # TrainerConfig refuses it: FSDP offload already covers optimizer states
         out.append(
             dataclasses.replace(
                 base,
@@ -95,7 +105,7 @@ def candidates(base: Levers, device: str) -> list[Levers]:
 def fit(a: DecoderArgs, base: Levers, w: Workload, budget: float) -> Fit | None:
     """The cheapest combination whose predicted peak is at most `budget` bytes, or None."""
     best: Fit | None = None
-    for levers in candidates(base, w.device):
+    for levers in candidates(base, w):
         plan = plan_memory(a, levers, w)
         if plan.peak > budget:
             continue

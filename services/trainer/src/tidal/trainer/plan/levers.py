@@ -6,8 +6,17 @@ Decisions:
   `compile`, `fsdp_cpu_offload`) and `[trainer.optim]` (`optim_cpu_offload`,
   `optim_offload`) with `getattr`, so it works on a config whether or not a lever's code
   is installed, and `--fit` can suggest a lever the config does not set yet.
-- One frozen dataclass with plain values; `to_toml()` writes exactly the keys to paste
-  (only the levers that are on), so `--fit`'s answer round-trips through the config.
+- One frozen dataclass with plain values. `to_toml(base)` writes an overlay for the run
+  config: composed over it (`@ run.toml @ fit.toml`, or its keys pasted over the file's)
+  it gives exactly these levers, so `--fit`'s answer round-trips through the config. So
+  every table it writes is complete (`[trainer.model.ac]` names mode, freq and targets:
+  a partial table would merge with the config's, e.g. a "full" table's `freq = 2` under a
+  new `mode = "selective"`, which the config refuses), and a scalar lever `base` (the
+  config's) has on and these turn off is written off explicitly. A table lever cannot be
+  turned off by an overlay (TOML has no "unset"), so `to_toml` refuses that, and the
+  search (`fit.candidates`) never proposes it.
+- `impl` is read too: the chunked head needs our model implementation, which the config
+  refuses with `model.impl = "hf"`.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ class Levers:
     fsdp_cpu_offload: bool = False
     optimizer: Literal["adamw", "sgd"] = "adamw"
     momentum: float = 0.0
+    impl: Literal["auto", "custom", "hf"] = "auto"  # which implementation runs the model
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @classmethod
@@ -67,6 +77,7 @@ class Levers:
             fsdp_cpu_offload=getattr(model, "fsdp_cpu_offload", False),
             optimizer=optim.type,
             momentum=optim.momentum,
+            impl=getattr(model, "impl", "auto"),
         )
 
     def names(self) -> list[str]:
@@ -90,22 +101,45 @@ class Levers:
             on.append("FSDP CPU offload")
         return on or ["none"]
 
-    def to_toml(self) -> str:
-        """The `[trainer.model]` / `[trainer.optim]` keys that turn these levers on."""
+    def to_toml(self, base: Levers | None = None) -> str:
+        """The `[trainer.model]` / `[trainer.optim]` keys that give these levers when laid
+        over a config whose levers are `base` (default: none on)."""
+        was = base or Levers()
+        if (self.ac_mode == "none" and was.ac_mode != "none") or (
+            was.ac_offloading and not self.ac_offloading
+        ):
+            raise ValueError("an overlay cannot remove the config's [trainer.model.ac*] tables")
         model: list[str] = []
-        tables: list[str] = []
         if self.lm_head_chunk is not None:
             chunk = '"auto"' if self.lm_head_chunk == "auto" else str(self.lm_head_chunk)
             model.append(f"fused_lm_head_token_chunk_size = {chunk}")
-        if self.fsdp_cpu_offload:
-            model.append("fsdp_cpu_offload = true")
+        elif was.lm_head_chunk is not None:
+            model.append('fused_lm_head_token_chunk_size = "disabled"')
+        if self.fsdp_cpu_offload or was.fsdp_cpu_offload:
+            model.append(f"fsdp_cpu_offload = {_toml_bool(self.fsdp_cpu_offload)}")
+        tables = self._model_tables()
+        optim: list[str] = []
+        if "cpu" in (self.optim_offload, was.optim_offload):
+            optim.append(f"optim_cpu_offload = {_toml_bool(self.optim_offload == 'cpu')}")
+        if "disk" in (self.optim_offload, was.optim_offload):
+            optim.append(f'optim_offload = "{"disk" if self.optim_offload == "disk" else "none"}"')
+        out = []
+        if model:
+            out.append("[trainer.model]\n" + "\n".join(model) + "\n")
+        out.extend(tables)
+        if optim:
+            out.append("[trainer.optim]\n" + "\n".join(optim) + "\n")
+        return "\n".join(out) if out else "# no lever needed\n"
+
+    def _model_tables(self) -> list[str]:
+        """Complete `[trainer.model.*]` tables of the table levers that are on."""
+        tables: list[str] = []
         if self.ac_mode != "none":
-            body = f'mode = "{self.ac_mode}"\n'
-            if self.ac_mode == "full":
-                body += f"freq = {self.ac_freq}\n"
-            else:
-                body += "targets = [" + ", ".join(f'"{t}"' for t in self.ac_targets) + "]\n"
-            tables.append("[trainer.model.ac]\n" + body)
+            targets = ", ".join(f'"{t}"' for t in self.ac_targets)
+            tables.append(
+                f'[trainer.model.ac]\nmode = "{self.ac_mode}"\nfreq = {self.ac_freq}\n'
+                f"targets = [{targets}]\n"
+            )
         if self.ac_offloading:
             tables.append(
                 "[trainer.model.ac_offloading]\n"
@@ -118,15 +152,11 @@ class Levers:
             )
         if self.compile:
             tables.append("[trainer.model.compile]\n")
-        out = []
-        if model:
-            out.append("[trainer.model]\n" + "\n".join(model) + "\n")
-        out.extend(tables)
-        if self.optim_offload == "cpu":
-            out.append("[trainer.optim]\noptim_cpu_offload = true\n")
-        elif self.optim_offload == "disk":
-            out.append('[trainer.optim]\noptim_offload = "disk"\n')
-        return "\n".join(out) if out else "# no lever needed\n"
+        return tables
+
+
+def _toml_bool(value: bool) -> str:
+    return "true" if value else "false"
 
 
 def chunk_tokens(levers: Levers, vocab_size: int, tokens: int) -> int | None:
