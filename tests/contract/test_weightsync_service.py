@@ -14,10 +14,10 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from tidal.common.channel import make_channel
 from tidal.rpc.v1 import weightsync_pb2 as pb
 from tidal.rpc.v1 import weightsync_pb2_grpc as pb_grpc
-from tidal.weightsync.client import WeightSyncClient
-from tidal.weightsync.convert import manifest_to_proto
-from tidal.weightsync.filesystem import write_version
-from tidal.weightsync.manifest import WeightManifest
+from tidal.weights.client import WeightSyncClient
+from tidal.weights.convert import manifest_to_proto
+from tidal.weights.folder import write_version
+from tidal.weights.manifest import WeightManifest
 
 
 def publish_files(root: Path, version: int) -> WeightManifest:
@@ -190,7 +190,7 @@ def state(seed: int, numel: int = 30_000) -> dict[str, torch.Tensor]:
 
 
 async def test_upload_then_fetch_is_bit_identical_and_resumable(weightsync_server) -> None:  # type: ignore[no-untyped-def]
-    from tidal.weightsync.stream import decode_version, encode_version
+    from tidal.weights.codec import decode_version, encode_version
 
     client = WeightSyncClient(weightsync_server.address)
     sent = state(0)
@@ -215,7 +215,7 @@ async def test_upload_then_fetch_is_bit_identical_and_resumable(weightsync_serve
 async def test_upload_with_wrong_checksum_is_refused_and_nothing_lost(weightsync_server) -> None:  # type: ignore[no-untyped-def]
     from dataclasses import replace
 
-    from tidal.weightsync.stream import encode_version
+    from tidal.weights.codec import encode_version
 
     client = WeightSyncClient(weightsync_server.address)
     good, good_files = encode_version(version=0, step=0, state_dict=state(0), config={})
@@ -240,7 +240,7 @@ async def test_upload_with_wrong_checksum_is_refused_and_nothing_lost(weightsync
 
 
 async def test_malformed_upload_streams_name_the_field(weightsync_server) -> None:  # type: ignore[no-untyped-def]
-    from tidal.weightsync.stream import encode_version
+    from tidal.weights.codec import encode_version
 
     manifest, _ = encode_version(version=0, step=0, state_dict=state(0), config={})
     header = pb.UploadWeightsRequest(manifest=manifest_to_proto(manifest))

@@ -11,16 +11,17 @@ from tidal.common.errors import FailedPrecondition, InvalidArgument
 from tidal.common.telemetry import inject_carrier
 from tidal.rpc.v1 import weightsync_pb2 as pb
 from tidal.rpc.v1 import weightsync_pb2_grpc as pb_grpc
-from tidal.weightsync.config import BroadcastTransport, FilesystemTransport, Transport
-from tidal.weightsync.convert import (
+from tidal.weights.convert import (
     event_to_proto,
     manifest_from_proto,
     plan_to_proto,
     role_from_proto,
 )
-from tidal.weightsync.manifest import WeightManifest
+from tidal.weights.manifest import WeightManifest
+from tidal.weights.plan import SyncPlan
+from tidal.weightsync.config import BroadcastTransport, FilesystemTransport, Transport
 from tidal.weightsync.registry import VersionRegistry
-from tidal.weightsync.rendezvous import BroadcastRendezvous, SyncPlan
+from tidal.weightsync.rendezvous import BroadcastRendezvous
 from tidal.weightsync.upload import UploadChunk, UploadReceiver
 
 

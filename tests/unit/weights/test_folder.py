@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tidal.weightsync.filesystem import TMP_PREFIX, load_version, sweep_partial, write_version
-from tidal.weightsync.manifest import CorruptWeights, WeightManifest
+from tidal.weights.folder import TMP_PREFIX, load_version, sweep_partial, write_version
+from tidal.weights.manifest import CorruptWeights, WeightManifest
 
 
 def state() -> dict[str, torch.Tensor]:
