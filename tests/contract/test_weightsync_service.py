@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
+import time
 from pathlib import Path
 
 import grpc
@@ -308,4 +311,43 @@ async def test_retention_never_deletes_a_version_being_loaded(weightsync_server)
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await client.begin_load("stranger", 6)
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    await client.close()
+
+
+async def test_other_rpcs_are_answered_while_a_fetch_waits_on_a_slow_disk(
+    weightsync_server,
+) -> None:  # type: ignore[no-untyped-def]
+    # A FIFO stands in for a file on a slow (network) filesystem: opening it waits for a
+    # writer and reading it waits for data, as long as the test's writer thread decides.
+    # FetchWeights must wait for it off the event loop, so GetVersion (the same server,
+    # the same loop) is answered meanwhile; reading on the loop stalled every RPC.
+    hold_s = 2.0
+    client = WeightSyncClient(weightsync_server.address)
+    manifest = publish_files(weightsync_server.root, 0)
+    await client.publish(manifest)
+    weights = Path(manifest.location) / "model.safetensors"
+    data = weights.read_bytes()
+    weights.unlink()
+    os.mkfifo(weights)
+    opened = threading.Event()
+    opened_at: list[float] = []
+
+    def slow_disk() -> None:
+        with weights.open("wb") as pipe:  # returns once the server opened it to read
+            opened_at.append(time.monotonic())
+            opened.set()
+            time.sleep(hold_s)
+            pipe.write(data)
+
+    writer = threading.Thread(target=slow_disk, daemon=True)
+    writer.start()
+    fetching = asyncio.ensure_future(client.fetch_files(manifest))
+    assert await asyncio.to_thread(opened.wait, 10), "FetchWeights never opened the file"
+    latest = await client.latest(timeout=10)
+    answered_s = time.monotonic() - opened_at[0]
+    assert latest is not None and latest.manifest.version == 0
+    assert answered_s < hold_s / 2, f"GetVersion waited {answered_s:.2f}s for the fetch's read"
+    fetched = await asyncio.wait_for(fetching, 10)  # and the fetch itself completes, verified
+    assert bytes(fetched["model.safetensors"]) == data
+    writer.join(5)
     await client.close()
