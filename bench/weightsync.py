@@ -189,8 +189,8 @@ async def run_replica(address: str) -> None:
     """The inference side: print `loaded <version> <monotonic time>` as each is served."""
     from tidal.inference.config import InferenceConfig
     from tidal.inference.native import NativeEngine
-    from tidal.inference.weights import WeightWatcher
-    from tidal.weightsync.client import WeightSyncClient
+    from tidal.inference.reload import WeightWatcher
+    from tidal.weights.client import WeightSyncClient
 
     engine = NativeEngine(
         device=torch.device("cpu"),
@@ -231,7 +231,7 @@ class Stack:
 
     async def start(self, state: dict[str, torch.Tensor]) -> None:
         from tidal.trainer.publisher import WeightPublisher
-        from tidal.weightsync.client import WeightSyncClient
+        from tidal.weights.client import WeightSyncClient
 
         run = ["--run.output-dir", str(self.work), "--run.name", self.path,
                "--endpoints.weightsync", self.address]  # fmt: skip
@@ -250,7 +250,7 @@ class Stack:
         self.publisher = WeightPublisher(root, self.client, self.args.to_hf_config())
         await self.publish(state)  # warm-up: the replica builds its model, the group forms
         if self.path == "broadcast":
-            assert await asyncio.wait_for(self.publisher.broadcast_ready(), 120)
+            assert await asyncio.wait_for(self.publisher.transport_ready(), 120)
             await self.publish(state)  # warm-up: the replica's receive buffer is mapped
 
     async def publish(self, state: dict[str, torch.Tensor]) -> float:

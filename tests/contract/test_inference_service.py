@@ -29,9 +29,9 @@ from tidal.rpc.v1 import common_pb2, weightsync_pb2_grpc
 from tidal.rpc.v1 import inference_pb2 as pb
 from tidal.rpc.v1 import inference_pb2_grpc as pb_grpc
 from tidal.trainer.models.llama.model import LlamaArgs, LlamaForCausalLM
-from tidal.weightsync.client import WeightSyncClient
-from tidal.weightsync.filesystem import write_version
-from tidal.weightsync.manifest import VersionEvent, WeightManifest
+from tidal.weights.client import WeightSyncClient
+from tidal.weights.folder import write_version
+from tidal.weights.manifest import VersionEvent, WeightManifest
 from tidal.weightsync.servicer import WeightSyncServicer
 
 ARGS = LlamaArgs(

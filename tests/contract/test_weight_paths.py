@@ -18,12 +18,12 @@ import pytest
 import torch
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from tidal.inference.weights import WeightWatcher
+from tidal.inference.reload import WeightWatcher
 from tidal.trainer.models.llama.model import LlamaArgs, LlamaForCausalLM
 from tidal.trainer.publisher import WeightPublisher
-from tidal.weightsync.client import WeightSyncClient
+from tidal.weights.client import WeightSyncClient
+from tidal.weights.folder import write_version
 from tidal.weightsync.config import FilesystemTransport, StreamTransport
-from tidal.weightsync.filesystem import write_version
 
 ARGS = LlamaArgs(
     vocab_size=264, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=64

@@ -25,10 +25,10 @@ from safetensors.torch import load_file
 
 from tidal.inference.config import InferenceConfig
 from tidal.inference.native import NativeEngine
-from tidal.inference.weights import WeightWatcher
+from tidal.inference.reload import WeightWatcher
 from tidal.trainer.models.llama.model import LlamaArgs, LlamaForCausalLM
 from tidal.trainer.publisher import WeightPublisher
-from tidal.weightsync.client import WeightSyncClient
+from tidal.weights.client import WeightSyncClient
 from tidal.weightsync.config import BroadcastTransport
 
 # The engine's per-step token budget and KV-cache bound, at their configured defaults.
@@ -95,7 +95,7 @@ async def test_broadcast_delivers_bit_identical_weights_and_late_replica_catches
     late_task: asyncio.Task[None] | None = None
     try:
         await publisher.publish(0, weights(0))  # before the group forms: the filesystem
-        assert await asyncio.wait_for(publisher.broadcast_ready(), 60)
+        assert await asyncio.wait_for(publisher.transport_ready(), 60)
         for version in (1, 2):
             await publisher.publish(version, weights(version))
         # The replica confirmed each version before the trainer wrote its catch-up copy
@@ -162,7 +162,7 @@ async def test_group_broken_by_a_dead_replica_is_reformed_and_the_survivor_catch
     publisher = WeightPublisher(root, client, ARGS.to_hf_config())
     try:
         await publisher.publish(0, weights(0))  # by the filesystem: the group is forming
-        assert await asyncio.wait_for(publisher.broadcast_ready(), 150)
+        assert await asyncio.wait_for(publisher.transport_ready(), 150)
         await publisher.publish(1, weights(1))  # generation 1: both replicas
         await wait_for(tmp_path / "doomed" / "v1.safetensors", doomed, 30)
         doomed.kill()
@@ -170,8 +170,8 @@ async def test_group_broken_by_a_dead_replica_is_reformed_and_the_survivor_catch
         # The broadcast of 2 fails; 2 still reaches the survivor through the filesystem.
         await publisher.publish(2, weights(2))
         # The trainer re-forms the group with whoever rejoins: the survivor alone.
-        reformed = await asyncio.wait_for(publisher.broadcast_ready(), 150)
-        assert reformed, publisher._group.exception() if publisher._group else None
+        reformed = await asyncio.wait_for(publisher.transport_ready(), 150)
+        assert reformed, "the trainer did not re-form the group with the survivor"
         await publisher.publish(3, weights(3))  # generation 2
         await wait_for(tmp_path / "survivor" / "done.json", survivor, 60)
         done = json.loads((tmp_path / "survivor" / "done.json").read_text())

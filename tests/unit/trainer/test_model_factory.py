@@ -15,7 +15,7 @@ from tidal.trainer.models.factory import (
     publishable_state_dict,
 )
 from tidal.trainer.models.llama.model import LlamaArgs, LlamaForCausalLM
-from tidal.weightsync.filesystem import load_version, write_version
+from tidal.weights.folder import load_version, write_version
 
 TINY = ModelConfig(dim=32, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=64, max_seq_len=16)
 

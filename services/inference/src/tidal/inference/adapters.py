@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from tidal.trainer.levers.lora import PEFT_PREFIX, merge_update
-from tidal.weightsync.manifest import LORA_ADAPTERS, WeightManifest
+from tidal.weights.manifest import LORA_ADAPTERS, WeightManifest
 
 ADAPTER_KEY = "adapter_config"
 _PARTS = (".lora_A.weight", ".lora_B.weight")

@@ -1,4 +1,7 @@
-"""The broadcast data path: trainer rank 0 → every replica over a torch.distributed group.
+"""The broadcast group: trainer rank 0 → every replica over a torch.distributed group.
+
+The mechanics of one group generation; `transports.broadcast` drives it (forming,
+re-forming, the filesystem catch-up copy).
 
 Decisions:
 - The group is a standalone `ProcessGroupGloo` / `ProcessGroupNCCL` built on the TCP store
@@ -7,7 +10,7 @@ Decisions:
   inference process needs no global torch.distributed state.
 - One version = a header (version, step, HF config, trace context of the publish, tensor
   specs, bucket size; JSON, sent
-  as a length then bytes) followed by the buckets of `tidal.weightsync.buckets`. The
+  as a length then bytes) followed by the buckets of `tidal.weights.buckets`. The
   sender holds two bucket buffers beyond its weights (packing bucket k+1 while bucket k
   is on the wire); the receiver receives into the one flat buffer its tensors view, so
   it holds nothing beyond the new weights. A header with version -1 tells receivers the
@@ -46,21 +49,21 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
-from tidal.weightsync.buckets import (
+from tidal.weights.buckets import (
     TensorSpec,
     iter_packed_buckets,
     layout_of,
     specs_of,
     tensor_views,
 )
-from tidal.weightsync.rendezvous import GroupSeat
+from tidal.weights.plan import GroupSeat
+from tidal.weights.transports.base import ReceivedVersion
 
 log = logging.getLogger(__name__)
 CLOSE = -1
@@ -73,15 +76,6 @@ ABANDON_CHECK_S = 0.2
 CONFIRMED_KEY = "confirmed/v{version}"
 CONFIRM_WAIT_S = 10.0
 """Longest the trainer holds back a version's catch-up copy for the replicas' confirms."""
-
-
-@dataclass(frozen=True)
-class ReceivedVersion:
-    version: int
-    step: int
-    hf_config: dict[str, Any]
-    state_dict: dict[str, torch.Tensor]
-    trace_context: dict[str, str]
 
 
 def resolve_backend(name: str) -> str:

@@ -6,8 +6,8 @@ import pytest
 import torch
 from safetensors.torch import load
 
-from tidal.weightsync.safetensors_writer import encode_safetensors
-from tidal.weightsync.stream import safetensors_views
+from tidal.weights.codec import safetensors_views
+from tidal.weights.safetensors_writer import encode_safetensors
 
 
 def tensors(seed: int) -> dict[str, torch.Tensor]:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from tidal.common.errors import InvalidArgument
 from tidal.rpc.v1 import weightsync_pb2 as pb
-from tidal.weightsync.manifest import (
+from tidal.weights.manifest import (
     FORMATS,
     LORA_ADAPTERS,
     VersionEvent,
     WeightFile,
     WeightManifest,
 )
-from tidal.weightsync.rendezvous import GroupSeat, SyncPlan
+from tidal.weights.plan import GroupSeat, SyncPlan
 
 
 def manifest_to_proto(m: WeightManifest) -> pb.WeightManifest:

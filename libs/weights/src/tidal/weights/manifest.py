@@ -1,8 +1,12 @@
-"""Domain types of published weights: a version's manifest and its files.
+"""Domain types of published weights: a version's manifest, its files and their digests.
 
 A manifest is what makes a version trustworthy: every file with its size and sha256.
 It is written last into the version's folder (`manifest.json`) and the folder is renamed
 into place after that, so a manifest on disk always describes complete files.
+
+Each side hashes a version once: the writer while it writes (`folder.write_version`,
+`codec.encode_version`), weightsync once when it registers it (`verify_files`, or while
+an upload is written), a replica while it reads or fetches (`verify_digests`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ from typing import Any
 from tidal.common.errors import FailedPrecondition
 
 MANIFEST_FILE = "manifest.json"
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+"""Every version, whichever path published it, is these two files plus its manifest."""
 FULL_WEIGHTS = "safetensors"
 LORA_ADAPTERS = "lora-adapters"
 """A version holding only LoRA adapters, applied to the full weights of `base_version`."""

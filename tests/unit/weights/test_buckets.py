@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from tidal.weightsync.buckets import (
+from tidal.weights.buckets import (
     ALIGN,
     TensorSpec,
     byte_view,

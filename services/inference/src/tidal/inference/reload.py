@@ -1,20 +1,17 @@
-"""The weight watcher: follow weight-sync's versions and hot-load each into the engine.
+"""The weight reloader: watch weight-sync's versions and hot-load each into the engine.
 
 Decisions:
-- First `JoinSync` tells the replica the run's data path. Then one long-lived `Watch`
-  stream (which also registers this replica) announces every version, and each is
-  fetched by that path: read from the shared folder (`load_version`) or streamed from
-  weightsync (`fetch_files`, resumable); both verify every sha256 before a byte is used.
-- Broadcast: a replica with a seat in the group also runs a receiver (a task polling
-  the collectives it posted). A version it receives is loaded at once; the `Watch` event
-  for it, which arrives once the trainer has also written the version to the shared
-  folder, is then only acknowledged. The received tensors view the group's receive
+- First `JoinSync` tells the replica the run's data path, and `make_receiver` picks that
+  path's receiver once (`tidal.weights.transports`). Then one long-lived `Watch` stream
+  (which also registers this replica) announces every version, and the receiver fetches
+  it (read from the shared folder, or streamed from weightsync; both verify every sha256
+  before a byte is used). This module keeps only the version policy and the
+  acknowledgements below; docs/weightsync.md describes each path.
+- Pushed versions (broadcast: the receiver's `run`) are loaded at once; the `Watch`
+  event for such a version, which arrives once the trainer has also written it to the
+  shared folder, is then only acknowledged. The pushed tensors view the receiver's
   buffer, reused by the next version: each is installed (the engine copies it) before
-  the next receive, then confirmed to the trainer, which writes the catch-up copy only
-  then. A replica without a seat (joined late, group full) loads from the shared
-  folder: that is the catch-up path. When the group breaks (a
-  peer died), the receiver rejoins the trainer's next generation of it (`JoinSync`
-  with `after_generation`) and catches up on missed versions from the shared folder.
+  the receiver confirms it and receives the next.
 - Before reading a version's files the replica calls `BeginLoad`, so retention keeps
   them until it acknowledges; a version already removed (superseded while queued) is
   skipped in favour of the newer one that caused its removal.
@@ -29,9 +26,10 @@ Decisions:
   would only be loaded to be replaced.
 - LoRA adapter versions (format "lora-adapters") are merged onto their base version's
   full weights before the engine sees them (`tidal.inference.adapters`); the base is
-  fetched by the run's path the first time it is needed, into buffers of its own: the
-  stream path otherwise receives each version into the previous one's buffers (already
-  mapped; the engine copied that version before the next is fetched).
+  fetched by the run's path the first time it is needed, into buffers of its own
+  (`fetch(reuse=False)`): the stream path otherwise receives each version into the
+  previous one's buffers (already mapped; the engine copied that version before the next
+  is fetched).
 - A broken stream (weight-sync restarting) is reopened after an exponential backoff,
   resuming after the newest version seen, so nothing is loaded twice.
 """
@@ -42,7 +40,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 import torch
@@ -51,14 +49,12 @@ from opentelemetry import trace
 from tidal.common.telemetry import extract_carrier
 from tidal.inference.adapters import AdapterMerger, adapter_spec, check_described
 from tidal.inference.engine import Engine
-from tidal.weightsync.client import WeightSyncClient
-from tidal.weightsync.filesystem import load_version
-from tidal.weightsync.manifest import CorruptWeights, VersionEvent, WeightManifest
-from tidal.weightsync.rendezvous import GroupSeat, SyncPlan
-from tidal.weightsync.stream import decode_version
-
-if TYPE_CHECKING:
-    from tidal.weightsync.broadcast import ReceivedVersion
+from tidal.weights.client import WeightSyncClient
+from tidal.weights.manifest import CorruptWeights, VersionEvent, WeightManifest
+from tidal.weights.plan import SyncPlan
+from tidal.weights.transports.base import ReceivedVersion, WeightReceiver
+from tidal.weights.transports.factory import make_receiver
+from tidal.weights.transports.filesystem import FilesystemReceiver
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
@@ -87,9 +83,9 @@ class WeightWatcher:
         self.acked = -1
         self.skipped: list[int] = []
         self.received_by_broadcast: list[int] = []
+        self.receiver: WeightReceiver = FilesystemReceiver()  # until JoinSync says
         self._lock = asyncio.Lock()
-        self._receiver: asyncio.Task[None] | None = None
-        self._fetched: dict[str, bytearray] = {}  # the stream path's receive buffers
+        self._receiving: asyncio.Task[None] | None = None  # pushed versions (broadcast)
         self.adapters = AdapterMerger()  # the base that LoRA adapters merge onto
 
     async def run(self) -> None:
@@ -97,18 +93,19 @@ class WeightWatcher:
         try:
             await self._watch_forever()
         finally:
-            if self._receiver is not None:
-                self._receiver.cancel()
+            if self._receiving is not None:
+                self._receiving.cancel()
 
     async def _watch_forever(self) -> None:
         backoff = BACKOFF_START_S
         while True:
             try:
                 if self.plan is None:
-                    self.plan = await self.client.join_sync(
-                        self.replica_id, "replica", timeout=JOIN_TIMEOUT_S
+                    self._start_receiver(
+                        await self.client.join_sync(
+                            self.replica_id, "replica", timeout=JOIN_TIMEOUT_S
+                        )
                     )
-                    self._start_receiver(self.plan)
                 if self.seen < 0:  # a fresh replica starts from the newest version
                     latest = await self.client.latest()
                     if latest is not None:
@@ -128,77 +125,14 @@ class WeightWatcher:
             backoff = min(2 * backoff, BACKOFF_MAX_S)
 
     def _start_receiver(self, plan: SyncPlan) -> None:
-        if plan.transport != "broadcast" or plan.seat is None:
-            return
-        if not plan.seat.member:
-            log.info("not in the broadcast group (%s)", plan.seat.reason)
-            return
-        self._receiver = asyncio.create_task(self._receive_broadcasts(), name="weights-broadcast")
-
-    async def _receive_broadcasts(self) -> None:
-        """Receive versions from the group; when it breaks, rejoin the next generation."""
-        assert self.plan is not None and self.plan.seat is not None
-        seat = self.plan.seat
-        while seat.member:
-            if not await self._receive_generation(seat):
-                return  # the trainer closed the group
-            seat = await self._rejoin(seat.generation)
-        log.info("not in the re-formed broadcast group (%s)", seat.reason)
-
-    async def _receive_generation(self, seat: GroupSeat) -> bool:
-        """Receive until the sender closes (False) or the group breaks (True)."""
-        from tidal.weightsync.broadcast import (
-            BroadcastGroup,
-            connect_store,
-            dispose_in_background,
-            in_daemon_thread,
+        self.receiver = make_receiver(plan, client=self.client, replica_id=self.replica_id)
+        self.plan = plan
+        self._receiving = asyncio.create_task(
+            self.receiver.run(self._install_received), name="weights-receiver"
         )
 
-        holder: list[BroadcastGroup] = []
-        try:
-            store = await in_daemon_thread(connect_store, seat.store_address, seat.timeout_s)
-            holder.append(await in_daemon_thread(BroadcastGroup, store, seat))
-            log.info(
-                "joined broadcast generation %d as rank %d of %d",
-                seat.generation,
-                seat.rank,
-                seat.world_size,
-            )
-            while (received := await holder[0].receive()) is not None:
-                self.received_by_broadcast.append(received.version)
-                await self._install_received(received)  # copies: the next receive reuses
-                holder[0].confirm(received.version)  # the trainer writes the catch-up now
-            return False
-        except RuntimeError as exc:  # a peer died, or the group never formed
-            log.warning(
-                "broadcast generation %d broke (%s); rejoining, the filesystem meanwhile",
-                seat.generation,
-                exc,
-            )
-            return True
-        finally:
-            dispose_in_background(holder)  # its pending receives must not block this loop
-
-    async def _rejoin(self, broken_generation: int) -> GroupSeat:
-        """This replica's seat in the generation after `broken_generation` (waits for the
-        trainer to re-form the group; retried while weight-sync is unreachable)."""
-        backoff = BACKOFF_START_S
-        while True:
-            try:
-                plan = await self.client.join_sync(
-                    self.replica_id,
-                    "replica",
-                    after_generation=broken_generation,
-                    timeout=JOIN_TIMEOUT_S,
-                )
-                assert plan.seat is not None
-                return plan.seat
-            except grpc.aio.AioRpcError as exc:
-                log.warning("rejoining the broadcast group failed (%s)", exc.code().name)
-            await asyncio.sleep(backoff)
-            backoff = min(2 * backoff, BACKOFF_MAX_S)
-
     async def _install_received(self, received: ReceivedVersion) -> None:
+        self.received_by_broadcast.append(received.version)
         context = extract_carrier(received.trace_context)
         with tracer.start_as_current_span("inference.load_weights", context=context) as span:
             span.set_attributes(
@@ -245,13 +179,12 @@ class WeightWatcher:
             try:
                 hf_config, state_dict = await self._fetch(manifest, reuse=True)
                 check_described(manifest, hf_config)
-                source = self.plan.transport if self.plan is not None else "filesystem"
                 installed = await self._install(
                     manifest.version,
                     manifest.step,
                     hf_config,
                     state_dict,
-                    source="stream" if source == "stream" else "filesystem",
+                    source=self.receiver.source,
                 )
             except (CorruptWeights, ValueError, OSError) as exc:
                 log.error("skipping version %d: %s", manifest.version, exc)
@@ -280,16 +213,9 @@ class WeightWatcher:
         self, manifest: WeightManifest, *, reuse: bool = False
     ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         """(config, state) of a version. With `reuse` (a version installed, i.e. copied,
-        before the next is fetched) the stream path receives into the previous fetch's
-        buffers; a LoRA base, kept as it is, gets its own."""
-        if self.plan is not None and self.plan.transport == "stream":
-            if not reuse:
-                files = await self.client.fetch_files(manifest)
-                return await asyncio.to_thread(decode_version, files)
-            files = await self.client.fetch_files(manifest, reuse=self._fetched)
-            self._fetched = files
-            return await asyncio.to_thread(decode_version, files)
-        return await asyncio.to_thread(load_version, manifest)
+        before the next is fetched) the receiver may reuse the previous fetch's buffers; a
+        LoRA base, kept as it is, gets its own."""
+        return await self.receiver.fetch(manifest, reuse=reuse)
 
     async def _install(
         self,

@@ -1,12 +1,14 @@
-"""The bytes of a version for the stream path: safetensors + config.json, in memory.
+"""The codec of a version's files: state dict + HF config ⇄ safetensors + config.json bytes.
 
 Decisions:
-- The stream path moves exactly the files the filesystem path writes (same manifest,
-  same sha256), so weightsync stores an uploaded version like any other and a replica
-  may fetch any version, whichever path published it.
+- Every path moves exactly these files (same manifest, same sha256): the filesystem
+  path writes them (`folder.write_version`), the stream path uploads them, so weightsync
+  stores an uploaded version like any other and a replica may fetch any version,
+  whichever path published it.
 - Encoding writes the safetensors bytes itself into one buffer the caller may hand back
   for the next version (`safetensors_writer`; `safetensors.torch.save` made three fresh
-  1 GB copies), then hashes that buffer once. Decoding does not use
+  1 GB copies). `encode_files` does not hash (the folder writer hashes while it writes);
+  `encode_version` hashes the buffers once for an upload. Decoding does not use
   `safetensors.torch.load`: it accepts only `bytes` and copies every tensor out of them,
   so a fetched 1 GB version would be copied twice (bytearray → bytes → tensors) before the
   engine's own copy. `decode_version` instead reads the safetensors header (8-byte
@@ -27,9 +29,14 @@ from typing import Any
 
 import torch
 
-from tidal.weightsync.filesystem import CONFIG_FILE, WEIGHTS_FILE
-from tidal.weightsync.manifest import FULL_WEIGHTS, WeightFile, WeightManifest
-from tidal.weightsync.safetensors_writer import DTYPE_NAMES, encode_safetensors
+from tidal.weights.manifest import (
+    CONFIG_FILE,
+    FULL_WEIGHTS,
+    WEIGHTS_FILE,
+    WeightFile,
+    WeightManifest,
+)
+from tidal.weights.safetensors_writer import DTYPE_NAMES, encode_safetensors
 
 UPLOAD_LOCATION = "(uploaded)"
 _DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}  # safetensors name → dtype
@@ -50,15 +57,25 @@ def encode_version(
     The weights file is written into `reuse` (the previous version's weights file) when
     its size fits exactly; the caller must be done uploading that one.
     """
-    files: dict[str, bytes | bytearray] = {
-        WEIGHTS_FILE: encode_safetensors(state_dict, metadata={"format": "pt"}, reuse=reuse),
-        CONFIG_FILE: json.dumps(config, indent=2).encode(),
-    }
+    files = encode_files(state_dict=state_dict, config=config, reuse=reuse)
     entries = tuple(
         WeightFile(name, len(data), hashlib.sha256(data).hexdigest())
         for name, data in files.items()
     )
     return WeightManifest(version, step, UPLOAD_LOCATION, entries, format, base_version), files
+
+
+def encode_files(
+    *,
+    state_dict: Mapping[str, torch.Tensor],
+    config: dict[str, Any],
+    reuse: bytearray | None = None,
+) -> dict[str, bytes | bytearray]:
+    """The files of one version (not hashed); the weights file reuses `reuse` when it fits."""
+    return {
+        WEIGHTS_FILE: encode_safetensors(state_dict, metadata={"format": "pt"}, reuse=reuse),
+        CONFIG_FILE: json.dumps(config, indent=2).encode(),
+    }
 
 
 def decode_version(

@@ -11,7 +11,7 @@ Decisions:
   caller hands back for the next version (same size: no new pages at all).
 - Tensors are ordered by element size, largest first, then by name (as safetensors
   does), so with the 8-byte header padding every tensor starts on a multiple of its
-  element size and the reader's views (`stream.safetensors_views`) are aligned.
+  element size and the reader's views (`codec.safetensors_views`) are aligned.
 - The output is a valid safetensors file: `tests/unit/weightsync/test_safetensors_writer.py`
   pins `safetensors.torch.load` of it bit-equal to the input for every dtype.
 """

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from tidal.weightsync.filesystem import TMP_PREFIX, load_version, sweep_partial, write_version
-from tidal.weightsync.manifest import CorruptWeights, WeightManifest
+from tidal.weights.folder import TMP_PREFIX, load_version, sweep_partial, write_version
+from tidal.weights.manifest import CorruptWeights, WeightManifest, verify_files
 
 
 def state() -> dict[str, torch.Tensor]:
@@ -74,3 +75,22 @@ def test_load_reads_each_file_once_into_one_buffer_the_tensors_view(tmp_path: Pa
     assert spans[-1][1] - spans[0][0] <= size
     assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))
     assert all(torch.equal(loaded[k], v) for k, v in tensors.items())
+
+
+def test_the_writer_hashes_what_it_writes_without_reading_the_files_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads: list[Path] = []
+    real_open = Path.open
+
+    def spying_open(self: Path, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if "r" in mode:
+            reads.append(self)
+        return real_open(self, mode, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", spying_open)
+    tensors = state()
+    manifest = write_version(tmp_path, version=0, step=0, state_dict=tensors, config={"x": 1})
+    monkeypatch.undo()
+    assert reads == []  # one pass: each digest is of the bytes as they were written
+    verify_files(manifest)  # and it is the digest of the bytes on disk

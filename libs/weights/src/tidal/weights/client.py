@@ -18,14 +18,14 @@ from tidal.common.channel import make_channel
 from tidal.common.sections import GrpcConfig
 from tidal.rpc.v1 import weightsync_pb2 as pb
 from tidal.rpc.v1 import weightsync_pb2_grpc as pb_grpc
-from tidal.weightsync.convert import (
+from tidal.weights.convert import (
     event_from_proto,
     manifest_to_proto,
     plan_from_proto,
     role_to_proto,
 )
-from tidal.weightsync.manifest import VersionEvent, WeightManifest, verify_digests
-from tidal.weightsync.rendezvous import SyncPlan
+from tidal.weights.manifest import VersionEvent, WeightManifest, verify_digests
+from tidal.weights.plan import SyncPlan
 
 log = logging.getLogger(__name__)
 RETRYABLE = (

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from tidal.weightsync.broadcast import BroadcastGroup, connect_store, host_store
-from tidal.weightsync.rendezvous import GroupSeat
+from tidal.weights.broadcast_group import BroadcastGroup, connect_store, host_store
+from tidal.weights.plan import GroupSeat
 
 
 def seat(address: str, rank: int) -> GroupSeat:
@@ -78,9 +78,9 @@ async def test_receive_buffer_is_reused_across_versions_and_stays_bit_identical(
     sender, receiver = pair
     first = await send_and_receive(sender, receiver, 1, weights(1))
     assert all(torch.equal(first[k], v) for k, v in weights(1).items())
-    buffer = receiver._flat.data_ptr()
     second = await send_and_receive(sender, receiver, 2, weights(2))
-    assert receiver._flat.data_ptr() == buffer  # same layout: no fresh allocation
+    # Same layout: no fresh allocation, the second version views the first one's buffer.
+    assert all(first[k].data_ptr() == second[k].data_ptr() for k in first)
     assert all(torch.equal(second[k], v) for k, v in weights(2).items())
     # The first version's views now show the second's bytes: callers copy before the
     # next receive (the watcher installs each version first).
@@ -88,7 +88,7 @@ async def test_receive_buffer_is_reused_across_versions_and_stays_bit_identical(
 
     grown = {**weights(3), "extra": torch.ones(5, 5)}
     third = await send_and_receive(sender, receiver, 3, grown)
-    assert receiver._flat.numel() > 0 and all(torch.equal(third[k], v) for k, v in grown.items())
+    assert all(torch.equal(third[k], v) for k, v in grown.items())
 
 
 async def test_sender_waits_for_the_replica_to_confirm_before_the_catch_up_copy(

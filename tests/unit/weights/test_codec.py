@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load, save
 
-from tidal.weightsync.stream import safetensors_views
+from tidal.weights.codec import safetensors_views
 
 
 def test_views_equal_safetensors_load_for_every_dtype_and_share_the_buffer() -> None:
