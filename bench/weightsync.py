@@ -48,15 +48,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 from common import print_table, write_result
 
-from tidal.trainer.models.llama.model import LlamaArgs, LlamaForCausalLM
+from tidal.models.args import DecoderArgs
+from tidal.models.layers import DecoderLM
 from tidal.weightsync.config import BroadcastTransport, WeightSyncConfig
 
 LAYERS = {"100MB": 1, "1GB": 11}  # dim 2048, ffn 5632: ~45M params (90 MB bf16) a layer
 PATHS = ("filesystem", "broadcast", "stream")
 
 
-def llama(n_layers: int) -> LlamaArgs:
-    return LlamaArgs(
+def llama(n_layers: int) -> DecoderArgs:
+    return DecoderArgs(
         vocab_size=264,
         dim=2048,
         n_layers=n_layers,
@@ -67,10 +68,10 @@ def llama(n_layers: int) -> LlamaArgs:
     )
 
 
-def make_weights(args: LlamaArgs) -> dict[str, torch.Tensor]:
+def make_weights(args: DecoderArgs) -> dict[str, torch.Tensor]:
     """bf16 weights of the model's shapes (published without the tied head)."""
     with torch.device("meta"):
-        shapes = {k: v.shape for k, v in LlamaForCausalLM(args).state_dict().items()}
+        shapes = {k: v.shape for k, v in DecoderLM(args).state_dict().items()}
     shapes.pop("lm_head.weight", None)
     g = torch.Generator().manual_seed(0)
     return {
@@ -224,7 +225,7 @@ async def wait_ready(client: Any, timeout: float = 60.0) -> None:
 class Stack:
     """One path's weight-sync service and replica processes, and the trainer's publisher."""
 
-    def __init__(self, path: str, args: LlamaArgs, work: Path) -> None:
+    def __init__(self, path: str, args: DecoderArgs, work: Path) -> None:
         self.path, self.args, self.work = path, args, work
         self.address = f"127.0.0.1:{free_port()}"
         self.version = 0

@@ -26,7 +26,8 @@ from safetensors.torch import load_file
 from tidal.inference.config import InferenceConfig
 from tidal.inference.native import NativeEngine
 from tidal.inference.reload import WeightWatcher
-from tidal.trainer.models.llama.model import LlamaArgs, LlamaForCausalLM
+from tidal.models.args import DecoderArgs
+from tidal.models.layers import DecoderLM
 from tidal.trainer.publisher import WeightPublisher
 from tidal.weights.client import WeightSyncClient
 from tidal.weightsync.config import BroadcastTransport
@@ -39,7 +40,7 @@ ENGINE_BUDGET = {
 
 pytestmark = pytest.mark.distributed
 
-ARGS = LlamaArgs(
+ARGS = DecoderArgs(
     vocab_size=264, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=64
 )
 REPLICA_SCRIPT = Path(__file__).parent / "workers" / "weight_replica.py"
@@ -47,7 +48,7 @@ REPLICA_SCRIPT = Path(__file__).parent / "workers" / "weight_replica.py"
 
 def weights(version: int) -> dict[str, torch.Tensor]:
     torch.manual_seed(version)
-    model = LlamaForCausalLM(ARGS)
+    model = DecoderLM(ARGS)
     model.init_weights(std=0.3)
     return {k: v.clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
 

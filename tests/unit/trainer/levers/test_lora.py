@@ -8,9 +8,10 @@ import torch
 from torch.nn.utils import parametrize
 
 from tidal.common.errors import ConfigError
+from tidal.models.hf_checkpoint import publishable_state_dict
+from tidal.models.lora import PEFT_PREFIX, LoRALinear
 from tidal.trainer.config import ModelConfig
-from tidal.trainer.levers.lora import PEFT_PREFIX, LoRALinear, apply_lora
-from tidal.trainer.models.factory import publishable_state_dict
+from tidal.trainer.levers.lora import apply_lora
 
 from .conftest import FULL_LOSS, loss_and_grads, make_trainer
 
