@@ -53,6 +53,18 @@ def weights(version: int) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
 
 
+async def acknowledged_by(
+    client: WeightSyncClient, version: int, replica: str, timeout: float = 30
+) -> tuple[str, ...]:
+    """`version`'s `loaded_by` once it names `replica` (or as it is after `timeout`)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        versions = {v.manifest.version: v.loaded_by for v in await client.list_versions()}
+        if replica in versions.get(version, ()) or time.monotonic() > deadline:
+            return tuple(versions.get(version, ()))
+        await asyncio.sleep(0.1)
+
+
 async def wait_for(path: Path, process: subprocess.Popen[bytes], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
@@ -66,7 +78,9 @@ async def wait_for(path: Path, process: subprocess.Popen[bytes], timeout: float)
 async def broadcast_weightsync(
     tmp_path: Path, span_exporter: InMemorySpanExporter, start_weightsync: Any
 ) -> AsyncIterator[tuple[str, Path]]:
-    transport = BroadcastTransport(replicas=1, backend="gloo", bucket_bytes=4096, timeout_s=30)
+    # 120 s, as below: with the two cores loaded (load average ~8), starting the replica
+    # process and forming the group took longer than the 30 s this fixture once allowed.
+    transport = BroadcastTransport(replicas=1, backend="gloo", bucket_bytes=4096, timeout_s=120)
     service = await start_weightsync(tmp_path / "weights", transport=transport)
     yield service.address, service.root
     span_exporter.clear()  # other tests look up load spans by version number
@@ -182,8 +196,8 @@ async def test_group_broken_by_a_dead_replica_is_reformed_and_the_survivor_catch
             delivered = load_file(tmp_path / "survivor" / f"v{version}.safetensors")
             sent = weights(version)
             assert all(torch.equal(delivered[k], sent[k]) for k in sent)
-        versions = {v.manifest.version: v.loaded_by for v in await client.list_versions()}
-        assert "survivor" in versions[3]
+        # The replica acknowledges a load after it has written its files: wait for the ack.
+        assert "survivor" in await acknowledged_by(client, 3, "survivor")
     finally:
         await client.close()
         for process in (survivor, doomed):
