@@ -16,9 +16,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE_ROOTS = [*ROOT.glob("services/*/src"), *ROOT.glob("libs/*/src"), ROOT / "src"]
-# (importer, imported) pairs that are known and being removed (issue 14); a new one fails.
-KNOWN_CROSS_SERVICE: set[tuple[str, str]] = set()
-KNOWN_CYCLES: list[set[str]] = []
+# Known and being removed (issue 14): a new one fails, and so does one that is gone but
+# still listed, so these lists only shrink.
+KNOWN_CROSS_SERVICE: set[tuple[str, str]] = {
+    ("tidal.trainer.sft", "tidal.orchestrator.packing"),
+    ("tidal.trainer.sft_data", "tidal.orchestrator.packing"),
+}
+KNOWN_CYCLES: list[set[str]] = [
+    {"tidal.trainer.config", "tidal.trainer.parallel.config"},
+    {"tidal.trainer.parallel.launch", "tidal.trainer.service"},
+]
 
 
 def project_modules() -> dict[str, Path]:
