@@ -2,7 +2,7 @@
 
 Decisions:
 - Cost of a micro-batch is Σ over its samples of `L + L² / QUADRATIC_SCALE` (linear: MLP
-  and projections; quadratic: attention), the orchestrator's estimate (ranks.py), so
+  and projections; quadratic: attention), as in tidal.batch.balance, so
   both sides agree on what "balanced" means.
 - Longest-processing-time first over whole micro-batches: the costliest goes to the rank
   with the least cost so far. Micro-batches are never cut: the orchestrator already
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from tidal.trainer.batch import MicroBatchData
+from tidal.batch.tensors import MicroBatchData
 
-QUADRATIC_SCALE = 2048.0  # the orchestrator's value (tidal.orchestrator.ranks)
+QUADRATIC_SCALE = 2048.0  # the orchestrator's value (tidal.batch.balance)
 
 
 def micro_batch_cost(batch: MicroBatchData) -> float:
