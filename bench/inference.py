@@ -56,10 +56,11 @@ from tidal.inference.native import NativeEngine
 from tidal.inference.packed_linear import pack_linears
 from tidal.inference.sampling import SamplingParams
 from tidal.inference.sequence import Sequence
-from tidal.trainer.models.attention import sdpa
-from tidal.trainer.models.llama.model import LlamaArgs, LlamaForCausalLM
+from tidal.models.args import DecoderArgs
+from tidal.models.attention import sdpa
+from tidal.models.layers import DecoderLM
 
-ARGS = LlamaArgs(
+ARGS = DecoderArgs(
     vocab_size=32000, dim=512, n_layers=10, n_heads=8, n_kv_heads=4, ffn_dim=1536, max_seq_len=512
 )
 BATCH, NEW_TOKENS, PROMPT_LENS = 32, 128, (16, 48)
@@ -76,7 +77,7 @@ def make_prompts() -> list[list[int]]:
 
 def build_state() -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
-    model = LlamaForCausalLM(ARGS)
+    model = DecoderLM(ARGS)
     model.init_weights(std=0.1)  # peaked enough that greedy argmaxes have clear margins
     return {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
 

@@ -71,7 +71,7 @@ def worker(out: str, *, samples: int, reshard: bool, half: int | None) -> None:
     import torch.distributed as dist
 
     from tidal.trainer.config import ModelConfig
-    from tidal.trainer.models.factory import build_model
+    from tidal.trainer.model_factory import build_model
     from tidal.trainer.parallel.dims import ParallelDims
     from tidal.trainer.parallel.fsdp import apply_fsdp, fsdp_mesh, grad_sum_factor
     from tidal.trainer.parallel.runtime import leave_process_group
@@ -169,7 +169,7 @@ def collectives_worker(out: str) -> None:
     dist.init_process_group("gloo")
     world, group = dist.get_world_size(), dist.group.WORLD
     from tidal.trainer.config import ModelConfig
-    from tidal.trainer.models.factory import build_model
+    from tidal.trainer.model_factory import build_model
 
     layer = build_model(ModelConfig(**MODEL), seed=0).model.layers[0]
     block = sum(p.numel() for p in layer.parameters())  # type: ignore[union-attr]

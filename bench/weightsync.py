@@ -48,15 +48,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 from common import print_table, write_result
 
-from tidal.trainer.models.llama.model import LlamaArgs, LlamaForCausalLM
+from tidal.models.args import DecoderArgs
+from tidal.models.layers import DecoderLM
 from tidal.weightsync.config import BroadcastTransport, WeightSyncConfig
 
 LAYERS = {"100MB": 1, "1GB": 11}  # dim 2048, ffn 5632: ~45M params (90 MB bf16) a layer
 PATHS = ("filesystem", "broadcast", "stream")
 
 
-def llama(n_layers: int) -> LlamaArgs:
-    return LlamaArgs(
+def llama(n_layers: int) -> DecoderArgs:
+    return DecoderArgs(
         vocab_size=264,
         dim=2048,
         n_layers=n_layers,
@@ -67,10 +68,10 @@ def llama(n_layers: int) -> LlamaArgs:
     )
 
 
-def make_weights(args: LlamaArgs) -> dict[str, torch.Tensor]:
+def make_weights(args: DecoderArgs) -> dict[str, torch.Tensor]:
     """bf16 weights of the model's shapes (published without the tied head)."""
     with torch.device("meta"):
-        shapes = {k: v.shape for k, v in LlamaForCausalLM(args).state_dict().items()}
+        shapes = {k: v.shape for k, v in DecoderLM(args).state_dict().items()}
     shapes.pop("lm_head.weight", None)
     g = torch.Generator().manual_seed(0)
     return {
@@ -189,8 +190,8 @@ async def run_replica(address: str) -> None:
     """The inference side: print `loaded <version> <monotonic time>` as each is served."""
     from tidal.inference.config import InferenceConfig
     from tidal.inference.native import NativeEngine
-    from tidal.inference.weights import WeightWatcher
-    from tidal.weightsync.client import WeightSyncClient
+    from tidal.inference.reload import WeightWatcher
+    from tidal.weights.client import WeightSyncClient
 
     engine = NativeEngine(
         device=torch.device("cpu"),
@@ -224,14 +225,14 @@ async def wait_ready(client: Any, timeout: float = 60.0) -> None:
 class Stack:
     """One path's weight-sync service and replica processes, and the trainer's publisher."""
 
-    def __init__(self, path: str, args: LlamaArgs, work: Path) -> None:
+    def __init__(self, path: str, args: DecoderArgs, work: Path) -> None:
         self.path, self.args, self.work = path, args, work
         self.address = f"127.0.0.1:{free_port()}"
         self.version = 0
 
     async def start(self, state: dict[str, torch.Tensor]) -> None:
         from tidal.trainer.publisher import WeightPublisher
-        from tidal.weightsync.client import WeightSyncClient
+        from tidal.weights.client import WeightSyncClient
 
         run = ["--run.output-dir", str(self.work), "--run.name", self.path,
                "--endpoints.weightsync", self.address]  # fmt: skip
@@ -250,7 +251,7 @@ class Stack:
         self.publisher = WeightPublisher(root, self.client, self.args.to_hf_config())
         await self.publish(state)  # warm-up: the replica builds its model, the group forms
         if self.path == "broadcast":
-            assert await asyncio.wait_for(self.publisher.broadcast_ready(), 120)
+            assert await asyncio.wait_for(self.publisher.transport_ready(), 120)
             await self.publish(state)  # warm-up: the replica's receive buffer is mapped
 
     async def publish(self, state: dict[str, torch.Tensor]) -> float:

@@ -25,16 +25,17 @@ from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.common.tokenizer import ByteTokenizer
 from tidal.inference.config import InferenceConfig, InferenceRunConfig
 from tidal.inference.service import RunningInference, start_inference
+from tidal.models.args import DecoderArgs
+from tidal.models.layers import DecoderLM
 from tidal.rpc.v1 import common_pb2, weightsync_pb2_grpc
 from tidal.rpc.v1 import inference_pb2 as pb
 from tidal.rpc.v1 import inference_pb2_grpc as pb_grpc
-from tidal.trainer.models.llama.model import LlamaArgs, LlamaForCausalLM
-from tidal.weightsync.client import WeightSyncClient
-from tidal.weightsync.filesystem import write_version
-from tidal.weightsync.manifest import VersionEvent, WeightManifest
+from tidal.weights.client import WeightSyncClient
+from tidal.weights.folder import write_version
+from tidal.weights.manifest import VersionEvent, WeightManifest
 from tidal.weightsync.servicer import WeightSyncServicer
 
-ARGS = LlamaArgs(
+ARGS = DecoderArgs(
     vocab_size=264, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=64
 )
 REPLICA = "inference-test"
@@ -43,7 +44,7 @@ TOK = ByteTokenizer()
 
 def write_model(root: Path, version: int) -> WeightManifest:
     torch.manual_seed(version)
-    model = LlamaForCausalLM(ARGS)
+    model = DecoderLM(ARGS)
     model.init_weights(std=0.3)
     state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
     return write_version(
@@ -260,15 +261,13 @@ async def test_corrupt_or_misfit_versions_are_skipped_and_old_one_served(
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0xFF
     weights.write_bytes(bytes(data))
-    misfit_args = LlamaArgs(264, 48, 1, 4, 2, 64, 64)
+    misfit_args = DecoderArgs(264, 48, 1, 4, 2, 64, 64)
     misfit = write_version(
         weightsync_server.root,
         version=6,
         step=6,
         state_dict={
-            k: v
-            for k, v in LlamaForCausalLM(misfit_args).state_dict().items()
-            if "lm_head" not in k
+            k: v for k, v in DecoderLM(misfit_args).state_dict().items() if "lm_head" not in k
         },
         config=misfit_args.to_hf_config(),
     )

@@ -23,7 +23,7 @@ from tidal.rpc.v1 import trainer_pb2 as pb
 from tidal.rpc.v1 import trainer_pb2_grpc as pb_grpc
 from tidal.trainer.config import TrainerRunConfig
 from tidal.trainer.service import RunningTrainer, start_trainer
-from tidal.weightsync.filesystem import load_version
+from tidal.weights.folder import load_version
 
 if TYPE_CHECKING:
     from conftest import RunningWeightSync  # the shared fixture's type (tests/conftest.py)

@@ -18,21 +18,22 @@ import pytest
 import torch
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from tidal.inference.weights import WeightWatcher
-from tidal.trainer.models.llama.model import LlamaArgs, LlamaForCausalLM
+from tidal.inference.reload import WeightWatcher
+from tidal.models.args import DecoderArgs
+from tidal.models.layers import DecoderLM
 from tidal.trainer.publisher import WeightPublisher
-from tidal.weightsync.client import WeightSyncClient
+from tidal.weights.client import WeightSyncClient
+from tidal.weights.folder import write_version
 from tidal.weightsync.config import FilesystemTransport, StreamTransport
-from tidal.weightsync.filesystem import write_version
 
-ARGS = LlamaArgs(
+ARGS = DecoderArgs(
     vocab_size=264, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=64
 )
 
 
 def weights(version: int) -> dict[str, torch.Tensor]:
     torch.manual_seed(version)
-    model = LlamaForCausalLM(ARGS)
+    model = DecoderLM(ARGS)
     model.init_weights(std=0.3)
     return {k: v.clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
 

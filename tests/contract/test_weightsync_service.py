@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
+import time
 from pathlib import Path
 
 import grpc
@@ -14,10 +17,10 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from tidal.common.channel import make_channel
 from tidal.rpc.v1 import weightsync_pb2 as pb
 from tidal.rpc.v1 import weightsync_pb2_grpc as pb_grpc
-from tidal.weightsync.client import WeightSyncClient
-from tidal.weightsync.convert import manifest_to_proto
-from tidal.weightsync.filesystem import write_version
-from tidal.weightsync.manifest import WeightManifest
+from tidal.weights.client import WeightSyncClient
+from tidal.weights.convert import manifest_to_proto
+from tidal.weights.folder import write_version
+from tidal.weights.manifest import WeightManifest
 
 
 def publish_files(root: Path, version: int) -> WeightManifest:
@@ -190,7 +193,7 @@ def state(seed: int, numel: int = 30_000) -> dict[str, torch.Tensor]:
 
 
 async def test_upload_then_fetch_is_bit_identical_and_resumable(weightsync_server) -> None:  # type: ignore[no-untyped-def]
-    from tidal.weightsync.stream import decode_version, encode_version
+    from tidal.weights.codec import decode_version, encode_version
 
     client = WeightSyncClient(weightsync_server.address)
     sent = state(0)
@@ -215,7 +218,7 @@ async def test_upload_then_fetch_is_bit_identical_and_resumable(weightsync_serve
 async def test_upload_with_wrong_checksum_is_refused_and_nothing_lost(weightsync_server) -> None:  # type: ignore[no-untyped-def]
     from dataclasses import replace
 
-    from tidal.weightsync.stream import encode_version
+    from tidal.weights.codec import encode_version
 
     client = WeightSyncClient(weightsync_server.address)
     good, good_files = encode_version(version=0, step=0, state_dict=state(0), config={})
@@ -240,7 +243,7 @@ async def test_upload_with_wrong_checksum_is_refused_and_nothing_lost(weightsync
 
 
 async def test_malformed_upload_streams_name_the_field(weightsync_server) -> None:  # type: ignore[no-untyped-def]
-    from tidal.weightsync.stream import encode_version
+    from tidal.weights.codec import encode_version
 
     manifest, _ = encode_version(version=0, step=0, state_dict=state(0), config={})
     header = pb.UploadWeightsRequest(manifest=manifest_to_proto(manifest))
@@ -308,4 +311,43 @@ async def test_retention_never_deletes_a_version_being_loaded(weightsync_server)
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await client.begin_load("stranger", 6)
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    await client.close()
+
+
+async def test_other_rpcs_are_answered_while_a_fetch_waits_on_a_slow_disk(
+    weightsync_server,
+) -> None:  # type: ignore[no-untyped-def]
+    # A FIFO stands in for a file on a slow (network) filesystem: opening it waits for a
+    # writer and reading it waits for data, as long as the test's writer thread decides.
+    # FetchWeights must wait for it off the event loop, so GetVersion (the same server,
+    # the same loop) is answered meanwhile; reading on the loop stalled every RPC.
+    hold_s = 2.0
+    client = WeightSyncClient(weightsync_server.address)
+    manifest = publish_files(weightsync_server.root, 0)
+    await client.publish(manifest)
+    weights = Path(manifest.location) / "model.safetensors"
+    data = weights.read_bytes()
+    weights.unlink()
+    os.mkfifo(weights)
+    opened = threading.Event()
+    opened_at: list[float] = []
+
+    def slow_disk() -> None:
+        with weights.open("wb") as pipe:  # returns once the server opened it to read
+            opened_at.append(time.monotonic())
+            opened.set()
+            time.sleep(hold_s)
+            pipe.write(data)
+
+    writer = threading.Thread(target=slow_disk, daemon=True)
+    writer.start()
+    fetching = asyncio.ensure_future(client.fetch_files(manifest))
+    assert await asyncio.to_thread(opened.wait, 10), "FetchWeights never opened the file"
+    latest = await client.latest(timeout=10)
+    answered_s = time.monotonic() - opened_at[0]
+    assert latest is not None and latest.manifest.version == 0
+    assert answered_s < hold_s / 2, f"GetVersion waited {answered_s:.2f}s for the fetch's read"
+    fetched = await asyncio.wait_for(fetching, 10)  # and the fetch itself completes, verified
+    assert bytes(fetched["model.safetensors"]) == data
+    writer.join(5)
     await client.close()

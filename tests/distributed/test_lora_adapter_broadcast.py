@@ -25,7 +25,7 @@ from tidal.batch.tensors import MicroBatchData, positions_for
 from tidal.trainer.config import ModelConfig, TrainerConfig
 from tidal.trainer.publisher import WeightPublisher
 from tidal.trainer.train_step import Trainer
-from tidal.weightsync.client import WeightSyncClient
+from tidal.weights.client import WeightSyncClient
 from tidal.weightsync.config import BroadcastTransport
 
 pytestmark = pytest.mark.distributed
@@ -79,7 +79,7 @@ async def test_broadcast_adapters_are_served_as_the_trainers_merged_weights(
     merged: dict[int, dict[str, torch.Tensor]] = {}
     try:
         await publisher.publish(0, trainer.state_dict_for_publish())  # before the group forms
-        assert await asyncio.wait_for(publisher.broadcast_ready(), 60)
+        assert await asyncio.wait_for(publisher.transport_ready(), 60)
         for step in (1, 2):
             trainer.train_step(step, [batch(step)], "pg")
             merged[step] = trainer.state_dict_for_export()

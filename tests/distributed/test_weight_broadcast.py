@@ -25,10 +25,11 @@ from safetensors.torch import load_file
 
 from tidal.inference.config import InferenceConfig
 from tidal.inference.native import NativeEngine
-from tidal.inference.weights import WeightWatcher
-from tidal.trainer.models.llama.model import LlamaArgs, LlamaForCausalLM
+from tidal.inference.reload import WeightWatcher
+from tidal.models.args import DecoderArgs
+from tidal.models.layers import DecoderLM
 from tidal.trainer.publisher import WeightPublisher
-from tidal.weightsync.client import WeightSyncClient
+from tidal.weights.client import WeightSyncClient
 from tidal.weightsync.config import BroadcastTransport
 
 # The engine's per-step token budget and KV-cache bound, at their configured defaults.
@@ -39,7 +40,7 @@ ENGINE_BUDGET = {
 
 pytestmark = pytest.mark.distributed
 
-ARGS = LlamaArgs(
+ARGS = DecoderArgs(
     vocab_size=264, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=64
 )
 REPLICA_SCRIPT = Path(__file__).parent / "workers" / "weight_replica.py"
@@ -47,7 +48,7 @@ REPLICA_SCRIPT = Path(__file__).parent / "workers" / "weight_replica.py"
 
 def weights(version: int) -> dict[str, torch.Tensor]:
     torch.manual_seed(version)
-    model = LlamaForCausalLM(ARGS)
+    model = DecoderLM(ARGS)
     model.init_weights(std=0.3)
     return {k: v.clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
 
@@ -95,7 +96,7 @@ async def test_broadcast_delivers_bit_identical_weights_and_late_replica_catches
     late_task: asyncio.Task[None] | None = None
     try:
         await publisher.publish(0, weights(0))  # before the group forms: the filesystem
-        assert await asyncio.wait_for(publisher.broadcast_ready(), 60)
+        assert await asyncio.wait_for(publisher.transport_ready(), 60)
         for version in (1, 2):
             await publisher.publish(version, weights(version))
         # The replica confirmed each version before the trainer wrote its catch-up copy
@@ -162,7 +163,7 @@ async def test_group_broken_by_a_dead_replica_is_reformed_and_the_survivor_catch
     publisher = WeightPublisher(root, client, ARGS.to_hf_config())
     try:
         await publisher.publish(0, weights(0))  # by the filesystem: the group is forming
-        assert await asyncio.wait_for(publisher.broadcast_ready(), 150)
+        assert await asyncio.wait_for(publisher.transport_ready(), 150)
         await publisher.publish(1, weights(1))  # generation 1: both replicas
         await wait_for(tmp_path / "doomed" / "v1.safetensors", doomed, 30)
         doomed.kill()
@@ -170,8 +171,8 @@ async def test_group_broken_by_a_dead_replica_is_reformed_and_the_survivor_catch
         # The broadcast of 2 fails; 2 still reaches the survivor through the filesystem.
         await publisher.publish(2, weights(2))
         # The trainer re-forms the group with whoever rejoins: the survivor alone.
-        reformed = await asyncio.wait_for(publisher.broadcast_ready(), 150)
-        assert reformed, publisher._group.exception() if publisher._group else None
+        reformed = await asyncio.wait_for(publisher.transport_ready(), 150)
+        assert reformed, "the trainer did not re-form the group with the survivor"
         await publisher.publish(3, weights(3))  # generation 2
         await wait_for(tmp_path / "survivor" / "done.json", survivor, 60)
         done = json.loads((tmp_path / "survivor" / "done.json").read_text())

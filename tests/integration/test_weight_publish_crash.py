@@ -21,8 +21,9 @@ import pytest
 import torch
 
 from tidal.trainer.publisher import WeightPublisher
-from tidal.weightsync.client import WeightSyncClient
-from tidal.weightsync.filesystem import TMP_PREFIX, WEIGHTS_FILE, load_version
+from tidal.weights.client import WeightSyncClient
+from tidal.weights.folder import TMP_PREFIX, load_version
+from tidal.weights.manifest import WEIGHTS_FILE
 from tidal.weightsync.registry import VersionRegistry
 
 TRAINER = """
@@ -30,7 +31,7 @@ import asyncio, sys
 from pathlib import Path
 import torch
 from tidal.trainer.publisher import WeightPublisher
-from tidal.weightsync.client import WeightSyncClient
+from tidal.weights.client import WeightSyncClient
 
 async def main(address, root):
     publisher = WeightPublisher(Path(root), WeightSyncClient(address), {"model_type": "llama"})

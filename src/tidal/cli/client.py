@@ -38,7 +38,7 @@ from tidal.rpc.v1 import (
     orchestrator_pb2_grpc,
     trainer_pb2_grpc,
 )
-from tidal.weightsync.client import WeightSyncClient
+from tidal.weights.client import WeightSyncClient
 
 console = Console()
 STATUS_TIMEOUT_S = 5.0

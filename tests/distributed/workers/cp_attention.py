@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from tidal.trainer.config import ModelConfig
-from tidal.trainer.models.factory import build_model
+from tidal.trainer.model_factory import build_model
 from tidal.trainer.parallel.cp import RingAttention, UlyssesAttention, segment_ids, shard_indices
 from tidal.trainer.parallel.runtime import leave_process_group
 

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from tidal.trainer.config import ModelConfig
-from tidal.trainer.models.factory import build_model
+from tidal.trainer.model_factory import build_model
 from tidal.trainer.parallel.dims import ParallelDims
 from tidal.trainer.parallel.fsdp import apply_fsdp, fsdp_mesh, grad_sum_factor
 from tidal.trainer.parallel.runtime import leave_process_group

@@ -16,8 +16,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
 from tidal.trainer.parallel.runtime import leave_process_group
-from tidal.weightsync import buckets
-from tidal.weightsync.buckets import iter_packed_buckets, layout_of, specs_of, tensor_views
+from tidal.weights import buckets
+from tidal.weights.buckets import iter_packed_buckets, layout_of, specs_of, tensor_views
 
 
 def full_state() -> dict[str, torch.Tensor]:

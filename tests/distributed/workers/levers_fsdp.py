@@ -25,7 +25,7 @@ from tidal.trainer.lever_config import (
 )
 from tidal.trainer.levers.lm_head import chunked_logprobs_entropy
 from tidal.trainer.levers.offload import offloading
-from tidal.trainer.models.factory import build_model
+from tidal.trainer.model_factory import build_model
 from tidal.trainer.parallel.ac import apply_ac
 from tidal.trainer.parallel.compile import apply_compile
 from tidal.trainer.parallel.dims import ParallelDims

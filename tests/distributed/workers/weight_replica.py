@@ -20,8 +20,8 @@ from safetensors.torch import save_file
 
 from tidal.inference.config import InferenceConfig
 from tidal.inference.native import NativeEngine
-from tidal.inference.weights import WeightWatcher
-from tidal.weightsync.client import WeightSyncClient
+from tidal.inference.reload import WeightWatcher
+from tidal.weights.client import WeightSyncClient
 
 # The engine's per-step token budget and KV-cache bound, at their configured defaults.
 ENGINE_BUDGET = {

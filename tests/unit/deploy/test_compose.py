@@ -74,3 +74,14 @@ def test_compose_file_validates_with_compose_binary() -> None:
         text=True,
     )
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("service", ["trainer", "inference"])
+def test_images_with_a_model_install_the_model_library(service: str) -> None:
+    text = (DEPLOY / "docker" / f"{service}.Dockerfile").read_text()
+    assert "COPY libs/models " in text and "/app/libs/models" in text
+
+
+def test_the_inference_image_does_not_install_the_trainer() -> None:
+    text = (DEPLOY / "docker" / "inference.Dockerfile").read_text()
+    assert "services/trainer" not in text

@@ -22,19 +22,20 @@ from tidal.inference.config import InferenceConfig
 from tidal.inference.engine import Completion
 from tidal.inference.native import NativeEngine
 from tidal.inference.sampling import SamplingParams
-from tidal.trainer.models.llama.model import LlamaArgs, LlamaForCausalLM, token_logprobs
+from tidal.models.args import DecoderArgs
+from tidal.models.layers import DecoderLM, token_logprobs
 
 
 class TinyLlama:
     """A dim-32 Llama by seed, engines serving it, and what the trainer would compute."""
 
-    args = LlamaArgs(
+    args = DecoderArgs(
         vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=48
     )
 
-    def model(self, seed: int) -> LlamaForCausalLM:
+    def model(self, seed: int) -> DecoderLM:
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(self.args)
+        model = DecoderLM(self.args)
         model.init_weights(std=0.3)
         return model.eval()
 
@@ -78,7 +79,7 @@ class TinyLlama:
 
     @staticmethod
     @torch.no_grad()
-    def reference_greedy(model: LlamaForCausalLM, prompt: list[int], steps: int) -> list[int]:
+    def reference_greedy(model: DecoderLM, prompt: list[int], steps: int) -> list[int]:
         """Recompute the whole sequence each step: no cache, no batch, no padding."""
         ids = list(prompt)
         for _ in range(steps):
@@ -88,15 +89,13 @@ class TinyLlama:
 
     @staticmethod
     @torch.no_grad()
-    def reference_logits(
-        model: LlamaForCausalLM, prompt: list[int], tokens: list[int]
-    ) -> torch.Tensor:
+    def reference_logits(model: DecoderLM, prompt: list[int], tokens: list[int]) -> torch.Tensor:
         """The trainer's view: one forward over prompt + completion, logits `(T, V)` of tokens."""
         ids = torch.tensor([prompt + tokens])
         return model(ids, torch.arange(ids.shape[1])[None])[0, len(prompt) - 1 : -1]
 
     def reference_logprobs(
-        self, model: LlamaForCausalLM, prompt: list[int], tokens: list[int]
+        self, model: DecoderLM, prompt: list[int], tokens: list[int]
     ) -> torch.Tensor:
         """The trainer's recomputed logprobs `(T,)` of `tokens` after `prompt`."""
         return token_logprobs(self.reference_logits(model, prompt, tokens), torch.tensor(tokens))

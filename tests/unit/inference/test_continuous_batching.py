@@ -18,7 +18,7 @@ from tidal.common.tokenizer import ByteTokenizer
 from tidal.inference.kv_cache import slot_bytes
 from tidal.inference.native import NativeEngine
 from tidal.inference.sampling import SamplingParams, filtered_logprobs
-from tidal.trainer.models.llama.model import token_logprobs
+from tidal.models.layers import token_logprobs
 
 PROMPTS = [[1, 2, 3], [5, 9, 13, 17, 21, 25, 29], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49]]
 

@@ -17,6 +17,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from tidal.common.errors import ResourceExhausted, Unavailable
 from tidal.inference.native import NativeEngine
 from tidal.inference.sampling import SamplingParams
+from tidal.models.args import DecoderArgs
+from tidal.models.layers import DecoderLM
 
 PROMPTS = [[1, 2, 3], [5, 9, 13, 17, 21, 25, 29], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51]]
 
@@ -182,3 +184,20 @@ async def test_bf16_engine_serves_on_each_kernel_path_and_says_which(
         assert kernels.startswith("cpu onednn-packed fp32 from bf16 weights (no native bf16:")
     reference = tiny.model(0).to(torch.bfloat16)  # plain bf16 F.linear, no cache
     assert completion.token_ids == tiny.reference_greedy(reference, PROMPTS[1], 12)
+
+
+async def test_status_names_the_served_family_and_shape(tiny: Any) -> None:
+    async with tiny.serving() as engine:
+        assert engine.status().model == "llama-2x32"
+    qwen3 = DecoderArgs(**{**tiny.args.as_dict(), "family": "qwen3", "qk_norm": True})
+    torch.manual_seed(0)
+    model = DecoderLM(qwen3)
+    model.init_weights()
+    state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    engine = tiny.make_engine()
+    await engine.start()
+    try:
+        await engine.update_weights(0, qwen3.to_hf_config(), state)
+        assert engine.status().model == "qwen3-2x32"
+    finally:
+        await engine.close()

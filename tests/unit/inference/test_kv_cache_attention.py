@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from tidal.inference.kv_cache import SlotKVCache, grouped_decode_attention
-from tidal.trainer.models.llama.model import LlamaArgs, LlamaForCausalLM
+from tidal.models.args import DecoderArgs
+from tidal.models.layers import DecoderLM
 
 
 @pytest.mark.parametrize(("dtype", "atol"), [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
@@ -41,11 +42,11 @@ def test_grouped_decode_attention_equals_gqa_sdpa_with_a_bool_mask(
 
 
 def test_packed_prefill_equals_each_prompt_alone_and_caches_its_keys() -> None:
-    args = LlamaArgs(
+    args = DecoderArgs(
         vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=16
     )
     torch.manual_seed(0)
-    model = LlamaForCausalLM(args).eval()
+    model = DecoderLM(args).eval()
     prompts = [torch.randint(0, 64, (n,)) for n in (5, 1, 9)]
     cache = SlotKVCache(args, slots=4, dtype=torch.float32, device="cpu")
     slots = [2, 0, 3]  # out of order: each prompt goes to its own slot

@@ -6,16 +6,17 @@ import pytest
 import torch
 
 from tidal.inference.loading import build_model, check_compatible, load_weights
-from tidal.trainer.models.llama.model import LlamaArgs, LlamaForCausalLM
+from tidal.models.args import DecoderArgs
+from tidal.models.layers import DecoderLM
 
-ARGS = LlamaArgs(
+ARGS = DecoderArgs(
     vocab_size=40, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=32, max_seq_len=16
 )
 CPU = torch.device("cpu")
 
 
 def source() -> dict[str, torch.Tensor]:
-    model = LlamaForCausalLM(ARGS)
+    model = DecoderLM(ARGS)
     model.init_weights(std=0.5)
     return {k: v.clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
 
@@ -43,7 +44,7 @@ def test_bad_state_dict_changes_nothing() -> None:
 
 
 def test_untied_model_requires_the_head() -> None:
-    untied = LlamaArgs(**{**ARGS.as_dict(), "tie_embeddings": False})
+    untied = DecoderArgs(**{**ARGS.as_dict(), "tie_embeddings": False})
     model = build_model(untied.to_hf_config(), device=CPU, dtype=torch.float32)
     with pytest.raises(ValueError, match=r"missing \['lm_head.weight'\]"):
         load_weights(model, source())
@@ -60,7 +61,7 @@ def test_bfloat16_model_keeps_fp32_rope_tables_and_fp32_logits() -> None:
 
 def test_config_change_is_refused() -> None:
     model = build_model(ARGS.to_hf_config(), device=CPU, dtype=torch.float32)
-    wider = LlamaArgs(**{**ARGS.as_dict(), "dim": 32})
+    wider = DecoderArgs(**{**ARGS.as_dict(), "dim": 32})
     with pytest.raises(ValueError, match=r"'dim': \(16, 32\)"):
         check_compatible(model, wider.to_hf_config())
     check_compatible(model, ARGS.to_hf_config())

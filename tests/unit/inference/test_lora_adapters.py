@@ -20,14 +20,15 @@ import torch
 
 from tidal.batch.tensors import MicroBatchData, positions_for
 from tidal.inference.adapters import AdapterMerger
-from tidal.inference.weights import WeightWatcher
+from tidal.inference.reload import WeightWatcher
 from tidal.trainer.config import ModelConfig, TrainerConfig
 from tidal.trainer.publisher import WeightPublisher
 from tidal.trainer.train_step import Trainer
-from tidal.weightsync.client import WeightSyncClient
+from tidal.weights.client import WeightSyncClient
+from tidal.weights.folder import write_version
+from tidal.weights.manifest import LORA_ADAPTERS
+from tidal.weights.transports.filesystem import FilesystemSender
 from tidal.weightsync.config import FilesystemTransport, StreamTransport
-from tidal.weightsync.filesystem import write_version
-from tidal.weightsync.manifest import LORA_ADAPTERS
 from tidal.weightsync.registry import VersionRegistry
 
 TINY: dict[str, Any] = dict(
@@ -216,13 +217,15 @@ def test_retention_keeps_the_base_of_the_adapters_it_keeps(tmp_path: Path) -> No
     registry = VersionRegistry(tmp_path, keep_last=2)
     publisher = WeightPublisher(
         tmp_path, None, trainer.hf_config(), adapter_config=trainer.adapter_config()
-    )  # type: ignore[arg-type]  # _write never talks to weightsync
+    )  # type: ignore[arg-type]  # payload() never talks to weightsync
+    writer = FilesystemSender(tmp_path, client=None)  # type: ignore[arg-type]  # write() neither
 
     async def publish_all() -> None:
         for version in range(5):
             if version == 1:
                 trainer.train_step(1, [batch(1)], "pg")  # from here on: adapters only
-            await registry.publish(publisher._write(version, trainer.state_dict_for_publish()), {})
+            payload = publisher.payload(version, trainer.state_dict_for_publish())
+            await registry.publish(writer.write(payload), {})
 
     asyncio.run(publish_all())
     assert [e.manifest.version for e in registry.all()] == [0, 3, 4]

@@ -13,7 +13,8 @@ from tidal.inference.packed_linear import (
     pack_linears,
     packing_available,
 )
-from tidal.trainer.models.llama.model import LlamaArgs, LlamaForCausalLM
+from tidal.models.args import DecoderArgs
+from tidal.models.layers import DecoderLM
 
 pytestmark = pytest.mark.skipif(
     not packing_available(torch.device("cpu")), reason="torch built without oneDNN"
@@ -102,10 +103,10 @@ def test_weights_made_under_inference_mode_take_f_linear() -> None:
 
 
 def test_pack_linears_keeps_parameters_names_and_the_tied_head() -> None:
-    args = LlamaArgs(
+    args = DecoderArgs(
         vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=16
     )
-    model = LlamaForCausalLM(args)
+    model = DecoderLM(args)
     before = model.state_dict()
     assert pack_linears(model, batch_hint=4) == 2 * 7 + 1  # q k v o gate up down, per layer; head
     layer = model.model.layers[0]

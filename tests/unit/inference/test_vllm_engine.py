@@ -17,7 +17,8 @@ from tidal.inference.native import NativeEngine
 from tidal.inference.sampling import SamplingParams
 from tidal.inference.service import build_engine
 from tidal.inference.vllm_engine import INSTALL_HINT, vllm_available
-from tidal.trainer.models.llama.model import LlamaArgs, LlamaForCausalLM, token_logprobs
+from tidal.models.args import DecoderArgs
+from tidal.models.layers import DecoderLM, token_logprobs
 
 
 def run_config(engine: str, tmp_path) -> InferenceRunConfig:  # type: ignore[no-untyped-def]
@@ -40,11 +41,11 @@ def test_choosing_vllm_without_it_says_what_to_install(tmp_path) -> None:  # typ
 @pytest.mark.gpu
 @pytest.mark.skipif(not vllm_available(), reason="needs vLLM and a CUDA GPU")
 async def test_vllm_engine_generates_with_exact_logprobs_and_versions(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    args = LlamaArgs(
+    args = DecoderArgs(
         vocab_size=512, dim=128, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=256, max_seq_len=128
     )
     torch.manual_seed(0)
-    model = LlamaForCausalLM(args)
+    model = DecoderLM(args)
     model.init_weights(std=0.1)
     state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
     engine = build_engine(run_config("vllm", tmp_path), ByteTokenizer())

@@ -20,9 +20,9 @@ import torch
 
 from tidal.rpc.v1 import weightsync_pb2 as pb
 from tidal.rpc.v1 import weightsync_pb2_grpc as pb_grpc
-from tidal.weightsync.client import WeightSyncClient
-from tidal.weightsync.convert import manifest_to_proto
-from tidal.weightsync.stream import decode_version, encode_version
+from tidal.weights.client import WeightSyncClient
+from tidal.weights.codec import decode_version, encode_version
+from tidal.weights.convert import manifest_to_proto
 
 WEIGHTS = "model.safetensors"
 
@@ -91,7 +91,7 @@ async def proxied(address: str, direction: str, cut_after: int) -> AsyncIterator
 
 
 async def test_cut_upload_resumes_from_the_received_offset(weightsync_server, caplog) -> None:  # type: ignore[no-untyped-def]
-    caplog.set_level(logging.INFO, logger="tidal.weightsync.client")
+    caplog.set_level(logging.INFO, logger="tidal.weights.client")
     sent = weights()
     manifest, files = encode_version(version=0, step=0, state_dict=sent, config={"a": 1})
     size = len(files[WEIGHTS])
@@ -117,7 +117,7 @@ async def test_cut_upload_resumes_from_the_received_offset(weightsync_server, ca
 
 
 async def test_cut_fetch_resumes_from_the_received_offset(weightsync_server, caplog) -> None:  # type: ignore[no-untyped-def]
-    caplog.set_level(logging.INFO, logger="tidal.weightsync.client")
+    caplog.set_level(logging.INFO, logger="tidal.weights.client")
     sent = weights()
     manifest, files = encode_version(version=0, step=0, state_dict=sent, config={})
     direct = WeightSyncClient(weightsync_server.address)

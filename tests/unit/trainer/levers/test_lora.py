@@ -8,9 +8,10 @@ import torch
 from torch.nn.utils import parametrize
 
 from tidal.common.errors import ConfigError
+from tidal.models.hf_checkpoint import publishable_state_dict
+from tidal.models.lora import PEFT_PREFIX, LoRALinear
 from tidal.trainer.config import ModelConfig
-from tidal.trainer.levers.lora import PEFT_PREFIX, LoRALinear, apply_lora
-from tidal.trainer.models.factory import publishable_state_dict
+from tidal.trainer.levers.lora import apply_lora
 
 from .conftest import FULL_LOSS, loss_and_grads, make_trainer
 
@@ -157,6 +158,7 @@ def test_published_adapter_versions_describe_the_adapters_in_config_json(tmp_pat
     from safetensors.torch import load_file
 
     from tidal.trainer.publisher import WeightPublisher
+    from tidal.weights.transports.filesystem import FilesystemSender
 
     trainer = make_trainer(lora={**LORA, "publish": "adapters"})
     publisher = WeightPublisher(
@@ -164,10 +166,11 @@ def test_published_adapter_versions_describe_the_adapters_in_config_json(tmp_pat
         client=None,
         hf_config=trainer.hf_config(),
         adapter_config=trainer.adapter_config(),
-    )  # type: ignore[arg-type]  # _write never talks to weightsync
-    v0 = publisher._write(0, trainer.state_dict_for_publish())
+    )  # type: ignore[arg-type]  # payload() never talks to weightsync
+    writer = FilesystemSender(tmp_path, client=None)  # type: ignore[arg-type]  # write() neither
+    v0 = writer.write(publisher.payload(0, trainer.state_dict_for_publish()))
     trainer.train_step(1, batches, "pg")
-    v1 = publisher._write(1, trainer.state_dict_for_publish())
+    v1 = writer.write(publisher.payload(1, trainer.state_dict_for_publish()))
     config0 = json.loads((tmp_path / v0.location / "config.json").read_text())
     config1 = json.loads((tmp_path / v1.location / "config.json").read_text())
     assert "adapter_config" not in config0

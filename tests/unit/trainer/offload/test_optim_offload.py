@@ -11,7 +11,7 @@ import torch
 from pydantic import ValidationError
 
 from tidal.trainer.config import ModelConfig, OptimConfig, TrainerConfig
-from tidal.trainer.models.factory import build_model
+from tidal.trainer.model_factory import build_model
 from tidal.trainer.optim import build_optimizer
 from tidal.trainer.optim_offload import DiskStateStore, HostStateStore, OffloadedOptimizer
 

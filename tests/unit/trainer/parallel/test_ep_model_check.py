@@ -7,7 +7,7 @@ import pytest
 
 from tidal.common.errors import ConfigError
 from tidal.trainer.config import ModelConfig
-from tidal.trainer.models.factory import build_model
+from tidal.trainer.model_factory import build_model
 from tidal.trainer.parallel.ep import check_expert_model
 
 TINY = {"dim": 16, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 32}

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tidal.trainer.config import ModelConfig
-from tidal.trainer.models.factory import build_model
+from tidal.trainer.model_factory import build_model
 from tidal.trainer.plan.estimate import GB, zero_model_states
 from tidal.trainer.plan.model_size import decoder_args, param_counts
 

@@ -8,7 +8,7 @@ base_version) in config.json; the manifest says format "lora-adapters" and base_
 Decisions:
 - Merge at load, not in the forward: each adapter version becomes plain full weights
   W' = W + (alpha / r) · B A before the engine sees it. The expression is the trainer's
-  own (`tidal.trainer.levers.lora.merge_update`) in the base tensor's dtype, so a replica
+  own (`tidal.models.lora.merge_update`) in the base tensor's dtype, so a replica
   serves exactly the weights a "merged" publish would have sent, decoding costs nothing
   extra, and every engine (native, vLLM) takes them through its ordinary
   `update_weights` with no LoRA code of its own.
@@ -36,8 +36,8 @@ from typing import Any
 
 import torch
 
-from tidal.trainer.levers.lora import PEFT_PREFIX, merge_update
-from tidal.weightsync.manifest import LORA_ADAPTERS, WeightManifest
+from tidal.models.lora import PEFT_PREFIX, merge_update
+from tidal.weights.manifest import LORA_ADAPTERS, WeightManifest
 
 ADAPTER_KEY = "adapter_config"
 _PARTS = (".lora_A.weight", ".lora_B.weight")

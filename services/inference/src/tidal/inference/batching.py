@@ -24,15 +24,13 @@ import torch
 from tidal.inference.kv_cache import SlotKVCache
 from tidal.inference.sampling import filtered_logprobs, greedy_tokens, sample_tokens
 from tidal.inference.sequence import Detokenize, Sequence
-from tidal.trainer.models.llama.model import LlamaForCausalLM
+from tidal.models.layers import DecoderLM
 
 
 class Batcher:
     """Runs prefill and decode steps of sequences that own slots of `cache`."""
 
-    def __init__(
-        self, model: LlamaForCausalLM, cache: SlotKVCache, detokenize: Detokenize | None
-    ) -> None:
+    def __init__(self, model: DecoderLM, cache: SlotKVCache, detokenize: Detokenize | None) -> None:
         self.model = model
         self.cache = cache
         self.detokenize = detokenize

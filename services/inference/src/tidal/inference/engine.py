@@ -60,6 +60,7 @@ class EngineStatus:
     tokens_per_s: float
     """Generated tokens per second over the last few seconds."""
     model: str
+    """The served architecture: its family and shape, e.g. "qwen3-28x1024"."""
     vocab_size: int
     max_seq_len: int
     kv_slots_used: int = 0

@@ -33,17 +33,17 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tidal.trainer.models.attention import sdpa
-from tidal.trainer.models.llama.model import LlamaArgs
+from tidal.models.args import DecoderArgs
+from tidal.models.attention import sdpa
 
 
-def slot_bytes(args: LlamaArgs, dtype: torch.dtype) -> int:
+def slot_bytes(args: DecoderArgs, dtype: torch.dtype) -> int:
     """Bytes of keys plus values that one slot (one full-length sequence) holds."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     return 2 * args.n_layers * args.n_kv_heads * args.max_seq_len * args.head_dim * itemsize
 
 
-def slots_within(args: LlamaArgs, dtype: torch.dtype, *, memory_mb: float, max_slots: int) -> int:
+def slots_within(args: DecoderArgs, dtype: torch.dtype, *, memory_mb: float, max_slots: int) -> int:
     """How many slots fit in `memory_mb` (at most `max_slots`); ValueError when not one does."""
     per_slot = slot_bytes(args, dtype)
     fit = int(memory_mb * 2**20 // per_slot)
@@ -58,7 +58,7 @@ def slots_within(args: LlamaArgs, dtype: torch.dtype, *, memory_mb: float, max_s
 class SlotKVCache:
     """Keys and values of up to `slots` sequences of up to `max_seq_len` tokens."""
 
-    def __init__(self, args: LlamaArgs, *, slots: int, dtype: torch.dtype, device: Any) -> None:
+    def __init__(self, args: DecoderArgs, *, slots: int, dtype: torch.dtype, device: Any) -> None:
         shape = (args.n_layers, slots, args.n_kv_heads, args.max_seq_len, args.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, N, Hkv, S, D)
         self.v = torch.zeros(shape, dtype=dtype, device=device)

@@ -21,8 +21,10 @@ from typing import Any
 
 import torch
 
-from tidal.trainer.models.factory import hf_to_native_state_dict, model_from_hf_config
-from tidal.trainer.models.llama.model import LlamaArgs, LlamaForCausalLM, rope_tables
+from tidal.models.args import DecoderArgs
+from tidal.models.hf_checkpoint import hf_to_native_state_dict, model_from_hf_config
+from tidal.models.layers import DecoderLM
+from tidal.models.rope import rope_tables
 
 TIED_HEAD = "lm_head.weight"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -39,7 +41,7 @@ def resolve_device(name: str) -> torch.device:
 
 def build_model(
     hf_config: dict[str, Any], *, device: torch.device, dtype: torch.dtype
-) -> LlamaForCausalLM:
+) -> DecoderLM:
     """An inference-mode model of the architecture `hf_config` describes (weights unset)."""
     model = model_from_hf_config(hf_config, impl="custom", device=device, dtype=dtype).eval()
     cos, sin = rope_tables(model.args, device=device)
@@ -48,9 +50,9 @@ def build_model(
     return model
 
 
-def check_compatible(model: LlamaForCausalLM, hf_config: dict[str, Any]) -> None:
+def check_compatible(model: DecoderLM, hf_config: dict[str, Any]) -> None:
     """Raise ValueError when `hf_config` describes another architecture than `model`'s."""
-    args = LlamaArgs.from_hf_config(hf_config)
+    args = DecoderArgs.from_hf_config(hf_config)
     if args != model.args:
         changed = {
             k: (v, args.as_dict()[k])
@@ -60,7 +62,7 @@ def check_compatible(model: LlamaForCausalLM, hf_config: dict[str, Any]) -> None
         raise ValueError(f"model config changed (field: (served, new)): {changed}")
 
 
-def load_weights(model: LlamaForCausalLM, state_dict: dict[str, torch.Tensor]) -> None:
+def load_weights(model: DecoderLM, state_dict: dict[str, torch.Tensor]) -> None:
     """Copy a published state dict into `model`, all or nothing."""
     state_dict = hf_to_native_state_dict(model, state_dict)  # e.g. stack per-expert tensors
     expected = {name: t.shape for name, t in model.state_dict().items()}

@@ -204,7 +204,7 @@ class NativeEngine(Engine):
             queued=sum(not r.cancelled for r in self._queue),
             generated_tokens=self._generated,
             tokens_per_s=rate,
-            model=f"llama-{args.n_layers}x{args.dim}",
+            model=f"{args.family}-{args.n_layers}x{args.dim}",
             vocab_size=args.vocab_size,
             max_seq_len=args.max_seq_len,
             kv_slots_used=cache.used,

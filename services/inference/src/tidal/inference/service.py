@@ -25,12 +25,12 @@ from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.common.telemetry import setup_telemetry
 from tidal.common.tokenizer import get_tokenizer
 from tidal.inference.config import InferenceRunConfig
-from tidal.weightsync.client import WeightSyncClient
+from tidal.weights.client import WeightSyncClient
 
 if TYPE_CHECKING:
     from tidal.common.tokenizer import ByteTokenizer
     from tidal.inference.engine import Engine
-    from tidal.inference.weights import WeightWatcher
+    from tidal.inference.reload import WeightWatcher
 
 log = logging.getLogger(__name__)
 FULL_NAME = "tidal.rpc.v1.InferenceService"
@@ -60,8 +60,8 @@ class RunningInference:
 
 async def start_inference(config: InferenceRunConfig) -> RunningInference:
     # torch is imported here, after the config parsed: `--help` and `--dry-run` stay instant.
+    from tidal.inference.reload import WeightWatcher
     from tidal.inference.servicer import InferenceServicer
-    from tidal.inference.weights import WeightWatcher
     from tidal.rpc.v1 import inference_pb2_grpc as pb_grpc
 
     cfg = config.inference

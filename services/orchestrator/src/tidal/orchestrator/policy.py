@@ -20,7 +20,7 @@ import time
 from typing import Protocol
 
 from tidal.orchestrator.progress import ProgressState
-from tidal.weightsync.client import WeightSyncClient
+from tidal.weights.client import WeightSyncClient
 
 log = logging.getLogger(__name__)
 

@@ -55,7 +55,7 @@ from tidal.orchestrator.tasks import build_tasks
 from tidal.orchestrator.trainer_client import TrainerClient
 from tidal.orchestrator.verification import ContainedVerifier
 from tidal.rpc.v1 import orchestrator_pb2_grpc as pb_grpc
-from tidal.weightsync.client import WeightSyncClient
+from tidal.weights.client import WeightSyncClient
 
 log = logging.getLogger(__name__)
 FULL_NAME = "tidal.rpc.v1.OrchestratorService"

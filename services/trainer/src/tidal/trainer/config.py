@@ -17,6 +17,8 @@ from tidal.common.config import BaseConfig
 from tidal.common.errors import ConfigError
 from tidal.common.sections import ServiceRunConfig, SharedConfig
 from tidal.common.tokenizer import ByteTokenizer
+from tidal.models.attention_kind import FLASH_ATTN_INSTALL, PackedKind
+from tidal.models.families import MOE_FAMILIES, FamilyName
 from tidal.trainer.lever_config import (
     ActivationCheckpointConfig,
     ActivationOffloadingConfig,
@@ -28,13 +30,6 @@ from tidal.trainer.lever_config import (
 )
 from tidal.trainer.parallel.config import ParallelConfig, check_parallel
 
-Family = Literal["llama", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe"]
-MOE_FAMILIES = ("qwen3_moe", "qwen2_moe")
-# The optional extra in services/trainer/pyproject.toml; flash-attn builds against the
-# installed torch, hence no build isolation.
-FLASH_ATTN_INSTALL = (
-    'on a CUDA machine: pip install "tidal-trainer[flash-attn]" --no-build-isolation'
-)
 # Architecture fields: taken from the folder's config.json when `path` is set.
 ARCHITECTURE_FIELDS = (
     "family", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "vocab_size",
@@ -60,7 +55,7 @@ class RopeScalingConfig(BaseConfig):
 
 
 class ModelConfig(BaseConfig):
-    family: Family = "llama"
+    family: FamilyName = "llama"
     """Model family: "llama" (GQA, RoPE, RMSNorm, SwiGLU), "qwen2" (+ q/k/v biases), "qwen3"
     (+ QK-norm), "qwen3_moe" (Qwen3 with mixture-of-experts blocks), "qwen2_moe" (Qwen2
     attention, experts plus a shared expert)."""
@@ -72,7 +67,7 @@ class ModelConfig(BaseConfig):
     """Which implementation runs the model: "custom" (ours), "hf" (transformers'
     AutoModelForCausalLM, needs `transformers`), "auto" (ours where the architecture is
     supported, else transformers')."""
-    attn: Literal["sdpa", "flash_attention_2"] = "sdpa"
+    attn: PackedKind = "sdpa"
     """Attention kernel for packed micro-batches: "sdpa" (torch SDPA with a block-diagonal
     causal mask; CPU and GPU) or "flash_attention_2" (flash_attn_varlen_func; needs the
     flash-attn package and a CUDA device)."""

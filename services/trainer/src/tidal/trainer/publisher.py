@@ -1,24 +1,11 @@
-"""Publishing weight versions through the run's data path, then telling weightsync.
+"""Publishing weight versions: which version, in which format, and retrying safely.
 
 Decisions:
 - The data path is weightsync's choice (`JoinSync`, asked once, on the first publish), so
-  trainer and inference config never disagree with the service about it:
-  - filesystem: `write_version` (atomic rename, sha256 manifest) in a worker thread, then
-    `WeightSyncClient.publish` registers the manifest;
-  - stream: the same files encoded in memory and uploaded with `UploadWeights` (for a
-    trainer without the shared folder); weightsync writes and verifies them. The
-    encoded weights file is kept and rewritten in place by the next version;
-  - broadcast: the version is broadcast to the replicas' group in buckets first (the
-    fast path), then written and registered as on the filesystem path, which is how a
-    replica that joined late or missed a broadcast catches up. The write starts once the
-    group's replicas confirm they serve the version (at most `CONFIRM_WAIT_S`), so it
-    is off their critical path; `publish` still returns only once the version is
-    registered, so a failed write fails the publish (and the step retries it) as before.
-    The group forms in the background (it waits for every replica); versions published
-    before it is ready go by the filesystem path only. A broadcast that fails (a replica
-    died) re-forms the group as a new generation of whoever rejoins (`JoinSync`);
-    versions published meanwhile go by the filesystem, which is also how the survivors
-    catch up.
+  trainer and inference config never disagree with the service about it. The path's
+  sender (`tidal.weights.transports`: filesystem, stream or broadcast, picked once by
+  `make_sender`) moves the bytes and gets the version registered; this module keeps
+  only the version policy below. docs/weightsync.md describes each path.
 - Version `v` holds the weights after step `v`; version 0 (initial weights) is published
   once at start-up. A fresh trainer refuses to start if weightsync already knows any
   version (its fresh weights would not be the ones those versions continue from) and
@@ -35,25 +22,20 @@ Decisions:
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from opentelemetry import trace
 
 from tidal.common.errors import FailedPrecondition
 from tidal.common.telemetry import inject_carrier
-from tidal.weightsync.client import WeightSyncClient
-from tidal.weightsync.filesystem import WEIGHTS_FILE, version_dir, write_version
-from tidal.weightsync.manifest import FULL_WEIGHTS, LORA_ADAPTERS, WeightManifest
-from tidal.weightsync.rendezvous import SyncPlan
-from tidal.weightsync.stream import encode_version
-
-if TYPE_CHECKING:
-    from tidal.weightsync.broadcast import BroadcastGroup
+from tidal.weights.client import WeightSyncClient
+from tidal.weights.manifest import FULL_WEIGHTS, LORA_ADAPTERS, WeightManifest
+from tidal.weights.plan import SyncPlan
+from tidal.weights.transports.base import VersionPayload, WeightSender
+from tidal.weights.transports.factory import make_sender
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
@@ -85,13 +67,7 @@ class WeightPublisher:
         self.adapter_config = adapter_config
         self.newest = -1  # newest version this process published
         self.plan: SyncPlan | None = None
-        self._group: asyncio.Future[BroadcastGroup] | None = None
-        self._broadcast_broken = False
-        self._store: Any = None  # the broadcast group's TCP store, kept across generations
-        self._store_address = ""
-        # The stream path's encoded weights file, rewritten in place by the next version
-        # of the same size (no fresh 1 GB buffer per publish).
-        self._upload_buffer: bytearray | None = None
+        self.sender: WeightSender | None = None
 
     async def check_fresh(self) -> None:
         """Raise FailedPrecondition when weightsync already holds versions (no resume yet)."""
@@ -125,141 +101,56 @@ class WeightPublisher:
 
     async def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> WeightManifest:
         """Publish version `version` by the run's data path; returns its manifest."""
-        plan = await self._join()
+        sender = await self._join()
+        assert self.plan is not None
         with tracer.start_as_current_span(
-            "trainer.publish", attributes={"version": version, "transport": plan.transport}
+            "trainer.publish", attributes={"version": version, "transport": self.plan.transport}
         ):
             manifest = await self._registered(version)
             if manifest is None:
-                if plan.transport == "stream":
-                    manifest = await self._upload(version, state_dict, plan)
-                else:
-                    if plan.transport == "broadcast":
-                        await self._broadcast(version, state_dict)
-                    manifest = await asyncio.to_thread(self._write, version, state_dict)
-                    await self.client.publish(manifest)
+                manifest = await sender.send(self.payload(version, state_dict))
             self.newest = version
             log.info("published version %d", version, extra={"fields": {"dir": manifest.location}})
             return manifest
 
-    async def broadcast_ready(self) -> bool:
-        """Wait until the broadcast group has formed (True) or failed to (False)."""
-        if self._group is None:
-            return False
-        try:
-            await asyncio.shield(self._group)
-        except RuntimeError:
-            return False
-        return not self._broadcast_broken
+    def payload(self, version: int, state_dict: dict[str, torch.Tensor]) -> VersionPayload:
+        """Version `version` as a sender takes it: format and config.json by the policy
+        below, and the current span's context (parent of the replicas' loads)."""
+        return VersionPayload(
+            version=version,
+            step=version,
+            state_dict=state_dict,
+            hf_config=self._config_for(version),
+            trace_context=inject_carrier(),
+            **self._format_for(version),
+        )
 
-    async def _join(self) -> SyncPlan:
-        if self.plan is not None:
-            return self.plan
+    async def transport_ready(self) -> bool:
+        """Wait until the run's path can carry versions itself (broadcast: the group has
+        formed); False when it never will, or before the first publish."""
+        return self.sender is not None and await self.sender.ready()
+
+    async def _join(self) -> WeightSender:
+        if self.sender is not None:
+            return self.sender
         plan = await self.client.join_sync(self.member_id, "trainer", timeout=STARTUP_TIMEOUT_S)
-        if plan.transport == "broadcast":
-            from tidal.weightsync.broadcast import BroadcastGroup, host_store, in_daemon_thread
-
-            store = host_store(self.advertise_host, STARTUP_TIMEOUT_S)
-            address = f"{self.advertise_host}:{store.port}"
-            self._store, self._store_address = store, address
-            plan = await self.client.join_sync(
-                self.member_id, "trainer", store_address=address, timeout=STARTUP_TIMEOUT_S
-            )
-            assert plan.seat is not None
-            log.info("broadcast group: hosting its store at %s, waiting for replicas", address)
-            self._group = in_daemon_thread(BroadcastGroup, store, plan.seat)
-        self.plan = plan
-        return plan
+        sender = make_sender(
+            plan,
+            client=self.client,
+            root=self.root,
+            member_id=self.member_id,
+            advertise_host=self.advertise_host,
+        )
+        await sender.start()
+        self.plan, self.sender = plan, sender
+        return sender
 
     async def _registered(self, version: int) -> WeightManifest | None:
         """The manifest of `version` if an earlier attempt did get it registered."""
-        uploaded = self.plan is not None and self.plan.transport == "stream"
-        if not uploaded and not version_dir(self.root, version).exists():
-            return None
         latest = await self.client.latest()
         if latest is not None and latest.manifest.version == version:
             return latest.manifest
         return None
-
-    async def _upload(
-        self, version: int, state_dict: dict[str, torch.Tensor], plan: SyncPlan
-    ) -> WeightManifest:
-        manifest, files = await asyncio.to_thread(
-            lambda: encode_version(
-                version=version,
-                step=version,
-                state_dict=state_dict,
-                config=self._config_for(version),
-                **self._format_for(version),
-                reuse=self._upload_buffer,
-            )
-        )
-        await self.client.upload(manifest, files, chunk_bytes=plan.chunk_bytes)
-        weights = files[WEIGHTS_FILE]
-        self._upload_buffer = weights if isinstance(weights, bytearray) else None
-        return manifest
-
-    async def _broadcast(self, version: int, state_dict: dict[str, torch.Tensor]) -> None:
-        """Send to the group when it is ready; a failure only disables broadcasting."""
-        group = self._group
-        if group is None or self._broadcast_broken or not group.done():
-            return
-        if group.exception() is not None:
-            log.warning(
-                "broadcast group did not form (%s); using the filesystem", group.exception()
-            )
-            self._broadcast_broken = True
-            return
-        from tidal.weightsync.broadcast import in_daemon_thread
-
-        try:
-            await in_daemon_thread(
-                group.result().send,
-                version,
-                version,
-                self._config_for(version),
-                state_dict,
-                inject_carrier(),
-            )
-            # The replicas copy the version into their engines now; the catch-up copy
-            # (written next) would compete with them for the cores, so it waits for them.
-            await in_daemon_thread(group.result().wait_confirmed, version)
-        except RuntimeError as exc:  # a replica died mid-broadcast (gloo/NCCL error)
-            log.warning("broadcast of version %d failed (%s); re-forming the group", version, exc)
-            try:
-                group.result().abandon()  # receivers still waiting on it rejoin now
-            except RuntimeError as abandon_exc:
-                log.warning("could not mark the broken group abandoned: %s", abandon_exc)
-            self._group = asyncio.ensure_future(self._reform())
-
-    async def _reform(self) -> BroadcastGroup:
-        """A new generation of the group with the replicas that rejoin (weightsync waits
-        `reform_window_s` for them); raises RuntimeError when none does."""
-        from tidal.weightsync.broadcast import BroadcastGroup, in_daemon_thread
-
-        plan = await self.client.join_sync(
-            self.member_id, "trainer", store_address=self._store_address,
-            timeout=STARTUP_TIMEOUT_S,
-        )  # fmt: skip
-        seat = plan.seat
-        if seat is None or seat.world_size < 2:
-            raise RuntimeError("no replica rejoined the broadcast group")
-        log.info("broadcast group re-formed: generation %d, %d ranks", seat.generation,
-                 seat.world_size)  # fmt: skip
-        return await in_daemon_thread(BroadcastGroup, self._store, seat)
-
-    def _write(self, version: int, state_dict: dict[str, torch.Tensor]) -> WeightManifest:
-        folder = version_dir(self.root, version)
-        if folder.exists():  # an unregistered leftover of a failed attempt: replace it
-            shutil.rmtree(folder)
-        return write_version(
-            self.root,
-            version=version,
-            step=version,
-            state_dict=state_dict,
-            config=self._config_for(version),
-            **self._format_for(version),
-        )
 
     def _adapters_only(self, version: int) -> bool:
         return self.adapter_config is not None and version > BASE_VERSION

@@ -28,7 +28,7 @@ from tidal.common.logging import setup_logging
 from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.common.telemetry import setup_telemetry
 from tidal.trainer.config import TrainerRunConfig
-from tidal.weightsync.client import WeightSyncClient
+from tidal.weights.client import WeightSyncClient
 
 if TYPE_CHECKING:
     from tidal.trainer.checkpoint import CheckpointManager

@@ -42,15 +42,17 @@ import torch
 from tidal.batch.tensors import MicroBatchData
 from tidal.common.cpu_features import bf16_cost_warning
 from tidal.common.errors import FailedPrecondition, InvalidArgument
+from tidal.models.hf_checkpoint import publishable_state_dict
+from tidal.models.lora import adapter_state_dict
 from tidal.trainer.config import TrainerConfig
 from tidal.trainer.lever_config import check_levers_at_start
 from tidal.trainer.levers.apply import apply_model_levers
 from tidal.trainer.levers.lm_head import chunked_logprobs_entropy, resolve_chunk_size
-from tidal.trainer.levers.lora import adapter_config, adapter_state_dict
+from tidal.trainer.levers.lora import adapter_config
 from tidal.trainer.levers.offload import offloading
 from tidal.trainer.levers.truncation import truncate_micro_batch, truncation_enabled
 from tidal.trainer.loss import TokenInputs, rl_loss, sft_loss, token_entropy
-from tidal.trainer.models.factory import build_model, publishable_state_dict
+from tidal.trainer.model_factory import build_model
 from tidal.trainer.normalisation import Reduce, StepCounts, segment_ids, step_counts, token_weights
 from tidal.trainer.optim import build_optimizer, build_scheduler, lr_factor
 

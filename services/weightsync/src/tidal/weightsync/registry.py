@@ -20,8 +20,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tidal.common.errors import FailedPrecondition, InvalidArgument, NotFound
-from tidal.weightsync.filesystem import sweep_partial
-from tidal.weightsync.manifest import (
+from tidal.weights.folder import sweep_partial
+from tidal.weights.manifest import (
     FULL_WEIGHTS,
     MANIFEST_FILE,
     VersionEvent,

@@ -25,25 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass
 
 from tidal.common.errors import InvalidArgument
+from tidal.weights.plan import GroupSeat
 from tidal.weightsync.config import BroadcastTransport
-
-
-@dataclass(frozen=True)
-class GroupSeat:
-    """A caller's place in the broadcast group (member=False: use the fallback path)."""
-
-    member: bool
-    reason: str
-    store_address: str
-    rank: int
-    world_size: int
-    backend: str
-    bucket_bytes: int
-    timeout_s: float
-    generation: int
 
 
 class BroadcastRendezvous:
@@ -124,12 +109,3 @@ class BroadcastRendezvous:
             if self._generation != generation:
                 return self._seat(rank=-1, reason="the trainer rejoined meanwhile; rejoin")
             return self._seat(rank=self._ranks[replica_id])
-
-
-@dataclass(frozen=True)
-class SyncPlan:
-    """What `JoinSync` tells a trainer or replica: the data path and, for broadcast, its seat."""
-
-    transport: str
-    chunk_bytes: int
-    seat: GroupSeat | None = None

@@ -11,16 +11,18 @@ from tidal.common.errors import FailedPrecondition, InvalidArgument
 from tidal.common.telemetry import inject_carrier
 from tidal.rpc.v1 import weightsync_pb2 as pb
 from tidal.rpc.v1 import weightsync_pb2_grpc as pb_grpc
-from tidal.weightsync.config import BroadcastTransport, FilesystemTransport, Transport
-from tidal.weightsync.convert import (
+from tidal.weights.convert import (
     event_to_proto,
     manifest_from_proto,
     plan_to_proto,
     role_from_proto,
 )
-from tidal.weightsync.manifest import WeightManifest
+from tidal.weights.manifest import WeightManifest
+from tidal.weights.plan import SyncPlan
+from tidal.weightsync.config import BroadcastTransport, FilesystemTransport, Transport
+from tidal.weightsync.file_chunks import FileChunks
 from tidal.weightsync.registry import VersionRegistry
-from tidal.weightsync.rendezvous import BroadcastRendezvous, SyncPlan
+from tidal.weightsync.rendezvous import BroadcastRendezvous
 from tidal.weightsync.upload import UploadChunk, UploadReceiver
 
 
@@ -99,9 +101,10 @@ class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
         start = names.index(request.path) if request.path else 0
         for i, name in enumerate(names[start:]):
             offset = request.offset if i == 0 else 0
-            with (Path(manifest.location) / name).open("rb") as f:
-                f.seek(offset)
-                while data := f.read(self.chunk_bytes):
+            # Opening and reading run in a worker thread: a slow disk (or a network
+            # filesystem) must not stall every other RPC this server answers.
+            async with FileChunks(Path(manifest.location) / name, offset, self.chunk_bytes) as f:
+                async for data in f:
                     yield pb.WeightChunk(path=name, offset=offset, data=data)
                     offset += len(data)
 

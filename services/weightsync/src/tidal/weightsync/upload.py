@@ -46,8 +46,8 @@ from typing import BinaryIO
 
 from tidal.common.durable import commit_dir, fsync_path
 from tidal.common.errors import InvalidArgument, Unavailable
-from tidal.weightsync.filesystem import TMP_PREFIX, sweep_partial, version_dir
-from tidal.weightsync.manifest import MANIFEST_FILE, CorruptWeights, WeightManifest
+from tidal.weights.folder import TMP_PREFIX, sweep_partial, version_dir
+from tidal.weights.manifest import MANIFEST_FILE, CorruptWeights, WeightManifest
 
 
 @dataclass(frozen=True)

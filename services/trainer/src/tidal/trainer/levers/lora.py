@@ -1,78 +1,24 @@
-"""LoRA: low-rank adapters on frozen linear layers (`[trainer.model.lora]`).
+"""The LoRA lever: adapters on the targeted linears, the rest frozen (`[trainer.model.lora]`).
 
 Decisions:
-- `LoRALinear` subclasses `nn.Linear` and takes over the original layer's weight and
-  bias Parameters (same objects, same names), adding `lora_A` (r, in) and `lora_B`
-  (out, r). Parameter names of the base model are unchanged, so loading, FSDP and the
-  state-dict adapters see the model they know; the adapters appear as
-  `<layer>.lora_A` / `<layer>.lora_B`.
-- y = x Wᵀ + b + (alpha / r) · dropout(x) Aᵀ Bᵀ. A is Kaiming-uniform, B is zero, so the
-  adapted model starts equal to the base (the LoRA paper's initialisation).
-- Only adapters train: every other parameter gets `requires_grad = False`, and the
-  trainer gives the optimizer only parameters that require grad.
-- Export and "merged" publishing fold the update in: W' = W + (alpha / r) · B A, and the
-  adapter tensors are dropped, so exported folders are plain HF checkpoints.
-- Adapter publishing names tensors like PEFT (`base_model.model.<layer>.lora_A.weight`)
-  and carries `adapter_config` (r, lora_alpha, target_modules): docs/memory.md.
+- The layer (`LoRALinear`) and merging live in the model library (`tidal.models.lora`),
+  shared with inference; choosing targets and freezing is training policy, here.
 - Targets are matched on the last component of the module name; a target matching no
   `nn.Linear` is a `ConfigError` naming `trainer.model.lora.target_modules`.
-- Alternative: PEFT itself; it would add a dependency and wrap the model in its own
-  classes (renaming every parameter), which our loaders, FSDP and publishing would then
-  have to see through.
+- Only adapters train: every other parameter gets `requires_grad = False`, and the
+  trainer gives the optimizer only parameters that require grad.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from tidal.common.errors import ConfigError
+from tidal.models.lora import LoRALinear
 from tidal.trainer.lever_config import LoRAConfig
-
-PEFT_PREFIX = "base_model.model."
-
-
-class LoRALinear(nn.Linear):
-    """A linear layer with a trainable low-rank update on a frozen weight."""
-
-    def __init__(self, base: nn.Linear, *, rank: int, alpha: float, dropout: float) -> None:
-        nn.Module.__init__(self)
-        self.in_features, self.out_features = base.in_features, base.out_features
-        self.weight = base.weight
-        self.bias = base.bias
-        self.weight.requires_grad_(False)
-        if self.bias is not None:
-            self.bias.requires_grad_(False)
-        kwargs: dict[str, Any] = {"device": base.weight.device, "dtype": base.weight.dtype}
-        self.lora_A = nn.Parameter(torch.empty(rank, self.in_features, **kwargs))  # (r, in)
-        self.lora_B = nn.Parameter(torch.zeros(self.out_features, rank, **kwargs))  # (out, r)
-        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
-        self.scale = alpha / rank
-        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) → (..., out)
-        base = F.linear(x, self.weight, self.bias)
-        update = F.linear(F.linear(self.dropout(x), self.lora_A), self.lora_B)  # (..., out)
-        return base + self.scale * update
-
-    def merged_weight(self) -> torch.Tensor:
-        """(out, in) W + scale · B A."""
-        return merge_update(self.weight, self.lora_A, self.lora_B, self.scale)
-
-
-def merge_update(
-    weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scale: float
-) -> torch.Tensor:
-    """(out, in) W + scale · B A, for W (out, in), A (r, in), B (out, r).
-
-    The one expression every merge uses (export, "merged" publishing, and inference
-    merging published adapters), so all three give bit-identical weights.
-    """
-    return weight + scale * (lora_b @ lora_a)
 
 
 def apply_lora(model: nn.Module, config: LoRAConfig | None, *, seed: int = 0) -> list[str]:
@@ -111,29 +57,6 @@ def apply_lora(model: nn.Module, config: LoRAConfig | None, *, seed: int = 0) ->
 
 def _linear_names(model: nn.Module) -> set[str]:
     return {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)}
-
-
-def lora_layers(model: nn.Module) -> dict[str, LoRALinear]:
-    return {n: m for n, m in model.named_modules() if isinstance(m, LoRALinear)}
-
-
-def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """`model.state_dict()` with every adapter folded into its weight and no adapter keys."""
-    state = model.state_dict()
-    for name, layer in lora_layers(model).items():
-        state[f"{name}.weight"] = layer.merged_weight().detach()
-        del state[f"{name}.lora_A"], state[f"{name}.lora_B"]
-    return state
-
-
-def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The adapters alone, PEFT-named, as detached CPU copies."""
-    out: dict[str, torch.Tensor] = {}
-    for name, layer in lora_layers(model).items():
-        for part in ("lora_A", "lora_B"):
-            tensor = getattr(layer, part).detach().to("cpu", copy=True)
-            out[f"{PEFT_PREFIX}{name}.{part}.weight"] = tensor
-    return out
 
 
 def adapter_config(config: LoRAConfig) -> dict[str, Any]:

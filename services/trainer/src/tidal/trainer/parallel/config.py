@@ -19,12 +19,12 @@ from pydantic import Field
 
 from tidal.common.config import BaseConfig
 from tidal.common.errors import ConfigError
+from tidal.models.families import MOE_FAMILIES
 from tidal.trainer.parallel.dims import ParallelDims
 
 if TYPE_CHECKING:
     from tidal.trainer.config import LossConfig, ModelConfig
 
-MOE_FAMILIES = ("qwen3_moe", "qwen2_moe")
 # Attention kernels the CP backends can stand in for (ring and Ulysses compute the
 # packed causal attention themselves; flash-attn's varlen kernel has no CP variant here).
 CP_ATTENTION = ("sdpa",)

@@ -9,7 +9,7 @@ Decisions:
 - Which keys a query may see is decided from global indices and sample (segment) ids:
   same sample and not in the future. This is the packed block-diagonal causal mask,
   evaluated block by block, so padding-free packing works with both styles.
-- Both styles are `AttentionBackend`s (see `tidal.trainer.models.attention`), so the
+- Both styles are `AttentionBackend`s (see `tidal.models.attention`), so the
   model code does not change:
   * `UlyssesAttention`: all-to-all turns (all heads, my tokens) into (my heads, all
     tokens), attends over the full sequence, and turns the result back. Differentiable
@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.nn.functional import all_to_all_single
 
-from tidal.trainer.models.attention import sdpa
+from tidal.models.attention import sdpa
 
 
 def shard_indices(total: int, cp: int, rank: int) -> torch.Tensor:

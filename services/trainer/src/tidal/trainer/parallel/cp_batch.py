@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from tidal.batch.tensors import MicroBatchData
-from tidal.trainer.models.attention import AttentionBackend
+from tidal.models.attention import AttentionBackend
 from tidal.trainer.normalisation import segment_ids
 from tidal.trainer.parallel.cp import RingAttention, UlyssesAttention, shard_indices
 

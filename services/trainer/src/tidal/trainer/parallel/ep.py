@@ -51,7 +51,7 @@ from torch.distributed.nn.functional import all_to_all_single
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from tidal.common.errors import ConfigError
-from tidal.trainer.models.moe import MoEFeedForward
+from tidal.models.moe import MoEFeedForward
 
 LocalExperts = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

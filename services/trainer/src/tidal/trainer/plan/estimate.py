@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from tidal.trainer.models.args import DecoderArgs
+from tidal.models.args import DecoderArgs
 from tidal.trainer.plan.levers import Levers, chunk_tokens
 from tidal.trainer.plan.model_size import ParamCounts, param_counts
 

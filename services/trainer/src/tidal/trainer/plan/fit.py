@@ -29,7 +29,7 @@ import dataclasses
 import itertools
 from dataclasses import dataclass
 
-from tidal.trainer.models.args import DecoderArgs
+from tidal.models.args import DecoderArgs
 from tidal.trainer.plan.estimate import MemoryPlan, Workload, plan_memory
 from tidal.trainer.plan.levers import Levers
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from tidal.models.args import DecoderArgs
 from tidal.trainer.config import ModelConfig
-from tidal.trainer.models.args import DecoderArgs, args_from_config
+from tidal.trainer.model_args import args_from_config
 
 
 @dataclass(frozen=True)

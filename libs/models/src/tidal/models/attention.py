@@ -1,0 +1,179 @@
+"""Attention backends: the one seam between the model code and how tokens see each other.
+
+Decisions:
+- A decoder layer computes q, k, v and applies RoPE; *which keys each query sees, and
+  where keys come from* is the backend's job. Training passes a packed (block-diagonal
+  causal) backend, inference passes a backend that owns its KV cache, context
+  parallelism can pass a ring/Ulysses backend. The model never learns about caches,
+  masks or communication, so one model implementation serves trainer and inference.
+- A backend is a callable `(layer, q, k, v) -> out` with q `(B, H, T, D)` and k, v
+  `(B, Hkv, T, D)` *after* RoPE; it returns `(B, H, T, D)`. GQA expansion is the
+  backend's choice (SDPA's `enable_gqa` does it without a copy).
+- The default is plain causal attention over the given tokens; `PackedCausalAttention`
+  isolates samples concatenated along one `[1, T]` row (padding-free packing) by causal
+  SDPA per sample (equal to one SDPA call with a block-diagonal causal mask, which it
+  also offers as `.mask`, and faster); SDPA has a backward on CPU and GPU.
+- `FlashVarlenAttention` does the same with flash-attn's `flash_attn_varlen_func` over
+  cumulative sample offsets (no T×T mask; CUDA only). `model.attn` picks between them
+  through `packed_attention`; asking for flash-attn without the package or without CUDA
+  is an error, never a silent fallback to SDPA.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from tidal.models.attention_kind import FLASH_ATTN_INSTALL, PackedKind
+
+
+class AttentionBackend(Protocol):
+    def __call__(
+        self,
+        layer: int,
+        q: torch.Tensor,  # (B, H, T, D), RoPE applied
+        k: torch.Tensor,  # (B, Hkv, T, D), RoPE applied
+        v: torch.Tensor,  # (B, Hkv, T, D)
+    ) -> torch.Tensor:  # (B, H, T, D)
+        ...
+
+
+def sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: torch.Tensor | None, causal: bool
+) -> torch.Tensor:
+    """SDPA with GQA; `mask` is bool (True = attend), broadcastable to (B, H, T, S)."""
+    return F.scaled_dot_product_attention(
+        q,
+        k,
+        v,
+        attn_mask=mask,
+        is_causal=causal and mask is None,
+        enable_gqa=q.shape[1] != k.shape[1],
+    )
+
+
+class CausalAttention:
+    """Every row is one sequence starting at position 0: plain causal attention."""
+
+    def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        return sdpa(q, k, v, mask=None, causal=True)
+
+
+def packed_causal_mask(sample_lengths: torch.Tensor, total: int) -> torch.Tensor:
+    """Block-diagonal causal mask `[1, 1, T, T]` (True = attend) for packed samples."""
+    seg = torch.repeat_interleave(
+        torch.arange(len(sample_lengths), device=sample_lengths.device), sample_lengths
+    )  # (T,)
+    if seg.numel() != total:
+        raise ValueError(f"sample_lengths sum to {seg.numel()}, but the batch has {total} tokens")
+    same = seg[:, None] == seg[None, :]
+    causal = torch.ones(total, total, dtype=torch.bool, device=seg.device).tril()
+    return (same & causal)[None, None]
+
+
+class PackedCausalAttention:
+    """Samples of lengths `sample_lengths` concatenated along one `[1, T]` row.
+
+    Computed per segment (causal SDPA over each sample's slice), which does Σ Lᵢ² work
+    instead of T², needs no `T×T` mask and runs the fast `is_causal` kernels; measured on
+    CPU at 1.2-3× faster forward+backward than one SDPA call with the block-diagonal mask
+    (which stays available as `.mask` for callers that need a mask).
+    """
+
+    def __init__(self, sample_lengths: torch.Tensor, total: int) -> None:
+        self.lengths = [int(n) for n in sample_lengths.tolist()]  # one host sync per batch
+        if sum(self.lengths) != total:
+            raise ValueError(
+                f"sample_lengths sum to {sum(self.lengths)}, but the batch has {total} tokens"
+            )
+        self._sample_lengths, self._total = sample_lengths, total
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """Block-diagonal causal mask `[1, 1, T, T]` (True = attend)."""
+        return packed_causal_mask(self._sample_lengths, self._total)
+
+    def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        if len(self.lengths) == 1:
+            return sdpa(q, k, v, mask=None, causal=True)
+        outs, start = [], 0
+        for n in self.lengths:
+            end = start + n
+            outs.append(
+                sdpa(
+                    q[:, :, start:end],
+                    k[:, :, start:end],
+                    v[:, :, start:end],
+                    mask=None,
+                    causal=True,
+                )
+            )
+            start = end
+        return torch.cat(outs, dim=2)  # (B, H, T, D)
+
+
+class FlashVarlenAttention:
+    """Packed samples through `flash_attn_varlen_func` (flash-attn 2, CUDA, fp16/bf16)."""
+
+    def __init__(self, sample_lengths: torch.Tensor, total: int) -> None:
+        from flash_attn import flash_attn_varlen_func  # optional extra; checked by the caller
+
+        covered = int(sample_lengths.sum())
+        if covered != total:
+            raise ValueError(f"sample_lengths sum to {covered}, but the batch has {total} tokens")
+        self._varlen = flash_attn_varlen_func
+        lengths = sample_lengths.to(torch.int32)
+        self.cu_seqlens = F.pad(torch.cumsum(lengths, 0, dtype=torch.int32), (1, 0))  # (S+1,)
+        self.max_len = int(lengths.max())
+
+    def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        if q.shape[0] != 1:
+            raise ValueError(f"packed attention takes one [1, T] row, got batch {q.shape[0]}")
+        cu = self.cu_seqlens.to(q.device)
+        out = self._varlen(
+            q[0].transpose(0, 1),  # (T, H, D)
+            k[0].transpose(0, 1),  # (T, Hkv, D)
+            v[0].transpose(0, 1),
+            cu,
+            cu,
+            self.max_len,
+            self.max_len,
+            causal=True,
+        )  # (T, H, D)
+        return out.transpose(0, 1)[None]  # (1, H, T, D)
+
+
+def check_packed_kind(kind: PackedKind, device: torch.device | str) -> None:
+    """Raise ValueError when `kind` cannot run here (flash-attn missing, or not on CUDA)."""
+    if kind == "sdpa":
+        return
+    if kind != "flash_attention_2":
+        raise ValueError(f'model.attn {kind!r} is unknown; supported: "sdpa", "flash_attention_2"')
+    if importlib.util.find_spec("flash_attn") is None:
+        raise ValueError(
+            'model.attn = "flash_attention_2" needs the flash-attn package, which is not '
+            f'installed ({FLASH_ATTN_INSTALL}); or use model.attn = "sdpa"'
+        )
+    if torch.device(device).type != "cuda":
+        raise ValueError(
+            f'model.attn = "flash_attention_2" runs on CUDA only, the model is on {device}; '
+            'use model.attn = "sdpa"'
+        )
+
+
+def packed_attention(
+    kind: PackedKind, sample_lengths: torch.Tensor, total: int
+) -> AttentionBackend:
+    """The backend isolating packed samples of one `[1, T]` row, by `model.attn`."""
+    if kind == "flash_attention_2":
+        return FlashVarlenAttention(sample_lengths, total)
+    return PackedCausalAttention(sample_lengths, total)

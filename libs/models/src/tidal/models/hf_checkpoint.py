@@ -1,0 +1,117 @@
+"""Build a model from an HF config dict or an HF folder, and move its weights to and from
+the Hugging Face checkpoint layout (loading, exporting, publishing).
+
+Decisions:
+- Shared by the trainer (export, publishing) and inference (hot weight loads); building
+  the policy from the trainer's `ModelConfig` is the trainer's (`tidal.trainer.model_factory`).
+- Building never depends on or disturbs the process-wide RNG (`torch.random.fork_rng`).
+- `impl`: "custom" is ours (`DecoderLM`), "hf" wraps transformers'
+  `AutoModelForCausalLM` behind the same forward (`hf_model.py`), "auto" is ours when the
+  architecture is one we implement, else transformers'.
+- Published / exported state dicts use HF *checkpoint* names (experts one tensor each,
+  through the family's adapter) and follow HF's convention for tied embeddings: when
+  tied, `lm_head.weight` is not saved. Loading goes back through the adapter, checks
+  names and shapes before the first copy (all or nothing) and relies on the tie the
+  constructor made.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from tidal.models.args import DecoderArgs
+from tidal.models.families import UnsupportedArchitecture, family_for_hf_config
+from tidal.models.hf_folder import check_weights, read_config, read_weights, write_folder
+from tidal.models.hf_model import HFCausalLM
+from tidal.models.layers import DecoderLM
+from tidal.models.lora import merged_state_dict
+from tidal.models.state_dict_adapter import StateDict, StateDictAdapter, adapter_for
+
+TIED_HEAD = "lm_head.weight"
+
+
+def model_from_hf_config(
+    hf_config: dict[str, Any],
+    *,
+    impl: str = "auto",
+    device: Any = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> nn.Module:
+    """A model of the architecture an HF `config.json` describes (weights uninitialised)."""
+    with torch.random.fork_rng(devices=[]):  # the init is overwritten; keep RNG intact
+        if _use_custom(hf_config, impl):
+            model: nn.Module = DecoderLM(DecoderArgs.from_hf_config(hf_config))
+        else:
+            model = HFCausalLM(hf_config)
+    return model.to(device=device, dtype=dtype)
+
+
+def _use_custom(hf_config: dict[str, Any], impl: str) -> bool:
+    if impl == "hf":
+        return False
+    try:
+        family_for_hf_config(hf_config)
+    except UnsupportedArchitecture:
+        if impl == "custom":
+            raise
+        return False
+    return True
+
+
+def load_hf_folder(folder: Path, *, impl: str = "auto", device: Any = "cpu") -> nn.Module:
+    """A model with the weights of a local HF folder (fp32)."""
+    config = read_config(folder)
+    model = model_from_hf_config(config, impl=impl, device="cpu")
+    load_published_state_dict(model, read_weights(folder))
+    return model.to(device=device)
+
+
+def export_hf_folder(model: nn.Module, folder: Path, *, max_shard_bytes: int | None = None) -> None:
+    """Write `model` as an HF folder that `transformers.AutoModelForCausalLM` loads."""
+    write_folder(
+        folder,
+        model.args.to_hf_config(),
+        publishable_state_dict(model),
+        max_shard_bytes=max_shard_bytes,
+    )
+
+
+def _adapter_args(model: nn.Module) -> tuple[StateDictAdapter, DecoderArgs]:
+    args: DecoderArgs = model.args
+    return adapter_for(args.family), args
+
+
+def publishable_state_dict(model: nn.Module) -> StateDict:
+    """Detached CPU copies of the weights in HF checkpoint naming (no tied `lm_head.weight`)."""
+    state = merged_state_dict(model)  # LoRA adapters folded in (plain state dict without)
+    # FSDP-sharded weights are gathered whole (a collective: every rank calls this).
+    state = {n: t.full_tensor() if isinstance(t, DTensor) else t for n, t in state.items()}
+    if model.args.tie_embeddings:
+        state.pop(TIED_HEAD, None)
+    adapter, args = _adapter_args(model)
+    return {n: t.detach().to("cpu", copy=True) for n, t in adapter.to_hf(state, args).items()}
+
+
+def hf_to_native_state_dict(model: nn.Module, state_dict: StateDict) -> StateDict:
+    """HF checkpoint names → `model`'s own names (its family's adapter; no copies)."""
+    adapter, args = _adapter_args(model)
+    return adapter.from_hf(state_dict, args)
+
+
+def load_published_state_dict(model: nn.Module, state_dict: StateDict) -> None:
+    """Load HF-checkpoint-named weights, all or nothing; raises WeightMismatch naming a tensor."""
+    args = model.args
+    native = hf_to_native_state_dict(model, state_dict)
+    expected = {name: t.shape for name, t in model.state_dict().items()}
+    check_weights(expected, native, optional={TIED_HEAD} if args.tie_embeddings else set())
+    with torch.no_grad():
+        model.load_state_dict(native, strict=False)
+    if args.tie_embeddings:
+        head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+        # load_state_dict copies in place, so the tie survives; guard against a broken tie.
+        assert head.weight is embed.weight, "tied lm_head lost its tie to the embedding"

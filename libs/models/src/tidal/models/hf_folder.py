@@ -1,0 +1,131 @@
+"""Reading and writing Hugging Face model folders (config.json + safetensors).
+
+Decisions:
+- Read: `model.safetensors.index.json` (sharded; its `weight_map` names each tensor's
+  file) wins over a single `model.safetensors`. Every error names the file or tensor at
+  fault: a missing config.json, no weights file, a shard the index names but the folder
+  lacks, a tensor the index promises but its shard does not hold.
+- Write: one `model.safetensors`, or `model-0000i-of-0000n.safetensors` shards of at
+  most `max_shard_bytes` plus the index, so the folder is what `from_pretrained` reads.
+  Files go to a temporary sibling folder that is renamed into place at the end, so a
+  crash never leaves a folder that looks complete.
+- Tensors are written contiguous and unshared (safetensors refuses aliased storage;
+  experts split from one stacked tensor are views).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from tidal.models.state_dict_adapter import StateDict, WeightMismatch
+
+CONFIG = "config.json"
+SINGLE = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+
+
+class ModelFolderError(ValueError):
+    """A model folder is missing a file or is inconsistent."""
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    path = Path(folder) / CONFIG
+    if not path.is_file():
+        raise ModelFolderError(f"{path} not found: a model folder needs config.json")
+    config: dict[str, Any] = json.loads(path.read_text())
+    return config
+
+
+def read_weights(folder: Path) -> StateDict:
+    """Every tensor of the folder's safetensors file(s), by checkpoint name, on CPU."""
+    folder = Path(folder)
+    if (folder / INDEX).is_file():
+        weight_map: dict[str, str] = json.loads((folder / INDEX).read_text())["weight_map"]
+        by_file: dict[str, list[str]] = {}
+        for name, file in weight_map.items():
+            by_file.setdefault(file, []).append(name)
+        state: StateDict = {}
+        for file, names in sorted(by_file.items()):
+            if not (folder / file).is_file():
+                raise ModelFolderError(f"{INDEX} names shard {file}, which is not in {folder}")
+            with safe_open(folder / file, framework="pt") as f:
+                present = set(f.keys())
+                for name in names:
+                    if name not in present:
+                        raise WeightMismatch(f"missing tensor {name} (the index puts it in {file})")
+                    state[name] = f.get_tensor(name)
+        return state
+    if (folder / SINGLE).is_file():
+        with safe_open(folder / SINGLE, framework="pt") as f:
+            return {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118
+    raise ModelFolderError(f"{folder} has neither {SINGLE} nor {INDEX}")
+
+
+def write_folder(
+    folder: Path,
+    config: dict[str, Any],
+    state: StateDict,
+    *,
+    max_shard_bytes: int | None = None,
+) -> None:
+    """Write `config.json` and `state` (checkpoint names) as an HF folder, atomically."""
+    folder = Path(folder)
+    tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    tensors = {name: t.detach().to("cpu").contiguous().clone() for name, t in state.items()}
+    shards = _split(tensors, max_shard_bytes)
+    if len(shards) == 1:
+        save_file(shards[0], tmp / SINGLE, metadata={"format": "pt"})
+    else:
+        weight_map = {}
+        for i, shard in enumerate(shards, start=1):
+            file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, tmp / file, metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(shard, file))
+        total = sum(t.numel() * t.element_size() for t in tensors.values())
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (tmp / INDEX).write_text(json.dumps(index, indent=2, sort_keys=True))
+    (tmp / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True))
+    if folder.exists():
+        shutil.rmtree(folder)
+    tmp.rename(folder)
+
+
+def _split(tensors: StateDict, max_shard_bytes: int | None) -> list[StateDict]:
+    if max_shard_bytes is None:
+        return [tensors]
+    shards: list[StateDict] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    return shards
+
+
+def check_weights(expected: dict[str, torch.Size], state: StateDict, *, optional: set[str]) -> None:
+    """Raise `WeightMismatch` naming the first missing, unexpected or mis-shaped tensor."""
+    missing = sorted(set(expected) - set(state) - optional)
+    if missing:
+        raise WeightMismatch(f"missing tensor {missing[0]} (missing {missing[:8]})")
+    unexpected = sorted(set(state) - set(expected))
+    if unexpected:
+        raise WeightMismatch(f"unexpected tensor {unexpected[0]} (unexpected {unexpected[:8]})")
+    for name, t in state.items():
+        if tuple(t.shape) != tuple(expected[name]):
+            raise WeightMismatch(
+                f"tensor {name} has shape {tuple(t.shape)}, the model expects "
+                f"{tuple(expected[name])}"
+            )

@@ -1,0 +1,67 @@
+"""The filesystem transport: trainer and replicas share weightsync's root folder.
+
+The sender writes the version folder atomically (`folder.write_files`, hashing while it
+writes) in a worker thread and registers it with `Publish`, which makes weightsync verify
+it once; the receiver reads it with `folder.load_version` (hashing while it reads).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tidal.weights.codec import encode_files
+from tidal.weights.folder import load_version, version_dir, write_files
+from tidal.weights.manifest import WEIGHTS_FILE, WeightManifest
+from tidal.weights.transports.base import VersionPayload, WeightReceiver, WeightSender
+
+if TYPE_CHECKING:
+    import torch
+
+    from tidal.weights.client import WeightSyncClient
+
+
+class FilesystemSender(WeightSender):
+    def __init__(self, root: Path, client: WeightSyncClient) -> None:
+        self.root = root
+        self.client = client
+        # The encoded weights file, rewritten in place by the next version of the same
+        # size (no fresh buffer per publish).
+        self._buffer: bytearray | None = None
+
+    async def send(self, payload: VersionPayload) -> WeightManifest:
+        manifest = await asyncio.to_thread(self.write, payload)
+        await self.client.publish(manifest)
+        return manifest
+
+    def write(self, payload: VersionPayload) -> WeightManifest:
+        """Write the version's folder (blocking); a leftover of a failed attempt, never
+        registered, is replaced."""
+        folder = version_dir(self.root, payload.version)
+        if folder.exists():
+            shutil.rmtree(folder)
+        files = encode_files(
+            state_dict=payload.state_dict, config=payload.hf_config, reuse=self._buffer
+        )
+        manifest = write_files(
+            self.root,
+            version=payload.version,
+            step=payload.step,
+            files=files,
+            format=payload.format,
+            base_version=payload.base_version,
+        )
+        weights = files[WEIGHTS_FILE]
+        self._buffer = weights if isinstance(weights, bytearray) else None
+        return manifest
+
+
+class FilesystemReceiver(WeightReceiver):
+    source = "filesystem"
+
+    async def fetch(
+        self, manifest: WeightManifest, *, reuse: bool = False
+    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        return await asyncio.to_thread(load_version, manifest)

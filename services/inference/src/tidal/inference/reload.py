@@ -1,0 +1,282 @@
+"""The weight reloader: watch weight-sync's versions and hot-load each into the engine.
+
+Decisions:
+- First `JoinSync` tells the replica the run's data path, and `make_receiver` picks that
+  path's receiver once (`tidal.weights.transports`). Then one long-lived `Watch` stream
+  (which also registers this replica) announces every version, and the receiver fetches
+  it (read from the shared folder, or streamed from weightsync; both verify every sha256
+  before a byte is used). This module keeps only the version policy and the
+  acknowledgements below; docs/weightsync.md describes each path.
+- Pushed versions (broadcast: the receiver's `run`) are loaded at once; the `Watch`
+  event for such a version, which arrives once the trainer has also written it to the
+  shared folder, is then only acknowledged. The pushed tensors view the receiver's
+  buffer, reused by the next version: each is installed (the engine copies it) before
+  the receiver confirms it and receives the next.
+- Before reading a version's files the replica calls `BeginLoad`, so retention keeps
+  them until it acknowledges; a version already removed (superseded while queued) is
+  skipped in favour of the newer one that caused its removal.
+- Loads are serialised by a lock and never go backwards, so a version arriving by both
+  paths is loaded once. `AckLoaded` is sent once the engine serves the version *and* the
+  version is registered (the broadcast can beat the registration), so weight-sync's
+  `loaded_by` means "serving". A failed ack is logged, not fatal.
+- A version that fails verification or does not fit the model is logged and skipped;
+  the engine keeps serving the previous one, and the next version is tried normally.
+- Each load is a span whose parent is the publish span carried in the event.
+- A replica starting (or joining late) watches from the newest version on: older ones
+  would only be loaded to be replaced.
+- LoRA adapter versions (format "lora-adapters") are merged onto their base version's
+  full weights before the engine sees them (`tidal.inference.adapters`); the base is
+  fetched by the run's path the first time it is needed, into buffers of its own
+  (`fetch(reuse=False)`): the stream path otherwise receives each version into the
+  previous one's buffers (already mapped; the engine copied that version before the next
+  is fetched).
+- A broken stream (weight-sync restarting) is reopened after an exponential backoff,
+  resuming after the newest version seen, so nothing is loaded twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+import torch
+from opentelemetry import trace
+
+from tidal.common.telemetry import extract_carrier
+from tidal.inference.adapters import AdapterMerger, adapter_spec, check_described
+from tidal.inference.engine import Engine
+from tidal.weights.client import WeightSyncClient
+from tidal.weights.manifest import CorruptWeights, VersionEvent, WeightManifest
+from tidal.weights.plan import SyncPlan
+from tidal.weights.transports.base import ReceivedVersion, WeightReceiver
+from tidal.weights.transports.factory import make_receiver
+from tidal.weights.transports.filesystem import FilesystemReceiver
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer(__name__)
+
+BACKOFF_START_S = 0.2
+BACKOFF_MAX_S = 5.0
+JOIN_TIMEOUT_S = 300.0
+
+
+class WeightWatcher:
+    def __init__(
+        self,
+        client: WeightSyncClient,
+        engine: Engine,
+        replica_id: str,
+        *,
+        on_loaded: Callable[[int], Awaitable[None]] | None = None,
+    ) -> None:
+        self.client = client
+        self.engine = engine
+        self.replica_id = replica_id
+        self.on_loaded = on_loaded
+        self.plan: SyncPlan | None = None
+        self.seen = -1  # newest version announced by Watch (loaded or skipped)
+        self.loaded = -1  # newest version the engine serves
+        self.acked = -1
+        self.skipped: list[int] = []
+        self.received_by_broadcast: list[int] = []
+        self.receiver: WeightReceiver = FilesystemReceiver()  # until JoinSync says
+        self._lock = asyncio.Lock()
+        self._receiving: asyncio.Task[None] | None = None  # pushed versions (broadcast)
+        self.adapters = AdapterMerger()  # the base that LoRA adapters merge onto
+
+    async def run(self) -> None:
+        """Join, then watch forever, reconnecting with backoff; cancel the task to stop."""
+        try:
+            await self._watch_forever()
+        finally:
+            if self._receiving is not None:
+                self._receiving.cancel()
+
+    async def _watch_forever(self) -> None:
+        backoff = BACKOFF_START_S
+        while True:
+            try:
+                if self.plan is None:
+                    self._start_receiver(
+                        await self.client.join_sync(
+                            self.replica_id, "replica", timeout=JOIN_TIMEOUT_S
+                        )
+                    )
+                if self.seen < 0:  # a fresh replica starts from the newest version
+                    latest = await self.client.latest()
+                    if latest is not None:
+                        self.seen = latest.manifest.version - 1
+                async for event in self.client.watch(self.replica_id, after_version=self.seen):
+                    backoff = BACKOFF_START_S
+                    await self.load(event)
+                log.warning("weight-sync closed the watch stream; reconnecting")
+            except grpc.aio.AioRpcError as exc:
+                log.warning(
+                    "watch stream broke (%s: %s); reconnecting in %.1fs",
+                    exc.code().name,
+                    exc.details(),
+                    backoff,
+                )
+            await asyncio.sleep(backoff)
+            backoff = min(2 * backoff, BACKOFF_MAX_S)
+
+    def _start_receiver(self, plan: SyncPlan) -> None:
+        self.receiver = make_receiver(plan, client=self.client, replica_id=self.replica_id)
+        self.plan = plan
+        self._receiving = asyncio.create_task(
+            self.receiver.run(self._install_received), name="weights-receiver"
+        )
+
+    async def _install_received(self, received: ReceivedVersion) -> None:
+        self.received_by_broadcast.append(received.version)
+        context = extract_carrier(received.trace_context)
+        with tracer.start_as_current_span("inference.load_weights", context=context) as span:
+            span.set_attributes(
+                {
+                    "weights.version": received.version,
+                    "weights.step": received.step,
+                    "weights.path": "broadcast",
+                    "replica.id": self.replica_id,
+                }
+            )
+            try:
+                await self._install(
+                    received.version,
+                    received.step,
+                    received.hf_config,
+                    received.state_dict,
+                    source="broadcast",
+                )
+            except ValueError as exc:
+                log.error("skipping broadcast version %d: %s", received.version, exc)
+                span.record_exception(exc)
+                self.skipped.append(received.version)
+
+    async def load(self, event: VersionEvent) -> bool:
+        """Load one announced version into the engine and acknowledge it; False when skipped."""
+        manifest = event.manifest
+        self.seen = max(self.seen, manifest.version)
+        if self.loaded >= manifest.version:  # it came by broadcast already
+            await self._ack(manifest.version)
+            return True
+        context = extract_carrier(event.trace_context)
+        with tracer.start_as_current_span("inference.load_weights", context=context) as span:
+            span.set_attributes(
+                {
+                    "weights.version": manifest.version,
+                    "weights.step": manifest.step,
+                    "weights.bytes": manifest.total_bytes,
+                    "replica.id": self.replica_id,
+                }
+            )
+            started = time.perf_counter()
+            if not await self._begin_load(manifest.version):
+                return False
+            try:
+                hf_config, state_dict = await self._fetch(manifest, reuse=True)
+                check_described(manifest, hf_config)
+                installed = await self._install(
+                    manifest.version,
+                    manifest.step,
+                    hf_config,
+                    state_dict,
+                    source=self.receiver.source,
+                )
+            except (CorruptWeights, ValueError, OSError) as exc:
+                log.error("skipping version %d: %s", manifest.version, exc)
+                span.record_exception(exc)
+                span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
+                self.skipped.append(manifest.version)
+                return False
+            span.set_attribute("weights.load_s", time.perf_counter() - started)
+        if not installed:  # a broadcast of this version won the race
+            await self._ack(manifest.version)
+        return True
+
+    async def _begin_load(self, version: int) -> bool:
+        """Ask weight-sync to keep the version's files while we read them; False if gone."""
+        try:
+            await self.client.begin_load(self.replica_id, version)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                log.info("version %d was superseded and removed before loading it", version)
+                self.skipped.append(version)
+                return False
+            log.warning("could not announce loading version %d: %s", version, exc.details())
+        return True
+
+    async def _fetch(
+        self, manifest: WeightManifest, *, reuse: bool = False
+    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """(config, state) of a version. With `reuse` (a version installed, i.e. copied,
+        before the next is fetched) the receiver may reuse the previous fetch's buffers; a
+        LoRA base, kept as it is, gets its own."""
+        return await self.receiver.fetch(manifest, reuse=reuse)
+
+    async def _install(
+        self,
+        version: int,
+        step: int,
+        hf_config: dict[str, Any],
+        state: dict[str, torch.Tensor],
+        *,
+        source: str,
+    ) -> bool:
+        """Hand the weights to the engine unless it already serves this or a newer version."""
+        started = time.perf_counter()
+        async with self._lock:
+            if self.loaded >= version:
+                return False
+            hf_config, state = await self._apply_adapters(version, hf_config, state)
+            await self.engine.update_weights(version, hf_config, state)
+            self.loaded = version
+        seconds = time.perf_counter() - started
+        log.info("loaded version %d (step %d) by %s in %.3fs", version, step, source, seconds)
+        if self.seen >= version:  # registered already: weight-sync can record it
+            await self._ack(version)
+        if self.on_loaded is not None:
+            await self.on_loaded(version)
+        return True
+
+    async def _apply_adapters(
+        self, version: int, hf_config: dict[str, Any], state: dict[str, torch.Tensor]
+    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """Full weights of `version`: LoRA adapters merged onto their base, else as given."""
+        spec = adapter_spec(hf_config)
+        if spec is None:
+            return hf_config, state
+        if not self.adapters.holds(spec.base_version):
+            base_config, base_state = await self._fetch_base(version, spec.base_version)
+            self.adapters.keep_base(spec.base_version, base_config, base_state)
+        return await asyncio.to_thread(self.adapters.merge, version, hf_config, state)
+
+    async def _fetch_base(
+        self, version: int, base: int
+    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """The full weights of `base` (the version adapters of `version` apply to)."""
+        try:
+            events = {e.manifest.version: e for e in await self.client.list_versions()}
+            if base not in events:
+                raise ValueError(f"weight-sync does not hold it (it holds {sorted(events)})")
+            log.info("fetching base version %d for the adapters of version %d", base, version)
+            hf_config, state = await self._fetch(events[base].manifest)
+            check_described(events[base].manifest, hf_config)
+        except (grpc.aio.AioRpcError, CorruptWeights, OSError, ValueError) as exc:
+            raise ValueError(
+                f"adapters of version {version} apply to base version {base}, which could not "
+                f"be loaded: {exc}"
+            ) from exc
+        return hf_config, state
+
+    async def _ack(self, version: int) -> None:
+        if version <= self.acked:
+            return
+        self.acked = version
+        try:
+            await self.client.ack_loaded(self.replica_id, version)
+        except grpc.aio.AioRpcError as exc:  # already retried by the channel's policy
+            log.warning("could not acknowledge version %d: %s", version, exc.details())
