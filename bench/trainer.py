@@ -39,8 +39,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import median_seconds, print_table, write_result
 
+from tidal.batch.tensors import MicroBatchData, positions_for
 from tidal.common.cpu_features import bf16_support
-from tidal.trainer.batch import MicroBatchData, positions_for
 from tidal.trainer.config import ModelConfig, TrainerConfig
 from tidal.trainer.train_step import Trainer
 

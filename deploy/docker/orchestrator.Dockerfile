@@ -5,6 +5,7 @@ WORKDIR /app
 COPY libs/rpc /app/libs/rpc
 COPY libs/common /app/libs/common
 COPY libs/weights /app/libs/weights
+COPY libs/batch /app/libs/batch
 COPY services/orchestrator /app/services/orchestrator
-RUN pip install /app/libs/rpc /app/libs/common /app/libs/weights /app/services/orchestrator
+RUN pip install /app/libs/rpc /app/libs/common /app/libs/weights /app/libs/batch /app/services/orchestrator
 ENTRYPOINT ["python", "-m", "tidal.orchestrator"]

@@ -8,6 +8,7 @@ COPY libs/rpc /app/libs/rpc
 COPY libs/common /app/libs/common
 COPY libs/weights /app/libs/weights
 COPY libs/models /app/libs/models
+COPY libs/batch /app/libs/batch
 COPY services/trainer /app/services/trainer
-RUN pip install /app/libs/rpc /app/libs/common /app/libs/weights /app/libs/models /app/services/trainer
+RUN pip install /app/libs/rpc /app/libs/common /app/libs/weights /app/libs/models /app/libs/batch /app/services/trainer
 ENTRYPOINT ["python", "-m", "tidal.trainer"]

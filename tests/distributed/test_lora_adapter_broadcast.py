@@ -21,7 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tidal.trainer.batch import MicroBatchData, positions_for
+from tidal.batch.tensors import MicroBatchData, positions_for
 from tidal.trainer.config import ModelConfig, TrainerConfig
 from tidal.trainer.publisher import WeightPublisher
 from tidal.trainer.train_step import Trainer

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from torch.distributed.tensor import DTensor
 
-from tidal.trainer.batch import MicroBatchData
+from tidal.batch.tensors import MicroBatchData
 from tidal.trainer.checkpoint import CheckpointManager
 from tidal.trainer.config import TrainerConfig
 from tidal.trainer.train_step import Trainer

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from tidal.trainer.batch import MicroBatchData, positions_for
+from tidal.batch.tensors import MicroBatchData, positions_for
 from tidal.trainer.checkpoint import CheckpointManager
 from tidal.trainer.config import TrainerConfig
 from tidal.trainer.train_step import Trainer

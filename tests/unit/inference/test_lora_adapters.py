@@ -18,9 +18,9 @@ import grpc
 import pytest
 import torch
 
+from tidal.batch.tensors import MicroBatchData, positions_for
 from tidal.inference.adapters import AdapterMerger
 from tidal.inference.reload import WeightWatcher
-from tidal.trainer.batch import MicroBatchData, positions_for
 from tidal.trainer.config import ModelConfig, TrainerConfig
 from tidal.trainer.publisher import WeightPublisher
 from tidal.trainer.train_step import Trainer

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from tidal.batch.packing import TrainSample, build_micro_batch, fit_to_budget
 from tidal.common.tokenizer import ByteTokenizer
 from tidal.orchestrator.episodes import reference_episode, run_episode
-from tidal.orchestrator.packing import TrainSample, build_micro_batch
-from tidal.orchestrator.ranks import fit_to_budget
 from tidal.orchestrator.rollouts import Completion
 from tidal.orchestrator.task_config import ReversalTaskConfig
 from tidal.orchestrator.tasks import Problem, Verdict, build_task

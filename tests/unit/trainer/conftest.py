@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import pytest
 
-from tidal.orchestrator.packing import TrainSample
-from tidal.trainer.batch import MicroBatchData
+from tidal.batch.packing import TrainSample
+from tidal.batch.tensors import MicroBatchData
 from tidal.trainer.sft import pack_for_trainer
 
 StepBatches = Callable[[int], list[MicroBatchData]]

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from tidal.trainer.batch import MicroBatchData
+from tidal.batch.tensors import MicroBatchData
 from tidal.trainer.checkpoint import CheckpointManager
 from tidal.trainer.config import ModelConfig, OptimConfig, ScheduleConfig, TrainerConfig
 from tidal.trainer.train_step import Trainer

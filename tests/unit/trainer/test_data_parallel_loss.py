@@ -17,8 +17,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tidal.orchestrator.packing import TrainSample
-from tidal.trainer.batch import MicroBatchData
+from tidal.batch.packing import TrainSample
+from tidal.batch.tensors import MicroBatchData
 from tidal.trainer.config import LossConfig, ModelConfig, TrainerConfig
 from tidal.trainer.parallel.runtime import leave_process_group
 from tidal.trainer.sft import pack_for_trainer

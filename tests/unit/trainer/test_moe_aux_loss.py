@@ -33,7 +33,7 @@ def _gradients(coef: float, samples) -> tuple[dict[str, float], dict[str, torch.
 
 @pytest.fixture
 def batch():  # type: ignore[no-untyped-def]
-    from tidal.trainer.batch import MicroBatchData, positions_for
+    from tidal.batch.tensors import MicroBatchData, positions_for
 
     lengths = torch.tensor([7, 9])
     ids = torch.randint(0, 259, (16,), generator=torch.Generator().manual_seed(0))

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from tidal.batch.tensors import MicroBatchData, positions_for
 from tidal.common.errors import FailedPrecondition
-from tidal.trainer.batch import MicroBatchData, positions_for
 from tidal.trainer.config import LossConfig, ModelConfig, OptimConfig, TrainerConfig
 from tidal.trainer.train_step import Trainer
 

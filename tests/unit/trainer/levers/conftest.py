@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from tidal.trainer.batch import MicroBatchData, positions_for
+from tidal.batch.tensors import MicroBatchData, positions_for
 from tidal.trainer.config import LossConfig, ModelConfig, TrainerConfig
 from tidal.trainer.train_step import LossKind, Trainer
 

@@ -6,7 +6,7 @@ import pydantic
 import pytest
 import torch
 
-from tidal.trainer.batch import MicroBatchData, positions_for
+from tidal.batch.tensors import MicroBatchData, positions_for
 from tidal.trainer.config import ModelConfig
 from tidal.trainer.lever_config import TruncationConfig
 from tidal.trainer.levers.truncation import truncate_micro_batch

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tidal.trainer.batch import MicroBatchData
+from tidal.batch.tensors import MicroBatchData
 from tidal.trainer.checkpoint import CheckpointManager
 from tidal.trainer.config import ModelConfig, OptimConfig, TrainerConfig
 from tidal.trainer.train_step import Trainer

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tidal.trainer.batch import MicroBatchData, positions_for
+from tidal.batch.tensors import MicroBatchData, positions_for
 from tidal.trainer.parallel.assign import assign_micro_batches, micro_batch_cost
 
 

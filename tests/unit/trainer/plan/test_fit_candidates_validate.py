@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from tidal.batch.tensors import MicroBatchData
 from tidal.cli.config import RunConfig
 from tidal.cli.plan import overlay
 from tidal.common.config import load_config
-from tidal.trainer.batch import MicroBatchData
 from tidal.trainer.lever_config import check_levers_at_start
 from tidal.trainer.optim_offload import OffloadedOptimizer
 from tidal.trainer.plan.estimate import Workload

@@ -31,17 +31,17 @@ import numpy as np
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
+from tidal.batch.balance import pack_for_ranks
+from tidal.batch.packing import PackedMicroBatch, TrainSample, fit_to_budget, pack_micro_batches
 from tidal.common.tokenizer import ByteTokenizer
 from tidal.orchestrator.config import OrchestratorConfig
 from tidal.orchestrator.episodes import reference_episode
 from tidal.orchestrator.evaluation import evaluate
 from tidal.orchestrator.metrics import MetricsLog, StepMetrics
 from tidal.orchestrator.mixture import TaskMixture
-from tidal.orchestrator.packing import PackedMicroBatch, TrainSample, pack_micro_batches
 from tidal.orchestrator.policy import PolicyGate
 from tidal.orchestrator.progress import ProgressState, StepSummary
 from tidal.orchestrator.progress_store import PROGRESS_FILE, SavedProgress, save_progress
-from tidal.orchestrator.ranks import fit_to_budget, pack_for_ranks
 from tidal.orchestrator.report import print_live_table
 from tidal.orchestrator.rollout_groups import Generation, RolloutGenerator
 from tidal.orchestrator.rollouts import ScoredSample, drop_stale, staleness

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tidal.batch.packing import PackedMicroBatch
+from tidal.batch.wire import micro_batch_to_proto
 from tidal.common.channel import make_channel
 from tidal.common.sections import GrpcConfig
-from tidal.common.tensors import encode_array
-from tidal.orchestrator.packing import PackedMicroBatch
 from tidal.orchestrator.peers import peer_call, wait_serving
 from tidal.rpc.v1 import common_pb2
 from tidal.rpc.v1 import trainer_pb2 as pb
@@ -28,17 +28,6 @@ class TrainResult:
     policy_version: int
     metrics: dict[str, float]
     duplicate: bool
-
-
-def micro_batch_to_proto(batch: PackedMicroBatch) -> pb.MicroBatch:
-    return pb.MicroBatch(
-        input_ids=encode_array(batch.input_ids),
-        position_ids=encode_array(batch.position_ids),
-        sample_lengths=encode_array(batch.sample_lengths),
-        loss_mask=encode_array(batch.loss_mask),
-        advantages=encode_array(batch.advantages),
-        behaviour_logprobs=encode_array(batch.behaviour_logprobs),
-    )
 
 
 class TrainerClient:

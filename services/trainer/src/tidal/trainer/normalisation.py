@@ -27,7 +27,7 @@ from typing import Literal
 
 import torch
 
-from tidal.trainer.batch import MicroBatchData
+from tidal.batch.tensors import MicroBatchData
 
 Normalisation = Literal["token", "sequence", "constant"]
 Reduce = Callable[[torch.Tensor], torch.Tensor]

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field, replace
 import torch
 from opentelemetry import trace
 
+from tidal.batch.tensors import MicroBatchData
 from tidal.common.errors import FailedPrecondition, Unavailable
-from tidal.trainer.batch import MicroBatchData
 from tidal.trainer.checkpoint import CheckpointManager
 from tidal.trainer.publisher import WeightPublisher
 from tidal.trainer.train_step import LossKind, Trainer

@@ -1,5 +1,8 @@
 """TrainerService: proto ⇄ domain (`MicroBatchData`, `StepRunner`). Errors are raised.
 
+The `MicroBatch` codec is `tidal.batch` (proto → numpy in `wire`, numpy → torch in
+`tensors`), the same code the orchestrator encodes with.
+
 Every request is validated in full before it reaches the runner: a malformed request is
 always INVALID_ARGUMENT naming the field (`micro_batches[2].input_ids`), even when its
 step id is one already trained.
@@ -8,41 +11,17 @@ step id is one already trained.
 from __future__ import annotations
 
 import grpc
-import torch
 
+from tidal.batch.tensors import MicroBatchData, micro_batch_from_packed, validate_micro_batch
+from tidal.batch.wire import micro_batch_from_proto
 from tidal.common.errors import InvalidArgument
-from tidal.common.tensors import decode_tensor
 from tidal.rpc.v1 import common_pb2
 from tidal.rpc.v1 import trainer_pb2 as pb
 from tidal.rpc.v1 import trainer_pb2_grpc as pb_grpc
-from tidal.trainer.batch import MicroBatchData, validate_micro_batch
 from tidal.trainer.runner import StepRunner
 from tidal.trainer.train_step import LossKind
 
-# Contract dtype of each MicroBatch tensor, and the dtype the trainer computes with.
-_FIELDS: dict[str, tuple[str, torch.dtype]] = {
-    "input_ids": ("int32", torch.int64),
-    "position_ids": ("int32", torch.int64),
-    "sample_lengths": ("int32", torch.int64),
-    "loss_mask": ("float32", torch.float32),
-    "advantages": ("float32", torch.float32),
-    "behaviour_logprobs": ("float32", torch.float32),
-}
 _LOSS_KINDS: dict[int, LossKind] = {pb.LOSS_KIND_POLICY_GRADIENT: "pg", pb.LOSS_KIND_SFT: "sft"}
-
-
-def micro_batch_from_proto(message: pb.MicroBatch, *, field: str) -> MicroBatchData:
-    tensors: dict[str, torch.Tensor] = {}
-    for name, (wire_dtype, dtype) in _FIELDS.items():
-        if not message.HasField(name):
-            raise InvalidArgument(f"{field}.{name}", "is missing")
-        tensor = getattr(message, name)
-        if tensor.dtype != wire_dtype:
-            raise InvalidArgument(
-                f"{field}.{name}.dtype", f"must be {wire_dtype}, got {tensor.dtype!r}"
-            )
-        tensors[name] = decode_tensor(tensor, field=f"{field}.{name}").to(dtype)
-    return MicroBatchData(**tensors)
 
 
 class TrainerServicer(pb_grpc.TrainerServiceServicer):
@@ -65,7 +44,7 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         batches = []
         for i, message in enumerate(request.micro_batches):
             field = f"micro_batches[{i}]"
-            batch = micro_batch_from_proto(message, field=field)
+            batch = micro_batch_from_packed(micro_batch_from_proto(message, field=field))
             validate_micro_batch(
                 batch, field=field, vocab_size=self.vocab_size, max_seq_len=self.max_seq_len
             )

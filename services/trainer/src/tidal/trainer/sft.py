@@ -2,7 +2,9 @@
 
 Decisions:
 - The same `Trainer` (model, optimizer, schedule, precision) and the same packed
-  micro-batches as RL steps, with the SFT loss (masked NLL, token mean over the step).
+  micro-batches as RL steps (`tidal.batch`: the packer the orchestrator uses and the
+  numpy → torch conversion the servicer uses), with the SFT loss (masked NLL, token mean
+  over the step).
 - Checkpoints every `trainer.ckpt.interval` steps and at the last step, with the data
   position in them; `--resume` loads the newest complete one and continues, so an
   interrupted run finishes with exactly the weights of an uninterrupted one. Without
@@ -29,8 +31,8 @@ from tidal.common.tokenizer import get_tokenizer
 from tidal.trainer.config import SftRunConfig
 
 if TYPE_CHECKING:
-    from tidal.orchestrator.packing import TrainSample
-    from tidal.trainer.batch import MicroBatchData
+    from tidal.batch.packing import TrainSample
+    from tidal.batch.tensors import MicroBatchData
     from tidal.trainer.train_step import Trainer
 
 log = logging.getLogger(__name__)
@@ -38,30 +40,16 @@ USAGE = "tidal sft @ cfg.toml [--sft.data.path FILE] [--resume]"
 
 
 def pack_for_trainer(samples: Sequence[TrainSample], budget: int) -> list[MicroBatchData]:
-    """Pack samples with the orchestrator's packer and convert to the trainer's tensors."""
-    import torch
-
-    from tidal.orchestrator.packing import pack_micro_batches
-    from tidal.trainer.batch import MicroBatchData
+    """Pack samples as an RL step is packed and convert them to the trainer's tensors."""
+    from tidal.batch.packing import pack_micro_batches
+    from tidal.batch.tensors import micro_batch_from_packed
 
     longest = max(s.num_tokens for s in samples)
     if longest > budget:
         raise ConfigError(
             f"sft.micro_batch_tokens {budget} is smaller than a sample of {longest} tokens"
         )
-    out = []
-    for packed in pack_micro_batches(samples, budget):
-        out.append(
-            MicroBatchData(
-                input_ids=torch.from_numpy(packed.input_ids).long(),
-                position_ids=torch.from_numpy(packed.position_ids).long(),
-                sample_lengths=torch.from_numpy(packed.sample_lengths).long(),
-                loss_mask=torch.from_numpy(packed.loss_mask).float(),
-                advantages=torch.from_numpy(packed.advantages).float(),
-                behaviour_logprobs=torch.from_numpy(packed.behaviour_logprobs).float(),
-            )
-        )
-    return out
+    return [micro_batch_from_packed(p) for p in pack_micro_batches(samples, budget)]
 
 
 def run_sft(config: SftRunConfig, *, max_steps: int | None = None) -> list[dict[str, float]]:

@@ -6,7 +6,7 @@ Decisions:
   the file, the record number and the key, never a silent skip: a silently shrunk
   dataset is worse than a stopped run.
 - Tokens: prompt = BOS + prompt bytes, completion = completion bytes + EOS. Samples become
-  the orchestrator's `TrainSample`s (advantage 1, no behaviour logprobs) and go through the
+  `tidal.batch` `TrainSample`s (advantage 1, no behaviour logprobs) and go through the
   same `pack_micro_batches` as RL steps, so prompt tokens are masked (loss_mask 0) by the
   same code and the trainer sees the same packed `[1, T]` micro-batches.
 - The data order is a pure function of the *position* (samples consumed so far): epoch e
@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from tidal.batch.packing import TrainSample
 from tidal.common.errors import ConfigError
 from tidal.common.tokenizer import ByteTokenizer
-from tidal.orchestrator.packing import TrainSample
 
 DataFormat = Literal["auto", "jsonl", "parquet"]
 

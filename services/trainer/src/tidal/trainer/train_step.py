@@ -39,11 +39,11 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
+from tidal.batch.tensors import MicroBatchData
 from tidal.common.cpu_features import bf16_cost_warning
 from tidal.common.errors import FailedPrecondition, InvalidArgument
 from tidal.models.hf_checkpoint import publishable_state_dict
 from tidal.models.lora import adapter_state_dict
-from tidal.trainer.batch import MicroBatchData
 from tidal.trainer.config import TrainerConfig
 from tidal.trainer.lever_config import check_levers_at_start
 from tidal.trainer.levers.apply import apply_model_levers

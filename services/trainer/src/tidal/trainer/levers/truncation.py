@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from tidal.trainer.batch import MicroBatchData, positions_for
+from tidal.batch.tensors import MicroBatchData, positions_for
 from tidal.trainer.lever_config import TruncationConfig
 
 

@@ -1,13 +1,14 @@
 """Rank 0's split of a step's micro-batches over the data-parallel ranks.
 
 Decisions:
-- Cost of a micro-batch is Σ over its samples of `L + L² / QUADRATIC_SCALE` (linear: MLP
-  and projections; quadratic: attention), the orchestrator's estimate (ranks.py), so
-  both sides agree on what "balanced" means.
-- Longest-processing-time first over whole micro-batches: the costliest goes to the rank
-  with the least cost so far. Micro-batches are never cut: the orchestrator already
-  packs rank-major, balanced micro-batches when `data_parallel_ranks` matches, and a
-  re-pack here would change the step's packing (the loss is packing-invariant anyway).
+- Cost of a micro-batch is `tidal.batch.balance.batch_cost` (Σ over its samples of
+  `L + L² / QUADRATIC_SCALE`), the cost model the orchestrator packs with, so both sides
+  agree on what "balanced" means.
+- Longest-processing-time first over whole micro-batches (`split_by_cost`, the same
+  split the orchestrator makes over samples): the costliest goes to the rank with the
+  least cost so far. Micro-batches are never cut: the orchestrator already packs
+  rank-major, balanced micro-batches when `data_parallel_ranks` matches, and a re-pack
+  here would change the step's packing (the loss is packing-invariant anyway).
 - Every rank must run the same number of forward/backward passes, because each FSDP
   unit all-gathers and reduce-scatters in every pass: ranks with fewer micro-batches are
   topped up with a two-token zero-loss batch (loss_mask all 0), whose gradient is 0.
@@ -17,14 +18,12 @@ from __future__ import annotations
 
 import torch
 
-from tidal.trainer.batch import MicroBatchData
-
-QUADRATIC_SCALE = 2048.0  # the orchestrator's value (tidal.orchestrator.ranks)
+from tidal.batch.balance import batch_cost, split_by_cost
+from tidal.batch.tensors import MicroBatchData
 
 
 def micro_batch_cost(batch: MicroBatchData) -> float:
-    lengths = batch.sample_lengths.double()  # (S,)
-    return float((lengths + lengths * lengths / QUADRATIC_SCALE).sum())
+    return batch_cost(batch.sample_lengths.tolist())
 
 
 def zero_loss_batch() -> MicroBatchData:
@@ -44,13 +43,7 @@ def assign_micro_batches(batches: list[MicroBatchData], ranks: int) -> list[list
     """Micro-batches per rank, balanced by cost, equal in count (topped up with zero loss)."""
     if ranks < 1:
         raise ValueError(f"ranks must be >= 1, got {ranks}")
-    costs = [micro_batch_cost(b) for b in batches]
-    totals = [0.0] * ranks
-    shares: list[list[int]] = [[] for _ in range(ranks)]
-    for i in sorted(range(len(batches)), key=lambda i: (-costs[i], i)):
-        rank = min(range(ranks), key=lambda r: (totals[r], len(shares[r]), r))
-        shares[rank].append(i)
-        totals[rank] += costs[i]
+    shares = split_by_cost([micro_batch_cost(b) for b in batches], ranks)
     count = max(len(s) for s in shares)
     return [
         [batches[i] for i in sorted(share)] + [zero_loss_batch() for _ in range(count - len(share))]

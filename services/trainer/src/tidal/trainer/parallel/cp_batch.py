@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
+from tidal.batch.tensors import MicroBatchData
 from tidal.models.attention import AttentionBackend
-from tidal.trainer.batch import MicroBatchData
 from tidal.trainer.normalisation import segment_ids
 from tidal.trainer.parallel.cp import RingAttention, UlyssesAttention, shard_indices
 

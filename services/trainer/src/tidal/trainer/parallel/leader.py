@@ -25,8 +25,8 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
+from tidal.batch.tensors import MicroBatchData
 from tidal.common.errors import FailedPrecondition, TidalError
-from tidal.trainer.batch import MicroBatchData
 from tidal.trainer.checkpoint import CheckpointManager
 from tidal.trainer.parallel.assign import assign_micro_batches
 from tidal.trainer.parallel.runtime import RankContext

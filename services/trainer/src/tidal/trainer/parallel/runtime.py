@@ -42,8 +42,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from tidal.batch.tensors import MicroBatchData
 from tidal.common.errors import ConfigError
-from tidal.trainer.batch import MicroBatchData
 from tidal.trainer.config import TrainerConfig
 from tidal.trainer.parallel.config import check_parallel
 from tidal.trainer.parallel.cp_batch import shard_for_cp

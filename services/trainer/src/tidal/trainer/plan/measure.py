@@ -41,7 +41,7 @@ def _hwm_bytes() -> int:
 def _batch(tokens: int, sample_len: int, vocab: int, seed: int) -> Any:
     import torch
 
-    from tidal.trainer.batch import MicroBatchData, positions_for
+    from tidal.batch.tensors import MicroBatchData, positions_for
 
     g = torch.Generator().manual_seed(seed)
     lengths = [sample_len] * (tokens // sample_len) + (

@@ -1,9 +1,14 @@
-"""The packed micro-batch as the trainer's domain type, and its validation.
+"""The packed micro-batch as torch tensors (the trainer's compute type), and its validation.
 
 Decisions:
+- This is the only module of `tidal.batch` that imports torch; the orchestrator never
+  imports it (it has no torch), the trainer does. The rest of the package is numpy.
 - `MicroBatchData` mirrors the `MicroBatch` contract (trainer.proto) as torch tensors:
   S samples concatenated along one token axis of length T, no padding. Token ids and
   positions are int64 (what embedding lookups index with), the rest fp32.
+- `micro_batch_from_packed` is the one numpy → torch conversion: the trainer's servicer
+  uses it after `wire.micro_batch_from_proto`, and `tidal sft` right after packing, so an
+  RL step and an SFT step reach the model as the same tensors.
 - Entry t of `loss_mask`, `advantages` and `behaviour_logprobs` refers to predicting
   `input_ids[t]` from the tokens before it, so the logits at t-1 score it. A sample's
   first token has no prediction inside its sample, hence its loss_mask must be 0;
@@ -18,8 +23,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+import numpy as np
 import torch
 
+from tidal.batch.packing import PackedMicroBatch
 from tidal.common.errors import InvalidArgument
 
 TOKEN_FIELDS = ("input_ids", "position_ids", "loss_mask", "advantages", "behaviour_logprobs")
@@ -46,6 +53,30 @@ class MicroBatchData:
         return MicroBatchData(
             **{f.name: getattr(self, f.name).to(device, non_blocking=True) for f in fields(self)}
         )
+
+
+# Compute dtype of each field; torch.from_numpy keeps it (ids int64, the rest fp32).
+_COMPUTE_DTYPES: dict[str, np.dtype] = {
+    "input_ids": np.dtype(np.int64),
+    "position_ids": np.dtype(np.int64),
+    "sample_lengths": np.dtype(np.int64),
+    "loss_mask": np.dtype(np.float32),
+    "advantages": np.dtype(np.float32),
+    "behaviour_logprobs": np.dtype(np.float32),
+}
+
+
+def micro_batch_from_packed(packed: PackedMicroBatch) -> MicroBatchData:
+    """Torch tensors in the compute dtypes, owning their memory (one copy per field).
+
+    The copy matters: decoded arrays are read-only views of a request's bytes.
+    """
+    return MicroBatchData(
+        **{
+            name: torch.from_numpy(np.array(getattr(packed, name), dtype=dtype))
+            for name, dtype in _COMPUTE_DTYPES.items()
+        }
+    )
 
 
 def positions_for(sample_lengths: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Micro-batch validation names the field and says what is wrong."""
+"""The torch micro-batch: converted from the packed numpy one, validated naming the field."""
 
 from __future__ import annotations
 
@@ -7,8 +7,15 @@ from dataclasses import replace
 import pytest
 import torch
 
+from tidal.batch.packing import TrainSample, build_micro_batch
+from tidal.batch.tensors import (
+    MicroBatchData,
+    micro_batch_from_packed,
+    positions_for,
+    validate_micro_batch,
+)
+from tidal.batch.wire import micro_batch_from_proto, micro_batch_to_proto
 from tidal.common.errors import InvalidArgument
-from tidal.trainer.batch import MicroBatchData, positions_for, validate_micro_batch
 
 VOCAB, MAX_LEN = 264, 8
 
@@ -77,3 +84,25 @@ def test_samples_longer_than_the_model_are_refused_but_the_pack_may_be_longer() 
     too_long = torch.tensor([9, 7])
     with pytest.raises(InvalidArgument, match="9 tokens, more than the model's max_seq_len 8"):
         check(replace(batch, sample_lengths=too_long, position_ids=positions_for(too_long)))
+
+
+def test_a_packed_batch_converts_to_int64_ids_and_fp32_values() -> None:
+    packed = build_micro_batch([TrainSample((256, 1, 2), (3, 4, 257), advantage=0.5)])
+    batch = micro_batch_from_packed(packed)
+    assert [t.dtype for t in (batch.input_ids, batch.position_ids, batch.sample_lengths)] == [
+        torch.int64
+    ] * 3
+    assert {t.dtype for t in (batch.loss_mask, batch.advantages, batch.behaviour_logprobs)} == {
+        torch.float32
+    }
+    assert batch.input_ids.tolist() == [256, 1, 2, 3, 4, 257]
+    assert batch.loss_mask.tolist() == [0, 0, 0, 1, 1, 1]
+    check(batch)
+
+
+def test_a_batch_decoded_from_the_wire_owns_writable_memory() -> None:
+    packed = build_micro_batch([TrainSample((256, 1), (2,), advantage=1.0)])
+    decoded = micro_batch_from_proto(micro_batch_to_proto(packed), field="micro_batches[0]")
+    batch = micro_batch_from_packed(decoded)
+    batch.advantages.mul_(2)  # a view of the request's read-only bytes could not be written
+    assert batch.advantages.tolist() == [2.0, 2.0, 2.0]

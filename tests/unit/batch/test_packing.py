@@ -1,4 +1,5 @@
-"""Padding-free packing: budgets, token conservation and the MicroBatch alignment contract."""
+"""Padding-free packing: budgets, token conservation, the MicroBatch alignment contract and
+truncation to the budget."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ import random
 import numpy as np
 import pytest
 
-from tidal.orchestrator.packing import (
+from tidal.batch.packing import (
     TrainSample,
     assign_bins,
     build_micro_batch,
+    fit_to_budget,
     pack_micro_batches,
 )
 
@@ -84,3 +86,22 @@ def test_sft_samples_without_logprobs_get_zero_logprobs() -> None:
 def test_logprob_count_must_match_completion() -> None:
     with pytest.raises(ValueError, match="logprobs"):
         TrainSample((256,), (1, 2), advantage=0.0, completion_logprobs=(-1.0,))
+
+
+def test_truncation_keeps_the_prompt_and_the_first_completion_tokens() -> None:
+    sample = TrainSample(
+        (1, 2, 3), (4, 5, 6, 7), advantage=0.5, completion_logprobs=(-1, -2, -3, -4)
+    )
+    cut = fit_to_budget(sample, 5)
+    assert cut is not None
+    assert (cut.prompt_ids, cut.completion_ids, cut.completion_logprobs) == (
+        (1, 2, 3),
+        (4, 5),
+        (-1, -2),
+    )
+    assert cut.advantage == 0.5
+    assert fit_to_budget(sample, 7) is sample
+
+
+def test_sample_whose_prompt_fills_the_budget_cannot_be_truncated() -> None:
+    assert fit_to_budget(TrainSample((1, 2, 3), (4,), advantage=0.0), 3) is None

@@ -6,11 +6,8 @@ Decisions:
 - Bins are filled best-fit decreasing by sample length (each sample goes to the fullest
   bin it still fits): near-optimal bin counts for the few hundred short samples of a
   step, deterministic, and O(n · bins).
-- Data-parallel ranks (`pack_for_ranks`): samples are first spread over ranks by
-  estimated cost (linear plus quadratic in length, for MLP and attention), longest
-  first onto the cheapest rank, which bounds the spread between ranks by one sample's
-  cost; each rank's samples are then packed, and bins are split (or merged) until every
-  rank has the same number of micro-batches, since ranks step in lock-step.
+- Data-parallel ranks are `balance.py`'s job: it spreads samples over ranks by cost and
+  then packs each rank's share with `assign_bins` and `build_micro_batch` from here.
 - A sample longer than the budget is either truncated to its first `budget` tokens or
   dropped (`fit_to_budget`); both are counted by the caller. `pack_micro_batches` itself
   rejects over-long samples, so nothing is cut silently.
@@ -21,8 +18,9 @@ Decisions:
   The advantage is broadcast over all of the sample's tokens, as the contract says; the
   mask decides which of them count. In a multi-turn episode the environment's tokens
   sit inside the completion with mask 0 and logprob 0.
-- Arrays are numpy only (the orchestrator has no torch); the trainer client encodes them
-  with `tidal.common.tensors.encode_array`.
+- Arrays are numpy only (the orchestrator has no torch); `wire.py` turns a
+  `PackedMicroBatch` into the `MicroBatch` message and back, `tensors.py` (trainer only)
+  into torch tensors.
 """
 
 from __future__ import annotations
@@ -135,3 +133,19 @@ def pack_micro_batches(samples: Sequence[TrainSample], budget: int) -> list[Pack
     """Pack all samples into micro-batches of at most `budget` tokens each."""
     bins = assign_bins([s.num_tokens for s in samples], budget)
     return [build_micro_batch([samples[i] for i in sorted(b)]) for b in bins]
+
+
+def fit_to_budget(sample: TrainSample, budget: int) -> TrainSample | None:
+    """The sample cut to its first `budget` tokens; None when no completion token is left."""
+    if sample.num_tokens <= budget:
+        return sample
+    keep = budget - len(sample.prompt_ids)
+    if keep <= 0:
+        return None
+    return TrainSample(
+        prompt_ids=sample.prompt_ids,
+        completion_ids=sample.completion_ids[:keep],
+        advantage=sample.advantage,
+        completion_logprobs=sample.completion_logprobs[:keep],
+        completion_mask=sample.completion_mask[:keep],
+    )

@@ -1,9 +1,12 @@
-"""Split a step's samples over data-parallel ranks: equal micro-batch counts, balanced cost.
+"""Balancing data-parallel ranks: the cost model, and a step's samples split over ranks.
 
 Decisions:
 - Cost of a sample of L tokens is `L + L² / QUADRATIC_SCALE`: the linear part is the
   MLP and projections, the quadratic part attention; QUADRATIC_SCALE is the length at
   which both are equal for a small model (an estimate; only the ordering matters much).
+  This is the one cost model: the orchestrator balances samples with it and the
+  trainer's rank 0 (`tidal.trainer.parallel.assign`) balances whole micro-batches with
+  `batch_cost`, so both sides agree on what "balanced" means.
 - Longest-processing-time first: samples in decreasing cost go to the rank with the least
   cost so far. The last sample placed on the most loaded rank went to the least loaded
   one at that time, so max − min rank cost ≤ one sample's cost.
@@ -16,20 +19,21 @@ Decisions:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
-from tidal.orchestrator.packing import (
-    PackedMicroBatch,
-    TrainSample,
-    assign_bins,
-    build_micro_batch,
-)
+from tidal.batch.packing import PackedMicroBatch, TrainSample, assign_bins, build_micro_batch
 
 QUADRATIC_SCALE = 2048.0
 
 
 def sample_cost(num_tokens: int) -> float:
+    """Estimated forward/backward cost of one sample of `num_tokens` tokens."""
     return num_tokens + num_tokens * num_tokens / QUADRATIC_SCALE
+
+
+def batch_cost(sample_lengths: Iterable[int]) -> float:
+    """Estimated cost of a packed micro-batch: the sum over its samples."""
+    return sum(sample_cost(int(n)) for n in sample_lengths)
 
 
 def split_by_cost(costs: Sequence[float], ranks: int) -> list[list[int]]:
@@ -88,19 +92,3 @@ def pack_for_ranks(
     return [
         [build_micro_batch([samples[i] for i in sorted(b)]) for b in bins] for bins in bins_per_rank
     ]
-
-
-def fit_to_budget(sample: TrainSample, budget: int) -> TrainSample | None:
-    """The sample cut to its first `budget` tokens; None when no completion token is left."""
-    if sample.num_tokens <= budget:
-        return sample
-    keep = budget - len(sample.prompt_ids)
-    if keep <= 0:
-        return None
-    return TrainSample(
-        prompt_ids=sample.prompt_ids,
-        completion_ids=sample.completion_ids[:keep],
-        advantage=sample.advantage,
-        completion_logprobs=sample.completion_logprobs[:keep],
-        completion_mask=sample.completion_mask[:keep],
-    )

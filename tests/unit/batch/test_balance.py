@@ -1,4 +1,4 @@
-"""Packing for data-parallel ranks: equal counts, balanced cost, budgets, truncation."""
+"""Packing for data-parallel ranks: equal counts, balanced cost, budgets."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import random
 import numpy as np
 import pytest
 
-from tidal.orchestrator.packing import TrainSample
-from tidal.orchestrator.ranks import fit_to_budget, pack_for_ranks, sample_cost, split_by_cost
+from tidal.batch.balance import pack_for_ranks, sample_cost, split_by_cost
+from tidal.batch.packing import TrainSample
 
 
 def _samples(count: int, seed: int = 0, max_completion: int = 60) -> list[TrainSample]:
@@ -68,22 +68,3 @@ def test_one_rank_gets_all_samples() -> None:
 def test_fewer_samples_than_ranks_is_an_error() -> None:
     with pytest.raises(ValueError, match="3 samples cannot feed 4"):
         pack_for_ranks(_samples(3), 512, 4)
-
-
-def test_truncation_keeps_the_prompt_and_the_first_completion_tokens() -> None:
-    sample = TrainSample(
-        (1, 2, 3), (4, 5, 6, 7), advantage=0.5, completion_logprobs=(-1, -2, -3, -4)
-    )
-    cut = fit_to_budget(sample, 5)
-    assert cut is not None
-    assert (cut.prompt_ids, cut.completion_ids, cut.completion_logprobs) == (
-        (1, 2, 3),
-        (4, 5),
-        (-1, -2),
-    )
-    assert cut.advantage == 0.5
-    assert fit_to_budget(sample, 7) is sample
-
-
-def test_sample_whose_prompt_fills_the_budget_cannot_be_truncated() -> None:
-    assert fit_to_budget(TrainSample((1, 2, 3), (4,), advantage=0.0), 3) is None

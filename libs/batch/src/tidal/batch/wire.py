@@ -1,0 +1,58 @@
+"""The `MicroBatch` message (trainer.proto) ⇄ `PackedMicroBatch` (numpy).
+
+Decisions:
+- One codec for both ends: the orchestrator's trainer client encodes with
+  `micro_batch_to_proto`, the trainer's servicer decodes with `micro_batch_from_proto`
+  and then converts to torch with `tensors.micro_batch_from_packed`. numpy is the
+  common currency, so this module (like the orchestrator) never imports torch.
+- `WIRE_DTYPES` is the contract's dtype of each tensor. Encoding casts to it, so a
+  sender cannot put int64 ids on the wire by accident; decoding refuses any other
+  dtype with InvalidArgument naming the field (`micro_batches[2].input_ids.dtype`),
+  rather than converting silently what the sender got wrong.
+- Decoded arrays are read-only views of the message's bytes (`decode_array`): no copy
+  until the trainer converts them to its compute dtypes.
+- Shapes and values are not checked here: `tensors.validate_micro_batch` checks the
+  whole contract once the batch is in torch, where the trainer knows its vocabulary and
+  sequence length.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tidal.batch.packing import PackedMicroBatch
+from tidal.common.errors import InvalidArgument
+from tidal.common.tensors import decode_array, encode_array
+from tidal.rpc.v1 import trainer_pb2
+
+WIRE_DTYPES: dict[str, str] = {
+    "input_ids": "int32",
+    "position_ids": "int32",
+    "sample_lengths": "int32",
+    "loss_mask": "float32",
+    "advantages": "float32",
+    "behaviour_logprobs": "float32",
+}
+
+
+def micro_batch_to_proto(batch: PackedMicroBatch) -> trainer_pb2.MicroBatch:
+    """Encode every field in its contract dtype."""
+    return trainer_pb2.MicroBatch(
+        **{
+            name: encode_array(np.asarray(getattr(batch, name), dtype=dtype))
+            for name, dtype in WIRE_DTYPES.items()
+        }
+    )
+
+
+def micro_batch_from_proto(message: trainer_pb2.MicroBatch, *, field: str) -> PackedMicroBatch:
+    """Decode; raises InvalidArgument(`{field}.<tensor>...`) for a missing or mistyped tensor."""
+    arrays: dict[str, np.ndarray] = {}
+    for name, dtype in WIRE_DTYPES.items():
+        if not message.HasField(name):
+            raise InvalidArgument(f"{field}.{name}", "is missing")
+        tensor = getattr(message, name)
+        if tensor.dtype != dtype:
+            raise InvalidArgument(f"{field}.{name}.dtype", f"must be {dtype}, got {tensor.dtype!r}")
+        arrays[name] = decode_array(tensor, field=f"{field}.{name}")
+    return PackedMicroBatch(**arrays)
