@@ -1,5 +1,7 @@
 """The package boundaries of DESIGN.md §4, read from the source: no service package imports
-another, and no import cycle exists among the project's own modules.
+or depends on another (so `pip install` of one service never brings another: the
+inference image holds no trainer), and no import cycle exists among the project's own
+modules.
 
 Imports are read with `ast` from every module under `services/*/src`, `libs/*/src` and
 `src/`, at module level and inside functions alike (a lazy import is still a
@@ -11,6 +13,8 @@ iterative: the graph has ~200 nodes, networkx is not a dependency of the suite).
 from __future__ import annotations
 
 import ast
+import re
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,10 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SOURCE_ROOTS = [*ROOT.glob("services/*/src"), *ROOT.glob("libs/*/src"), ROOT / "src"]
 # Known and being removed (issue 14): a new one fails, and so does one that is gone but
 # still listed, so these lists only shrink.
-KNOWN_CROSS_SERVICE: set[tuple[str, str]] = {
-    ("tidal.trainer.sft", "tidal.orchestrator.packing"),
-    ("tidal.trainer.sft_data", "tidal.orchestrator.packing"),
-}
+KNOWN_CROSS_SERVICE: set[tuple[str, str]] = set()
 KNOWN_CYCLES: list[set[str]] = [
     {"tidal.trainer.config", "tidal.trainer.parallel.config"},
     {"tidal.trainer.parallel.launch", "tidal.trainer.service"},
@@ -125,6 +126,19 @@ def test_no_service_package_imports_another() -> None:
     }
     assert crossing - KNOWN_CROSS_SERVICE == set(), "shared code belongs in libs/ (DESIGN §4)"
     assert KNOWN_CROSS_SERVICE - crossing == set(), "gone: remove it from KNOWN_CROSS_SERVICE"
+
+
+def test_no_service_package_depends_on_another() -> None:
+    """Dependencies and optional extras alike: an extra is still an install path."""
+    services = {p.parent.name: p for p in ROOT.glob("services/*/pyproject.toml")}
+    names = {f"tidal-{name}" for name in services}
+    for name, path in services.items():
+        project = tomllib.loads(path.read_text())["project"]
+        requirements = list(project.get("dependencies", []))
+        for extra in project.get("optional-dependencies", {}).values():
+            requirements += extra
+        required = {re.split(r"[\s\[<>=!~;]", r, maxsplit=1)[0] for r in requirements}
+        assert required & names == set(), f"services/{name} depends on {required & names}"
 
 
 def test_no_import_cycles_among_project_modules() -> None:
