@@ -1,3 +1,3 @@
-from tidal.trainer.service import main
+from tidal.trainer.parallel.launch import main
 
 main()

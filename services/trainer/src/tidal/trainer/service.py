@@ -1,12 +1,13 @@
-"""Run the trainer service: `tidal trainer @ cfg.toml` or `python -m tidal.trainer`.
+"""The trainer service: `tidal trainer @ cfg.toml` or `python -m tidal.trainer` (whose entry
+point, `parallel/launch.py`'s `main`, calls `serve`).
 
 Start-up order: model and optimizer (restored from the newest checkpoint with
 `--resume`) → gRPC server up but NOT_SERVING (so probes get an answer) → refuse to start
 if weightsync already has versions (resumed: versions newer than the checkpoint) →
 publish version 0 (resumed: the checkpoint's version, if missing) → SERVING.
 `start_trainer` does all of it and is what contract tests run; `serve` adds telemetry and
-waits for SIGTERM. With `trainer.world_size` > 1, `main` re-executes itself under torchrun
-(parallel/launch.py): every rank builds and restores its shard of the same trainer, rank 0
+waits for SIGTERM. With `trainer.world_size` > 1, the entry point re-executes itself under
+torchrun (parallel/launch.py): every rank builds and restores its shard of the same trainer, rank 0
 then continues here with a leading trainer, the others follow its commands.
 torch-bearing modules are imported inside functions, after the config parsed, so
 `--help` and `--dry-run` stay instant.
@@ -14,17 +15,11 @@ torch-bearing modules are imported inside functions, after the config parsed, so
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tidal.common.config import load_or_exit
 from tidal.common.errors import ConfigError, FailedPrecondition
-from tidal.common.lifeline import watch_launcher
-from tidal.common.logging import setup_logging
 from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.common.telemetry import setup_telemetry
 from tidal.trainer.config import TrainerRunConfig
@@ -184,17 +179,3 @@ async def serve(config: TrainerRunConfig, ranks: RankContext | None = None) -> N
     if ranks is not None:
         running.runner.trainer.stop()  # type: ignore[attr-defined]  # LeaderTrainer
     provider.shutdown()
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    config = load_or_exit(
-        TrainerRunConfig, sys.argv[1:] if argv is None else argv, usage="tidal trainer @ cfg.toml"
-    )
-    setup_logging("trainer", level=config.telemetry.log_level)
-    watch_launcher()  # no-op unless started by `tidal rl`
-    if config.trainer.world_size > 1:
-        from tidal.trainer.parallel.launch import run_rank
-
-        run_rank(config, sys.argv[1:] if argv is None else list(argv))
-        return
-    asyncio.run(serve(config))

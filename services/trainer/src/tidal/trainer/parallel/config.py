@@ -13,7 +13,8 @@ Decisions:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Literal
+from pathlib import Path
+from typing import ClassVar, Literal, Protocol
 
 from pydantic import Field
 
@@ -22,8 +23,29 @@ from tidal.common.errors import ConfigError
 from tidal.models.families import MOE_FAMILIES
 from tidal.trainer.parallel.dims import ParallelDims
 
-if TYPE_CHECKING:
-    from tidal.trainer.config import LossConfig, ModelConfig
+
+# What `check_parallel` reads of `[trainer.model]` and `[trainer.loss]`, as structural types:
+# `tidal.trainer.config` composes this section, so importing its classes here would be an
+# import cycle (the two sections' relation is checked here, where the parallel dims live).
+class ModelShape(Protocol):
+    @property
+    def path(self) -> Path | None: ...
+    @property
+    def family(self) -> str: ...
+    @property
+    def n_experts(self) -> int: ...
+    @property
+    def attn(self) -> str: ...
+    @property
+    def n_heads(self) -> int: ...
+
+
+class LossShape(Protocol):
+    @property
+    def norm(self) -> str: ...
+    @property
+    def ratio_level(self) -> str: ...
+
 
 # Attention kernels the CP backends can stand in for (ring and Ulysses compute the
 # packed causal attention themselves; flash-attn's varlen kernel has no CP variant here).
@@ -62,8 +84,8 @@ class ParallelConfig(BaseConfig):
 def check_parallel(
     world_size: int,
     parallel: ParallelConfig,
-    model: ModelConfig,
-    loss: LossConfig | None = None,
+    model: ModelShape,
+    loss: LossShape | None = None,
 ) -> ParallelDims:
     """Resolve the dims and check them against the model; ConfigError names the fields."""
     dims = ParallelDims.build(

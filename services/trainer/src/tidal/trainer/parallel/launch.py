@@ -1,6 +1,9 @@
-"""`tidal trainer --trainer.world-size N`: the trainer as one torchrun job on this node.
+"""`python -m tidal.trainer` (`tidal trainer`): one process, or with `--trainer.world-size N`
+one torchrun job on this node.
 
 Decisions:
+- `main` is the trainer's entry point and imports `service` (never the reverse), so the
+  service module stays free of the launcher.
 - The command re-executes itself under `python -m torch.distributed.run --standalone`
   (torchrun's own launcher: rendezvous on a free local port, one process per rank, and
   when one rank dies the others are stopped, so no rank is left waiting). `exec` keeps
@@ -23,6 +26,9 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from tidal.common.config import load_or_exit
+from tidal.common.lifeline import watch_launcher
+from tidal.common.logging import setup_logging
 from tidal.trainer.config import TrainerRunConfig
 
 log = logging.getLogger(__name__)
@@ -40,6 +46,23 @@ def torchrun_command(world_size: int, argv: Sequence[str]) -> list[str]:
         "tidal.trainer",
         *argv,
     ]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`python -m tidal.trainer`: one process, or (`world_size` > 1) one torchrun job.
+
+    The entry point lives here, not in service.py, so the service module never imports
+    its own launcher (that was an import cycle)."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    config = load_or_exit(TrainerRunConfig, args, usage="tidal trainer @ cfg.toml")
+    setup_logging("trainer", level=config.telemetry.log_level)
+    watch_launcher()  # no-op unless started by `tidal rl`
+    if config.trainer.world_size > 1:
+        run_rank(config, args)
+        return
+    from tidal.trainer.service import serve
+
+    asyncio.run(serve(config))
 
 
 def run_rank(config: TrainerRunConfig, argv: Sequence[str]) -> None:
