@@ -133,9 +133,10 @@ def recording_engine() -> Any:
 
         def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
             """(B, T, V) logits of the served weights, straight from the model (no cache)."""
-            assert self._batcher is not None
+            model = self.served_model
+            assert model is not None
             positions = torch.arange(input_ids.shape[1]).expand_as(input_ids)  # (B, T)
             with torch.no_grad():
-                return self._batcher.model(input_ids, positions)
+                return model(input_ids, positions)
 
     return RecordingEngine

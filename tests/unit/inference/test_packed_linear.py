@@ -36,7 +36,7 @@ def test_packed_fp32_linear_equals_f_linear_for_any_row_count(bias: bool) -> Non
             torch.testing.assert_close(
                 packed(x), F.linear(x, linear.weight, linear.bias), atol=1e-5, rtol=1e-5
             )
-    assert packed._packed is not None  # the packed kernel ran, not the fallback
+    assert packed.packed_dtype == torch.float32  # the packed kernel ran, not the fallback
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -60,7 +60,7 @@ def test_packed_bf16_linear_equals_an_fp32_matmul_of_the_same_bf16_values(
             # (native) accumulated in fp32 and rounded: within two bf16 ulps either way.
             expected = F.linear(x.float(), weight, bias_)
             torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2**-7)
-    assert packed._packed is not None and packed._packed.dtype == expected_dtype
+    assert packed.packed_dtype == expected_dtype
 
 
 def test_kernel_choice_names_the_path_for_each_dtype(bf16_path: str) -> None:
@@ -99,7 +99,7 @@ def test_weights_made_under_inference_mode_take_f_linear() -> None:
         packed = PackedLinear(linear, batch_hint=2)
         x = torch.randn(2, 8)
         torch.testing.assert_close(packed(x), F.linear(x, linear.weight, linear.bias))
-    assert packed._packed is None
+    assert packed.packed_dtype is None
 
 
 def test_pack_linears_keeps_parameters_names_and_the_tied_head() -> None:
@@ -122,4 +122,4 @@ def test_training_mode_autograd_takes_f_linear() -> None:
     packed = PackedLinear(linear, batch_hint=2)
     x = torch.randn(2, 8)
     packed(x).sum().backward()
-    assert linear.weight.grad is not None and packed._packed is None
+    assert linear.weight.grad is not None and packed.packed_dtype is None

@@ -58,6 +58,7 @@ from tidal.inference.loading import build_model, check_compatible, load_weights
 from tidal.inference.packed_linear import choose_linear_kernel, pack_linears
 from tidal.inference.sampling import SamplingParams, draw_uniforms, row_seed
 from tidal.inference.sequence import Detokenize, Sequence, sequence_budget
+from tidal.models.layers import DecoderLM
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
@@ -182,6 +183,11 @@ class NativeEngine(Engine):
         self._pending = _PendingWeights(version, hf_config, state_dict, loaded)
         self._wake.set()
         await loaded
+
+    @property
+    def served_model(self) -> DecoderLM | None:
+        """The model answering requests now (None before the first weights load)."""
+        return None if self._batcher is None else self._batcher.model
 
     def status(self) -> EngineStatus:
         now = time.monotonic()

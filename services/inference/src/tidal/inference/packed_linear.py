@@ -104,6 +104,11 @@ class PackedLinear(nn.Linear):
         self._packed: torch.Tensor | None = None
         self._packed_from: tuple[torch.Tensor, int] | None = None  # (weight, its _version)
 
+    @property
+    def packed_dtype(self) -> torch.dtype | None:
+        """Dtype of the prepacked weight copy; None until a forward took the packed kernel."""
+        return None if self._packed is None else self._packed.dtype
+
     def _current_packed(self) -> torch.Tensor:
         source = (self.weight, self.weight._version)
         if self._packed is None or not _same(self._packed_from, source):
