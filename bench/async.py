@@ -36,9 +36,9 @@ def run_once(max_async: int, *, steps: int, warmup: int, out: Path, tag: str) ->
     command = [
         sys.executable, "-m", "tidal.cli", "rl", "@", str(ROOT / "configs" / "default.toml"),
         "--run.output-dir", str(out), "--run.name", name,
-        "--orchestrator.max-async", str(max_async),
+        "--orchestrator.staleness.max-async", str(max_async),
         "--orchestrator.steps", str(steps), "--orchestrator.warmup-steps", str(warmup),
-        "--orchestrator.table-every", "0",
+        "--orchestrator.report.table-every", "0",
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     if done.returncode != 0:

@@ -12,7 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tidal.common.channel import make_channel
 from tidal.common.sections import GrpcConfig
 from tidal.common.server import GrpcServer, ServiceBinding
-from tidal.orchestrator.progress import ProgressState, StepSummary
+from tidal.orchestrator.run_status import ProgressState, StepSummary
 from tidal.orchestrator.service import FULL_NAME
 from tidal.orchestrator.servicer import OrchestratorServicer
 from tidal.rpc.v1 import common_pb2, orchestrator_pb2_grpc

@@ -103,6 +103,7 @@ async def test_startup_publishes_version_0_and_serves(
     s = await status(stub)
     assert (s.step, s.policy_version, s.steps_trained, s.device) == (0, 0, 0, "cpu")
     assert s.num_parameters > 0 and s.model.startswith("llama")
+    assert s.data_parallel_ranks == 1  # one process: the orchestrator packs for one rank
 
 
 async def test_train_trains_and_publishes_version_equal_to_step(

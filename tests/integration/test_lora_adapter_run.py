@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from tidal.orchestrator.config import OrchestratorConfig
+from tidal.orchestrator.config import StalenessConfig
 
 WARMUP, STEPS = 2, 6
 TOTAL = WARMUP + STEPS
@@ -29,7 +29,7 @@ def test_a_lora_run_publishes_adapters_that_the_replica_serves(launch) -> None: 
         str(WARMUP),
         "--orchestrator.steps",
         str(STEPS),
-        "--orchestrator.table-every",
+        "--orchestrator.report.table-every",
         "0",
         "--grpc.shutdown-grace-s",
         "0.5",
@@ -60,5 +60,5 @@ def test_a_lora_run_publishes_adapters_that_the_replica_serves(launch) -> None: 
     ]
     rl = [r for r in records if r["phase"] == "rl"]
     assert len(rl) == STEPS
-    bound = OrchestratorConfig().staleness_bound
+    bound = StalenessConfig().bound
     assert all(r["staleness/max"] <= bound for r in rl)

@@ -38,7 +38,7 @@ def _overrides(dataset: Path) -> list[str]:
         "--orchestrator.steps", str(STEPS),
         "--orchestrator.prompts-per-step", "4",
         "--orchestrator.group-size", "4",
-        "--orchestrator.table-every", "0",
+        "--orchestrator.report.table-every", "0",
         "--orchestrator.eval.every", str(EVAL_EVERY),
         "--orchestrator.eval.prompts", "4",
         "--orchestrator.eval.k", "2",

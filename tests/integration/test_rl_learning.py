@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tidal.orchestrator.config import OrchestratorConfig
+from tidal.orchestrator.config import OrchestratorConfig, StalenessConfig
 
 MAX_ASYNC = 2
 TEN_MINUTES = 600
@@ -19,9 +19,9 @@ TEN_MINUTES = 600
 def test_reversal_reward_rises_with_bounded_staleness(launch) -> None:  # type: ignore[no-untyped-def]
     started = time.monotonic()
     run = launch(
-        "--orchestrator.max-async",
+        "--orchestrator.staleness.max-async",
         str(MAX_ASYNC),
-        "--orchestrator.table-every",
+        "--orchestrator.report.table-every",
         "0",
         "--grpc.shutdown-grace-s",
         "0.5",
@@ -38,7 +38,7 @@ def test_reversal_reward_rises_with_bounded_staleness(launch) -> None:  # type: 
     last = sum(r["reward_mean"] for r in rl[-5:]) / 5
     assert last >= first + 0.3, f"reward {first:.3f} -> {last:.3f}"
 
-    bound = OrchestratorConfig(max_async=MAX_ASYNC).staleness_bound
+    bound = StalenessConfig(max_async=MAX_ASYNC).bound
     for r in rl:
         # generation of step n started on a version at most max_async behind n-1 ...
         assert r["staleness/gate"] <= MAX_ASYNC, r

@@ -7,7 +7,7 @@ Decisions:
 - No torch import: planning a 70B model is arithmetic on the config, instant anywhere.
 - Lives in the umbrella CLI (it needs the whole run config); the planner itself is
   `tidal.trainer.plan`.
-- Tokens per micro-batch default to the run's `orchestrator.micro_batch_tokens`, the
+- Tokens per micro-batch default to the run's `orchestrator.packing.micro_batch_tokens`, the
   world size to its `trainer.world_size`.
 - `--fit`'s TOML is an overlay of the run config (`fit.candidates`, `Levers.to_toml`):
   laid over it, it gives the planned levers, and it sets `trainer.world_size` when the
@@ -58,7 +58,7 @@ class PlanOptions(BaseConfig):
     """Ranks the model states are sharded over (FSDP full shard when > 1); default the
     run's trainer.world_size."""
     tokens: int | None = Field(default=None, gt=0)
-    """Tokens per micro-batch; default the run's orchestrator.micro_batch_tokens."""
+    """Tokens per micro-batch; default the run's orchestrator.packing.micro_batch_tokens."""
     device: Literal["cpu", "cuda"] = "cuda"
     """What the budget is: GPU memory ("cuda") or host memory of a CPU run ("cpu")."""
     fit: bool = False
@@ -150,7 +150,7 @@ def run(argv: Sequence[str]) -> tuple[str, int]:
         raise ConfigError(f"plan option {error['loc'][0]}: {error['msg']}") from None
     config, _ = load_config(RunConfig, rest)
     args = decoder_args(config.trainer.model)
-    tokens = options.tokens or config.orchestrator.micro_batch_tokens
+    tokens = options.tokens or config.orchestrator.packing.micro_batch_tokens
     world_size = options.world_size or config.trainer.world_size
     workload = Workload(tokens, world_size, options.device, config.trainer.precision)
     levers = Levers.from_config(config.trainer)

@@ -6,8 +6,8 @@ import numpy as np
 
 from tidal.batch.packing import TrainSample, build_micro_batch, fit_to_budget
 from tidal.common.tokenizer import ByteTokenizer
+from tidal.orchestrator.completions import Completion
 from tidal.orchestrator.episodes import reference_episode, run_episode
-from tidal.orchestrator.rollouts import Completion
 from tidal.orchestrator.task_config import ReversalTaskConfig
 from tidal.orchestrator.tasks import Problem, Verdict, build_task
 

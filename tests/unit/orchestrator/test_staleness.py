@@ -1,38 +1,134 @@
-"""Staleness of rollouts and the filter that drops samples past the bound."""
+"""The async window: which version a step waits for, how far generation runs ahead,
+how stale a sample is, which samples are dropped, and waiting for a loaded version."""
 
 from __future__ import annotations
 
-from tidal.orchestrator.config import OrchestratorConfig
-from tidal.orchestrator.rollouts import Completion, ScoredSample, drop_stale, staleness
+import asyncio
+
+import pytest
+
+from tidal.orchestrator.completions import Completion, ScoredSample
+from tidal.orchestrator.config import StalenessConfig
+from tidal.orchestrator.staleness import AsyncWindow, PolicyVersionTimeout, sample_staleness
 from tidal.orchestrator.tasks.base import Problem
+
+
+class LoadedVersions:
+    """Inference's GetStatus as the window sees it: the loaded version, call after call."""
+
+    def __init__(self, *versions: int) -> None:
+        self.versions = list(versions)
+        self.calls = 0
+
+    async def policy_version(self) -> int:
+        self.calls += 1
+        return self.versions[min(self.calls, len(self.versions)) - 1]
+
+
+def _window(
+    max_async: int, *loaded: int, bound: int | None = None, wait_s: float = 5.0
+) -> AsyncWindow:
+    config = StalenessConfig(max_async=max_async, max_off_policy_steps=bound)
+    return AsyncWindow(config, LoadedVersions(*(loaded or (0,))), wait_timeout_s=wait_s)
 
 
 def _sample(versions: tuple[int, ...], step: int) -> ScoredSample:
     completion = Completion(0, (1,) * len(versions), (-1.0,) * len(versions), versions, True)
-    age = staleness(step, versions, fallback_version=-1)
+    age = sample_staleness(step, versions, fallback_version=-1)
     return ScoredSample(Problem("ab>", "ba"), (256,), completion, 1.0, 0.0, age)
+
+
+@pytest.mark.parametrize(
+    ("max_async", "needed"),
+    [
+        (0, {1: 0, 2: 1, 3: 2, 10: 9}),  # on-policy: step n waits for version n-1
+        (1, {1: 0, 2: 0, 3: 1, 10: 8}),
+        (2, {1: 0, 2: 0, 3: 0, 4: 1, 10: 7}),
+    ],
+)
+def test_a_step_needs_version_step_minus_one_minus_max_async_never_below_zero(
+    max_async: int, needed: dict[int, int]
+) -> None:
+    window = _window(max_async)
+    assert {step: window.needed_version(step) for step in needed} == needed
+
+
+@pytest.mark.parametrize(("max_async", "last"), [(0, 6), (1, 7), (2, 8)])
+def test_generation_may_start_up_to_max_async_steps_past_the_next_one(
+    max_async: int, last: int
+) -> None:
+    # step 5 trained: step 6 is next; max_async more may generate ahead of it
+    assert _window(max_async).last_startable_step(5) == last
+
+
+def test_the_window_edges_agree_a_startable_step_needs_a_trained_version() -> None:
+    for max_async in (0, 1, 2):
+        window = _window(max_async)
+        for trained in range(0, 6):
+            last = window.last_startable_step(trained)
+            assert window.needed_version(last) <= trained
+            assert window.needed_version(last + 1) == trained + 1
 
 
 def test_on_policy_sample_has_staleness_zero() -> None:
     # step n trains version n-1 into version n
-    assert staleness(5, [4, 4, 4], fallback_version=0) == 0
+    assert sample_staleness(5, [4, 4, 4], fallback_version=0) == 0
 
 
 def test_oldest_token_version_counts() -> None:
-    assert staleness(5, [2, 3, 4], fallback_version=0) == 2
+    assert sample_staleness(5, [2, 3, 4], fallback_version=0) == 2
 
 
 def test_empty_completion_uses_the_fallback_version() -> None:
-    assert staleness(5, [], fallback_version=3) == 1
+    assert sample_staleness(5, [], fallback_version=3) == 1
+
+
+def test_default_bound_is_max_async_plus_one() -> None:
+    assert StalenessConfig(max_async=0).bound == 1
+    assert StalenessConfig(max_async=2).bound == 3
+    assert _window(2).bound == 3
+
+
+def test_max_off_policy_steps_overrides_the_bound() -> None:
+    assert StalenessConfig(max_async=2, max_off_policy_steps=0).bound == 0
+    assert _window(1, bound=4).bound == 4
 
 
 def test_samples_past_the_bound_are_dropped_and_counted() -> None:
     samples = [_sample((9,), 10), _sample((8, 9), 10), _sample((7,), 10), _sample((5,), 10)]
-    kept, dropped = drop_stale(samples, max_off_policy_steps=1)
+    kept, dropped = _window(0).drop_stale(samples)  # bound 1
     assert [s.staleness for s in kept] == [0, 1]
     assert dropped == 2
 
 
-def test_default_bound_is_max_async_plus_one() -> None:
-    assert OrchestratorConfig(max_async=2).staleness_bound == 3
-    assert OrchestratorConfig(max_async=2, max_off_policy_steps=0).staleness_bound == 0
+def test_an_overridden_bound_of_zero_keeps_only_on_policy_samples() -> None:
+    samples = [_sample((9,), 10), _sample((8, 9), 10)]
+    kept, dropped = _window(2, bound=0).drop_stale(samples)
+    assert [s.staleness for s in kept] == [0] and dropped == 1
+
+
+async def test_waiting_for_a_loaded_version_returns_at_once_when_it_is_there() -> None:
+    window = _window(1, 3)
+    assert await window.wait_for_step(4) == 3  # step 4 needs version 2; 3 is loaded
+    assert window.loaded == 3
+
+
+async def test_waiting_polls_until_inference_has_loaded_the_needed_version() -> None:
+    inference = LoadedVersions(1, 1, 2, 3)
+    window = AsyncWindow(StalenessConfig(max_async=0), inference, wait_timeout_s=5.0)
+    assert await window.wait_for_step(4) == 3  # version 3 needed; seen on the fourth poll
+    assert inference.calls == 4
+
+
+async def test_a_version_never_loaded_times_out_naming_both_versions() -> None:
+    window = _window(0, 1, wait_s=0.05)
+    with pytest.raises(PolicyVersionTimeout, match=r"serves version 1 .* version 5 is needed"):
+        await window.wait_for_step(6)
+
+
+async def test_a_version_seen_loaded_is_not_asked_for_again() -> None:
+    inference = LoadedVersions(2)
+    window = AsyncWindow(StalenessConfig(max_async=0), inference, wait_timeout_s=5.0)
+    await window.wait_loaded(2)
+    await asyncio.gather(window.wait_loaded(0), window.wait_loaded(1))
+    assert inference.calls == 1

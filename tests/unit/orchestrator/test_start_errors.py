@@ -34,6 +34,6 @@ def test_unknown_task_import_path_fails_at_start_with_the_valid_choices(tmp_path
 
 
 def test_unknown_algorithm_fails_at_start_with_the_valid_choices(tmp_path: Path) -> None:
-    done = _orchestrator(tmp_path, "--orchestrator.algorithm", "ppo")
+    done = _orchestrator(tmp_path, "--orchestrator.advantages.algorithm", "ppo")
     assert done.returncode == 2
     assert "'grpo', 'dr_grpo', 'rloo' or 'remax'" in done.stderr

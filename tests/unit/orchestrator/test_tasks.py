@@ -178,7 +178,7 @@ def test_unknown_task_type_and_algorithm_fail_with_the_valid_choices() -> None:
     with pytest.raises(ValidationError, match="'reversal', 'arithmetic', 'countdown'"):
         OrchestratorConfig.model_validate({"task": {"type": "chess"}})
     with pytest.raises(ValidationError, match="'grpo', 'dr_grpo', 'rloo' or 'remax'"):
-        OrchestratorConfig(algorithm="ppo")  # type: ignore[arg-type]
+        OrchestratorConfig(advantages={"algorithm": "ppo"})  # type: ignore[arg-type]
 
 
 def test_a_task_mixture_replaces_the_single_task() -> None:

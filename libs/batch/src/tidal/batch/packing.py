@@ -90,7 +90,7 @@ def assign_bins(lengths: Sequence[int], budget: int) -> list[list[int]]:
     if too_long:
         raise ValueError(
             f"a sample of {max(too_long)} tokens exceeds the micro-batch budget of {budget} "
-            "tokens; raise orchestrator.micro_batch_tokens or lower sampling.max_tokens"
+            "tokens; raise orchestrator.packing.micro_batch_tokens or lower sampling.max_tokens"
         )
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     free: list[int] = []

@@ -5,7 +5,7 @@ Decisions:
   - grpo: A_i = (r_i - mean(r)) / (std(r) + eps) with `normalize` (population std);
     without it, plain mean-centring.
   - dr_grpo: A_i = r_i - mean(r). Dr.GRPO's other half, no per-sequence length
-    normalisation, is already how the trainer's loss works (token mean over the step).
+    normalization, is already how the trainer's loss works (token mean over the step).
   - rloo: A_i = r_i - mean_{j≠i} r_j = G/(G-1) · (r_i - mean(r)), unbiased for G ≥ 2.
   - remax: A_i = r_i - r_greedy, the reward of a greedy completion of the same prompt.
 - A group whose rewards are all equal carries no learning signal and gets exact zeros

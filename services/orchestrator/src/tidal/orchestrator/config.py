@@ -8,11 +8,16 @@ measured offline: the RL reward rises by ~0.4 from the first to the last five st
 Task configs live in `task_config.py`; `task` (one task) and `tasks` (a weighted
 mixture) are two spellings of the same list: a non-empty `tasks` replaces `task`, so a
 mixture can be layered over a base file (like configs/default.toml) that names one task.
+
+The section is grouped by concern (advantages, rewards, packing, staleness, inflight,
+timeouts, report, sampling, eval); what a step is made of stays at the top. The flat keys
+of the earlier layout are listed in `MOVED_KEYS`: setting one fails with the error naming
+its new place, rather than being silently ignored or quietly accepted under two spellings.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -36,9 +41,35 @@ __all__ = [
     "OrchestratorRunConfig",
     "ReversalTaskConfig",
     "SamplingConfig",
+    "StalenessConfig",
 ]
 
 Algorithm = Literal["grpo", "dr_grpo", "rloo", "remax"]
+
+MOVED_KEYS: dict[str, str] = {
+    "algorithm": "orchestrator.advantages.algorithm",
+    "normalize_advantages": "orchestrator.advantages.normalize",
+    "dynamic_sampling": "orchestrator.advantages.dynamic_sampling",
+    "max_sampling_rounds": "orchestrator.advantages.max_sampling_rounds",
+    "overlong_buffer_tokens": "orchestrator.rewards.overlong_buffer_tokens",
+    "overlong_penalty": "orchestrator.rewards.overlong_penalty",
+    "length_penalty": "orchestrator.rewards.length_penalty",
+    "micro_batch_tokens": "orchestrator.packing.micro_batch_tokens",
+    "data_parallel_ranks": "orchestrator.packing.data_parallel_ranks",
+    "overlong_samples": "orchestrator.packing.overlong_samples",
+    "max_async": "orchestrator.staleness.max_async",
+    "max_off_policy_steps": "orchestrator.staleness.max_off_policy_steps",
+    "max_inflight_requests": "orchestrator.inflight.max_requests",
+    "inflight_queue_target": "orchestrator.inflight.queue_target",
+    "inflight_kv_usage_target": "orchestrator.inflight.kv_usage_target",
+    "generate_timeout_s": "orchestrator.timeouts.generate_s",
+    "train_timeout_s": "orchestrator.timeouts.train_s",
+    "peer_wait_s": "orchestrator.timeouts.peer_wait_s",
+    "verifier_timeout_s": "orchestrator.timeouts.verifier_s",
+    "table_every": "orchestrator.report.table_every",
+    "recent_steps": "orchestrator.report.recent_steps",
+}
+"""The flat keys of the first `[orchestrator]` section → where they live now (issue 14)."""
 
 
 class SamplingConfig(BaseConfig):
@@ -63,7 +94,107 @@ class EvalConfig(BaseConfig):
     """Samples per problem for pass@k (at the training temperature)."""
 
 
+class AdvantagesConfig(BaseConfig):
+    """How rewards become advantages, and which groups a step keeps."""
+
+    algorithm: Algorithm = "grpo"
+    """Advantage estimator: grpo (group mean, std-normalized unless `normalize` is false),
+    dr_grpo (group mean, no std), rloo (leave-one-out mean), remax (reward of a greedy
+    completion of the same prompt)."""
+    normalize: bool = True
+    """grpo only: divide by the group's reward std."""
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling: drop groups whose rewards are all equal and sample more
+    prompts until the step has prompts_per_step groups (or max_sampling_rounds is hit)."""
+    max_sampling_rounds: int = Field(default=4, gt=0)
+    """Generation rounds one step may use to fill its batch under dynamic sampling."""
+
+
+class RewardsConfig(BaseConfig):
+    """Reward shaping applied to the verifier's reward before advantages."""
+
+    overlong_buffer_tokens: int = Field(default=0, ge=0)
+    """DAPO overlong reward shaping: completions within this many tokens of max_tokens get
+    a linearly growing penalty, up to overlong_penalty at max_tokens; 0 disables it."""
+    overlong_penalty: float = Field(default=1.0, ge=0)
+    """Largest overlong penalty (subtracted from the reward)."""
+    length_penalty: float = Field(default=0.0, ge=0)
+    """Subtract length_penalty × completion tokens / max_tokens from the reward."""
+
+
+class PackingConfig(BaseConfig):
+    """How a step's samples become micro-batches for the trainer."""
+
+    micro_batch_tokens: int = Field(default=2048, gt=0)
+    """Token budget of one packed micro-batch."""
+    data_parallel_ranks: int | None = Field(default=None, gt=0)
+    """Trainer data-parallel ranks: micro-batches come in equal counts per rank, rank-major,
+    balanced by estimated cost. Unset (the default) reads the trainer's degree
+    (`trainer.world_size` / `trainer.parallel.*`) from its GetStatus at start-up; when set
+    it must equal that degree, else the orchestrator fails at start."""
+    overlong_samples: Literal["truncate", "drop"] = "truncate"
+    """A sample longer than micro_batch_tokens: keep its first tokens (truncate) or drop it;
+    both are counted."""
+
+
+class StalenessConfig(BaseConfig):
+    """The async window: how far generation runs ahead of training (see staleness.py)."""
+
+    max_async: int = Field(default=1, ge=0)
+    """How far generation may run ahead of training: rollouts of step n start once
+    inference has loaded version n-1-max_async. 0 is synchronous (on-policy)."""
+    max_off_policy_steps: int | None = Field(default=None, ge=0)
+    """Drop samples whose staleness (step - 1 - oldest policy version of their tokens)
+    exceeds this; unset means max_async + 1 (one version of slack for mid-generation
+    reloads and late loads)."""
+
+    @property
+    def bound(self) -> int:
+        """The staleness a kept sample may have: max_off_policy_steps, else max_async + 1."""
+        if self.max_off_policy_steps is not None:
+            return self.max_off_policy_steps
+        return self.max_async + 1
+
+
+class InflightConfig(BaseConfig):
+    """The adaptive bound on concurrent Generate calls."""
+
+    max_requests: int = Field(default=64, gt=0)
+    """Upper bound of concurrent Generate calls; the bound adapts downwards while
+    inference reports more than queue_target queued requests or a KV cache fuller than
+    kv_usage_target."""
+    queue_target: int = Field(default=16, ge=0)
+    """Queued requests at inference above which the in-flight bound is halved."""
+    kv_usage_target: float = Field(default=0.9, gt=0, le=1)
+    """KV-cache usage reported by inference above which the in-flight bound is halved."""
+
+
+class TimeoutsConfig(BaseConfig):
+    """Deadlines of calls to peers and to verifiers, in seconds."""
+
+    generate_s: float = Field(default=300.0, gt=0)
+    """Deadline of one Generate call (all completions of one prompt)."""
+    train_s: float = Field(default=600.0, gt=0)
+    """Deadline of one Train call."""
+    peer_wait_s: float = Field(default=300.0, gt=0)
+    """How long to wait at start-up for inference and the trainer to become healthy, and
+    for inference to load a policy version a step needs."""
+    verifier_s: float = Field(default=5.0, gt=0)
+    """A verifier call taking longer scores 0 (counted as a timeout)."""
+
+
+class ReportConfig(BaseConfig):
+    """What the orchestrator shows while it runs."""
+
+    table_every: int = Field(default=10, ge=0)
+    """Print the live metrics table every this many steps; 0 disables it."""
+    recent_steps: int = Field(default=20, gt=0)
+    """Steps kept in GetProgress's `recent` list."""
+
+
 class OrchestratorConfig(BaseConfig):
+    moved_keys: ClassVar[dict[str, str]] = MOVED_KEYS
+
     task: TaskConfig = ReversalTaskConfig()
     """The verifiable task prompts come from (use `tasks` for a mixture)."""
     tasks: list[TaskConfig] = []
@@ -77,74 +208,37 @@ class OrchestratorConfig(BaseConfig):
     """Prompts (groups) per step (also the SFT batch size in prompts)."""
     group_size: int = Field(default=8, gt=0)
     """Completions per prompt; advantages are computed within each group."""
-    sampling: SamplingConfig = SamplingConfig()
-    """Sampling parameters of rollouts."""
-    algorithm: Algorithm = "grpo"
-    """Advantage estimator: grpo (group mean, std-normalised unless normalize_advantages is
-    false), dr_grpo (group mean, no std), rloo (leave-one-out mean), remax (reward of a
-    greedy completion of the same prompt)."""
-    normalize_advantages: bool = True
-    """grpo only: divide by the group's reward std."""
-    dynamic_sampling: bool = False
-    """DAPO dynamic sampling: drop groups whose rewards are all equal and sample more
-    prompts until the step has prompts_per_step groups (or max_sampling_rounds is hit)."""
-    max_sampling_rounds: int = Field(default=4, gt=0)
-    """Generation rounds one step may use to fill its batch under dynamic sampling."""
-    overlong_buffer_tokens: int = Field(default=0, ge=0)
-    """DAPO overlong reward shaping: completions within this many tokens of max_tokens get
-    a linearly growing penalty, up to overlong_penalty at max_tokens; 0 disables it."""
-    overlong_penalty: float = Field(default=1.0, ge=0)
-    """Largest overlong penalty (subtracted from the reward)."""
-    length_penalty: float = Field(default=0.0, ge=0)
-    """Subtract length_penalty × completion tokens / max_tokens from the reward."""
-    verifier_timeout_s: float = Field(default=5.0, gt=0)
-    """A verifier call taking longer scores 0 (counted as a timeout)."""
-    micro_batch_tokens: int = Field(default=2048, gt=0)
-    """Token budget of one packed micro-batch."""
-    data_parallel_ranks: int = Field(default=1, gt=0)
-    """Trainer data-parallel ranks: micro-batches come in equal counts per rank, rank-major,
-    balanced by estimated cost."""
-    overlong_samples: Literal["truncate", "drop"] = "truncate"
-    """A sample longer than micro_batch_tokens: keep its first tokens (truncate) or drop it;
-    both are counted."""
-    max_async: int = Field(default=1, ge=0)
-    """How far generation may run ahead of training: rollouts of step n start once
-    inference has loaded version n-1-max_async. 0 is synchronous (on-policy)."""
-    max_off_policy_steps: int | None = Field(default=None, ge=0)
-    """Drop samples whose staleness (step - 1 - oldest policy version of their tokens)
-    exceeds this; unset means max_async + 1 (one version of slack for mid-generation
-    reloads and late loads)."""
-    max_inflight_requests: int = Field(default=64, gt=0)
-    """Upper bound of concurrent Generate calls; the bound adapts downwards while
-    inference reports more than inflight_queue_target queued requests or a KV cache
-    fuller than inflight_kv_usage_target."""
-    inflight_queue_target: int = Field(default=16, ge=0)
-    """Queued requests at inference above which the in-flight bound is halved."""
-    inflight_kv_usage_target: float = Field(default=0.9, gt=0, le=1)
-    """KV-cache usage reported by inference above which the in-flight bound is halved."""
-    eval: EvalConfig = EvalConfig()
-    """Held-out evaluation."""
     resume: bool = False
     """Continue from `<run dir>/progress.json` (written after every step): task cursors,
     RNG state and step. Without it a run starts from the beginning."""
-    table_every: int = Field(default=10, ge=0)
-    """Print the live metrics table every this many steps; 0 disables it."""
     exit_when_done: bool = True
     """Exit (code 0) after the last step; false keeps serving GetProgress until stopped."""
-    generate_timeout_s: float = Field(default=300.0, gt=0)
-    """Deadline of one Generate call (all completions of one prompt)."""
-    train_timeout_s: float = Field(default=600.0, gt=0)
-    """Deadline of one Train call."""
-    peer_wait_s: float = Field(default=300.0, gt=0)
-    """How long to wait at start-up for inference and the trainer to become healthy, and
-    for inference to load a policy version a step needs."""
-    recent_steps: int = Field(default=20, gt=0)
-    """Steps kept in GetProgress's `recent` list."""
+    sampling: SamplingConfig = SamplingConfig()
+    """Sampling parameters of rollouts."""
+    advantages: AdvantagesConfig = AdvantagesConfig()
+    """Advantage estimator and dynamic sampling."""
+    rewards: RewardsConfig = RewardsConfig()
+    """Reward shaping (overlong and length penalties)."""
+    packing: PackingConfig = PackingConfig()
+    """Micro-batch packing and the trainer's data-parallel ranks."""
+    staleness: StalenessConfig = StalenessConfig()
+    """The async window and the off-policy bound."""
+    inflight: InflightConfig = InflightConfig()
+    """The adaptive bound on concurrent Generate calls."""
+    timeouts: TimeoutsConfig = TimeoutsConfig()
+    """Deadlines of Generate, Train, peer start-up and verifier calls."""
+    report: ReportConfig = ReportConfig()
+    """The live table and GetProgress's recent steps."""
+    eval: EvalConfig = EvalConfig()
+    """Held-out evaluation."""
 
     @model_validator(mode="after")
     def _check(self) -> OrchestratorConfig:
-        if self.algorithm == "rloo" and self.group_size < 2:
-            raise ValueError("algorithm rloo needs group_size >= 2")
+        if self.advantages.algorithm == "rloo" and self.group_size < 2:
+            raise ValueError(
+                "orchestrator.advantages.algorithm rloo needs orchestrator.group_size >= 2 "
+                "(a leave-one-out baseline needs another completion)"
+            )
         return self
 
     @property
@@ -154,12 +248,6 @@ class OrchestratorConfig(BaseConfig):
     @property
     def total_steps(self) -> int:
         return self.warmup_steps + self.steps
-
-    @property
-    def staleness_bound(self) -> int:
-        if self.max_off_policy_steps is not None:
-            return self.max_off_policy_steps
-        return self.max_async + 1
 
 
 class OrchestratorRunConfig(ServiceRunConfig):

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from tidal.common.tokenizer import ByteTokenizer
-from tidal.orchestrator.rollouts import Completion
+from tidal.orchestrator.completions import Completion
 from tidal.orchestrator.seeds import derive_seed
 from tidal.orchestrator.tasks.base import Problem, Task
 

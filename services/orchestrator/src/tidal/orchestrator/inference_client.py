@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from tidal.common.channel import make_channel
 from tidal.common.sections import GrpcConfig
+from tidal.orchestrator.completions import Completion
 from tidal.orchestrator.peers import PeerError, peer_call, wait_serving
-from tidal.orchestrator.rollouts import Completion
 from tidal.rpc.v1 import common_pb2
 from tidal.rpc.v1 import inference_pb2 as pb
 from tidal.rpc.v1 import inference_pb2_grpc as pb_grpc

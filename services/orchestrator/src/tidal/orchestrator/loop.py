@@ -3,15 +3,19 @@
 Decisions:
 - Step ids are contiguous: warm-up steps are 1..W (LOSS_KIND_SFT on the tasks'
   reference answers), RL steps W+1..W+S. Version v is the weights after step v.
-- Asynchrony is a bounded pipeline. Rollouts of step n may start once inference has
-  loaded version n-1-max_async; right before Train(n) is sent, the loop starts generation
-  of every later step that bound allows, so with max_async ≥ 1 step n+1's rollouts are
-  produced while step n trains. With max_async = 0, step n+1 starts only after Train(n)
-  returned and inference loaded version n: synchronous, on-policy.
+- Asynchrony is a bounded pipeline whose window (which version a step waits for, how
+  far ahead generation may start, which samples are too stale) is one object,
+  `staleness.AsyncWindow`; the loop does none of that arithmetic. Right before Train(n)
+  is sent, the loop starts generation of every later step the window allows, so with
+  max_async ≥ 1 step n+1's rollouts are produced while step n trains; with max_async = 0
+  step n+1 starts only after Train(n) returned (synchronous, on-policy).
+- If every sample of a step is too stale (inference was late to load), the step's
+  problems are generated again with the newest loaded policy, up to MAX_REGENERATIONS
+  times, rather than sending the trainer an empty step.
 - Generations are chained: step n+1 draws its prompts only after step n's generation
   (all its dynamic-sampling rounds) finished. Prompts are therefore drawn in step order
   whatever the timing, and the task-mixture state before and after each step is a
-  well-defined snapshot: that is what `progress.json` saves (see progress_store.py)
+  well-defined snapshot: that is what `progress.json` saves (see resume.py)
   right before Train(n), together with the step's prompts in `prompts.jsonl`.
 - Each step has one `rl_step` span that opens when its generation starts and closes when
   its Train returns; every Generate and Train call shares the step's trace id.
@@ -34,17 +38,17 @@ from opentelemetry import trace
 from tidal.batch.balance import pack_for_ranks
 from tidal.batch.packing import PackedMicroBatch, TrainSample, fit_to_budget, pack_micro_batches
 from tidal.common.tokenizer import ByteTokenizer
+from tidal.orchestrator.completions import ScoredSample
 from tidal.orchestrator.config import OrchestratorConfig
 from tidal.orchestrator.episodes import reference_episode
 from tidal.orchestrator.evaluation import evaluate
 from tidal.orchestrator.metrics import MetricsLog, StepMetrics
 from tidal.orchestrator.mixture import TaskMixture
-from tidal.orchestrator.policy import PolicyGate
-from tidal.orchestrator.progress import ProgressState, StepSummary
-from tidal.orchestrator.progress_store import PROGRESS_FILE, SavedProgress, save_progress
 from tidal.orchestrator.report import print_live_table
-from tidal.orchestrator.rollout_groups import Generation, RolloutGenerator
-from tidal.orchestrator.rollouts import ScoredSample, drop_stale, staleness
+from tidal.orchestrator.resume import PROGRESS_FILE, SavedProgress, save_progress
+from tidal.orchestrator.rollout_generator import Generation, RolloutGenerator
+from tidal.orchestrator.run_status import ProgressState, StepSummary
+from tidal.orchestrator.staleness import AsyncWindow
 from tidal.orchestrator.step_stats import rl_step_extras
 from tidal.orchestrator.tasks.base import Problem
 from tidal.orchestrator.trainer_client import TrainerClient, TrainResult
@@ -65,7 +69,8 @@ class RLLoop:
         mixture: TaskMixture,
         generator: RolloutGenerator,
         trainer: TrainerClient,
-        gate: PolicyGate,
+        window: AsyncWindow,
+        data_parallel_ranks: int,
         progress: ProgressState,
         metrics: MetricsLog,
         run_dir: Path,
@@ -76,7 +81,9 @@ class RLLoop:
         self.mixture = mixture
         self.generator = generator
         self.trainer = trainer
-        self.gate = gate
+        self.window = window
+        self.data_parallel_ranks = data_parallel_ranks
+        """The trainer's data-parallel degree (resolved at start-up; see service.py)."""
         self.progress = progress
         self.metrics = metrics
         self.run_dir = run_dir
@@ -122,8 +129,8 @@ class RLLoop:
         )
 
     def _start_generations(self, step: int, *, newest_trained: int) -> None:
-        """Start generation of every step ≤ newest_trained + 1 + max_async not yet started."""
-        last = min(self.config.total_steps, newest_trained + 1 + self.config.max_async)
+        """Start generation of every step the window allows that is not started yet."""
+        last = min(self.config.total_steps, self.window.last_startable_step(newest_trained))
         for s in range(step, last + 1):
             if s not in self._generations:
                 span = self._step_span(s, "rl")
@@ -174,22 +181,20 @@ class RLLoop:
     async def _generate(self, step: int, *, after: asyncio.Task[Generation] | None) -> Generation:
         if after is not None:
             await asyncio.wait([after])  # draw in step order; never cancels `after`
-        needed = max(0, step - 1 - self.config.max_async)
         waited = time.monotonic()
-        loaded = await self.gate.wait_loaded(needed, timeout=self.config.peer_wait_s)
+        loaded = await self.window.wait_for_step(step)
         return await self.generator.generate_step(
             step, self.mixture, loaded_version=loaded, policy_wait=time.monotonic() - waited
         )
 
-    @staticmethod
-    def scored_samples(step: int, generation: Generation) -> list[ScoredSample]:
+    def scored_samples(self, step: int, generation: Generation) -> list[ScoredSample]:
         """Every completion with its group advantage and staleness."""
         scored = []
         for group in generation.groups:
             for completion, outcome, advantage in zip(
                 group.completions, group.outcomes, group.advantages, strict=True
             ):
-                age = staleness(
+                age = self.window.staleness(
                     step, completion.policy_versions, fallback_version=generation.loaded_version
                 )
                 scored.append(
@@ -206,18 +211,16 @@ class RLLoop:
 
     async def _rl_step(self, step: int, generation: Generation) -> None:
         scored = self.scored_samples(step, generation)
-        kept, dropped = drop_stale(scored, self.config.staleness_bound)
+        kept, dropped = self.window.drop_stale(scored)
         attempts = 1
         while not kept:  # every sample too stale: regenerate with the newest loaded policy
             if attempts >= MAX_REGENERATIONS:
                 raise RuntimeError(f"step {step}: all rollouts stale {attempts} times in a row")
             log.warning("step %d: all %d samples were stale; regenerating", step, dropped)
-            generation.loaded_version = await self.gate.wait_loaded(
-                step - 1 - self.config.max_async, timeout=self.config.peer_wait_s
-            )
+            generation.loaded_version = await self.window.wait_for_step(step)
             generation = await self.generator.regenerate(step, generation, attempts)
             scored = self.scored_samples(step, generation)
-            kept, more = drop_stale(scored, self.config.staleness_bound)
+            kept, more = self.window.drop_stale(scored)
             dropped, attempts = dropped + more, attempts + 1
         samples, truncated, dropped_overlong = self._fit(
             [
@@ -271,34 +274,35 @@ class RLLoop:
         if every <= 0 or (rl_index % every != 0 and step != self.config.total_steps):
             return {}
         results = await evaluate(self.generator, self.mixture, self.config.eval, step=step)
-        results["eval/policy_version"] = float(self.gate.loaded)
+        results["eval/policy_version"] = float(self.window.loaded)
         return results
 
     def _fit(self, samples: list[TrainSample]) -> tuple[list[TrainSample], int, int]:
         """Apply the over-long rule: (samples, how many were truncated, how many dropped)."""
-        budget = self.config.micro_batch_tokens
+        budget = self.config.packing.micro_batch_tokens
         out, truncated, dropped = [], 0, 0
         for sample in samples:
             if sample.num_tokens <= budget:
                 out.append(sample)
                 continue
             fitted = fit_to_budget(sample, budget)
-            if self.config.overlong_samples == "drop" or fitted is None:
+            if self.config.packing.overlong_samples == "drop" or fitted is None:
                 dropped += 1
             else:
                 out.append(fitted)
                 truncated += 1
         if not out:
             raise RuntimeError(
-                f"every sample of the step is longer than micro_batch_tokens={budget}"
+                f"every sample of the step is longer than "
+                f"orchestrator.packing.micro_batch_tokens={budget}"
             )
         return out, truncated, dropped
 
     def _pack(self, samples: list[TrainSample]) -> list[PackedMicroBatch]:
-        ranks = self.config.data_parallel_ranks
+        ranks, budget = self.data_parallel_ranks, self.config.packing.micro_batch_tokens
         if ranks == 1:
-            return pack_micro_batches(samples, self.config.micro_batch_tokens)
-        per_rank = pack_for_ranks(samples, self.config.micro_batch_tokens, ranks)
+            return pack_micro_batches(samples, budget)
+        per_rank = pack_for_ranks(samples, budget, ranks)
         return [b for rank in per_rank for b in rank]
 
     def _checkpoint(
@@ -316,7 +320,7 @@ class RLLoop:
 
     async def _train(self, step: int, batches: list[PackedMicroBatch], *, sft: bool) -> TrainResult:
         result = await self.trainer.train(
-            step, batches, sft=sft, timeout=self.config.train_timeout_s
+            step, batches, sft=sft, timeout=self.config.timeouts.train_s
         )
         self._last_train_end = time.monotonic()
         if result.duplicate:
@@ -376,7 +380,7 @@ class RLLoop:
             extra=extra or {},
         )
         self.metrics.append(metrics)
-        every = self.config.table_every
+        every = self.config.report.table_every
         if every and (step % every == 0 or step == self.config.total_steps):
             print_live_table(self.metrics.records[-every:])
         self.progress.finish_step(StepSummary(step, phase, metrics.reward_mean, version, seconds))

@@ -3,10 +3,12 @@
 Decisions:
 - The gRPC server (GetProgress, health) starts first, so progress is visible while the
   orchestrator waits for its peers.
-- Peers are awaited with health Watch (wait-for-ready, `peer_wait_s` deadline), then
-  inference must have loaded a policy version (≥ 0) before the first step.
+- Peers are awaited with health Check (wait-for-ready, `timeouts.peer_wait_s` deadline),
+  then inference must have loaded a policy version (≥ 0) before the first step, and the
+  trainer's data-parallel degree is read once and checked against the config
+  (data_parallel.py).
 - With `resume`, the saved progress (`progress.json`) and the trainer's last step decide
-  where to continue and from which task cursors (see progress_store.py). Without it, if
+  where to continue and from which task cursors (see resume.py). Without it, if
   the trainer has already trained steps, the loop continues at the trainer's next step
   (with fresh cursors) instead of failing on a step-order error.
 - Tasks are built (and plug-in import paths resolved) before waiting for any peer, so a
@@ -33,14 +35,14 @@ from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.common.telemetry import setup_telemetry
 from tidal.common.tokenizer import get_tokenizer
 from tidal.orchestrator.config import OrchestratorRunConfig
+from tidal.orchestrator.contained_verifier import ContainedVerifier
+from tidal.orchestrator.data_parallel import resolve_data_parallel_ranks
 from tidal.orchestrator.inference_client import InferenceClient
 from tidal.orchestrator.inflight import InflightLimiter
 from tidal.orchestrator.loop import RLLoop
 from tidal.orchestrator.metrics import METRICS_FILE, MetricsLog
 from tidal.orchestrator.mixture import TaskMixture
-from tidal.orchestrator.policy import PolicyGate
-from tidal.orchestrator.progress import ProgressState
-from tidal.orchestrator.progress_store import PROGRESS_FILE, load_progress, resume_point
+from tidal.orchestrator.published_versions import follow_publishes
 from tidal.orchestrator.report import (
     REPORT_PLOT,
     REWARD_PLOT,
@@ -49,11 +51,13 @@ from tidal.orchestrator.report import (
     write_report,
     write_reward_plot,
 )
-from tidal.orchestrator.rollout_groups import RolloutGenerator
+from tidal.orchestrator.resume import PROGRESS_FILE, load_progress, resume_point
+from tidal.orchestrator.rollout_generator import RolloutGenerator
+from tidal.orchestrator.run_status import ProgressState
 from tidal.orchestrator.servicer import OrchestratorServicer
+from tidal.orchestrator.staleness import AsyncWindow
 from tidal.orchestrator.tasks import build_tasks
 from tidal.orchestrator.trainer_client import TrainerClient
-from tidal.orchestrator.verification import ContainedVerifier
 from tidal.rpc.v1 import orchestrator_pb2_grpc as pb_grpc
 from tidal.weights.client import WeightSyncClient
 
@@ -123,14 +127,14 @@ async def run_training(
     inference = InferenceClient(config.endpoints.inference, config.grpc)
     trainer = TrainerClient(config.endpoints.trainer, config.grpc)
     weightsync = WeightSyncClient(config.endpoints.weightsync, config.grpc)
-    gate = PolicyGate(inference, progress)
+    window = AsyncWindow(orch.staleness, inference, wait_timeout_s=orch.timeouts.peer_wait_s)
     tokenizer = get_tokenizer(config.run.tokenizer)
     limiter = InflightLimiter(
-        orch.max_inflight_requests,
-        queue_target=orch.inflight_queue_target,
-        kv_usage_target=orch.inflight_kv_usage_target,
+        orch.inflight.max_requests,
+        queue_target=orch.inflight.queue_target,
+        kv_usage_target=orch.inflight.kv_usage_target,
     )
-    verifier = ContainedVerifier(mixture.tasks, timeout_s=orch.verifier_timeout_s)
+    verifier = ContainedVerifier(mixture.tasks, timeout_s=orch.timeouts.verifier_s)
     generator = RolloutGenerator(
         orch,
         seed=config.run.seed,
@@ -142,14 +146,19 @@ async def run_training(
     )
     background: list[asyncio.Task[None]] = []
     try:
-        log.info("waiting for inference and trainer (up to %.0fs)", orch.peer_wait_s)
-        await asyncio.gather(
-            inference.wait_serving(orch.peer_wait_s), trainer.wait_serving(orch.peer_wait_s)
+        peer_wait = orch.timeouts.peer_wait_s
+        log.info("waiting for inference and trainer (up to %.0fs)", peer_wait)
+        await asyncio.gather(inference.wait_serving(peer_wait), trainer.wait_serving(peer_wait))
+        ranks = resolve_data_parallel_ranks(
+            orch.packing.data_parallel_ranks,
+            await trainer.data_parallel_ranks(),
+            trainer=config.endpoints.trainer,
         )
-        await gate.wait_loaded(0, timeout=orch.peer_wait_s)
+        log.info("packing for %d trainer data-parallel rank(s)", ranks)
+        await window.wait_loaded(0)
         first_step = await first_step_and_cursors(config, trainer, mixture)
         started = time.monotonic()  # the summary's time excludes waiting for peers
-        follow = asyncio.create_task(gate.follow_publishes(weightsync, REPLICA_ID))
+        follow = asyncio.create_task(follow_publishes(weightsync, REPLICA_ID, progress))
         follow.add_done_callback(_warn_if_failed)
         background += [follow, asyncio.create_task(follow_inference_queue(inference, limiter))]
         loop = RLLoop(
@@ -158,7 +167,8 @@ async def run_training(
             mixture=mixture,
             generator=generator,
             trainer=trainer,
-            gate=gate,
+            window=window,
+            data_parallel_ranks=ranks,
             progress=progress,
             metrics=metrics,
             run_dir=config.run.dir,
@@ -189,7 +199,7 @@ async def serve(config: OrchestratorRunConfig, mixture: TaskMixture) -> int:
     """Serve GetProgress, run the loop; returns the process exit code."""
     provider = setup_telemetry("orchestrator", config.telemetry, config.run.dir)
     orch = config.orchestrator
-    progress = ProgressState(total_steps=orch.total_steps, recent_limit=orch.recent_steps)
+    progress = ProgressState(total_steps=orch.total_steps, recent_limit=orch.report.recent_steps)
     metrics = MetricsLog(config.run.dir / METRICS_FILE)
     binding = ServiceBinding(
         OrchestratorServicer(progress), pb_grpc.add_OrchestratorServiceServicer_to_server, FULL_NAME

@@ -13,8 +13,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tidal.orchestrator.rollout_groups import Generation
-from tidal.orchestrator.rollouts import ScoredSample
+from tidal.orchestrator.completions import ScoredSample
+from tidal.orchestrator.rollout_generator import Generation
+from tidal.orchestrator.staleness import version_staleness
 
 
 def _stats(prefix: str, values: Sequence[float]) -> dict[str, float]:
@@ -68,7 +69,7 @@ def rl_step_extras(
     for age, count in sorted(Counter(s.staleness for s in kept).items()):
         extras[f"staleness/{age}"] = float(count)
     extras["staleness/max"] = float(max((s.staleness for s in kept), default=0))
-    extras["staleness/gate"] = float(step - 1 - generation.loaded_version)
+    extras["staleness/gate"] = float(version_staleness(step, generation.loaded_version))
     extras["dropped/zero_variance_groups"] = float(generation.dropped_zero_variance)
     extras["dropped/overlong"] = float(dropped_overlong)
     extras["truncated"] = float(truncated)

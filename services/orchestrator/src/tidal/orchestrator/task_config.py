@@ -22,7 +22,7 @@ from tidal.common.config import BaseConfig
 
 class TaskCommon(BaseConfig):
     weight: float = Field(default=1.0, gt=0)
-    """Share of this task in a mixture (normalised over all tasks)."""
+    """Share of this task in a mixture (normalized over all tasks)."""
     name: str = ""
     """Label in metrics; empty means the task's type."""
 

@@ -39,13 +39,19 @@ class TrainerClient:
     async def wait_serving(self, timeout: float) -> None:
         await wait_serving(self.channel, FULL_NAME, timeout, peer="trainer", address=self.address)
 
-    async def last_step(self, *, timeout: float = 10.0) -> int:
-        """The last step the trainer has trained (0 before any)."""
+    async def _status(self, timeout: float) -> pb.TrainerStatus:
         with peer_call("trainer", self.address, "GetStatus"):
-            status = await self.stub.GetStatus(
+            return await self.stub.GetStatus(
                 common_pb2.StatusRequest(), timeout=timeout, wait_for_ready=False
             )
-        return int(status.step)
+
+    async def last_step(self, *, timeout: float = 10.0) -> int:
+        """The last step the trainer has trained (0 before any)."""
+        return int((await self._status(timeout)).step)
+
+    async def data_parallel_ranks(self, *, timeout: float = 10.0) -> int:
+        """The trainer's data-parallel degree (0 from a trainer that does not report it)."""
+        return int((await self._status(timeout)).data_parallel_ranks)
 
     async def train(
         self,

@@ -151,7 +151,9 @@ async def start_trainer(
     runner = StepRunner(
         trainer, publisher, checkpoints=checkpoints, checkpoint_interval=ckpt.interval
     )
-    servicer = TrainerServicer(runner, device=device)
+    # The degree micro-batches are split over (parallel/leader.py); the orchestrator packs for it.
+    dp = ranks.dims.dp if ranks is not None else 1
+    servicer = TrainerServicer(runner, device=device, data_parallel_ranks=dp)
     binding = ServiceBinding(servicer, pb_grpc.add_TrainerServiceServicer_to_server, FULL_NAME)
     address = config.grpc.listen_address(config.endpoints.trainer)
     running = RunningTrainer(GrpcServer(address, [binding], config.grpc), runner, client)

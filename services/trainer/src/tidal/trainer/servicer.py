@@ -25,9 +25,10 @@ _LOSS_KINDS: dict[int, LossKind] = {pb.LOSS_KIND_POLICY_GRADIENT: "pg", pb.LOSS_
 
 
 class TrainerServicer(pb_grpc.TrainerServiceServicer):
-    def __init__(self, runner: StepRunner, *, device: str) -> None:
+    def __init__(self, runner: StepRunner, *, device: str, data_parallel_ranks: int = 1) -> None:
         self.runner = runner
         self.device = device
+        self.data_parallel_ranks = data_parallel_ranks
         model = runner.trainer.config.model
         self.vocab_size = model.vocab_size
         self.max_seq_len = model.max_seq_len
@@ -77,4 +78,5 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
             num_parameters=runner.trainer.num_parameters,
             model=runner.trainer.describe(),
             device=self.device,
+            data_parallel_ranks=self.data_parallel_ranks,
         )

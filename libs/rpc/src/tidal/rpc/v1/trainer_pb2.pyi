@@ -63,7 +63,7 @@ class TrainResponse(_message.Message):
     def __init__(self, step: _Optional[int] = ..., policy_version: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class TrainerStatus(_message.Message):
-    __slots__ = ("step", "policy_version", "steps_trained", "duplicates_answered", "num_parameters", "model", "device")
+    __slots__ = ("step", "policy_version", "steps_trained", "duplicates_answered", "num_parameters", "model", "device", "data_parallel_ranks")
     STEP_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     STEPS_TRAINED_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +71,7 @@ class TrainerStatus(_message.Message):
     NUM_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
+    DATA_PARALLEL_RANKS_FIELD_NUMBER: _ClassVar[int]
     step: int
     policy_version: int
     steps_trained: int
@@ -78,4 +79,5 @@ class TrainerStatus(_message.Message):
     num_parameters: int
     model: str
     device: str
-    def __init__(self, step: _Optional[int] = ..., policy_version: _Optional[int] = ..., steps_trained: _Optional[int] = ..., duplicates_answered: _Optional[int] = ..., num_parameters: _Optional[int] = ..., model: _Optional[str] = ..., device: _Optional[str] = ...) -> None: ...
+    data_parallel_ranks: int
+    def __init__(self, step: _Optional[int] = ..., policy_version: _Optional[int] = ..., steps_trained: _Optional[int] = ..., duplicates_answered: _Optional[int] = ..., num_parameters: _Optional[int] = ..., model: _Optional[str] = ..., device: _Optional[str] = ..., data_parallel_ranks: _Optional[int] = ...) -> None: ...

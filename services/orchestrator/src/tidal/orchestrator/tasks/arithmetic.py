@@ -11,8 +11,8 @@ from __future__ import annotations
 import random
 
 from tidal.orchestrator.task_config import ArithmeticTaskConfig
+from tidal.orchestrator.tasks.answer_checkers import numeric_match, parse_number
 from tidal.orchestrator.tasks.base import GeneratedTask, Problem, Verdict
-from tidal.orchestrator.verifiers import numeric_match, parse_number
 
 OPERATIONS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 

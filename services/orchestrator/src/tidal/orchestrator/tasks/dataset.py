@@ -28,8 +28,8 @@ from typing import Any
 from tidal.common.errors import ConfigError
 from tidal.orchestrator.seeds import derive_seed, text_key
 from tidal.orchestrator.task_config import DatasetTaskConfig
+from tidal.orchestrator.tasks.answer_checkers import CHECKERS, extract_answer
 from tidal.orchestrator.tasks.base import Problem, Split, Task, Verdict
-from tidal.orchestrator.verifiers import CHECKERS, extract_answer
 
 log = logging.getLogger(__name__)
 

@@ -28,16 +28,16 @@ import numpy as np
 
 from tidal.common.tokenizer import ByteTokenizer
 from tidal.orchestrator.advantages import compute_advantages, has_signal, shape_reward
+from tidal.orchestrator.completions import Completion
 from tidal.orchestrator.config import OrchestratorConfig
+from tidal.orchestrator.contained_verifier import ContainedVerifier, VerifyOutcome
 from tidal.orchestrator.dynamic_sampling import fill_batch
 from tidal.orchestrator.episodes import run_episode
 from tidal.orchestrator.inference_client import InferenceClient
 from tidal.orchestrator.inflight import InflightLimiter
 from tidal.orchestrator.mixture import TaskMixture
-from tidal.orchestrator.rollouts import Completion
 from tidal.orchestrator.seeds import derive_seed
 from tidal.orchestrator.tasks.base import Problem
-from tidal.orchestrator.verification import ContainedVerifier, VerifyOutcome
 
 
 @dataclass
@@ -109,7 +109,7 @@ class RolloutGenerator:
                 seed=seed,
                 stop_token_ids=[self.tokenizer.eos_id],
                 request_id=request_id,
-                timeout=self.config.generate_timeout_s,
+                timeout=self.config.timeouts.generate_s,
             )
 
     async def rollouts(
@@ -156,9 +156,9 @@ class RolloutGenerator:
                 o.reward,
                 len(c.policy_versions),  # model tokens (an episode's environment text is free)
                 self.max_tokens,
-                overlong_buffer=self.config.overlong_buffer_tokens,
-                overlong_max_penalty=self.config.overlong_penalty,
-                length_penalty=self.config.length_penalty,
+                overlong_buffer=self.config.rewards.overlong_buffer_tokens,
+                overlong_max_penalty=self.config.rewards.overlong_penalty,
+                length_penalty=self.config.rewards.length_penalty,
             )
             for o, c in zip(outcomes, completions, strict=True)
         ]
@@ -178,7 +178,7 @@ class RolloutGenerator:
                 request_id=tag,
             )
         ]
-        if self.config.algorithm == "remax":
+        if self.config.advantages.algorithm == "remax":
             calls.append(
                 self.rollouts(
                     problem, prompt, n=1, temperature=0.0, seed=seed, request_id=tag + "-greedy"
@@ -188,13 +188,13 @@ class RolloutGenerator:
         completions = results[0]
         outcomes, shaped = await self.score(problem, completions)
         greedy_reward = None
-        if self.config.algorithm == "remax":
+        if self.config.advantages.algorithm == "remax":
             _, greedy_shaped = await self.score(problem, results[1])
             greedy_reward = greedy_shaped[0]
         advantages = compute_advantages(
-            self.config.algorithm,
+            self.config.advantages.algorithm,
             shaped,
-            normalize=self.config.normalize_advantages,
+            normalize=self.config.advantages.normalize,
             greedy_reward=greedy_reward,
         )
         return Group(
@@ -216,8 +216,10 @@ class RolloutGenerator:
             self.config.prompts_per_step,
             draw=mixture.draw,
             generate=generate,
-            keep=(lambda g: has_signal(g.shaped)) if self.config.dynamic_sampling else None,
-            max_rounds=self.config.max_sampling_rounds,
+            keep=(lambda g: has_signal(g.shaped))
+            if self.config.advantages.dynamic_sampling
+            else None,
+            max_rounds=self.config.advantages.max_sampling_rounds,
         )
         failures = Counter(o.failure for g in batch.generated for o in g.outcomes if o.failure)
         return Generation(

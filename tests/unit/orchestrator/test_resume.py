@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tidal.common.errors import ConfigError
-from tidal.orchestrator.progress_store import (
+from tidal.orchestrator.resume import (
     SavedProgress,
     load_progress,
     resume_point,

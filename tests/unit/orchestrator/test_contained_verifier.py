@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
+from tidal.orchestrator.contained_verifier import ContainedVerifier
 from tidal.orchestrator.tasks.base import Problem, Task, Verdict
-from tidal.orchestrator.verification import ContainedVerifier
 
 
 class MoodyTask(Task):

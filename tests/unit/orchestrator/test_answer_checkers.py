@@ -7,7 +7,7 @@ from fractions import Fraction
 
 import pytest
 
-from tidal.orchestrator.verifiers import (
+from tidal.orchestrator.tasks.answer_checkers import (
     exact_match,
     extract_answer,
     numeric_match,

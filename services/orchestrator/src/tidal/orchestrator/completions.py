@@ -1,0 +1,44 @@
+"""Completions as the orchestrator sees them: what inference returned, then scored.
+
+Decisions:
+- Plain frozen dataclasses with no protobuf in them: the inference client converts each
+  GenerateResponse into a `Completion`, and everything after it (episodes, verification,
+  advantages, the staleness filter, packing) works on these types.
+- Every token carries the policy version that produced it, so a sample's staleness can
+  be judged by its oldest token (the rule lives in staleness.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tidal.orchestrator.tasks.base import Problem
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One completion returned by inference."""
+
+    index: int
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    policy_versions: tuple[int, ...]
+    stopped: bool
+    """True when a stop token ended it; False when max_tokens or the context cut it."""
+    loss_mask: tuple[float, ...] = ()
+    """Multi-turn: 1 for model tokens, 0 for environment tokens (empty: all model tokens).
+    `logprobs` are 0 at environment tokens; `policy_versions` list model tokens only."""
+    turns: tuple[str, ...] = ()
+    """Multi-turn: the decoded model turns (empty for single-turn completions)."""
+
+
+@dataclass(frozen=True)
+class ScoredSample:
+    """A verified completion with its advantage and staleness, ready to pack."""
+
+    problem: Problem
+    prompt_ids: tuple[int, ...]
+    completion: Completion
+    reward: float
+    advantage: float
+    staleness: int
