@@ -106,6 +106,11 @@ class MetricsLog:
             else:
                 self._writer = writer_class(str(path.parent / TENSORBOARD_DIR))
 
+    @property
+    def writes_tensorboard(self) -> bool:
+        """Whether TensorBoard events are written beside the JSONL file."""
+        return self._writer is not None
+
     def append(self, metrics: StepMetrics) -> None:
         self.records.append(metrics)
         with self.path.open("a") as f:
