@@ -12,7 +12,8 @@ and a tiny model with random weights, in the Qwen3 and Llama 3 styles.
 - Weights and config.json come from our own exporter (`tidal.models.hf_checkpoint.
   export_hf_folder`, as tests/unit/models do), with `vocab_size` equal to the tokenizer's,
   so the folder loads in `transformers` and in `tidal.models` alike.
-- Special tokens are added after training, so they get the last ids, as in real models.
+- Special tokens are added after training, so they get the last ids, as in real models;
+  Qwen's `<think>`/`</think>` are added but not special (decoding keeps them).
 - `tokenizer_class` is `PreTrainedTokenizerFast`, so `transformers` reads tokenizer.json
   as is (its Qwen2Tokenizer would rebuild the pre-tokenizer from its own defaults).
 
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog. Hello, world!",
@@ -41,7 +42,8 @@ CORPUS = [
     "user: please call the tool. assistant: calling the calculator tool now.",
 ] * 4
 
-QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+QWEN_ADDED = ["<think>", "</think>"]  # added but not special, as in Qwen3: decode keeps them
 LLAMA_SPECIALS = [
     "<|begin_of_text|>",
     "<|end_of_text|>",
@@ -95,8 +97,11 @@ LLAMA3_TEMPLATE = (
 )
 
 
-def train_tokenizer(specials: list[str], *, vocab_size: int = 480) -> Tokenizer:
-    """A byte-level BPE trained on `CORPUS`, `specials` added after (the last ids)."""
+def train_tokenizer(
+    specials: list[str], *, added: tuple[str, ...] = (), vocab_size: int = 480
+) -> Tokenizer:
+    """A byte-level BPE trained on `CORPUS`, `specials` then `added` (plain added tokens)
+    given the last ids."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
@@ -108,12 +113,13 @@ def train_tokenizer(specials: list[str], *, vocab_size: int = 480) -> Tokenizer:
     )
     tok.train_from_iterator(CORPUS, trainer)
     tok.add_special_tokens(specials)
+    tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in added])
     return tok
 
 
 def _family(family: str) -> dict[str, Any]:
     if family == "qwen3":
-        tok = train_tokenizer(QWEN_SPECIALS)
+        tok = train_tokenizer(QWEN_SPECIALS, added=tuple(QWEN_ADDED))
         tok.post_processor = processors.ByteLevel(trim_offsets=False)
         ids = {s: tok.token_to_id(s) for s in QWEN_SPECIALS}
         return {
@@ -190,7 +196,7 @@ def write_tokenizer(folder: Path, family: str, spec: dict[str, Any] | None = Non
     tok.save(str(folder / "tokenizer.json"))
     added = {
         str(i): {"content": t.content, "lstrip": False, "rstrip": False, "normalized": False,
-                 "single_word": False, "special": True}
+                 "single_word": False, "special": t.special}
         for i, t in tok.get_added_tokens_decoder().items()
     }  # fmt: skip
     config = {

@@ -6,11 +6,15 @@ Decisions:
   (it pulls torch-sized dependencies the orchestrator must not have).
 - What `transformers` adds on top of `tokenizer.json` is reproduced, and only that:
   tokens of `added_tokens_decoder` missing from `tokenizer.json` are added at their ids
-  (a mismatch is an error, not a silent shift), special-token strings the vocabulary
-  lacks are added as special, and when `tokenizer_config.json` sets `add_bos_token` /
-  `add_eos_token` (Llama-style) or `tokenizer.json` has no post-processor, the
-  post-processor is rebuilt to add exactly those. Otherwise `tokenizer.json`'s own
-  post-processor decides (Llama 3's adds `<|begin_of_text|>`, Qwen's adds nothing).
+  (a mismatch is an error, not a silent shift), and special-token strings the vocabulary
+  lacks are added as special.
+- BOS/EOS around plain text come from `tokenizer.json`'s post-processor (Llama 3's adds
+  `<|begin_of_text|>`, Qwen's adds nothing); `add_bos_token` / `add_eos_token` in
+  `tokenizer_config.json` are then ignored, as `transformers` 5 ignores them whenever
+  `tokenizer.json` exists (a folder saved by `transformers` 4 already has the flags baked
+  into that post-processor). Only a `tokenizer.json` without a post-processor takes the
+  flags (absent flags: nothing added), which is where `transformers` 4 and 5 differ and
+  we follow 4: a hand-made Llama-style folder asking for BOS gets it.
 - `clean_up_tokenization_spaces` is ignored: it is lossy (" ." → "."), `transformers` 5
   ignores it for BPE tokenizers too, and incremental detokenisation needs
   `decode(a + b)` to extend `decode(a)`.
@@ -49,10 +53,8 @@ class HFTokenizer:
             raise TokenizerFolderError(f"{files.tokenizer_json} cannot be read: {e}") from e
         self._add_declared_tokens()
         self._specials = {n: self._id_of(n, s) for n, s in files.special_tokens.items()}
-        if files.add_bos_token is not None or files.add_eos_token is not None:
+        if self._tok.post_processor is None:
             self._rebuild_post_processor(bool(files.add_bos_token), bool(files.add_eos_token))
-        elif self._tok.post_processor is None:
-            self._rebuild_post_processor(False, False)
         self._templates = templates_from_config(
             files.chat_template,
             origin=files.chat_template_origin,

@@ -4,13 +4,13 @@ Decisions:
 - The files and what is taken from each:
   `tokenizer.json` (required: vocabulary, merges, normalizer, pre-tokenizer, decoder,
   post-processor, added tokens); `tokenizer_config.json` (the special-token strings
-  `bos_token` / `eos_token` / `pad_token` / `unk_token`, `add_bos_token` /
-  `add_eos_token`, `added_tokens_decoder`, `chat_template`); `special_tokens_map.json`
-  (older folders: fills special tokens `tokenizer_config.json` leaves unset);
-  `chat_template.jinja` (newer folders keep the template there; it wins over the config's);
-  `generation_config.json` (`eos_token_id`, an int or a list); `config.json`
-  (`vocab_size`, to check ids fit the embedding; `eos_token_id` when there is no
-  generation config).
+  `bos_token` / `eos_token` / `pad_token` / `unk_token`, `added_tokens_decoder`,
+  `chat_template`, and `add_bos_token` / `add_eos_token`, used only when tokenizer.json
+  has no post-processor); `special_tokens_map.json` (older folders: fills special tokens
+  `tokenizer_config.json` leaves unset); `chat_template.jinja` (newer folders keep the
+  template there; it wins over the config's); `generation_config.json` (`eos_token_id`,
+  an int or a list); `config.json` (`vocab_size`, to check ids fit the embedding;
+  `eos_token_id` when there is no generation config).
 - Special tokens may be written as strings or as AddedToken dicts (`{"content": ...}`);
   both become the string.
 - Only `tokenizer.json` is required. Slow-tokenizer files (`vocab.json` + `merges.txt`,
@@ -46,7 +46,7 @@ class TokenizerFiles:
     folder: Path
     tokenizer_json: Path
     special_tokens: dict[str, str]  # bos_token/eos_token/pad_token/unk_token → string
-    add_bos_token: bool | None  # None: the config does not say (keep tokenizer.json's)
+    add_bos_token: bool | None  # None: the config does not say
     add_eos_token: bool | None
     added_tokens: dict[int, dict[str, Any]]  # added_tokens_decoder: id → AddedToken fields
     chat_template: str | list[dict[str, str]] | None
