@@ -27,7 +27,7 @@ Decisions:
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -38,8 +38,12 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tidal.common.errors import ConfigError
 from tidal.text.protocol import Message
 
-_PROBE_USER = "tidal-probe-user-7f3a"
 _PROBE_ASSISTANT = "tidal-probe-assistant-7f3a"
+PROBE_CHAT: tuple[Message, ...] = (
+    {"role": "user", "content": "tidal-probe-user-7f3a"},
+    {"role": "assistant", "content": _PROBE_ASSISTANT},
+)
+"""A chat whose rendering shows what a template writes after an assistant's content."""
 
 
 class ChatTemplateError(ConfigError):
@@ -125,22 +129,23 @@ class ChatTemplate:
         except jinja2.TemplateError as e:
             raise ChatTemplateError(f"chat template from {self.origin} failed: {e}") from e
 
-    def end_of_turn(self, specials: Sequence[str]) -> str | None:
+    def end_of_turn(self, specials: Iterable[str]) -> str | None:
         """The first of `specials` the template writes after an assistant message's content."""
-        probe = [
-            {"role": "user", "content": _PROBE_USER},
-            {"role": "assistant", "content": _PROBE_ASSISTANT},
-        ]
         try:
-            text = self.render(probe, add_generation_prompt=False)
+            text = self.render(PROBE_CHAT, add_generation_prompt=False)
         except ChatTemplateError:
             return None
-        start = text.find(_PROBE_ASSISTANT)
-        if start < 0:
-            return None
-        rest = text[start + len(_PROBE_ASSISTANT) :]
-        found = [(rest.find(s), s) for s in specials if s and rest.find(s) >= 0]
-        return min(found)[1] if found else None
+        return first_after_assistant(text, specials)
+
+
+def first_after_assistant(rendered_probe: str, candidates: Iterable[str]) -> str | None:
+    """The candidate occurring first after the assistant's content in a rendered `PROBE_CHAT`."""
+    start = rendered_probe.find(_PROBE_ASSISTANT)
+    if start < 0:
+        return None
+    rest = rendered_probe[start + len(_PROBE_ASSISTANT) :]
+    found = [(at, c) for c in candidates if c and (at := rest.find(c)) >= 0]
+    return min(found)[1] if found else None
 
 
 def templates_from_config(

@@ -36,10 +36,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tidal.text.chat_template import PROBE_CHAT, first_after_assistant
 from tidal.text.protocol import Message, Tokenizer
-
-_PROBE_USER = "tidal-episode-probe-user"
-_PROBE_ASSISTANT = "tidal-episode-probe-assistant"
 
 
 class EpisodeRenderError(ValueError):
@@ -49,20 +47,10 @@ class EpisodeRenderError(ValueError):
 def end_of_turn(tokenizer: Tokenizer) -> tuple[str, int] | None:
     """The end-of-turn token (text, id) among `eos_ids`: the first one the chat template
     writes after an assistant message's content."""
-    text = tokenizer.apply_chat_template(
-        [
-            {"role": "user", "content": _PROBE_USER},
-            {"role": "assistant", "content": _PROBE_ASSISTANT},
-        ],
-        add_generation_prompt=False,
-    )
-    rest = text[text.find(_PROBE_ASSISTANT) + len(_PROBE_ASSISTANT) :]
-    found = []
-    for token_id in tokenizer.eos_ids:
-        token = tokenizer.decode([token_id], skip_special=False)
-        if token and (at := rest.find(token)) >= 0:
-            found.append((at, token, token_id))
-    return min(found)[1:] if found else None
+    rendered = tokenizer.apply_chat_template(PROBE_CHAT, add_generation_prompt=False)
+    by_text = {tokenizer.decode([i], skip_special=False): i for i in reversed(tokenizer.eos_ids)}
+    token = first_after_assistant(rendered, by_text)
+    return (token, by_text[token]) if token is not None else None
 
 
 @dataclass

@@ -60,6 +60,12 @@ class HFTokenizer:
             origin=files.chat_template_origin,
             special_tokens=files.special_tokens,
         )
+        added = {i: t for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
+        self._special_ids = frozenset({*added, *self._specials.values()})
+        template = self._templates.get("default")
+        specials = [*(t.content for t in added.values()), *files.special_tokens.values()]
+        self.end_of_turn_token = template.end_of_turn(specials) if template else None
+        """The special token the default chat template closes a turn with, if any."""
         self._eos_ids = self._merge_eos()
 
     @classmethod
@@ -164,17 +170,7 @@ class HFTokenizer:
 
     @property
     def special_ids(self) -> frozenset[int]:
-        added = {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
-        return frozenset(added | set(self._specials.values()))
-
-    @property
-    def end_of_turn_token(self) -> str | None:
-        """The special token the default chat template closes a turn with, if any."""
-        template = self._templates.get("default")
-        if template is None:
-            return None
-        specials = [t.content for t in self._tok.get_added_tokens_decoder().values() if t.special]
-        return template.end_of_turn([*specials, *self.files.special_tokens.values()])
+        return self._special_ids
 
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
