@@ -96,6 +96,15 @@ def test_enable_thinking_reaches_the_template(folders: dict[str, Path]) -> None:
     assert on.endswith("<|im_start|>assistant\n")
 
 
+@pytest.mark.parametrize("key", ["reasoning_content", "reasoning", "thinking"])
+def test_reasoning_under_any_name_reaches_the_template(
+    ours: HFTokenizer, reference: Any, key: str
+) -> None:
+    chat = [*CHAT, {"role": "assistant", "content": "Tokyo.", key: "it is the capital"}]
+    expected = reference.apply_chat_template(chat, add_generation_prompt=False, tokenize=False)
+    assert ours.apply_chat_template(chat, add_generation_prompt=False) == expected
+
+
 def test_none_values_read_as_missing(ours: HFTokenizer, reference: Any) -> None:
     chat = [{"role": "user", "content": "hi", "reasoning_content": None}]
     expected = reference.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)

@@ -11,7 +11,8 @@ Decisions:
   and any extra keyword (e.g. `enable_thinking`), extras winning over specials.
 - Messages are copied into plain dicts with `None` values dropped (templates test for
   presence: `content: None` must read as missing), so a template never sees the
-  caller's objects.
+  caller's objects; reasoning given as `reasoning` or `thinking` is also passed as
+  `reasoning_content`, the name templates read (and the other way round).
 - `system_prompt` (from config) is prepended as a system message only when the chat does
   not open with one: a dataset's own system message is the more specific instruction.
 - A template that fails to compile or raises (`raise_exception`, an undefined filter)
@@ -83,12 +84,26 @@ def _environment() -> ImmutableSandboxedEnvironment:
 _ENV = _environment()
 
 
+REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
+
+
+def template_message(message: Message) -> dict[str, Any]:
+    """A plain copy the template may read: `None` values dropped, and reasoning given
+    under any of `REASONING_KEYS` also under `reasoning_content` (what most templates
+    read) and `thinking` (gpt-oss), as `transformers` does."""
+    plain = {k: v for k, v in dict(message).items() if v is not None}
+    reasoning = next((plain[k] for k in REASONING_KEYS if k in plain), None)
+    if reasoning is not None:
+        plain = {"thinking": reasoning, **plain, "reasoning_content": reasoning}
+    return plain
+
+
 def with_system_prompt(
     messages: Sequence[Message], system_prompt: str | None
 ) -> list[dict[str, Any]]:
-    """Plain copies of `messages` (None values dropped), `system_prompt` first unless the
-    chat already opens with a system message."""
-    plain = [{k: v for k, v in dict(m).items() if v is not None} for m in messages]
+    """Template copies of `messages`, `system_prompt` first unless the chat already opens
+    with a system message."""
+    plain = [template_message(m) for m in messages]
     if system_prompt is not None and not (plain and plain[0].get("role") == "system"):
         plain.insert(0, {"role": "system", "content": system_prompt})
     return plain
