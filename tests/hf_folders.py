@@ -19,6 +19,8 @@ and a tiny model with random weights, in the Qwen3 and Llama 3 styles.
 
 Use the session fixtures `qwen3_folder` / `llama_folder` (import them into a conftest),
 or `build_model_folder(path, family)` for a folder a test may modify.
+`sentencepiece_style_folder` is a tokenizer-only Llama 2-style folder (byte fallback,
+`▁` spaces) for what byte-level BPE does not exercise.
 """
 
 from __future__ import annotations
@@ -29,7 +31,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import (
+    AddedToken,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+    trainers,
+)
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog. Hello, world!",
@@ -221,6 +232,50 @@ def build_model_folder(folder: Path, family: str, *, weights: bool = True) -> Pa
     return folder
 
 
+def build_sentencepiece_style_folder(folder: Path) -> Path:
+    """A Llama 2-style tokenizer folder (no weights): BPE with byte fallback (`<0xE2>`
+    tokens for characters outside the vocabulary), Metaspace-like `▁` spaces and a
+    decoder that strips the sequence's leading space, BOS `<s>`, EOS `</s>`."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence(
+        [
+            decoders.Replace("▁", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        min_frequency=2,
+        special_tokens=["<unk>", "<s>", "</s>"],
+        limit_alphabet=70,
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS, trainer)
+    spec = json.loads(tok.to_str())
+    vocab = spec["model"]["vocab"]
+    for byte in range(256):  # byte-fallback tokens, plain vocabulary entries
+        vocab.setdefault(f"<0x{byte:02X}>", len(vocab))
+    spec["model"]["byte_fallback"] = True
+    tok = Tokenizer.from_str(json.dumps(spec))
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B:1", special_tokens=[("<s>", tok.token_to_id("<s>"))]
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "clean_up_tokenization_spaces": False,
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "unk_token": "<unk>",
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    return folder
+
+
 def _session_folder(family: str) -> Callable[[pytest.TempPathFactory], Path]:
     @pytest.fixture(scope="session", name=f"{family}_folder")
     def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -231,3 +286,8 @@ def _session_folder(family: str) -> Callable[[pytest.TempPathFactory], Path]:
 
 qwen3_folder = _session_folder("qwen3")
 llama_folder = _session_folder("llama")
+
+
+@pytest.fixture(scope="session")
+def sentencepiece_style_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_sentencepiece_style_folder(tmp_path_factory.mktemp("sp") / "tokenizer")

@@ -10,9 +10,9 @@ import pytest
 
 from tidal.text.hf import HFTokenizer
 
-from ...hf_folders import llama_folder, qwen3_folder
+from ...hf_folders import llama_folder, qwen3_folder, sentencepiece_style_folder
 
-__all__ = ["llama_folder", "qwen3_folder"]
+__all__ = ["llama_folder", "qwen3_folder", "sentencepiece_style_folder"]
 
 FAMILIES = ["qwen3", "llama"]
 
@@ -20,6 +20,12 @@ FAMILIES = ["qwen3", "llama"]
 @pytest.fixture(scope="session")
 def folders(qwen3_folder: Path, llama_folder: Path) -> dict[str, Path]:
     return {"qwen3": qwen3_folder, "llama": llama_folder}
+
+
+@pytest.fixture(scope="session")
+def all_folders(folders: dict[str, Path], sentencepiece_style_folder: Path) -> dict[str, Path]:
+    """The model folders plus the tokenizer-only Llama 2-style one."""
+    return {**folders, "sentencepiece": sentencepiece_style_folder}
 
 
 @pytest.fixture(params=FAMILIES)

@@ -109,3 +109,14 @@ def test_none_values_read_as_missing(ours: HFTokenizer, reference: Any) -> None:
     chat = [{"role": "user", "content": "hi", "reasoning_content": None}]
     expected = reference.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
     assert ours.apply_chat_template(chat, add_generation_prompt=True) == expected
+
+
+def test_byte_fallback_tokenizer_matches_transformers(sentencepiece_style_folder: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    reference = transformers.AutoTokenizer.from_pretrained(sentencepiece_style_folder)
+    ours = HFTokenizer.from_folder(sentencepiece_style_folder)
+    assert ours.vocab_size == len(reference) and ours.bos_id == reference.bos_token_id
+    for text in [*TEXTS, "rare 🦩🪐"]:
+        ids = ours.encode(text)
+        assert ids == reference.encode(text), text
+        assert ours.decode(ids) == reference.decode(ids, skip_special_tokens=True)

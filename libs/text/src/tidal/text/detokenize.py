@@ -9,12 +9,16 @@ Decisions:
   context, and the difference is only what the new ids added.
 - Two offsets move forward: `_prefix` (start of the window) and `_read` (the ids whose
   text was emitted). While the window's text ends in U+FFFD the newest ids are an
-  incomplete character; nothing is emitted and the offsets stay, so the next id
-  completes it. When text is emitted, the window moves up to the old `_read`: it starts
-  at an id boundary whose text was complete, so it never begins inside a character.
+  incomplete character (byte-level BPE leaves one U+FFFD; a byte-fallback decoder
+  replaces the whole unfinished run of `<0x..>` tokens, so even the complete characters
+  before it read as U+FFFD until the run completes); nothing is emitted and the offsets
+  stay, so the next id completes it. When text is emitted, the window moves up to the
+  old `_read`: it starts at an id boundary whose text was complete, so it never begins
+  inside a character.
 - A real U+FFFD that the model generated is indistinguishable from an incomplete
   character until more ids arrive; `finish()` emits whatever is held back, so the
-  concatenated deltas always equal `decode(all ids)` (what tests assert at every step).
+  concatenated deltas always equal `decode(all ids)`, and each step's text equals the
+  decode of the ids so far whenever that decode is free of U+FFFD (tests check both).
 - Works with any `Tokenizer`: only `decode` is used. Cost per id is one or two decodes
   of a window of a few ids, not of the whole sequence.
 """
