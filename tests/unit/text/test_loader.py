@@ -168,6 +168,25 @@ def test_special_tokens_map_fills_what_the_config_leaves_unset(qwen_copy: Path) 
     assert tokenizer.pad_id == tokenizer.token_to_id("<think>")
 
 
+def test_tokens_the_vocabulary_lacks_are_added_as_transformers_adds_them(qwen_copy: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    config = json.loads((qwen_copy / "tokenizer_config.json").read_text())
+    size = len(config["added_tokens_decoder"]) + min(map(int, config["added_tokens_decoder"]))
+    config["added_tokens_decoder"][str(size)] = {"content": "<|tool|>", "special": True}
+    config["pad_token"] = "<|pad|>"  # named, but in no vocabulary: added after
+    (qwen_copy / "tokenizer_config.json").write_text(json.dumps(config))
+    reference = transformers.AutoTokenizer.from_pretrained(qwen_copy)
+    ours = HFTokenizer.from_folder(qwen_copy)
+    assert ours.token_to_id("<|tool|>") == size == reference.convert_tokens_to_ids("<|tool|>")
+    assert ours.pad_id == size + 1 == reference.pad_token_id
+    assert ours.vocab_size == len(reference)
+    text = "call<|tool|>now<|pad|>"
+    assert ours.encode(text) == reference.encode(text)
+    assert ours.decode(ours.encode(text)) == reference.decode(
+        reference.encode(text), skip_special_tokens=True
+    )
+
+
 def test_added_token_at_a_different_id_is_refused(qwen_copy: Path) -> None:
     config = json.loads((qwen_copy / "tokenizer_config.json").read_text())
     config["added_tokens_decoder"]["3"] = {"content": "<|im_end|>", "special": True}

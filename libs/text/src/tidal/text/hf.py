@@ -106,24 +106,19 @@ class HFTokenizer:
         return token_id
 
     def _rebuild_post_processor(self, add_bos: bool, add_eos: bool) -> None:
-        bos, eos = (
-            self.files.special_tokens.get("bos_token"),
-            self.files.special_tokens.get("eos_token"),
-        )
-        add_bos, add_eos = add_bos and bos is not None, add_eos and eos is not None
-        single = " ".join(
-            [*([f"{bos}:0"] if add_bos else []), "$A:0", *([f"{eos}:0"] if add_eos else [])]
-        )
-        pair = " ".join(
-            [single, *([f"{bos}:1"] if add_bos else []), "$B:1", *([f"{eos}:1"] if add_eos else [])]
-        )
-        special: list[tuple[str, int]] = []
-        if add_bos and bos is not None:
-            special.append((bos, self._specials["bos_token"]))
-        if add_eos and eos is not None:
-            special.append((eos, self._specials["eos_token"]))
+        """BOS/EOS around each sequence as the flags ask (tokenizers' TemplateProcessing)."""
+        bos = self.files.special_tokens.get("bos_token") if add_bos else None
+        eos = self.files.special_tokens.get("eos_token") if add_eos else None
+
+        def sequence(name: str, type_id: int) -> str:
+            parts = [f"{bos}:{type_id}"] if bos else []
+            return " ".join([*parts, f"${name}:{type_id}", *([f"{eos}:{type_id}"] if eos else [])])
+
+        special = [(t, self._specials[n]) for n, t in (("bos_token", bos), ("eos_token", eos)) if t]
         self._tok.post_processor = TemplateProcessing(
-            single=single, pair=pair, special_tokens=special
+            single=sequence("A", 0),
+            pair=f"{sequence('A', 0)} {sequence('B', 1)}",
+            special_tokens=special,
         )
 
     def _merge_eos(self) -> tuple[int, ...]:
