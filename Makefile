@@ -9,7 +9,7 @@ PROTO_OUT := libs/rpc/src
 PROTOS := $(shell find $(PROTO_SRC) -name '*.proto' | sort)
 CONFIG ?= configs/default.toml
 PYPROJECTS := pyproject.toml libs/rpc/pyproject.toml libs/common/pyproject.toml libs/weights/pyproject.toml \
-	libs/models/pyproject.toml libs/batch/pyproject.toml \
+	libs/models/pyproject.toml libs/batch/pyproject.toml libs/text/pyproject.toml \
 	$(wildcard services/*/pyproject.toml)
 
 .PHONY: setup proto proto-check lint test test-fast run bench up down clean
@@ -21,7 +21,7 @@ $(STAMP): $(PYPROJECTS)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e libs/rpc -e libs/common -e libs/weights -e libs/models -e libs/batch -e services/weightsync \
+	$(BIN)/python -m pip install -q -e libs/rpc -e libs/common -e libs/weights -e libs/models -e libs/batch -e libs/text -e services/weightsync \
 		-e services/trainer -e services/inference -e services/orchestrator -e '.[dev]'
 	touch $(STAMP)
 
