@@ -14,7 +14,8 @@ Decisions:
 - The step counts are computed once per step from all micro-batches *before* any
   forward pass; with several data-parallel ranks each rank sums its own micro-batches
   and `reduce` (e.g. an all-reduce SUM over the group) makes them global. This module
-  needs no process group itself, so the single-process trainer passes no `reduce`.
+  needs no process group itself: the trainer passes its rank context's `reduce`
+  (ranks.py; the identity for one process).
 - The denominators come from the data (loss_mask), not from trust-region masking, which
   depends on the current weights: masking a token removes its term, not its share.
 """

@@ -196,6 +196,8 @@ class Trainer:
         self.ranks.finish_gradients(self.model)  # e.g. expert parallelism's gradients
         # The step's metric sums over all ranks, in one collective.
         names = sorted(sums)
+        if not names:  # every micro-batch of this process was empty and skipped
+            return {}
         total = self.ranks.sum_over_ranks(torch.stack([sums[n].float() for n in names]))
         return dict(zip(names, total, strict=True))
 
