@@ -6,7 +6,8 @@ Decisions:
   `tidal rl` config (and its `--section.key value` overrides) plans as it is.
 - No torch import: planning a 70B model is arithmetic on the config, instant anywhere.
 - Lives in the umbrella CLI (it needs the whole run config); the planner itself is
-  `tidal.trainer.memory_planner`.
+  `tidal.trainer.memory_planner`. Named `memory_plan` (the command stays `tidal plan`) so
+  it is not mistaken for weightsync's transport choice.
 - Tokens per micro-batch default to the run's `orchestrator.micro_batch_tokens`, the
   world size to its `trainer.world_size`.
 - `--fit`'s TOML is an overlay of the run config (`fit.candidates`, `Levers.to_toml`):
