@@ -58,6 +58,7 @@ from tidal.inference.sampling import SamplingParams
 from tidal.inference.sequence import Sequence
 from tidal.models.args import DecoderArgs
 from tidal.models.attention import sdpa
+from tidal.models.device import DTYPES
 from tidal.models.layers import DecoderLM
 
 ARGS = DecoderArgs(
@@ -66,7 +67,6 @@ ARGS = DecoderArgs(
 BATCH, NEW_TOKENS, PROMPT_LENS = 32, 128, (16, 48)
 STOP_IDS = tuple(range(3, ARGS.vocab_size, 40))  # the `eos` scenario's stop set
 SCENARIOS = ("fixed", "eos")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def make_prompts() -> list[list[int]]:

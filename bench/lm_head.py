@@ -3,7 +3,7 @@
 One LM head of the size where logits dominate (4096 tokens per micro-batch, hidden 512,
 vocab 32768, fp32), computing what the trainer needs (next-token logprobs and entropy)
 and backpropagating a loss through both: the plain path (full `[T, V]` logits,
-log-softmax, gather, entropy) against `levers/lm_head.py` at two chunk sizes.
+log-softmax, gather, entropy) against `memory/lm_head.py` at two chunk sizes.
 
 Peak memory: each variant runs once in a fresh child process, which reports its peak
 resident set size (ru_maxrss) minus its RSS just before the computation, i.e. what the
@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import median_seconds, print_table, write_result
 
-from tidal.trainer.levers.lm_head import chunked_logprobs_entropy, resolve_chunk_size
+from tidal.trainer.memory.lm_head import chunked_logprobs_entropy, resolve_chunk_size
 
 TOKENS, DIM, VOCAB = 4096, 512, 32768
 VARIANTS = {"plain": None, "chunk auto": resolve_chunk_size("auto", VOCAB), "chunk 128": 128}

@@ -3,7 +3,7 @@ activations dominate, and which lever recipe keeps peak ≤ 0.3 of vanilla faste
 
 A ~48M-parameter Qwen3-style model (vocab 32k, 4096 tokens per micro-batch) trains real
 steps (`Trainer.train_step`, fp32) with no lever, each lever alone, and several
-memory-tight recipes. Every run is a fresh subprocess (`tidal.trainer.plan.measure`):
+memory-tight recipes. Every run is a fresh subprocess (`tidal.trainer.memory_planner.measure`):
 peak = kernel high-water mark (VmHWM) above the resident size after a warm-up, with
 glibc's mmap threshold pinned low so RSS follows live tensors; its first step is not
 timed (allocation, page faults), the next ones are.
@@ -32,10 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import print_table, write_result
 
 from tidal.trainer.config import TrainerConfig
-from tidal.trainer.plan.estimate import Workload, plan_memory
-from tidal.trainer.plan.levers import Levers
-from tidal.trainer.plan.measure import measure
-from tidal.trainer.plan.model_size import decoder_args, param_counts
+from tidal.trainer.memory_planner.estimate import Workload, plan_memory
+from tidal.trainer.memory_planner.levers import Levers
+from tidal.trainer.memory_planner.measure import measure
+from tidal.trainer.memory_planner.model_size import decoder_args, param_counts
 
 TOKENS = 4096
 PEAK_TARGET = 0.3
@@ -121,7 +121,7 @@ def _head_table(repeats: int) -> list[dict]:
     """Head only (forward + backward over 4096 tokens): dense vs chunk sizes, interleaved."""
     import torch
 
-    from tidal.trainer.levers.lm_head import chunked_logprobs_entropy, resolve_chunk_size
+    from tidal.trainer.memory.lm_head import chunked_logprobs_entropy, resolve_chunk_size
 
     torch.set_num_threads(2)
     g = torch.Generator().manual_seed(0)

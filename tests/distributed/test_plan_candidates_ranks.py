@@ -13,9 +13,9 @@ import torch
 
 from tidal.cli.config import RunConfig
 from tidal.common.config import load_config
-from tidal.trainer.plan.estimate import Workload
-from tidal.trainer.plan.fit import candidates
-from tidal.trainer.plan.levers import Levers
+from tidal.trainer.memory_planner.estimate import Workload
+from tidal.trainer.memory_planner.fit import candidates
+from tidal.trainer.memory_planner.levers import Levers
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 DEFAULT = Path(__file__).resolve().parents[2] / "configs" / "default.toml"

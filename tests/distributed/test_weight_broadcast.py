@@ -132,8 +132,8 @@ async def test_broadcast_delivers_bit_identical_weights_and_late_replica_catches
         while late.acked < 2:
             assert time.monotonic() < deadline, "late replica did not converge"
             await asyncio.sleep(0.05)
-        assert late.plan is not None and late.plan.seat is not None
-        assert not late.plan.seat.member and "is full" in late.plan.seat.reason
+        assert late.choice is not None and late.choice.seat is not None
+        assert not late.choice.seat.member and "is full" in late.choice.seat.reason
         versions = {v.manifest.version: v.loaded_by for v in await client.list_versions()}
         assert set(versions[2]) == {"rank1", "late"}
 

@@ -47,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         sft(rest)
     elif command == "plan":
-        from tidal.cli.plan import main as plan
+        from tidal.cli.memory_plan import main as plan
 
         plan(rest)
     elif command == "client":

@@ -18,13 +18,13 @@ import torch
 import torch.distributed as dist
 from fsdp_step import TINY, full, global_batch, main
 
-from tidal.trainer.lever_config import (
+from tidal.trainer.memory.config import (
     ActivationCheckpointConfig,
     ActivationOffloadingConfig,
     CompileConfig,
 )
-from tidal.trainer.levers.lm_head import chunked_logprobs_entropy
-from tidal.trainer.levers.offload import offloading
+from tidal.trainer.memory.lm_head import chunked_logprobs_entropy
+from tidal.trainer.memory.offload import offloading
 from tidal.trainer.model_factory import build_model
 from tidal.trainer.parallel.ac import apply_ac
 from tidal.trainer.parallel.compile import apply_compile

@@ -112,18 +112,18 @@ def lead_or_follow(
 
 
 def run_ranks(ckpt: Path, offloads: list[str], state_dir: Path) -> dict[str, Any] | None:
-    from tidal.trainer.parallel.runtime import RankContext
+    from tidal.trainer.parallel.runtime import TorchrunRanks
 
-    ranks = RankContext.init(config(2, "none", state_dir), "cpu")
+    ranks = TorchrunRanks.init(config(2, "none", state_dir), "cpu")
     out: dict[str, Any] = {}
     for offload in offloads:
         cfg = config(2, offload, state_dir / f"ranks-{offload}")
-        trainer = Trainer(cfg, seed=0, device=ranks.device, parallel=ranks)
+        trainer = Trainer(cfg, seed=0, device=ranks.device, ranks=ranks)
         stores: list[Any] = [None] * ranks.world_size
         dist.all_gather_object(stores, store_report(trainer), group=ranks.control)
         run = lead_or_follow(trainer, ranks, ckpt / offload, STEPS, save_after=2)
         trainer.optimizer.close()  # type: ignore[attr-defined]  # the resumed one remaps
-        resumed = Trainer(cfg, seed=0, device=ranks.device, parallel=ranks)
+        resumed = Trainer(cfg, seed=0, device=ranks.device, ranks=ranks)
         CheckpointManager(ckpt / offload, keep_last=2).load(resumed)  # every rank its shards
         again = lead_or_follow(resumed, ranks, ckpt / f"{offload}-unused", (3,), None)
         resumed.optimizer.close()  # type: ignore[attr-defined]

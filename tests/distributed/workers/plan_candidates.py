@@ -22,14 +22,14 @@ import torch
 from trainer_ranks import step_batches
 
 from tidal.cli.config import RunConfig
-from tidal.cli.plan import overlay
+from tidal.cli.memory_plan import overlay
 from tidal.common.config import load_config
+from tidal.trainer.memory_planner.estimate import Workload
+from tidal.trainer.memory_planner.fit import candidates
+from tidal.trainer.memory_planner.levers import Levers
 from tidal.trainer.optim_offload import OffloadedOptimizer
 from tidal.trainer.parallel.assign import assign_micro_batches
-from tidal.trainer.parallel.runtime import RankContext
-from tidal.trainer.plan.estimate import Workload
-from tidal.trainer.plan.fit import candidates
-from tidal.trainer.plan.levers import Levers
+from tidal.trainer.parallel.runtime import TorchrunRanks
 from tidal.trainer.train_step import Trainer
 
 DEFAULT = Path(__file__).resolve().parents[3] / "configs" / "default.toml"
@@ -60,11 +60,11 @@ def main() -> None:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as folder:
         runs = answers(Path(folder))
-    ranks = RankContext.init(runs[0][1].trainer, "cpu")
+    ranks = TorchrunRanks.init(runs[0][1].trainer, "cpu")
     share = assign_micro_batches(step_batches(1), WORLD_SIZE)[ranks.rank]
     results, first = [], None
     for candidate, config in runs:
-        trainer = Trainer(config.trainer, seed=0, device=ranks.device, parallel=ranks)
+        trainer = Trainer(config.trainer, seed=0, device=ranks.device, ranks=ranks)
         metrics = trainer.train_step(1, share, "pg")
         weights = trainer.state_dict_for_publish()  # collective: every rank gathers
         first = first or weights

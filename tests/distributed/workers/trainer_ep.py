@@ -128,13 +128,13 @@ def run_single(model: str, restore: list[Path]) -> dict[str, object]:
 
 def run_ranks(case: str, ckpt: Path) -> dict[str, object] | None:
     from tidal.trainer.parallel.assign import assign_micro_batches
-    from tidal.trainer.parallel.runtime import RankContext
+    from tidal.trainer.parallel.runtime import TorchrunRanks
 
     world = int(os.environ["WORLD_SIZE"])
     model, parallel = LAYOUTS[case]
     cfg = config(model, world, parallel)
-    ranks = RankContext.init(cfg, "cpu")
-    trainer = Trainer(cfg, seed=0, device=ranks.device, parallel=ranks)
+    ranks = TorchrunRanks.init(cfg, "cpu")
+    trainer = Trainer(cfg, seed=0, device=ranks.device, ranks=ranks)
     experts = trainer.model.model.layers[0].mlp.experts.gate_up_proj
     assert experts.to_local().shape[0] == 2, "each rank holds 2 of the 4 experts"
     share = [assign_micro_batches(step_batches(s), world)[ranks.rank] for s in (1, 2)]

@@ -89,10 +89,10 @@ def run_ranks(ckpt: Path, cp: str) -> dict[str, object] | None:
         LeaderTrainer,
         follow,
     )
-    from tidal.trainer.parallel.runtime import RankContext
+    from tidal.trainer.parallel.runtime import TorchrunRanks
 
-    ranks = RankContext.init(config(2, cp), "cpu")
-    trainer = Trainer(config(2, cp), seed=0, device=ranks.device, parallel=ranks)
+    ranks = TorchrunRanks.init(config(2, cp), "cpu")
+    trainer = Trainer(config(2, cp), seed=0, device=ranks.device, ranks=ranks)
     channel = ControlChannel(ranks)
     if ranks.rank != 0:
         follow(trainer, CheckpointManager(ckpt, keep_last=2), channel)

@@ -51,7 +51,7 @@ def test_top_p_keeps_smallest_set_reaching_p() -> None:
     assert kept(filtered_logprobs(logits, *params(1, top_p=1.0))[0]) == {0, 1, 2, 3}
 
 
-def test_top_p_applies_to_the_distribution_renormalised_after_top_k() -> None:
+def test_top_p_applies_to_the_distribution_renormalized_after_top_k() -> None:
     probs = torch.tensor([[0.4, 0.3, 0.2, 0.1]])
     # after top-k=2: 0.4/0.7 = 0.571, 0.3/0.7: p=0.5 keeps only the first
     assert kept(filtered_logprobs(probs.log(), *params(1, top_k=2, top_p=0.5))[0]) == {0}
@@ -108,7 +108,7 @@ def test_same_seed_same_uniforms_and_indices_differ() -> None:
 def test_min_p_drops_tokens_below_a_fraction_of_the_best() -> None:
     probs = torch.tensor([[0.5, 0.3, 0.12, 0.08]])
     t, k, p = params(1)
-    # threshold 0.2 * 0.5 = 0.1: the 0.08 token goes, the rest renormalise
+    # threshold 0.2 * 0.5 = 0.1: the 0.08 token goes, the rest renormalize
     out = filtered_logprobs(probs.log(), t, k, p, torch.tensor([0.2]))[0]
     assert kept(out) == {0, 1, 2}
     torch.testing.assert_close(out[:3].exp(), probs[0, :3] / probs[0, :3].sum())

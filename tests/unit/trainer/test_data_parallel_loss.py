@@ -1,8 +1,9 @@
 """The step loss is invariant to splitting micro-batches across ranks: 2 gloo ranks == 1 process.
 
 Each rank trains on its own micro-batches with the step counts all-reduced (the `reduce`
-hook of `Trainer`) and then all-reduces its gradients (SUM), as data parallelism does; the
-result must equal one process training on all micro-batches, for every normalisation.
+of a `SingleProcess` rank context) and then all-reduces its gradients (SUM), as data
+parallelism does; the result must equal one process training on all micro-batches, for
+every normalization.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tidal.batch.packing import TrainSample
 from tidal.batch.tensors import MicroBatchData
 from tidal.trainer.config import LossConfig, ModelConfig, TrainerConfig
 from tidal.trainer.parallel.runtime import leave_process_group
+from tidal.trainer.ranks import SingleProcess
 from tidal.trainer.sft import pack_for_trainer
 from tidal.trainer.train_step import Trainer
 
@@ -72,7 +74,8 @@ def rank_main(out: Path) -> None:
     errors = {}
     for name, loss in NORMS.items():
         config = TrainerConfig(model=TINY, loss=loss, device="cpu")
-        sharded = Trainer(config, seed=0, device=torch.device("cpu"), reduce=all_reduce_sum)
+        counts_summed = SingleProcess(reduce=all_reduce_sum)
+        sharded = Trainer(config, seed=0, device=torch.device("cpu"), ranks=counts_summed)
         metrics = sharded.compute_gradients(mine, "pg")
         grads = gradients(sharded)
         for g in grads.values():

@@ -14,7 +14,7 @@ import torch
 
 from tidal.trainer.config import LossConfig
 from tidal.trainer.loss import TokenInputs, kl_estimate, rl_loss, sft_loss, token_entropy
-from tidal.trainer.normalisation import StepCounts, segment_ids, token_weights
+from tidal.trainer.loss_normalization import StepCounts, segment_ids, token_weights
 
 
 def reference_rl_loss(
@@ -145,7 +145,7 @@ def check_against_reference(cfg: LossConfig, seed: int = 0, spread: float = 1.2)
 
 @pytest.mark.parametrize("norm", ["token", "sequence", "constant"])
 @pytest.mark.parametrize("level", ["token", "sequence"])
-def test_clipped_surrogate_matches_reference_for_each_ratio_level_and_normalisation(
+def test_clipped_surrogate_matches_reference_for_each_ratio_level_and_normalization(
     level: str, norm: str
 ) -> None:
     cfg = LossConfig(ratio_level=level, norm=norm, norm_constant=100.0)  # type: ignore[arg-type]
@@ -257,6 +257,6 @@ def test_token_entropy_of_uniform_is_log_vocab() -> None:
     torch.testing.assert_close(token_entropy(logprobs_all), torch.full((3,), math.log(8)))
 
 
-def test_constant_normalisation_needs_a_constant() -> None:
+def test_constant_normalization_needs_a_constant() -> None:
     with pytest.raises(ValueError, match="norm_constant"):
         LossConfig(norm="constant")

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tidal.weights.broadcast_group import BroadcastGroup, connect_store, host_store
-from tidal.weights.plan import GroupSeat
+from tidal.weights.transport_choice import GroupSeat
 
 
 def seat(address: str, rank: int) -> GroupSeat:

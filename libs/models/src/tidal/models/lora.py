@@ -3,7 +3,7 @@
 Where: the layer and the merge live with the model (the trainer publishes merged weights,
 inference merges published adapters with the same expression); choosing targets from
 `[trainer.model.lora]` and freezing the rest is the trainer's lever
-(`tidal.trainer.levers.lora.apply_lora`).
+(`tidal.trainer.memory.lora.apply_lora`).
 
 Decisions:
 - `LoRALinear` subclasses `nn.Linear` and takes over the original layer's weight and

@@ -1,7 +1,7 @@
 """Mixture-of-experts feed-forward (Qwen3-MoE style) with grouped expert compute.
 
 Decisions:
-- Router: softmax over all experts in fp32, top-k, optionally renormalised over the k
+- Router: softmax over all experts in fp32, top-k, optionally renormalized over the k
   chosen (`norm_topk_prob`), exactly Qwen3-MoE's rule. An optional shared expert (a plain
   SwiGLU MLP scaled by a sigmoid gate, Qwen2-MoE's) is added for every token.
 - Experts are stored stacked, in transformers' in-memory layout: `experts.gate_up_proj`

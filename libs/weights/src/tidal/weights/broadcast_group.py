@@ -62,7 +62,7 @@ from tidal.weights.buckets import (
     specs_of,
     tensor_views,
 )
-from tidal.weights.plan import GroupSeat
+from tidal.weights.transport_choice import GroupSeat
 from tidal.weights.transports.base import ReceivedVersion
 
 log = logging.getLogger(__name__)

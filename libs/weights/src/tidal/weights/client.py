@@ -21,11 +21,11 @@ from tidal.rpc.v1 import weightsync_pb2_grpc as pb_grpc
 from tidal.weights.convert import (
     event_from_proto,
     manifest_to_proto,
-    plan_from_proto,
     role_to_proto,
+    transport_choice_from_proto,
 )
 from tidal.weights.manifest import VersionEvent, WeightManifest, verify_digests
-from tidal.weights.plan import SyncPlan
+from tidal.weights.transport_choice import TransportChoice
 
 log = logging.getLogger(__name__)
 RETRYABLE = (
@@ -83,7 +83,7 @@ class WeightSyncClient:
         store_address: str = "",
         after_generation: int = 0,
         timeout: float = 300.0,
-    ) -> SyncPlan:
+    ) -> TransportChoice:
         """The run's data path; for broadcast, this member's seat (a replica waits for the
         trainer to join, or to re-form the group after `after_generation` broke)."""
         request = pb.JoinSyncRequest(
@@ -92,7 +92,7 @@ class WeightSyncClient:
             store_address=store_address,
             after_generation=after_generation,
         )
-        return plan_from_proto(await self.stub.JoinSync(request, timeout=timeout))
+        return transport_choice_from_proto(await self.stub.JoinSync(request, timeout=timeout))
 
     async def upload_progress(
         self, manifest: WeightManifest, *, timeout: float = 30.0

@@ -11,7 +11,7 @@ from tidal.weights.manifest import (
     WeightFile,
     WeightManifest,
 )
-from tidal.weights.plan import GroupSeat, SyncPlan
+from tidal.weights.transport_choice import GroupSeat, TransportChoice
 
 
 def manifest_to_proto(m: WeightManifest) -> pb.WeightManifest:
@@ -94,12 +94,12 @@ def seat_to_proto(s: GroupSeat) -> pb.BroadcastGroup:
     )
 
 
-def plan_to_proto(p: SyncPlan) -> pb.SyncPlan:
+def transport_choice_to_proto(p: TransportChoice) -> pb.SyncPlan:
     group = seat_to_proto(p.seat) if p.seat is not None else None
     return pb.SyncPlan(transport=p.transport, chunk_bytes=p.chunk_bytes, group=group)
 
 
-def plan_from_proto(p: pb.SyncPlan) -> SyncPlan:
+def transport_choice_from_proto(p: pb.SyncPlan) -> TransportChoice:
     seat = None
     if p.HasField("group"):
         g = p.group
@@ -114,7 +114,7 @@ def plan_from_proto(p: pb.SyncPlan) -> SyncPlan:
             g.timeout_s,
             g.generation,
         )
-    return SyncPlan(p.transport, p.chunk_bytes, seat)
+    return TransportChoice(p.transport, p.chunk_bytes, seat)
 
 
 ROLES = {pb.SYNC_ROLE_TRAINER: "trainer", pb.SYNC_ROLE_REPLICA: "replica"}

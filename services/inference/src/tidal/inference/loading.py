@@ -27,16 +27,6 @@ from tidal.models.layers import DecoderLM
 from tidal.models.rope import rope_tables
 
 TIED_HEAD = "lm_head.weight"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def resolve_device(name: str) -> torch.device:
-    """ "auto" → CUDA when available, else CPU."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError('inference.device is "cuda" but torch sees no CUDA device')
-    return torch.device(name)
 
 
 def build_model(

@@ -51,7 +51,7 @@ from tidal.inference.adapters import AdapterMerger, adapter_spec, check_describe
 from tidal.inference.engine import Engine
 from tidal.weights.client import WeightSyncClient
 from tidal.weights.manifest import CorruptWeights, VersionEvent, WeightManifest
-from tidal.weights.plan import SyncPlan
+from tidal.weights.transport_choice import TransportChoice
 from tidal.weights.transports.base import ReceivedVersion, WeightReceiver
 from tidal.weights.transports.factory import make_receiver
 from tidal.weights.transports.filesystem import FilesystemReceiver
@@ -77,7 +77,7 @@ class WeightWatcher:
         self.engine = engine
         self.replica_id = replica_id
         self.on_loaded = on_loaded
-        self.plan: SyncPlan | None = None
+        self.choice: TransportChoice | None = None
         self.seen = -1  # newest version announced by Watch (loaded or skipped)
         self.loaded = -1  # newest version the engine serves
         self.acked = -1
@@ -100,7 +100,7 @@ class WeightWatcher:
         backoff = BACKOFF_START_S
         while True:
             try:
-                if self.plan is None:
+                if self.choice is None:
                     self._start_receiver(
                         await self.client.join_sync(
                             self.replica_id, "replica", timeout=JOIN_TIMEOUT_S
@@ -124,9 +124,9 @@ class WeightWatcher:
             await asyncio.sleep(backoff)
             backoff = min(2 * backoff, BACKOFF_MAX_S)
 
-    def _start_receiver(self, plan: SyncPlan) -> None:
-        self.receiver = make_receiver(plan, client=self.client, replica_id=self.replica_id)
-        self.plan = plan
+    def _start_receiver(self, choice: TransportChoice) -> None:
+        self.receiver = make_receiver(choice, client=self.client, replica_id=self.replica_id)
+        self.choice = choice
         self._receiving = asyncio.create_task(
             self.receiver.run(self._install_received), name="weights-receiver"
         )

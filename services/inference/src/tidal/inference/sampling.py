@@ -3,7 +3,7 @@
 Decisions:
 - Filters apply in this order: temperature scaling; min-p, which drops tokens less likely
   than `min_p` times the most likely one; top-k; then top-p on the distribution
-  renormalised after the earlier filters. top-p keeps the smallest set of most probable
+  renormalized after the earlier filters. top-p keeps the smallest set of most probable
   tokens whose probability sums to at least p (the most probable token is always kept).
 - The logprob reported for a token is its log-probability under exactly the distribution
   it was drawn from: log-softmax of the temperature-scaled logits with filtered tokens at

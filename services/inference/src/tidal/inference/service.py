@@ -97,10 +97,10 @@ def build_engine(config: InferenceRunConfig, tokenizer: ByteTokenizer) -> Engine
             max_queue=cfg.max_queue,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
         )
-    from tidal.inference.loading import DTYPES, resolve_device
     from tidal.inference.native import NativeEngine
+    from tidal.models.device import DTYPES, resolve_device
 
-    device = resolve_device(cfg.device)
+    device = resolve_device(cfg.device, service="inference")
     bf16_on_cpu = cfg.dtype == "bfloat16" and device.type == "cpu"
     if bf16_on_cpu and (warning := bf16_cost_warning('inference.dtype = "bfloat16"')):
         log.warning("%s (the linears compute in fp32 from upcast copies)", warning)

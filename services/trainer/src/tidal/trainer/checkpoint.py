@@ -18,6 +18,10 @@ Decisions:
   deleted, so there is always at least one complete checkpoint on disk.
 - Multi-rank: all ranks save into the same temp folder; rank 0 renames and prunes after
   a barrier. Single process: the barrier is skipped.
+- What is checkpointed is a `TrainingState` (model, optimizer, scheduler, step), not the
+  `Trainer` class: the `Trainer` and rank 0's `LeaderTrainer` both are one, so the
+  leader's checkpoint manager saves what it is given without unwrapping it, and this
+  module does not import the training step.
 """
 
 from __future__ import annotations
@@ -32,16 +36,16 @@ import uuid
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
 from tidal.common.durable import fsync_path, fsync_tree
-from tidal.trainer.train_step import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +68,25 @@ def _set_rng_state(state: dict[str, torch.Tensor]) -> None:
         torch.cuda.set_rng_state_all(cuda)
 
 
+class TrainingState(Protocol):
+    """What a checkpoint holds of a trainer (the `Trainer`, or rank 0's `LeaderTrainer`)."""
+
+    @property
+    def model(self) -> nn.Module: ...
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer: ...
+
+    @property
+    def scheduler(self) -> torch.optim.lr_scheduler.LRScheduler: ...
+
+    trained_step: int  # the last step whose optimizer step ran; set on load
+
+
 class TrainState(Stateful):
     """The trainer's state as one DCP `Stateful`; `extra` holds caller-owned ints."""
 
-    def __init__(self, trainer: Trainer, extra: dict[str, int] | None = None) -> None:
+    def __init__(self, trainer: TrainingState, extra: dict[str, int] | None = None) -> None:
         self.trainer = trainer
         self.extra = dict(extra or {})
 
@@ -147,7 +166,7 @@ class CheckpointManager:
         done = self.complete()
         return done[-1][1] if done else None
 
-    def save(self, trainer: Trainer, *, extra: dict[str, int] | None = None) -> Path:
+    def save(self, trainer: TrainingState, *, extra: dict[str, int] | None = None) -> Path:
         """Write the trainer's state at its current step; returns the checkpoint folder."""
         step = trainer.trained_step
         final = self.root / f"step_{step:08d}"
@@ -170,7 +189,7 @@ class CheckpointManager:
         _barrier()
         return final
 
-    def load(self, trainer: Trainer, path: Path | None = None) -> dict[str, int]:
+    def load(self, trainer: TrainingState, path: Path | None = None) -> dict[str, int]:
         """Restore `trainer` from `path` (default: the latest); returns the saved `extra`."""
         path = path or self.latest()
         if path is None:

@@ -19,7 +19,7 @@ from tidal.common.sections import ServiceRunConfig, SharedConfig
 from tidal.common.tokenizer import ByteTokenizer
 from tidal.models.attention_kind import FLASH_ATTN_INSTALL, PackedKind
 from tidal.models.families import MOE_FAMILIES, FamilyName
-from tidal.trainer.lever_config import (
+from tidal.trainer.memory.config import (
     ActivationCheckpointConfig,
     ActivationOffloadingConfig,
     ChunkSize,
@@ -102,7 +102,7 @@ class ModelConfig(BaseConfig):
     moe_ffn_dim: int = Field(default=64, gt=0)
     """MoE families: inner size of each expert's SwiGLU."""
     norm_topk_prob: bool = True
-    """MoE families: renormalise the top-k router probabilities to sum to 1."""
+    """MoE families: renormalize the top-k router probabilities to sum to 1."""
     shared_expert_ffn_dim: int = Field(default=0, ge=0)
     """MoE families: inner size of a sigmoid-gated shared expert every token uses; 0 = none
     ("qwen2_moe" needs one)."""
@@ -271,13 +271,13 @@ class LossConfig(BaseConfig):
     trust_region: TrustRegionConfig = TrustRegionConfig()
     """Masking of tokens that left the trust region (all bounds unset: no masking)."""
     norm: Literal["token", "sequence", "constant"] = "token"
-    """Normalisation: token mean over the step, mean of per-sequence means, or / norm_constant."""
+    """Normalization: token mean over the step, mean of per-sequence means, or / norm_constant."""
     norm_constant: float | None = Field(default=None, gt=0)
-    """Divisor of the "constant" normalisation (Dr.GRPO), e.g. the generation token budget."""
+    """Divisor of the "constant" normalization (Dr.GRPO), e.g. the generation token budget."""
     kl: KLConfig = KLConfig()
     """KL penalty to the frozen initial model."""
     entropy_coef: float = Field(default=0.0, ge=0)
-    """Entropy bonus: coef · (normalised) entropy is subtracted from the loss."""
+    """Entropy bonus: coef · (normalized) entropy is subtracted from the loss."""
 
     @model_validator(mode="after")
     def _check_norm(self) -> LossConfig:

@@ -5,18 +5,18 @@ Decisions:
   the logprob of one target token, its behaviour logprob, its advantage and its mask.
   Aligning targets (logits at t-1 predict token t) is the caller's job (`train_step`).
 - Every term is a weighted sum Σ w_t ℓ_t with the step-level weights of
-  `normalisation.py` (token-mean, sequence-mean or constant), so micro-batch losses add
+  `loss_normalization.py` (token-mean, sequence-mean or constant), so micro-batch losses add
   up to the step loss whatever the split. Metrics are token means over the step
   (`metric_weights` = mask / step loss tokens), so they add up the same way.
 - Importance ratio: token-level exp(logp - logp_behaviour), or GSPO's sequence-level
   exp(mean over the sample's loss tokens of the log-ratio), broadcast to its tokens (with
-  sequence normalisation this is exactly GSPO's per-sequence objective). Either ratio
+  sequence normalization this is exactly GSPO's per-sequence objective). Either ratio
   goes through PPO's pessimistic surrogate min(r·A, clip(r, 1-ε_low, 1+ε_high)·A) with
   separate low/high epsilons (clip-higher).
 - Trust-region masking (an off-policy guard) drops a token's surrogate term when its
   *token* ratio π/μ leaves [ratio_low, ratio_high] or |π - μ| exceeds max_prob_diff. The
-  mask is computed without gradient and never changes the normaliser (see
-  normalisation.py), so it only removes terms.
+  mask is computed without gradient and never changes the normalizer (see
+  loss_normalization.py), so it only removes terms.
 - KL to a frozen reference model uses the k1/k2/k3 estimators of KL(π ‖ π_ref) on the
   sampled tokens (k3 = e^{ref-logp} - (ref-logp) - 1: unbiased, non-negative); the
   entropy bonus subtracts coef · H of each position's full next-token distribution.
@@ -32,7 +32,7 @@ from typing import Literal
 import torch
 
 from tidal.trainer.config import LossConfig
-from tidal.trainer.normalisation import segment_sum
+from tidal.trainer.loss_normalization import segment_sum
 
 KLEstimator = Literal["k1", "k2", "k3"]
 
@@ -104,7 +104,7 @@ def rl_loss(
     inputs: TokenInputs,
     *,
     config: LossConfig,
-    weights: torch.Tensor,  # (N,) normalisation weights (normalisation.token_weights)
+    weights: torch.Tensor,  # (N,) normalization weights (loss_normalization.token_weights)
     metric_weights: torch.Tensor,  # (N,) loss_mask / step loss tokens
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """This micro-batch's share of the step's RL loss (to minimise) and its metric parts."""
@@ -149,9 +149,9 @@ def rl_loss(
 
 def sft_loss(
     logprobs: torch.Tensor,  # (N,) trainer logprob of each target token, with grad
-    weights: torch.Tensor,  # (N,) normalisation weights, zero off the mask
+    weights: torch.Tensor,  # (N,) normalization weights, zero off the mask
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Cross-entropy (negative log-likelihood) of the loss tokens, normalised by `weights`."""
+    """Cross-entropy (negative log-likelihood) of the loss tokens, normalized by `weights`."""
     loss = -weighted_sum(logprobs, weights)
     return loss, {"nll": loss.detach()}
 

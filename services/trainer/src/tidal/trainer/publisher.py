@@ -33,7 +33,7 @@ from tidal.common.errors import FailedPrecondition
 from tidal.common.telemetry import inject_carrier
 from tidal.weights.client import WeightSyncClient
 from tidal.weights.manifest import FULL_WEIGHTS, LORA_ADAPTERS, WeightManifest
-from tidal.weights.plan import SyncPlan
+from tidal.weights.transport_choice import TransportChoice
 from tidal.weights.transports.base import VersionPayload, WeightSender
 from tidal.weights.transports.factory import make_sender
 
@@ -66,7 +66,7 @@ class WeightPublisher:
         # config.json under "adapter_config" (docs/weightsync.md).
         self.adapter_config = adapter_config
         self.newest = -1  # newest version this process published
-        self.plan: SyncPlan | None = None
+        self.choice: TransportChoice | None = None
         self.sender: WeightSender | None = None
 
     async def check_fresh(self) -> None:
@@ -102,9 +102,9 @@ class WeightPublisher:
     async def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> WeightManifest:
         """Publish version `version` by the run's data path; returns its manifest."""
         sender = await self._join()
-        assert self.plan is not None
+        assert self.choice is not None
         with tracer.start_as_current_span(
-            "trainer.publish", attributes={"version": version, "transport": self.plan.transport}
+            "trainer.publish", attributes={"version": version, "transport": self.choice.transport}
         ):
             manifest = await self._registered(version)
             if manifest is None:
@@ -133,16 +133,16 @@ class WeightPublisher:
     async def _join(self) -> WeightSender:
         if self.sender is not None:
             return self.sender
-        plan = await self.client.join_sync(self.member_id, "trainer", timeout=STARTUP_TIMEOUT_S)
+        choice = await self.client.join_sync(self.member_id, "trainer", timeout=STARTUP_TIMEOUT_S)
         sender = make_sender(
-            plan,
+            choice,
             client=self.client,
             root=self.root,
             member_id=self.member_id,
             advertise_host=self.advertise_host,
         )
         await sender.start()
-        self.plan, self.sender = plan, sender
+        self.choice, self.sender = choice, sender
         return sender
 
     async def _registered(self, version: int) -> WeightManifest | None:

@@ -11,6 +11,8 @@ Decisions:
 - A step is recorded only after its version is published, and Train answers only then
   (policy_version == step). If publishing fails after the optimizer step, the trained
   weights are kept pending: the retry publishes them instead of training again.
+- The runner serves a `ServedTrainer`: one process's `Trainer` or rank 0's
+  `LeaderTrainer`, alike.
 - Spans `trainer.step` and `trainer.publish` are children of the current (Train RPC) span.
 - With a `CheckpointManager` and `interval` > 0, every `interval`-th step is checkpointed
   after it was published and recorded, still under the lock (so no step trains while
@@ -31,7 +33,7 @@ from tidal.batch.tensors import MicroBatchData
 from tidal.common.errors import FailedPrecondition, Unavailable
 from tidal.trainer.checkpoint import CheckpointManager
 from tidal.trainer.publisher import WeightPublisher
-from tidal.trainer.train_step import LossKind, Trainer
+from tidal.trainer.served_trainer import LossKind, ServedTrainer
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
@@ -59,7 +61,7 @@ class _Pending:
 class StepRunner:
     def __init__(
         self,
-        trainer: Trainer,
+        trainer: ServedTrainer,
         publisher: WeightPublisher,
         *,
         keep_results: int = KEEP_RESULTS,

@@ -19,7 +19,7 @@ from tidal.rpc.v1 import common_pb2
 from tidal.rpc.v1 import trainer_pb2 as pb
 from tidal.rpc.v1 import trainer_pb2_grpc as pb_grpc
 from tidal.trainer.runner import StepRunner
-from tidal.trainer.train_step import LossKind
+from tidal.trainer.served_trainer import LossKind
 
 _LOSS_KINDS: dict[int, LossKind] = {pb.LOSS_KIND_POLICY_GRADIENT: "pg", pb.LOSS_KIND_SFT: "sft"}
 

@@ -24,14 +24,15 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from tidal.batch.packing import TrainSample, pack_micro_batches
 from tidal.common.config import load_or_exit
 from tidal.common.errors import ConfigError
 from tidal.common.logging import setup_logging
 from tidal.common.tokenizer import get_tokenizer
 from tidal.trainer.config import SftRunConfig
+from tidal.trainer.sft_data import SampleOrder, read_records, to_samples
 
 if TYPE_CHECKING:
-    from tidal.batch.packing import TrainSample
     from tidal.batch.tensors import MicroBatchData
     from tidal.trainer.train_step import Trainer
 
@@ -41,8 +42,7 @@ USAGE = "tidal sft @ cfg.toml [--sft.data.path FILE] [--resume]"
 
 def pack_for_trainer(samples: Sequence[TrainSample], budget: int) -> list[MicroBatchData]:
     """Pack samples as an RL step is packed and convert them to the trainer's tensors."""
-    from tidal.batch.packing import pack_micro_batches
-    from tidal.batch.tensors import micro_batch_from_packed
+    from tidal.batch.tensors import micro_batch_from_packed  # torch: after the config parsed
 
     longest = max(s.num_tokens for s in samples)
     if longest > budget:
@@ -54,11 +54,11 @@ def pack_for_trainer(samples: Sequence[TrainSample], budget: int) -> list[MicroB
 
 def run_sft(config: SftRunConfig, *, max_steps: int | None = None) -> list[dict[str, float]]:
     """Train (or resume) the SFT run; stops after step `max_steps` if given. Returns metrics."""
+    # torch and the modules that import it: only once the config parsed (instant --help).
     import torch
 
+    from tidal.models.device import resolve_device
     from tidal.trainer.checkpoint import CheckpointManager
-    from tidal.trainer.service import resolve_device
-    from tidal.trainer.sft_data import SampleOrder, read_records, to_samples
     from tidal.trainer.train_step import Trainer
 
     sft, ckpt = config.sft, config.trainer.ckpt
@@ -75,7 +75,7 @@ def run_sft(config: SftRunConfig, *, max_steps: int | None = None) -> list[dict[
     order = SampleOrder(samples, seed=config.run.seed)
 
     torch.set_num_threads(config.trainer.num_threads)
-    device = torch.device(resolve_device(config.trainer.device))
+    device = resolve_device(config.trainer.device, service="trainer")
     trainer = Trainer(config.trainer, seed=config.run.seed, device=device)
     manager = CheckpointManager(config.checkpoint_dir, keep_last=ckpt.keep_last)
     position = 0
@@ -111,7 +111,7 @@ def run_sft(config: SftRunConfig, *, max_steps: int | None = None) -> list[dict[
 
 def export_final(trainer: Trainer, config: SftRunConfig) -> None:
     """Write the final weights as config.json + model.safetensors under `<run dir>/final`."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # imports torch: after the config parsed
 
     folder = config.run.dir / "final"
     folder.mkdir(parents=True, exist_ok=True)

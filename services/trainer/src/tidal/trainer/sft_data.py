@@ -54,7 +54,7 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def _read_parquet(path: Path) -> list[dict[str, Any]]:
     try:
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # only Parquet needs it; JSONL works without
     except ImportError:
         raise ConfigError(
             f"{path}: reading Parquet needs pyarrow (pip install pyarrow); or use JSONL"

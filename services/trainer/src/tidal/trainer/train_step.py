@@ -6,12 +6,16 @@ Decisions:
   so losses and optimizer state stay fp32. Parallelism wraps this later without
   changing the step's shape.
 - Gradient accumulation over micro-batches, each loss already weighted by step-level
-  counts (`normalisation.py`, summed over all micro-batches first), so packing never
-  changes the result. `reduce` is where a data-parallel all-reduce of those counts goes.
-- Under torchrun a `RankContext` (parallel/runtime.py) wraps the model (FSDP), all-reduces
-  the counts and metric sums, and scales each loss so FSDP's gradient average is the
-  global sum; every rank then runs every micro-batch it was given, zero-loss ones too,
-  so the collectives of all ranks stay in step.
+  counts (`loss_normalization.py`, summed over all micro-batches first), so packing never
+  changes the result. The rank context's `reduce` makes those counts global.
+- One code path for one or many ranks: the `Trainer` always has a `RankContext`
+  (ranks.py). `SingleProcess` (the default) changes nothing; under torchrun
+  `TorchrunRanks` (parallel/runtime.py) wraps the model (FSDP), all-reduces the counts
+  and metric sums, and scales each loss so FSDP's gradient average is the global sum;
+  its ranks run every micro-batch they were given, zero-loss ones too, so the
+  collectives of all ranks stay in step (`runs_empty_micro_batches`).
+- The MoE load-balancing term comes back beside the loss (`router_loss.py`), not
+  inside the metrics dict.
 - Packed forward: one `[1, T]` row per micro-batch with `sample_lengths` (block-diagonal
   causal mask, positions restarting per sample). Logits at t-1 score input_ids[t]; the
   pair across a sample boundary is scored too but always masked (loss_mask is 0 at every
@@ -23,7 +27,7 @@ Decisions:
 - This class is synchronous and knows nothing about gRPC or publishing; the service runs
   it in a worker thread.
 - Memory levers (docs/memory.md): LoRA → activation checkpointing → compile are applied
-  to the model once (`levers/apply.py`); truncation cuts the micro-batches before the
+  to the model once (`memory/apply.py`); truncation cuts the micro-batches before the
   step's counts; offloading wraps each forward; the chunked LM head replaces the
   `[T, V]` logits path. The optimizer only gets parameters that require grad (LoRA).
 """
@@ -35,7 +39,6 @@ import logging
 import math
 import time
 from collections import defaultdict
-from typing import TYPE_CHECKING, Literal
 
 import torch
 
@@ -45,23 +48,23 @@ from tidal.common.errors import FailedPrecondition, InvalidArgument
 from tidal.models.hf_checkpoint import publishable_state_dict
 from tidal.models.lora import adapter_state_dict
 from tidal.trainer.config import TrainerConfig
-from tidal.trainer.lever_config import check_levers_at_start
-from tidal.trainer.levers.apply import apply_model_levers
-from tidal.trainer.levers.lm_head import chunked_logprobs_entropy, resolve_chunk_size
-from tidal.trainer.levers.lora import adapter_config
-from tidal.trainer.levers.offload import offloading
-from tidal.trainer.levers.truncation import truncate_micro_batch, truncation_enabled
 from tidal.trainer.loss import TokenInputs, rl_loss, sft_loss, token_entropy
+from tidal.trainer.loss_normalization import StepCounts, segment_ids, step_counts, token_weights
+from tidal.trainer.memory.apply import apply_model_levers
+from tidal.trainer.memory.config import check_levers_at_start
+from tidal.trainer.memory.lm_head import chunked_logprobs_entropy, resolve_chunk_size
+from tidal.trainer.memory.lora import adapter_config
+from tidal.trainer.memory.offload import offloading
+from tidal.trainer.memory.truncation import truncate_micro_batch, truncation_enabled
 from tidal.trainer.model_factory import build_model
-from tidal.trainer.normalisation import Reduce, StepCounts, segment_ids, step_counts, token_weights
 from tidal.trainer.optim import build_optimizer, build_scheduler, lr_factor
-
-if TYPE_CHECKING:
-    from tidal.trainer.parallel.runtime import RankContext
+from tidal.trainer.ranks import RankContext, SingleProcess
+from tidal.trainer.router_loss import router_terms
+from tidal.trainer.served_trainer import LossKind
 
 log = logging.getLogger(__name__)
 
-LossKind = Literal["pg", "sft"]
+ONE_PROCESS = SingleProcess()
 
 
 class Trainer:
@@ -71,21 +74,18 @@ class Trainer:
         *,
         seed: int,
         device: torch.device,
-        reduce: Reduce | None = None,
-        parallel: RankContext | None = None,
+        ranks: RankContext = ONE_PROCESS,
     ) -> None:
         self.config = config
         self.device = device
-        self.parallel = parallel
-        self.reduce = parallel.reduce if parallel is not None else reduce
-        check_levers_at_start(config.model, sharded=parallel is not None)
+        self.ranks = ranks
+        check_levers_at_start(config.model, sharded=ranks.shards_model)
         _warn_if_bf16_is_slow(config, device)
         # Order: LoRA → activation checkpointing → compile (the levers), then sharding.
-        self.model = apply_model_levers(
+        levered = apply_model_levers(
             build_model(config.model, seed=seed, device=device), config.model, seed=seed
         )
-        if parallel is not None:
-            self.model = parallel.parallelize(self.model)
+        self.model = ranks.parallelize(levered)
         self.lm_head_chunk = resolve_chunk_size(
             config.model.fused_lm_head_token_chunk_size, config.model.vocab_size
         )
@@ -97,6 +97,9 @@ class Trainer:
         self.optimizer = build_optimizer(trainable, config.optim)
         self.scheduler = build_scheduler(self.optimizer, config.optim.schedule)
         self.trained_step = 0  # last step whose optimizer step ran (0 = initial weights)
+
+    def stop(self) -> None:
+        """Nothing to release: a `Trainer` commands no other rank (see `LeaderTrainer`)."""
 
     @property
     def num_parameters(self) -> int:
@@ -150,12 +153,8 @@ class Trainer:
         lr = self._set_lr(kind)
         batches = self._truncate(batches)  # so the token metrics count trained tokens
         sums = self.compute_gradients(batches, kind)
-        if self.parallel is not None:  # expert and dense weights may sit on two meshes
-            grad_norm = self.parallel.clip_grad_norm(self.model, self.config.optim.max_grad_norm)
-        else:
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                self.model.parameters(), self.config.optim.max_grad_norm
-            )
+        # Under torchrun expert and dense weights may sit on two meshes: the context knows.
+        grad_norm = self.ranks.clip_grad_norm(self.model, self.config.optim.max_grad_norm)
         finite = math.isfinite(float(grad_norm))
         if finite:
             self.optimizer.step()
@@ -183,24 +182,24 @@ class Trainer:
     ) -> dict[str, torch.Tensor]:
         """Fresh `.grad`s of the step's loss; returns step-level metric sums (loss, entropy…)."""
         batches = self._truncate(batches)
-        counts = step_counts(batches, self.reduce)
+        counts = step_counts(batches, self.ranks.reduce)
         if counts.loss_tokens == 0:
             raise InvalidArgument("micro_batches.loss_mask", "no token of the step has loss_mask 1")
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=self.device))
         for batch in batches:
-            if batch.num_loss_tokens == 0 and self.parallel is None:
-                continue  # contributes nothing; under torchrun it still keeps ranks in step
+            if batch.num_loss_tokens == 0 and not self.ranks.runs_empty_micro_batches:
+                continue  # contributes nothing (sharded ranks still run it, to stay in step)
             for name, value in self._backward(batch.to(self.device), kind, counts).items():
                 sums[name] += value
-        if self.parallel is not None:
-            self.parallel.finish_gradients(self.model)  # expert parallelism's gradients
-            # The step's metric sums over all ranks.
-            names = sorted(sums)
-            total = self.parallel.sum_over_ranks(torch.stack([sums[n].float() for n in names]))
-            return dict(zip(names, total, strict=True))
-        return dict(sums)
+        self.ranks.finish_gradients(self.model)  # e.g. expert parallelism's gradients
+        # The step's metric sums over all ranks, in one collective.
+        names = sorted(sums)
+        if not names:  # every micro-batch of this process was empty and skipped
+            return {}
+        total = self.ranks.sum_over_ranks(torch.stack([sums[n].float() for n in names]))
+        return dict(zip(names, total, strict=True))
 
     def _truncate(self, batches: list[MicroBatchData]) -> list[MicroBatchData]:
         """The micro-batches cut to `model.truncation` (unchanged without caps; idempotent)."""
@@ -220,7 +219,7 @@ class Trainer:
         """(T-1,) fp32 logprob of each next token and (T-1,) entropy of each position.
 
         The entropy carries gradient only with `entropy_grad`. With the chunked LM head
-        lever the `(T-1, V)` logits are never materialised (`levers/lm_head.py`).
+        lever the `(T-1, V)` logits are never materialised (`memory/lm_head.py`).
         """
         ids, positions = batch.input_ids[None], batch.position_ids[None]
         targets = batch.input_ids[1:]  # (T-1,)
@@ -254,8 +253,8 @@ class Trainer:
         with offloading(
             self.config.model.ac_offloading, self.model
         ):  # saved tensors → host until backward
-            if self.parallel is not None and self.parallel.dims.cp > 1:
-                logprobs_all, logprobs, scored, valid = self.parallel.cp_logprobs(
+            if self.ranks.cp > 1:
+                logprobs_all, logprobs, scored, valid = self.ranks.cp_logprobs(
                     self.model, batch, self._autocast
                 )  # (N, V), (N,), (N,), (N,)
                 entropy = token_entropy(logprobs_all if bonus else logprobs_all.detach())  # (N,)
@@ -291,39 +290,17 @@ class Trainer:
             loss, parts = rl_loss(
                 inputs, config=loss_cfg, weights=weights, metric_weights=metric_weights
             )
-        parts.update(self._add_router_terms(batch, counts))
-        if "aux_loss" in parts:
-            loss = loss + parts.pop("_aux_term")
-        scale = self.parallel.loss_scale if self.parallel is not None else 1.0
+        # Each CP rank routes its share of the row; their sum would count the row cp times.
+        share = batch.num_loss_tokens / counts.loss_tokens / self.ranks.cp
+        router = router_terms(self.model, share)
+        if router is not None:
+            loss = loss + router.loss
+            parts.update(router.metrics)
+        scale = self.ranks.loss_scale
         (loss * scale if scale != 1.0 else loss).backward()
         parts["entropy"] = (entropy.detach() * metric_weights).sum()
         parts["loss"] = loss.detach()
         return parts
-
-    def _add_router_terms(
-        self, batch: MicroBatchData, counts: StepCounts
-    ) -> dict[str, torch.Tensor]:
-        """MoE load balancing: `router_aux_loss_coef × aux_loss` of this micro-batch's forward,
-        weighted by its share of the step's loss tokens (so the step adds a token-weighted
-        mean), plus load metrics. Empty for dense models."""
-        model = self.model
-        stats = model.router_stats() if hasattr(model, "router_stats") else []
-        if not stats:
-            return {}
-        share = batch.num_loss_tokens / counts.loss_tokens
-        if self.parallel is not None and self.parallel.dims.cp > 1:
-            # Each CP rank routes its share of the row; their sum would count the row cp times.
-            share /= self.parallel.dims.cp
-        aux = model.aux_loss()  # type: ignore[operator]
-        load = model.expert_load().detach()  # type: ignore[operator]  # (L_moe, E)
-        experts = load.shape[-1]
-        return {
-            "_aux_term": model.args.router_aux_loss_coef * aux * share,  # type: ignore[union-attr]
-            "aux_loss": aux.detach() * share,
-            # 1.0 = perfectly balanced; E = every slot on one expert.
-            "expert_load_max": load.max() * experts * share,
-            "expert_load_min": load.min() * experts * share,
-        }
 
     def _reference_logprobs(
         self, batch: MicroBatchData, scored: slice | torch.Tensor

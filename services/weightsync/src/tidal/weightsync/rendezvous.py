@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 
 from tidal.common.errors import InvalidArgument
-from tidal.weights.plan import GroupSeat
+from tidal.weights.transport_choice import GroupSeat
 from tidal.weightsync.config import BroadcastTransport
 
 

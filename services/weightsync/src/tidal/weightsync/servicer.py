@@ -14,11 +14,11 @@ from tidal.rpc.v1 import weightsync_pb2_grpc as pb_grpc
 from tidal.weights.convert import (
     event_to_proto,
     manifest_from_proto,
-    plan_to_proto,
     role_from_proto,
+    transport_choice_to_proto,
 )
 from tidal.weights.manifest import WeightManifest
-from tidal.weights.plan import SyncPlan
+from tidal.weights.transport_choice import TransportChoice
 from tidal.weightsync.config import BroadcastTransport, FilesystemTransport, Transport
 from tidal.weightsync.file_chunks import FileChunks
 from tidal.weightsync.registry import VersionRegistry
@@ -151,13 +151,17 @@ class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
         self, request: pb.JoinSyncRequest, context: grpc.aio.ServicerContext
     ) -> pb.SyncPlan:
         role = role_from_proto(request.role)
-        plan = SyncPlan(self.transport.type, self.chunk_bytes)
+        choice = TransportChoice(self.transport.type, self.chunk_bytes)
         if self.rendezvous is None or (role == "trainer" and not request.store_address):
-            return plan_to_proto(plan)  # the transport only: the trainer has no store yet
+            return transport_choice_to_proto(
+                choice
+            )  # the transport only: the trainer has no store yet
         if role == "trainer":
             seat = await self.rendezvous.join_trainer(request.store_address)
         else:
             if request.store_address:
                 raise FailedPrecondition("only the trainer may offer a store_address")
             seat = await self.rendezvous.join_replica(request.member_id, request.after_generation)
-        return plan_to_proto(SyncPlan(plan.transport, plan.chunk_bytes, seat))
+        return transport_choice_to_proto(
+            TransportChoice(choice.transport, choice.chunk_bytes, seat)
+        )

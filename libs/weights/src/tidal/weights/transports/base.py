@@ -2,7 +2,7 @@
 
 Decisions (prime-rl's `broadcast/` folder is the model):
 - One file per transport (`filesystem`, `stream`, `broadcast`), each with a `WeightSender`
-  and a `WeightReceiver`; `factory` picks the pair once from weightsync's `SyncPlan`.
+  and a `WeightReceiver`; `factory` picks the pair once from weightsync's `TransportChoice`.
   The trainer's publisher and inference's reloader keep only version policy (which
   version, which format, retries, never going backwards) and acknowledgements; they
   never compare transport names.

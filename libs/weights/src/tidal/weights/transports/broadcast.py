@@ -33,7 +33,7 @@ from tidal.weights.broadcast_group import (
     in_daemon_thread,
 )
 from tidal.weights.manifest import WeightManifest
-from tidal.weights.plan import GroupSeat
+from tidal.weights.transport_choice import GroupSeat
 from tidal.weights.transports.base import Install, VersionPayload, WeightSender
 from tidal.weights.transports.filesystem import FilesystemReceiver, FilesystemSender
 
@@ -66,13 +66,13 @@ class BroadcastSender(WeightSender):
         store = host_store(self.advertise_host, STARTUP_TIMEOUT_S)
         address = f"{self.advertise_host}:{store.port}"
         self._store, self._store_address = store, address
-        plan = await self.client.join_sync(
+        choice = await self.client.join_sync(
             self.member_id, "trainer", store_address=address, timeout=STARTUP_TIMEOUT_S
         )
-        assert plan.seat is not None
-        self.seat = plan.seat
+        assert choice.seat is not None
+        self.seat = choice.seat
         log.info("broadcast group: hosting its store at %s, waiting for replicas", address)
-        self._group = in_daemon_thread(BroadcastGroup, store, plan.seat)
+        self._group = in_daemon_thread(BroadcastGroup, store, choice.seat)
 
     async def ready(self) -> bool:
         """Wait until the group has formed (True) or failed to (False)."""
@@ -123,11 +123,11 @@ class BroadcastSender(WeightSender):
     async def _reform(self) -> BroadcastGroup:
         """A new generation of the group with the replicas that rejoin (weightsync waits
         `reform_window_s` for them); raises RuntimeError when none does."""
-        plan = await self.client.join_sync(
+        choice = await self.client.join_sync(
             self.member_id, "trainer", store_address=self._store_address,
             timeout=STARTUP_TIMEOUT_S,
         )  # fmt: skip
-        seat = plan.seat
+        seat = choice.seat
         if seat is None or seat.world_size < 2:
             raise RuntimeError("no replica rejoined the broadcast group")
         log.info("broadcast group re-formed: generation %d, %d ranks", seat.generation,
@@ -188,14 +188,14 @@ class BroadcastReceiver(FilesystemReceiver):
         backoff = BACKOFF_START_S
         while True:
             try:
-                plan = await self.client.join_sync(
+                choice = await self.client.join_sync(
                     self.replica_id,
                     "replica",
                     after_generation=broken_generation,
                     timeout=JOIN_TIMEOUT_S,
                 )
-                assert plan.seat is not None
-                return plan.seat
+                assert choice.seat is not None
+                return choice.seat
             except grpc.aio.AioRpcError as exc:
                 log.warning("rejoining the broadcast group failed (%s)", exc.code().name)
             await asyncio.sleep(backoff)

@@ -26,7 +26,7 @@ from typing import Any
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from tidal.trainer.lever_config import ActivationCheckpointConfig
+from tidal.trainer.memory.config import ActivationCheckpointConfig
 
 NORMS = ("input_layernorm", "post_attention_layernorm")
 ATTN_PROJ = ("q_proj", "k_proj", "v_proj", "o_proj")

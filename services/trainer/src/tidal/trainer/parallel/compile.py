@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from tidal.trainer.lever_config import CompileConfig
+from tidal.trainer.memory.config import CompileConfig
 
 
 def apply_compile(model: nn.Module, config: CompileConfig | None) -> int:

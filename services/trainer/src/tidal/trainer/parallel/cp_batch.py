@@ -23,7 +23,7 @@ import torch
 
 from tidal.batch.tensors import MicroBatchData
 from tidal.models.attention import AttentionBackend
-from tidal.trainer.normalisation import segment_ids
+from tidal.trainer.loss_normalization import segment_ids
 from tidal.trainer.parallel.cp import RingAttention, UlyssesAttention, shard_indices
 
 

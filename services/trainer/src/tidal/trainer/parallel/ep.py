@@ -12,7 +12,7 @@ Decisions:
 - The local experts are any callable `(tokens (M, D), counts (E_local,)) -> (M, D)` over
   tokens grouped by expert, so the model's grouped expert computation is reused as is.
 
-In the trainer (`shard_experts`, called by `RankContext.parallelize` before FSDP):
+In the trainer (`shard_experts`, called by `TorchrunRanks.parallelize` before FSDP):
 - Layout: the dp_shard ranks are split into dp_shard / ep EP groups of `ep` neighbouring
   ranks (mesh dims "dp_shard_mod_ep" × "ep", dims.py). Within an EP group the stacked
   expert weights `(E, ...)` are sharded (`Shard(0)` over "ep"); across EP groups and

@@ -10,7 +10,7 @@ Decisions:
   `param_dtype` for compute, gradients are reduced in `reduce_dtype` (fp32 by default)
   and the sharded master weights stay fp32.
 - FSDP averages gradients over the ranks of its mesh (data shards, replicas and CP ranks,
-  which all hold parts of the same global batch). Our losses are normalised by the
+  which all hold parts of the same global batch). Our losses are normalized by the
   *global* token count, so each rank's loss must be multiplied by `grad_sum_factor(mesh)`
   to turn that average back into the sum, i.e. the gradient of the global loss whatever
   the split. (A divide factor of 1 would say the same, but gloo has no PREMUL_SUM.)
@@ -38,7 +38,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 # The interface `FSDPModule.set_custom_reduce_scatter` takes; torch exports only the setter.
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+from tidal.models.device import DTYPES
 
 
 def fsdp_mesh(mesh: Any, *, hsdp: bool) -> Any:

@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if config.trainer.world_size > 1:
         run_rank(config, args)
         return
-    from tidal.trainer.service import serve
+    from tidal.trainer.service import serve  # torch: only once the config parsed
 
     asyncio.run(serve(config))
 
@@ -71,13 +71,15 @@ def run_rank(config: TrainerRunConfig, argv: Sequence[str]) -> None:
         command = torchrun_command(config.trainer.world_size, argv)
         os.environ.setdefault("OMP_NUM_THREADS", str(config.trainer.num_threads))
         os.execv(command[0], command)
+    # torch: only once the config parsed (and this process is a rank), so --help is instant.
+    from tidal.models.device import resolve_device
     from tidal.trainer.parallel.leader import ControlChannel, follow
-    from tidal.trainer.parallel.runtime import RankContext
-    from tidal.trainer.service import build_trainer, resolve_device, serve
+    from tidal.trainer.parallel.runtime import TorchrunRanks
+    from tidal.trainer.service import build_trainer, serve
 
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    device = resolve_device(config.trainer.device, local_ranks=local_ranks)
-    ranks = RankContext.init(config.trainer, device)
+    device = resolve_device(config.trainer.device, service="trainer", local_ranks=local_ranks)
+    ranks = TorchrunRanks.init(config.trainer, device.type)
     try:
         if ranks.rank == 0:
             asyncio.run(serve(config, ranks))

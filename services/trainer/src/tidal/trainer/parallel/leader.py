@@ -6,8 +6,13 @@ Decisions:
   save), so rank 0 first tells every rank what to do, then does it itself. The command
   and each rank's share of the micro-batches travel in one `scatter_object_list` (each
   rank receives only its own micro-batches), on the gloo control group.
-- `LeaderTrainer` and `LeaderCheckpoints` have the interfaces the single-process service
-  uses (`Trainer`, `CheckpointManager`), so runner.py and servicer.py do not change.
+- `LeaderTrainer` is a `ServedTrainer` (served_trainer.py) like the single-process
+  `Trainer`, and `LeaderCheckpoints` a `CheckpointManager`, so runner.py and servicer.py
+  serve either. `LeaderTrainer` writes out each member of the interface: the collective
+  ones command the followers first, the others read rank 0's own trainer. No
+  `__getattr__` forwarding, so the type checker sees what the service uses.
+- `LeaderCheckpoints.save` saves whatever `TrainingState` it is given (a `LeaderTrainer`
+  is one: rank 0's model, optimizer and scheduler), with no unwrapping.
 - Rank 0 checks the step number before it commands anything, so a request the service
   refuses never reaches the followers. Errors that do happen after the command (e.g.
   no loss token in the step) happen on every rank alike, because they depend only on
@@ -24,13 +29,16 @@ from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from tidal.batch.tensors import MicroBatchData
 from tidal.common.errors import FailedPrecondition, TidalError
-from tidal.trainer.checkpoint import CheckpointManager
+from tidal.trainer.checkpoint import CheckpointManager, TrainingState
+from tidal.trainer.config import TrainerConfig
 from tidal.trainer.parallel.assign import assign_micro_batches
-from tidal.trainer.parallel.runtime import RankContext
-from tidal.trainer.train_step import LossKind, Trainer
+from tidal.trainer.parallel.runtime import TorchrunRanks
+from tidal.trainer.served_trainer import LossKind
+from tidal.trainer.train_step import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +54,8 @@ class Command:
 
 
 class ControlChannel:
-    def __init__(self, ranks: RankContext) -> None:
+    def __init__(self, ranks: TorchrunRanks) -> None:
+        self.ranks = ranks
         self.group, self.world = ranks.control, ranks.world_size
 
     def send(self, commands: list[Command]) -> Command:
@@ -70,12 +79,49 @@ class LeaderTrainer:
     def __init__(self, trainer: Trainer, channel: ControlChannel) -> None:
         self.trainer, self.channel = trainer, channel
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.trainer, name)
+    # Rank 0's own state: reading it involves no other rank.
+    @property
+    def config(self) -> TrainerConfig:
+        return self.trainer.config
+
+    @property
+    def device(self) -> torch.device:
+        return self.trainer.device
+
+    @property
+    def model(self) -> nn.Module:
+        return self.trainer.model
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.trainer.optimizer
+
+    @property
+    def scheduler(self) -> torch.optim.lr_scheduler.LRScheduler:
+        return self.trainer.scheduler
 
     @property
     def trained_step(self) -> int:
         return self.trainer.trained_step
+
+    @trained_step.setter
+    def trained_step(self, step: int) -> None:
+        self.trainer.trained_step = step
+
+    @property
+    def num_parameters(self) -> int:
+        return self.trainer.num_parameters
+
+    def describe(self) -> str:
+        return self.trainer.describe()
+
+    def hf_config(self) -> dict[str, object]:
+        return self.trainer.hf_config()
+
+    def adapter_config(self) -> dict[str, object] | None:
+        return self.trainer.adapter_config()
+
+    # Collectives: every rank is commanded first, then rank 0 does its part.
 
     def train_step(
         self, step: int, batches: list[MicroBatchData], kind: LossKind
@@ -84,8 +130,7 @@ class LeaderTrainer:
             raise FailedPrecondition(
                 f"expected step {self.trainer.trained_step + 1}, got step {step}"
             )
-        ranks = self.trainer.parallel
-        assert ranks is not None
+        ranks = self.channel.ranks
         shares = assign_micro_batches(batches, ranks.dims.dp)  # CP ranks share their group's
         mine = self.channel.send(
             [
@@ -117,10 +162,9 @@ class LeaderCheckpoints(CheckpointManager):
         super().__init__(root, keep_last=keep_last)
         self.channel = channel
 
-    def save(self, trainer: Any, *, extra: dict[str, int] | None = None) -> Path:
+    def save(self, trainer: TrainingState, *, extra: dict[str, int] | None = None) -> Path:
         self.channel.broadcast(Command("save"))
-        real = trainer.trainer if isinstance(trainer, LeaderTrainer) else trainer
-        return super().save(real, extra=extra)
+        return super().save(trainer, extra=extra)
 
 
 def follow(trainer: Trainer, checkpoints: CheckpointManager, channel: ControlChannel) -> None:

@@ -1,21 +1,25 @@
-"""One trainer rank's view of the job: process groups, mesh, and how the model is wrapped.
+"""One torchrun rank's view of the job: process groups, mesh, and how the model is wrapped.
 
 Decisions:
-- `RankContext.init` is called once per torchrun rank, after the config was validated:
+- `TorchrunRanks` is the many-rank `RankContext` (ranks.py; `SingleProcess` is the
+  world-size-1 one), so the `Trainer` runs the same code on one rank or many.
+- `TorchrunRanks.init` is called once per torchrun rank, after the config was validated:
   it starts the process group (NCCL on CUDA, gloo on CPU: `parallel.backend = "auto"`),
   builds the named mesh once (`ParallelDims.build_mesh`) and a second, gloo group over
   all ranks for control traffic (rank 0's commands, step counts, metrics), which stays
   on the host whatever the compute backend is and never times out while the trainer
   waits for the next step.
-- The `Trainer` takes the context and asks it for three things only: wrap the model
-  (`parallelize`: AC → compile → FSDP, in that fixed order), the loss factor that turns
-  FSDP's gradient average into the sum (`loss_scale`), and the all-reduce of the step's
-  token counts and metric sums (`reduce`). So train_step.py stays one process's story.
+- The `Trainer` asks the context to wrap the model (`parallelize`: the levers' AC →
+  compile, then FSDP, in that fixed order), for the loss factor that turns FSDP's
+  gradient average into the sum (`loss_scale`), and for the all-reduces of the step's
+  token counts (`reduce`) and metric sums (`sum_over_ranks`). Its ranks run every
+  micro-batch, empty ones too (`runs_empty_micro_batches`): forward and backward are
+  collectives over the mesh. So train_step.py stays one process's story.
 - Context parallelism: the CP ranks of a data-parallel group get the same micro-batches;
   `cp_logprobs` runs the model on this rank's zigzag share (cp_batch.py) with the ring or
   Ulysses backend. Token counts are then summed over data-parallel ranks only (`reduce`
   divides the all-rank sum by cp), metric sums over all ranks (each CP rank holds part
-  of every sample). The "sequence" normalisation and GSPO's sequence ratio need whole
+  of every sample). The "sequence" normalization and GSPO's sequence ratio need whole
   samples on one rank, so config validation refuses them with cp > 1.
 - Leaving: every rank meets the others at a barrier before `destroy_process_group`
   (`leave_process_group`). Without it gloo sometimes aborts the process that tears its
@@ -51,6 +55,7 @@ from tidal.trainer.parallel.dims import ParallelDims
 from tidal.trainer.parallel.ep import check_expert_model, finish_expert_grads, shard_experts
 from tidal.trainer.parallel.fsdp import apply_fsdp, fsdp_mesh, grad_sum_factor
 from tidal.trainer.parallel.grad_norm import clip_grad_norm
+from tidal.trainer.ranks import Autocast
 
 CONTROL_TIMEOUT = datetime.timedelta(days=7)  # followers wait this long for rank 0's next step
 
@@ -65,7 +70,9 @@ def rank_device(device: str) -> torch.device:
 
 
 @dataclass
-class RankContext:
+class TorchrunRanks:
+    """This rank's `RankContext` (ranks.py) in a torchrun job."""
+
     config: TrainerConfig
     dims: ParallelDims
     mesh: Any  # DeviceMesh ("dp_replicate", "dp_shard_mod_ep", "ep", "cp") + flattened views
@@ -73,7 +80,7 @@ class RankContext:
     device: torch.device
 
     @classmethod
-    def init(cls, config: TrainerConfig, device: str) -> RankContext:
+    def init(cls, config: TrainerConfig, device: str) -> TorchrunRanks:
         """Start this rank's process group (collective: every rank calls it)."""
         world = int(os.environ["WORLD_SIZE"])
         if world != config.world_size:
@@ -97,6 +104,18 @@ class RankContext:
     @property
     def world_size(self) -> int:
         return self.dims.world_size
+
+    @property
+    def cp(self) -> int:
+        return self.dims.cp
+
+    @property
+    def shards_model(self) -> bool:
+        return True
+
+    @property
+    def runs_empty_micro_batches(self) -> bool:
+        return True  # every forward and backward is a collective over the mesh
 
     @property
     def _fsdp_mesh(self) -> Any:
@@ -149,7 +168,7 @@ class RankContext:
         return rank // self.dims.cp
 
     def cp_logprobs(
-        self, model: nn.Module, batch: MicroBatchData, autocast: Any
+        self, model: nn.Module, batch: MicroBatchData, autocast: Autocast
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """This CP rank's (n, V) log-softmax, (n,) target logprobs, (n,) target index into
         the row and (n,) validity (cp_batch.py)."""

@@ -23,13 +23,13 @@ import torch
 
 from tidal.batch.tensors import MicroBatchData
 from tidal.cli.config import RunConfig
-from tidal.cli.plan import overlay
+from tidal.cli.memory_plan import overlay
 from tidal.common.config import load_config
-from tidal.trainer.lever_config import check_levers_at_start
+from tidal.trainer.memory.config import check_levers_at_start
+from tidal.trainer.memory_planner.estimate import Workload
+from tidal.trainer.memory_planner.fit import candidates
+from tidal.trainer.memory_planner.levers import Levers
 from tidal.trainer.optim_offload import OffloadedOptimizer
-from tidal.trainer.plan.estimate import Workload
-from tidal.trainer.plan.fit import candidates
-from tidal.trainer.plan.levers import Levers
 from tidal.trainer.train_step import Trainer
 
 DEFAULT = Path(__file__).resolve().parents[4] / "configs" / "default.toml"

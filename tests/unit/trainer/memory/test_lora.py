@@ -11,7 +11,7 @@ from tidal.common.errors import ConfigError
 from tidal.models.hf_checkpoint import publishable_state_dict
 from tidal.models.lora import PEFT_PREFIX, LoRALinear
 from tidal.trainer.config import ModelConfig
-from tidal.trainer.levers.lora import apply_lora
+from tidal.trainer.memory.lora import apply_lora
 
 from .conftest import FULL_LOSS, loss_and_grads, make_trainer
 

@@ -9,7 +9,7 @@ Decisions:
   master weights and fp32 gradients (4 + 4 bytes), AdamW 8 bytes (SGD with momentum 4),
   and FSDP (world size > 1) shards all three, i.e. stage 3.
 - Activations are counted tensor by tensor from what our blocks save for backward
-  (`models/layers.py`: the block input, for each RMSNorm its normalised input x·rstd
+  (`models/layers.py`: the block input, for each RMSNorm its normalized input x·rstd
   and its output, rotated q and k, v, the attention output and its reshaped copy, the
   MLP's gate, silu(gate), up and their product), in elements per token. Checkpointing
   keeps only the block input of a checkpointed block and adds one block's worth back
@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tidal.models.args import DecoderArgs
-from tidal.trainer.plan.levers import Levers, chunk_tokens
-from tidal.trainer.plan.model_size import ParamCounts, param_counts
+from tidal.trainer.memory_planner.levers import Levers, chunk_tokens
+from tidal.trainer.memory_planner.model_size import ParamCounts, param_counts
 
 GB = 10**9  # the ZeRO paper's "GB" is decimal
 FRAGMENTATION = {"cuda": 0.08, "cpu": 0.02}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tidal.cli.plan import main, split_plan_args
+from tidal.cli.memory_plan import main, split_plan_args
 from tidal.common.config import ConfigError
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import tidal.trainer.train_step as train_step
-from tidal.trainer.levers.offload import ActivationOffloader, offloading
+from tidal.trainer.memory.offload import ActivationOffloader, offloading
 
 from .conftest import FULL_LOSS, assert_same, loss_and_grads, make_trainer
 

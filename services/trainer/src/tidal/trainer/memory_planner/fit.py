@@ -10,7 +10,7 @@ Decisions:
   at world size 1 (the trainer applies FSDP only with more than one rank and refuses the
   lever at start), the chunked head with `model.impl = "hf"` (config validation), and
   turning off a table lever the config sets (the TOML answer is an overlay of the run
-  config, and an overlay cannot remove a table). `tests/unit/trainer/plan/
+  config, and an overlay cannot remove a table). `tests/unit/trainer/memory_planner/
   test_fit_candidates_validate.py` holds every candidate to the trainer's own checks.
 - Cost is the product of each lever's step-time factor (`STEP_TIME_FACTOR`). These are
   estimates from how much work each lever adds (full checkpointing: one more forward,
@@ -30,8 +30,8 @@ import itertools
 from dataclasses import dataclass
 
 from tidal.models.args import DecoderArgs
-from tidal.trainer.plan.estimate import MemoryPlan, Workload, plan_memory
-from tidal.trainer.plan.levers import Levers
+from tidal.trainer.memory_planner.estimate import MemoryPlan, Workload, plan_memory
+from tidal.trainer.memory_planner.levers import Levers
 
 STEP_TIME_FACTOR = {
     "chunked LM head": 1.03,

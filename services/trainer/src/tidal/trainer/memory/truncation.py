@@ -2,7 +2,7 @@
 
 Decisions:
 - Applied by the trainer to each packed micro-batch before the step's token counts are
-  taken, so normalisation sees exactly the tokens that are trained.
+  taken, so normalization sees exactly the tokens that are trained.
 - A sample's prompt is its tokens before the first loss token (all of it when it has
   none). The prompt keeps its *last* `max_prompt_tokens` (the context nearest the
   completion), the completion its *first* `max_completion_tokens`; then, over
@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from tidal.batch.tensors import MicroBatchData, positions_for
-from tidal.trainer.lever_config import TruncationConfig
+from tidal.trainer.memory.config import TruncationConfig
 
 
 def truncation_enabled(config: TruncationConfig) -> bool:

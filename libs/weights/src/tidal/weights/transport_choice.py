@@ -2,6 +2,8 @@
 
 These are the domain types both sides of `JoinSync` share: weightsync's rendezvous hands
 them out, trainer and inference pick their transport from them (`transports.factory`).
+Named for what it holds, weightsync's choice of transport (the `JoinSync` reply message
+is still `SyncPlan` on the wire), so it is not confused with the memory planner.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ class GroupSeat:
 
 
 @dataclass(frozen=True)
-class SyncPlan:
+class TransportChoice:
     """What `JoinSync` tells a trainer or replica: the data path and, for broadcast, its seat."""
 
     transport: str

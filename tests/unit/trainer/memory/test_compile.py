@@ -9,7 +9,7 @@ import pytest
 
 import tidal.trainer.train_step as train_step
 from tidal.trainer.config import ModelConfig
-from tidal.trainer.levers.offload import offloading
+from tidal.trainer.memory.offload import offloading
 
 from .conftest import FULL_LOSS, assert_same, loss_and_grads, make_trainer
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tidal.cli.plan import parse_bytes, run
+from tidal.cli.memory_plan import parse_bytes, run
 from tidal.common.config import ConfigError
 from tidal.trainer.config import TrainerConfig
-from tidal.trainer.plan.levers import Levers
+from tidal.trainer.memory_planner.levers import Levers
 
 ROOT = Path(__file__).resolve().parents[4]
 DEFAULT = ["@", str(ROOT / "configs" / "default.toml")]

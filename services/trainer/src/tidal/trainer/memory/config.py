@@ -7,7 +7,7 @@ Decisions:
 - What can be checked without a model is checked here (chunk size > 0, known selective
   targets, frequency ≥ 1); what needs the model (LoRA targets that match no module) is
   checked when the lever is applied and raises `ConfigError` naming the field.
-- The appliers live in `tidal.trainer.levers.*`; the memory planner reads these same
+- The appliers live in `tidal.trainer.memory.*`; the memory planner reads these same
   classes, so these field names are the contract with it.
 - What depends on how the trainer was started is checked when it starts
   (`check_levers_at_start`, called by the `Trainer`): whether FSDP wraps the model is

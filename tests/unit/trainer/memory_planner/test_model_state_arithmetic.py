@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from tidal.trainer.config import ModelConfig
+from tidal.trainer.memory_planner.estimate import GB, zero_model_states
+from tidal.trainer.memory_planner.model_size import decoder_args, param_counts
 from tidal.trainer.model_factory import build_model
-from tidal.trainer.plan.estimate import GB, zero_model_states
-from tidal.trainer.plan.model_size import decoder_args, param_counts
 
 FAMILIES = [
     {"family": "llama"},

@@ -1,7 +1,7 @@
 """Measure the peak memory and speed of real training steps, to hold the planner to.
 
 Decisions:
-- Each measurement runs in a fresh subprocess (`python -m tidal.trainer.plan.measure`), so
+- Each measurement runs in a fresh subprocess (`python -m tidal.trainer.memory_planner.measure`), so
   one configuration's allocations, caches and loaded kernels do not colour the next.
 - Host peak is the kernel's own high-water mark: after a warm-up step of a tiny model of
   the same family (which loads the kernels' code pages), `/proc/self/clear_refs` is reset
@@ -24,6 +24,12 @@ import sys
 import time
 from typing import Any
 
+import torch
+
+from tidal.batch.tensors import MicroBatchData, positions_for
+from tidal.trainer.config import TrainerConfig
+from tidal.trainer.train_step import Trainer
+
 MMAP_THRESHOLD = "65536"
 
 
@@ -38,11 +44,7 @@ def _hwm_bytes() -> int:
     return int(line.split()[1]) * 1024
 
 
-def _batch(tokens: int, sample_len: int, vocab: int, seed: int) -> Any:
-    import torch
-
-    from tidal.batch.tensors import MicroBatchData, positions_for
-
+def _batch(tokens: int, sample_len: int, vocab: int, seed: int) -> MicroBatchData:
     g = torch.Generator().manual_seed(seed)
     lengths = [sample_len] * (tokens // sample_len) + (
         [tokens % sample_len] * (tokens % sample_len > 0)
@@ -62,11 +64,6 @@ def _batch(tokens: int, sample_len: int, vocab: int, seed: int) -> Any:
 def run(trainer_json: str, tokens: int, steps: int) -> dict[str, Any]:
     """In this process: warm up, reset the peak, train `steps` steps; report the peak, the
     times of the steps after the first and their median."""
-    import torch
-
-    from tidal.trainer.config import TrainerConfig
-    from tidal.trainer.train_step import Trainer
-
     config = TrainerConfig.model_validate_json(trainer_json)
     device = torch.device("cuda" if config.device == "cuda" else "cpu")
     torch.set_num_threads(config.num_threads)
@@ -107,7 +104,14 @@ def measure(trainer_json: str, *, tokens: int, steps: int = 2, timeout: float = 
     """Run `run` in a fresh subprocess with the low mmap threshold; its result dict."""
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=MMAP_THRESHOLD)
     out = subprocess.run(
-        [sys.executable, "-m", "tidal.trainer.plan.measure", trainer_json, str(tokens), str(steps)],
+        [
+            sys.executable,
+            "-m",
+            "tidal.trainer.memory_planner.measure",
+            trainer_json,
+            str(tokens),
+            str(steps),
+        ],
         check=True,
         capture_output=True,
         text=True,

@@ -6,7 +6,8 @@ Decisions:
   `tidal rl` config (and its `--section.key value` overrides) plans as it is.
 - No torch import: planning a 70B model is arithmetic on the config, instant anywhere.
 - Lives in the umbrella CLI (it needs the whole run config); the planner itself is
-  `tidal.trainer.plan`.
+  `tidal.trainer.memory_planner`. Named `memory_plan` (the command stays `tidal plan`) so
+  it is not mistaken for weightsync's transport choice.
 - Tokens per micro-batch default to the run's `orchestrator.packing.micro_batch_tokens`, the
   world size to its `trainer.world_size`.
 - `--fit`'s TOML is an overlay of the run config (`fit.candidates`, `Levers.to_toml`):
@@ -33,10 +34,15 @@ from tidal.cli.config import RunConfig
 from tidal.common.config import BaseConfig, ConfigError, load_config
 from tidal.common.config_help import option_line
 from tidal.common.config_schema import field_default
-from tidal.trainer.plan.estimate import MemoryPlan, Workload, activation_per_layer, plan_memory
-from tidal.trainer.plan.fit import fit
-from tidal.trainer.plan.levers import Levers
-from tidal.trainer.plan.model_size import decoder_args, param_counts
+from tidal.trainer.memory_planner.estimate import (
+    MemoryPlan,
+    Workload,
+    activation_per_layer,
+    plan_memory,
+)
+from tidal.trainer.memory_planner.fit import fit
+from tidal.trainer.memory_planner.levers import Levers
+from tidal.trainer.memory_planner.model_size import decoder_args, param_counts
 
 USAGE = "tidal plan @ cfg.toml --memory 80GiB [--world-size N] [--tokens N] [--fit] [--json]"
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}

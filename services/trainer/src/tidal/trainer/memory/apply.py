@@ -3,7 +3,7 @@
 Order: LoRA (swaps linear layers, so it must precede anything that wraps or traces
 them) → activation checkpointing → torch.compile. Sharding (`parallel/fsdp.py`) comes
 after all of them and is the caller's. Activation offloading and the chunked LM head act
-in the training step, not on the module tree (`levers/offload.py`, `levers/lm_head.py`).
+in the training step, not on the module tree (`memory/offload.py`, `memory/lm_head.py`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from torch import nn
 
 from tidal.common.errors import ConfigError
 from tidal.trainer.config import ModelConfig
-from tidal.trainer.levers.lora import apply_lora
+from tidal.trainer.memory.lora import apply_lora
 from tidal.trainer.parallel.ac import apply_ac
 from tidal.trainer.parallel.compile import apply_compile
 

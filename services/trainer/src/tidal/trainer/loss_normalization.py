@@ -5,7 +5,7 @@ Decisions:
   micro-batch, with weights that depend only on the *step's* data (never on which
   micro-batch or rank holds a token). Summing the micro-batch losses (gradient
   accumulation) then gives the step loss exactly, however the samples were split.
-- The three normalisations:
+- The three normalizations:
   * "token": w = 1 / (loss tokens in the step), the token mean over the global batch;
   * "sequence": w = 1 / (n_i · S), the mean over sequences of each sequence's token mean
     (n_i loss tokens in sequence i, S sequences with at least one loss token);
@@ -14,7 +14,8 @@ Decisions:
 - The step counts are computed once per step from all micro-batches *before* any
   forward pass; with several data-parallel ranks each rank sums its own micro-batches
   and `reduce` (e.g. an all-reduce SUM over the group) makes them global. This module
-  needs no process group itself, so the single-process trainer passes no `reduce`.
+  needs no process group itself: the trainer passes its rank context's `reduce`
+  (ranks.py; the identity for one process).
 - The denominators come from the data (loss_mask), not from trust-region masking, which
   depends on the current weights: masking a token removes its term, not its share.
 """
@@ -29,7 +30,7 @@ import torch
 
 from tidal.batch.tensors import MicroBatchData
 
-Normalisation = Literal["token", "sequence", "constant"]
+Normalization = Literal["token", "sequence", "constant"]
 Reduce = Callable[[torch.Tensor], torch.Tensor]
 
 
@@ -77,13 +78,13 @@ def token_weights(
     segments: torch.Tensor,  # (N,) int64 sample index of each token
     num_segments: int,
     *,
-    norm: Normalisation,
+    norm: Normalization,
     counts: StepCounts,
     constant: float | None = None,
 ) -> torch.Tensor:
     """(N,) weights w_t, zero off the mask, such that the step loss is Σ_t w_t · ℓ_t."""
     if counts.loss_tokens <= 0:
-        raise ValueError("the step has no loss tokens; there is nothing to normalise by")
+        raise ValueError("the step has no loss tokens; there is nothing to normalize by")
     if norm == "token":
         return loss_mask / counts.loss_tokens
     if norm == "sequence":
@@ -94,4 +95,4 @@ def token_weights(
         if constant is None or constant <= 0:
             raise ValueError(f"norm 'constant' needs a positive constant, got {constant!r}")
         return loss_mask / constant
-    raise ValueError(f"unknown normalisation {norm!r}; supported: token, sequence, constant")
+    raise ValueError(f"unknown normalization {norm!r}; supported: token, sequence, constant")

@@ -1,0 +1,57 @@
+"""Where a service's model runs and in which dtype: one answer for trainer and inference.
+
+Decisions:
+- `DTYPES` maps the config spelling of a dtype ("float32", "bfloat16") to torch's; the
+  trainer's FSDP mixed precision and inference's served dtype read the same table.
+- `resolve_device` turns a `<service>.device` setting ("auto", "cuda", "cpu") into the
+  device type for a process that is one of `local_ranks` on its host. Each rank takes its
+  own GPU (`LOCAL_RANK`), so CUDA needs a GPU per local rank: "auto" falls back to the
+  CPU when there are fewer, saying so, rather than letting rank 1 die on a one-GPU
+  machine with "invalid device ordinal"; an explicit "cuda" is a `ConfigError`.
+- `pick_device` is the same decision with the GPU count given, so it is testable without
+  GPUs. The orchestrator is torch-free and never imports this module.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from tidal.common.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def resolve_device(name: str, *, service: str, local_ranks: int = 1) -> torch.device:
+    """`<service>.device = name` made concrete on this host (no GPU index: see LOCAL_RANK)."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return torch.device(pick_device(name, service=service, gpus=gpus, local_ranks=local_ranks))
+
+
+def pick_device(name: str, *, service: str, gpus: int, local_ranks: int) -> str:
+    """ "cuda" or "cpu" for `<service>.device = name` given the host's GPUs and local ranks."""
+    if name == "cpu":
+        return name
+    if gpus >= local_ranks:
+        return "cuda" if gpus else "cpu"
+    if name == "cuda":
+        advice = (
+            f": lower {service}.world_size (or the ranks per node) to the GPU count, or set "
+            f'{service}.device = "cpu"'
+            if local_ranks > 1
+            else f'; set {service}.device = "auto" or "cpu"'
+        )
+        raise ConfigError(
+            f"{service}.device is 'cuda' but this host has {gpus} GPU(s) for {local_ranks} "
+            f"{service} rank(s) (one GPU each){advice}"
+        )
+    if gpus:
+        log.warning(
+            "%s.device = 'auto': %d %s ranks on this host but %d GPU(s), so the %s runs on "
+            "the CPU; set %s.world_size to at most %d to use the GPUs",
+            service, local_ranks, service, gpus, service, service, gpus,
+        )  # fmt: skip
+    return "cpu"
