@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import datasets
 import pytest
 from pydantic import ValidationError
 
+from tidal.common.config import to_toml
 from tidal.common.errors import ConfigError
 from tidal.orchestrator.task_config import DatasetTaskConfig
 from tidal.orchestrator.tasks import build_task
@@ -94,6 +96,16 @@ def test_eval_fraction_and_an_eval_file_are_exclusive(tmp_path: Path) -> None:
         DatasetTaskConfig(
             path=tmp_path / "a.jsonl", eval_path=tmp_path / "b.jsonl", eval_fraction=0.2
         )
+
+
+def test_a_config_with_an_eval_file_survives_the_resolved_config_round_trip(
+    tmp_path: Path,
+) -> None:
+    # the launcher writes the resolved config and every service reads it back
+    config = DatasetTaskConfig(path=tmp_path / "a.jsonl", eval_path=tmp_path / "b.jsonl")
+    again = DatasetTaskConfig.model_validate(tomllib.loads(to_toml(config)))
+    assert again == config and again.held_out_fraction == 0.0
+    assert DatasetTaskConfig(path=tmp_path / "a.jsonl").held_out_fraction == 0.1
 
 
 def test_a_field_no_record_has_names_the_field_the_file_and_the_fields(tmp_path: Path) -> None:

@@ -22,6 +22,8 @@ from pydantic import Field, model_validator
 
 from tidal.common.config import BaseConfig
 
+DEFAULT_EVAL_FRACTION = 0.1
+
 
 class TaskCommon(BaseConfig):
     weight: float = Field(default=1.0, gt=0)
@@ -114,20 +116,31 @@ class DatasetTaskConfig(TaskCommon):
     """math verifier only: reward = (1 - format_weight) * answer + format_weight * format."""
     extract: str | None = None
     """Optional regex with one group pulling the answer out of the completion first."""
-    eval_fraction: float = Field(default=0.1, ge=0, lt=1)
-    """Fraction of records held out for evaluation (chosen by the run seed); unused when
-    `eval_path` or `eval_split` is set."""
+    eval_fraction: float | None = Field(default=None, ge=0, lt=1)
+    """Fraction of records held out for evaluation (chosen by the run seed); unset means
+    0.1, or none when `eval_path` or `eval_split` names the evaluation records."""
     max_answer_chars: int = Field(default=32, gt=0)
     """Bound on completion length (characters) used when sampling.max_tokens is unset."""
 
     @model_validator(mode="after")
     def _check(self) -> DatasetTaskConfig:
-        separate_eval = self.eval_path is not None or self.eval_split is not None
-        if separate_eval and "eval_fraction" in self.model_fields_set:
+        if self.separate_eval and self.eval_fraction is not None:
             raise ValueError("eval_fraction cannot be combined with eval_path or eval_split")
         if self.format_weight and self.verifier != "math":
             raise ValueError(f"format_weight applies to verifier = 'math', not {self.verifier!r}")
         return self
+
+    @property
+    def separate_eval(self) -> bool:
+        """Whether evaluation records come from `eval_path`/`eval_split`."""
+        return self.eval_path is not None or self.eval_split is not None
+
+    @property
+    def held_out_fraction(self) -> float:
+        """The fraction of `path`'s records held out for evaluation."""
+        if self.separate_eval:
+            return 0.0
+        return DEFAULT_EVAL_FRACTION if self.eval_fraction is None else self.eval_fraction
 
 
 class ReasoningGymTaskConfig(TaskCommon):

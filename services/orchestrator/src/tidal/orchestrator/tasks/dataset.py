@@ -97,7 +97,7 @@ class DatasetTask(Task):
             config.path, fields, split=config.split, regex=regex
         )
         self.eval_records: list[Record] | None = None
-        if config.eval_path is not None or config.eval_split is not None:
+        if config.separate_eval:
             self.eval_records, skipped = load_records(
                 config.eval_path or config.path, fields, split=config.eval_split, regex=regex
             )
@@ -119,7 +119,7 @@ class DatasetTask(Task):
         random.Random(derive_seed(seed, text_key(name), 0)).shuffle(order)
         held_out = 0
         if self.eval_records is None:
-            held_out = round(len(order) * self.config.eval_fraction)
+            held_out = round(len(order) * self.config.held_out_fraction)
             if held_out == len(order):
                 held_out -= 1  # keep at least one training record
         self._splits: dict[str, list[int]] = {"eval": order[:held_out], "train": order[held_out:]}
