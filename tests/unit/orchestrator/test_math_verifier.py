@@ -85,6 +85,11 @@ def test_a_different_value_is_wrong_not_malformed(verifier: MathVerifier) -> Non
     assert verifier.score("\\boxed{\\sqrt{2}}", "2\\sqrt{2}") == WRONG
 
 
+def test_an_unreadable_reference_is_an_error_not_a_silent_zero(verifier: MathVerifier) -> None:
+    with pytest.raises(ValueError, match="has no answer math-verify can read"):
+        verifier.score("#### 18", "#### ")
+
+
 def test_format_weight_rewards_an_extractable_answer() -> None:
     weighted = MathVerifier(format_weight=0.2)
     assert weighted.score("#### 17", "18").reward == pytest.approx(0.2)

@@ -90,7 +90,7 @@ class DatasetTaskConfig(TaskCommon):
     splits (`train.jsonl`, `test-*.parquet`)."""
     split: str | None = None
     """Split to train on when `path` holds several (a DatasetDict folder or a folder of
-    data files); None means the only split, or "train"."""
+    data files); unset means the only split, or "train"."""
     eval_path: Path | None = None
     """Separate file or folder of evaluation records (replaces `eval_fraction`)."""
     eval_split: str | None = None

@@ -9,7 +9,9 @@ Decisions:
 - Comparison is math-verify's `verify` (numeric within its precision, then symbolic
   simplification), so `\\boxed{\\frac{1}{2}}` = `0.5` and `2\\sqrt{2}` = `\\sqrt{8}`.
 - Sub-scores: `format` (an answer could be extracted) and `answer` (it is correct);
-  reward = (1 - format_weight) * answer + format_weight * format.
+  reward = (1 - format_weight) * answer + format_weight * format. A reference with no
+  readable answer raises, so the contained verifier counts and logs it as a verifier
+  error instead of every completion silently scoring 0.
 - Threads: math-verify's own timeouts use `signal.alarm`, which only works in the main
   thread; in our verifier threads every call would raise ValueError and score as a
   verifier error. Both of its timeouts are therefore off (`parsing_timeout=None`,
@@ -114,9 +116,11 @@ class MathVerifier:
 
     def score(self, completion: str, reference: str) -> Verdict:
         gold = list(self.parse_reference(reference))
+        if not gold:  # a data problem, not the model's: counted and logged as an error
+            raise ValueError(f"reference {reference[-80:]!r} has no answer math-verify can read")
         answer = self.extract(completion)
         correct = (
-            bool(gold and answer)
+            bool(answer)
             and all(is_tame(x) for x in (*gold, *answer))
             and bool(self.mv.verify(gold, answer, timeout_seconds=None))
         )

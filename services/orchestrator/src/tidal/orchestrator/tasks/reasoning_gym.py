@@ -79,10 +79,14 @@ class ReasoningGymTask(Task):
 
     def bind(self, *, name: str, seed: int) -> None:
         super().bind(name=name, seed=seed)
-        self._datasets = {
-            "train": self._create("train", VIRTUAL_TRAIN_SIZE),
-            "eval": self._create("eval", self.config.eval_size),
-        }
+        # train now (bad options fail at start; verifier threads only read it), eval on
+        # first use
+        self._datasets: dict[str, Any] = {"train": self._create("train", VIRTUAL_TRAIN_SIZE)}
+
+    def _dataset(self, split: Split) -> Any:
+        if split not in self._datasets:
+            self._datasets[split] = self._create(split, self.config.eval_size)
+        return self._datasets[split]
 
     def size(self, split: Split = "train") -> int | None:
         return None if split == "train" else self.config.eval_size
@@ -90,7 +94,7 @@ class ReasoningGymTask(Task):
     def problem(self, index: int, *, split: Split = "train") -> Problem:
         if split == "eval" and not 0 <= index < self.config.eval_size:
             raise IndexError(f"eval problem {index} of {self.config.eval_size}")
-        entry = self._datasets[split][index]
+        entry = self._dataset(split)[index]
         question, answer = str(entry["question"]), str(entry["answer"])
         return Problem(
             prompt=question,
@@ -108,7 +112,7 @@ class ReasoningGymTask(Task):
         if extracted is None:
             return Verdict(0.0, {"score": 0.0, "correct": 0.0, **flags})
         entry = {"question": problem.prompt, "answer": problem.answer, "metadata": problem.metadata}
-        score = float(self._datasets["train"].score_answer(extracted.strip(), entry))
+        score = float(self._dataset("train").score_answer(extracted.strip(), entry))
         return Verdict(score, {"score": score, "correct": float(score >= 1.0), **flags})
 
     @property
