@@ -178,3 +178,15 @@ def test_unknown_file_format_lists_the_known_ones(tmp_path: Path) -> None:
     path.write_text("question,solution\n")
     with pytest.raises(ConfigError, match=r"unknown format '\.csv'; use \.jsonl, \.json"):
         DatasetTask(DatasetTaskConfig(path=path, **QA))
+
+
+@pytest.mark.parametrize("make", ["corrupt_parquet", "empty_folder"])
+def test_an_unreadable_source_fails_at_start_naming_it(tmp_path: Path, make: str) -> None:
+    if make == "corrupt_parquet":
+        path = tmp_path / "qa.parquet"
+        path.write_bytes(b"not parquet at all")
+    else:
+        path = tmp_path / "empty"
+        path.mkdir()
+    with pytest.raises(ConfigError, match=f"orchestrator task {path}: cannot read"):
+        DatasetTask(DatasetTaskConfig(path=path, **QA))

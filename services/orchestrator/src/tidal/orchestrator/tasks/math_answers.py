@@ -93,6 +93,9 @@ class MathVerifier:
             self.mv.ExprExtractionConfig(),
         ]
         self.parse_reference = lru_cache(maxsize=4096)(self._parse_reference)
+        # the first call builds sympy's and the LaTeX parser's state (~0.5 s): pay it at
+        # start, not against the first verifier deadline
+        self.score("\\boxed{1}", "1")
 
     def _parse(self, text: str) -> list[Any]:
         return list(self.mv.parse(text, self.configs, parsing_timeout=None))
