@@ -107,6 +107,8 @@ def test_a_power_tower_is_refused_instead_of_evaluated(verifier: MathVerifier) -
     # sympy would compute 9^(9^(9^9)) while holding the GIL, freezing every thread
     assert verifier.score("\\boxed{9^{9^{9^{9}}}}", "5") == WRONG
     assert verifier.score("\\boxed{100000!}", "5") == WRONG
+    assert verifier.score("\\boxed{\\binom{10^{9}}{10^{8}}}", "5") == WRONG
+    assert verifier.score("\\boxed{\\Gamma(10^{7})}", "5") == WRONG
 
 
 def test_scores_in_a_worker_thread_without_math_verify_signal_errors(

@@ -19,8 +19,12 @@ Decisions:
   "timeout disabled" warning is filtered, it is not true here). A deadline cannot stop
   a thread, and sympy evaluating a power tower (`9^{9^{9^{9}}}`) never ends while
   holding the GIL, which would freeze the whole orchestrator; so expressions with a
-  nested or huge exponent or a large factorial are refused before comparison
-  (`format` 1, `answer` 0).
+  nested or huge exponent, or a factorial, binomial or gamma of a large number, are
+  refused before comparison (`format` 1, `answer` 0). Residual risk: latex2sympy
+  evaluates some of these while parsing (`\\binom{1000000}{500000}` runs for minutes); such
+  a call keeps its verifier thread (counted as a timeout) but, being many short big-int
+  steps, does not hold the GIL. Isolating math-verify in killable worker processes
+  would close that too.
 - `math_verify` is imported when the verifier is built: it pulls in sympy and an ANTLR
   runtime (~0.7 s), which only math tasks need.
 """
@@ -62,22 +66,39 @@ def after_marker(text: str) -> str | None:
     return _THOUSANDS.sub("", text.rsplit(GSM8K_MARKER, 1)[1].strip())
 
 
+def _combinatorial() -> tuple[type, ...]:
+    import sympy
+
+    return (
+        sympy.factorial,
+        sympy.factorial2,
+        sympy.subfactorial,
+        sympy.binomial,
+        sympy.gamma,
+        sympy.RisingFactorial,
+        sympy.FallingFactorial,
+    )
+
+
 def is_tame(expr: Any) -> bool:
     """False for what sympy may take forever to evaluate: a power with a nested or huge
-    numeric exponent, or the factorial of a large number."""
+    numeric exponent, or a factorial-like function (factorial, binomial, gamma, ...) of a
+    large number."""
     import sympy
 
     if not isinstance(expr, sympy.Basic):
         return True
+    combinatorial = _combinatorial()
     for node in sympy.preorder_traversal(expr):
         if isinstance(node, sympy.Pow):
             exponent = node.exp
-            if exponent.has(sympy.Pow) or exponent.has(sympy.factorial):
+            if exponent.has(sympy.Pow) or exponent.has(*combinatorial):
                 return False
             if exponent.is_number and abs(exponent) > MAX_EXPONENT:
                 return False
-        big_factorial = isinstance(node, sympy.factorial) and node.args[0].is_number
-        if big_factorial and abs(node.args[0]) > MAX_FACTORIAL:
+        if isinstance(node, combinatorial) and any(
+            arg.is_number and abs(arg) > MAX_FACTORIAL for arg in node.args
+        ):
             return False
     return True
 
