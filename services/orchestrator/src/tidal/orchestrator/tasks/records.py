@@ -79,11 +79,14 @@ def _field(raw: Mapping[str, Any], name: str) -> Any:
     return raw[name]
 
 
+def _present(raw: Mapping[str, Any]) -> str:
+    return f"(fields: {', '.join(sorted(map(str, raw)))})"
+
+
 def parse_record(raw: Any, fields: FieldMap, *, line: int, regex: bool) -> Record:
     """The record of one decoded row; ValueError naming what is wrong."""
     if not isinstance(raw, Mapping):
         raise ValueError(f"expected a JSON object, got {type(raw).__name__}")
-    present = f"(fields: {', '.join(sorted(map(str, raw)))})"
     messages: tuple[dict[str, str], ...] = ()
     if fields.messages is not None:
         messages = parse_messages(raw.get(fields.messages), fields.messages)
@@ -91,10 +94,10 @@ def parse_record(raw: Any, fields: FieldMap, *, line: int, regex: bool) -> Recor
     else:
         prompt = raw.get(fields.prompt)
         if not isinstance(prompt, str) or not prompt:
-            raise ValueError(f"{fields.prompt!r} must be a non-empty string {present}")
+            raise ValueError(f"{fields.prompt!r} must be a non-empty string {_present(raw)}")
     answer = raw.get(fields.answer)
     if isinstance(answer, bool) or not isinstance(answer, str | int | float):
-        raise ValueError(f"{fields.answer!r} must be a string or a number {present}")
+        raise ValueError(f"{fields.answer!r} must be a string or a number {_present(raw)}")
     answer = str(answer)
     if regex:
         try:
@@ -105,9 +108,9 @@ def parse_record(raw: Any, fields: FieldMap, *, line: int, regex: bool) -> Recor
     if reference is None:
         reference = answer
     if not isinstance(reference, str):
-        raise ValueError(f"{fields.reference!r} must be a string {present}")
+        raise ValueError(f"{fields.reference!r} must be a string {_present(raw)}")
     try:
         metadata = {name: _field(raw, name) for name in fields.metadata}
     except KeyError as exc:
-        raise ValueError(f"metadata field {exc.args[0]!r} is missing {present}") from None
+        raise ValueError(f"metadata field {exc.args[0]!r} is missing {_present(raw)}") from None
     return Record(prompt, answer, reference, line, messages, metadata)
