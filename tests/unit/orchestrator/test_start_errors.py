@@ -30,7 +30,8 @@ def test_unknown_task_import_path_fails_at_start_with_the_valid_choices(tmp_path
     )
     assert done.returncode == 2
     assert "orchestrator task path 'nope_pkg:Task': cannot import" in done.stderr
-    assert "built-in types ['arithmetic', 'countdown', 'dataset', 'reversal']" in done.stderr
+    types = "['arithmetic', 'countdown', 'dataset', 'reasoning_gym', 'reversal']"
+    assert f"built-in types {types}" in done.stderr
 
 
 def test_unknown_algorithm_fails_at_start_with_the_valid_choices(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """Contained verification: a verifier that raises, hangs or returns garbage costs one reward.
 
 Decisions:
-- Verifiers run in a small thread pool with a per-call deadline (`verifier_timeout_s`).
+- Verifiers run in a small thread pool with a per-call deadline (`timeouts.verifier_s`).
   A verifier that raises, times out, or returns a reward that is not a finite number in
   [0, 1] yields reward 0 and is counted by kind (`error`, `timeout`, `invalid`) in the
   step's metrics; the run goes on. Threads, not processes: plug-in tasks need not be

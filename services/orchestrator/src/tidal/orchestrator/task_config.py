@@ -7,7 +7,10 @@ Decisions:
   with free-form `options` passed to its constructor. The path is resolved when the
   orchestrator starts, so a typo fails before any step (see `tasks/registry.py`).
 - Held-out evaluation data comes from the same task: generated tasks draw it from a
-  separate seed stream, file datasets hold back `eval_fraction` of their lines.
+  separate seed stream, file datasets hold back `eval_fraction` of their records unless
+  an eval file or split is named (`eval_path`, `eval_split`), which then replaces it.
+- Dataset field names are configuration (`prompt_field`, `answer_field`, ...), not a
+  required schema, so GSM8K-, MATH- or chat-style files load without a conversion step.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from tidal.common.config import BaseConfig
+
+DEFAULT_EVAL_FRACTION = 0.1
 
 
 class TaskCommon(BaseConfig):
@@ -31,7 +36,7 @@ class ReversalTaskConfig(TaskCommon):
     """The built-in verifiable task: reverse a random string ("abc>" → "cba")."""
 
     type: Literal["reversal"] = "reversal"
-    """Task kind: reversal | arithmetic | countdown | dataset | import."""
+    """Task kind: reversal | arithmetic | countdown | dataset | reasoning_gym | import."""
     alphabet: str = Field(default="abcd", min_length=1)
     """Characters the strings are drawn from (ASCII, no '>')."""
     min_len: int = Field(default=1, ge=1)
@@ -74,21 +79,94 @@ class CountdownTaskConfig(TaskCommon):
 
 
 class DatasetTaskConfig(TaskCommon):
-    """Prompts and answers from a JSONL or parquet file of `{prompt, answer}` records."""
+    """Prompts and answers from local records: a JSONL, JSON, parquet or Arrow file, a
+    `datasets` `save_to_disk` folder, or a folder of data files (see docs/tasks.md)."""
 
     type: Literal["dataset"] = "dataset"
     """Task kind."""
     path: Path
-    """`.jsonl` (one JSON object per line) or `.parquet` (needs pyarrow) file."""
-    verifier: Literal["exact", "numeric", "regex"] = "exact"
+    """`.jsonl` (read line by line, bad lines skipped), `.json`, `.parquet` or `.arrow`
+    file, or a folder: a `save_to_disk` one, or one of data files whose names give the
+    splits (`train.jsonl`, `test-*.parquet`)."""
+    split: str | None = None
+    """Split to train on when `path` holds several (a DatasetDict folder or a folder of
+    data files); unset means the only split, or "train"."""
+    eval_path: Path | None = None
+    """Separate file or folder of evaluation records (replaces `eval_fraction`)."""
+    eval_split: str | None = None
+    """Split of `eval_path` (or of `path` when `eval_path` is unset) used for evaluation
+    (replaces `eval_fraction`)."""
+    prompt_field: str = "prompt"
+    """Field holding the prompt text."""
+    messages_field: str | None = None
+    """Field holding the prompt as chat messages ([{role, content}, ...]); when set it is
+    used instead of `prompt_field`."""
+    answer_field: str = "answer"
+    """Field holding what the verifier checks (a string or a number)."""
+    reference_field: str = "reference"
+    """Optional field with the warm-start target; missing means the answer."""
+    metadata_fields: list[str] = []
+    """Fields passed to the verifier as `Problem.metadata` (each must exist)."""
+    verifier: Literal["exact", "numeric", "regex", "math"] = "exact"
     """exact: stripped strings equal; numeric: equal as numbers (commas, spaces, trailing
-    zeros ignored); regex: the record's answer is a pattern the completion must fullmatch."""
+    zeros ignored); regex: the record's answer is a pattern the completion must fullmatch;
+    math: math-verify (\\boxed{} or the last number, symbolic equivalence; GSM8K "#### 42"
+    references), sub-scores `format` and `answer`."""
+    format_weight: float = Field(default=0.0, ge=0, le=1)
+    """math verifier only: reward = (1 - format_weight) * answer + format_weight * format."""
     extract: str | None = None
     """Optional regex with one group pulling the answer out of the completion first."""
-    eval_fraction: float = Field(default=0.1, ge=0, lt=1)
-    """Fraction of records held out for evaluation (chosen by the run seed)."""
+    eval_fraction: float | None = Field(default=None, ge=0, lt=1)
+    """Fraction of records held out for evaluation (chosen by the run seed); unset means
+    0.1, or none when `eval_path` or `eval_split` names the evaluation records."""
     max_answer_chars: int = Field(default=32, gt=0)
     """Bound on completion length (characters) used when sampling.max_tokens is unset."""
+
+    @model_validator(mode="after")
+    def _check(self) -> DatasetTaskConfig:
+        if self.separate_eval and self.eval_fraction is not None:
+            raise ValueError("eval_fraction cannot be combined with eval_path or eval_split")
+        if self.format_weight and self.verifier != "math":
+            raise ValueError(f"format_weight applies to verifier = 'math', not {self.verifier!r}")
+        return self
+
+    @property
+    def separate_eval(self) -> bool:
+        """Whether evaluation records come from `eval_path`/`eval_split`."""
+        return self.eval_path is not None or self.eval_split is not None
+
+    @property
+    def held_out_fraction(self) -> float:
+        """The fraction of `path`'s records held out for evaluation."""
+        if self.separate_eval:
+            return 0.0
+        return DEFAULT_EVAL_FRACTION if self.eval_fraction is None else self.eval_fraction
+
+
+class ReasoningGymTaskConfig(TaskCommon):
+    """A procedural `reasoning-gym` dataset by name, scored by its own `score_answer`
+    (needs the orchestrator's `reasoning-gym` extra)."""
+
+    type: Literal["reasoning_gym"] = "reasoning_gym"
+    """Task kind."""
+    dataset: str = Field(min_length=1)
+    """Registered reasoning-gym dataset name ("basic_arithmetic", "leg_counting", ...)."""
+    options: dict[str, Any] = {}
+    """Keyword arguments of the dataset's config (difficulty knobs; not `seed`/`size`)."""
+    eval_size: int = Field(default=100, ge=1)
+    """Problems in the held-out evaluation split (training is unbounded)."""
+    extract: str | None = None
+    """Optional regex with one group pulling the answer out of the completion first
+    (e.g. "<answer>(.*?)</answer>"); unset scores the whole stripped completion."""
+    max_answer_chars: int = Field(default=64, gt=0)
+    """Bound on completion length (characters) used when sampling.max_tokens is unset."""
+
+    @model_validator(mode="after")
+    def _check(self) -> ReasoningGymTaskConfig:
+        reserved = sorted({"seed", "size"} & self.options.keys())
+        if reserved:
+            raise ValueError(f"options {reserved} are set by the task (per split), not here")
+        return self
 
 
 class ImportTaskConfig(TaskCommon):
@@ -107,6 +185,7 @@ TaskConfig = Annotated[
     | ArithmeticTaskConfig
     | CountdownTaskConfig
     | DatasetTaskConfig
+    | ReasoningGymTaskConfig
     | ImportTaskConfig,
     Field(discriminator="type"),
 ]

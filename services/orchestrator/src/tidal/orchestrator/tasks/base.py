@@ -15,6 +15,10 @@ Decisions:
   followup text, up to the last; the episode is scored by `verify_turns`, by default
   the mean of `verify` over the turns (a missing turn scores 0). Tasks with other
   environments override `env_step` and `verify_turns`. Only model tokens are trained.
+- A problem may carry chat `messages` besides its `prompt` text, and `metadata` for its
+  verifier. `prompt` stays the text the orchestrator tokenizes today; tasks with messages
+  fill it with a plain rendering (`tasks.records.render_messages`) until prompts are
+  rendered with the tokenizer's chat template.
 - Plug-ins subclass `Task` or `GeneratedTask`; see docs/tasks.md.
 """
 
@@ -23,7 +27,7 @@ from __future__ import annotations
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 from tidal.orchestrator.seeds import derive_seed, text_key
 
@@ -47,10 +51,15 @@ class Problem:
     """Stable id: `<task>/<split>/<index>` (what 'prompts seen' compares)."""
     followups: tuple[tuple[str, str], ...] = ()
     """Multi-turn: (environment text, reference answer) of turns 2, 3, ..."""
+    messages: tuple[dict[str, str], ...] = field(default=(), hash=False)
+    """The prompt as chat messages ({role, content}), when the source has them; `prompt`
+    then holds their plain rendering."""
+    metadata: dict[str, Any] = field(default_factory=dict, hash=False)
+    """Extra fields of the record for the verifier (e.g. a dataset's `metadata_fields`)."""
 
     def turn_problems(self) -> list[Problem]:
         """One single-turn problem per turn: this one, then each followup."""
-        first = Problem(self.prompt, self.reference, self.answer, self.task, self.uid)
+        first = replace(self, followups=())
         return [first] + [Problem(text, ref, task=self.task) for text, ref in self.followups]
 
 

@@ -1,88 +1,76 @@
-"""A task from a file of `{prompt, answer}` records (JSONL or parquet) and a verifier.
+"""A task from local records (JSONL, JSON, parquet, Arrow, `datasets` folders) and a verifier.
 
 Decisions:
-- Bad records never stop a run: a line that is not a JSON object with a string `prompt`
-  and a string or number `answer` (or, for the regex verifier, an answer that is not a
-  valid pattern) is logged with file and line number, skipped and counted
-  (`skipped_records`, reported in the run's metrics). A file with no usable record is a
-  configuration error.
+- Reading is `tasks/data_files.py` (JSONL line by line, the rest through `datasets`),
+  field mapping is `tasks/records.py`; this module owns splits, order and scoring.
+- Bad records never stop a run: a record without a usable prompt or answer (or, for the
+  regex verifier, an answer that is not a valid pattern) is logged with file and line
+  number, skipped and counted (`skipped_records`, reported in the run's metrics). A field
+  that no record has is a mapping mistake: a `ConfigError` naming the field, the file
+  and the fields that exist. A source with no usable record is a `ConfigError` too.
 - Held-out split: `eval_fraction` of the records, chosen by a permutation seeded by the
-  run seed, is kept for evaluation only.
+  run seed, is kept for evaluation only, unless `eval_path`/`eval_split` names separate
+  evaluation records, which are then used in their stored order.
 - Training order: epoch e visits the training records in a permutation seeded by (run
   seed, task, e), so problem i is a pure function of i and a cursor is enough to resume
   without repeating or skipping a record.
-- An optional `reference` field is the warm-start target; it defaults to `answer`.
-- parquet needs pyarrow, imported only when a parquet file is configured.
+- An optional reference field is the warm-start target; it defaults to the answer.
+- Records are materialised once at start (a few hundred bytes each), which keeps problem
+  lookup O(1) and the order logic independent of the storage format.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import re
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from tidal.common.errors import ConfigError
 from tidal.orchestrator.seeds import derive_seed, text_key
 from tidal.orchestrator.task_config import DatasetTaskConfig
 from tidal.orchestrator.tasks.answer_checkers import CHECKERS, extract_answer
 from tidal.orchestrator.tasks.base import Problem, Split, Task, Verdict
+from tidal.orchestrator.tasks.data_files import Rows, read_rows
+from tidal.orchestrator.tasks.records import FieldMap, Record, parse_record
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class Record:
-    prompt: str
-    answer: str
-    reference: str
-    line: int
+__all__ = ["DatasetTask", "Record", "load_records"]
 
 
-def parse_record(raw: Any, *, regex: bool) -> tuple[str, str, str]:
-    """(prompt, answer, reference) of one record; ValueError naming what is wrong."""
-    if not isinstance(raw, dict):
-        raise ValueError(f"expected a JSON object, got {type(raw).__name__}")
-    prompt, answer = raw.get("prompt"), raw.get("answer")
-    if not isinstance(prompt, str) or not prompt:
-        raise ValueError("'prompt' must be a non-empty string")
-    if isinstance(answer, bool) or not isinstance(answer, str | int | float):
-        raise ValueError("'answer' must be a string or a number")
-    answer = str(answer)
-    if regex:
+def _check_fields(rows: Rows, fields: FieldMap) -> None:
+    present = rows.fields()
+    if not rows.rows or not present:
+        return  # nothing to check against; "no usable records" says it
+    missing = [name for name in fields.required() if name not in present]
+    if missing:
+        raise ConfigError(
+            f"orchestrator task {rows.label}: no field {missing[0]!r} "
+            f"(fields: {', '.join(present)}); set the task's *_field keys"
+        )
+
+
+def load_records(
+    path: Path, fields: FieldMap, *, split: str | None, regex: bool
+) -> tuple[list[Record], int]:
+    """The usable records of a source and how many were skipped."""
+    rows = read_rows(path, split=split)
+    _check_fields(rows, fields)
+    records: list[Record] = []
+    skipped = 0
+    for number, raw in rows.rows:
         try:
-            re.compile(answer)
-        except re.error as exc:
-            raise ValueError(f"'answer' is not a valid regex: {exc}") from exc
-    reference = raw.get("reference", answer)
-    if not isinstance(reference, str):
-        raise ValueError("'reference' must be a string")
-    return prompt, answer, reference
-
-
-def read_rows(path: Path) -> list[tuple[int, Any]]:
-    """(line or row number, decoded object or the exception) for every record in the file."""
-    if not path.is_file():
-        raise ConfigError(f"orchestrator task dataset: no file {path}")
-    if path.suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError as exc:
-            raise ConfigError(f"reading {path} needs pyarrow: pip install pyarrow") from exc
-        return list(enumerate(pq.read_table(path).to_pylist(), start=1))
-    rows: list[tuple[int, Any]] = []
-    with path.open(encoding="utf-8", errors="replace") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                rows.append((number, json.loads(line)))
-            except json.JSONDecodeError as exc:
-                rows.append((number, exc))
-    return rows
+            if isinstance(raw, Exception):
+                raise ValueError(f"not valid JSON ({raw})")
+            records.append(parse_record(raw, fields, line=number, regex=regex))
+        except ValueError as exc:
+            skipped += 1
+            log.warning("%s:%d: skipped: %s", rows.label, number, exc)
+    if not records:
+        raise ConfigError(f"orchestrator task {rows.label}: no usable records")
+    return records, skipped
 
 
 class DatasetTask(Task):
@@ -90,40 +78,56 @@ class DatasetTask(Task):
 
     def __init__(self, config: DatasetTaskConfig) -> None:
         self.config = config
-        self.check = CHECKERS[config.verifier]
+        self.check = self._checker(config)
         try:
             self.extract = re.compile(config.extract) if config.extract else None
         except re.error as exc:
             raise ConfigError(f"orchestrator task {config.path}: extract: {exc}") from exc
         if self.extract is not None and self.extract.groups != 1:
             raise ConfigError(f"orchestrator task {config.path}: extract needs exactly one group")
-        self.records: list[Record] = []
-        self.skipped_records = 0
-        for number, raw in read_rows(config.path):
-            try:
-                if isinstance(raw, Exception):
-                    raise ValueError(f"not valid JSON ({raw})")
-                prompt, answer, reference = parse_record(raw, regex=config.verifier == "regex")
-            except ValueError as exc:
-                self.skipped_records += 1
-                log.warning("%s:%d: skipped: %s", config.path, number, exc)
-                continue
-            self.records.append(Record(prompt, answer, reference, number))
-        if not self.records:
-            raise ConfigError(f"orchestrator task {config.path}: no usable records")
+        fields = FieldMap(
+            prompt=config.prompt_field,
+            messages=config.messages_field,
+            answer=config.answer_field,
+            reference=config.reference_field,
+            metadata=tuple(config.metadata_fields),
+        )
+        regex = config.verifier == "regex"
+        self.records, self.skipped_records = load_records(
+            config.path, fields, split=config.split, regex=regex
+        )
+        self.eval_records: list[Record] | None = None
+        if config.separate_eval:
+            self.eval_records, skipped = load_records(
+                config.eval_path or config.path, fields, split=config.eval_split, regex=regex
+            )
+            self.skipped_records += skipped
         self.bind(name=self.name, seed=0)
+
+    @staticmethod
+    def _checker(config: DatasetTaskConfig) -> Callable[[str, str], Verdict]:
+        if config.verifier == "math":
+            from tidal.orchestrator.tasks.math_answers import MathVerifier
+
+            return MathVerifier(format_weight=config.format_weight).score
+        check = CHECKERS[config.verifier]
+        return lambda completion, answer: Verdict(float(check(completion, answer)))
 
     def bind(self, *, name: str, seed: int) -> None:
         super().bind(name=name, seed=seed)
         order = list(range(len(self.records)))
         random.Random(derive_seed(seed, text_key(name), 0)).shuffle(order)
-        held_out = round(len(order) * self.config.eval_fraction)
-        if held_out == len(order):
-            held_out -= 1  # keep at least one training record
+        held_out = 0
+        if self.eval_records is None:
+            held_out = round(len(order) * self.config.held_out_fraction)
+            if held_out == len(order):
+                held_out -= 1  # keep at least one training record
         self._splits: dict[str, list[int]] = {"eval": order[:held_out], "train": order[held_out:]}
         self._epoch_orders: dict[int, list[int]] = {}
 
     def size(self, split: Split = "train") -> int:
+        if split == "eval" and self.eval_records is not None:
+            return len(self.eval_records)
         return len(self._splits[split])
 
     def _epoch_order(self, epoch: int) -> list[int]:
@@ -134,7 +138,9 @@ class DatasetTask(Task):
         return self._epoch_orders[epoch]
 
     def problem(self, index: int, *, split: Split = "train") -> Problem:
-        if split == "eval":
+        if split == "eval" and self.eval_records is not None:
+            record = self.eval_records[index]
+        elif split == "eval":
             record = self.records[self._splits["eval"][index]]
         else:
             epoch, offset = divmod(index, len(self._splits["train"]))
@@ -145,13 +151,19 @@ class DatasetTask(Task):
             answer=record.answer,
             task=self.name,
             uid=f"{self.name}/{split}/{index}/line{record.line}",
+            messages=record.messages,
+            metadata=dict(record.metadata),
         )
 
     def verify(self, problem: Problem, completion: str) -> Verdict:
         extracted = extract_answer(completion, self.extract)
+        if self.config.verifier == "math":
+            if extracted is None:
+                return Verdict(0.0, {"format": 0.0, "answer": 0.0})
+            return self.check(extracted, problem.answer)
         if extracted is None:
             return Verdict(0.0, {"extracted": 0.0})
-        return Verdict(float(self.check(extracted, problem.answer)), {"extracted": 1.0})
+        return Verdict(self.check(extracted, problem.answer).reward, {"extracted": 1.0})
 
     @property
     def max_completion_chars(self) -> int:

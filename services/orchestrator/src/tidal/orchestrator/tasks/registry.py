@@ -16,6 +16,7 @@ from tidal.orchestrator.task_config import (
     CountdownTaskConfig,
     DatasetTaskConfig,
     ImportTaskConfig,
+    ReasoningGymTaskConfig,
     ReversalTaskConfig,
     TaskConfig,
 )
@@ -23,6 +24,7 @@ from tidal.orchestrator.tasks.arithmetic import ArithmeticTask
 from tidal.orchestrator.tasks.base import Task
 from tidal.orchestrator.tasks.countdown import CountdownTask
 from tidal.orchestrator.tasks.dataset import DatasetTask
+from tidal.orchestrator.tasks.reasoning_gym import ReasoningGymTask
 from tidal.orchestrator.tasks.reversal import ReversalTask
 
 BUILT_IN = {
@@ -30,6 +32,7 @@ BUILT_IN = {
     "arithmetic": ArithmeticTask,
     "countdown": CountdownTask,
     "dataset": DatasetTask,
+    "reasoning_gym": ReasoningGymTask,
 }
 VALID = f'built-in types {sorted(BUILT_IN)}, or type = "import" with path = "pkg.module:Class"'
 
@@ -61,7 +64,12 @@ def build_task(config: TaskConfig, *, seed: int = 0) -> Task:
         except TypeError as exc:
             raise ConfigError(f"orchestrator task {config.path}: options: {exc}") from exc
     elif isinstance(
-        config, ReversalTaskConfig | ArithmeticTaskConfig | CountdownTaskConfig | DatasetTaskConfig
+        config,
+        ReversalTaskConfig
+        | ArithmeticTaskConfig
+        | CountdownTaskConfig
+        | DatasetTaskConfig
+        | ReasoningGymTaskConfig,
     ):
         task = BUILT_IN[config.type](config)  # type: ignore[arg-type]
     else:  # unreachable through pydantic, which rejects unknown types with the choices

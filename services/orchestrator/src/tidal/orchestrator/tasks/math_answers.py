@@ -1,0 +1,153 @@
+"""The math verifier: extract a final answer, compare it symbolically with `math-verify`.
+
+Decisions:
+- Extraction: a GSM8K `#### 42` marker wins (the text after the last one), then
+  `\\boxed{...}`, then an "answer: ..." phrase, then the last LaTeX expression or number
+  (math-verify's own priorities with boxed raised to first). The reference goes through
+  the same marker rule and, when it is a bare answer ("\\frac{1}{2}", "2\\sqrt{2}",
+  "1,000"), is parsed as if boxed, so it is read as one LaTeX expression.
+- Comparison is math-verify's `verify` (numeric within its precision, then symbolic
+  simplification), so `\\boxed{\\frac{1}{2}}` = `0.5` and `2\\sqrt{2}` = `\\sqrt{8}`.
+- Sub-scores: `format` (an answer could be extracted) and `answer` (it is correct);
+  reward = (1 - format_weight) * answer + format_weight * format. A reference with no
+  readable answer raises, so the contained verifier counts and logs it as a verifier
+  error instead of every completion silently scoring 0.
+- Threads: math-verify's own timeouts use `signal.alarm`, which only works in the main
+  thread; in our verifier threads every call would raise ValueError and score as a
+  verifier error. Both of its timeouts are therefore off (`parsing_timeout=None`,
+  `timeout_seconds=None`) and the contained verifier's deadline is the timeout (its
+  "timeout disabled" warning is filtered, it is not true here). A deadline cannot stop
+  a thread, and sympy evaluating a power tower (`9^{9^{9^{9}}}`) never ends while
+  holding the GIL, which would freeze the whole orchestrator; so expressions with a
+  nested or huge exponent, or a factorial, binomial or gamma of a large number, are
+  refused before comparison (`format` 1, `answer` 0). Residual risk: latex2sympy
+  evaluates some of these while parsing (`\\binom{1000000}{500000}` runs for minutes); such
+  a call keeps its verifier thread (counted as a timeout) but, being many short big-int
+  steps, does not hold the GIL. Isolating math-verify in killable worker processes
+  would close that too.
+- `math_verify` is imported when the verifier is built: it pulls in sympy and an ANTLR
+  runtime (~0.7 s), which only math tasks need.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from functools import lru_cache
+from typing import Any
+
+from tidal.orchestrator.tasks.base import Verdict
+
+GSM8K_MARKER = "####"
+MAX_EXPONENT = 1000
+MAX_FACTORIAL = 1000
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")
+
+
+class _DropTimeoutDisabledWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Timeout is disabled" not in record.getMessage()
+
+
+def _math_verify() -> Any:
+    import math_verify
+
+    for name in ("math_verify.parser", "math_verify.grader"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropTimeoutDisabledWarning) for f in logger.filters):
+            logger.addFilter(_DropTimeoutDisabledWarning())
+    return math_verify
+
+
+def after_marker(text: str) -> str | None:
+    """The text after the last GSM8K `####` marker, thousands commas removed; None without one."""
+    if GSM8K_MARKER not in text:
+        return None
+    return _THOUSANDS.sub("", text.rsplit(GSM8K_MARKER, 1)[1].strip())
+
+
+def _combinatorial() -> tuple[type, ...]:
+    import sympy
+
+    return (
+        sympy.factorial,
+        sympy.factorial2,
+        sympy.subfactorial,
+        sympy.binomial,
+        sympy.gamma,
+        sympy.RisingFactorial,
+        sympy.FallingFactorial,
+    )
+
+
+def is_tame(expr: Any) -> bool:
+    """False for what sympy may take forever to evaluate: a power with a nested or huge
+    numeric exponent, or a factorial-like function (factorial, binomial, gamma, ...) of a
+    large number."""
+    import sympy
+
+    if not isinstance(expr, sympy.Basic):
+        return True
+    combinatorial = _combinatorial()
+    for node in sympy.preorder_traversal(expr):
+        if isinstance(node, sympy.Pow):
+            exponent = node.exp
+            if exponent.has(sympy.Pow) or exponent.has(*combinatorial):
+                return False
+            if exponent.is_number and abs(exponent) > MAX_EXPONENT:
+                return False
+        if isinstance(node, combinatorial) and any(
+            arg.is_number and abs(arg) > MAX_FACTORIAL for arg in node.args
+        ):
+            return False
+    return True
+
+
+class MathVerifier:
+    """Scores a completion against a reference answer with math-verify (thread-safe)."""
+
+    def __init__(self, *, format_weight: float = 0.0) -> None:
+        self.format_weight = format_weight
+        self.mv = _math_verify()
+        self.configs = [
+            self.mv.LatexExtractionConfig(boxed_match_priority=0),
+            self.mv.ExprExtractionConfig(),
+        ]
+        self.parse_reference = lru_cache(maxsize=4096)(self._parse_reference)
+        # the first call builds sympy's and the LaTeX parser's state (~0.5 s): pay it at
+        # start, not against the first verifier deadline
+        self.score("\\boxed{1}", "1")
+
+    def _parse(self, text: str) -> list[Any]:
+        return list(self.mv.parse(text, self.configs, parsing_timeout=None))
+
+    def _parse_reference(self, reference: str) -> tuple[Any, ...]:
+        text = after_marker(reference)
+        if text is None:
+            text = reference.strip()
+        if "\\boxed" in text or "$" in text:
+            return tuple(self._parse(text))
+        return tuple(self._parse(f"\\boxed{{{text}}}") or self._parse(text))
+
+    def extract(self, completion: str) -> list[Any]:
+        """The parsed final answer of a completion (empty when none is found)."""
+        marked = after_marker(completion)
+        if marked:
+            found = self._parse(marked)
+            if found:
+                return found
+        return self._parse(completion)
+
+    def score(self, completion: str, reference: str) -> Verdict:
+        gold = list(self.parse_reference(reference))
+        if not gold:  # a data problem, not the model's: counted and logged as an error
+            raise ValueError(f"reference {reference[-80:]!r} has no answer math-verify can read")
+        answer = self.extract(completion)
+        correct = (
+            bool(answer)
+            and all(is_tame(x) for x in (*gold, *answer))
+            and bool(self.mv.verify(gold, answer, timeout_seconds=None))
+        )
+        form, right = float(bool(answer)), float(correct)
+        reward = (1.0 - self.format_weight) * right + self.format_weight * form
+        return Verdict(reward, {"format": form, "answer": right})
