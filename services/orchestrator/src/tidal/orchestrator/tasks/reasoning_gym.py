@@ -28,8 +28,8 @@ from typing import Any
 from tidal.common.errors import ConfigError
 from tidal.orchestrator.seeds import derive_seed, text_key
 from tidal.orchestrator.task_config import ReasoningGymTaskConfig
-from tidal.orchestrator.tasks.base import SPLIT_KEYS, Problem, Split, Task, Verdict
 from tidal.orchestrator.tasks.answer_checkers import extract_answer
+from tidal.orchestrator.tasks.base import SPLIT_KEYS, Problem, Split, Task, Verdict
 
 VIRTUAL_TRAIN_SIZE = 2**31 - 1
 EXTRA = "pip install 'tidal-orchestrator[reasoning-gym]'"

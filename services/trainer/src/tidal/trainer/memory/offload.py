@@ -64,6 +64,11 @@ class ActivationOffloader:
                 f"ac_offloading.max_inflight_activations must be >= 1, got {self.max_inflight}"
             )
 
+    @property
+    def copies_in_flight(self) -> int:
+        """Device tensors whose host copies have not finished (bounded by `max_inflight`)."""
+        return len(self._pending)
+
     def _side_stream(self, device: torch.device) -> Any:
         if self._stream is None:
             self._stream = torch.cuda.Stream(device)
