@@ -1,6 +1,6 @@
 """Generated tokens/s: the native engine vs Hugging Face `generate()`, same weights, one run.
 
-A ~50M-parameter Llama is built from a config and random-initialised once; the native
+A ~50M-parameter Llama is built from a config and random-initialized once; the native
 engine serves its published state dict and transformers' `LlamaForCausalLM` loads the
 same state dict (our parameter names are HF's, the config is `to_hf_config()`). Both get
 the same 32 prompts of mixed lengths, as one batch, in two scenarios:

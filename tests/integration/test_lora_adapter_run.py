@@ -1,7 +1,7 @@
 """`tidal rl` with LoRA on: versions after 0 travel as adapters and the replica serves each.
 
 The run uses the default publish mode of a LoRA run (adapters). The tiny randomly
-initialised default model does not learn the task through adapters alone (docs/memory.md),
+initialized default model does not learn the task through adapters alone (docs/memory.md),
 so this checks the weight flow, not the reward: every version after 0 is a small
 "lora-adapters" version on base 0, the replica loads every one of them and refuses none,
 and generation follows the new versions within the staleness bound.

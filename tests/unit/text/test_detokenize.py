@@ -1,4 +1,4 @@
-"""Incremental detokenisation: at every step the emitted text is the full decode of the
+"""Incremental detokenization: at every step the emitted text is the full decode of the
 ids so far (or, while a character is incomplete, a prefix of it without U+FFFD)."""
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ def test_environment_turn_ids_are_what_the_policy_is_sent_next(tokenizer: Tokeni
     assert tokenizer.decode(episode.ids, skip_special=False) == expected
 
 
-def test_an_unusual_tokenisation_by_the_policy_is_kept(folders: dict[str, Path]) -> None:
+def test_an_unusual_tokenization_by_the_policy_is_kept(folders: dict[str, Path]) -> None:
     tok = HFTokenizer.from_folder(folders["qwen3"])
     by_char = [i for ch in " world" for i in tok.encode(ch, add_special_tokens=False)]
     assert len(tok.encode(" world", add_special_tokens=False)) < len(by_char)  # merges exist
@@ -87,7 +87,7 @@ def test_an_unusual_tokenisation_by_the_policy_is_kept(folders: dict[str, Path])
     episode.add_assistant([*by_char, turn_end(tok)])
     episode.add_messages([{"role": "user", "content": "again"}])
     assert [i for i, m in zip(episode.ids, episode.loss_mask, strict=True) if m][:-1] == by_char
-    # Re-tokenising the text would have changed what the policy saw:
+    # Re-tokenizing the text would have changed what the policy saw:
     text = tok.decode(episode.ids, skip_special=False)
     assert tok.encode_template_text(text) != episode.ids
 

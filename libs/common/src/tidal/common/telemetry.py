@@ -3,7 +3,7 @@
 - JSONL file (default on): `<run dir>/traces.jsonl`, shared by every service of a local run,
   so a trace can be read with no collector. Every service appends whole lines with a
   single `os.write` on an O_APPEND descriptor, which keeps lines from different processes
-  from interleaving. The SDK's ConsoleSpanExporter does the serialising; we only give it a
+  from interleaving. The SDK's ConsoleSpanExporter does the serializing; we only give it a
   line-atomic sink.
 - console (stderr), for debugging.
 - OTLP/gRPC when `telemetry.otlp_endpoint` is set (the compose stack's collector).

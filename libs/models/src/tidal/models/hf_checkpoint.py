@@ -42,7 +42,7 @@ def model_from_hf_config(
     device: Any = "cpu",
     dtype: torch.dtype = torch.float32,
 ) -> nn.Module:
-    """A model of the architecture an HF `config.json` describes (weights uninitialised)."""
+    """A model of the architecture an HF `config.json` describes (weights uninitialized)."""
     with torch.random.fork_rng(devices=[]):  # the init is overwritten; keep RNG intact
         if _use_custom(hf_config, impl):
             model: nn.Module = DecoderLM(DecoderArgs.from_hf_config(hf_config))

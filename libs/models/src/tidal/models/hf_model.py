@@ -3,7 +3,7 @@
 Decisions:
 - The wrapper registers the transformers model's own `model` and `lm_head` children, so
   parameter names are exactly HF's (`model.layers.0...`) and publishing, exporting and
-  optimisers see the same names as with our implementation; the transformers object is
+  optimizers see the same names as with our implementation; the transformers object is
   held unregistered and called for the forward.
 - Same forward contract: `(input_ids, position_ids, *, sample_lengths, attention)` →
   fp32 logits. Packed rows pass transformers a ready 4D block-diagonal causal mask (it
@@ -108,7 +108,7 @@ class HFCausalLM(nn.Module):
         return self.lm_head
 
     def init_weights(self, std: float = 0.02) -> None:
-        """transformers' own initialisation already ran in the constructor."""
+        """transformers' own initialization already ran in the constructor."""
 
     def forward(
         self,

@@ -12,7 +12,7 @@ Decisions:
   state-dict adapters see the model they know; the adapters appear as
   `<layer>.lora_A` / `<layer>.lora_B`.
 - y = x Wᵀ + b + (alpha / r) · dropout(x) Aᵀ Bᵀ. A is Kaiming-uniform, B is zero, so the
-  adapted model starts equal to the base (the LoRA paper's initialisation).
+  adapted model starts equal to the base (the LoRA paper's initialization).
 - Export and "merged" publishing fold the update in: W' = W + (alpha / r) · B A, and the
   adapter tensors are dropped, so exported folders are plain HF checkpoints.
 - Adapter publishing names tensors like PEFT (`base_model.model.<layer>.lora_A.weight`)

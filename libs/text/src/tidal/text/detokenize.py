@@ -1,4 +1,4 @@
-"""Incremental detokenisation: text deltas from ids arriving one at a time.
+"""Incremental detokenization: text deltas from ids arriving one at a time.
 
 Decisions:
 - Decoding each id on its own is wrong twice over: a byte-level BPE token may hold half

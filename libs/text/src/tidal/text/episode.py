@@ -1,4 +1,4 @@
-"""Multi-turn episodes as ids + loss mask, without re-tokenisation drift.
+"""Multi-turn episodes as ids + loss mask, without re-tokenization drift.
 
 Decisions:
 - The rule: ids already sent to the policy are never changed. An episode only grows:
@@ -6,7 +6,7 @@ Decisions:
   assistant turn appends the policy's generated ids verbatim (loss mask 1); each
   environment turn (user or tool messages, then the next generation prompt) appends
   new ids (mask 0). The ids a trainer receives are therefore exactly the ids the policy
-  was conditioned on and sampled, even when re-tokenising the decoded text would merge
+  was conditioned on and sampled, even when re-tokenizing the decoded text would merge
   differently (a policy may emit "hel" + "lo" where the tokenizer writes "hello").
 - The new ids of an environment turn come from the template, not from a hand-written
   format: render the whole chat with the new messages (`add_generation_prompt=True`)

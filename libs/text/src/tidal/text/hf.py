@@ -16,7 +16,7 @@ Decisions:
   flags (absent flags: nothing added), which is where `transformers` 4 and 5 differ and
   we follow 4: a hand-made Llama-style folder asking for BOS gets it.
 - `clean_up_tokenization_spaces` is ignored: it is lossy (" ." → "."), `transformers` 5
-  ignores it for BPE tokenizers too, and incremental detokenisation needs
+  ignores it for BPE tokenizers too, and incremental detokenization needs
   `decode(a + b)` to extend `decode(a)`.
 - `eos_ids` merges, in this order without repeats: the tokenizer's `eos_token`,
   `generation_config.json`'s `eos_token_id` list, and the chat template's end-of-turn

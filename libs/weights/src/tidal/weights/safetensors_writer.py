@@ -1,4 +1,4 @@
-"""Serialise a state dict to safetensors bytes in one (reusable) buffer.
+"""Serialize a state dict to safetensors bytes in one (reusable) buffer.
 
 Decisions:
 - `safetensors.torch.save` copies every tensor to a fresh `bytes` (numpy), then builds

@@ -15,7 +15,7 @@ Decisions:
 - Before reading a version's files the replica calls `BeginLoad`, so retention keeps
   them until it acknowledges; a version already removed (superseded while queued) is
   skipped in favour of the newer one that caused its removal.
-- Loads are serialised by a lock and never go backwards, so a version arriving by both
+- Loads are serialized by a lock and never go backwards, so a version arriving by both
   paths is loaded once. `AckLoaded` is sent once the engine serves the version *and* the
   version is registered (the broadcast can beat the registration), so weight-sync's
   `loaded_by` means "serving". A failed ack is logged, not fatal.

@@ -1,7 +1,7 @@
 """The task mixture: which task each prompt comes from, and a cursor into every task.
 
 Decisions:
-- The state is small and JSON-serialisable: one cursor per task (problems drawn so far)
+- The state is small and JSON-serializable: one cursor per task (problems drawn so far)
   plus the mixture RNG's state. Saving it after a step and loading it on resume makes the
   resumed run draw exactly the prompts the uninterrupted run would have drawn next.
 - The task for each prompt is drawn with `random.Random.choices` by weight; problems come

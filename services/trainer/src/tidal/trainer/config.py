@@ -111,14 +111,14 @@ class ModelConfig(BaseConfig):
     router_aux_loss_coef: float = Field(default=0.001, ge=0)
     """MoE families: weight of the load-balancing auxiliary loss."""
     init_std: float = Field(default=0.02, gt=0)
-    """Standard deviation of the normal initialisation of weight matrices."""
+    """Standard deviation of the normal initialization of weight matrices."""
     ac: ActivationCheckpointConfig | None = None
     """Activation checkpointing (memory lever); unset = off."""
     ac_offloading: ActivationOffloadingConfig | None = None
     """Activation offloading to host memory (memory lever); unset = off."""
     fused_lm_head_token_chunk_size: ChunkSize = "disabled"
     """Chunked LM head: logprobs and entropy computed this many tokens at a time without
-    materialising [tokens, vocab] logits; "auto" sizes chunks to ~64 MiB of fp32 logits."""
+    materializing [tokens, vocab] logits; "auto" sizes chunks to ~64 MiB of fp32 logits."""
     lora: LoRAConfig | None = None
     """LoRA adapters on frozen base weights (memory lever); unset = full fine-tuning."""
     compile: CompileConfig | None = None

@@ -25,7 +25,7 @@ from tidal.trainer.model_args import args_from_config
 
 
 def build_model(config: ModelConfig, *, seed: int, device: Any = "cpu") -> nn.Module:
-    """The policy in fp32: loaded from `config.path`, else freshly initialised.
+    """The policy in fp32: loaded from `config.path`, else freshly initialized.
 
     The same (config, seed) gives the same weights.
     """

@@ -21,7 +21,7 @@ Decisions:
   equals `torch.optim.AdamW` / `SGD` to fp32 rounding; the parity tests pin that. The step
   count is per parameter in `self.state[p]["step"]` (as torch keeps it), and parameters
   without a gradient are skipped (as torch does).
-- `state_dict()` returns torch's own format (states materialised for the checkpoint), so a
+- `state_dict()` returns torch's own format (states materialized for the checkpoint), so a
   checkpoint of an offloaded optimizer loads into a plain one and back. Alternatives not
   taken: subclassing torch's AdamW and swapping `state` tensors per step (touches private
   fused/foreach paths), or numpy memmaps (no page dropping, so RSS grows to the full
@@ -245,7 +245,7 @@ class OffloadedOptimizer(torch.optim.Optimizer):
             self.store.release(kind, s)
 
     def state_dict(self) -> dict[str, Any]:
-        """torch's optimizer format, states materialised in host memory (loads into a plain
+        """torch's optimizer format, states materialized in host memory (loads into a plain
         AdamW/SGD); a sharded parameter's states are DTensors with its spec."""
         sd = super().state_dict()
         params = [p for g in self.param_groups for p in g["params"]]

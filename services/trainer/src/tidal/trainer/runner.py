@@ -1,7 +1,7 @@
 """Exactly-once training steps: order, deduplication, compute off the loop, then publish.
 
 Decisions:
-- One asyncio.Lock serialises steps. The lock is taken *before* looking a step up, so a
+- One asyncio.Lock serializes steps. The lock is taken *before* looking a step up, so a
   retry of the step being trained waits and then gets the stored answer (duplicate).
 - Step `last + 1` trains; a step already trained is answered from the stored results
   of the last `keep_results` steps (older: FAILED_PRECONDITION); a gap is
@@ -107,9 +107,9 @@ class StepRunner:
         # Shielded: if the caller goes away mid-step (its RPC is cancelled), the step still
         # finishes and is recorded, so a retry gets the stored answer instead of finding
         # the model one step ahead of the record.
-        return await asyncio.shield(self._train_serialised(step, batches, kind))
+        return await asyncio.shield(self._train_serialized(step, batches, kind))
 
-    async def _train_serialised(
+    async def _train_serialized(
         self, step: int, batches: list[MicroBatchData], kind: LossKind
     ) -> StepResult:
         async with self._lock:

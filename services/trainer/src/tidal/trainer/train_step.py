@@ -219,7 +219,7 @@ class Trainer:
         """(T-1,) fp32 logprob of each next token and (T-1,) entropy of each position.
 
         The entropy carries gradient only with `entropy_grad`. With the chunked LM head
-        lever the `(T-1, V)` logits are never materialised (`memory/lm_head.py`).
+        lever the `(T-1, V)` logits are never materialized (`memory/lm_head.py`).
         """
         ids, positions = batch.input_ids[None], batch.position_ids[None]
         targets = batch.input_ids[1:]  # (T-1,)

@@ -15,7 +15,7 @@ Decisions:
   seed, task, e), so problem i is a pure function of i and a cursor is enough to resume
   without repeating or skipping a record.
 - An optional reference field is the warm-start target; it defaults to the answer.
-- Records are materialised once at start (a few hundred bytes each), which keeps problem
+- Records are materialized once at start (a few hundred bytes each), which keeps problem
   lookup O(1) and the order logic independent of the storage format.
 """
 

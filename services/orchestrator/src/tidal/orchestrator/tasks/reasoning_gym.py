@@ -8,7 +8,7 @@ Decisions:
   evaluation is held out.
 - Training is unbounded (`size` None, like generated tasks); the eval split has
   `eval_size` problems. The train object is built with a huge virtual size because
-  reasoning-gym datasets generate per index and never materialise `size` items.
+  reasoning-gym datasets generate per index and never materialize `size` items.
 - The item's `metadata` travels on `Problem.metadata`: `score_answer` needs the full
   entry ({question, answer, metadata}) and a problem is all a verifier receives.
 - Reward is `score_answer` (which may give partial credit); sub-scores `score` (the same

@@ -24,7 +24,7 @@ from tidal.trainer.memory.config import LoRAConfig
 def apply_lora(model: nn.Module, config: LoRAConfig | None, *, seed: int = 0) -> list[str]:
     """Swap targeted linears for `LoRALinear` and freeze the rest; returns their names.
 
-    The adapters' initialisation depends only on `seed` (not on the global RNG).
+    The adapters' initialization depends only on `seed` (not on the global RNG).
     """
     if config is None:
         return []
