@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tidal.common.errors import ConfigError
+from tidal.common.sections import ServiceRunConfig
 from tidal.text.byte import ByteTokenizer
 from tidal.text.chat_template import ChatTemplateError
 from tidal.text.hf import HFTokenizer
@@ -49,6 +50,15 @@ def test_folder_spec_and_model_spec_load_the_same_tokenizer(qwen3_folder: Path) 
     assert isinstance(by_path, HFTokenizer) and isinstance(by_path, Tokenizer)
     assert by_path.encode("Café 😀") == by_model.encode("Café 😀")
     assert by_path.name == str(qwen3_folder)
+
+
+def test_auto_spec_follows_the_run_model_folder(qwen3_folder: Path) -> None:
+    """The default `run.tokenizer = "auto"`: bytes without a folder, else the folder's."""
+    assert isinstance(load_tokenizer("auto"), ByteTokenizer)
+    config = ServiceRunConfig.model_validate({"trainer": {"model": {"path": str(qwen3_folder)}}})
+    assert config.run.tokenizer == "auto" and config.model_folder() == qwen3_folder
+    tokenizer = load_tokenizer(config.run.tokenizer, model_path=config.model_folder())
+    assert isinstance(tokenizer, HFTokenizer) and tokenizer.name == str(qwen3_folder)
 
 
 def test_model_spec_without_a_model_path_says_what_to_set() -> None:

@@ -26,8 +26,11 @@ class RunSection(BaseConfig):
     """Parent folder of run output folders."""
     seed: int = 0
     """Seed for every random choice in the run (data order, init, sampling)."""
-    tokenizer: Literal["byte"] = "byte"
-    """Tokenizer shared by all services; "byte" needs no download."""
+    tokenizer: str = Field(default="auto", min_length=1)
+    """Tokenizer shared by all services: "auto" (the tokenizer of `trainer.model.path`'s
+    folder when it is set, else "byte"), "byte" (bytes plus BOS/EOS/PAD; needs no files),
+    "model" (the model folder's, required), or the path of a Hugging Face model folder
+    holding tokenizer.json (docs/tokenizers.md)."""
 
     @property
     def dir(self) -> Path:
@@ -93,3 +96,21 @@ class ServiceRunConfig(SharedConfig):
     """The trainer's section, carried through unchecked (`tidal trainer --help`)."""
     weightsync: dict[str, Any] = Field(default_factory=dict)
     """The weight-sync section, carried through unchecked (`tidal weightsync --help`)."""
+
+    def model_folder(self) -> Path | None:
+        """`trainer.model.path`: the Hugging Face folder the run starts from, if any.
+
+        Every service reads it (the tokenizer defaults to the folder's), so it is looked up
+        in the trainer's section whether this service validated it or carries it through.
+        """
+        return trainer_model_folder(self.trainer)
+
+
+def trainer_model_folder(trainer: Any) -> Path | None:
+    """`model.path` of a trainer section: a validated config object or a carried dict."""
+    if isinstance(trainer, dict):
+        model = trainer.get("model")
+        path = model.get("path") if isinstance(model, dict) else None
+    else:
+        path = trainer.model.path
+    return None if path is None else Path(path)

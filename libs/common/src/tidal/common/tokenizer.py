@@ -34,7 +34,8 @@ class ByteTokenizer:
 
 
 def get_tokenizer(name: str = "byte") -> ByteTokenizer:
-    """The tokenizer named by `model.tokenizer`; only "byte" exists so far."""
-    if name != "byte":
-        raise ValueError(f"unknown tokenizer {name!r}; supported: ['byte']")
+    """Transitional (issue 15): the byte tokenizer for "byte" or "auto" while the services
+    move to `tidal.text.load_tokenizer`, which reads model folders; removed after."""
+    if name not in ("byte", "auto"):
+        raise ValueError(f"unknown tokenizer {name!r}; supported: ['auto', 'byte']")
     return ByteTokenizer()

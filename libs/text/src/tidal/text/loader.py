@@ -1,9 +1,11 @@
 """Choosing the tokenizer from config, and checking it fits the model.
 
 Decisions:
-- One spec string, as `run.tokenizer` holds it: "byte" (the embedded default), "model"
-  (the tokenizer of the model folder the run loads, `model_path`), or a path to a
-  Hugging Face model folder. "model" keeps a config from naming the same folder twice.
+- One spec string, as `run.tokenizer` holds it: "auto" (the default: the model folder's
+  tokenizer when the run starts from one, else bytes), "byte" (the embedded default),
+  "model" (the tokenizer of the model folder the run loads, `model_path`, required), or
+  a path to a Hugging Face model folder. "auto"/"model" keep a config from naming the
+  same folder twice, and make every service agree on one tokenizer.
 - Every failure is a `ConfigError` (found before anything starts) whose message names
   the spec, the missing file and what to do.
 - A folder whose `config.json` states `vocab_size` is checked at load: a tokenizer id
@@ -21,6 +23,7 @@ from tidal.text.byte import ByteTokenizer
 from tidal.text.hf import HFTokenizer
 from tidal.text.protocol import Tokenizer
 
+AUTO = "auto"
 BYTE = "byte"
 MODEL = "model"
 
@@ -30,7 +33,10 @@ class VocabMismatch(ConfigError):
 
 
 def load_tokenizer(spec: str, *, model_path: str | Path | None = None) -> Tokenizer:
-    """The tokenizer `spec` names: "byte", "model" (the folder `model_path`) or a folder."""
+    """The tokenizer `spec` names: "auto", "byte", "model" (the folder `model_path`) or a
+    folder."""
+    if spec == AUTO:
+        spec = BYTE if model_path is None else MODEL
     if spec == BYTE:
         return ByteTokenizer()
     if spec == MODEL:
@@ -41,7 +47,9 @@ def load_tokenizer(spec: str, *, model_path: str | Path | None = None) -> Tokeni
             )
         spec = str(model_path)
     if not spec:
-        raise ConfigError('tokenizer spec is empty: use "byte", "model" or a model folder path')
+        raise ConfigError(
+            'tokenizer spec is empty: use "auto", "byte", "model" or a model folder path'
+        )
     tokenizer = HFTokenizer.from_folder(spec)
     if tokenizer.files.model_vocab_size is not None:
         check_vocab(tokenizer, tokenizer.files.model_vocab_size)
