@@ -25,7 +25,7 @@ from typing import Any
 
 from tidal.common.tokenizer import ByteTokenizer as ByteCodec
 from tidal.text.chat_template import ChatTemplate
-from tidal.text.protocol import Message
+from tidal.text.protocol import ChatEncoding, Message
 
 BOS_TEXT = "<bos>"
 EOS_TEXT = "<eos>"
@@ -41,7 +41,7 @@ BYTE_CHAT_TEMPLATE = (
 _MARKERS = re.compile(f"({re.escape(BOS_TEXT)}|{re.escape(EOS_TEXT)})")
 
 
-class ByteTokenizer:
+class ByteTokenizer(ChatEncoding):
     """Bytes 0..255 plus BOS=256, EOS=257, PAD=258, with a built-in chat template."""
 
     def __init__(self) -> None:
@@ -102,24 +102,6 @@ class ByteTokenizer:
             tools=tools,
             **template_kwargs,
         )
-
-    def encode_chat(
-        self,
-        messages: Sequence[Message],
-        *,
-        add_generation_prompt: bool,
-        system_prompt: str | None = None,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        **template_kwargs: Any,
-    ) -> list[int]:
-        text = self.apply_chat_template(
-            messages,
-            add_generation_prompt=add_generation_prompt,
-            system_prompt=system_prompt,
-            tools=tools,
-            **template_kwargs,
-        )
-        return self.encode_template_text(text)
 
     def encode_template_text(self, text: str) -> list[int]:
         """Ids of rendered chat text: "<bos>"/"<eos>" become BOS/EOS, the rest bytes."""

@@ -39,10 +39,10 @@ from tokenizers.processors import TemplateProcessing
 
 from tidal.text.chat_template import ChatTemplate, choose_template, templates_from_config
 from tidal.text.hf_files import TokenizerFiles, TokenizerFolderError, read_tokenizer_files
-from tidal.text.protocol import Message
+from tidal.text.protocol import ChatEncoding, Message
 
 
-class HFTokenizer:
+class HFTokenizer(ChatEncoding):
     """The tokenizer of a local Hugging Face model folder (tokenizer.json + configs)."""
 
     def __init__(self, files: TokenizerFiles) -> None:
@@ -198,24 +198,6 @@ class HFTokenizer:
             tools=tools,
             **template_kwargs,
         )
-
-    def encode_chat(
-        self,
-        messages: Sequence[Message],
-        *,
-        add_generation_prompt: bool,
-        system_prompt: str | None = None,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        **template_kwargs: Any,
-    ) -> list[int]:
-        text = self.apply_chat_template(
-            messages,
-            add_generation_prompt=add_generation_prompt,
-            system_prompt=system_prompt,
-            tools=tools,
-            **template_kwargs,
-        )
-        return self.encode_template_text(text)
 
     def __repr__(self) -> str:
         return f"HFTokenizer({str(self.files.folder)!r}, vocab_size={self.vocab_size})"

@@ -111,3 +111,41 @@ class Tokenizer(Protocol):
     ) -> list[int]:
         """Ids of `apply_chat_template(...)`: the template's own specials, nothing added."""
         ...
+
+
+class ChatEncoding:
+    """`encode_chat` for a tokenizer class that has `apply_chat_template` and
+    `encode_template_text` (both tokenizers inherit it; the Protocol stays structural)."""
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[Message],
+        *,
+        add_generation_prompt: bool,
+        system_prompt: str | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        **template_kwargs: Any,
+    ) -> str:
+        raise NotImplementedError
+
+    def encode_template_text(self, text: str) -> list[int]:
+        raise NotImplementedError
+
+    def encode_chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        add_generation_prompt: bool,
+        system_prompt: str | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        **template_kwargs: Any,
+    ) -> list[int]:
+        """Ids of `apply_chat_template(...)`: the template's own specials, nothing added."""
+        text = self.apply_chat_template(
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            system_prompt=system_prompt,
+            tools=tools,
+            **template_kwargs,
+        )
+        return self.encode_template_text(text)
