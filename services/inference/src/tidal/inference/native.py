@@ -29,8 +29,8 @@ Decisions:
 - Each prefill is one span, linked to the spans of the requests it admits.
 - With a tokenizer, every sample carries its text (`completion_text`), built token by
   token in the worker thread right after sampling, and stop strings are matched on it.
-  The tokenizer must fit the first version's embedding (`loading.check_tokenizer_fits`);
-  a refused version is logged and reported in `EngineStatus.load_error`.
+  The tokenizer must fit every version's embedding (`loading.check_tokenizer_fits`); a
+  refused version is logged and reported in `EngineStatus.load_error`.
 - On CPU the served model's linears run on oneDNN-prepacked weights (`packed_linear.py`,
   `inference.packed_weights`): the decode step is mostly matmuls, and this is what makes
   them faster than the trainer's plain `F.linear`.
