@@ -196,7 +196,7 @@ def running_batch(
     load_weights(model, state)
     cache_type = SlotKVCache if folded else _PreviousCache
     cache = cache_type(model.args, slots=BATCH, dtype=dtype, device="cpu")
-    batcher = Batcher(model, cache, None)
+    batcher = Batcher(model, cache)
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
     sequences = []
     for prompt in prompts:

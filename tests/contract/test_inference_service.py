@@ -8,6 +8,8 @@ service (`start_inference`, what `serve` runs) on a free loopback port.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -22,18 +24,24 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from tidal.common.sections import Endpoints, GrpcConfig, RunSection, TelemetryConfig
 from tidal.common.server import GrpcServer, ServiceBinding
-from tidal.common.tokenizer import ByteTokenizer
 from tidal.inference.config import InferenceConfig, InferenceRunConfig
 from tidal.inference.service import RunningInference, start_inference
 from tidal.models.args import DecoderArgs
+from tidal.models.hf_checkpoint import load_hf_folder, publishable_state_dict
 from tidal.models.layers import DecoderLM
 from tidal.rpc.v1 import common_pb2, weightsync_pb2_grpc
 from tidal.rpc.v1 import inference_pb2 as pb
 from tidal.rpc.v1 import inference_pb2_grpc as pb_grpc
+from tidal.text.byte import ByteTokenizer
+from tidal.text.hf import HFTokenizer
 from tidal.weights.client import WeightSyncClient
 from tidal.weights.folder import write_version
 from tidal.weights.manifest import VersionEvent, WeightManifest
 from tidal.weightsync.servicer import WeightSyncServicer
+
+from ..hf_folders import qwen3_folder
+
+__all__ = ["qwen3_folder"]
 
 ARGS = DecoderArgs(
     vocab_size=264, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=64
@@ -91,15 +99,18 @@ class Inference:
         await eventually(check)
 
 
-@pytest.fixture
-async def inference(weightsync_server: Any, tmp_path: Path) -> AsyncIterator[Inference]:
-    config = InferenceRunConfig(
-        run=RunSection(output_dir=tmp_path),
-        endpoints=Endpoints(weightsync=weightsync_server.address, inference="127.0.0.1:0"),
+def inference_config(weightsync: Any, tmp_path: Path, tokenizer: str) -> InferenceRunConfig:
+    return InferenceRunConfig(
+        run=RunSection(output_dir=tmp_path, tokenizer=tokenizer),
+        endpoints=Endpoints(weightsync=weightsync.address, inference="127.0.0.1:0"),
         grpc=GrpcConfig(shutdown_grace_s=0.2),
         telemetry=TelemetryConfig(traces_file=False),
         inference=InferenceConfig(device="cpu", replica_id=REPLICA),
     )
+
+
+@contextlib.asynccontextmanager
+async def serving_inference(config: InferenceRunConfig) -> AsyncIterator[Inference]:
     running = await start_inference(config)
     # A plain channel: the service channel's retry policy would retry UNAVAILABLE answers.
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{running.port}")
@@ -109,6 +120,13 @@ async def inference(weightsync_server: Any, tmp_path: Path) -> AsyncIterator[Inf
     await channel.close()
     await running.server.stop()
     await running.close()
+
+
+@pytest.fixture
+async def inference(weightsync_server: Any, tmp_path: Path) -> AsyncIterator[Inference]:
+    """The service with the byte tokenizer (no model folder: "auto" means bytes)."""
+    async with serving_inference(inference_config(weightsync_server, tmp_path, "auto")) as i:
+        yield i
 
 
 @pytest.fixture
@@ -301,7 +319,9 @@ async def test_watch_reconnects_after_weightsync_restart(
 
 async def test_64_concurrent_streaming_clients_are_all_served(ready: Inference) -> None:
     async def client(i: int) -> list[pb.GenerateResponse]:
-        sampling = pb.SamplingParams(max_tokens=6, temperature=1.0, n=1 + i % 2, seed=i)
+        sampling = pb.SamplingParams(
+            max_tokens=6, temperature=1.0, n=1 + i % 2, seed=i, ignore_eos=True
+        )
         request = pb.GenerateRequest(prompt=f"client {i}", sampling=sampling, stream=True)
         return [r async for r in ready.stub.Generate(request)]
 
@@ -337,7 +357,11 @@ async def test_model_logprobs_and_stop_strings_over_the_wire(ready: Inference) -
 async def test_version_published_mid_generation_is_picked_up_between_steps(
     weightsync_server: Any, ready: Inference
 ) -> None:
-    sampling = pb.SamplingParams(max_tokens=ARGS.max_seq_len - 4, temperature=1.0, n=4, seed=1)
+    # Fixed lengths: the byte tokenizer's EOS (257) is in this model's vocabulary, and the
+    # reload's timing decides the tokens, so generate through it.
+    sampling = pb.SamplingParams(
+        max_tokens=ARGS.max_seq_len - 4, temperature=1.0, n=4, seed=1, ignore_eos=True
+    )
     request = pb.GenerateRequest(prompt_ids=[TOK.bos_id, 1, 2], sampling=sampling, stream=True)
     pieces: list[pb.GenerateResponse] = []
     published = False
@@ -355,3 +379,60 @@ async def test_version_published_mid_generation_is_picked_up_between_steps(
         assert versions == sorted(versions) and versions[0] == 0
     assert any(v[-1] == 1 for v in by_index.values())  # the reload landed mid-generation
     assert (await ready.status()).policy_version == 1
+
+
+async def publish_folder(ws: Any, folder: Path) -> None:
+    """Version 0 from a Hugging Face folder, as a trainer starting from it publishes it."""
+    model = load_hf_folder(folder, impl="custom")
+    config = json.loads((folder / "config.json").read_text())
+    manifest = write_version(
+        ws.root, version=0, step=0, state_dict=publishable_state_dict(model), config=config
+    )
+    client = WeightSyncClient(ws.address)
+    await client.publish(manifest)
+    await client.close()
+
+
+async def test_a_model_folder_is_served_with_its_own_tokenizer(
+    weightsync_server: Any, tmp_path: Path, qwen3_folder: Path
+) -> None:
+    tok = HFTokenizer.from_folder(qwen3_folder)
+    config = inference_config(weightsync_server, tmp_path, str(qwen3_folder))
+    async with serving_inference(config) as inference:
+        await publish_folder(weightsync_server, qwen3_folder)
+        await inference.at_version(0)
+        status = await inference.status()
+        sampling = pb.SamplingParams(max_tokens=10, temperature=1.0, n=2, seed=5)
+        replies = await inference.generate(prompt="東京は", sampling=sampling)
+        streamed = [
+            r
+            async for r in inference.stub.Generate(
+                pb.GenerateRequest(prompt="東京は", sampling=sampling, stream=True)
+            )
+        ]
+    assert status.model.startswith("qwen3-2x32 (") and status.vocab_size == tok.vocab_size
+    for r in replies:
+        assert list(r.prompt_ids) == tok.encode("東京は")  # Qwen adds no BOS
+        assert r.text == tok.decode(r.token_ids)
+        pieces = [p for p in streamed if p.index == r.index]
+        assert "".join(p.text for p in pieces) == r.text
+        stopped_at_eos = r.token_ids[-1] in tok.eos_ids
+        assert stopped_at_eos == (r.finish_reason == pb.FINISH_REASON_STOP)
+
+
+async def test_a_tokenizer_larger_than_the_model_is_refused_and_reported(
+    weightsync_server: Any, tmp_path: Path, qwen3_folder: Path
+) -> None:
+    config = inference_config(weightsync_server, tmp_path, str(qwen3_folder))
+    async with serving_inference(config) as inference:
+        await publish(weightsync_server, 0)  # ARGS: 264 embedding rows
+
+        async def reported() -> bool:
+            return bool((await inference.status()).load_error)
+
+        await eventually(reported)
+        status = await inference.status()
+        assert not await inference.serving()
+    assert status.policy_version == -1
+    assert "tokenizer" in status.load_error and "only 264 rows" in status.load_error
+    assert f"has {HFTokenizer.from_folder(qwen3_folder).vocab_size} ids" in status.load_error

@@ -1,4 +1,5 @@
-"""The tiny peaked Llama the native-engine tests run on, its engines and cache-free references.
+"""The tiny peaked Llama the native-engine tests run on, its engines and cache-free references,
+and the Qwen3-style Hugging Face folder (tests/hf_folders.py) for tests of text.
 
 Shared by test_engine.py and test_continuous_batching.py through the `tiny` fixture (test
 modules cannot import each other, nor this file, under pytest's importlib mode).
@@ -17,13 +18,16 @@ from typing import Any
 import pytest
 import torch
 
-from tidal.common.tokenizer import ByteTokenizer
 from tidal.inference.config import InferenceConfig
 from tidal.inference.engine import Completion
 from tidal.inference.native import NativeEngine
 from tidal.inference.sampling import SamplingParams
 from tidal.models.args import DecoderArgs
 from tidal.models.layers import DecoderLM, token_logprobs
+
+from ...hf_folders import qwen3_folder
+
+__all__ = ["qwen3_folder"]
 
 
 class TinyLlama:
@@ -45,14 +49,14 @@ class TinyLlama:
         return {k: v.clone() for k, v in state.items() if k != "lm_head.weight"}
 
     def make_engine(self, **kwargs: Any) -> NativeEngine:
-        """A native engine (not started) with the service's defaults, overridable."""
+        """A native engine (not started) with the service's defaults, overridable; no
+        tokenizer (the model's 64 ids fit none), so ids only."""
         defaults = InferenceConfig()
         options = {
             "max_batch_size": 128,
             "max_queue": 64,
             "max_step_tokens": defaults.max_step_tokens,
             "kv_cache_mb": defaults.kv_cache_mb,
-            "detokenize": ByteTokenizer().decode,
             "dtype": torch.float32,
             **kwargs,
         }

@@ -14,7 +14,6 @@ import pytest
 import torch
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from tidal.common.tokenizer import ByteTokenizer
 from tidal.inference.kv_cache import slot_bytes
 from tidal.inference.native import NativeEngine
 from tidal.inference.sampling import SamplingParams, filtered_logprobs
@@ -65,21 +64,6 @@ async def test_prefix_sharing_gives_what_separate_prefills_give(
     assert len({tuple(c.token_ids) for c in shared}) > 1
     for a, b in zip(shared, separate, strict=True):
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs))
-
-
-async def test_stop_string_ends_at_the_token_completing_it(engine: NativeEngine, tiny: Any) -> None:
-    tok = ByteTokenizer()
-    greedy = tiny.reference_greedy(tiny.model(0), PROMPTS[1], 16)
-    stop = tok.decode(greedy[5:7])  # a two-token stop string
-    end = next(i for i in range(16) if stop in tok.decode(greedy[: i + 1]))
-    params = SamplingParams(max_tokens=16, temperature=0.0, stop=("never", stop))
-    (completion,) = await tiny.collect(engine, PROMPTS[1], params)
-    assert completion.token_ids == greedy[: end + 1]
-    assert completion.finish_reason == "stop"
-    (capped,) = await tiny.collect(
-        engine, PROMPTS[1], SamplingParams(max_tokens=5, temperature=0.0)
-    )
-    assert capped.token_ids == greedy[:5] and capped.finish_reason == "length"
 
 
 async def test_logprobs_match_the_trainers_recomputation(engine: NativeEngine, tiny: Any) -> None:

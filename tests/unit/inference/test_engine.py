@@ -186,9 +186,10 @@ async def test_bf16_engine_serves_on_each_kernel_path_and_says_which(
     assert completion.token_ids == tiny.reference_greedy(reference, PROMPTS[1], 12)
 
 
-async def test_status_names_the_served_family_and_shape(tiny: Any) -> None:
+async def test_status_names_the_served_family_shape_and_size(tiny: Any) -> None:
+    """Tied head counted once: 2 layers of 9,280 parameters, a 64x32 embedding, a norm."""
     async with tiny.serving() as engine:
-        assert engine.status().model == "llama-2x32"
+        assert engine.status().model == "llama-2x32 (20.6K params)"
     qwen3 = DecoderArgs(**{**tiny.args.as_dict(), "family": "qwen3", "qk_norm": True})
     torch.manual_seed(0)
     model = DecoderLM(qwen3)
@@ -198,6 +199,6 @@ async def test_status_names_the_served_family_and_shape(tiny: Any) -> None:
     await engine.start()
     try:
         await engine.update_weights(0, qwen3.to_hf_config(), state)
-        assert engine.status().model == "qwen3-2x32"
+        assert engine.status().model == "qwen3-2x32 (20.7K params)"  # + q/k norms
     finally:
         await engine.close()

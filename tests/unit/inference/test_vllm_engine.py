@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from tidal.common.sections import RunSection
-from tidal.common.tokenizer import ByteTokenizer
 from tidal.inference.config import InferenceConfig, InferenceRunConfig
 from tidal.inference.native import NativeEngine
 from tidal.inference.sampling import SamplingParams
@@ -19,6 +18,7 @@ from tidal.inference.service import build_engine
 from tidal.inference.vllm_engine import INSTALL_HINT, vllm_available
 from tidal.models.args import DecoderArgs
 from tidal.models.layers import DecoderLM, token_logprobs
+from tidal.text.byte import ByteTokenizer
 
 
 def run_config(engine: str, tmp_path) -> InferenceRunConfig:  # type: ignore[no-untyped-def]

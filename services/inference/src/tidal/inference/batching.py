@@ -19,22 +19,45 @@ Decisions:
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from tidal.inference.kv_cache import SlotKVCache
+from tidal.inference.kv_cache import SlotKVCache, slots_within
+from tidal.inference.loading import build_model, load_weights
+from tidal.inference.packed_linear import LinearKernel, pack_linears
 from tidal.inference.sampling import filtered_logprobs, greedy_tokens, sample_tokens
-from tidal.inference.sequence import Detokenize, Sequence
+from tidal.inference.sequence import Sequence
 from tidal.models.layers import DecoderLM
 
 
 class Batcher:
     """Runs prefill and decode steps of sequences that own slots of `cache`."""
 
-    def __init__(self, model: DecoderLM, cache: SlotKVCache, detokenize: Detokenize | None) -> None:
+    def __init__(self, model: DecoderLM, cache: SlotKVCache) -> None:
         self.model = model
         self.cache = cache
-        self.detokenize = detokenize
         self.device = model.lm_head.weight.device
+
+    @classmethod
+    def build(
+        cls,
+        hf_config: dict[str, Any],
+        state_dict: dict[str, torch.Tensor],
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+        kernel: LinearKernel,
+        max_slots: int,
+        kv_cache_mb: float,
+    ) -> Batcher:
+        """The model of the first version, its weights loaded, and a KV cache sized for it."""
+        model = build_model(hf_config, device=device, dtype=dtype)
+        if kernel.packed:  # before loading: the packed copies follow every later load
+            pack_linears(model, batch_hint=max_slots, compute_dtype=kernel.compute_dtype)
+        load_weights(model, state_dict)
+        slots = slots_within(model.args, dtype, memory_mb=kv_cache_mb, max_slots=max_slots)
+        return cls(model, SlotKVCache(model.args, slots=slots, dtype=dtype, device=device))
 
     @torch.inference_mode()
     def prefill(self, groups: list[list[Sequence]], version: int) -> None:
@@ -77,7 +100,7 @@ class Batcher:
         else:
             tokens, chosen, model_lp = self._draw(sequences, logits)
         for s, token, lp, mlp in zip(sequences, tokens.tolist(), chosen, model_lp, strict=True):
-            s.append(token, lp, mlp, version, self.detokenize)
+            s.append(token, lp, mlp, version)
 
     def _draw(
         self, sequences: list[Sequence], logits: torch.Tensor

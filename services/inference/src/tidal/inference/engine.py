@@ -46,6 +46,9 @@ class Completion:
     """Why the completion ended; None on a streamed piece that is not the last."""
     model_logprobs: list[float] = field(default_factory=list)
     """Each token's logprob under the unmodified model distribution (when requested)."""
+    text: str = ""
+    """The text these tokens added (streamed pieces concatenate to the decode of all the
+    completion's ids; "" from an engine without a tokenizer)."""
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,7 @@ class EngineStatus:
     tokens_per_s: float
     """Generated tokens per second over the last few seconds."""
     model: str
-    """The served architecture: its family and shape, e.g. "qwen3-28x1024"."""
+    """The served architecture: family, shape, size, e.g. "qwen3-28x1024 (596M params)"."""
     vocab_size: int
     max_seq_len: int
     kv_slots_used: int = 0
@@ -70,6 +73,8 @@ class EngineStatus:
     """Fraction of the KV cache's token positions holding a running sequence's tokens."""
     kernels: str = ""
     """Which compute path the engine chose for this machine (dtype, kernel, and why)."""
+    load_error: str = ""
+    """Why the newest version offered was refused; "" once a version loads."""
 
 
 class Engine(abc.ABC):

@@ -13,6 +13,14 @@ Decisions:
 - Every name and shape is checked before the first copy, so a bad version leaves the
   served weights untouched (`load_state_dict` would copy the good tensors before failing).
 - Rope tables stay fp32 under a bfloat16 model, matching the trainer's positions exactly.
+- The tokenizer must fit the model: every id it can produce needs an embedding row
+  (`tidal.text.loader.check_vocab`). It is checked against each version's config before
+  anything is built or copied; a misfit is a ValueError naming both sizes, like any
+  other version that does not fit, so the weight watcher logs and skips it and the
+  engine reports it (`EngineStatus.load_error`). The model may be larger (padded
+  embeddings).
+- `describe_model` names what is served for logs and GetStatus: family, layers × width
+  and the parameter count (tied weights counted once).
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ from tidal.models.args import DecoderArgs
 from tidal.models.hf_checkpoint import hf_to_native_state_dict, model_from_hf_config
 from tidal.models.layers import DecoderLM
 from tidal.models.rope import rope_tables
+from tidal.text.loader import VocabMismatch, check_vocab
+from tidal.text.protocol import Tokenizer
 
 TIED_HEAD = "lm_head.weight"
 
@@ -38,6 +48,29 @@ def build_model(
     model.rope_cos, model.rope_sin = cos, sin  # fp32 even when the weights are bf16
     model.requires_grad_(False)
     return model
+
+
+def check_tokenizer_fits(tokenizer: Tokenizer, hf_config: dict[str, Any]) -> None:
+    """Raise ValueError (naming both sizes) when `tokenizer` has ids beyond the model's
+    embedding rows."""
+    try:
+        check_vocab(tokenizer, DecoderArgs.from_hf_config(hf_config).vocab_size)
+    except VocabMismatch as exc:
+        raise ValueError(str(exc)) from exc
+
+
+def describe_model(model: DecoderLM) -> str:
+    """E.g. "qwen3-28x1024 (596M params)": family, layers x width, parameter count."""
+    args = model.args
+    params = sum(p.numel() for p in model.parameters())  # shared (tied) tensors once
+    return f"{args.family}-{args.n_layers}x{args.dim} ({_count(params)} params)"
+
+
+def _count(n: int) -> str:
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return str(n)
 
 
 def check_compatible(model: DecoderLM, hf_config: dict[str, Any]) -> None:

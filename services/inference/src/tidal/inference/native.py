@@ -10,8 +10,7 @@ Decisions:
   pool), so the event loop keeps answering health checks, GetStatus and new requests
   while torch computes, and every model call comes from the same thread: torch's
   intra-op thread team is reused instead of a new one per pool thread the call lands
-  on. Measured on the benchmark's fixed fp32 generation (2 threads, quiet machine, 4
-  interleaved rounds): 8.66 s against 9.28 s with `to_thread`.
+  on (7% off a fixed fp32 generation, docs/inference.md).
 - Token budget per step (`max_step_tokens`): one step's decode tokens (one per running
   sequence) plus the prompt tokens prefilled with it. The first queued prompt is admitted
   whenever a slot is free, even over budget, so a long prompt cannot starve.
@@ -28,6 +27,10 @@ Decisions:
 - A failing forward fails only the requests in it (each gets the exception); the
   scheduler keeps serving.
 - Each prefill is one span, linked to the spans of the requests it admits.
+- With a tokenizer, every sample carries its text (`completion_text`), built token by
+  token in the worker thread right after sampling, and stop strings are matched on it.
+  The tokenizer must fit every version's embedding (`loading.check_tokenizer_fits`); a
+  refused version is logged and reported in `EngineStatus.load_error`.
 - On CPU the served model's linears run on oneDNN-prepacked weights (`packed_linear.py`,
   `inference.packed_weights`): the decode step is mostly matmuls, and this is what makes
   them faster than the trainer's plain `F.linear`.
@@ -52,13 +55,19 @@ from opentelemetry import trace
 
 from tidal.common.errors import ResourceExhausted, Unavailable
 from tidal.inference.batching import Batcher
+from tidal.inference.completion_text import CompletionText
 from tidal.inference.engine import Completion, Engine, EngineStatus
-from tidal.inference.kv_cache import SlotKVCache, slots_within
-from tidal.inference.loading import build_model, check_compatible, load_weights
-from tidal.inference.packed_linear import choose_linear_kernel, pack_linears
+from tidal.inference.loading import (
+    check_compatible,
+    check_tokenizer_fits,
+    describe_model,
+    load_weights,
+)
+from tidal.inference.packed_linear import choose_linear_kernel
 from tidal.inference.sampling import SamplingParams, draw_uniforms, row_seed
-from tidal.inference.sequence import Detokenize, Sequence, sequence_budget
+from tidal.inference.sequence import Sequence, sequence_budget
 from tidal.models.layers import DecoderLM
+from tidal.text.protocol import Tokenizer
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
@@ -96,19 +105,21 @@ class NativeEngine(Engine):
         max_queue: int,
         max_step_tokens: int,
         kv_cache_mb: float,
-        detokenize: Detokenize | None = None,
+        tokenizer: Tokenizer | None = None,
         seed: int = 0,
         packed_weights: bool = True,
     ) -> None:
         self.device, self.dtype = device, dtype
         self.max_batch_size, self.max_queue = max_batch_size, max_queue
         self.max_step_tokens, self.kv_cache_mb = max_step_tokens, kv_cache_mb
-        self.detokenize = detokenize
+        self.tokenizer = tokenizer  # None: ids only (no text, no stop strings)
         self.kernel = choose_linear_kernel(device, dtype, packed=packed_weights)
         log.info("linear kernels: %s", self.kernel.name)
         self._rng = random.Random(seed)  # seeds of unseeded requests
         self._batcher: Batcher | None = None
         self._version = -1
+        self._model_name = ""
+        self._load_error = ""
         self._queue: deque[_Request] = deque()
         self._running: list[Sequence] = []
         self._pending: _PendingWeights | None = None
@@ -156,6 +167,8 @@ class NativeEngine(Engine):
         max_seq_len = self._batcher.model.args.max_seq_len
         if not prompt_ids or sequence_budget(len(prompt_ids), params.max_tokens, max_seq_len) < 1:
             raise ValueError(f"a prompt of {len(prompt_ids)} tokens leaves no room to generate")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; the engine was built without one")
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         span = trace.get_current_span().get_span_context()
         request = _Request(list(prompt_ids), params, seed, span, stream)
@@ -200,7 +213,7 @@ class NativeEngine(Engine):
         if self._batcher is None:
             return EngineStatus(
                 self._version, 0, len(self._queue), self._generated, rate, "", 0, 0,
-                kernels=self.kernel.name,
+                kernels=self.kernel.name, load_error=self._load_error,
             )  # fmt: skip
         args, cache = self._batcher.model.args, self._batcher.cache
         cached_tokens = sum(s.position + 1 for s in self._running)
@@ -210,13 +223,14 @@ class NativeEngine(Engine):
             queued=sum(not r.cancelled for r in self._queue),
             generated_tokens=self._generated,
             tokens_per_s=rate,
-            model=f"{args.family}-{args.n_layers}x{args.dim}",
+            model=self._model_name,
             vocab_size=args.vocab_size,
             max_seq_len=args.max_seq_len,
             kv_slots_used=cache.used,
             kv_slots_total=cache.slots,
             kv_usage=cached_tokens / (cache.slots * args.max_seq_len),
             kernels=self.kernel.name,
+            load_error=self._load_error,
         )
 
     # -- scheduler -------------------------------------------------------------------------
@@ -310,7 +324,9 @@ class NativeEngine(Engine):
             uniforms = torch.zeros(budget, dtype=torch.float64)
         else:
             uniforms = draw_uniforms(row_seed(request.seed, index), budget)
-        return Sequence(request, index, request.prompt_ids, request.params, uniforms, budget)
+        tok, params = self.tokenizer, request.params
+        text = None if tok is None else CompletionText(tok, params.stop)
+        return Sequence(request, index, request.prompt_ids, params, uniforms, budget, text=text)
 
     def _drop_cancelled(self) -> None:
         kept = []
@@ -342,6 +358,7 @@ class NativeEngine(Engine):
                         policy_versions=s.policy_versions[start:],
                         finish_reason=s.finish_reason,
                         model_logprobs=s.model_logprobs[start:],
+                        text=s.take_text(),
                     )
                 )
                 s.sent = len(s.token_ids)
@@ -361,11 +378,14 @@ class NativeEngine(Engine):
             return
         try:
             self._batcher = await self._in_worker(self._swap, pending)
-            self._version = pending.version
-            log.info("serving policy version %d", pending.version)
+            self._version, self._load_error = pending.version, ""
+            self._model_name = describe_model(self._batcher.model)
+            log.info("serving policy version %d: %s", pending.version, self._model_name)
             if not pending.loaded.done():  # the caller may have gone away meanwhile
                 pending.loaded.set_result(None)
         except Exception as exc:  # a bad version: keep serving the old one
+            self._load_error = f"version {pending.version} refused: {exc}"
+            log.error("%s", self._load_error)
             if not pending.loaded.done():
                 pending.loaded.set_exception(exc)
 
@@ -375,18 +395,18 @@ class NativeEngine(Engine):
         return await asyncio.get_running_loop().run_in_executor(self._worker, func, *args)
 
     def _swap(self, pending: _PendingWeights) -> Batcher:
+        if self.tokenizer is not None:
+            check_tokenizer_fits(self.tokenizer, pending.hf_config)
         if self._batcher is not None:
             check_compatible(self._batcher.model, pending.hf_config)
             load_weights(self._batcher.model, pending.state_dict)
             return self._batcher
-        model = build_model(pending.hf_config, device=self.device, dtype=self.dtype)
-        if self.kernel.packed:  # before loading: the packed copies follow every later load
-            pack_linears(
-                model, batch_hint=self.max_batch_size, compute_dtype=self.kernel.compute_dtype
-            )
-        load_weights(model, pending.state_dict)
-        slots = slots_within(
-            model.args, self.dtype, memory_mb=self.kv_cache_mb, max_slots=self.max_batch_size
+        return Batcher.build(
+            pending.hf_config,
+            pending.state_dict,
+            device=self.device,
+            dtype=self.dtype,
+            kernel=self.kernel,
+            max_slots=self.max_batch_size,
+            kv_cache_mb=self.kv_cache_mb,
         )
-        cache = SlotKVCache(model.args, slots=slots, dtype=self.dtype, device=self.device)
-        return Batcher(model, cache, self.detokenize)

@@ -9,22 +9,24 @@ Decisions:
   train on.
 - Stop tokens and stop strings end a sequence at the token that produced them, and that
   token is kept (with its logprob), so the tokens, logprobs and version tags always line
-  up and the trainer sees exactly what was sampled. Stop strings are matched on the text
-  decoded so far, so a stop string spanning several tokens is found at its last token.
+  up and the trainer sees exactly what was sampled. Stop strings are matched on the
+  completion's text as it grows (`completion_text.CompletionText`: incremental
+  detokenization, O(1) amortized per token), so a stop string spanning several tokens,
+  a BPE merge or a character split over tokens is found at the token completing it.
+- EOS is not special here: the servicer adds the tokenizer's EOS ids to
+  `stop_token_ids` unless the request sets `ignore_eos`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from tidal.inference.completion_text import CompletionText
 from tidal.inference.engine import FinishReason
 from tidal.inference.sampling import SamplingParams
-
-Detokenize = Callable[[list[int]], str]
 
 
 def sequence_budget(prompt_len: int, max_tokens: int, max_seq_len: int) -> int:
@@ -44,6 +46,8 @@ class Sequence:
     params: SamplingParams
     uniforms: torch.Tensor  # (budget,) float64: the draw of each step (unused when greedy)
     budget: int
+    text: CompletionText | None = None
+    """The completion's text; None for an engine without a tokenizer (ids only)."""
     slot: int = -1
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -62,29 +66,21 @@ class Sequence:
         """Cache position of the last token, the one the next decode step feeds."""
         return len(self.prompt_ids) + len(self.token_ids) - 1
 
-    def append(
-        self,
-        token: int,
-        logprob: float,
-        model_logprob: float | None,
-        version: int,
-        detokenize: Detokenize | None,
-    ) -> None:
+    def append(self, token: int, logprob: float, model_logprob: float | None, version: int) -> None:
         """Record one sampled token and decide whether the sequence ends with it."""
         self.token_ids.append(token)
         self.logprobs.append(logprob)
         if model_logprob is not None:
             self.model_logprobs.append(model_logprob)
         self.policy_versions.append(version)
-        if token in self.params.stop_token_ids or self._hit_stop_string(detokenize):
+        hit_stop_string = self.text is not None and self.text.push(token)
+        if token in self.params.stop_token_ids or hit_stop_string:
             self.finish_reason = "stop"
         elif len(self.token_ids) >= self.budget:
             self.finish_reason = "length"
+        if self.done and self.text is not None:
+            self.text.finish()
 
-    def _hit_stop_string(self, detokenize: Detokenize | None) -> bool:
-        if not self.params.stop:
-            return False
-        if detokenize is None:
-            raise ValueError("stop strings need a tokenizer; the engine was built without one")
-        text = detokenize(self.token_ids)
-        return any(stop in text for stop in self.params.stop)
+    def take_text(self) -> str:
+        """The text since the previous call ("" without a tokenizer)."""
+        return "" if self.text is None else self.text.take()

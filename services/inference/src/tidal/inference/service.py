@@ -4,6 +4,14 @@
 returns the running parts, so contract tests run exactly what `serve` runs. Health is
 NOT_SERVING until the first weights are loaded, then SERVING; Generate answers
 UNAVAILABLE until then.
+
+The tokenizer is `run.tokenizer` loaded by `tidal.text.loader.load_tokenizer` ("auto":
+the model folder's, `config.model_folder()`, when the run starts from one, else bytes),
+the same spec every service resolves, so they agree on ids. It is loaded before the
+server starts: a missing or misfitting tokenizer (the folder's own config.json
+vocab_size) is a config error at start. Each version's config is checked against it
+again when loaded (`loading.check_tokenizer_fits`); a refused version is logged and
+shown in GetStatus's `load_error`, and health stays NOT_SERVING until a version loads.
 """
 
 from __future__ import annotations
@@ -23,14 +31,13 @@ from tidal.common.lifeline import watch_launcher
 from tidal.common.logging import setup_logging
 from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.common.telemetry import setup_telemetry
-from tidal.common.tokenizer import get_tokenizer
 from tidal.inference.config import InferenceRunConfig
 from tidal.weights.client import WeightSyncClient
 
 if TYPE_CHECKING:
-    from tidal.common.tokenizer import ByteTokenizer
     from tidal.inference.engine import Engine
     from tidal.inference.reload import WeightWatcher
+    from tidal.text.protocol import Tokenizer
 
 log = logging.getLogger(__name__)
 FULL_NAME = "tidal.rpc.v1.InferenceService"
@@ -63,10 +70,14 @@ async def start_inference(config: InferenceRunConfig) -> RunningInference:
     from tidal.inference.reload import WeightWatcher
     from tidal.inference.servicer import InferenceServicer
     from tidal.rpc.v1 import inference_pb2_grpc as pb_grpc
+    from tidal.text.loader import load_tokenizer
 
     cfg = config.inference
     replica_id = cfg.replica_id or f"inference-{os.getpid()}"
-    tokenizer = get_tokenizer(config.run.tokenizer)
+    tokenizer = load_tokenizer(config.run.tokenizer, model_path=config.model_folder())
+    log.info(
+        "tokenizer %s: %d ids, eos %s", tokenizer.name, tokenizer.vocab_size, tokenizer.eos_ids
+    )
     engine = build_engine(config, tokenizer)
     await engine.start()
     servicer = InferenceServicer(engine, tokenizer, replica_id=replica_id)
@@ -85,7 +96,7 @@ async def start_inference(config: InferenceRunConfig) -> RunningInference:
     return RunningInference(server, engine, watcher, client, task, replica_id)
 
 
-def build_engine(config: InferenceRunConfig, tokenizer: ByteTokenizer) -> Engine:
+def build_engine(config: InferenceRunConfig, tokenizer: Tokenizer) -> Engine:
     """The configured backend; vLLM is imported only when chosen."""
     cfg = config.inference
     if cfg.engine == "vllm":
@@ -96,6 +107,7 @@ def build_engine(config: InferenceRunConfig, tokenizer: ByteTokenizer) -> Engine
             max_batch_size=cfg.max_batch_size,
             max_queue=cfg.max_queue,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
+            tokenizer=tokenizer,
         )
     from tidal.inference.native import NativeEngine
     from tidal.models.device import DTYPES, resolve_device
@@ -111,7 +123,7 @@ def build_engine(config: InferenceRunConfig, tokenizer: ByteTokenizer) -> Engine
         max_queue=cfg.max_queue,
         max_step_tokens=cfg.max_step_tokens,
         kv_cache_mb=cfg.kv_cache_mb,
-        detokenize=tokenizer.decode,
+        tokenizer=tokenizer,
         seed=config.run.seed,
         packed_weights=cfg.packed_weights,
     )

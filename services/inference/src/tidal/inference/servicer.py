@@ -7,22 +7,35 @@ A prompt plus max_tokens longer than the context is accepted: the completion end
 context ("length"), which lets a caller use one max_tokens for prompts of any length.
 Cancellation needs no code here: when the client goes away grpc cancels this handler,
 which closes the engine's generator, which marks the request cancelled.
+
+Text and ids: a text prompt is encoded by the served tokenizer with
+`add_special_tokens=True` (its own BOS, as Hugging Face does; none for Qwen); a chat
+should be rendered by the caller (the orchestrator owns templates) and sent as ids,
+which pass through untouched. A response's `text` is the engine's incremental decode of
+its ids (special tokens skipped); streamed pieces concatenate to the full decode.
+
+EOS: generation ends at the tokenizer's `eos_ids` (its EOS, generation_config.json's
+`eos_token_id` list, the chat template's end of turn) unless the request sets
+`ignore_eos`; they are appended to the request's `stop_token_ids`, so an EOS ends a
+completion exactly like a listed stop token (kept, finish reason STOP). Stopping by
+default is what a real model needs (vLLM's default too); a caller listing EOS ids
+itself is harmless. `ignore_eos` is for benchmarks and tests of fixed length.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import grpc
 from opentelemetry import trace
 
 from tidal.common.errors import InvalidArgument, Unavailable
-from tidal.common.tokenizer import ByteTokenizer
 from tidal.inference.engine import Completion, Engine
 from tidal.inference.sampling import SamplingParams
 from tidal.rpc.v1 import common_pb2
 from tidal.rpc.v1 import inference_pb2 as pb
 from tidal.rpc.v1 import inference_pb2_grpc as pb_grpc
+from tidal.text.protocol import Tokenizer
 
 _FINISH = {
     "stop": pb.FINISH_REASON_STOP,
@@ -31,8 +44,10 @@ _FINISH = {
 }
 
 
-def sampling_from_proto(s: pb.SamplingParams) -> SamplingParams:
-    """Domain sampling parameters; checks that need no model (see `_check_against_model`)."""
+def sampling_from_proto(s: pb.SamplingParams, *, eos_ids: Sequence[int] = ()) -> SamplingParams:
+    """Domain sampling parameters; checks that need no model (see `_check_against_model`).
+
+    `eos_ids` are added to the stop tokens unless the request sets `ignore_eos`."""
     if s.max_tokens <= 0:
         raise InvalidArgument("sampling.max_tokens", f"must be > 0, got {s.max_tokens}")
     if s.HasField("n") and s.n <= 0:
@@ -55,14 +70,16 @@ def sampling_from_proto(s: pb.SamplingParams) -> SamplingParams:
         top_k=s.top_k,
         n=s.n if s.HasField("n") else 1,
         seed=s.seed if s.HasField("seed") else None,
-        stop_token_ids=tuple(s.stop_token_ids),
+        stop_token_ids=tuple(
+            dict.fromkeys([*s.stop_token_ids, *(() if s.ignore_eos else eos_ids)])
+        ),
         min_p=s.min_p,
         stop=tuple(s.stop),
         model_logprobs=s.return_model_logprobs,
     )
 
 
-def completion_to_proto(c: Completion, tokenizer: ByteTokenizer) -> pb.GenerateResponse:
+def completion_to_proto(c: Completion) -> pb.GenerateResponse:
     return pb.GenerateResponse(
         index=c.index,
         prompt_ids=c.prompt_ids,
@@ -70,13 +87,13 @@ def completion_to_proto(c: Completion, tokenizer: ByteTokenizer) -> pb.GenerateR
         logprobs=c.logprobs,
         policy_versions=c.policy_versions,
         finish_reason=_FINISH[c.finish_reason],
-        text=tokenizer.decode(c.token_ids),
+        text=c.text,
         model_logprobs=c.model_logprobs,
     )
 
 
 class InferenceServicer(pb_grpc.InferenceServiceServicer):
-    def __init__(self, engine: Engine, tokenizer: ByteTokenizer, *, replica_id: str) -> None:
+    def __init__(self, engine: Engine, tokenizer: Tokenizer, *, replica_id: str) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.replica_id = replica_id
@@ -86,7 +103,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         if request.prompt_ids and request.prompt:
             raise InvalidArgument("prompt_ids", "exactly one of prompt_ids and prompt must be set")
         if request.prompt:
-            return self.tokenizer.encode(request.prompt, add_bos=True), "prompt"
+            return self.tokenizer.encode(request.prompt, add_special_tokens=True), "prompt"
         if not request.prompt_ids:
             raise InvalidArgument("prompt_ids", "the prompt is empty; set prompt_ids or prompt")
         return list(request.prompt_ids), "prompt_ids"
@@ -120,13 +137,13 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
         prompt_ids, field = self._prompt(request)
-        params = sampling_from_proto(request.sampling)
+        params = sampling_from_proto(request.sampling, eos_ids=self.tokenizer.eos_ids)
         self._check_against_model(prompt_ids, field, params)
         trace.get_current_span().set_attributes(
             {"prompt.tokens": len(prompt_ids), "sampling.n": params.n}
         )
         async for completion in self.engine.generate(prompt_ids, params, stream=request.stream):
-            yield completion_to_proto(completion, self.tokenizer)
+            yield completion_to_proto(completion)
 
     async def GetStatus(
         self, request: common_pb2.StatusRequest, context: grpc.aio.ServicerContext
@@ -146,4 +163,5 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             kv_slots_total=s.kv_slots_total,
             kv_usage=s.kv_usage,
             kernels=s.kernels,
+            load_error=s.load_error,
         )

@@ -17,6 +17,9 @@ Decisions:
 - Version tags: vLLM's engine core runs a weight update between two scheduler steps and
   answers it on the same ordered output stream as the tokens, so tokens that arrive
   before the update's answer came from the old weights and later ones from the new.
+- Text: vLLM runs without a tokenizer; our `Tokenizer` decodes each completion
+  incrementally (`completion_text.CompletionText`), as the native engine does, and is
+  checked against every version's vocabulary before it is loaded.
 """
 
 from __future__ import annotations
@@ -32,8 +35,11 @@ from typing import Any
 import torch
 
 from tidal.common.errors import InvalidArgument, ResourceExhausted, Unavailable
+from tidal.inference.completion_text import CompletionText
 from tidal.inference.engine import Completion, Engine, EngineStatus
+from tidal.inference.loading import check_tokenizer_fits
 from tidal.inference.sampling import SamplingParams
+from tidal.text.protocol import Tokenizer
 
 INSTALL_HINT = (
     'inference.engine = "vllm" needs vLLM and a CUDA GPU: pip install "tidal-inference[vllm]"'
@@ -59,12 +65,19 @@ def vllm_available() -> bool:
 
 class VllmEngine(Engine):
     def __init__(
-        self, *, dtype: str, max_batch_size: int, max_queue: int, gpu_memory_utilization: float
+        self,
+        *,
+        dtype: str,
+        max_batch_size: int,
+        max_queue: int,
+        gpu_memory_utilization: float,
+        tokenizer: Tokenizer,
     ) -> None:
         if not vllm_available():
             raise RuntimeError(INSTALL_HINT)
         self.dtype, self.max_batch_size, self.max_queue = dtype, max_batch_size, max_queue
         self.gpu_memory_utilization = gpu_memory_utilization
+        self.tokenizer = tokenizer  # ours, for text and the vocabulary check (vLLM has none)
         self._llm: Any = None
         self._hf_config: dict[str, Any] = {}
         self._version = -1
@@ -103,6 +116,7 @@ class VllmEngine(Engine):
     async def update_weights(
         self, version: int, hf_config: dict[str, Any], state_dict: dict[str, torch.Tensor]
     ) -> None:
+        check_tokenizer_fits(self.tokenizer, hf_config)
         if self._llm is None:
             self._llm = self._build(hf_config)
             self._hf_config = hf_config
@@ -141,6 +155,7 @@ class VllmEngine(Engine):
         )
         request_id = f"tidal-{next(self._ids)}"
         pieces: dict[int, list[tuple[int, float, int]]] = {i: [] for i in range(params.n)}
+        texts = {i: CompletionText(self.tokenizer) for i in range(params.n)}
         self._active += 1
         try:
             async for output in self._llm.generate(
@@ -150,9 +165,13 @@ class VllmEngine(Engine):
                     version = self._version  # tokens arrive in step order, see the docstring
                     for token, logprobs in zip(out.token_ids, out.logprobs or [], strict=False):
                         pieces[out.index].append((token, logprobs[token].logprob, version))
+                        texts[out.index].push(token)
                     self._generated += len(out.token_ids)
                     if stream or out.finish_reason is not None:
-                        yield self._completion(prompt_ids, out, pieces[out.index])
+                        if out.finish_reason is not None:
+                            texts[out.index].finish()
+                        text = texts[out.index].take()
+                        yield self._completion(prompt_ids, out, pieces[out.index], text)
                         pieces[out.index] = []
         except asyncio.CancelledError:
             await self._llm.abort(request_id)
@@ -162,7 +181,7 @@ class VllmEngine(Engine):
 
     @staticmethod
     def _completion(
-        prompt_ids: list[int], out: Any, tokens: list[tuple[int, float, int]]
+        prompt_ids: list[int], out: Any, tokens: list[tuple[int, float, int]], text: str
     ) -> Completion:
         reason = out.finish_reason if out.finish_reason in (None, "stop", "length") else "stop"
         return Completion(
@@ -172,6 +191,7 @@ class VllmEngine(Engine):
             logprobs=[lp for _, lp, _ in tokens],
             policy_versions=[v for _, _, v in tokens],
             finish_reason=reason,
+            text=text,
         )
 
     def status(self) -> EngineStatus:
@@ -182,7 +202,7 @@ class VllmEngine(Engine):
             queued=0,
             generated_tokens=self._generated,
             tokens_per_s=0.0,
-            model="vllm" if config else "",
+            model=f"vllm {config.get('model_type', '')}".strip() if config else "",
             vocab_size=config.get("vocab_size", 0),
             max_seq_len=config.get("max_position_embeddings", 0),
         )

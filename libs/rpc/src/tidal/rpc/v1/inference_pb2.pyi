@@ -18,7 +18,7 @@ FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_p", "top_k", "max_tokens", "n", "seed", "stop_token_ids", "min_p", "stop", "return_model_logprobs")
+    __slots__ = ("temperature", "top_p", "top_k", "max_tokens", "n", "seed", "stop_token_ids", "min_p", "stop", "return_model_logprobs", "ignore_eos")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,7 @@ class SamplingParams(_message.Message):
     MIN_P_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     RETURN_MODEL_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     top_k: int
@@ -39,7 +40,8 @@ class SamplingParams(_message.Message):
     min_p: float
     stop: _containers.RepeatedScalarFieldContainer[str]
     return_model_logprobs: bool
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_tokens: _Optional[int] = ..., n: _Optional[int] = ..., seed: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., min_p: _Optional[float] = ..., stop: _Optional[_Iterable[str]] = ..., return_model_logprobs: _Optional[bool] = ...) -> None: ...
+    ignore_eos: bool
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_tokens: _Optional[int] = ..., n: _Optional[int] = ..., seed: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., min_p: _Optional[float] = ..., stop: _Optional[_Iterable[str]] = ..., return_model_logprobs: _Optional[bool] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("request_id", "prompt_ids", "prompt", "sampling", "stream")
@@ -76,7 +78,7 @@ class GenerateResponse(_message.Message):
     def __init__(self, index: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., policy_versions: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., text: _Optional[str] = ..., model_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class InferenceStatus(_message.Message):
-    __slots__ = ("policy_version", "running", "queued", "generated_tokens", "tokens_per_s", "model", "vocab_size", "max_seq_len", "replica_id", "kv_slots_used", "kv_slots_total", "kv_usage", "kernels")
+    __slots__ = ("policy_version", "running", "queued", "generated_tokens", "tokens_per_s", "model", "vocab_size", "max_seq_len", "replica_id", "kv_slots_used", "kv_slots_total", "kv_usage", "kernels", "load_error")
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     QUEUED_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +92,7 @@ class InferenceStatus(_message.Message):
     KV_SLOTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     KV_USAGE_FIELD_NUMBER: _ClassVar[int]
     KERNELS_FIELD_NUMBER: _ClassVar[int]
+    LOAD_ERROR_FIELD_NUMBER: _ClassVar[int]
     policy_version: int
     running: int
     queued: int
@@ -103,4 +106,5 @@ class InferenceStatus(_message.Message):
     kv_slots_total: int
     kv_usage: float
     kernels: str
-    def __init__(self, policy_version: _Optional[int] = ..., running: _Optional[int] = ..., queued: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_seq_len: _Optional[int] = ..., replica_id: _Optional[str] = ..., kv_slots_used: _Optional[int] = ..., kv_slots_total: _Optional[int] = ..., kv_usage: _Optional[float] = ..., kernels: _Optional[str] = ...) -> None: ...
+    load_error: str
+    def __init__(self, policy_version: _Optional[int] = ..., running: _Optional[int] = ..., queued: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_seq_len: _Optional[int] = ..., replica_id: _Optional[str] = ..., kv_slots_used: _Optional[int] = ..., kv_slots_total: _Optional[int] = ..., kv_usage: _Optional[float] = ..., kernels: _Optional[str] = ..., load_error: _Optional[str] = ...) -> None: ...
