@@ -70,6 +70,8 @@ class EnvReply:
 
     text: str
     done: bool = False
+    role: Literal["user", "tool"] = "user"
+    """The message role of the reply when prompts use the chat template."""
 
 
 @dataclass(frozen=True)
