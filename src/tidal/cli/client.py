@@ -13,9 +13,10 @@ tidal.common.channel.connect): a service that is down is reported at once as "ca
 reach <service> at <address>", not as a DEADLINE_EXCEEDED after the call's whole
 deadline. `status` checks the four services concurrently.
 
-`generate` renders the prompt as the run's orchestrator would (`orchestrator.chat`: the
-chat template of the run's tokenizer, or plain text) and sends ids, with every id of
-the tokenizer's `eos_ids` as a stop token, so what it shows is what a rollout would get.
+`generate` treats the prompt as the run's orchestrator would (`orchestrator.chat`): with
+the chat template on it sends the rendered chat as ids, with it off the text as typed
+(inference tokenizes it the same way); every id of the tokenizer's `eos_ids` is a stop
+token. What it shows is therefore what a rollout would get.
 """
 
 from __future__ import annotations
@@ -152,8 +153,11 @@ async def generate(config: ServiceRunConfig, opts: argparse.Namespace) -> int:
     )
     if opts.seed is not None:
         sampling.seed = opts.seed
-    prompt_ids = prompts.prompt_ids(Problem(prompt=opts.prompt, reference=""))
-    request = inference_pb2.GenerateRequest(prompt_ids=prompt_ids, sampling=sampling)
+    if prompts.template:
+        ids = prompts.prompt_ids(Problem(prompt=opts.prompt, reference=""))
+        request = inference_pb2.GenerateRequest(prompt_ids=ids, sampling=sampling)
+    else:  # plain text: inference tokenizes it as the orchestrator would (and rejects "")
+        request = inference_pb2.GenerateRequest(prompt=opts.prompt, sampling=sampling)
     address = config.endpoints.inference
     async with await connect(
         "inference", address, config.grpc, timeout_s=opts.connect_timeout

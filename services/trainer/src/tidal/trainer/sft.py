@@ -13,6 +13,12 @@ Decisions:
 - The final weights are also written as a Hugging Face style folder (config.json +
   model.safetensors) under `<run dir>/final`, the format inference and weightsync read.
 - Metrics go to `<run dir>/sft_metrics.jsonl`, one object per step (appended on resume).
+- The tokenizer is `run.tokenizer` loaded by `tidal.text.load_tokenizer` ("auto": the
+  folder of `trainer.model.path`), the one every service of an RL run from that folder
+  uses; prompt/completion records use its chat template as the orchestrator's "auto"
+  does (a folder's template, plain text with bytes). There is no `[sft]` key for the
+  template mode, system prompt or template kwargs yet (they would live in the trainer's
+  config): chat records carry their own system message.
 - torch is imported only once the config parsed, so `--help` and `--dry-run` are instant.
 """
 
