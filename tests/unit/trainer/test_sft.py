@@ -115,11 +115,15 @@ def test_prompt_tokens_are_masked_and_completion_tokens_trained() -> None:
     assert batch.sample_lengths.tolist() == [s.num_tokens for s in samples]
 
 
-def qwen3_tokenizer(folder: Path) -> HFTokenizer:
+def qwen3_folder(folder: Path, *, weights: bool = False) -> Path:
     # imported here: the resume test runs this file as a script, where relative imports fail
     from ...hf_folders import build_model_folder
 
-    return HFTokenizer.from_folder(build_model_folder(folder, "qwen3", weights=False))
+    return build_model_folder(folder, "qwen3", weights=weights)
+
+
+def qwen3_tokenizer(folder: Path) -> HFTokenizer:
+    return HFTokenizer.from_folder(qwen3_folder(folder))
 
 
 CHAT = [
@@ -164,6 +168,18 @@ def test_prompt_completion_records_use_the_template_when_it_is_on(tmp_path: Path
     assert prompt == "<|im_start|>user\nreverse abc:<|im_end|>\n<|im_start|>assistant\n"
     assert tok.decode(sample.completion_ids, skip_special=False) == "cba<|im_end|>"
     assert sample.completion_mask == ()  # every completion token is trained
+
+
+def test_sft_from_a_model_folder_trains_on_the_assistant_tokens_only(tmp_path: Path) -> None:
+    folder = qwen3_folder(tmp_path / "qwen3", weights=True)
+    data = write_jsonl(tmp_path / "chat.jsonl", [{"messages": CHAT}])
+    argv = ["--trainer.model.path", str(folder), "--trainer.device", "cpu"]
+    argv += ["--sft.data.path", str(data), "--sft.steps", "1", "--sft.batch-size", "1"]
+    config, _ = load_config(SftRunConfig, [*argv, "--run.output_dir", str(tmp_path)])
+    (metrics,) = run_sft(config)  # run.tokenizer "auto": the folder's tokenizer and template
+    tok = HFTokenizer.from_folder(folder)
+    assistant = tok.encode_template_text("42.<|im_end|>3.<|im_end|>")
+    assert metrics["loss_tokens"] == len(assistant)
 
 
 def test_a_conversation_without_an_assistant_turn_is_an_error(tmp_path: Path) -> None:
