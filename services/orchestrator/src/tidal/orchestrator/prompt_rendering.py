@@ -50,11 +50,12 @@ class PromptRenderer:
             "system_prompt": chat.system_prompt is not None,
             "template_kwargs": bool(chat.template_kwargs),
         }
-        for key in (k for k, is_set in template_only.items() if is_set and not template):
+        unused = [key for key, is_set in template_only.items() if is_set and not template]
+        if unused:
             raise ConfigError(
-                f"orchestrator.chat.{key} is set but prompts are plain text "
+                f"orchestrator.chat.{unused[0]} is set but prompts are plain text "
                 f"({TEMPLATE_KEY} = {chat.template!r} with tokenizer {tokenizer.name}): "
-                f'set {TEMPLATE_KEY} = "on", or remove orchestrator.chat.{key}'
+                f'set {TEMPLATE_KEY} = "on", or remove orchestrator.chat.{unused[0]}'
             )
         rendering = ChatRendering(
             tokenizer,
