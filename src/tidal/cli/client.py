@@ -12,6 +12,11 @@ Every command first connects with a short timeout (`--connect-timeout`,
 tidal.common.channel.connect): a service that is down is reported at once as "cannot
 reach <service> at <address>", not as a DEADLINE_EXCEEDED after the call's whole
 deadline. `status` checks the four services concurrently.
+
+`generate` treats the prompt as the run's orchestrator would (`orchestrator.chat`): with
+the chat template on it sends the rendered chat as ids, with it off the text as typed
+(inference tokenizes it the same way); every id of the tokenizer's `eos_ids` is a stop
+token. What it shows is therefore what a rollout would get.
 """
 
 from __future__ import annotations
@@ -28,9 +33,11 @@ from rich.table import Table
 
 from tidal.common.channel import CONNECT_TIMEOUT_S, connect, wait_connected
 from tidal.common.config import load_or_exit
-from tidal.common.errors import Unreachable
+from tidal.common.errors import ConfigError, Unreachable
 from tidal.common.sections import SERVICES, ServiceRunConfig
-from tidal.common.tokenizer import get_tokenizer
+from tidal.orchestrator.config import ChatConfig
+from tidal.orchestrator.prompt_rendering import PromptRenderer
+from tidal.orchestrator.tasks.base import Problem
 from tidal.rpc.v1 import (
     common_pb2,
     inference_pb2,
@@ -38,6 +45,7 @@ from tidal.rpc.v1 import (
     orchestrator_pb2_grpc,
     trainer_pb2_grpc,
 )
+from tidal.text.loader import load_tokenizer
 from tidal.weights.client import WeightSyncClient
 
 console = Console()
@@ -127,17 +135,29 @@ async def status(config: ServiceRunConfig, opts: argparse.Namespace) -> int:
     return 0 if healthy else 1
 
 
+def run_prompts(config: ServiceRunConfig) -> PromptRenderer:
+    """The run's tokenizer and chat rendering, as its orchestrator resolves them."""
+    tokenizer = load_tokenizer(config.run.tokenizer, model_path=config.model_folder())
+    chat = ChatConfig.model_validate(config.orchestrator.get("chat", {}))
+    return PromptRenderer.from_config(tokenizer, chat)
+
+
 async def generate(config: ServiceRunConfig, opts: argparse.Namespace) -> int:
+    prompts = run_prompts(config)
     sampling = inference_pb2.SamplingParams(
         temperature=opts.temperature,
         max_tokens=opts.max_tokens,
         n=opts.n,
         top_p=1.0,
-        stop_token_ids=[get_tokenizer(config.run.tokenizer).eos_id],
+        stop_token_ids=prompts.stop_ids,
     )
     if opts.seed is not None:
         sampling.seed = opts.seed
-    request = inference_pb2.GenerateRequest(prompt=opts.prompt, sampling=sampling)
+    if prompts.template:
+        ids = prompts.prompt_ids(Problem(prompt=opts.prompt, reference=""))
+        request = inference_pb2.GenerateRequest(prompt_ids=ids, sampling=sampling)
+    else:  # plain text: inference tokenizes it as the orchestrator would (and rejects "")
+        request = inference_pb2.GenerateRequest(prompt=opts.prompt, sampling=sampling)
     address = config.endpoints.inference
     async with await connect(
         "inference", address, config.grpc, timeout_s=opts.connect_timeout
@@ -241,4 +261,7 @@ def main(argv: Sequence[str]) -> None:
     except Unreachable as exc:
         print(f"error: {exc}", file=sys.stderr)
         code = 1
+    except ConfigError as exc:  # the run's tokenizer or `orchestrator.chat`
+        print(f"error: {exc}", file=sys.stderr)
+        code = 2
     sys.exit(code)

@@ -1,4 +1,5 @@
-"""A bad task config stops `tidal orchestrator` before it serves or waits for any peer."""
+"""A bad task, tokenizer or chat config stops `tidal orchestrator` before it serves or waits
+for any peer."""
 
 from __future__ import annotations
 
@@ -38,3 +39,17 @@ def test_unknown_algorithm_fails_at_start_with_the_valid_choices(tmp_path: Path)
     done = _orchestrator(tmp_path, "--orchestrator.advantages.algorithm", "ppo")
     assert done.returncode == 2
     assert "'grpo', 'dr_grpo', 'rloo' or 'remax'" in done.stderr
+
+
+def test_a_system_prompt_with_plain_text_prompts_fails_at_start_naming_the_key(
+    tmp_path: Path,
+) -> None:
+    done = _orchestrator(tmp_path, "--orchestrator.chat.system-prompt", "Be brief.")
+    assert done.returncode == 2
+    assert "orchestrator.chat.system_prompt is set but prompts are plain text" in done.stderr
+
+
+def test_a_tokenizer_folder_that_does_not_exist_fails_at_start(tmp_path: Path) -> None:
+    done = _orchestrator(tmp_path, "--run.tokenizer", str(tmp_path / "missing"))
+    assert done.returncode == 2
+    assert str(tmp_path / "missing") in done.stderr

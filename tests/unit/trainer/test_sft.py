@@ -1,4 +1,5 @@
-"""`tidal sft`: data from disk, prompt masking, data order, and exact resume after a kill."""
+"""`tidal sft`: data from disk, prompt masking, chat records trained on assistant turns only,
+data order, and exact resume after a kill."""
 
 from __future__ import annotations
 
@@ -16,10 +17,20 @@ from safetensors.torch import load_file
 
 from tidal.common.config import load_config
 from tidal.common.errors import ConfigError
-from tidal.common.tokenizer import ByteTokenizer
+from tidal.text.byte import ByteTokenizer
+from tidal.text.conversation import ChatRendering
+from tidal.text.hf import HFTokenizer
 from tidal.trainer.config import SftRunConfig
 from tidal.trainer.sft import pack_for_trainer, run_sft
-from tidal.trainer.sft_data import PromptCompletion, SampleOrder, read_records, to_samples
+from tidal.trainer.sft_data import (
+    Conversation,
+    PromptCompletion,
+    SampleOrder,
+    read_records,
+    to_samples,
+)
+
+BYTES = ChatRendering(ByteTokenizer(), template=False)
 
 RECORDS = [
     {"prompt": f"reverse {w}:", "completion": w[::-1]} for w in ("abc", "dcba", "ab", "bad", "cab")
@@ -91,9 +102,9 @@ def test_a_bad_record_is_an_error_naming_the_record_and_the_key(tmp_path: Path) 
 
 
 def test_prompt_tokens_are_masked_and_completion_tokens_trained() -> None:
-    tok = ByteTokenizer()
+    tok = BYTES.tokenizer
     records = read_records_from(RECORDS[:2])
-    samples = to_samples(records, tok, max_seq_len=32)
+    samples = to_samples(records, BYTES, max_seq_len=32)
     (batch,) = pack_for_trainer(samples, budget=64)
     first = samples[0]
     n_prompt, n_completion = len(first.prompt_ids), len(first.completion_ids)
@@ -104,8 +115,81 @@ def test_prompt_tokens_are_masked_and_completion_tokens_trained() -> None:
     assert batch.sample_lengths.tolist() == [s.num_tokens for s in samples]
 
 
+def qwen3_folder(folder: Path, *, weights: bool = False) -> Path:
+    # imported here: the resume test runs this file as a script, where relative imports fail
+    from ...hf_folders import build_model_folder
+
+    return build_model_folder(folder, "qwen3", weights=weights)
+
+
+def qwen3_tokenizer(folder: Path) -> HFTokenizer:
+    return HFTokenizer.from_folder(qwen3_folder(folder))
+
+
+CHAT = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "What is 12 + 30?"},
+    {"role": "assistant", "content": "42."},
+    {"role": "user", "content": "And 1 + 2?"},
+    {"role": "assistant", "content": "3."},
+]
+
+
+def test_a_messages_record_trains_every_assistant_turn_and_nothing_else(tmp_path: Path) -> None:
+    data = write_jsonl(tmp_path / "chat.jsonl", [{"messages": CHAT}, RECORDS[0]])
+    records = read_records(data, prompt_key="prompt", completion_key="completion")
+    assert records[0] == Conversation(tuple(CHAT))
+    tok = qwen3_tokenizer(tmp_path / "qwen3")
+    (sample, _) = to_samples(records, ChatRendering(tok, template=True), max_seq_len=128)
+    # Hand-rendered ChatML: role headers, the "\n" after <|im_end|> and the generation
+    # prompt are masked; each assistant answer and its <|im_end|> are trained.
+    segments = [
+        ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 12 + 30?"
+         "<|im_end|>\n<|im_start|>assistant\n", 0),
+        ("42.<|im_end|>", 1),
+        ("\n<|im_start|>user\nAnd 1 + 2?<|im_end|>\n<|im_start|>assistant\n", 0),
+        ("3.<|im_end|>", 1),
+    ]  # fmt: skip
+    ids = [tok.encode_template_text(text) for text, _ in segments]
+    mask = [float(trained) for (_, trained), part in zip(segments, ids, strict=True) for _ in part]
+    assert list(sample.prompt_ids) == ids[0]
+    assert list(sample.completion_ids) == [i for part in ids[1:] for i in part]
+    assert list(sample.completion_mask) == mask[len(ids[0]) :]
+    (batch,) = pack_for_trainer([sample], budget=128)
+    assert batch.loss_mask[: len(mask)].tolist() == mask  # what the trainer's loss reads
+
+
+def test_prompt_completion_records_use_the_template_when_it_is_on(tmp_path: Path) -> None:
+    tok = qwen3_tokenizer(tmp_path / "qwen3")
+    (sample,) = to_samples(
+        read_records_from(RECORDS[:1]), ChatRendering(tok, template=True), max_seq_len=128
+    )
+    prompt = tok.decode(sample.prompt_ids, skip_special=False)
+    assert prompt == "<|im_start|>user\nreverse abc:<|im_end|>\n<|im_start|>assistant\n"
+    assert tok.decode(sample.completion_ids, skip_special=False) == "cba<|im_end|>"
+    assert sample.completion_mask == ()  # every completion token is trained
+
+
+def test_sft_from_a_model_folder_trains_on_the_assistant_tokens_only(tmp_path: Path) -> None:
+    folder = qwen3_folder(tmp_path / "qwen3", weights=True)
+    data = write_jsonl(tmp_path / "chat.jsonl", [{"messages": CHAT}])
+    argv = ["--trainer.model.path", str(folder), "--trainer.device", "cpu"]
+    argv += ["--sft.data.path", str(data), "--sft.steps", "1", "--sft.batch-size", "1"]
+    config, _ = load_config(SftRunConfig, [*argv, "--run.output_dir", str(tmp_path)])
+    (metrics,) = run_sft(config)  # run.tokenizer "auto": the folder's tokenizer and template
+    tok = HFTokenizer.from_folder(folder)
+    assistant = tok.encode_template_text("42.<|im_end|>3.<|im_end|>")
+    assert metrics["loss_tokens"] == len(assistant)
+
+
+def test_a_conversation_without_an_assistant_turn_is_an_error(tmp_path: Path) -> None:
+    data = write_jsonl(tmp_path / "chat.jsonl", [{"messages": CHAT[:2]}])
+    with pytest.raises(ConfigError, match="record 1: 'messages' needs an assistant message"):
+        read_records(data, prompt_key="prompt", completion_key="completion")
+
+
 def test_sample_order_is_a_pure_function_of_the_position() -> None:
-    samples = to_samples(read_records_from(RECORDS), ByteTokenizer(), max_seq_len=32)
+    samples = to_samples(read_records_from(RECORDS), BYTES, max_seq_len=32)
     order = SampleOrder(samples, seed=0)
     epoch, position = [], 0
     while position < len(samples):

@@ -10,14 +10,14 @@ mixture) are two spellings of the same list: a non-empty `tasks` replaces `task`
 mixture can be layered over a base file (like configs/default.toml) that names one task.
 
 The section is grouped by concern (advantages, rewards, packing, staleness, inflight,
-timeouts, report, sampling, eval); what a step is made of stays at the top. The flat keys
+timeouts, report, sampling, eval, chat); what a step is made of stays at the top. The flat keys
 of the earlier layout are listed in `MOVED_KEYS`: setting one fails with the error naming
 its new place, rather than being silently ignored or quietly accepted under two spellings.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -34,6 +34,7 @@ from tidal.orchestrator.task_config import (
 
 __all__ = [
     "ArithmeticTaskConfig",
+    "ChatConfig",
     "CountdownTaskConfig",
     "DatasetTaskConfig",
     "ImportTaskConfig",
@@ -81,6 +82,24 @@ class SamplingConfig(BaseConfig):
     """Nucleus filtering; 1.0 disables it."""
     max_tokens: int | None = Field(default=None, gt=0)
     """New tokens per completion; unset means the tasks' own bound (longest reference + 2)."""
+
+
+class ChatConfig(BaseConfig):
+    """How prompts are rendered: the tokenizer's chat template, or plain text."""
+
+    template: Literal["auto", "on", "off"] = "auto"
+    """"auto": the chat template of a model folder's tokenizer, plain text with the byte
+    tokenizer (the default run's prompts are unchanged); "on": always the template (the
+    byte tokenizer has a built-in one; a folder without one is an error at start);
+    "off": plain text (`tokenizer.encode(prompt)`, BOS as the tokenizer adds it).
+    With the template, a problem's chat messages (or its prompt as one user message) are
+    rendered with the generation prompt, and multi-turn replies become user/tool turns."""
+    system_prompt: str | None = None
+    """System message put before every prompt that does not open with its own (template
+    only: setting it with the template off is an error)."""
+    template_kwargs: dict[str, Any] = {}
+    """Extra variables for the template, e.g. `{ enable_thinking = false }` for Qwen3
+    (template only: setting them with the template off is an error)."""
 
 
 class EvalConfig(BaseConfig):
@@ -231,6 +250,8 @@ class OrchestratorConfig(BaseConfig):
     """The live table and GetProgress's recent steps."""
     eval: EvalConfig = EvalConfig()
     """Held-out evaluation."""
+    chat: ChatConfig = ChatConfig()
+    """Chat-template rendering of prompts (template, system prompt, template kwargs)."""
 
     @model_validator(mode="after")
     def _check(self) -> OrchestratorConfig:

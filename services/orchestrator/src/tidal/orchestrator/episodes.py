@@ -10,18 +10,65 @@ Decisions:
   tokens, and `policy_versions` of the model tokens only (staleness is about the model).
 - A turn cut by max_tokens (no stop token) ends the episode: the environment would be
   answering half a turn.
+- How an environment reply becomes ids is an `EpisodeTurns` object, one per episode,
+  made by the prompt renderer: `PlainTurns` appends the reply text's ids (the plain-text
+  prompts of the byte default, unchanged), `ChatTurns` keeps a `tidal.text.Episode`:
+  the reply becomes a user (or tool) message, the chat is re-rendered and only the new
+  turns' ids are appended. Either way the context sent for the next turn is the
+  previous context plus the policy's ids verbatim plus the new ids, so the ids the
+  trainer gets are exactly the ones the policy saw.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
 
-from tidal.common.tokenizer import ByteTokenizer
 from tidal.orchestrator.completions import Completion
 from tidal.orchestrator.seeds import derive_seed
-from tidal.orchestrator.tasks.base import Problem, Task
+from tidal.orchestrator.tasks.base import EnvReply, Problem, Task
+from tidal.text.episode import Episode
+from tidal.text.protocol import Tokenizer
 
 CompleteFn = Callable[..., Awaitable[list[Completion]]]
+
+
+class EpisodeTurns(Protocol):
+    """The ids of an episode's environment turns (one object per episode)."""
+
+    def add_model_turn(self, ids: Sequence[int]) -> None:
+        """The policy's turn, as generated."""
+        ...
+
+    def add_reply(self, reply: EnvReply) -> list[int]:
+        """Ids of the environment's reply (and the next turn's header), appended."""
+        ...
+
+
+class PlainTurns:
+    """Plain-text episodes: a reply is its text's ids, nothing around it."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    def add_model_turn(self, ids: Sequence[int]) -> None:
+        pass  # the text of a reply does not depend on earlier turns
+
+    def add_reply(self, reply: EnvReply) -> list[int]:
+        return self.tokenizer.encode(reply.text, add_special_tokens=False)
+
+
+class ChatTurns:
+    """Chat episodes: a reply is a message, rendered by the chat template (`Episode`)."""
+
+    def __init__(self, episode: Episode) -> None:
+        self.episode = episode
+
+    def add_model_turn(self, ids: Sequence[int]) -> None:
+        self.episode.add_assistant(ids)
+
+    def add_reply(self, reply: EnvReply) -> list[int]:
+        return self.episode.add_messages([{"role": reply.role, "content": reply.text}])
 
 
 async def run_episode(
@@ -29,7 +76,8 @@ async def run_episode(
     task: Task,
     problem: Problem,
     prompt_ids: list[int],
-    tokenizer: ByteTokenizer,
+    episode: EpisodeTurns,
+    tokenizer: Tokenizer,
     *,
     index: int,
     temperature: float,
@@ -57,12 +105,13 @@ async def run_episode(
         versions += turn.policy_versions
         mask += [1.0] * len(turn.token_ids)
         context += turn.token_ids
+        episode.add_model_turn(turn.token_ids)
         turns.append(tokenizer.decode(turn.token_ids))
         stopped = turn.stopped
         reply = task.env_step(problem, turns) if stopped else None
         if reply is None:
             break
-        env_ids = tokenizer.encode(reply.text, add_bos=False)
+        env_ids = episode.add_reply(reply)
         tokens += env_ids
         logprobs += [0.0] * len(env_ids)
         mask += [0.0] * len(env_ids)
@@ -78,17 +127,3 @@ async def run_episode(
         loss_mask=tuple(mask),
         turns=tuple(turns),
     )
-
-
-def reference_episode(problem: Problem, tokenizer: ByteTokenizer) -> tuple[list[int], list[float]]:
-    """Completion tokens and loss mask of the reference answers with the environment's
-    followup texts between them (the warm-start target of a multi-turn problem)."""
-    eos = tokenizer.eos_id
-    tokens = [*tokenizer.encode(problem.reference, add_bos=False), eos]
-    mask = [1.0] * len(tokens)
-    for text, reference in problem.followups:
-        env_ids = tokenizer.encode(text, add_bos=False)
-        answer = [*tokenizer.encode(reference, add_bos=False), eos]
-        tokens += env_ids + answer
-        mask += [0.0] * len(env_ids) + [1.0] * len(answer)
-    return tokens, mask

@@ -37,7 +37,7 @@ def pass_at_k(rewards_per_problem: list[list[float]]) -> float:
 async def _eval_problem(
     generator: RolloutGenerator, problem: Problem, *, k: int, seed: int, tag: str
 ) -> tuple[float, list[float]]:
-    prompt = generator.tokenizer.encode(problem.prompt)
+    prompt = generator.prompts.prompt_ids(problem)
     temperature = generator.config.sampling.temperature
     greedy, sampled = await asyncio.gather(
         generator.rollouts(

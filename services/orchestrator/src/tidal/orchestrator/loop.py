@@ -37,10 +37,8 @@ from opentelemetry import trace
 
 from tidal.batch.balance import pack_for_ranks
 from tidal.batch.packing import PackedMicroBatch, TrainSample, fit_to_budget, pack_micro_batches
-from tidal.common.tokenizer import ByteTokenizer
 from tidal.orchestrator.completions import ScoredSample
 from tidal.orchestrator.config import OrchestratorConfig
-from tidal.orchestrator.episodes import reference_episode
 from tidal.orchestrator.evaluation import evaluate
 from tidal.orchestrator.metrics import MetricsLog, StepMetrics
 from tidal.orchestrator.mixture import TaskMixture
@@ -74,7 +72,6 @@ class RLLoop:
         progress: ProgressState,
         metrics: MetricsLog,
         run_dir: Path,
-        tokenizer: ByteTokenizer | None = None,
     ) -> None:
         self.config = config
         self.seed = seed
@@ -87,7 +84,6 @@ class RLLoop:
         self.progress = progress
         self.metrics = metrics
         self.run_dir = run_dir
-        self.tokenizer = tokenizer or ByteTokenizer()
         self._last_finish = time.monotonic()
         self._last_train_end = time.monotonic()
         self._generations: dict[int, tuple[trace.Span, asyncio.Task[Generation]]] = {}
@@ -149,17 +145,7 @@ class RLLoop:
     async def _warmup_step(self, step: int) -> None:
         before = self.mixture.state_dict()
         problems = self.mixture.draw(self.config.prompts_per_step * self.config.group_size)
-        samples = []
-        for problem in problems:
-            completion, mask = reference_episode(problem, self.tokenizer)
-            samples.append(
-                TrainSample(
-                    prompt_ids=tuple(self.tokenizer.encode(problem.prompt)),
-                    completion_ids=tuple(completion),
-                    advantage=1.0,
-                    completion_mask=tuple(mask) if problem.followups else (),
-                )
-            )
+        samples = [self.generator.prompts.reference_sample(p) for p in problems]
         samples, truncated, dropped = self._fit(samples)
         batches = self._pack(samples)
         self._checkpoint(step, problems, before, self.mixture.state_dict())

@@ -14,6 +14,8 @@ Decisions:
   do not depend on how the pipeline interleaved steps.
 - Every Generate call passes through the adaptive in-flight limiter.
 - Multi-turn problems (with followups) are rolled out as episodes (episodes.py).
+- Problems become ids only through the `PromptRenderer` (chat template or plain text),
+  and generation stops at any of the tokenizer's `eos_ids`.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ from typing import Any
 
 import numpy as np
 
-from tidal.common.tokenizer import ByteTokenizer
 from tidal.orchestrator.advantages import compute_advantages, has_signal, shape_reward
 from tidal.orchestrator.completions import Completion
 from tidal.orchestrator.config import OrchestratorConfig
@@ -36,6 +37,7 @@ from tidal.orchestrator.episodes import run_episode
 from tidal.orchestrator.inference_client import InferenceClient
 from tidal.orchestrator.inflight import InflightLimiter
 from tidal.orchestrator.mixture import TaskMixture
+from tidal.orchestrator.prompt_rendering import PromptRenderer
 from tidal.orchestrator.seeds import derive_seed
 from tidal.orchestrator.tasks.base import Problem
 
@@ -85,7 +87,7 @@ class RolloutGenerator:
         inference: InferenceClient,
         verifier: ContainedVerifier,
         limiter: InflightLimiter,
-        tokenizer: ByteTokenizer,
+        prompts: PromptRenderer,
         max_tokens: int,
     ) -> None:
         self.config = config
@@ -93,7 +95,8 @@ class RolloutGenerator:
         self.inference = inference
         self.verifier = verifier
         self.limiter = limiter
-        self.tokenizer = tokenizer
+        self.prompts = prompts
+        self.tokenizer = prompts.tokenizer
         self.max_tokens = max_tokens
 
     async def complete(
@@ -107,7 +110,7 @@ class RolloutGenerator:
                 temperature=temperature,
                 top_p=self.config.sampling.top_p if temperature > 0 else 1.0,
                 seed=seed,
-                stop_token_ids=[self.tokenizer.eos_id],
+                stop_token_ids=self.prompts.stop_ids,
                 request_id=request_id,
                 timeout=self.config.timeouts.generate_s,
             )
@@ -134,6 +137,7 @@ class RolloutGenerator:
                 task,
                 problem,
                 prompt_ids,
+                self.prompts.episode_turns(problem),
                 self.tokenizer,
                 index=i,
                 temperature=temperature,
@@ -165,7 +169,7 @@ class RolloutGenerator:
         return outcomes, shaped
 
     async def group(self, step: int, round_: int, index: int, problem: Problem) -> Group:
-        prompt = self.tokenizer.encode(problem.prompt)
+        prompt = self.prompts.prompt_ids(problem)
         tag = f"step{step}-round{round_}-prompt{index}"
         seed = derive_seed(self.seed, step, round_, index + 1)
         calls = [

@@ -11,8 +11,9 @@ Decisions:
   where to continue and from which task cursors (see resume.py). Without it, if
   the trainer has already trained steps, the loop continues at the trainer's next step
   (with fresh cursors) instead of failing on a step-order error.
-- Tasks are built (and plug-in import paths resolved) before waiting for any peer, so a
-  bad task config fails at once.
+- Tasks are built (and plug-in import paths resolved), and the tokenizer and chat
+  rendering resolved, before waiting for any peer, so a bad task, tokenizer or
+  `[orchestrator.chat]` config fails at once (exit code 2).
 - Exit codes: 0 after the last step (with `exit_when_done`, after a graceful server
   stop); 1 with a message naming the failed peer and call; 143 when stopped by a
   signal before the run finished.
@@ -33,7 +34,6 @@ from tidal.common.lifeline import watch_launcher
 from tidal.common.logging import setup_logging
 from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.common.telemetry import setup_telemetry
-from tidal.common.tokenizer import get_tokenizer
 from tidal.orchestrator.config import OrchestratorRunConfig
 from tidal.orchestrator.contained_verifier import ContainedVerifier
 from tidal.orchestrator.data_parallel import resolve_data_parallel_ranks
@@ -42,6 +42,7 @@ from tidal.orchestrator.inflight import InflightLimiter
 from tidal.orchestrator.loop import RLLoop
 from tidal.orchestrator.metrics import METRICS_FILE, MetricsLog
 from tidal.orchestrator.mixture import TaskMixture
+from tidal.orchestrator.prompt_rendering import PromptRenderer
 from tidal.orchestrator.published_versions import follow_publishes
 from tidal.orchestrator.report import (
     REPORT_PLOT,
@@ -59,6 +60,7 @@ from tidal.orchestrator.staleness import AsyncWindow
 from tidal.orchestrator.tasks import build_tasks
 from tidal.orchestrator.trainer_client import TrainerClient
 from tidal.rpc.v1 import orchestrator_pb2_grpc as pb_grpc
+from tidal.text.loader import load_tokenizer
 from tidal.weights.client import WeightSyncClient
 
 log = logging.getLogger(__name__)
@@ -77,6 +79,19 @@ def build_mixture(config: OrchestratorRunConfig) -> TaskMixture:
         if skipped:
             log.warning("task %s: %d malformed records skipped", task.name, skipped)
     return TaskMixture(tasks, [c.weight for c in configs], seed=config.run.seed)
+
+
+def build_prompt_renderer(config: OrchestratorRunConfig) -> PromptRenderer:
+    """The run's tokenizer and chat rendering (raises ConfigError for a bad tokenizer or
+    `[orchestrator.chat]`)."""
+    tokenizer = load_tokenizer(config.run.tokenizer, model_path=config.model_folder())
+    prompts = PromptRenderer.from_config(tokenizer, config.orchestrator.chat)
+    log.info(
+        "tokenizer %s; prompts %s",
+        tokenizer.name,
+        "through its chat template" if prompts.template else "as plain text",
+    )
+    return prompts
 
 
 async def first_step_and_cursors(
@@ -121,6 +136,7 @@ async def run_training(
     progress: ProgressState,
     metrics: MetricsLog,
     mixture: TaskMixture,
+    prompts: PromptRenderer,
 ) -> None:
     """Wait for the peers, run every step, then write the report and the summary."""
     orch = config.orchestrator
@@ -128,7 +144,6 @@ async def run_training(
     trainer = TrainerClient(config.endpoints.trainer, config.grpc)
     weightsync = WeightSyncClient(config.endpoints.weightsync, config.grpc)
     window = AsyncWindow(orch.staleness, inference, wait_timeout_s=orch.timeouts.peer_wait_s)
-    tokenizer = get_tokenizer(config.run.tokenizer)
     limiter = InflightLimiter(
         orch.inflight.max_requests,
         queue_target=orch.inflight.queue_target,
@@ -141,7 +156,7 @@ async def run_training(
         inference=inference,
         verifier=verifier,
         limiter=limiter,
-        tokenizer=tokenizer,
+        prompts=prompts,
         max_tokens=orch.sampling.max_tokens or mixture.max_completion_chars + 2,
     )
     background: list[asyncio.Task[None]] = []
@@ -172,7 +187,6 @@ async def run_training(
             progress=progress,
             metrics=metrics,
             run_dir=config.run.dir,
-            tokenizer=tokenizer,
         )
         await loop.run(first_step=first_step)
     finally:
@@ -195,7 +209,9 @@ def _warn_if_failed(task: asyncio.Task[None]) -> None:
         log.warning("lost the weightsync version stream: %s", task.exception())
 
 
-async def serve(config: OrchestratorRunConfig, mixture: TaskMixture) -> int:
+async def serve(
+    config: OrchestratorRunConfig, mixture: TaskMixture, prompts: PromptRenderer
+) -> int:
     """Serve GetProgress, run the loop; returns the process exit code."""
     provider = setup_telemetry("orchestrator", config.telemetry, config.run.dir)
     orch = config.orchestrator
@@ -227,7 +243,7 @@ async def serve(config: OrchestratorRunConfig, mixture: TaskMixture) -> int:
         if error is not None or orch.exit_when_done:
             server.request_stop()
 
-    run = asyncio.create_task(run_training(config, progress, metrics, mixture))
+    run = asyncio.create_task(run_training(config, progress, metrics, mixture, prompts))
     run.add_done_callback(finished)
     await server.serve_forever()
     if not run.done():
@@ -249,7 +265,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     watch_launcher()  # no-op unless started by `tidal rl`
     try:
         mixture = build_mixture(config)
+        prompts = build_prompt_renderer(config)
     except ConfigError as exc:
         print(f"orchestrator: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None
-    raise SystemExit(asyncio.run(serve(config, mixture)))
+    raise SystemExit(asyncio.run(serve(config, mixture, prompts)))

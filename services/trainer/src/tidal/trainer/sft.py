@@ -1,4 +1,4 @@
-"""`tidal sft @ cfg.toml`: supervised fine-tuning on prompt/completion data, resumable.
+"""`tidal sft @ cfg.toml`: supervised fine-tuning on prompt/completion or chat data, resumable.
 
 Decisions:
 - The same `Trainer` (model, optimizer, schedule, precision) and the same packed
@@ -13,6 +13,12 @@ Decisions:
 - The final weights are also written as a Hugging Face style folder (config.json +
   model.safetensors) under `<run dir>/final`, the format inference and weightsync read.
 - Metrics go to `<run dir>/sft_metrics.jsonl`, one object per step (appended on resume).
+- The tokenizer is `run.tokenizer` loaded by `tidal.text.load_tokenizer` ("auto": the
+  folder of `trainer.model.path`), the one every service of an RL run from that folder
+  uses; prompt/completion records use its chat template as the orchestrator's "auto"
+  does (a folder's template, plain text with bytes). There is no `[sft]` key for the
+  template mode, system prompt or template kwargs yet (they would live in the trainer's
+  config): chat records carry their own system message.
 - torch is imported only once the config parsed, so `--help` and `--dry-run` are instant.
 """
 
@@ -28,7 +34,9 @@ from tidal.batch.packing import TrainSample, pack_micro_batches
 from tidal.common.config import load_or_exit
 from tidal.common.errors import ConfigError
 from tidal.common.logging import setup_logging
-from tidal.common.tokenizer import get_tokenizer
+from tidal.common.sections import trainer_model_folder
+from tidal.text.conversation import ChatRendering, uses_template
+from tidal.text.loader import load_tokenizer
 from tidal.trainer.config import SftRunConfig
 from tidal.trainer.sft_data import SampleOrder, read_records, to_samples
 
@@ -70,8 +78,9 @@ def run_sft(config: SftRunConfig, *, max_steps: int | None = None) -> list[dict[
         completion_key=sft.data.completion_key,
         fmt=sft.data.format,
     )
-    tokenizer = get_tokenizer(config.run.tokenizer)
-    samples = to_samples(records, tokenizer, max_seq_len=config.trainer.model.max_seq_len)
+    samples = to_samples(
+        records, sft_rendering(config), max_seq_len=config.trainer.model.max_seq_len
+    )
     order = SampleOrder(samples, seed=config.run.seed)
 
     torch.set_num_threads(config.trainer.num_threads)
@@ -107,6 +116,15 @@ def run_sft(config: SftRunConfig, *, max_steps: int | None = None) -> list[dict[
     if trainer.trained_step == sft.steps:
         export_final(trainer, config)
     return history
+
+
+def sft_rendering(config: SftRunConfig) -> ChatRendering:
+    """The run's tokenizer (`run.tokenizer`, the trainer's model folder for "auto") and
+    whether prompt/completion records use its chat template ("auto": a folder's)."""
+    tokenizer = load_tokenizer(
+        config.run.tokenizer, model_path=trainer_model_folder(config.trainer)
+    )
+    return ChatRendering(tokenizer, uses_template(tokenizer, "auto", key="sft chat template"))
 
 
 def export_final(trainer: Trainer, config: SftRunConfig) -> None:

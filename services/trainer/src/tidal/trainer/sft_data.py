@@ -1,14 +1,25 @@
-"""Supervised fine-tuning data: prompt/completion records from disk, tokenized, in a fixed order.
+"""Supervised fine-tuning data: prompt/completion or chat records from disk, tokenized, in a
+fixed order.
 
 Decisions:
-- Records come from JSONL (one object per line) or Parquet (via pyarrow), each with a
-  prompt and a completion field (names configurable). A bad record is an error naming
-  the file, the record number and the key, never a silent skip: a silently shrunk
-  dataset is worse than a stopped run.
-- Tokens: prompt = BOS + prompt bytes, completion = completion bytes + EOS. Samples become
-  `tidal.batch` `TrainSample`s (advantage 1, no behaviour logprobs) and go through the
-  same `pack_micro_batches` as RL steps, so prompt tokens are masked (loss_mask 0) by the
-  same code and the trainer sees the same packed `[1, T]` micro-batches.
+- Records come from JSONL (one object per line) or Parquet (via pyarrow). A record with
+  a `messages` list ({role, content} objects) is a conversation; any other record needs
+  the prompt and completion fields (names configurable); one file may mix both. A bad
+  record is an error naming the file, the record number and the key, never a silent
+  skip: a silently shrunk dataset is worse than a stopped run.
+- Tokens go through `tidal.text.ChatRendering`, the object the orchestrator renders RL
+  prompts with, so SFT data and RL prompts of the same run are the same ids.
+  Conversations are always rendered with the chat template (the byte tokenizer's
+  built-in one when the run has no model folder) and trained on their assistant turns
+  only: each turn's tokens through its end-of-turn token, never the role headers, the
+  system/user/tool turns or the generation prompt (`ChatRendering.conversation`).
+  Prompt/completion records use the template when it is on (the prompt as a user
+  message, the completion as the assistant's turn); with it off (the byte default)
+  they stay `encode(prompt)` + completion ids + EOS.
+- Samples become `tidal.batch` `TrainSample`s (advantage 1, no behaviour logprobs) and
+  go through the same `pack_micro_batches` as RL steps: the prompt (everything before
+  the first assistant token) is masked by the packer, later non-assistant turns by the
+  sample's completion mask, and the trainer sees the same packed `[1, T]` micro-batches.
 - The data order is a pure function of the *position* (samples consumed so far): epoch e
   is a shuffle seeded with (seed, e). A checkpoint stores only the position, and a resumed
   run draws exactly the batches it would have drawn.
@@ -25,15 +36,27 @@ from typing import Any, Literal
 
 from tidal.batch.packing import TrainSample
 from tidal.common.errors import ConfigError
-from tidal.common.tokenizer import ByteTokenizer
+from tidal.text.conversation import ChatRendering
+from tidal.text.episode import Episode
 
 DataFormat = Literal["auto", "jsonl", "parquet"]
+MESSAGES_KEY = "messages"
 
 
 @dataclass(frozen=True)
 class PromptCompletion:
     prompt: str
     completion: str
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """A chat record: its assistant turns are trained, every other token is masked."""
+
+    messages: tuple[dict[str, Any], ...]
+
+
+Record = PromptCompletion | Conversation
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -62,9 +85,39 @@ def _read_parquet(path: Path) -> list[dict[str, Any]]:
     return pq.read_table(path).to_pylist()
 
 
+def _conversation(path: Path, number: int, value: Any) -> Conversation:
+    where = f"{path}, record {number}: {MESSAGES_KEY!r}"
+    if not isinstance(value, list) or not all(isinstance(m, dict) for m in value):
+        raise ConfigError(f"{where} must be a list of {{role, content}} objects")
+    for i, message in enumerate(value):
+        if not isinstance(message.get("role"), str):
+            raise ConfigError(f"{where}[{i}] has no string 'role' (has {sorted(message)})")
+    if not any(m["role"] == "assistant" for m in value) or value[0]["role"] == "assistant":
+        raise ConfigError(
+            f"{where} needs an assistant message to train on, after the opening message"
+        )
+    return Conversation(tuple(value))
+
+
+def _prompt_completion(
+    path: Path, number: int, row: dict[str, Any], prompt_key: str, completion_key: str
+) -> PromptCompletion:
+    for key in (prompt_key, completion_key):
+        if key not in row:
+            raise ConfigError(
+                f"{path}, record {number}: missing key {key!r} (has {sorted(row)}; "
+                f"a chat record has {MESSAGES_KEY!r})"
+            )
+        if not isinstance(row[key], str):
+            raise ConfigError(
+                f"{path}, record {number}: {key!r} must be a string, got {type(row[key]).__name__}"
+            )
+    return PromptCompletion(row[prompt_key], row[completion_key])
+
+
 def read_records(
     path: Path, *, prompt_key: str, completion_key: str, fmt: DataFormat = "auto"
-) -> list[PromptCompletion]:
+) -> list[Record]:
     """All records of `path`; raises ConfigError naming the record and key that is wrong."""
     if not path.is_file():
         raise ConfigError(f"sft.data.path: {path} does not exist")
@@ -72,38 +125,61 @@ def read_records(
         suffix = path.suffix.lower()
         fmt = "parquet" if suffix in (".parquet", ".pq") else "jsonl"
     rows = _read_parquet(path) if fmt == "parquet" else _read_jsonl(path)
-    records = []
-    for number, row in enumerate(rows, start=1):
-        for key in (prompt_key, completion_key):
-            if key not in row:
-                raise ConfigError(
-                    f"{path}, record {number}: missing key {key!r} (has {sorted(row)})"
-                )
-            if not isinstance(row[key], str):
-                raise ConfigError(
-                    f"{path}, record {number}: {key!r} must be a string, "
-                    f"got {type(row[key]).__name__}"
-                )
-        records.append(PromptCompletion(row[prompt_key], row[completion_key]))
+    records: list[Record] = [
+        _conversation(path, number, row[MESSAGES_KEY])
+        if MESSAGES_KEY in row
+        else _prompt_completion(path, number, row, prompt_key, completion_key)
+        for number, row in enumerate(rows, start=1)
+    ]
     if not records:
         raise ConfigError(f"{path}: no records")
     return records
 
 
+def _from_episode(episode: Episode) -> TrainSample:
+    prompt_len = episode.loss_mask.index(1)
+    mask = tuple(float(m) for m in episode.loss_mask[prompt_len:])
+    return TrainSample(
+        tuple(episode.ids[:prompt_len]),
+        tuple(episode.ids[prompt_len:]),
+        advantage=1.0,
+        completion_mask=() if all(mask) else mask,
+    )
+
+
+def to_sample(record: Record, rendering: ChatRendering) -> TrainSample:
+    """One record's ids, prompt masked, and (conversations) non-assistant turns masked."""
+    if isinstance(record, Conversation):
+        return _from_episode(rendering.conversation(record.messages))
+    if rendering.template:
+        chat = [
+            {"role": "user", "content": record.prompt},
+            {"role": "assistant", "content": record.completion},
+        ]
+        return _from_episode(rendering.conversation(chat))
+    tokenizer = rendering.tokenizer
+    prompt = tuple(tokenizer.encode(record.prompt))
+    completion = (
+        *tokenizer.encode(record.completion, add_special_tokens=False),
+        tokenizer.eos_id,
+    )
+    return TrainSample(prompt, completion, advantage=1.0)
+
+
 def to_samples(
-    records: Sequence[PromptCompletion], tokenizer: ByteTokenizer, *, max_seq_len: int
+    records: Sequence[Record], rendering: ChatRendering, *, max_seq_len: int
 ) -> list[TrainSample]:
     """Tokenize; a record longer than `max_seq_len` tokens is an error naming it."""
     samples = []
     for number, record in enumerate(records, start=1):
-        prompt = tuple(tokenizer.encode(record.prompt))
-        completion = (*tokenizer.encode(record.completion, add_bos=False), tokenizer.eos_id)
-        if len(prompt) + len(completion) > max_seq_len:
+        sample = to_sample(record, rendering)
+        length = len(sample.prompt_ids) + len(sample.completion_ids)
+        if length > max_seq_len:
             raise ConfigError(
-                f"record {number} has {len(prompt) + len(completion)} tokens, more than "
+                f"record {number} has {length} tokens, more than "
                 f"trainer.model.max_seq_len {max_seq_len}"
             )
-        samples.append(TrainSample(prompt, completion, advantage=1.0))
+        samples.append(sample)
     return samples
 
 

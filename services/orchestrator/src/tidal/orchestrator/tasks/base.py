@@ -16,9 +16,11 @@ Decisions:
   the mean of `verify` over the turns (a missing turn scores 0). Tasks with other
   environments override `env_step` and `verify_turns`. Only model tokens are trained.
 - A problem may carry chat `messages` besides its `prompt` text, and `metadata` for its
-  verifier. `prompt` stays the text the orchestrator tokenizes today; tasks with messages
-  fill it with a plain rendering (`tasks.records.render_messages`) until prompts are
-  rendered with the tokenizer's chat template.
+  verifier. With the chat template on (`[orchestrator.chat]`) the messages, or the
+  prompt as one user message, are rendered by the template; with plain-text prompts
+  `prompt` is tokenized, so tasks with messages also fill it with a plain rendering
+  (`tasks.records.render_messages`). An `EnvReply` says which role (user or tool) its
+  text takes in a chat.
 - Plug-ins subclass `Task` or `GeneratedTask`; see docs/tasks.md.
 """
 
@@ -70,6 +72,8 @@ class EnvReply:
 
     text: str
     done: bool = False
+    role: Literal["user", "tool"] = "user"
+    """The message role of the reply when prompts use the chat template."""
 
 
 @dataclass(frozen=True)

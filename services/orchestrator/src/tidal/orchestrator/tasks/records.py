@@ -8,10 +8,11 @@ Decisions:
   the caller logs it with its file and line and skips it. Whether a field is missing from
   the whole source (a mapping mistake, not a bad record) is decided by the caller, which
   sees all the records' fields.
-- Chat messages are kept as given on `Problem.messages`; `render_messages` makes the plain
-  prompt text used until the orchestrator renders prompts with the tokenizer's chat
-  template: one `role: content` line per message, then `assistant: `. That keeps a byte
-  tokenizer working (it has no template) without pretending to be any model's format.
+- Chat messages are kept as given on `Problem.messages` (what the chat template renders,
+  `[orchestrator.chat]`); `render_messages` makes the plain prompt text used when
+  prompts are plain text (the byte default): one `role: content` line per message, then
+  `assistant: `. That keeps plain-text runs working without pretending to be any
+  model's format.
 """
 
 from __future__ import annotations

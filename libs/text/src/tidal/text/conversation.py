@@ -1,0 +1,136 @@
+"""Chat rendering choices shared by RL prompts and SFT data: whether to use the template,
+and a whole conversation as ids + a loss mask on its assistant turns.
+
+Decisions:
+- `ChatRendering` is the one set of rendering options (template on/off, system prompt,
+  template keyword arguments) the orchestrator and `tidal sft` both hold, so a prompt in
+  an RL run and the same prompt in SFT data become the same ids.
+- Template mode "auto" uses the template of a tokenizer loaded from a model folder and
+  plain text with the byte tokenizer. The byte tokenizer has a built-in template, but
+  the default tiny model and every default run were trained on plain `BOS + text`
+  prompts; "auto" keeps them exactly as they were. "on" asks for the template (the
+  byte one too); with a folder that has no template it is a `ConfigError` naming the
+  config key, raised when the run starts, not at the first prompt.
+- An assistant turn's ids are what the template writes for that message after the
+  generation prompt, through the end-of-turn token and not past it: exactly what a
+  policy generating that turn would have to emit before generation stops (ChatML's
+  "\\n" after `<|im_end|>` belongs to the next turn's header).
+- A conversation is built with `Episode`, turn by turn, as a multi-turn RL episode is
+  built: the opening messages and every run of user/tool messages are environment
+  turns (mask 0, role headers and the next generation prompt included), each assistant
+  turn is trained (mask 1). The ids are therefore the ones a policy would have seen
+  while producing that conversation, also under templates that re-render earlier turns
+  differently (Qwen3 drops old `<think>` blocks). Encoding the whole conversation in
+  one go would train on a sequence no rollout ever produces.
+- Messages after the last assistant turn are dropped (nothing to train on in them); a
+  conversation without an assistant turn, or opening with one, is an error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from tidal.common.errors import ConfigError
+from tidal.text.byte import ByteTokenizer
+from tidal.text.chat_template import ChatTemplateError
+from tidal.text.episode import Episode, EpisodeRenderError, end_of_turn
+from tidal.text.protocol import Message, Tokenizer
+
+TemplateMode = Literal["auto", "on", "off"]
+ASSISTANT = "assistant"
+
+
+def has_chat_template(tokenizer: Tokenizer) -> bool:
+    """Whether `tokenizer` can render a chat (a folder without a template cannot)."""
+    try:
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": "x"}], add_generation_prompt=True
+        )
+    except ChatTemplateError:
+        return False
+    return True
+
+
+def uses_template(tokenizer: Tokenizer, mode: TemplateMode, *, key: str) -> bool:
+    """Resolve `mode` for `tokenizer`; `key` is the config key named in the error."""
+    if mode == "off":
+        return False
+    available = has_chat_template(tokenizer)
+    if mode == "on" and not available:
+        raise ConfigError(
+            f'{key} = "on" but tokenizer {tokenizer.name} has no chat template: add one to '
+            f"the model folder (tokenizer_config.json `chat_template`), or set {key} to "
+            '"auto" or "off" for plain-text prompts'
+        )
+    if mode == "auto":
+        return available and not isinstance(tokenizer, ByteTokenizer)
+    return True
+
+
+@dataclass(frozen=True)
+class ChatRendering:
+    """How prompts become ids: the tokenizer, and whether and how its template is used."""
+
+    tokenizer: Tokenizer
+    template: bool
+    system_prompt: str | None = None
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def episode(self) -> Episode:
+        """An empty episode rendered with these options."""
+        return Episode(
+            self.tokenizer,
+            system_prompt=self.system_prompt,
+            template_kwargs=dict(self.template_kwargs),
+        )
+
+    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
+        """`messages` rendered with the generation prompt (template on only)."""
+        return self.tokenizer.encode_chat(
+            messages,
+            add_generation_prompt=True,
+            system_prompt=self.system_prompt,
+            **self.template_kwargs,
+        )
+
+    def assistant_turn_ids(self, history: Sequence[Message], message: Message) -> list[int]:
+        """Ids of assistant `message` after `history`'s generation prompt, through the
+        end-of-turn token (what a policy emits for it)."""
+        options = {"system_prompt": self.system_prompt, **self.template_kwargs}
+        prompt = self.tokenizer.apply_chat_template(history, add_generation_prompt=True, **options)
+        full = self.tokenizer.apply_chat_template(
+            [*history, message], add_generation_prompt=False, **options
+        )
+        if not full.startswith(prompt):
+            raise EpisodeRenderError(
+                f"{self.tokenizer.name}: the chat template renders an assistant turn that does "
+                "not continue its own generation prompt; cannot tell the turn's tokens apart"
+            )
+        turn = full[len(prompt) :]
+        eot = end_of_turn(self.tokenizer)
+        if eot is not None and eot[0] in turn:
+            turn = turn[: turn.index(eot[0]) + len(eot[0])]
+        return self.tokenizer.encode_template_text(turn)
+
+    def conversation(self, messages: Sequence[Message]) -> Episode:
+        """`messages` as one episode: assistant turns under mask 1, the rest under 0."""
+        last = max((i for i, m in enumerate(messages) if m.get("role") == ASSISTANT), default=-1)
+        if last < 0:
+            raise ValueError("a conversation to train on needs an assistant message")
+        if messages[0].get("role") == ASSISTANT:
+            raise ValueError("a conversation cannot open with an assistant message")
+        episode = self.episode()
+        pending: list[Message] = []
+        for message in messages[: last + 1]:
+            if message.get("role") != ASSISTANT:
+                pending.append(message)
+                continue
+            if not episode.ids:
+                episode.start(pending)
+            else:  # with no message between two assistant turns: just the next header
+                episode.add_messages(pending)
+            pending = []
+            episode.add_assistant(self.assistant_turn_ids(episode.messages, message))
+        return episode
