@@ -83,3 +83,19 @@ def test_a_tokenizer_larger_than_the_folders_embedding_is_refused(
 def test_the_folders_tokenizer_fits_its_own_model(qwen3_folder: Path) -> None:
     config = TrainerRunConfig.model_validate({"trainer": {"model": {"path": str(qwen3_folder)}}})
     assert config.trainer.model.family == "qwen3"
+
+
+def test_the_trainer_describes_the_folders_model(qwen3_folder: Path) -> None:
+    """Logs and GetStatus used to say "llama ... (dim 128 ...)" for any folder."""
+    import torch
+
+    from tidal.trainer.config import TrainerConfig
+    from tidal.trainer.train_step import Trainer
+
+    hf = folder_config(qwen3_folder)
+    trainer = Trainer(
+        TrainerConfig(model=ModelConfig(path=qwen3_folder)), seed=0, device=torch.device("cpu")
+    )
+    line = trainer.describe()
+    assert line.startswith("qwen3 ") and f"dim {hf['hidden_size']}" in line
+    assert f"vocab {hf['vocab_size']}" in line
