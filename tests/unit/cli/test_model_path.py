@@ -5,6 +5,8 @@ tokenizer is refused before anything starts (issue 15's regressions)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -77,3 +79,19 @@ def test_a_key_contradicting_the_folder_fails_naming_it(
     argv = ["rl", *DEFAULT, "--trainer.model.path", str(qwen3_folder)]
     assert run_main([*argv, "--trainer.model.family", "llama", "--dry-run"]) == 2
     assert "trainer.model.family = 'llama'" in capsys.readouterr().err
+
+
+def test_reading_the_folder_at_validation_imports_no_torch(qwen3_folder: Path) -> None:
+    """`--dry-run` and `--help` stay instant: the folder is read torch-free."""
+    code = (
+        "import sys, contextlib, io\n"
+        "from tidal.cli.main import main\n"
+        "try:\n"
+        "    with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"        main(['rl', '@', {DEFAULT[1]!r}, '--trainer.model.path', {str(qwen3_folder)!r},"
+        " '--dry-run'])\n"
+        "except SystemExit as exit_:\n"
+        "    print(exit_.code, 'torch' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "0 False", done.stderr
