@@ -12,9 +12,11 @@ from typing import Any
 
 import pytest
 
+from tidal.cli.config import RunConfig
 from tidal.cli.main import main
 from tidal.cli.memory_plan import parse_bytes
 from tidal.cli.memory_plan import run as plan
+from tidal.common.config import load_config, to_toml
 
 from ...hf_folders import write_tokenizer
 
@@ -89,6 +91,16 @@ def test_dry_run_shows_the_real_model(
     assert model["family"] == family and model["vocab_size"] == hf["vocab_size"]
     assert (model["dim"], model["n_layers"]) == (hf["hidden_size"], hf["num_hidden_layers"])
     assert config["trainer"]["device"] == "cuda" and config["inference"]["device"] == "cuda"
+
+
+def test_the_resolved_example_re_runs(example: tuple[Path, list[str], str], tmp_path: Path) -> None:
+    """RoPE scaling (Llama 3.2's llama3) and every filled key survive the round trip."""
+    _, argv, _ = example
+    config, _ = load_config(RunConfig, argv, environ={})
+    written = tmp_path / "resolved.toml"
+    written.write_text(to_toml(config))
+    again, _ = load_config(RunConfig, ["@", str(written)], environ={})
+    assert again.trainer.model == config.trainer.model
 
 
 def test_plan_matches_the_declared_parameters_and_fits_the_declared_gpu(
