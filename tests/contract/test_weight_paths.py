@@ -135,3 +135,33 @@ async def test_corrupt_version_is_refused_and_late_replica_converges(
         await engine.close()
         await late_engine.close()
         await client.close()
+
+
+async def test_companion_files_reach_weightsyncs_root_verified_on_either_path(
+    weightsync: tuple[str, Path], tmp_path: Path, recording_engine: Any
+) -> None:
+    """Versions are complete model folders (tokenizer files, generation config) whichever
+    path carried them, and the replica still loads them (issue 15)."""
+    address, root = weightsync
+    client = WeightSyncClient(address)
+    trainer_dir = (
+        root
+        if (await client.join_sync("t", "trainer")).transport == "filesystem"
+        else tmp_path / "private"
+    )
+    files = {"tokenizer.json": b'{"version": "1.0"}', "generation_config.json": b"{}"}
+    publisher = WeightPublisher(trainer_dir, client, ARGS.to_hf_config(), files=files)
+    engine = recording_engine()
+    await engine.start()
+    watcher = WeightWatcher(client, engine, "replica")
+    task = asyncio.create_task(watcher.run())
+    try:
+        manifest = await publisher.publish(0, weights(0))
+        await until(lambda: watcher.acked == 0, "version 0 not loaded")
+        stored = root / "v000000"
+        assert all((stored / name).read_bytes() == data for name, data in files.items())
+        assert set(files) <= {f.path for f in manifest.files}
+    finally:
+        task.cancel()
+        await engine.close()
+        await client.close()

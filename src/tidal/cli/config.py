@@ -9,12 +9,15 @@ world size) and left out of the file the services read.
 
 from __future__ import annotations
 
+from pydantic import model_validator
+
 from tidal.cli.placement import DeploymentConfig
 from tidal.cli.slurm import SlurmConfig
 from tidal.common.sections import SharedConfig
 from tidal.inference.config import InferenceConfig
 from tidal.orchestrator.config import OrchestratorConfig
 from tidal.trainer.config import TrainerConfig
+from tidal.trainer.model_folder import check_tokenizer_fits
 from tidal.weightsync.config import WeightSyncConfig
 
 
@@ -27,6 +30,13 @@ class RunConfig(SharedConfig):
     """Which visible GPUs inference and the trainer get (local `tidal rl`)."""
     slurm: SlurmConfig | None = None
     """Set to write (and submit) a multi-node sbatch script instead of running locally."""
+
+    @model_validator(mode="after")
+    def _check_vocab(self) -> RunConfig:
+        """The run's tokenizer must fit the model's embedding (both sections are needed)."""
+        model = self.trainer.model
+        check_tokenizer_fits(self.run.tokenizer, model.path, model.vocab_size)
+        return self
 
 
 LAUNCHER_SECTIONS = {"deployment", "slurm"}

@@ -20,6 +20,7 @@ commands:
   trainer        run the trainer service alone
   weightsync     run the weight-sync service alone
   sft            supervised fine-tuning on prompt/completion data (--resume continues)
+  export         write a run's checkpoint or published version as a complete HF model folder
   client         talk to running services: status | generate | versions | progress
   plan           predict peak memory per rank (--memory 80GiB [--world-size N] [--fit] [--json])
 
@@ -46,6 +47,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         from tidal.trainer.sft import main as sft
 
         sft(rest)
+    elif command == "export":
+        from tidal.trainer.export import main as export
+
+        export(rest)
     elif command == "plan":
         from tidal.cli.memory_plan import main as plan
 

@@ -71,11 +71,6 @@ def test_loading_refuses_missing_weights() -> None:
         load_published_state_dict(build_model(TINY, seed=1), state)
 
 
-def test_vocab_smaller_than_the_tokenizer_is_a_config_error() -> None:
-    with pytest.raises(ValidationError, match="smaller than the tokenizer's vocabulary"):
-        ModelConfig(vocab_size=200)
-
-
 def test_publish_dir_defaults_to_the_weightsync_root_of_the_run() -> None:
     config = TrainerRunConfig.model_validate({"run": {"name": "r", "output_dir": "/o"}})
     assert config.publish_dir == Path("/o/r/weights")
@@ -88,11 +83,6 @@ def test_family_switches_come_from_the_family_record() -> None:
     assert qwen2.args.attention_bias and not qwen2.args.qk_norm
     assert qwen3.args.qk_norm and not qwen3.args.attention_bias
     assert build_model(TINY_MOE, seed=0).args.n_experts == 4
-
-
-def test_model_path_with_architecture_fields_is_a_config_error(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"remove \['dim'\]"):
-        ModelConfig(path=tmp_path, dim=64)
 
 
 def test_build_model_from_a_folder_path(tmp_path: Path) -> None:

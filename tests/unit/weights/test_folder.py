@@ -94,3 +94,25 @@ def test_the_writer_hashes_what_it_writes_without_reading_the_files_back(
     monkeypatch.undo()
     assert reads == []  # one pass: each digest is of the bytes as they were written
     verify_files(manifest)  # and it is the digest of the bytes on disk
+
+
+def test_companion_files_are_in_the_manifest_and_verified_on_read(tmp_path: Path) -> None:
+    extra = {"tokenizer.json": b'{"model": {}}', "generation_config.json": b"{}"}
+    manifest = write_version(
+        tmp_path, version=0, step=0, state_dict=state(), config={}, extra_files=extra
+    )
+    folder = Path(manifest.location)
+    assert {f.path for f in manifest.files} == {"model.safetensors", "config.json", *extra}
+    assert (folder / "tokenizer.json").read_bytes() == extra["tokenizer.json"]
+    load_version(manifest)  # verified whole
+    (folder / "tokenizer.json").write_bytes(b'{"model": 1}')
+    with pytest.raises(CorruptWeights, match=r"tokenizer\.json"):
+        load_version(manifest)
+
+
+def test_a_companion_file_may_not_replace_the_versions_own(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="companion file names"):
+        write_version(
+            tmp_path, version=0, step=0, state_dict=state(), config={},
+            extra_files={"config.json": b"{}"},
+        )  # fmt: skip

@@ -17,6 +17,7 @@ Decisions:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -71,13 +72,25 @@ def load_hf_folder(folder: Path, *, impl: str = "auto", device: Any = "cpu") -> 
     return model.to(device=device)
 
 
-def export_hf_folder(model: nn.Module, folder: Path, *, max_shard_bytes: int | None = None) -> None:
-    """Write `model` as an HF folder that `transformers.AutoModelForCausalLM` loads."""
+def export_hf_folder(
+    model: nn.Module,
+    folder: Path,
+    *,
+    max_shard_bytes: int | None = None,
+    config: dict[str, Any] | None = None,
+    extra_files: Mapping[str, bytes] | None = None,
+) -> None:
+    """Write `model` as an HF folder that `transformers.AutoModelForCausalLM` loads.
+
+    `config` replaces the model's own config.json (e.g. with the tokenizer's token ids,
+    `hf_config.with_token_ids`); `extra_files` (tokenizer files, generation_config.json)
+    are written into the folder before it is renamed into place."""
     write_folder(
         folder,
-        model.args.to_hf_config(),
+        model.args.to_hf_config() if config is None else config,
         publishable_state_dict(model),
         max_shard_bytes=max_shard_bytes,
+        extra_files=extra_files,
     )
 
 

@@ -9,19 +9,50 @@ Decisions:
   with an error naming the key, never silently ignored.
 - Both directions work on `DecoderArgs` field dicts (`Fields`), not on `DecoderArgs`:
   this module sits below `args.py` in the import order (see `family.py`).
+- Reading a folder's `config.json` lives here, not in `hf_folder.py` (which imports
+  torch for the weights), so pydantic configs read a model folder's architecture at
+  validation without importing torch.
+- Token ids (`bos_token_id`, `eos_token_id`, `pad_token_id`) are not architecture: the
+  exporter adds them from the run's tokenizer (`with_token_ids`), so a written folder
+  says which ids end generation, as Hugging Face folders do.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from tidal.models.family import Fields
 from tidal.models.rope_scaling import ROPE_TYPES, RopeScaling
 
+CONFIG = "config.json"
+
 
 class UnsupportedConfig(ValueError):
     """A config.json asks for something our implementation does not do."""
+
+
+class ModelFolderError(ValueError):
+    """A model folder is missing a file or is inconsistent."""
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    """The folder's `config.json` (torch-free)."""
+    path = Path(folder) / CONFIG
+    if not path.is_file():
+        raise ModelFolderError(f"{path} not found: a model folder needs config.json")
+    config: dict[str, Any] = json.loads(path.read_text())
+    return config
+
+
+def with_token_ids(
+    config: dict[str, Any], *, bos: int | None, eos: int | list[int], pad: int | None
+) -> dict[str, Any]:
+    """`config` with the tokenizer's special ids, as Hugging Face folders carry them
+    (`None` is written as null: the tokenizer has no such token)."""
+    return {**config, "bos_token_id": bos, "eos_token_id": eos, "pad_token_id": pad}
 
 
 def require(config: dict[str, Any], key: str) -> Any:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,23 +26,13 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from tidal.models.hf_config import CONFIG, ModelFolderError, read_config
 from tidal.models.state_dict_adapter import StateDict, WeightMismatch
 
-CONFIG = "config.json"
+__all__ = ["CONFIG", "INDEX", "SINGLE", "ModelFolderError", "read_config", "write_folder"]
+
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
-
-
-class ModelFolderError(ValueError):
-    """A model folder is missing a file or is inconsistent."""
-
-
-def read_config(folder: Path) -> dict[str, Any]:
-    path = Path(folder) / CONFIG
-    if not path.is_file():
-        raise ModelFolderError(f"{path} not found: a model folder needs config.json")
-    config: dict[str, Any] = json.loads(path.read_text())
-    return config
 
 
 def read_weights(folder: Path) -> StateDict:
@@ -75,8 +66,10 @@ def write_folder(
     state: StateDict,
     *,
     max_shard_bytes: int | None = None,
+    extra_files: Mapping[str, bytes] | None = None,
 ) -> None:
-    """Write `config.json` and `state` (checkpoint names) as an HF folder, atomically."""
+    """Write `config.json` and `state` (checkpoint names) as an HF folder, atomically;
+    `extra_files` (name → bytes: tokenizer files, generation_config.json) go in with them."""
     folder = Path(folder)
     tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -95,6 +88,8 @@ def write_folder(
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (tmp / INDEX).write_text(json.dumps(index, indent=2, sort_keys=True))
     (tmp / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True))
+    for name, data in (extra_files or {}).items():
+        (tmp / name).write_bytes(data)
     if folder.exists():
         shutil.rmtree(folder)
     tmp.rename(folder)

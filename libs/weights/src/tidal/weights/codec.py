@@ -16,6 +16,10 @@ Decisions:
   `torch.frombuffer` views of the received buffer: zero copies, and the engine's load is
   the one copy. `tests/unit/weightsync/test_stream_decode.py` pins it bit-equal to
   `safetensors.torch.load`. Checksums are verified by the caller before decoding.
+- A version may carry companion files beside the two it always has (`extra_files`: the
+  tokenizer files and `generation_config.json` that make it a complete Hugging Face
+  folder). They are ordinary files of the version: in its manifest with their sha256,
+  moved by every path, verified by every reader. Decoding ignores them.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import torch
 from tidal.weights.manifest import (
     CONFIG_FILE,
     FULL_WEIGHTS,
+    MANIFEST_FILE,
     WEIGHTS_FILE,
     WeightFile,
     WeightManifest,
@@ -51,13 +56,14 @@ def encode_version(
     format: str = FULL_WEIGHTS,
     base_version: int | None = None,
     reuse: bytearray | None = None,
+    extra_files: Mapping[str, bytes] | None = None,
 ) -> tuple[WeightManifest, dict[str, bytes | bytearray]]:
     """The files of one version and their manifest (location filled in by weightsync).
 
     The weights file is written into `reuse` (the previous version's weights file) when
     its size fits exactly; the caller must be done uploading that one.
     """
-    files = encode_files(state_dict=state_dict, config=config, reuse=reuse)
+    files = encode_files(state_dict=state_dict, config=config, reuse=reuse, extra_files=extra_files)
     entries = tuple(
         WeightFile(name, len(data), hashlib.sha256(data).hexdigest())
         for name, data in files.items()
@@ -70,11 +76,19 @@ def encode_files(
     state_dict: Mapping[str, torch.Tensor],
     config: dict[str, Any],
     reuse: bytearray | None = None,
+    extra_files: Mapping[str, bytes] | None = None,
 ) -> dict[str, bytes | bytearray]:
-    """The files of one version (not hashed); the weights file reuses `reuse` when it fits."""
+    """The files of one version (not hashed); the weights file reuses `reuse` when it fits.
+    `extra_files` (name → bytes) are added as they are; they may not replace the version's
+    own files."""
+    extra = dict(extra_files or {})
+    clash = sorted(extra.keys() & {WEIGHTS_FILE, CONFIG_FILE, MANIFEST_FILE})
+    if clash or any("/" in name or name.startswith(".") for name in extra):
+        raise ValueError(f"companion file names {sorted(extra)} must be plain, new names")
     return {
         WEIGHTS_FILE: encode_safetensors(state_dict, metadata={"format": "pt"}, reuse=reuse),
         CONFIG_FILE: json.dumps(config, indent=2).encode(),
+        **extra,
     }
 
 

@@ -69,12 +69,14 @@ def write_version(
     config: dict[str, Any],
     format: str = FULL_WEIGHTS,
     base_version: int | None = None,
+    extra_files: Mapping[str, bytes] | None = None,
 ) -> WeightManifest:
     """Write one version atomically and return its manifest (location = final folder);
-    `format`/`base_version` describe LoRA adapter versions (`LORA_ADAPTERS`)."""
+    `format`/`base_version` describe LoRA adapter versions (`LORA_ADAPTERS`);
+    `extra_files` are companion files (tokenizer, generation config) in the manifest."""
     from tidal.weights.codec import encode_files
 
-    files = encode_files(state_dict=state_dict, config=config)
+    files = encode_files(state_dict=state_dict, config=config, extra_files=extra_files)
     return write_files(
         root, version=version, step=step, files=files, format=format, base_version=base_version
     )

@@ -16,7 +16,6 @@ from pydantic import Field, model_validator
 from tidal.common.config import BaseConfig
 from tidal.common.errors import ConfigError
 from tidal.common.sections import ServiceRunConfig, SharedConfig
-from tidal.common.tokenizer import ByteTokenizer
 from tidal.models.attention_kind import FLASH_ATTN_INSTALL, PackedKind
 from tidal.models.families import MOE_FAMILIES, FamilyName
 from tidal.trainer.memory.config import (
@@ -28,15 +27,13 @@ from tidal.trainer.memory.config import (
     TruncationConfig,
     check_lever_combination,
 )
+from tidal.trainer.model_folder import (
+    ARCHITECTURE_FIELDS,
+    check_tokenizer_fits,
+    conflicts,
+    folder_architecture,
+)
 from tidal.trainer.parallel.config import ParallelConfig, check_parallel
-
-# Architecture fields: taken from the folder's config.json when `path` is set.
-ARCHITECTURE_FIELDS = (
-    "family", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "vocab_size",
-    "max_seq_len", "rope_theta", "rope_scaling", "norm_eps", "tie_embeddings", "n_experts",
-    "n_experts_per_tok", "moe_ffn_dim", "norm_topk_prob", "shared_expert_ffn_dim",
-    "decoder_sparse_step", "router_aux_loss_coef",
-)  # fmt: skip
 
 
 class RopeScalingConfig(BaseConfig):
@@ -62,7 +59,8 @@ class ModelConfig(BaseConfig):
     path: Path | None = None
     """Local Hugging Face model folder (config.json + model.safetensors, or shards with
     model.safetensors.index.json) to start from. Its config.json then defines the
-    architecture: setting architecture fields as well is an error."""
+    architecture: the fields above and below (family, dim, layers, heads, vocab, ...) are
+    filled in from it, and setting one to another value is an error."""
     impl: Literal["auto", "custom", "hf"] = "auto"
     """Which implementation runs the model: "custom" (ours), "hf" (transformers'
     AutoModelForCausalLM, needs `transformers`), "auto" (ours where the architecture is
@@ -134,12 +132,7 @@ class ModelConfig(BaseConfig):
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelConfig:
         if self.path is not None:
-            given = sorted(set(ARCHITECTURE_FIELDS) & self.model_fields_set)
-            if given:
-                raise ValueError(
-                    f"model.path is set, so its config.json defines the architecture; "
-                    f"remove {given}"
-                )
+            self._take_folder_architecture(self.path)
         if self.attn == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
             raise ValueError(
                 'model.attn = "flash_attention_2" needs the flash-attn package, which is not '
@@ -154,11 +147,6 @@ class ModelConfig(BaseConfig):
             raise ValueError(
                 f"n_heads {self.n_heads} is not divisible by n_kv_heads {self.n_kv_heads}"
             )
-        if self.vocab_size < ByteTokenizer.vocab_size:
-            raise ValueError(
-                f"vocab_size {self.vocab_size} is smaller than the tokenizer's "
-                f"vocabulary ({ByteTokenizer.vocab_size})"
-            )
         if self.family in MOE_FAMILIES and self.n_experts_per_tok > self.n_experts:
             raise ValueError(
                 f"n_experts_per_tok {self.n_experts_per_tok} exceeds n_experts {self.n_experts}"
@@ -167,6 +155,24 @@ class ModelConfig(BaseConfig):
             raise ValueError('family "qwen2_moe" needs shared_expert_ffn_dim > 0')
         check_lever_combination(self)
         return self
+
+    def _take_folder_architecture(self, path: Path) -> None:
+        """Fill the architecture fields in from the folder's config.json (model_folder.py);
+        an explicitly set field must already hold the folder's value."""
+        folder = folder_architecture(path)
+        if folder is None:  # an architecture only transformers runs: nothing to map
+            return
+        given = {k: getattr(self, k) for k in ARCHITECTURE_FIELDS if k in self.model_fields_set}
+        if isinstance(given.get("rope_scaling"), RopeScalingConfig):
+            given["rope_scaling"] = given["rope_scaling"].model_dump()
+        defaults = {k: type(self).model_fields[k].get_default() for k in ARCHITECTURE_FIELDS}
+        problems = conflicts(given, folder, defaults)
+        if problems:
+            raise ValueError("; ".join(problems))
+        for key, value in folder.items():
+            if key == "rope_scaling" and value is not None:
+                value = RopeScalingConfig.model_validate(value)
+            setattr(self, key, value)
 
 
 class ScheduleConfig(BaseConfig):
@@ -345,6 +351,11 @@ class TrainerRunConfig(ServiceRunConfig):
     resume: bool = False
     """Restore the newest complete checkpoint in `trainer.ckpt.dir` and continue (`--resume`)."""
 
+    @model_validator(mode="after")
+    def _check_vocab(self) -> TrainerRunConfig:
+        check_tokenizer_fits(self.run.tokenizer, self.model_folder(), self.trainer.model.vocab_size)
+        return self
+
     @property
     def checkpoint_dir(self) -> Path:
         return self.trainer.ckpt.dir or self.run.dir / "checkpoints"
@@ -385,6 +396,12 @@ class SftRunConfig(SharedConfig):
     """Data and length of the SFT run."""
     resume: bool = False
     """Continue from the newest complete checkpoint in `trainer.ckpt.dir` (`--resume`)."""
+
+    @model_validator(mode="after")
+    def _check_vocab(self) -> SftRunConfig:
+        model = self.trainer.model
+        check_tokenizer_fits(self.run.tokenizer, model.path, model.vocab_size)
+        return self
 
     @property
     def checkpoint_dir(self) -> Path:

@@ -18,11 +18,15 @@ Decisions:
   no manifest, says it too). Replicas merge them onto version 0 (tidal.inference.adapters).
 - Retrying a publish is safe: a version weightsync already registered is not sent again;
   a folder left by an earlier failed attempt is replaced.
+- Every version is a complete Hugging Face folder: `hf_config` carries the tokenizer's
+  token ids and `files` the tokenizer files and generation_config.json
+  (`companion_files.py`), sent with the weights and listed in the manifest.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +59,7 @@ class WeightPublisher:
         member_id: str = "trainer",
         advertise_host: str = "127.0.0.1",
         adapter_config: dict[str, Any] | None = None,
+        files: Mapping[str, bytes] | None = None,
     ) -> None:
         self.root = root
         self.client = client
@@ -65,6 +70,8 @@ class WeightPublisher:
         # LoRA adapter-only publishing: versions after 0 hold adapters, described in
         # config.json under "adapter_config" (docs/weightsync.md).
         self.adapter_config = adapter_config
+        self.files = dict(files or {})
+        """Companion files of every version (tokenizer files, generation_config.json)."""
         self.newest = -1  # newest version this process published
         self.choice: TransportChoice | None = None
         self.sender: WeightSender | None = None
@@ -122,6 +129,7 @@ class WeightPublisher:
             state_dict=state_dict,
             hf_config=self._config_for(version),
             trace_context=inject_carrier(),
+            files=self.files,
             **self._format_for(version),
         )
 

@@ -28,6 +28,7 @@ from tidal.common.telemetry import setup_telemetry
 from tidal.models.device import resolve_device
 from tidal.rpc.v1 import trainer_pb2_grpc as pb_grpc
 from tidal.trainer.checkpoint import CheckpointManager
+from tidal.trainer.companion_files import run_companion_files
 from tidal.trainer.config import TrainerRunConfig
 from tidal.trainer.parallel.leader import ControlChannel, LeaderCheckpoints, LeaderTrainer
 from tidal.trainer.parallel.runtime import TorchrunRanks
@@ -98,12 +99,15 @@ async def start_trainer(
     client = WeightSyncClient(config.endpoints.weightsync, config.grpc)
     # Broadcast replicas reach this trainer's TCP store at the host of its endpoint.
     host = config.endpoints.trainer.rsplit(":", 1)[0]
+    # Versions are complete model folders: token ids, tokenizer files, generation config.
+    companions = run_companion_files(config.run.tokenizer, config.model_folder())
     publisher = WeightPublisher(
         config.publish_dir,
         client,
-        trainer.hf_config(),
+        companions.config(trainer.hf_config()),
         advertise_host=host,
         adapter_config=trainer.adapter_config(),
+        files=companions.files,
     )
     runner = StepRunner(
         trainer, publisher, checkpoints=checkpoints, checkpoint_interval=ckpt.interval

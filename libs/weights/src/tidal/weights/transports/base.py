@@ -39,6 +39,9 @@ class VersionPayload:
     """For LoRA adapter versions: the version whose full weights they apply to."""
     trace_context: dict[str, str] = field(default_factory=dict)
     """The publish span's context, carried to the replicas' load spans."""
+    files: Mapping[str, bytes] = field(default_factory=dict)
+    """Companion files (tokenizer files, generation_config.json) written beside the
+    weights and config.json, in the manifest like them (`codec.encode_files`)."""
 
 
 @dataclass(frozen=True)

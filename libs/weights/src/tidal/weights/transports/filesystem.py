@@ -43,7 +43,10 @@ class FilesystemSender(WeightSender):
         if folder.exists():
             shutil.rmtree(folder)
         files = encode_files(
-            state_dict=payload.state_dict, config=payload.hf_config, reuse=self._buffer
+            state_dict=payload.state_dict,
+            config=payload.hf_config,
+            reuse=self._buffer,
+            extra_files=payload.files,
         )
         manifest = write_files(
             self.root,

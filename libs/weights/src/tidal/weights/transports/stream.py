@@ -38,6 +38,7 @@ class StreamSender(WeightSender):
                 format=payload.format,
                 base_version=payload.base_version,
                 reuse=self._buffer,
+                extra_files=payload.files,
             )
         )
         await self.client.upload(manifest, files, chunk_bytes=self.chunk_bytes)
