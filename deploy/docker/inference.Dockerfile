@@ -7,7 +7,8 @@ RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 COPY libs/rpc /app/libs/rpc
 COPY libs/common /app/libs/common
 COPY libs/weights /app/libs/weights
+COPY libs/text /app/libs/text
 COPY libs/models /app/libs/models
 COPY services/inference /app/services/inference
-RUN pip install /app/libs/rpc /app/libs/common /app/libs/weights /app/libs/models /app/services/inference
+RUN pip install /app/libs/rpc /app/libs/common /app/libs/text /app/libs/weights /app/libs/models /app/services/inference
 ENTRYPOINT ["python", "-m", "tidal.inference"]

@@ -7,8 +7,9 @@ RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 COPY libs/rpc /app/libs/rpc
 COPY libs/common /app/libs/common
 COPY libs/weights /app/libs/weights
+COPY libs/text /app/libs/text
 COPY libs/models /app/libs/models
 COPY libs/batch /app/libs/batch
 COPY services/trainer /app/services/trainer
-RUN pip install /app/libs/rpc /app/libs/common /app/libs/weights /app/libs/models /app/libs/batch /app/services/trainer
+RUN pip install /app/libs/rpc /app/libs/common /app/libs/text /app/libs/weights /app/libs/models /app/libs/batch /app/services/trainer
 ENTRYPOINT ["python", "-m", "tidal.trainer"]

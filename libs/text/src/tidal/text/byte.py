@@ -1,13 +1,11 @@
 """The byte tokenizer behind the `Tokenizer` interface (the embedded default).
 
 Decisions:
-- Ids and text are exactly `tidal.common.tokenizer.ByteTokenizer`'s (bytes 0..255,
-  BOS=256, EOS=257, PAD=258): this adapter delegates to it rather than copying it, so the
-  tiny default model, its checkpoints and every test written against the old class keep
-  their ids. `tidal.common` cannot import this package (it would make the shared runtime
-  depend on `tokenizers` and jinja2 and create a package cycle), so the old module stays
-  the codec and this one adds the interface; once the services type against `Tokenizer`
-  the old module can fold into this one.
+- Why bytes: the embedded default must run with no model hub, and a byte vocabulary needs
+  no trained merges, round-trips any text exactly, and keeps the tiny default model's
+  embedding small. Ids 0..255 are bytes; BOS=256, EOS=257, PAD=258 follow (the ids of
+  the codec that used to live in `tidal.common.tokenizer`, folded in here once every
+  service typed against `Tokenizer`, so the default model's checkpoints keep their ids).
 - Plain `encode` never treats text as special: "<eos>" typed by a user is five bytes, as
   before. Only `encode_chat` maps the template's markers "<bos>" and "<eos>" (the strings
   `decode(skip_special=False)` already prints) to BOS and EOS, so
@@ -23,7 +21,6 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from tidal.common.tokenizer import ByteTokenizer as ByteCodec
 from tidal.text.chat_template import ChatTemplate
 from tidal.text.protocol import ChatEncoding, Message
 
@@ -38,6 +35,10 @@ BYTE_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 
+BOS_ID, EOS_ID, PAD_ID = 256, 257, 258
+VOCAB_SIZE = 259
+_SPECIAL_TEXT = {BOS_ID: b"<bos>", EOS_ID: b"<eos>", PAD_ID: b"<pad>"}
+
 _MARKERS = re.compile(f"({re.escape(BOS_TEXT)}|{re.escape(EOS_TEXT)})")
 
 
@@ -45,7 +46,6 @@ class ByteTokenizer(ChatEncoding):
     """Bytes 0..255 plus BOS=256, EOS=257, PAD=258, with a built-in chat template."""
 
     def __init__(self) -> None:
-        self._codec = ByteCodec()
         self._template = ChatTemplate(
             BYTE_CHAT_TEMPLATE,
             origin="the byte tokenizer",
@@ -58,33 +58,40 @@ class ByteTokenizer(ChatEncoding):
 
     @property
     def vocab_size(self) -> int:
-        return ByteCodec.vocab_size
+        return VOCAB_SIZE
 
     @property
     def bos_id(self) -> int:
-        return ByteCodec.bos_id
+        return BOS_ID
 
     @property
     def eos_id(self) -> int:
-        return ByteCodec.eos_id
+        return EOS_ID
 
     @property
     def eos_ids(self) -> tuple[int, ...]:
-        return (ByteCodec.eos_id,)
+        return (EOS_ID,)
 
     @property
     def pad_id(self) -> int:
-        return ByteCodec.pad_id
+        return PAD_ID
 
     @property
     def special_ids(self) -> frozenset[int]:
-        return frozenset({ByteCodec.bos_id, ByteCodec.eos_id, ByteCodec.pad_id})
+        return frozenset({BOS_ID, EOS_ID, PAD_ID})
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        return self._codec.encode(text, add_bos=add_special_tokens)
+        ids = list(text.encode("utf-8"))
+        return [BOS_ID, *ids] if add_special_tokens else ids
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = True) -> str:
-        return self._codec.decode(ids, skip_special=skip_special)
+        data = bytearray()
+        for i in ids:
+            if 0 <= i < 256:
+                data.append(i)
+            elif not skip_special:
+                data.extend(_SPECIAL_TEXT.get(i, b"<pad>"))
+        return data.decode("utf-8", errors="replace")
 
     def apply_chat_template(
         self,
@@ -108,9 +115,9 @@ class ByteTokenizer(ChatEncoding):
         ids: list[int] = []
         for part in _MARKERS.split(text):
             if part == BOS_TEXT:
-                ids.append(ByteCodec.bos_id)
+                ids.append(BOS_ID)
             elif part == EOS_TEXT:
-                ids.append(ByteCodec.eos_id)
+                ids.append(EOS_ID)
             else:
                 ids.extend(part.encode("utf-8"))
         return ids
