@@ -180,6 +180,11 @@ def test_sft_from_a_model_folder_trains_on_the_assistant_tokens_only(tmp_path: P
     tok = HFTokenizer.from_folder(folder)
     assistant = tok.encode_template_text("42.<|im_end|>3.<|im_end|>")
     assert metrics["loss_tokens"] == len(assistant)
+    final = config.run.dir / "final"  # a complete HF folder: the source's tokenizer files
+    assert (final / "tokenizer.json").read_bytes() == (folder / "tokenizer.json").read_bytes()
+    exported = json.loads((final / "config.json").read_text())
+    assert exported["model_type"] == "qwen3" and exported["eos_token_id"] == tok.eos_id
+    assert (final / "generation_config.json").is_file()
 
 
 def test_a_conversation_without_an_assistant_turn_is_an_error(tmp_path: Path) -> None:
@@ -211,7 +216,9 @@ def test_sft_run_lowers_the_loss_and_exports_final_weights(tmp_path: Path) -> No
     assert len(history) == 12
     assert history[-1]["loss"] < 0.8 * history[0]["loss"]
     final = tmp_path / "learn" / "final"
-    assert json.loads((final / "config.json").read_text())["num_hidden_layers"] == 2
+    exported = json.loads((final / "config.json").read_text())
+    assert exported["num_hidden_layers"] == 2 and exported["eos_token_id"] == 257  # byte EOS
+    assert (final / "generation_config.json").is_file()
     assert "model.embed_tokens.weight" in load_file(final / "model.safetensors")
     lines = (tmp_path / "learn" / "sft_metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == list(range(1, 13))

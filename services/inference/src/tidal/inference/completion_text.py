@@ -1,7 +1,7 @@
 """A completion's text as its tokens arrive, and whether a stop string has ended it.
 
 Decisions:
-- One `IncrementalDetokenizer` and one `StopStringMatcher` (`tidal.text`) per completion,
+- One `IncrementalDetokenizer` (`tidal.text`) and one stop-string scan per completion,
   fed one token at a time: each token costs a decode of a window of a few ids, not of
   the whole completion (the engine used to decode everything generated so far at every
   step to look for stop strings, quadratic in the completion's length).
@@ -22,10 +22,8 @@ Decisions:
   the new text checked for a held token is its tentative decode in the context of the
   ids emitted before it, U+FFFD for the unfinished character included, just as the full
   decode has it (so even a stop string holding U+FFFD, from invalid bytes, is found at
-  the same token). `tidal.text`'s
-  `StopStringMatcher` is not used: it sees only emitted deltas, so it would find such a
-  stop string one token late, and its hold-back of text that may become a stop string
-  serves callers that hide the stop string, while this text keeps it (next point).
+  the same token). A matcher over the detokenizer's emitted deltas alone would find
+  such a stop string one token late, which is why the scan lives here.
 - The completion then ends with the token that completed the stop string, kept with
   everything its text holds: the returned text stays the decode of the returned ids
   (the trainer sees what was sampled). A caller wanting the text cut before the stop

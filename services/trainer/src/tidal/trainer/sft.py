@@ -128,13 +128,20 @@ def sft_rendering(config: SftRunConfig) -> ChatRendering:
 
 
 def export_final(trainer: Trainer, config: SftRunConfig) -> None:
-    """Write the final weights as config.json + model.safetensors under `<run dir>/final`."""
-    from safetensors.torch import save_file  # imports torch: after the config parsed
+    """Write the final weights as a complete Hugging Face folder under `<run dir>/final`:
+    config.json with token ids, model.safetensors, generation_config.json and the run's
+    tokenizer files (`companion_files.py`), written atomically like every export."""
+    from tidal.models.hf_folder import write_folder  # imports torch: after the config parsed
+    from tidal.trainer.companion_files import run_companion_files
 
     folder = config.run.dir / "final"
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file(trainer.state_dict_for_export(), folder / "model.safetensors")
-    (folder / "config.json").write_text(json.dumps(trainer.hf_config(), indent=2))
+    companions = run_companion_files(config.run.tokenizer, trainer_model_folder(config.trainer))
+    write_folder(
+        folder,
+        companions.config(trainer.hf_config()),
+        trainer.state_dict_for_export(),
+        extra_files=companions.files,
+    )
     log.info("final weights written to %s", folder)
 
 
