@@ -171,21 +171,24 @@ def _family(family: str) -> dict[str, Any]:
     raise ValueError(f"unknown family {family!r}: qwen3 or llama")
 
 
-def _tiny_args(family: str, vocab_size: int) -> Any:
+def _tiny_args(family: str, vocab_size: int, dim: int = 32, ffn_dim: int = 48) -> Any:
     from tidal.models.args import DecoderArgs
 
     if family == "qwen3":
         return DecoderArgs(
-            vocab_size=vocab_size, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=48,
-            max_seq_len=128, family="qwen3", head_dim=16, qk_norm=True, tie_embeddings=True,
+            vocab_size=vocab_size, dim=dim, n_layers=2, n_heads=4, n_kv_heads=2,
+            ffn_dim=ffn_dim, max_seq_len=128, family="qwen3", head_dim=dim // 2, qk_norm=True,
+            tie_embeddings=True,
         )  # fmt: skip
     return DecoderArgs(
-        vocab_size=vocab_size, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=48,
+        vocab_size=vocab_size, dim=dim, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=ffn_dim,
         max_seq_len=128, family="llama", rope_theta=500000.0, tie_embeddings=False,
     )  # fmt: skip
 
 
-def write_weights(folder: Path, family: str, vocab_size: int, *, seed: int = 0) -> None:
+def write_weights(
+    folder: Path, family: str, vocab_size: int, *, seed: int = 0, dim: int = 32, ffn_dim: int = 48
+) -> None:
     """config.json + random safetensors through our exporter (RNG of the caller untouched)."""
     import torch
 
@@ -194,7 +197,7 @@ def write_weights(folder: Path, family: str, vocab_size: int, *, seed: int = 0) 
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = DecoderLM(_tiny_args(family, vocab_size))
+        model = DecoderLM(_tiny_args(family, vocab_size, dim, ffn_dim))
         model.init_weights(0.02)
     export_hf_folder(model, folder)
 
@@ -223,11 +226,15 @@ def write_tokenizer(folder: Path, family: str, spec: dict[str, Any] | None = Non
     return int(tok.get_vocab_size(with_added_tokens=True))
 
 
-def build_model_folder(folder: Path, family: str, *, weights: bool = True) -> Path:
-    """A complete tiny model folder of `family` ("qwen3" or "llama") at `folder`."""
+def build_model_folder(
+    folder: Path, family: str, *, weights: bool = True, dim: int = 32, ffn_dim: int = 48
+) -> Path:
+    """A complete tiny model folder of `family` ("qwen3" or "llama") at `folder` (dim 32
+    unless asked; the learning test uses the default run's dim 128)."""
     spec = _family(family)
     if weights:  # first: the exporter writes the folder and renames it into place
-        write_weights(folder, family, spec["tokenizer"].get_vocab_size(with_added_tokens=True))
+        vocab_size = spec["tokenizer"].get_vocab_size(with_added_tokens=True)
+        write_weights(folder, family, vocab_size, dim=dim, ffn_dim=ffn_dim)
     write_tokenizer(folder, family, spec)
     return folder
 
