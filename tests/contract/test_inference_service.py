@@ -32,6 +32,7 @@ from tidal.models.layers import DecoderLM
 from tidal.rpc.v1 import common_pb2, weightsync_pb2_grpc
 from tidal.rpc.v1 import inference_pb2 as pb
 from tidal.rpc.v1 import inference_pb2_grpc as pb_grpc
+from tidal.text.agreement import TokenizerMismatch, check_agreement
 from tidal.text.byte import ByteTokenizer
 from tidal.text.hf import HFTokenizer
 from tidal.weights.client import WeightSyncClient
@@ -255,6 +256,7 @@ async def test_new_version_is_loaded_acked_and_traced(
     status = await ready.status()
     assert (status.replica_id, status.vocab_size, status.max_seq_len) == (REPLICA, 264, 64)
     assert status.kernels == "cpu onednn-packed fp32"  # the engine's choice, for the operator
+    assert (status.tokenizer.name, status.tokenizer.vocab_size) == ("byte", 259)
     assert REPLICA in weightsync_server.registry.get(1).loaded_by
     (reply,) = await ready.generate(prompt="hi", sampling=pb.SamplingParams(max_tokens=3))
     assert set(reply.policy_versions) == {1}
@@ -411,6 +413,14 @@ async def test_a_model_folder_is_served_with_its_own_tokenizer(
             )
         ]
     assert status.model.startswith("qwen3-2x32 (") and status.vocab_size == tok.vocab_size
+    # it reports the tokenizer, and an orchestrator tokenizing with bytes refuses to drive it
+    assert (status.tokenizer.vocab_size, tuple(status.tokenizer.eos_ids)) == (
+        tok.vocab_size,
+        tok.eos_ids,
+    )
+    check_agreement(tok, status.tokenizer, peer="inference")
+    with pytest.raises(TokenizerMismatch, match=f"{tok.vocab_size} ids against this service's 259"):
+        check_agreement(ByteTokenizer(), status.tokenizer, peer="inference")
     for r in replies:
         assert list(r.prompt_ids) == tok.encode("東京は")  # Qwen adds no BOS
         assert r.text == tok.decode(r.token_ids)

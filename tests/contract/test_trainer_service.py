@@ -104,6 +104,8 @@ async def test_startup_publishes_version_0_and_serves(
     assert (s.step, s.policy_version, s.steps_trained, s.device) == (0, 0, 0, "cpu")
     assert s.num_parameters > 0 and s.model.startswith("llama")
     assert s.data_parallel_ranks == 1  # one process: the orchestrator packs for one rank
+    tokenizer = s.tokenizer  # the run's, for the orchestrator's agreement check
+    assert (tokenizer.name, tokenizer.vocab_size, list(tokenizer.eos_ids)) == ("byte", 259, [257])
 
 
 async def test_train_trains_and_publishes_version_equal_to_step(

@@ -35,6 +35,7 @@ from tidal.inference.sampling import SamplingParams
 from tidal.rpc.v1 import common_pb2
 from tidal.rpc.v1 import inference_pb2 as pb
 from tidal.rpc.v1 import inference_pb2_grpc as pb_grpc
+from tidal.text.agreement import tokenizer_info
 from tidal.text.protocol import Tokenizer
 
 _FINISH = {
@@ -164,4 +165,5 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             kv_usage=s.kv_usage,
             kernels=s.kernels,
             load_error=s.load_error,
+            tokenizer=tokenizer_info(self.tokenizer),
         )

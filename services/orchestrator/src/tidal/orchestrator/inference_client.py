@@ -42,21 +42,24 @@ class InferenceClient:
     async def wait_serving(self, timeout: float) -> None:
         await wait_serving(self.channel, FULL_NAME, timeout, peer="inference", address=self.address)
 
-    async def policy_version(self, *, timeout: float = 10.0) -> int:
-        """Newest version the replica has loaded (-1 before the first)."""
+    async def _status(self, timeout: float) -> pb.InferenceStatus:
         with peer_call("inference", self.address, "GetStatus"):
-            status = await self.stub.GetStatus(
+            return await self.stub.GetStatus(
                 common_pb2.StatusRequest(), timeout=timeout, wait_for_ready=False
             )
-        return int(status.policy_version)
+
+    async def policy_version(self, *, timeout: float = 10.0) -> int:
+        """Newest version the replica has loaded (-1 before the first)."""
+        return int((await self._status(timeout)).policy_version)
 
     async def pressure(self, *, timeout: float = 10.0) -> tuple[int, float]:
         """(requests waiting in the replica's queue, fraction of its KV cache in use)."""
-        with peer_call("inference", self.address, "GetStatus"):
-            status = await self.stub.GetStatus(
-                common_pb2.StatusRequest(), timeout=timeout, wait_for_ready=False
-            )
+        status = await self._status(timeout)
         return int(status.queued), float(status.kv_usage)
+
+    async def tokenizer(self, *, timeout: float = 10.0) -> common_pb2.TokenizerInfo:
+        """The tokenizer the replica encodes and decodes with."""
+        return (await self._status(timeout)).tokenizer
 
     async def generate(
         self,

@@ -60,7 +60,9 @@ from tidal.orchestrator.staleness import AsyncWindow
 from tidal.orchestrator.tasks import build_tasks
 from tidal.orchestrator.trainer_client import TrainerClient
 from tidal.rpc.v1 import orchestrator_pb2_grpc as pb_grpc
+from tidal.text.agreement import check_agreement
 from tidal.text.loader import load_tokenizer
+from tidal.text.protocol import Tokenizer
 from tidal.weights.client import WeightSyncClient
 
 log = logging.getLogger(__name__)
@@ -170,6 +172,7 @@ async def run_training(
             trainer=config.endpoints.trainer,
         )
         log.info("packing for %d trainer data-parallel rank(s)", ranks)
+        await check_peer_tokenizers(prompts.tokenizer, config, inference, trainer)
         await window.wait_loaded(0)
         first_step = await first_step_and_cursors(config, trainer, mixture)
         started = time.monotonic()  # the summary's time excludes waiting for peers
@@ -202,6 +205,19 @@ async def run_training(
     await asyncio.to_thread(write_report, metrics.records, config.run.dir / REPORT_PLOT)
     await asyncio.to_thread(write_reward_plot, metrics.records, config.run.dir / REWARD_PLOT)
     print_summary(summary)
+
+
+async def check_peer_tokenizers(
+    mine: Tokenizer,
+    config: OrchestratorRunConfig,
+    inference: InferenceClient,
+    trainer: TrainerClient,
+) -> None:
+    """Fail before the first step when inference or the trainer tokenizes differently
+    (tidal.text.agreement): prompts and completions would silently mean other tokens."""
+    endpoints = config.endpoints
+    check_agreement(mine, await inference.tokenizer(), peer=f"inference at {endpoints.inference}")
+    check_agreement(mine, await trainer.tokenizer(), peer=f"the trainer at {endpoints.trainer}")
 
 
 def _warn_if_failed(task: asyncio.Task[None]) -> None:

@@ -53,6 +53,10 @@ class TrainerClient:
         """The trainer's data-parallel degree (0 from a trainer that does not report it)."""
         return int((await self._status(timeout)).data_parallel_ranks)
 
+    async def tokenizer(self, *, timeout: float = 10.0) -> common_pb2.TokenizerInfo:
+        """The run's tokenizer as the trainer resolved it."""
+        return (await self._status(timeout)).tokenizer
+
     async def train(
         self,
         step: int,

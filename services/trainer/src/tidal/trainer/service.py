@@ -27,8 +27,10 @@ from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.common.telemetry import setup_telemetry
 from tidal.models.device import resolve_device
 from tidal.rpc.v1 import trainer_pb2_grpc as pb_grpc
+from tidal.text.agreement import tokenizer_info
+from tidal.text.loader import load_tokenizer
 from tidal.trainer.checkpoint import CheckpointManager
-from tidal.trainer.companion_files import run_companion_files
+from tidal.trainer.companion_files import companion_files
 from tidal.trainer.config import TrainerRunConfig
 from tidal.trainer.parallel.leader import ControlChannel, LeaderCheckpoints, LeaderTrainer
 from tidal.trainer.parallel.runtime import TorchrunRanks
@@ -100,7 +102,8 @@ async def start_trainer(
     # Broadcast replicas reach this trainer's TCP store at the host of its endpoint.
     host = config.endpoints.trainer.rsplit(":", 1)[0]
     # Versions are complete model folders: token ids, tokenizer files, generation config.
-    companions = run_companion_files(config.run.tokenizer, config.model_folder())
+    tokenizer = load_tokenizer(config.run.tokenizer, model_path=config.model_folder())
+    companions = companion_files(tokenizer, source=config.model_folder())
     publisher = WeightPublisher(
         config.publish_dir,
         client,
@@ -114,7 +117,9 @@ async def start_trainer(
     )
     # The degree micro-batches are split over (parallel/leader.py); the orchestrator packs for it.
     dp = ranks.dims.dp if ranks is not None else 1
-    servicer = TrainerServicer(runner, device=device, data_parallel_ranks=dp)
+    servicer = TrainerServicer(
+        runner, device=device, data_parallel_ranks=dp, tokenizer=tokenizer_info(tokenizer)
+    )
     binding = ServiceBinding(servicer, pb_grpc.add_TrainerServiceServicer_to_server, FULL_NAME)
     address = config.grpc.listen_address(config.endpoints.trainer)
     running = RunningTrainer(GrpcServer(address, [binding], config.grpc), runner, client)

@@ -25,10 +25,19 @@ _LOSS_KINDS: dict[int, LossKind] = {pb.LOSS_KIND_POLICY_GRADIENT: "pg", pb.LOSS_
 
 
 class TrainerServicer(pb_grpc.TrainerServiceServicer):
-    def __init__(self, runner: StepRunner, *, device: str, data_parallel_ranks: int = 1) -> None:
+    def __init__(
+        self,
+        runner: StepRunner,
+        *,
+        device: str,
+        data_parallel_ranks: int = 1,
+        tokenizer: common_pb2.TokenizerInfo | None = None,
+    ) -> None:
         self.runner = runner
         self.device = device
         self.data_parallel_ranks = data_parallel_ranks
+        self.tokenizer = tokenizer or common_pb2.TokenizerInfo()
+        """The run's tokenizer, reported so the orchestrator can check it tokenizes alike."""
         model = runner.trainer.config.model
         self.vocab_size = model.vocab_size
         self.max_seq_len = model.max_seq_len
@@ -79,4 +88,5 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
             model=runner.trainer.describe(),
             device=self.device,
             data_parallel_ranks=self.data_parallel_ranks,
+            tokenizer=self.tokenizer,
         )

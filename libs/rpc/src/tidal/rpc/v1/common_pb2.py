@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19tidal/rpc/v1/common.proto\x12\x0ctidal.rpc.v1\"4\n\x06Tensor\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\" \n\rPolicyVersion\x12\x0f\n\x07version\x18\x01 \x01(\x03\"\x0f\n\rStatusRequestb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19tidal/rpc/v1/common.proto\x12\x0ctidal.rpc.v1\"4\n\x06Tensor\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\" \n\rPolicyVersion\x12\x0f\n\x07version\x18\x01 \x01(\x03\"\x0f\n\rStatusRequest\"B\n\rTokenizerInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x03\x12\x0f\n\x07\x65os_ids\x18\x03 \x03(\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,4 +37,6 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_POLICYVERSION']._serialized_end=129
   _globals['_STATUSREQUEST']._serialized_start=131
   _globals['_STATUSREQUEST']._serialized_end=146
+  _globals['_TOKENIZERINFO']._serialized_start=148
+  _globals['_TOKENIZERINFO']._serialized_end=214
 # @@protoc_insertion_point(module_scope)

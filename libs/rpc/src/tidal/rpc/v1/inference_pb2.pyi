@@ -78,7 +78,7 @@ class GenerateResponse(_message.Message):
     def __init__(self, index: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., policy_versions: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., text: _Optional[str] = ..., model_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class InferenceStatus(_message.Message):
-    __slots__ = ("policy_version", "running", "queued", "generated_tokens", "tokens_per_s", "model", "vocab_size", "max_seq_len", "replica_id", "kv_slots_used", "kv_slots_total", "kv_usage", "kernels", "load_error")
+    __slots__ = ("policy_version", "running", "queued", "generated_tokens", "tokens_per_s", "model", "vocab_size", "max_seq_len", "replica_id", "kv_slots_used", "kv_slots_total", "kv_usage", "kernels", "load_error", "tokenizer")
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     QUEUED_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +93,7 @@ class InferenceStatus(_message.Message):
     KV_USAGE_FIELD_NUMBER: _ClassVar[int]
     KERNELS_FIELD_NUMBER: _ClassVar[int]
     LOAD_ERROR_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_FIELD_NUMBER: _ClassVar[int]
     policy_version: int
     running: int
     queued: int
@@ -107,4 +108,5 @@ class InferenceStatus(_message.Message):
     kv_usage: float
     kernels: str
     load_error: str
-    def __init__(self, policy_version: _Optional[int] = ..., running: _Optional[int] = ..., queued: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_seq_len: _Optional[int] = ..., replica_id: _Optional[str] = ..., kv_slots_used: _Optional[int] = ..., kv_slots_total: _Optional[int] = ..., kv_usage: _Optional[float] = ..., kernels: _Optional[str] = ..., load_error: _Optional[str] = ...) -> None: ...
+    tokenizer: _common_pb2.TokenizerInfo
+    def __init__(self, policy_version: _Optional[int] = ..., running: _Optional[int] = ..., queued: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_seq_len: _Optional[int] = ..., replica_id: _Optional[str] = ..., kv_slots_used: _Optional[int] = ..., kv_slots_total: _Optional[int] = ..., kv_usage: _Optional[float] = ..., kernels: _Optional[str] = ..., load_error: _Optional[str] = ..., tokenizer: _Optional[_Union[_common_pb2.TokenizerInfo, _Mapping]] = ...) -> None: ...
