@@ -37,6 +37,8 @@ steps = {STEPS}
 warmup_steps = 1
 prompts_per_step = 4
 group_size = 4
+
+[orchestrator.report]
 table_every = 0
 
 [orchestrator.eval]
