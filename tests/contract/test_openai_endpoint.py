@@ -9,6 +9,7 @@ the test's own event loop.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -37,9 +38,11 @@ CHAT = [{"role": "user", "content": "What is 12 + 30?"}]
 
 @contextlib.asynccontextmanager
 async def openai_replica(
-    weightsync: Any, tmp_path: Path, folder: Path, *, publish: bool = True
+    weightsync: Any, tmp_path: Path, folder: Path, *, publish: bool = True, **inference: Any
 ) -> AsyncIterator[tuple[Inference, openai.AsyncOpenAI]]:
+    """The service with the HTTP endpoint on; `inference` overrides `[inference]` keys."""
     config = inference_config(weightsync, tmp_path, str(folder))
+    config.inference = config.inference.model_copy(update=inference)
     config.inference.http = OpenAIHttpConfig(enabled=True, served_model_name=MODEL)
     async with serving_inference(config) as inference:
         if publish:
@@ -212,3 +215,26 @@ async def test_before_the_first_weights_requests_get_503(
         with pytest.raises(openai.InternalServerError) as caught:
             await client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2)
     assert caught.value.status_code == 503 and "no weights" in caught.value.message
+
+
+async def test_a_full_queue_is_429_and_the_others_are_served(
+    weightsync_server: Any, tmp_path: Path, qwen3_folder: Path
+) -> None:
+    replica = openai_replica(
+        weightsync_server, tmp_path, qwen3_folder, max_batch_size=1, max_queue=1
+    )
+    async with replica as (_, client):
+        replies = await asyncio.gather(
+            *[
+                client.completions.create(
+                    model=MODEL, prompt=PROMPT, max_tokens=40, extra_body={"ignore_eos": True}
+                )
+                for _ in range(4)
+            ],
+            return_exceptions=True,
+        )
+    refused = [r for r in replies if isinstance(r, openai.RateLimitError)]
+    served = [r for r in replies if isinstance(r, openai.types.Completion)]
+    assert refused and served and len(refused) + len(served) == 4, replies
+    assert all(r.status_code == 429 and "max_queue" in r.message for r in refused)
+    assert all(len(extension(r.choices[0])["token_ids"]) == 40 for r in served)
