@@ -83,6 +83,11 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
         status = next((s for cls, s in _STATUS.items() if isinstance(e, cls)), 500)
         field = e.field if isinstance(e, InvalidArgument) else None
         return error_response(status, str(e), param=field, code=type(e).__name__)
+    except ConnectionError:  # the client went away mid-stream: nothing left to answer
+        raise
+    except Exception as e:  # a bug: still an OpenAI-shaped 500, and logged with its trace
+        log.exception("%s %s failed", request.method, request.path)
+        return error_response(500, f"internal error: {e}", param=None, code=None)
 
 
 class OpenAIEndpoint:
@@ -144,7 +149,9 @@ class OpenAIEndpoint:
             reply = _Reply(self, parsed, chat=chat)
             if not parsed.stream:
                 return web.json_response(await reply.whole(first, pieces))
-            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            response = web.StreamResponse(
+                headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+            )
             await response.prepare(request)
             async for chunk in reply.chunks(first, pieces):
                 await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
