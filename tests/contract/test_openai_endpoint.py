@@ -23,6 +23,7 @@ from tidal.text.hf import HFTokenizer
 
 from .test_inference_service import (
     Inference,
+    eventually,
     inference_config,
     publish_folder,
     qwen3_folder,
@@ -238,3 +239,26 @@ async def test_a_full_queue_is_429_and_the_others_are_served(
     assert refused and served and len(refused) + len(served) == 4, replies
     assert all(r.status_code == 429 and "max_queue" in r.message for r in refused)
     assert all(len(extension(r.choices[0])["token_ids"]) == 40 for r in served)
+
+
+async def test_a_client_that_disconnects_frees_its_sequence(
+    weightsync_server: Any, tmp_path: Path, qwen3_folder: Path
+) -> None:
+    replica = openai_replica(weightsync_server, tmp_path, qwen3_folder)
+    async with replica as (inference, client):
+        stream = await client.completions.create(
+            model=MODEL, prompt=PROMPT, max_tokens=100, stream=True, extra_body={"ignore_eos": True}
+        )
+        async for _ in stream:
+            break  # one chunk, then hang up
+        before = await inference.status()
+        await stream.close()
+
+        async def freed() -> bool:
+            return (await inference.status()).running == 0
+
+        await eventually(freed)
+        after = await inference.status()
+    assert before.running == 1
+    # cancelled in the engine: far fewer than the 100 tokens asked for were generated
+    assert after.generated_tokens - before.generated_tokens < 50

@@ -19,8 +19,8 @@ Decisions:
   Unavailable (no weights yet) → 503.
 - A streamed request pulls the engine's first piece before sending headers, so a refusal
   is still an HTTP error rather than a broken stream. The engine generator is closed when
-  the handler ends for any reason (client gone, write failed), which cancels the request in
-  the engine, as a cancelled gRPC call does.
+  the handler ends for any reason (client disconnected, which cancels the handler; a write
+  failed), which cancels the request in the engine, as a cancelled gRPC call does.
 - Loopback only (see `OpenAIHttpConfig.host`): there is no TLS or auth yet.
 """
 
@@ -234,7 +234,9 @@ class OpenAIServer:
 
     def __init__(self, endpoint: OpenAIEndpoint, config: OpenAIHttpConfig) -> None:
         self.endpoint, self.config = endpoint, config
-        self._runner = web.AppRunner(endpoint.app, access_log=None)
+        # handler_cancellation: a client that disconnects cancels its handler, whose
+        # `aclosing` then cancels the request in the engine (aiohttp's default lets it run).
+        self._runner = web.AppRunner(endpoint.app, access_log=None, handler_cancellation=True)
         self.port = config.port
 
     @property
