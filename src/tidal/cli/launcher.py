@@ -63,7 +63,8 @@ def free_port() -> int:
 
 
 def prepare_run_dir(config: RunConfig) -> Path:
-    """Give every service a free loopback port and write the resolved config."""
+    """Give every service a free loopback port and write the resolved config (with the
+    OpenAI endpoint's port, when `[inference.http]` is enabled and asks for any)."""
     run_dir = config.run.dir
     if run_dir.exists():
         print(f"tidal: replacing previous outputs in {run_dir}", file=sys.stderr)
@@ -71,6 +72,12 @@ def prepare_run_dir(config: RunConfig) -> Path:
     (run_dir / "logs").mkdir(parents=True)
     for name in START_ORDER:
         setattr(config.endpoints, name, f"127.0.0.1:{free_port()}")
+    http = config.inference.http
+    if http.enabled:
+        # A fixed port in config.toml is how a harness finds the OpenAI endpoint of a run.
+        if http.port == 0:
+            http.port = free_port()
+        print(f"tidal: inference's OpenAI-compatible endpoint: {http.url()}", file=sys.stderr)
     (run_dir / "config.toml").write_text(services_toml(config))
     return run_dir
 

@@ -9,10 +9,44 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from tidal.common.config import BaseConfig
 from tidal.common.sections import ServiceRunConfig
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+class OpenAIHttpConfig(BaseConfig):
+    """`[inference.http]`: the OpenAI-compatible HTTP endpoint (docs/inference.md)."""
+
+    enabled: bool = False
+    """Serve `/v1/models`, `/v1/completions` and `/v1/chat/completions` beside gRPC."""
+    host: str = "127.0.0.1"
+    """Address the HTTP server listens on. Loopback only until the endpoint has TLS:
+    `grpc.bind_host` ("0.0.0.0" in containers) does not apply to it, and a non-loopback
+    host is refused here."""
+    port: int = Field(default=0, ge=0, le=65535)
+    """TCP port; 0 picks a free one (`tidal rl` writes the one it picked into the run's
+    config.toml and prints the URL; a standalone service logs it)."""
+    served_model_name: str = Field(default="tidal", min_length=1)
+    """The `model` name `/v1/models` lists and requests must name (else 404)."""
+
+    @field_validator("host")
+    @classmethod
+    def _loopback_only(cls, host: str) -> str:
+        if host not in LOOPBACK_HOSTS and not host.startswith("127."):
+            raise ValueError(
+                f"{host!r} is not a loopback address: the OpenAI endpoint has no TLS yet, so it "
+                f"listens on loopback only ({', '.join(LOOPBACK_HOSTS)}); reach it through an "
+                "SSH tunnel or a TLS-terminating proxy on the same machine"
+            )
+        return host
+
+    def url(self, port: int | None = None) -> str:
+        """Base URL an OpenAI client takes (`base_url`), e.g. http://127.0.0.1:8000/v1."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port if port is None else port}/v1"
 
 
 class InferenceConfig(BaseConfig):
@@ -42,6 +76,8 @@ class InferenceConfig(BaseConfig):
     """vLLM only: fraction of GPU memory vLLM may take for weights and KV cache."""
     replica_id: str = ""
     """Name of this replica in weight-sync's registry; empty means "inference-<pid>"."""
+    http: OpenAIHttpConfig = OpenAIHttpConfig()
+    """The OpenAI-compatible HTTP endpoint (off by default)."""
 
 
 class InferenceRunConfig(ServiceRunConfig):

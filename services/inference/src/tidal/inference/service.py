@@ -1,7 +1,9 @@
 """Run the inference service: `tidal inference @ cfg.toml` or `python -m tidal.inference`.
 
 `start_inference` builds and starts everything (engine, gRPC server, weight watcher) and
-returns the running parts, so contract tests run exactly what `serve` runs. Health is
+returns the running parts, so contract tests run exactly what `serve` runs; with
+`[inference.http] enabled` that includes the OpenAI-compatible HTTP endpoint
+(`openai_http`), on the same loop and engine as gRPC. Health is
 NOT_SERVING until the first weights are loaded, then SERVING; Generate answers
 UNAVAILABLE until then.
 
@@ -36,6 +38,7 @@ from tidal.weights.client import WeightSyncClient
 
 if TYPE_CHECKING:
     from tidal.inference.engine import Engine
+    from tidal.inference.openai_http import OpenAIServer
     from tidal.inference.reload import WeightWatcher
     from tidal.text.protocol import Tokenizer
 
@@ -51,13 +54,17 @@ class RunningInference:
     client: WeightSyncClient
     watch_task: asyncio.Task[None]
     replica_id: str
+    http: OpenAIServer | None = None
+    """The OpenAI-compatible endpoint, when `[inference.http]` enables it."""
 
     @property
     def port(self) -> int:
         return self.server.port
 
     async def close(self) -> None:
-        """Stop watching, stop the engine, close the weight-sync channel."""
+        """Stop HTTP and watching, stop the engine, close the weight-sync channel."""
+        if self.http is not None:
+            await self.http.close()
         self.watch_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self.watch_task
@@ -93,7 +100,24 @@ async def start_inference(config: InferenceRunConfig) -> RunningInference:
     client = WeightSyncClient(config.endpoints.weightsync, config.grpc)
     watcher = WeightWatcher(client, engine, replica_id, on_loaded=on_loaded)
     task = asyncio.create_task(watcher.run(), name="weight-watcher")
-    return RunningInference(server, engine, watcher, client, task, replica_id)
+    running = RunningInference(server, engine, watcher, client, task, replica_id)
+    if cfg.http.enabled:
+        running.http = await start_openai_http(config, engine, tokenizer)
+    return running
+
+
+async def start_openai_http(
+    config: InferenceRunConfig, engine: Engine, tokenizer: Tokenizer
+) -> OpenAIServer:
+    """The OpenAI-compatible endpoint on this process's loop (see `openai_http`)."""
+    from tidal.inference.openai_http import OpenAIEndpoint, OpenAIServer
+
+    http = config.inference.http
+    endpoint = OpenAIEndpoint(engine, tokenizer, model_name=http.served_model_name)
+    server = OpenAIServer(endpoint, http)
+    await server.start()
+    log.info("OpenAI-compatible endpoint at %s (model %r)", server.url, http.served_model_name)
+    return server
 
 
 def build_engine(config: InferenceRunConfig, tokenizer: Tokenizer) -> Engine:

@@ -1,10 +1,8 @@
 """InferenceService: proto ⇄ engine. Errors are raised; the interceptor maps them.
 
-Validation happens here, before anything is queued, and names the offending field.
-Checks that need the model (token ids within the vocabulary, prompt and max_tokens within
-the context) run after the "no weights yet" check, because the model defines them.
-A prompt plus max_tokens longer than the context is accepted: the completion ends at the
-context ("length"), which lets a caller use one max_tokens for prompts of any length.
+Validation happens here, before anything is queued, and names the offending field; the
+checks themselves live in `request_checks`, shared with the OpenAI HTTP endpoint
+(`openai_http`) so both front ends apply the same limits.
 Cancellation needs no code here: when the client goes away grpc cancels this handler,
 which closes the engine's generator, which marks the request cancelled.
 
@@ -29,8 +27,9 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 from opentelemetry import trace
 
-from tidal.common.errors import InvalidArgument, Unavailable
+from tidal.common.errors import InvalidArgument
 from tidal.inference.engine import Completion, Engine
+from tidal.inference.request_checks import check_against_model, check_sampling
 from tidal.inference.sampling import SamplingParams
 from tidal.rpc.v1 import common_pb2
 from tidal.rpc.v1 import inference_pb2 as pb
@@ -45,26 +44,16 @@ _FINISH = {
 }
 
 
+def _grpc_name(field: str) -> str:
+    return f"sampling.{field}"
+
+
 def sampling_from_proto(s: pb.SamplingParams, *, eos_ids: Sequence[int] = ()) -> SamplingParams:
-    """Domain sampling parameters; checks that need no model (see `_check_against_model`).
+    """Domain sampling parameters, checked by `request_checks.check_sampling` (the checks the
+    OpenAI endpoint runs too); checks that need the model come later (`check_against_model`).
 
     `eos_ids` are added to the stop tokens unless the request sets `ignore_eos`."""
-    if s.max_tokens <= 0:
-        raise InvalidArgument("sampling.max_tokens", f"must be > 0, got {s.max_tokens}")
-    if s.HasField("n") and s.n <= 0:
-        raise InvalidArgument("sampling.n", f"must be >= 1 (unset means 1), got {s.n}")
-    if not s.temperature >= 0:  # also refuses NaN
-        raise InvalidArgument("sampling.temperature", f"must be >= 0, got {s.temperature}")
-    if s.HasField("top_p") and not 0 < s.top_p <= 1:
-        raise InvalidArgument("sampling.top_p", f"must be in (0, 1] (unset means 1), got {s.top_p}")
-    if s.top_k < 0:
-        raise InvalidArgument("sampling.top_k", f"must be >= 0 (0 disables), got {s.top_k}")
-    if not 0 <= s.min_p <= 1:
-        raise InvalidArgument("sampling.min_p", f"must be in [0, 1] (0 disables), got {s.min_p}")
-    for i, stop in enumerate(s.stop):
-        if not stop:
-            raise InvalidArgument(f"sampling.stop[{i}]", "a stop string must not be empty")
-    return SamplingParams(
+    params = SamplingParams(
         max_tokens=s.max_tokens,
         temperature=s.temperature,
         top_p=s.top_p if s.HasField("top_p") else 1.0,
@@ -78,6 +67,8 @@ def sampling_from_proto(s: pb.SamplingParams, *, eos_ids: Sequence[int] = ()) ->
         stop=tuple(s.stop),
         model_logprobs=s.return_model_logprobs,
     )
+    check_sampling(params, _grpc_name)
+    return params
 
 
 def completion_to_proto(c: Completion) -> pb.GenerateResponse:
@@ -109,37 +100,14 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             raise InvalidArgument("prompt_ids", "the prompt is empty; set prompt_ids or prompt")
         return list(request.prompt_ids), "prompt_ids"
 
-    def _check_against_model(self, prompt_ids: list[int], field: str, s: SamplingParams) -> None:
-        status = self.engine.status()
-        if status.policy_version < 0:
-            raise Unavailable("no weights loaded yet; retry once the first version is served")
-        vocab, context = status.vocab_size, status.max_seq_len
-        for i, token in enumerate(prompt_ids):
-            if not 0 <= token < vocab:
-                raise InvalidArgument(f"prompt_ids[{i}]", f"{token} is outside [0, {vocab})")
-        if len(prompt_ids) >= context:
-            raise InvalidArgument(
-                field,
-                f"{len(prompt_ids)} tokens leave no room to generate: the model's "
-                f"max_seq_len is {context}",
-            )
-        if s.max_tokens > context:
-            raise InvalidArgument(
-                "sampling.max_tokens",
-                f"{s.max_tokens} is above the model's context length (max_seq_len {context})",
-            )
-        for i, token in enumerate(s.stop_token_ids):
-            if not 0 <= token < vocab:
-                raise InvalidArgument(
-                    f"sampling.stop_token_ids[{i}]", f"{token} is outside [0, {vocab})"
-                )
-
     async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
         prompt_ids, field = self._prompt(request)
         params = sampling_from_proto(request.sampling, eos_ids=self.tokenizer.eos_ids)
-        self._check_against_model(prompt_ids, field, params)
+        check_against_model(
+            self.engine.status(), prompt_ids, params, prompt_field=field, names=_grpc_name
+        )
         trace.get_current_span().set_attributes(
             {"prompt.tokens": len(prompt_ids), "sampling.n": params.n}
         )

@@ -9,7 +9,16 @@ Decisions:
   folder and vLLM starts with dummy weights (`load_format="dummy"`, no tokenizer; prompts
   are token ids), then every version, the first included, arrives through
   `update_weights`. A worker extension (`VllmWeightLoader`) runs in each vLLM worker and
-  loads the state dict with the model's own `load_weights` (HF names, which ours are).
+  loads the state dict (HF names, which ours are) with the worker's `reload_weights`;
+  the state dict crosses to the engine-core process through `collective_rpc`, whose
+  msgpack encoder carries tensors.
+- Written against vLLM 0.32.0, the release whose torch pin is ours (`torch==2.13.0`;
+  the extra pins it exactly, tests/unit/inference/test_vllm_pin.py). Checked against that
+  release's source, without a GPU: `AsyncEngineArgs` fields, `AsyncLLM.generate/abort/
+  collective_rpc`, `RequestOutputKind.DELTA`, worker extensions mixed into the worker
+  class, `Worker.reload_weights(weights_iterator=...)`. Nothing here has run on vLLM yet.
+- Stop strings are scanned here (see `_sampling`), so an ended sample's later tokens are
+  dropped and the request is aborted once every sample has ended.
 - Logprobs: the engine runs with `logprobs_mode="processed_logprobs"`, so the logprob of a
   sampled token is under the distribution it was sampled from (after temperature and
   filters), matching the native engine; `model_logprobs` is not supported here (vLLM
@@ -24,7 +33,6 @@ Decisions:
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import tempfile
@@ -36,7 +44,7 @@ import torch
 
 from tidal.common.errors import InvalidArgument, ResourceExhausted, Unavailable
 from tidal.inference.completion_text import CompletionText
-from tidal.inference.engine import Completion, Engine, EngineStatus
+from tidal.inference.engine import Completion, Engine, EngineStatus, FinishReason
 from tidal.inference.loading import check_tokenizer_fits
 from tidal.inference.sampling import SamplingParams
 from tidal.text.protocol import Tokenizer
@@ -50,8 +58,12 @@ class VllmWeightLoader:
     """vLLM worker extension: the method `update_weights` calls on every worker."""
 
     def tidal_load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        model = self.model_runner.model  # type: ignore[attr-defined]
-        model.load_weights(weights=iter(state_dict.items()))
+        # vLLM 0.32's `Worker.reload_weights` loads in place through the unwrapped model
+        # (`model_runner.model` is a CUDA-graph wrapper without `load_weights` once graphs
+        # are captured) and resets the caches derived from the old weights.
+        self.reload_weights(  # type: ignore[attr-defined]
+            weights_iterator=iter(state_dict.items()), is_checkpoint_format=True
+        )
         torch.cuda.synchronize()
 
 
@@ -134,14 +146,45 @@ class VllmEngine(Engine):
             raise InvalidArgument(
                 "sampling.return_model_logprobs", "not supported by the vLLM backend"
             )
-        if params.stop:
-            raise InvalidArgument("sampling.stop", "stop strings need the native backend")
         if self._active >= self.max_queue:
             raise ResourceExhausted(f"{self._active} requests in flight (inference.max_queue)")
+        request_id = f"tidal-{next(self._ids)}"
+        pieces: dict[int, list[tuple[int, float, int]]] = {i: [] for i in range(params.n)}
+        texts = {i: CompletionText(self.tokenizer, params.stop) for i in range(params.n)}
+        self._active += 1
+        drained = False
+        try:
+            async for output in self._llm.generate(
+                {"prompt_token_ids": prompt_ids}, self._sampling(params), request_id
+            ):
+                for out in output.outputs:
+                    text = texts[out.index]
+                    if text.finished:  # ended by a stop string; vLLM still runs the sample
+                        continue
+                    reason = self._take(out, pieces[out.index], text)
+                    if stream or reason is not None:
+                        if reason is not None:
+                            text.finish()
+                        tokens, pieces[out.index] = pieces[out.index], []
+                        yield self._completion(prompt_ids, out.index, tokens, text.take(), reason)
+                if all(t.finished for t in texts.values()):
+                    break
+            else:
+                drained = True
+        finally:
+            self._active -= 1
+            if not drained:  # cancelled, or every sample ended at a stop string first
+                await self._llm.abort(request_id)
+
+    def _sampling(self, params: SamplingParams) -> Any:
+        """vLLM's parameters. Stop strings stay ours: vLLM runs without a tokenizer
+        (`skip_tokenizer_init`), and 0.32's detokenizer-less path ignores `stop` silently
+        (`vllm/v1/engine/detokenizer.py`: no tokenizer → the base IncrementalDetokenizer,
+        whose `update` never matches), so `CompletionText` scans for them, as natively."""
         from vllm import SamplingParams as VllmSampling
         from vllm.sampling_params import RequestOutputKind
 
-        sampling = VllmSampling(
+        return VllmSampling(
             n=params.n,
             temperature=params.temperature,
             top_p=params.top_p,
@@ -153,39 +196,31 @@ class VllmEngine(Engine):
             logprobs=0,  # the sampled token's logprob only
             output_kind=RequestOutputKind.DELTA,
         )
-        request_id = f"tidal-{next(self._ids)}"
-        pieces: dict[int, list[tuple[int, float, int]]] = {i: [] for i in range(params.n)}
-        texts = {i: CompletionText(self.tokenizer) for i in range(params.n)}
-        self._active += 1
-        try:
-            async for output in self._llm.generate(
-                {"prompt_token_ids": prompt_ids}, sampling, request_id
-            ):
-                for out in output.outputs:
-                    version = self._version  # tokens arrive in step order, see the docstring
-                    for token, logprobs in zip(out.token_ids, out.logprobs or [], strict=False):
-                        pieces[out.index].append((token, logprobs[token].logprob, version))
-                        texts[out.index].push(token)
-                    self._generated += len(out.token_ids)
-                    if stream or out.finish_reason is not None:
-                        if out.finish_reason is not None:
-                            texts[out.index].finish()
-                        text = texts[out.index].take()
-                        yield self._completion(prompt_ids, out, pieces[out.index], text)
-                        pieces[out.index] = []
-        except asyncio.CancelledError:
-            await self._llm.abort(request_id)
-            raise
-        finally:
-            self._active -= 1
+
+    def _take(
+        self, out: Any, tokens: list[tuple[int, float, int]], text: CompletionText
+    ) -> FinishReason | None:
+        """Add one output's new tokens; the finish reason once the sample has ended."""
+        version = self._version  # tokens arrive in step order, see the module docstring
+        for token, logprobs in zip(out.token_ids, out.logprobs or [], strict=False):
+            tokens.append((token, logprobs[token].logprob, version))
+            self._generated += 1
+            if text.push(token):
+                return "stop"  # the token that completed a stop string is kept
+        if out.finish_reason is None:
+            return None
+        return "length" if out.finish_reason == "length" else "stop"
 
     @staticmethod
     def _completion(
-        prompt_ids: list[int], out: Any, tokens: list[tuple[int, float, int]], text: str
+        prompt_ids: list[int],
+        index: int,
+        tokens: list[tuple[int, float, int]],
+        text: str,
+        reason: FinishReason | None,
     ) -> Completion:
-        reason = out.finish_reason if out.finish_reason in (None, "stop", "length") else "stop"
         return Completion(
-            index=out.index,
+            index=index,
             prompt_ids=prompt_ids,
             token_ids=[t for t, _, _ in tokens],
             logprobs=[lp for _, lp, _ in tokens],

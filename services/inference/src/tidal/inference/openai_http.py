@@ -1,0 +1,252 @@
+"""The OpenAI-compatible HTTP endpoint of an inference replica (`[inference.http]`).
+
+Routes: `GET /v1/models`, `POST /v1/completions`, `POST /v1/chat/completions` (both with
+`stream`: server-sent events, `data: {chunk}` lines ending with `data: [DONE]`). Each choice
+carries the documented extension `"tidal": {"token_ids", "policy_versions"}`, the policy
+version of every token, so an evaluation harness or environment library written against the
+OpenAI client gets what the trainer would (docs/inference.md).
+
+Decisions:
+- aiohttp's web server: it runs on the service's own asyncio loop beside `grpc.aio`, so
+  handlers call the same `Engine` object the gRPC servicer calls, with no thread hop and no
+  second process; it streams responses natively and is long maintained. (An ASGI stack,
+  FastAPI on uvicorn, would bring its own server loop and three more dependencies for
+  routing and schemas we write in ~300 lines; the OpenAI bodies are parsed by hand in
+  `openai_protocol` so errors name the OpenAI parameter exactly.)
+- Same validation and limits as gRPC (`request_checks`), and the engine's errors map to
+  OpenAI-style bodies `{"error": {"message", "type", "param", "code"}}`: InvalidArgument →
+  400 naming the param, an unknown model → 404, ResourceExhausted (queue full) → 429,
+  Unavailable (no weights yet) → 503.
+- A streamed request pulls the engine's first piece before sending headers, so a refusal
+  is still an HTTP error rather than a broken stream. The engine generator is closed when
+  the handler ends for any reason (client disconnected, which cancels the handler; a write
+  failed), which cancels the request in the engine, as a cancelled gRPC call does.
+- Loopback only (see `OpenAIHttpConfig.host`): there is no TLS or auth yet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from tidal.common.errors import (
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    TidalError,
+    Unavailable,
+)
+from tidal.inference.config import OpenAIHttpConfig
+from tidal.inference.engine import Completion, Engine
+from tidal.inference.openai_protocol import (
+    ParsedRequest,
+    StopTrim,
+    chat_logprobs,
+    completion_logprobs,
+    parse_chat,
+    parse_completion,
+    tidal_extension,
+)
+from tidal.inference.request_checks import check_against_model
+from tidal.text.protocol import Tokenizer
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_STATUS = {InvalidArgument: 400, NotFound: 404, ResourceExhausted: 429, Unavailable: 503}
+_TYPE = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error"}
+
+
+def error_response(
+    status: int, message: str, *, param: str | None, code: str | None
+) -> web.Response:
+    kind = _TYPE.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return web.json_response(body, status=status)
+
+
+@web.middleware
+async def openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Domain errors and bad bodies → OpenAI-style error responses."""
+    try:
+        return await handler(request)
+    except web.HTTPException as e:  # aiohttp's own 404/405 for unknown routes
+        return error_response(e.status, e.reason, param=None, code=None)
+    except TidalError as e:
+        status = next((s for cls, s in _STATUS.items() if isinstance(e, cls)), 500)
+        field = e.field if isinstance(e, InvalidArgument) else None
+        return error_response(status, str(e), param=field, code=type(e).__name__)
+    except ConnectionError:  # the client went away mid-stream: nothing left to answer
+        raise
+    except Exception as e:  # a bug: still an OpenAI-shaped 500, and logged with its trace
+        log.exception("%s %s failed", request.method, request.path)
+        return error_response(500, f"internal error: {e}", param=None, code=None)
+
+
+class OpenAIEndpoint:
+    """The aiohttp application over one engine and its tokenizer."""
+
+    def __init__(self, engine: Engine, tokenizer: Tokenizer, *, model_name: str) -> None:
+        self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
+        self.created = int(time.time())
+        self.app = web.Application(middlewares=[openai_errors])
+        self.app.router.add_get("/v1/models", self.models)
+        self.app.router.add_post("/v1/completions", self.completions)
+        self.app.router.add_post("/v1/chat/completions", self.chat)
+
+    async def models(self, request: web.Request) -> web.Response:
+        status = self.engine.status()
+        card = {
+            "id": self.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "tidal",
+            "max_model_len": status.max_seq_len,
+            "tidal": {"policy_version": status.policy_version, "model": status.model},
+        }
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=False)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=True)
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise InvalidArgument("body", f"not valid JSON: {e}") from e
+        if not isinstance(body, dict):
+            raise InvalidArgument("body", "must be a JSON object")
+        if body.get("model") != self.model_name:
+            raise NotFound(
+                f"The model {body.get('model')!r} does not exist; this replica serves "
+                f"{self.model_name!r}"
+            )
+        return body
+
+    async def _serve(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        body = await self._body(request)
+        parsed = (parse_chat if chat else parse_completion)(body, self.tokenizer)
+        check_against_model(
+            self.engine.status(),
+            parsed.prompt_ids,
+            parsed.params,
+            prompt_field=parsed.prompt_field,
+            names=parsed.field_name,
+        )
+        pieces = self.engine.generate(parsed.prompt_ids, parsed.params, stream=parsed.stream)
+        async with contextlib.aclosing(pieces):  # type: ignore[type-var]
+            first = await anext(pieces, None)  # engine refusals surface before any header
+            reply = _Reply(self, parsed, chat=chat)
+            if not parsed.stream:
+                return web.json_response(await reply.whole(first, pieces))
+            response = web.StreamResponse(
+                headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+            )
+            await response.prepare(request)
+            async for chunk in reply.chunks(first, pieces):
+                await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+            return response
+
+
+class _Reply:
+    """Builds one request's OpenAI response (whole) or its stream of chunks."""
+
+    def __init__(self, endpoint: OpenAIEndpoint, parsed: ParsedRequest, *, chat: bool) -> None:
+        self.tokenizer, self.parsed, self.chat = endpoint.tokenizer, parsed, chat
+        kind = "chatcmpl" if chat else "cmpl"
+        self.header = {
+            "id": f"{kind}-{uuid.uuid4().hex}",
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": endpoint.model_name,
+        }
+        n = parsed.params.n
+        self.trims = [StopTrim(parsed.params.stop) for _ in range(n)]
+        self.text_len = [0] * n
+        self.generated = 0
+
+    def _usage(self) -> dict[str, int]:
+        prompt = len(self.parsed.prompt_ids)
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": self.generated,
+            "total_tokens": prompt + self.generated,
+        }
+
+    def _choice(self, c: Completion, *, stream: bool) -> dict[str, Any]:
+        text = self.trims[c.index].push(c.text, last=c.finish_reason is not None)
+        choice: dict[str, Any] = {"index": c.index, "finish_reason": c.finish_reason}
+        if self.chat:
+            key = "delta" if stream else "message"
+            choice[key] = {"role": "assistant", "content": text}
+            choice["logprobs"] = (
+                chat_logprobs(self.tokenizer, c) if self.parsed.want_logprobs else None
+            )
+        else:
+            choice["text"] = text
+            choice["logprobs"] = (
+                completion_logprobs(self.tokenizer, c, self.text_len[c.index])
+                if self.parsed.want_logprobs
+                else None
+            )
+        self.text_len[c.index] += len(text)
+        self.generated += len(c.token_ids)
+        choice["tidal"] = tidal_extension(c)
+        return choice
+
+    async def whole(
+        self, first: Completion | None, rest: AsyncIterator[Completion]
+    ) -> dict[str, Any]:
+        done = [] if first is None else [first]
+        done += [c async for c in rest]
+        choices = sorted((self._choice(c, stream=False) for c in done), key=lambda c: c["index"])
+        return {**self.header, "choices": choices, "usage": self._usage()}
+
+    async def chunks(
+        self, first: Completion | None, rest: AsyncIterator[Completion]
+    ) -> AsyncIterator[dict[str, Any]]:
+        header = {
+            **self.header,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+        }
+        if first is not None:
+            yield {**header, "choices": [self._choice(first, stream=True)]}
+        async for c in rest:
+            yield {**header, "choices": [self._choice(c, stream=True)]}
+        if self.parsed.include_usage:
+            yield {**header, "choices": [], "usage": self._usage()}
+
+
+class OpenAIServer:
+    """The endpoint's HTTP server: `start` binds (port 0 picks one), `close` stops it."""
+
+    def __init__(self, endpoint: OpenAIEndpoint, config: OpenAIHttpConfig) -> None:
+        self.endpoint, self.config = endpoint, config
+        # handler_cancellation: a client that disconnects cancels its handler, whose
+        # `aclosing` then cancels the request in the engine (aiohttp's default lets it run).
+        self._runner = web.AppRunner(endpoint.app, access_log=None, handler_cancellation=True)
+        self.port = config.port
+
+    @property
+    def url(self) -> str:
+        return self.config.url(self.port)
+
+    async def start(self) -> None:
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.config.host, self.config.port).start()
+        self.port = int(self._runner.addresses[0][1])  # the bound port, when 0 asked for any
+
+    async def close(self) -> None:
+        await self._runner.cleanup()
