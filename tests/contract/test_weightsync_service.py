@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import threading
 import time
@@ -394,4 +395,23 @@ async def test_publish_at_the_weights_root_never_lets_retention_delete_it(
     assert not Path(served.location).exists()
     assert (ws.root / "v000002" / "config.json").is_file()
     assert [v.manifest.version for v in await client.list_versions()] == [2]
+    await client.close()
+
+
+async def test_a_recovered_manifest_naming_the_root_only_ever_costs_its_own_folder(
+    start_weightsync, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """A manifest written before locations were checked may name the root itself; after a
+    restart, retention of that version deletes its own folder, never the root."""
+    root = tmp_path / "weights"
+    root.mkdir()
+    old = publish_files(root, 0)
+    bad = dataclasses.replace(old, location=str(root))
+    (Path(old.location) / "manifest.json").write_text(bad.to_json())
+    ws = await start_weightsync(root, keep_last=1)
+    client = WeightSyncClient(ws.address)
+    await client.publish(publish_files(root, 1))  # retention drops version 0
+    assert not Path(old.location).exists()
+    assert (root / "v000001" / "model.safetensors").is_file()
+    assert [v.manifest.version for v in await client.list_versions()] == [1]
     await client.close()

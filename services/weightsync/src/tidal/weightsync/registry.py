@@ -67,6 +67,13 @@ class VersionRegistry:
         for folder in sorted(self.root.glob("v*")):
             if (folder / MANIFEST_FILE).is_file():
                 manifest = WeightManifest.read(folder)
+                if Path(manifest.location).resolve() != folder.resolve():
+                    # Written before locations were checked: the files are where the
+                    # manifest is, and retention must only ever delete this folder.
+                    log.warning(
+                        "%s names location %s; using its own folder", folder, manifest.location
+                    )
+                    manifest = replace(manifest, location=str(folder))
                 self._entries[manifest.version] = _Entry(VersionEvent(manifest))
         if self._entries:
             log.info("recovered versions %s from %s", sorted(self._entries), self.root)
