@@ -15,9 +15,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
+from tidal.batch.wire import micro_batch_from_proto, payload_sha256
 from tidal.common.channel import make_channel
 from tidal.common.errors import FailedPrecondition
 from tidal.common.tensors import encode_array
+from tidal.orchestrator.peers import PeerError
+from tidal.orchestrator.trainer_client import TrainerClient
 from tidal.rpc.v1 import common_pb2
 from tidal.rpc.v1 import trainer_pb2 as pb
 from tidal.rpc.v1 import trainer_pb2_grpc as pb_grpc
@@ -142,6 +145,49 @@ async def test_duplicate_step_is_answered_not_trained_again(
     s = await status(stub)
     assert (s.steps_trained, s.duplicates_answered) == (1, 1)
     assert weightsync_server.registry.newest == 1
+
+
+async def test_repeated_step_with_other_data_is_refused_naming_the_step(
+    weightsync_server: RunningWeightSync, stub: pb_grpc.TrainerServiceStub
+) -> None:
+    await stub.Train(request(1, micro_batch([6, 9])))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.Train(request(1, micro_batch([6, 9], seed=7)))
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "step 1 was already trained with other data" in err.value.details()
+    s = await status(stub)
+    assert (s.steps_trained, s.duplicates_answered) == (1, 0)
+    assert weightsync_server.registry.newest == 1
+
+
+async def test_payload_sha256_that_does_not_match_the_data_is_invalid_argument(
+    stub: pb_grpc.TrainerServiceStub,
+) -> None:
+    sent = request(1)
+    sent.payload_sha256 = payload_sha256(sent.loss, request(1, micro_batch([12])).micro_batches)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.Train(sent)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith("payload_sha256:")
+    assert (await status(stub)).steps_trained == 0
+
+
+async def test_orchestrator_client_fails_when_its_step_was_trained_with_foreign_data(
+    trainer: RunningTrainer, stub: pb_grpc.TrainerServiceStub
+) -> None:
+    """Another client trains step 1 first (the trainer cannot tell clients apart before
+    authentication exists); the run's own Train(1) must then fail, not pass as a retry."""
+    await stub.Train(request(1, micro_batch([6, 9], seed=3)))
+    own = micro_batch_from_proto(micro_batch([6, 9]), field="own")
+    client = TrainerClient(f"127.0.0.1:{trainer.server.port}")
+    try:
+        with pytest.raises(PeerError, match="step 1 was already trained with other data"):
+            await client.train(1, [own], sft=False, timeout=30)
+        same = micro_batch_from_proto(micro_batch([6, 9], seed=3), field="same")
+        retry = await client.train(1, [same], sft=False, timeout=30)  # the same data: a retry
+        assert retry.duplicate and retry.policy_version == 1
+    finally:
+        await client.close()
 
 
 async def test_concurrent_retry_of_the_step_in_flight_trains_once(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import threading
 import time
@@ -97,6 +98,9 @@ async def test_unknown_replica_ack_is_refused(weightsync_server) -> None:  # typ
     ("mutate", "field"),
     [
         (lambda m: setattr(m, "location", "/elsewhere"), "manifest.location"),
+        (lambda m: setattr(m, "location", str(Path(m.location).parent)), "manifest.location"),
+        (lambda m: setattr(m, "location", f"{m.location}/.."), "manifest.location"),
+        (lambda m: setattr(m, "version", 1), "manifest.location"),  # v000000 is not v1's
         (lambda m: setattr(m, "format", "pickle"), "manifest.format"),
         (lambda m: setattr(m.files[0], "path", "../x"), "manifest.files[0].path"),
         (lambda m: setattr(m.files[0], "sha256", "abc"), "manifest.files[0].sha256"),
@@ -350,4 +354,64 @@ async def test_other_rpcs_are_answered_while_a_fetch_waits_on_a_slow_disk(
     fetched = await asyncio.wait_for(fetching, 10)  # and the fetch itself completes, verified
     assert bytes(fetched["model.safetensors"]) == data
     writer.join(5)
+    await client.close()
+
+
+@pytest.mark.parametrize("missing", ["config.json", "model.safetensors"])
+async def test_a_manifest_without_a_required_file_is_refused_naming_it(
+    weightsync_server, missing: str
+) -> None:  # type: ignore[no-untyped-def]
+    manifest = manifest_to_proto(publish_files(weightsync_server.root, 0))
+    kept = [f for f in manifest.files if f.path != missing]
+    del manifest.files[:]
+    manifest.files.extend(kept)
+    async with make_channel(weightsync_server.address) as channel:
+        stub = pb_grpc.WeightSyncServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.Publish(pb.PublishRequest(manifest=manifest), timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith("manifest.files") and missing in err.value.details()
+    assert weightsync_server.registry.newest == -1
+
+
+async def test_publish_at_the_weights_root_never_lets_retention_delete_it(
+    start_weightsync, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """The operator's case: a Publish whose location is the root itself is refused, so
+    the served versions stay on disk however many versions retention removes later."""
+    ws = await start_weightsync(tmp_path / "weights", keep_last=1)
+    client = WeightSyncClient(ws.address)
+    served = publish_files(ws.root, 0)
+    await client.publish(served)
+    bogus = manifest_to_proto(publish_files(ws.root, 1))
+    bogus.location = str(ws.root)
+    async with make_channel(ws.address) as channel:
+        stub = pb_grpc.WeightSyncServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.Publish(pb.PublishRequest(manifest=bogus), timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith("manifest.location")
+    await client.publish(publish_files(ws.root, 2))  # retention now drops version 0 only
+    assert not Path(served.location).exists()
+    assert (ws.root / "v000002" / "config.json").is_file()
+    assert [v.manifest.version for v in await client.list_versions()] == [2]
+    await client.close()
+
+
+async def test_a_recovered_manifest_naming_the_root_only_ever_costs_its_own_folder(
+    start_weightsync, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """A manifest written before locations were checked may name the root itself; after a
+    restart, retention of that version deletes its own folder, never the root."""
+    root = tmp_path / "weights"
+    root.mkdir()
+    old = publish_files(root, 0)
+    bad = dataclasses.replace(old, location=str(root))
+    (Path(old.location) / "manifest.json").write_text(bad.to_json())
+    ws = await start_weightsync(root, keep_last=1)
+    client = WeightSyncClient(ws.address)
+    await client.publish(publish_files(root, 1))  # retention drops version 0
+    assert not Path(old.location).exists()
+    assert (root / "v000001" / "model.safetensors").is_file()
+    assert [v.manifest.version for v in await client.list_versions()] == [1]
     await client.close()

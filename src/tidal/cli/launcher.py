@@ -20,6 +20,14 @@ Decisions:
 - `[deployment]` places inference, then the trainer, on the visible GPUs (each child
   gets its CUDA_VISIBLE_DEVICES; placement.py); `[slurm]` writes (and submits) an sbatch
   script instead of running anything here (slurm.py).
+- An existing run folder is never replaced silently: `--overwrite` deletes it first
+  (only ever a folder strictly inside `run.output_dir`: `tidal.common.removal`, and
+  `run.name` is a plain name), `--resume` continues it (keeps its progress, checkpoints,
+  weights and logs; the trainer gets `--resume`, the orchestrator
+  `--orchestrator.resume true`), and neither is an error naming both. Resuming needs a
+  complete trainer checkpoint (`trainer.ckpt.interval` > 0 when the run was started):
+  without one the launcher refuses before starting anything, rather than letting the
+  run start over under the old run's published versions.
 - The run ends when the orchestrator exits. Any child exiting earlier, or the
   orchestrator exiting non-zero, fails the run: the launcher exits 1 and shows that
   child's exit reason and last log lines.
@@ -30,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import sys
@@ -47,6 +54,7 @@ from tidal.cli.slurm import SlurmConfig, submit, write_job
 from tidal.common.config import load_or_exit, to_toml
 from tidal.common.errors import ConfigError
 from tidal.common.lifeline import launcher_env, parent_death_signal
+from tidal.common.removal import remove_inside
 from tidal.trainer.parallel.config import check_parallel
 
 # Start order: publishers before subscribers; clients wait for their servers anyway.
@@ -54,6 +62,10 @@ START_ORDER = ("weightsync", "trainer", "inference", "orchestrator")
 ECHOED = {"orchestrator"}
 TAIL_LINES = 30
 KILL_AFTER_S = 10.0
+OVERWRITE, RESUME = "--overwrite", "--resume"
+RESUME_ARGS = {"trainer": ["--resume"], "orchestrator": ["--orchestrator.resume", "true"]}
+"""What each child is told on `tidal rl --resume` (inference and weightsync need nothing:
+weightsync recovers its versions from the weights folder, inference loads the newest)."""
 
 
 def free_port() -> int:
@@ -62,14 +74,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def prepare_run_dir(config: RunConfig) -> Path:
-    """Give every service a free loopback port and write the resolved config (with the
-    OpenAI endpoint's port, when `[inference.http]` is enabled and asks for any)."""
+def prepare_run_dir(config: RunConfig, *, overwrite: bool = False, resume: bool = False) -> Path:
+    """Create (or, resuming, reuse) the run folder, give every service a free loopback
+    port and write the resolved config (with the OpenAI endpoint's port, when
+    `[inference.http]` is enabled and asks for any). Raises ConfigError for an existing folder
+    without `overwrite` or `resume`, and for `resume` without anything to resume."""
     run_dir = config.run.dir
-    if run_dir.exists():
-        print(f"tidal: replacing previous outputs in {run_dir}", file=sys.stderr)
-        shutil.rmtree(run_dir)
-    (run_dir / "logs").mkdir(parents=True)
+    if overwrite and resume:
+        raise ConfigError(f"{OVERWRITE} and {RESUME} exclude each other: choose one")
+    if run_dir.exists() and not (overwrite or resume):
+        raise ConfigError(
+            f"run folder {run_dir} already exists (run.name = {config.run.name!r}): pass "
+            f"{RESUME} to continue that run, {OVERWRITE} to delete it and start afresh, or "
+            "choose another --run.name"
+        )
+    if resume:
+        check_resumable(config)
+    elif run_dir.exists():
+        print(f"tidal: {OVERWRITE}: deleting previous outputs in {run_dir}", file=sys.stderr)
+        remove_inside(run_dir, config.run.output_dir)
+    (run_dir / "logs").mkdir(parents=True, exist_ok=resume)
     for name in START_ORDER:
         setattr(config.endpoints, name, f"127.0.0.1:{free_port()}")
     http = config.inference.http
@@ -80,6 +104,22 @@ def prepare_run_dir(config: RunConfig) -> Path:
         print(f"tidal: inference's OpenAI-compatible endpoint: {http.url()}", file=sys.stderr)
     (run_dir / "config.toml").write_text(services_toml(config))
     return run_dir
+
+
+def check_resumable(config: RunConfig) -> None:
+    """`--resume` needs the run folder and a complete trainer checkpoint in it (the
+    `step_*/.metadata` layout of tidal.trainer.checkpoint, read here without torch)."""
+    run_dir = config.run.dir
+    if not run_dir.is_dir():
+        raise ConfigError(f"{RESUME}: there is no run folder {run_dir} to continue")
+    ckpt_dir = config.trainer.ckpt.dir or run_dir / "checkpoints"
+    if not any(ckpt_dir.glob("step_*/.metadata")):
+        raise ConfigError(
+            f"{RESUME}: {run_dir} holds no complete trainer checkpoint in {ckpt_dir}, so the "
+            "trainer cannot continue it (the run was started with trainer.ckpt.interval = 0, "
+            f"or stopped before its first checkpoint). Start it again with {OVERWRITE}, and "
+            "set trainer.ckpt.interval to make a run resumable"
+        )
 
 
 def services_toml(config: RunConfig) -> str:
@@ -143,7 +183,11 @@ class Child:
 
 
 async def start_child(
-    name: str, config_path: Path, log_dir: Path, extra_env: dict[str, str] | None = None
+    name: str,
+    config_path: Path,
+    log_dir: Path,
+    extra_env: dict[str, str] | None = None,
+    extra_args: Sequence[str] = (),
 ) -> Child:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **launcher_env(), **(extra_env or {})}
     process = await asyncio.create_subprocess_exec(
@@ -152,6 +196,7 @@ async def start_child(
         f"tidal.{name}",
         "@",
         str(config_path),
+        *extra_args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
         stdin=asyncio.subprocess.DEVNULL,
@@ -184,7 +229,9 @@ def describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
-async def supervise(run_dir: Path, envs: dict[str, dict[str, str]] | None = None) -> int:
+async def supervise(
+    run_dir: Path, envs: dict[str, dict[str, str]] | None = None, *, resume: bool = False
+) -> int:
     children: list[Child] = []
     pumps: list[asyncio.Task[None]] = []
     interrupted = asyncio.Event()
@@ -194,7 +241,11 @@ async def supervise(run_dir: Path, envs: dict[str, dict[str, str]] | None = None
     try:
         for name in START_ORDER:
             child = await start_child(
-                name, run_dir / "config.toml", run_dir / "logs", (envs or {}).get(name)
+                name,
+                run_dir / "config.toml",
+                run_dir / "logs",
+                (envs or {}).get(name),
+                RESUME_ARGS.get(name, []) if resume else [],
             )
             children.append(child)
             pumps.append(asyncio.create_task(child.pump(echo=name in ECHOED)))
@@ -230,22 +281,23 @@ def run_slurm(config: RunConfig, slurm: SlurmConfig, *, dry_run: bool) -> None:
 
 
 def main(argv: Sequence[str]) -> None:
-    dry_run = "--dry-run" in argv
+    flags = {"--dry-run", OVERWRITE, RESUME}
+    dry_run, overwrite, resume = ("--dry-run" in argv, OVERWRITE in argv, RESUME in argv)
     config = load_or_exit(
         RunConfig,
-        [a for a in argv if a != "--dry-run"],
-        usage="tidal rl @ config.toml [--section.key value ...]",
+        [a for a in argv if a not in flags],
+        usage=f"tidal rl @ config.toml [--section.key value ...] [{OVERWRITE} | {RESUME}]",
     )
     try:
         envs = apply_placement(config, visible_gpus())
         if config.slurm is not None:
             run_slurm(config, config.slurm, dry_run=dry_run)
             raise SystemExit(0)
+        if dry_run:
+            print(to_toml(config), end="")
+            raise SystemExit(0)
+        run_dir = prepare_run_dir(config, overwrite=overwrite, resume=resume)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    if dry_run:
-        print(to_toml(config), end="")
-        raise SystemExit(0)
-    run_dir = prepare_run_dir(config)
-    raise SystemExit(asyncio.run(supervise(run_dir, envs)))
+    raise SystemExit(asyncio.run(supervise(run_dir, envs, resume=resume)))

@@ -14,7 +14,8 @@ USAGE = """\
 usage: tidal <command> [@ config.toml ...] [--section.key value ...] [--dry-run] [--help]
 
 commands:
-  rl             launch the local stack (all four services on loopback) and train
+  rl             launch the local stack (all four services on loopback) and train;
+                 an existing run folder needs --overwrite (replace) or --resume (continue)
   orchestrator   run the orchestrator service alone
   inference      run the inference service alone
   trainer        run the trainer service alone

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from tidal.models.args import DecoderArgs
 from tidal.models.families import UnsupportedArchitecture
 from tidal.models.hf_checkpoint import export_hf_folder, load_hf_folder, publishable_state_dict
-from tidal.models.hf_folder import INDEX, ModelFolderError
+from tidal.models.hf_folder import INDEX, ModelFolderError, write_folder
 from tidal.models.hf_model import HFCausalLM
 from tidal.models.layers import DecoderLM
 from tidal.models.state_dict_adapter import WeightMismatch
@@ -143,3 +143,24 @@ def test_auto_impl_prefers_ours_and_falls_back_to_transformers(
     fallback = load_hf_folder(tmp_path / "mistral", impl="auto")
     assert isinstance(fallback, HFCausalLM) and fallback.args.n_kv_heads == 2
     assert fallback(IDS % 64, POS).shape == (1, 6, 64)
+
+
+def test_writing_over_a_previous_model_folder_replaces_it(tmp_path: Path) -> None:
+    out = tmp_path / "export"
+    write_folder(out, {"model_type": "llama"}, {"w": torch.zeros(2)}, extra_files={"old": b"x"})
+    write_folder(out, {"model_type": "llama"}, {"w": torch.ones(2)})
+    assert not (out / "old").exists()
+    assert torch.equal(load_file(out / "model.safetensors")["w"], torch.ones(2))
+
+
+@pytest.mark.parametrize("holds", ["a folder", "no config.json"])
+def test_a_folder_that_is_not_a_model_folder_is_never_replaced(tmp_path: Path, holds: str) -> None:
+    out = tmp_path / "home"
+    (out / "documents").mkdir(parents=True)
+    (out / "documents" / "sentinel.txt").write_text("mine")
+    if holds == "no config.json":
+        out = out / "documents"
+    with pytest.raises(ModelFolderError, match="refusing to replace"):
+        write_folder(out, {"model_type": "llama"}, {"w": torch.zeros(2)})
+    assert (tmp_path / "home" / "documents" / "sentinel.txt").read_text() == "mine"
+    assert [p.name for p in tmp_path.iterdir()] == ["home"]  # no temp folder left behind

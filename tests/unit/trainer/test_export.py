@@ -143,3 +143,16 @@ def test_nothing_to_export_says_where_it_looked(qwen3_folder: Path, tmp_path: Pa
     with pytest.raises(SystemExit) as exit_:
         main(["--run.output-dir", str(tmp_path), "--trainer.model.path", str(qwen3_folder)])
     assert exit_.value.code == 2
+
+
+def test_an_output_folder_that_is_not_a_model_folder_is_refused_untouched(
+    qwen3_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "somewhere"
+    (out / "keep").mkdir(parents=True)
+    argv = ["--run.output-dir", str(tmp_path), "--trainer.model.path", str(qwen3_folder)]
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--export.out", str(out)])
+    assert exit_.value.code == 2
+    assert "export.out" in capsys.readouterr().err
+    assert (out / "keep").is_dir()

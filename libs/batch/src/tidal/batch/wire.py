@@ -18,6 +18,9 @@ Decisions:
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Sequence
+
 import numpy as np
 
 from tidal.batch.packing import PackedMicroBatch
@@ -56,3 +59,18 @@ def micro_batch_from_proto(message: trainer_pb2.MicroBatch, *, field: str) -> Pa
             raise InvalidArgument(f"{field}.{name}.dtype", f"must be {dtype}, got {tensor.dtype!r}")
         arrays[name] = decode_array(tensor, field=f"{field}.{name}")
     return PackedMicroBatch(**arrays)
+
+
+def payload_sha256(loss: int, micro_batches: Sequence[trainer_pb2.MicroBatch]) -> bytes:
+    """The fingerprint of a Train payload: sha256 over the loss kind and every tensor's
+    name, dtype, shape and bytes, in order. Hashing the tensors field by field (not the
+    serialized message) keeps it independent of protobuf's serializer; sender and trainer
+    both call this on the messages they hold."""
+    digest = hashlib.sha256(f"loss={loss};n={len(micro_batches)}".encode())
+    for message in micro_batches:
+        for name in WIRE_DTYPES:
+            tensor = getattr(message, name)
+            shape = ",".join(str(d) for d in tensor.shape)
+            digest.update(f";{name}:{tensor.dtype}:[{shape}]:{len(tensor.data)}:".encode())
+            digest.update(tensor.data)
+    return digest.digest()

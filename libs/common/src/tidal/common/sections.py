@@ -9,19 +9,25 @@ top-level key is still an error.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from tidal.common.config import BaseConfig
 
 SERVICES = ("orchestrator", "inference", "trainer", "weightsync")
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+"""A run name is one plain folder name: it starts with a letter or digit (no hidden
+`.x`, no `..`), holds letters, digits, `.`, `_`, `-` (no `/`, `\\`, spaces), 1-128 long,
+so `<output_dir>/<name>` is always a child of `output_dir` (the launcher deletes it)."""
 
 
 class RunSection(BaseConfig):
     name: str = "default"
-    """Run name; outputs go to `<output_dir>/<name>/`."""
+    """Run name; outputs go to `<output_dir>/<name>/`. A plain folder name: letters,
+    digits, `.`, `_`, `-`, starting with a letter or digit, at most 128 characters."""
     output_dir: Path = Path("outputs")
     """Parent folder of run output folders."""
     seed: int = 0
@@ -31,6 +37,17 @@ class RunSection(BaseConfig):
     folder when it is set, else "byte"), "byte" (bytes plus BOS/EOS/PAD; needs no files),
     "model" (the model folder's, required), or the path of a Hugging Face model folder
     holding tokenizer.json (docs/tokenizers.md)."""
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, name: str) -> str:
+        if not RUN_NAME.fullmatch(name) or ".." in name:
+            raise ValueError(
+                f"run.name {name!r} is not a plain folder name: use 1-128 letters, digits, "
+                "'.', '_' or '-', starting with a letter or digit, no '..' and no path "
+                "separators (to put runs elsewhere, set run.output_dir)"
+            )
+        return name
 
     @property
     def dir(self) -> Path:

@@ -8,7 +8,9 @@ Decisions:
 - Write: one `model.safetensors`, or `model-0000i-of-0000n.safetensors` shards of at
   most `max_shard_bytes` plus the index, so the folder is what `from_pretrained` reads.
   Files go to a temporary sibling folder that is renamed into place at the end, so a
-  crash never leaves a folder that looks complete.
+  crash never leaves a folder that looks complete. An existing folder is replaced only
+  when it looks like one this module wrote (empty, or `config.json` and files, no
+  subfolders): `--export.out ~` must fail, not delete a home directory.
 - Tensors are written contiguous and unshared (safetensors refuses aliased storage;
   experts split from one stacked tensor are views).
 """
@@ -71,6 +73,7 @@ def write_folder(
     """Write `config.json` and `state` (checkpoint names) as an HF folder, atomically;
     `extra_files` (name → bytes: tokenizer files, generation_config.json) go in with them."""
     folder = Path(folder)
+    check_replaceable(folder)
     tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -93,6 +96,23 @@ def write_folder(
     if folder.exists():
         shutil.rmtree(folder)
     tmp.rename(folder)
+
+
+def check_replaceable(folder: Path) -> None:
+    """Raise ModelFolderError unless `folder` is absent, empty, or a model folder (a
+    `config.json` and plain files only), the only kinds `write_folder` replaces."""
+    if not folder.exists() and not folder.is_symlink():
+        return
+    if folder.is_symlink() or not folder.is_dir():
+        raise ModelFolderError(f"{folder} exists and is not a folder; choose another output")
+    children = list(folder.iterdir())
+    if not children:
+        return
+    if not (folder / CONFIG).is_file() or any(c.is_dir() or c.is_symlink() for c in children):
+        raise ModelFolderError(
+            f"{folder} exists and is not a model folder (no {CONFIG}, or it holds folders); "
+            "refusing to replace it: choose an empty or new output folder"
+        )
 
 
 def _split(tensors: StateDict, max_shard_bytes: int | None) -> list[StateDict]:

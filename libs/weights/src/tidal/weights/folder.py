@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tidal.common.durable import commit_dir, fsync_path
+from tidal.common.removal import remove_inside
 from tidal.weights.manifest import (
     FULL_WEIGHTS,
     MANIFEST_FILE,
@@ -57,7 +57,7 @@ def sweep_partial(root: Path) -> None:
     if root.is_dir():
         for child in root.iterdir():
             if child.name.startswith(TMP_PREFIX):
-                shutil.rmtree(child, ignore_errors=True)
+                remove_inside(child, root, ignore_errors=True)
 
 
 def write_version(

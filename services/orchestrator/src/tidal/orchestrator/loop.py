@@ -309,9 +309,13 @@ class RLLoop:
             step, batches, sft=sft, timeout=self.config.timeouts.train_s
         )
         self._last_train_end = time.monotonic()
+        # A step the trainer already trained with *other* data never gets here: it is
+        # refused (FAILED_PRECONDITION, payload_sha256 differs), which fails the run.
         if result.duplicate:
             log.warning(
-                "step %d had been trained before; the trainer answered from its record", step
+                "step %d had been trained before with the same data (a retry); the trainer "
+                "answered from its record",
+                step,
             )
         self.progress.saw_version(result.policy_version)
         return result

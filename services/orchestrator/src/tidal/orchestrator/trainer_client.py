@@ -3,6 +3,10 @@
 Calls after start-up pass `wait_for_ready=False`: once a peer has been healthy, a dead
 peer should fail the call within the channel's retry budget (UNAVAILABLE), not hang
 until the call's deadline as wait-for-ready (the channel default) would make it.
+
+Train carries the payload's sha256: the trainer answers a repeated step id from its
+record only when the data are the same, and refuses (FAILED_PRECONDITION) a step id it
+already trained with other data. That error propagates: the step, and the run, fail.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tidal.batch.packing import PackedMicroBatch
-from tidal.batch.wire import micro_batch_to_proto
+from tidal.batch.wire import micro_batch_to_proto, payload_sha256
 from tidal.common.channel import make_channel
 from tidal.common.sections import GrpcConfig
 from tidal.orchestrator.peers import peer_call, wait_serving
@@ -66,8 +70,12 @@ class TrainerClient:
         timeout: float = 600.0,
     ) -> TrainResult:
         loss = pb.LOSS_KIND_SFT if sft else pb.LOSS_KIND_POLICY_GRADIENT
+        messages = [micro_batch_to_proto(b) for b in micro_batches]
         request = pb.TrainRequest(
-            step=step, micro_batches=[micro_batch_to_proto(b) for b in micro_batches], loss=loss
+            step=step,
+            micro_batches=messages,
+            loss=loss,
+            payload_sha256=payload_sha256(loss, messages),
         )
         with peer_call("trainer", self.address, f"Train(step={step})"):
             reply = await self.stub.Train(request, timeout=timeout, wait_for_ready=False)

@@ -31,7 +31,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -46,6 +45,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.checkpoint.stateful import Stateful
 
 from tidal.common.durable import fsync_path, fsync_tree
+from tidal.common.removal import remove_inside
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +181,7 @@ class CheckpointManager:
         if _is_rank0():
             fsync_tree(tmp)
             if final.exists():  # an older save of the same step (e.g. re-run after resume)
-                shutil.rmtree(final)
+                remove_inside(final, self.root)
             os.replace(tmp, final)
             fsync_path(self.root)
             self._prune()
@@ -208,9 +208,9 @@ class CheckpointManager:
     def _remove_temps(self) -> None:
         for path in self._temps():
             log.warning("removing %s, left by an interrupted save", path)
-            shutil.rmtree(path, ignore_errors=True)
+            remove_inside(path, self.root, ignore_errors=True)
 
     def _prune(self) -> None:
         done = self.complete()
         for _, path in done[: max(0, len(done) - self.keep_last)]:
-            shutil.rmtree(path, ignore_errors=True)
+            remove_inside(path, self.root, ignore_errors=True)

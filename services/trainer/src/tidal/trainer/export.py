@@ -12,7 +12,8 @@ Decisions:
   chat template (`companion_files.py`), so `transformers`' `AutoModelForCausalLM` /
   `AutoTokenizer` and vLLM load it as they load a downloaded model.
 - Written atomically (temp folder renamed into place, `tidal.models.hf_folder`); an
-  existing folder at `--export.out` is replaced.
+  existing model folder at `--export.out` (config.json and files) is replaced; any other
+  existing non-empty folder is refused (exit 2 naming `export.out`) and left untouched.
 - Versions holding only LoRA adapters cannot stand alone: exporting one is an error that
   names the checkpoint route instead.
 - The command's options are a config section (`[export]`), so they get `--help`, typed
@@ -42,7 +43,8 @@ USAGE = "tidal export @ run.toml [--export.out DIR] [--export.checkpoint DIR | -
 
 class ExportOptions(BaseConfig):
     out: Path | None = None
-    """Folder to write; default `<run dir>/export`. Replaced if it exists."""
+    """Folder to write; default `<run dir>/export`. An existing model folder there is
+    replaced; any other non-empty folder is refused."""
     checkpoint: Path | None = None
     """Checkpoint folder to export (`<run dir>/checkpoints/step_00000060`)."""
     version: int | None = Field(default=None, ge=0)
@@ -70,9 +72,14 @@ class ExportRunConfig(TrainerRunConfig):
 
 def export_run(config: ExportRunConfig) -> Path:
     """Write the folder; returns it. Raises ConfigError when there is nothing to export."""
-    from tidal.models.hf_folder import write_folder  # torch: after the config parsed
+    from tidal.models.hf_config import ModelFolderError
+    from tidal.models.hf_folder import check_replaceable, write_folder  # torch: after parsing
     from tidal.trainer.companion_files import run_companion_files
 
+    try:
+        check_replaceable(config.out_dir)
+    except ModelFolderError as exc:
+        raise ConfigError(f"export.out: {exc}") from None
     companions = run_companion_files(config.run.tokenizer, config.model_folder())
     source, (hf_config, state) = _weights(config)
     out = config.out_dir

@@ -14,9 +14,22 @@ Decisions:
 - The runner serves a `ServedTrainer`: one process's `Trainer` or rank 0's
   `LeaderTrainer`, alike.
 - Spans `trainer.step` and `trainer.publish` are children of the current (Train RPC) span.
-- With a `CheckpointManager` and `interval` > 0, every `interval`-th step is checkpointed
-  after it was published and recorded, still under the lock (so no step trains while
-  the state is being written). A resumed runner starts at the checkpoint's step.
+- Every step is recorded with the sha256 of its payload (`tidal.batch.wire.payload_sha256`).
+  A repeated step id is answered from the record only when its payload is the same; with
+  other data it is refused (FAILED_PRECONDITION naming the step and both fingerprints),
+  and so is a retry of a trained-but-unpublished step with other data. The trainer cannot
+  tell clients apart (no authentication yet), so a foreign client that sends step n+1
+  first gets it trained; the fingerprint makes the run's own orchestrator notice when its
+  step n+1 then arrives: refused, and the orchestrator fails the run.
+- Durability: with a `CheckpointManager` and `interval` > 0, every `interval`-th step is
+  checkpointed *before* its version is published (the alternative, reconciling on
+  `--resume` a published version newer than the checkpoint, would need weightsync to
+  retract versions). So with `interval` = 1 every published version is also in a
+  checkpoint: a trainer killed at any point resumes with `--resume` (a checkpointed but
+  unpublished step is published by `resume()`). With `interval` k > 1, the versions
+  published after the last checkpoint are lost with the process, and `--resume` refuses
+  to continue under them (publisher.check_resumable). The save runs under the lock, so no
+  step trains while the state is written. A resumed runner starts at the checkpoint's step.
 """
 
 from __future__ import annotations
@@ -47,6 +60,7 @@ class StepResult:
     policy_version: int
     metrics: dict[str, float] = field(default_factory=dict)
     duplicate: bool = False
+    payload_sha256: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -56,6 +70,7 @@ class _Pending:
     step: int
     metrics: dict[str, float]
     state_dict: dict[str, torch.Tensor]
+    payload_sha256: bytes
 
 
 class StepRunner:
@@ -101,20 +116,28 @@ class StepRunner:
         self.last_step = step
         self.ready = True
 
-    async def train(self, step: int, batches: list[MicroBatchData], kind: LossKind) -> StepResult:
+    async def train(
+        self,
+        step: int,
+        batches: list[MicroBatchData],
+        kind: LossKind,
+        *,
+        payload_sha256: bytes = b"",
+    ) -> StepResult:
+        """Train step `step` once; `payload_sha256` identifies its data (see module doc)."""
         if not self.ready:
             raise Unavailable("the trainer is still publishing version 0; retry shortly")
         # Shielded: if the caller goes away mid-step (its RPC is cancelled), the step still
         # finishes and is recorded, so a retry gets the stored answer instead of finding
         # the model one step ahead of the record.
-        return await asyncio.shield(self._train_serialized(step, batches, kind))
+        return await asyncio.shield(self._train_serialized(step, batches, kind, payload_sha256))
 
     async def _train_serialized(
-        self, step: int, batches: list[MicroBatchData], kind: LossKind
+        self, step: int, batches: list[MicroBatchData], kind: LossKind, sha: bytes
     ) -> StepResult:
         async with self._lock:
             if step <= self.last_step:
-                return self._stored(step)
+                return self._stored(step, sha)
             if step != self.last_step + 1:
                 raise FailedPrecondition(
                     f"step {step} is out of order: expected step {self.last_step + 1} "
@@ -122,19 +145,21 @@ class StepRunner:
                 )
             pending = self._pending
             if pending is None or pending.step != step:
-                pending = await self._compute(step, batches, kind)
+                pending = await self._compute(step, batches, kind, sha)
                 self._pending = pending
+                interval = self.checkpoint_interval
+                if self.checkpoints is not None and interval and step % interval == 0:
+                    await asyncio.to_thread(self.checkpoints.save, self.trainer)
             else:
+                _check_same_payload(step, pending.payload_sha256, sha)
                 log.info("step %d was trained before its publish failed; publishing again", step)
             await self.publisher.publish(step, pending.state_dict)
             self._pending = None
-            result = self._record(StepResult(step, step, pending.metrics))
-            interval = self.checkpoint_interval
-            if self.checkpoints is not None and interval and step % interval == 0:
-                await asyncio.to_thread(self.checkpoints.save, self.trainer)
-            return result
+            return self._record(StepResult(step, step, pending.metrics, payload_sha256=sha))
 
-    async def _compute(self, step: int, batches: list[MicroBatchData], kind: LossKind) -> _Pending:
+    async def _compute(
+        self, step: int, batches: list[MicroBatchData], kind: LossKind, sha: bytes
+    ) -> _Pending:
         tokens = sum(b.num_tokens for b in batches)
         attributes = {"step": step, "loss": kind, "micro_batches": len(batches), "tokens": tokens}
         with tracer.start_as_current_span("trainer.step", attributes=attributes) as span:
@@ -146,7 +171,7 @@ class StepRunner:
             step,
             extra={"fields": {k: f"{metrics[k]:.4g}" for k in ("loss", "grad_norm", "seconds")}},
         )
-        return _Pending(step, metrics, state)
+        return _Pending(step, metrics, state, sha)
 
     def _train_and_copy(
         self, step: int, batches: list[MicroBatchData], kind: LossKind
@@ -161,12 +186,25 @@ class StepRunner:
         self.last_step = result.step
         return result
 
-    def _stored(self, step: int) -> StepResult:
+    def _stored(self, step: int, sha: bytes) -> StepResult:
         result = self._results.get(step)
         if result is None:
             raise FailedPrecondition(
                 f"step {step} was trained long ago (last step {self.last_step}); only the "
                 f"answers of the last {self.keep_results} steps are kept"
             )
+        _check_same_payload(step, result.payload_sha256, sha)
         self.duplicates_answered += 1
         return replace(result, duplicate=True)
+
+
+def _check_same_payload(step: int, trained: bytes, received: bytes) -> None:
+    """A repeated step id must carry the payload it was trained with (both fingerprints
+    known); anything else is another step under the same id, refused."""
+    if trained and received and trained != received:
+        raise FailedPrecondition(
+            f"step {step} was already trained with other data (payload sha256 "
+            f"{trained.hex()[:16]}…, this request {received.hex()[:16]}…); a step id is "
+            "trained once. Another client may be training this run, or the run was "
+            "restarted without --resume"
+        )

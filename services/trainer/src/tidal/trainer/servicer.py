@@ -5,7 +5,9 @@ The `MicroBatch` codec is `tidal.batch` (proto → numpy in `wire`, numpy → to
 
 Every request is validated in full before it reaches the runner: a malformed request is
 always INVALID_ARGUMENT naming the field (`micro_batches[2].input_ids`), even when its
-step id is one already trained.
+step id is one already trained. The payload's sha256 is computed here from what arrived
+(and must equal `payload_sha256` when the sender set it) and goes with the step to the
+runner, which refuses a repeated step id carrying other data.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import grpc
 
 from tidal.batch.tensors import MicroBatchData, micro_batch_from_packed, validate_micro_batch
-from tidal.batch.wire import micro_batch_from_proto
+from tidal.batch.wire import micro_batch_from_proto, payload_sha256
 from tidal.common.errors import InvalidArgument
 from tidal.rpc.v1 import common_pb2
 from tidal.rpc.v1 import trainer_pb2 as pb
@@ -67,7 +69,14 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         self, request: pb.TrainRequest, context: grpc.aio.ServicerContext
     ) -> pb.TrainResponse:
         batches, kind = self._decode(request)
-        result = await self.runner.train(request.step, batches, kind)
+        sha = payload_sha256(request.loss, request.micro_batches)
+        if request.payload_sha256 and request.payload_sha256 != sha:
+            raise InvalidArgument(
+                "payload_sha256",
+                f"does not match the micro-batches received for step {request.step} "
+                f"(sent {request.payload_sha256.hex()[:16]}…, received data {sha.hex()[:16]}…)",
+            )
+        result = await self.runner.train(request.step, batches, kind, payload_sha256=sha)
         return pb.TrainResponse(
             step=result.step,
             policy_version=result.policy_version,

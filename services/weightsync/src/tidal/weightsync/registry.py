@@ -8,28 +8,39 @@ version of every LoRA adapter version it keeps (replicas merge adapters onto it)
 wait on an asyncio.Condition, so a Watch stream wakes exactly when something is
 published. On start the registry is rebuilt from the manifests already on disk, so a
 restarted service loses nothing.
+
+Every version holds `REQUIRED_FILES` (a manifest without config.json would register and
+then fail every replica's load): a manifest lacking one is INVALID_ARGUMENT naming the
+file, for Publish and uploads alike. Retention deletes a version's folder only when it
+lies strictly inside the weights root (`tidal.common.removal`); Publish requires the
+location to be exactly `<root>/v<version>` besides.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tidal.common.errors import FailedPrecondition, InvalidArgument, NotFound
-from tidal.weights.folder import sweep_partial
+from tidal.common.removal import remove_inside
+from tidal.weights.folder import sweep_partial, version_dir
 from tidal.weights.manifest import (
+    CONFIG_FILE,
     FULL_WEIGHTS,
     MANIFEST_FILE,
+    WEIGHTS_FILE,
     VersionEvent,
     WeightManifest,
     verify_files,
 )
 
 log = logging.getLogger(__name__)
+
+REQUIRED_FILES = (CONFIG_FILE, WEIGHTS_FILE)
+"""Files every version's manifest lists, full weights and LoRA adapters alike."""
 
 
 @dataclass
@@ -56,6 +67,13 @@ class VersionRegistry:
         for folder in sorted(self.root.glob("v*")):
             if (folder / MANIFEST_FILE).is_file():
                 manifest = WeightManifest.read(folder)
+                if Path(manifest.location).resolve() != folder.resolve():
+                    # Written before locations were checked: the files are where the
+                    # manifest is, and retention must only ever delete this folder.
+                    log.warning(
+                        "%s names location %s; using its own folder", folder, manifest.location
+                    )
+                    manifest = replace(manifest, location=str(folder))
                 self._entries[manifest.version] = _Entry(VersionEvent(manifest))
         if self._entries:
             log.info("recovered versions %s from %s", sorted(self._entries), self.root)
@@ -91,6 +109,7 @@ class VersionRegistry:
     ) -> None:
         """Register a version whose files are in place; `verified` skips re-hashing files
         the caller just hashed while writing them (uploads)."""
+        check_required_files(manifest)
         self.check_newer(manifest.version)
         self.check_base(manifest)
         if not verified:
@@ -105,6 +124,17 @@ class VersionRegistry:
         self._retain()
         async with self._changed:
             self._changed.notify_all()
+
+    def check_location(self, location: Path, version: int) -> None:
+        """A published folder must be exactly the registry's `<root>/v<version>`, so
+        retention can only ever delete a version's own folder."""
+        expected = version_dir(self.root, version)
+        if location.resolve() != expected.resolve():
+            raise InvalidArgument(
+                "manifest.location",
+                f"must be {expected} (the folder of version {version} under the weights "
+                f"root), got {location}",
+            )
 
     def check_base(self, manifest: WeightManifest) -> None:
         """LoRA adapters must name a registered full-weights version as their base."""
@@ -162,5 +192,17 @@ class VersionRegistry:
         keep |= {base for base in bases if base is not None}
         for version in sorted(set(self._entries) - keep):
             folder = Path(self._entries.pop(version).event.manifest.location)
-            shutil.rmtree(folder, ignore_errors=True)
+            remove_inside(folder, self.root, ignore_errors=True)
             log.info("retention removed version %d", version)
+
+
+def check_required_files(manifest: WeightManifest) -> None:
+    """Raise InvalidArgument naming the first of `REQUIRED_FILES` the manifest lacks."""
+    listed = {f.path for f in manifest.files}
+    for name in REQUIRED_FILES:
+        if name not in listed:
+            raise InvalidArgument(
+                "manifest.files",
+                f"version {manifest.version} lacks {name}: every version holds "
+                f"{' and '.join(REQUIRED_FILES)}",
+            )

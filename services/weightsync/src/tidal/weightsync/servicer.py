@@ -48,9 +48,7 @@ class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
         self, request: pb.PublishRequest, context: grpc.aio.ServicerContext
     ) -> pb.PublishResponse:
         manifest = manifest_from_proto(request.manifest)
-        root = self.registry.root.resolve()
-        if not Path(manifest.location).resolve().is_relative_to(root):
-            raise InvalidArgument("manifest.location", f"must be inside the shared root {root}")
+        self.registry.check_location(Path(manifest.location), manifest.version)
         # The publish span is the parent of every replica's load of this version.
         await self.registry.publish(manifest, inject_carrier())
         return pb.PublishResponse(version=manifest.version)

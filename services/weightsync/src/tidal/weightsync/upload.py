@@ -37,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import shutil
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -46,6 +45,7 @@ from typing import BinaryIO
 
 from tidal.common.durable import commit_dir, fsync_path
 from tidal.common.errors import InvalidArgument, Unavailable
+from tidal.common.removal import remove_inside
 from tidal.weights.folder import TMP_PREFIX, sweep_partial, version_dir
 from tidal.weights.manifest import MANIFEST_FILE, CorruptWeights, WeightManifest
 
@@ -79,6 +79,7 @@ class UploadSession:
     def __init__(self, root: Path, manifest: WeightManifest) -> None:
         self.manifest = manifest
         self.key = _key(manifest)
+        self.root = root
         self.folder = root / f"{TMP_PREFIX}v{manifest.version:06d}-{uuid.uuid4().hex[:8]}"
         self.folder.mkdir(parents=True)
         self.expected = {f.path: f for f in manifest.files}
@@ -152,7 +153,7 @@ class UploadSession:
             self._appending = None
         for f in self.files.values():
             f.handle.close()
-        shutil.rmtree(self.folder, ignore_errors=True)
+        remove_inside(self.folder, self.root, ignore_errors=True)
 
 
 class UploadReceiver:

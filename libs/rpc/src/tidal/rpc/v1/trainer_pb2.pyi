@@ -34,14 +34,16 @@ class MicroBatch(_message.Message):
     def __init__(self, input_ids: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., position_ids: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., sample_lengths: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., loss_mask: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., advantages: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., behaviour_logprobs: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ...) -> None: ...
 
 class TrainRequest(_message.Message):
-    __slots__ = ("step", "micro_batches", "loss")
+    __slots__ = ("step", "micro_batches", "loss", "payload_sha256")
     STEP_FIELD_NUMBER: _ClassVar[int]
     MICRO_BATCHES_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_SHA256_FIELD_NUMBER: _ClassVar[int]
     step: int
     micro_batches: _containers.RepeatedCompositeFieldContainer[MicroBatch]
     loss: LossKind
-    def __init__(self, step: _Optional[int] = ..., micro_batches: _Optional[_Iterable[_Union[MicroBatch, _Mapping]]] = ..., loss: _Optional[_Union[LossKind, str]] = ...) -> None: ...
+    payload_sha256: bytes
+    def __init__(self, step: _Optional[int] = ..., micro_batches: _Optional[_Iterable[_Union[MicroBatch, _Mapping]]] = ..., loss: _Optional[_Union[LossKind, str]] = ..., payload_sha256: _Optional[bytes] = ...) -> None: ...
 
 class TrainResponse(_message.Message):
     __slots__ = ("step", "policy_version", "metrics", "duplicate")

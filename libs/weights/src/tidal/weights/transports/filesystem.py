@@ -8,10 +8,10 @@ it once; the receiver reads it with `folder.load_version` (hashing while it read
 from __future__ import annotations
 
 import asyncio
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tidal.common.removal import remove_inside
 from tidal.weights.codec import encode_files
 from tidal.weights.folder import load_version, version_dir, write_files
 from tidal.weights.manifest import WEIGHTS_FILE, WeightManifest
@@ -41,7 +41,7 @@ class FilesystemSender(WeightSender):
         registered, is replaced."""
         folder = version_dir(self.root, payload.version)
         if folder.exists():
-            shutil.rmtree(folder)
+            remove_inside(folder, self.root)
         files = encode_files(
             state_dict=payload.state_dict,
             config=payload.hf_config,

@@ -1,0 +1,152 @@
+"""A trainer SIGKILLed the moment its step's version appears in weightsync resumes.
+
+Weightsync and the trainer run as real processes (`python -m tidal.<service>`), the
+trainer with `trainer.ckpt.interval = 1`. The test sends Train(2) and kills the trainer
+as soon as version 2 is on disk, before Train(2) can answer: with the checkpoint written
+before the publish, step 2 is durable by then, so `--resume` continues at step 3 instead
+of refusing "version 2, newer than the checkpoint of step 1".
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import tomli_w
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tidal.cli.launcher import free_port
+from tidal.common.tensors import encode_array
+from tidal.rpc.v1 import common_pb2
+from tidal.rpc.v1 import trainer_pb2 as pb
+from tidal.rpc.v1 import trainer_pb2_grpc as pb_grpc
+from tidal.weights.folder import version_dir
+from tidal.weights.manifest import MANIFEST_FILE
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+TINY_MODEL = {"dim": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 64}
+
+
+def micro_batch(seed: int) -> pb.MicroBatch:
+    rng = np.random.default_rng(seed)
+    lengths = [6, 9]
+    positions = np.concatenate([np.arange(n) for n in lengths])
+    mask = (positions >= 2).astype(np.float32)
+    advantages = np.repeat(rng.standard_normal(len(lengths)), lengths) * mask
+    arrays = {
+        "input_ids": rng.integers(0, 259, sum(lengths)).astype(np.int32),
+        "position_ids": positions.astype(np.int32),
+        "sample_lengths": np.array(lengths, dtype=np.int32),
+        "loss_mask": mask,
+        "advantages": advantages.astype(np.float32),
+        "behaviour_logprobs": (-5.6 * mask).astype(np.float32),
+    }
+    return pb.MicroBatch(**{name: encode_array(a) for name, a in arrays.items()})
+
+
+def train_request(step: int) -> pb.TrainRequest:
+    return pb.TrainRequest(
+        step=step, micro_batches=[micro_batch(step)], loss=pb.LOSS_KIND_POLICY_GRADIENT
+    )
+
+
+class Stack:
+    def __init__(self, tmp_path: Path) -> None:
+        self.run_dir = tmp_path / "outputs" / "killed"
+        self.trainer_address = f"127.0.0.1:{free_port()}"
+        config = {
+            "run": {"output_dir": str(tmp_path / "outputs"), "name": "killed"},
+            "endpoints": {
+                "trainer": self.trainer_address,
+                "weightsync": f"127.0.0.1:{free_port()}",
+            },
+            "grpc": {"shutdown_grace_s": 0.5},
+            "trainer": {"device": "cpu", "model": TINY_MODEL, "ckpt": {"interval": 1}},
+        }
+        (self.run_dir / "logs").mkdir(parents=True)
+        self.config = self.run_dir / "config.toml"
+        self.config.write_text(tomli_w.dumps(config))
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    def start(self, name: str, *extra: str) -> subprocess.Popen[bytes]:
+        log = (self.run_dir / "logs" / f"{name}.log").open("ab")
+        process = subprocess.Popen(
+            [sys.executable, "-m", f"tidal.{name}", "@", str(self.config), *extra],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
+        )
+        self.processes.append(process)
+        return process
+
+    def log(self, name: str) -> str:
+        return (self.run_dir / "logs" / f"{name}.log").read_text()
+
+    def trainer_status(self, trainer: subprocess.Popen[bytes]) -> pb.TrainerStatus:
+        """Wait until the trainer's health is SERVING (after its startup publish), then
+        return its status. A trainer that exits meanwhile fails the test with its log."""
+        deadline = time.monotonic() + 120
+        check = health_pb2.HealthCheckRequest(service="tidal.rpc.v1.TrainerService")
+        with grpc.insecure_channel(self.trainer_address) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            while True:
+                assert trainer.poll() is None, self.log("trainer")
+                assert time.monotonic() < deadline, self.log("trainer")
+                try:
+                    if health.Check(check, timeout=5).status == SERVING:
+                        break
+                except grpc.RpcError:
+                    pass
+                time.sleep(0.2)
+            stub = pb_grpc.TrainerServiceStub(channel)
+            return stub.GetStatus(common_pb2.StatusRequest(), timeout=10)
+
+    def train(self, step: int) -> pb.TrainResponse:
+        with grpc.insecure_channel(self.trainer_address) as channel:
+            stub = pb_grpc.TrainerServiceStub(channel)
+            return stub.Train(train_request(step), timeout=120)
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    stack = Stack(tmp_path)
+    yield stack
+    for process in stack.processes:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+@pytest.mark.slow
+def test_trainer_killed_right_after_publishing_resumes_without_refusal(stack: Stack) -> None:
+    stack.start("weightsync")
+    trainer = stack.start("trainer")
+    stack.trainer_status(trainer)
+    assert stack.train(1).policy_version == 1
+
+    published = version_dir(stack.run_dir / "weights", 2) / MANIFEST_FILE
+    with grpc.insecure_channel(stack.trainer_address) as channel:
+        pending = pb_grpc.TrainerServiceStub(channel).Train.future(train_request(2), timeout=120)
+        deadline = time.monotonic() + 120
+        while not published.is_file():  # version 2 is on disk: kill before Train answers
+            assert time.monotonic() < deadline and trainer.poll() is None, stack.log("trainer")
+            time.sleep(0.005)
+        os.killpg(trainer.pid, signal.SIGKILL)
+        trainer.wait()
+        pending.cancel()  # it may have answered just before the kill; either way is the case
+
+    resumed = stack.start("trainer", "--resume")
+    status = stack.trainer_status(resumed)
+    assert (status.step, status.policy_version) == (2, 2)
+    assert "newer than the checkpoint" not in stack.log("trainer")
+    third = stack.train(3)
+    assert (third.step, third.policy_version, third.duplicate) == (3, 3, False)
