@@ -36,6 +36,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
 from tidal.common.errors import Unavailable
 from tidal.inference.batching import Batcher
 from tidal.inference.block_manager import blocks_for
@@ -44,6 +47,7 @@ from tidal.inference.paged_batching import Extend, PagedBatcher
 from tidal.inference.sequence import Sequence, sequence_budget
 
 log = logging.getLogger(__name__)
+tracer = trace.get_tracer(__name__)
 
 
 @dataclass(frozen=True)
@@ -119,7 +123,20 @@ class PagedEngine(NativeEngine):
         if work:
             members = [s for w in work for s in (w.leader, *w.followers)]
             sampled = sum(1 + len(w.followers) for w in work if w.sample)
-            if await self._forward(batcher.extend, work, members, sampled):
+            links = [trace.Link(r.span) for r in {s.owner for s in members} if r.span.is_valid]
+            # A root span linked to the requests it serves, as the slot engine's prefill.
+            with tracer.start_as_current_span(
+                "inference.prefill", otel_context.Context(), links=links
+            ) as span:
+                span.set_attributes(
+                    {
+                        "prefill.prompts": len(work),
+                        "prefill.sequences": len(members),
+                        "prefill.tokens": sum(w.end - w.start for w in work),
+                    }
+                )
+                done = await self._forward(batcher.extend, work, members, sampled)
+            if done:
                 for w in work:
                     if w.end == self._target(w.leader):
                         for s in (w.leader, *w.followers):
