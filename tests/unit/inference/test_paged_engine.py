@@ -161,3 +161,32 @@ def test_block_manager_evicts_least_recently_released_cached_blocks() -> None:
     manager.allocate()  # takes one of `first`'s blocks, released earliest
     assert manager.lookup(second, 2) == b
     assert len(manager.lookup(first, 2)) < 2
+
+
+async def test_without_prefix_caching_every_prompt_is_computed(tiny: Any) -> None:
+    async with tiny.serving(0, kv_cache="paged", block_size=BLOCK, prefix_caching=False) as engine:
+        assert isinstance(engine, PagedEngine)
+        first = await tiny.collect(engine, PROMPTS[2], SAMPLED)
+        again = await tiny.collect(engine, PROMPTS[2], SAMPLED)
+        assert engine.block_counts.prefix_hits == 0
+        assert engine.block_counts.cached == 0
+    assert_same(first, again)
+
+
+async def test_max_model_len_caps_prompt_plus_completion(tiny: Any) -> None:
+    params = SamplingParams(max_tokens=30, temperature=0.0)
+    async with tiny.serving(0, kv_cache="paged", block_size=BLOCK, max_model_len=16) as engine:
+        (completion,) = await tiny.collect(engine, PROMPTS[2], params)
+        assert engine.status().max_seq_len == tiny.args.max_seq_len  # the model's own
+    assert len(PROMPTS[2]) + len(completion.token_ids) == 16
+    assert completion.finish_reason == "length"
+
+
+async def test_a_budget_below_one_full_sequence_is_refused_naming_the_sizes(tiny: Any) -> None:
+    engine = tiny.make_engine(kv_cache="paged", block_size=BLOCK, kv_cache_mb=0.001)
+    await engine.start()
+    try:
+        with pytest.raises(ValueError, match="max_model_len = 48 needs 12"):
+            await engine.update_weights(0, tiny.args.to_hf_config(), tiny.published(0))
+    finally:
+        await engine.close()

@@ -37,12 +37,14 @@ def blocks_for(tokens: int, block_size: int) -> int:
 class BlockManager:
     """Allocation, reference counts and the content-hash prefix cache of `num_blocks` blocks."""
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, *, prefix_caching: bool = True) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(
                 f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}"
             )
         self.num_blocks, self.block_size = num_blocks, block_size
+        self.prefix_caching = prefix_caching
+        """False: no block is registered nor looked up (every prompt is computed)."""
         self._free = list(range(num_blocks - 1, -1, -1))  # never used or forgotten: a stack
         self._refs = [0] * num_blocks
         self._hash_of: dict[int, int] = {}  # block -> its content hash, for registered blocks
@@ -50,7 +52,8 @@ class BlockManager:
         self._by_hash: dict[int, int] = {}  # content hash -> block
         self._evictable: OrderedDict[int, None] = OrderedDict()  # cached, count 0, LRU first
         self.hits = 0
-        """Blocks taken from the prefix cache instead of computed (since construction)."""
+        """Blocks taken from the prefix cache instead of computed (since construction); the
+        caller counts them once it keeps what `lookup` found."""
 
     # -- read-only views ----------------------------------------------------------------------
 
@@ -113,6 +116,8 @@ class BlockManager:
         each taken with one more reference."""
         found: list[int] = []
         bs = self.block_size
+        if not self.prefix_caching:
+            return found
         for i, h in enumerate(self.chain_hashes(token_ids, max_blocks)):
             block = self._by_hash.get(h)
             if block is None or self._tokens_of[block] != tuple(token_ids[i * bs : (i + 1) * bs]):
@@ -121,7 +126,6 @@ class BlockManager:
                 del self._evictable[block]
             self._refs[block] += 1
             found.append(block)
-        self.hits += len(found)
         return found
 
     def register(
@@ -129,7 +133,7 @@ class BlockManager:
     ) -> None:
         """Register blocks `[start_block, end_block)` of `table`, full and computed, whose
         tokens are `token_ids[: end_block * block_size]`'s."""
-        if end_block <= start_block:
+        if end_block <= start_block or not self.prefix_caching:
             return
         bs = self.block_size
         hashes = self.chain_hashes(token_ids, end_block)

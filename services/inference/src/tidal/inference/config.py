@@ -55,6 +55,9 @@ class InferenceConfig(BaseConfig):
     kv_cache_memory_fraction: float | None = Field(default=None, gt=0, le=1)
     """Paged cache only: size the cache as this fraction of the device's free memory after
     the weights load, instead of `kv_cache_mb`."""
+    prefix_caching: bool = True
+    """Paged cache only: reuse the cached blocks of equal prompt prefixes across requests
+    (GRPO groups, multi-turn episodes); cleared whenever new weights load."""
 
 
 class InferenceRunConfig(ServiceRunConfig):

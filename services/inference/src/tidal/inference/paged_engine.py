@@ -70,12 +70,14 @@ class PagedEngine(NativeEngine):
         block_size: int = 16,
         max_model_len: int | None = None,
         kv_cache_memory_fraction: float | None = None,
+        prefix_caching: bool = True,
         **kwargs: Any,
     ) -> None:
         """`NativeEngine`'s options, plus the paged cache's (see `InferenceConfig`)."""
         super().__init__(**kwargs)
         self.block_size, self.max_model_len = block_size, max_model_len
         self.kv_cache_memory_fraction = kv_cache_memory_fraction
+        self.prefix_caching = prefix_caching
         self._units: dict[Sequence, Extend] = {}  # every member of a prefill in progress
         self._preempted: deque[Sequence] = deque()
         self.preemptions = 0
@@ -141,7 +143,8 @@ class PagedEngine(NativeEngine):
                     if w.end == self._target(w.leader):
                         for s in (w.leader, *w.followers):
                             self._units.pop(s, None)
-        decoding = [s for s in decoding if s in self._running_set() and not s.done]
+        running = set(self._running)
+        decoding = [s for s in decoding if s in running and not s.done]
         if decoding:
             await self._forward(batcher.decode, decoding, decoding, len(decoding))
 
@@ -160,29 +163,23 @@ class PagedEngine(NativeEngine):
         self._deliver()
         return True
 
-    def _running_set(self) -> set[Sequence]:
-        return set(self._running)
-
     def _grow_decoding(self, batcher: PagedBatcher) -> list[Sequence]:
         """Sequences ready to decode, each holding the block its next key goes to;
         preempts the most recently admitted sequences when blocks run out."""
         manager, bs = batcher.paged.blocks, batcher.paged.block_size
         ready = [s for s in self._running if s not in self._units and not s.done]
+        preempted: set[Sequence] = set()
         for s in ready:
-            if s not in self._running_set():
-                continue  # preempted for an earlier sequence's block
-            while s.position // bs >= len(s.blocks):
+            while s not in preempted and s.position // bs >= len(s.blocks):
                 if manager.available == 0:
-                    self._preempt(self._running[-1])
-                    if s not in self._running_set():
-                        break
-                    continue
-                s.blocks.append(manager.allocate())
-        running = self._running_set()
-        return [s for s in ready if s in running]
+                    preempted.update(self._preempt(self._running[-1]))
+                else:
+                    s.blocks.append(manager.allocate())
+        return [s for s in ready if s not in preempted]
 
-    def _preempt(self, victim: Sequence) -> None:
-        """Release the blocks of `victim` (and of its whole prefill unit) for recompute."""
+    def _preempt(self, victim: Sequence) -> list[Sequence]:
+        """Release the blocks of `victim` (and of its whole prefill unit) for recompute;
+        the sequences preempted."""
         unit = self._units.get(victim)
         members = [victim] if unit is None else [unit.leader, *unit.followers]
         for s in reversed(members):
@@ -192,6 +189,7 @@ class PagedEngine(NativeEngine):
             self._running.remove(s)
             self._preempted.appendleft(s)
             self.preemptions += 1
+        return members
 
     def _release(self, s: Sequence) -> None:
         if (batcher := self.paged) is not None and s.blocks:
@@ -288,6 +286,7 @@ class PagedEngine(NativeEngine):
         if manager.available < need:
             manager.release(hits)
             return None
+        manager.hits += len(hits)
         leader.blocks = hits + [manager.allocate() for _ in range(need)]
         leader.computed = len(hits) * bs
         unit = Extend(leader, leader.computed, leader.computed, sample=False)
@@ -314,7 +313,7 @@ class PagedEngine(NativeEngine):
             assert isinstance(batcher, PagedBatcher)
             batcher.paged.blocks.clear_prefix_cache()  # old keys must not serve a new version
             return batcher
-        return PagedBatcher.build_paged(
+        batcher = PagedBatcher.build_paged(
             pending.hf_config,
             pending.state_dict,
             device=self.device,
@@ -326,3 +325,5 @@ class PagedEngine(NativeEngine):
             memory_fraction=self.kv_cache_memory_fraction,
             max_model_len=self.max_model_len,
         )
+        batcher.paged.blocks.prefix_caching = self.prefix_caching
+        return batcher

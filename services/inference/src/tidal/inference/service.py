@@ -126,6 +126,7 @@ def build_engine(config: InferenceRunConfig, tokenizer: Tokenizer) -> Engine:
             "block_size": cfg.block_size,
             "max_model_len": cfg.max_model_len,
             "kv_cache_memory_fraction": cfg.kv_cache_memory_fraction,
+            "prefix_caching": cfg.prefix_caching,
         }
     return engine_class(
         **options,
