@@ -225,7 +225,7 @@ class NativeEngine(Engine):
             tokens_per_s=rate,
             model=self._model_name,
             vocab_size=args.vocab_size,
-            max_seq_len=args.max_seq_len,
+            max_seq_len=self._batcher.max_seq_len,
             kv_slots_used=used,
             kv_slots_total=total,
             kv_usage=usage,
@@ -300,7 +300,7 @@ class NativeEngine(Engine):
 
     def _admit(self, batcher: Batcher) -> list[list[Sequence]]:
         """Queued samples that fit in the free slots and the step's token budget."""
-        cache, max_seq_len = batcher.cache, batcher.model.args.max_seq_len
+        cache, max_seq_len = batcher.cache, batcher.max_seq_len
         budget = self.max_step_tokens - len(self._running)
         groups: list[list[Sequence]] = []
         tokens = 0
