@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tidal.inference.block_manager import BlockManager, blocks_for
 from tidal.inference.engine import Completion
@@ -190,3 +191,54 @@ async def test_a_budget_below_one_full_sequence_is_refused_naming_the_sizes(tiny
             await engine.update_weights(0, tiny.args.to_hf_config(), tiny.published(0))
     finally:
         await engine.close()
+
+
+async def test_new_weights_clear_the_prefix_cache(tiny: Any) -> None:
+    async with tiny.serving(0, kv_cache="paged", block_size=BLOCK) as engine:
+        assert isinstance(engine, PagedEngine)
+        await tiny.collect(engine, PROMPTS[2], SAMPLED)
+        await engine.update_weights(1, tiny.args.to_hf_config(), tiny.published(1))
+        assert engine.block_counts.cached == 0
+        hits_before = engine.block_counts.prefix_hits
+        after = await tiny.collect(engine, PROMPTS[2], SAMPLED)
+        assert engine.block_counts.prefix_hits == hits_before  # old keys were not reused
+    async with tiny.serving(1) as fresh:
+        expected = await tiny.collect(fresh, PROMPTS[2], SAMPLED)
+    assert_same(expected, after)
+
+
+async def test_cancelled_requests_under_preemption_release_every_block(tiny: Any) -> None:
+    long = SamplingParams(max_tokens=30, temperature=1.0, n=3, seed=9)
+    budget_mb = (
+        (blocks_for(tiny.args.max_seq_len, BLOCK) + 2)
+        * block_bytes(tiny.args, torch.float32, BLOCK)
+        / 2**20
+    )
+
+    async def first_piece(prompt: list[int]) -> None:
+        async for _ in engine.generate(prompt, long, stream=True):
+            return  # the caller goes away after one piece
+
+    async with tiny.serving(0, kv_cache="paged", block_size=BLOCK, kv_cache_mb=budget_mb) as engine:
+        assert isinstance(engine, PagedEngine)
+        kept = asyncio.create_task(tiny.collect(engine, PROMPTS[1], long))
+        await asyncio.gather(*(first_piece(p) for p in (PROMPTS[0], PROMPTS[2])))
+        assert [len(c.token_ids) for c in await kept] == [30] * 3
+        while engine.status().running:  # the cancelled ones are dropped at the next step
+            await asyncio.sleep(0.01)
+        assert engine.block_counts.held == 0
+
+
+async def test_a_long_prompt_is_prefilled_in_chunks_within_the_step_budget(
+    tiny: Any, span_exporter: InMemorySpanExporter
+) -> None:
+    span_exporter.clear()
+    prompt = [(5 * i) % 64 for i in range(30)]
+    params = SamplingParams(max_tokens=4, temperature=0.0)
+    async with tiny.serving(0, kv_cache="paged", block_size=BLOCK, max_step_tokens=8) as engine:
+        (chunked,) = await tiny.collect(engine, prompt, params)
+    prefills = [s for s in span_exporter.get_finished_spans() if s.name == "inference.prefill"]
+    assert [s.attributes["prefill.tokens"] for s in prefills] == [8, 8, 8, 6]
+    async with tiny.serving(0) as slots:
+        (whole,) = await tiny.collect(slots, prompt, params)
+    assert_same([whole], [chunked])
