@@ -242,3 +242,15 @@ async def test_a_long_prompt_is_prefilled_in_chunks_within_the_step_budget(
     async with tiny.serving(0) as slots:
         (whole,) = await tiny.collect(slots, prompt, params)
     assert_same([whole], [chunked])
+
+
+async def test_a_sequence_running_across_new_weights_caches_no_more_blocks(tiny: Any) -> None:
+    params = SamplingParams(max_tokens=30, temperature=0.0)
+    async with tiny.serving(0, kv_cache="paged", block_size=BLOCK) as engine:
+        assert isinstance(engine, PagedEngine)
+        pieces = engine.generate(PROMPTS[0], params, stream=True)
+        await anext(pieces)
+        await engine.update_weights(1, tiny.args.to_hf_config(), tiny.published(1))
+        rest = [p async for p in pieces]
+        assert rest[-1].finish_reason == "length" and {1} <= set(rest[-1].policy_versions)
+        assert engine.block_counts.cached == 0

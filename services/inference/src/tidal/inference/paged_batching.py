@@ -107,7 +107,8 @@ class PagedBatcher(Batcher):
         manager, bs = self.paged.blocks, self.paged.block_size
         for w in work:
             w.leader.computed = w.end
-            manager.register(w.leader.blocks, w.leader.all_ids, w.start // bs, w.end // bs)
+            if w.leader.prefix_cacheable:
+                manager.register(w.leader.blocks, w.leader.all_ids, w.start // bs, w.end // bs)
         sampling = [i for i, w in enumerate(work) if w.sample]
         if not sampling:
             return
@@ -134,7 +135,7 @@ class PagedBatcher(Batcher):
         manager, bs = self.paged.blocks, self.paged.block_size
         for s in sequences:
             s.computed = s.position + 1
-            if s.computed % bs == 0:  # the token just written filled its block
+            if s.computed % bs == 0 and s.prefix_cacheable:  # it just filled its block
                 full = s.computed // bs
                 manager.register(s.blocks, s.all_ids, full - 1, full)
         self._sample(sequences, logits, version)

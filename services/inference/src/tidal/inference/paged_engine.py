@@ -23,7 +23,9 @@ Decisions:
   steps while the running sequences keep decoding. The first prefill of a step always
   gets at least one token, so nothing starves.
 - The prefix cache is cleared when new weights are applied: keys computed by an old
-  version must not become a new version's prompt keys. Sequences already running keep
+  version must not become a new version's prompt keys; sequences running across the swap
+  register no further blocks (theirs attend to old keys). A preempted sequence recomputes
+  everything with the new weights, so its blocks are cacheable again. Sequences already running keep
   their keys, as with the slot engine.
 - `GetStatus` counts: `kv_slots_*` are running sequences against `max_batch_size`,
   `kv_usage` is the fraction of blocks held.
@@ -183,6 +185,7 @@ class PagedEngine(NativeEngine):
         unit = self._units.get(victim)
         members = [victim] if unit is None else [unit.leader, *unit.followers]
         for s in reversed(members):
+            s.prefix_cacheable = True  # recomputed from scratch with the weights of then
             self._units.pop(s, None)
             self._release(s)
             s.computed = 0
@@ -312,6 +315,8 @@ class PagedEngine(NativeEngine):
             batcher = super()._swap(pending)
             assert isinstance(batcher, PagedBatcher)
             batcher.paged.blocks.clear_prefix_cache()  # old keys must not serve a new version
+            for s in self._running:  # nor blocks computed later on top of them
+                s.prefix_cacheable = False
             return batcher
         batcher = PagedBatcher.build_paged(
             pending.hf_config,

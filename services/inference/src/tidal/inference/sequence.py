@@ -53,6 +53,9 @@ class Sequence:
     """Block table in the paged KV cache (empty with the slot cache)."""
     computed: int = 0
     """Paged cache only: positions whose keys and values are cached."""
+    prefix_cacheable: bool = True
+    """Paged cache only: whether its full blocks may enter the prefix cache (False once
+    new weights arrive mid-sequence: its keys mix versions)."""
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     model_logprobs: list[float] = field(default_factory=list)
