@@ -8,11 +8,13 @@ Decisions:
 - Reads gather: before attention, a sequence's rows `[0, S)` are gathered into a
   contiguous `(B, Hkv, S, D)` view and handed to SDPA, exactly the tensors the slot cache
   hands it. This is the simple CPU implementation: one extra copy of the keys read per
-  layer and step (on the benchmark's sizes a few percent of a decode step, measured in
-  docs/inference.md), in exchange for reusing the SDPA kernels and giving bit-for-bit
-  the numbers of the slot cache on decode. A GPU kernel (vLLM's paged attention,
-  FlashInfer, flash-attn's `block_table` argument) reads keys straight from the blocks
-  inside the attention kernel and never materialises the gathered copy.
+  layer and step, in exchange for reusing the SDPA kernels and giving the slot cache's
+  numbers on decode. Measured end to end (16 sequences, 64 new tokens, fp32, one
+  thread, docs/benchmarks/inference_paged.md): 0.93-0.98x the slot cache's tokens/s at
+  32-64-token prompts, ~0.82x at 384-token prompts, the gather growing with context.
+  A GPU kernel (vLLM's paged attention, FlashInfer, flash-attn's `block_table` argument)
+  reads keys straight from the blocks inside the attention kernel and never
+  materialises the gathered copy.
 - Prefill is an *extend*: each sequence computes positions `[start, end)` on top of
   `start` positions already cached (a prefix-cache hit, an earlier chunk of a chunked
   prefill, or nothing). With `start == 0` it is plain causal SDPA over the new keys (as
