@@ -21,6 +21,7 @@ import torch
 from tidal.inference.config import InferenceConfig
 from tidal.inference.engine import Completion
 from tidal.inference.native import NativeEngine
+from tidal.inference.paged_engine import PagedEngine
 from tidal.inference.sampling import SamplingParams
 from tidal.models.args import DecoderArgs
 from tidal.models.layers import DecoderLM, token_logprobs
@@ -50,7 +51,8 @@ class TinyLlama:
 
     def make_engine(self, **kwargs: Any) -> NativeEngine:
         """A native engine (not started) with the service's defaults, overridable; no
-        tokenizer (the model's 64 ids fit none), so ids only."""
+        tokenizer (the model's 64 ids fit none), so ids only. `kv_cache="paged"` gives the
+        paged engine (its options, e.g. `block_size`, then apply)."""
         defaults = InferenceConfig()
         options = {
             "max_batch_size": 128,
@@ -60,6 +62,8 @@ class TinyLlama:
             "dtype": torch.float32,
             **kwargs,
         }
+        if options.pop("kv_cache", "slots") == "paged":
+            return PagedEngine(device=torch.device("cpu"), seed=0, **options)
         return NativeEngine(device=torch.device("cpu"), seed=0, **options)
 
     @contextlib.asynccontextmanager

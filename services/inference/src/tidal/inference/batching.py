@@ -31,6 +31,23 @@ from tidal.inference.sequence import Sequence
 from tidal.models.layers import DecoderLM
 
 
+def build_served_model(
+    hf_config: dict[str, Any],
+    state_dict: dict[str, torch.Tensor],
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    kernel: LinearKernel,
+    batch_hint: int,
+) -> DecoderLM:
+    """The model of the first version, its linears packed if `kernel` asks, weights loaded."""
+    model = build_model(hf_config, device=device, dtype=dtype)
+    if kernel.packed:  # before loading: the packed copies follow every later load
+        pack_linears(model, batch_hint=batch_hint, compute_dtype=kernel.compute_dtype)
+    load_weights(model, state_dict)
+    return model
+
+
 class Batcher:
     """Runs prefill and decode steps of sequences that own slots of `cache`."""
 
@@ -52,12 +69,16 @@ class Batcher:
         kv_cache_mb: float,
     ) -> Batcher:
         """The model of the first version, its weights loaded, and a KV cache sized for it."""
-        model = build_model(hf_config, device=device, dtype=dtype)
-        if kernel.packed:  # before loading: the packed copies follow every later load
-            pack_linears(model, batch_hint=max_slots, compute_dtype=kernel.compute_dtype)
-        load_weights(model, state_dict)
+        model = build_served_model(
+            hf_config, state_dict, device=device, dtype=dtype, kernel=kernel, batch_hint=max_slots
+        )
         slots = slots_within(model.args, dtype, memory_mb=kv_cache_mb, max_slots=max_slots)
         return cls(model, SlotKVCache(model.args, slots=slots, dtype=dtype, device=device))
+
+    @property
+    def max_seq_len(self) -> int:
+        """Longest sequence (prompt plus completion) this batcher serves."""
+        return self.model.args.max_seq_len
 
     @torch.inference_mode()
     def prefill(self, groups: list[list[Sequence]], version: int) -> None:

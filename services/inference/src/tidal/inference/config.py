@@ -76,6 +76,22 @@ class InferenceConfig(BaseConfig):
     """vLLM only: fraction of GPU memory vLLM may take for weights and KV cache."""
     replica_id: str = ""
     """Name of this replica in weight-sync's registry; empty means "inference-<pid>"."""
+    kv_cache: Literal["slots", "paged"] = "slots"
+    """Native engine's KV cache: "slots" (one full-context slot per running sequence, the
+    fastest on small CPU models) or "paged" (blocks of `block_size` tokens: memory follows
+    the tokens held, automatic prefix caching across requests, chunked prefill and
+    preemption; what a real model's context needs). See docs/inference.md."""
+    block_size: int = Field(default=16, gt=0)
+    """Paged cache only: token positions per block."""
+    max_model_len: int | None = Field(default=None, gt=0)
+    """Paged cache only: longest prompt plus completion served, capping the model's context
+    (None: the model's own `max_position_embeddings`)."""
+    kv_cache_memory_fraction: float | None = Field(default=None, gt=0, le=1)
+    """Paged cache only: size the cache as this fraction of the device's free memory after
+    the weights load, instead of `kv_cache_mb`."""
+    prefix_caching: bool = True
+    """Paged cache only: reuse the cached blocks of equal prompt prefixes across requests
+    (GRPO groups, multi-turn episodes); cleared whenever new weights load."""
     http: OpenAIHttpConfig = OpenAIHttpConfig()
     """The OpenAI-compatible HTTP endpoint (off by default)."""
 

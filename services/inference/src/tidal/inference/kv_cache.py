@@ -5,7 +5,8 @@ Decisions:
   values, allocated once under the configured memory bound and reused by every request.
   A sequence owns one slot from admission to its end. Slots waste the tail of short
   sequences but make every access a plain index (no block tables, no gather kernels), which
-  is what makes the CPU path fast; paged blocks would pay off for long, ragged contexts.
+  is what makes the CPU path fast; the paged cache (`paged_kv.py`, `inference.kv_cache =
+  "paged"`) is the alternative for long contexts and real model sizes.
 - Prefill packs the new prompts into one `(1, T)` row, no padding, and runs causal
   attention per prompt, writing each prompt's keys and values to positions `[0, n)` of
   its slot. A right-padded `(G, max_len)` batch was the earlier choice: at the

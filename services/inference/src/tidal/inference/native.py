@@ -164,7 +164,7 @@ class NativeEngine(Engine):
             raise ResourceExhausted(
                 f"{len(self._queue)} requests are queued (inference.max_queue); retry later"
             )
-        max_seq_len = self._batcher.model.args.max_seq_len
+        max_seq_len = self._batcher.max_seq_len
         if not prompt_ids or sequence_budget(len(prompt_ids), params.max_tokens, max_seq_len) < 1:
             raise ValueError(f"a prompt of {len(prompt_ids)} tokens leaves no room to generate")
         if params.stop and self.tokenizer is None:
@@ -215,8 +215,8 @@ class NativeEngine(Engine):
                 self._version, 0, len(self._queue), self._generated, rate, "", 0, 0,
                 kernels=self.kernel.name, load_error=self._load_error,
             )  # fmt: skip
-        args, cache = self._batcher.model.args, self._batcher.cache
-        cached_tokens = sum(s.position + 1 for s in self._running)
+        args = self._batcher.model.args
+        used, total, usage = self._kv_occupancy(self._batcher)
         return EngineStatus(
             policy_version=self._version,
             running=len(self._running),
@@ -225,13 +225,19 @@ class NativeEngine(Engine):
             tokens_per_s=rate,
             model=self._model_name,
             vocab_size=args.vocab_size,
-            max_seq_len=args.max_seq_len,
-            kv_slots_used=cache.used,
-            kv_slots_total=cache.slots,
-            kv_usage=cached_tokens / (cache.slots * args.max_seq_len),
+            max_seq_len=self._batcher.max_seq_len,
+            kv_slots_used=used,
+            kv_slots_total=total,
+            kv_usage=usage,
             kernels=self.kernel.name,
             load_error=self._load_error,
         )
+
+    def _kv_occupancy(self, batcher: Batcher) -> tuple[int, int, float]:
+        """Slots used, slots, and the fraction of cached positions holding running tokens."""
+        cache, max_seq_len = batcher.cache, batcher.model.args.max_seq_len
+        cached_tokens = sum(s.position + 1 for s in self._running)
+        return cache.used, cache.slots, cached_tokens / (cache.slots * max_seq_len)
 
     # -- scheduler -------------------------------------------------------------------------
 
@@ -294,7 +300,7 @@ class NativeEngine(Engine):
 
     def _admit(self, batcher: Batcher) -> list[list[Sequence]]:
         """Queued samples that fit in the free slots and the step's token budget."""
-        cache, max_seq_len = batcher.cache, batcher.model.args.max_seq_len
+        cache, max_seq_len = batcher.cache, batcher.max_seq_len
         budget = self.max_step_tokens - len(self._running)
         groups: list[list[Sequence]] = []
         tokens = 0

@@ -49,6 +49,13 @@ class Sequence:
     text: CompletionText | None = None
     """The completion's text; None for an engine without a tokenizer (ids only)."""
     slot: int = -1
+    blocks: list[int] = field(default_factory=list)
+    """Block table in the paged KV cache (empty with the slot cache)."""
+    computed: int = 0
+    """Paged cache only: positions whose keys and values are cached."""
+    prefix_cacheable: bool = True
+    """Paged cache only: whether its full blocks may enter the prefix cache (False once
+    new weights arrive mid-sequence: its keys mix versions)."""
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     model_logprobs: list[float] = field(default_factory=list)
@@ -65,6 +72,11 @@ class Sequence:
     def position(self) -> int:
         """Cache position of the last token, the one the next decode step feeds."""
         return len(self.prompt_ids) + len(self.token_ids) - 1
+
+    @property
+    def all_ids(self) -> list[int]:
+        """Prompt followed by the completion so far."""
+        return self.prompt_ids + self.token_ids
 
     def append(self, token: int, logprob: float, model_logprob: float | None, version: int) -> None:
         """Record one sampled token and decide whether the sequence ends with it."""

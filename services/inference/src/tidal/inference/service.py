@@ -25,7 +25,7 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tidal.common.config import load_or_exit
 from tidal.common.cpu_features import bf16_cost_warning
@@ -140,7 +140,20 @@ def build_engine(config: InferenceRunConfig, tokenizer: Tokenizer) -> Engine:
     bf16_on_cpu = cfg.dtype == "bfloat16" and device.type == "cpu"
     if bf16_on_cpu and (warning := bf16_cost_warning('inference.dtype = "bfloat16"')):
         log.warning("%s (the linears compute in fp32 from upcast copies)", warning)
-    return NativeEngine(
+    options: dict[str, Any] = {}
+    engine_class: type[NativeEngine] = NativeEngine
+    if cfg.kv_cache == "paged":
+        from tidal.inference.paged_engine import PagedEngine
+
+        engine_class = PagedEngine
+        options = {
+            "block_size": cfg.block_size,
+            "max_model_len": cfg.max_model_len,
+            "kv_cache_memory_fraction": cfg.kv_cache_memory_fraction,
+            "prefix_caching": cfg.prefix_caching,
+        }
+    return engine_class(
+        **options,
         device=device,
         dtype=DTYPES[cfg.dtype],
         max_batch_size=cfg.max_batch_size,

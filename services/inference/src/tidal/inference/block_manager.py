@@ -1,0 +1,159 @@
+"""Blocks of the paged KV cache: who holds which, and which full blocks can be reused.
+
+Decisions:
+- The cache is `num_blocks` blocks of `block_size` token positions. A sequence holds a
+  block table (list of block ids); position p lives in block `table[p // block_size]` at
+  offset `p % block_size`. A sequence holds ceil(tokens / block_size) blocks, so memory
+  grows with the tokens actually cached, not with the model's context.
+- Blocks are reference counted. A block referenced by several tables is shared, never
+  copied: the n samples of a GRPO group share their prompt's full blocks; only the
+  partial last block is copied per sample (it will be written to).
+- Automatic prefix caching: a *full* block whose keys and values are computed is
+  registered under a content hash chained from its predecessor's hash (so equal tokens
+  at a different prefix never collide). A new sequence looks its full blocks up in
+  order and takes hits without computing them. Hashes are Python tuple hashes of
+  (parent hash, tokens): collisions are astronomically unlikely within one process, and
+  the block's tokens are stored and compared on every hit, so a collision is a miss,
+  never wrong keys.
+- A block whose count drops to 0 stays cached (and findable) until its memory is needed:
+  free blocks are taken first, then cached ones least recently released (an ordered
+  dict is the LRU). So turn k+1 of a multi-turn episode finds turn k's blocks as long as
+  the memory was not needed meanwhile.
+- `clear_prefix_cache` forgets every hash (blocks in use stay with their holders): the
+  engine calls it when new weights arrive, because keys computed by old weights must not
+  be served as a new version's prefix.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    """Blocks that hold `tokens` positions."""
+    return -(-tokens // block_size)
+
+
+class BlockManager:
+    """Allocation, reference counts and the content-hash prefix cache of `num_blocks` blocks."""
+
+    def __init__(self, num_blocks: int, block_size: int, *, prefix_caching: bool = True) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(
+                f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}"
+            )
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.prefix_caching = prefix_caching
+        """False: no block is registered nor looked up (every prompt is computed)."""
+        self._free = list(range(num_blocks - 1, -1, -1))  # never used or forgotten: a stack
+        self._refs = [0] * num_blocks
+        self._hash_of: dict[int, int] = {}  # block -> its content hash, for registered blocks
+        self._tokens_of: dict[int, tuple[int, ...]] = {}
+        self._by_hash: dict[int, int] = {}  # content hash -> block
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # cached, count 0, LRU first
+        self.hits = 0
+        """Blocks taken from the prefix cache instead of computed (since construction); the
+        caller counts them once it keeps what `lookup` found."""
+
+    # -- read-only views ----------------------------------------------------------------------
+
+    @property
+    def used(self) -> int:
+        """Blocks referenced by at least one sequence."""
+        return self.num_blocks - len(self._free) - len(self._evictable)
+
+    @property
+    def available(self) -> int:
+        """Blocks an allocation can take now: free ones plus cached ones nobody holds."""
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def cached(self) -> int:
+        """Blocks registered in the prefix cache (held or not)."""
+        return len(self._by_hash)
+
+    # -- allocation ---------------------------------------------------------------------------
+
+    def allocate(self) -> int:
+        """A block with count 1; evicts the least recently released cached block if needed."""
+        if self._free:
+            block = self._free.pop()
+        elif self._evictable:
+            block, _ = self._evictable.popitem(last=False)
+            self._forget(block)
+        else:
+            raise RuntimeError("no free KV-cache block (the scheduler admits only what fits)")
+        self._refs[block] = 1
+        return block
+
+    def share(self, block: int) -> int:
+        """One more holder of `block` (a group sample sharing its prompt)."""
+        self._refs[block] += 1
+        return block
+
+    def release(self, table: list[int]) -> None:
+        """Drop one reference to each block of `table`; cached blocks stay findable."""
+        for block in reversed(table):  # the tail first: it is the least likely to be reused
+            self._refs[block] -= 1
+            if self._refs[block] == 0:
+                if block in self._hash_of:
+                    self._evictable[block] = None
+                else:
+                    self._free.append(block)
+
+    # -- prefix cache -------------------------------------------------------------------------
+
+    def chain_hashes(self, token_ids: list[int], full_blocks: int) -> list[int]:
+        """Content hashes of the first `full_blocks` blocks of `token_ids`."""
+        hashes, parent, bs = [], 0, self.block_size
+        for i in range(full_blocks):
+            parent = hash((parent, tuple(token_ids[i * bs : (i + 1) * bs])))
+            hashes.append(parent)
+        return hashes
+
+    def lookup(self, token_ids: list[int], max_blocks: int) -> list[int]:
+        """Cached blocks holding the longest prefix of `token_ids` (at most `max_blocks`),
+        each taken with one more reference."""
+        found: list[int] = []
+        bs = self.block_size
+        if not self.prefix_caching:
+            return found
+        for i, h in enumerate(self.chain_hashes(token_ids, max_blocks)):
+            block = self._by_hash.get(h)
+            if block is None or self._tokens_of[block] != tuple(token_ids[i * bs : (i + 1) * bs]):
+                break
+            if self._refs[block] == 0:
+                del self._evictable[block]
+            self._refs[block] += 1
+            found.append(block)
+        return found
+
+    def register(
+        self, table: list[int], token_ids: list[int], start_block: int, end_block: int
+    ) -> None:
+        """Register blocks `[start_block, end_block)` of `table`, full and computed, whose
+        tokens are `token_ids[: end_block * block_size]`'s."""
+        if end_block <= start_block or not self.prefix_caching:
+            return
+        bs = self.block_size
+        hashes = self.chain_hashes(token_ids, end_block)
+        for i in range(start_block, end_block):
+            block, h = table[i], hashes[i]
+            if block in self._hash_of or h in self._by_hash:
+                continue  # already registered, or an equal block is: keep the first
+            self._hash_of[block] = h
+            self._tokens_of[block] = tuple(token_ids[i * bs : (i + 1) * bs])
+            self._by_hash[h] = block
+
+    def clear_prefix_cache(self) -> None:
+        """Forget every registered block (new weights make their keys stale)."""
+        for block in list(self._hash_of):
+            self._forget(block)
+        while self._evictable:
+            block, _ = self._evictable.popitem(last=False)
+            self._free.append(block)
+
+    def _forget(self, block: int) -> None:
+        h = self._hash_of.pop(block)
+        del self._tokens_of[block]
+        del self._by_hash[h]
