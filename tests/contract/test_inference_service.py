@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from tidal.common.sections import Endpoints, GrpcConfig, RunSection, TelemetryConfig
 from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.inference.config import InferenceConfig, InferenceRunConfig
-from tidal.inference.service import RunningInference, start_inference
+from tidal.inference.service import RunningInference, not_serving_if_ended, start_inference
 from tidal.models.args import DecoderArgs
 from tidal.models.hf_checkpoint import load_hf_folder, publishable_state_dict
 from tidal.models.layers import DecoderLM
@@ -305,6 +305,47 @@ async def test_corrupt_or_misfit_versions_are_skipped_and_old_one_served(
     assert (await ready.status()).policy_version == 0
     (reply,) = await ready.generate(prompt="hi", sampling=pb.SamplingParams(max_tokens=3))
     assert set(reply.policy_versions) == {0}
+
+
+async def test_a_version_failing_unforeseen_is_skipped_and_the_next_one_loads(
+    weightsync_server: Any, ready: Inference, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exception no `except` foresaw (here a RuntimeError injected into the real
+    engine's first load) used to end the reload task: health stayed SERVING and no later
+    version was ever loaded. Now that version is skipped and the next one loads."""
+    engine = ready.running.engine
+    real_update = engine.update_weights
+    calls = 0
+
+    async def fails_once(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("injected: a failure nobody foresaw")
+        return await real_update(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "update_weights", fails_once)
+    await publish(weightsync_server, 1)
+    await publish(weightsync_server, 2)
+    await ready.at_version(2)  # the watcher went on past the failed version
+    assert ready.running.watcher.skipped == [1]
+    assert await ready.serving()
+
+
+async def test_a_watcher_task_that_ends_turns_health_not_serving(ready: Inference) -> None:
+    async def dies() -> None:
+        raise RuntimeError("watcher bug")
+
+    task = asyncio.create_task(dies())
+    with contextlib.suppress(RuntimeError):
+        await task
+    assert await ready.serving()
+    not_serving_if_ended(task, ready.running.server)
+    for _ in range(50):
+        if not await ready.serving():
+            break
+        await asyncio.sleep(0.02)
+    assert not await ready.serving()
 
 
 async def test_watch_reconnects_after_weightsync_restart(

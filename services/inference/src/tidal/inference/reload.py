@@ -20,7 +20,12 @@ Decisions:
   version is registered (the broadcast can beat the registration), so weight-sync's
   `loaded_by` means "serving". A failed ack is logged, not fatal.
 - A version that fails verification or does not fit the model is logged and skipped;
-  the engine keeps serving the previous one, and the next version is tried normally.
+  the engine keeps serving the previous one, and the next version is tried normally. So
+  is a version whose load fails in a way nobody foresaw (logged with its traceback): one
+  bad version must not end the task that follows all later ones. The service also
+  watches the task itself: should it ever end, health turns NOT_SERVING
+  (`service.py`), since a replica that no longer follows versions would otherwise keep
+  answering with ever staler weights while the orchestrator waits for a load.
 - Each load is a span whose parent is the publish span carried in the event.
 - A replica starting (or joining late) watches from the newest version on: older ones
   would only be loaded to be replaced.
@@ -121,6 +126,8 @@ class WeightWatcher:
                     exc.details(),
                     backoff,
                 )
+            except Exception:  # unforeseen: keep following versions rather than die silently
+                log.exception("weight watcher failed; retrying in %.1fs", backoff)
             await asyncio.sleep(backoff)
             backoff = min(2 * backoff, BACKOFF_MAX_S)
 
@@ -188,14 +195,20 @@ class WeightWatcher:
                 )
             except (CorruptWeights, ValueError, OSError) as exc:
                 log.error("skipping version %d: %s", manifest.version, exc)
-                span.record_exception(exc)
-                span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
-                self.skipped.append(manifest.version)
-                return False
+                return self._skip(manifest.version, exc, span)
+            except Exception as exc:  # e.g. a config.json missing a key: never the task's end
+                log.exception("skipping version %d: unexpected failure", manifest.version)
+                return self._skip(manifest.version, exc, span)
             span.set_attribute("weights.load_s", time.perf_counter() - started)
         if not installed:  # a broadcast of this version won the race
             await self._ack(manifest.version)
         return True
+
+    def _skip(self, version: int, exc: BaseException, span: trace.Span) -> bool:
+        span.record_exception(exc)
+        span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
+        self.skipped.append(version)
+        return False
 
     async def _begin_load(self, version: int) -> bool:
         """Ask weight-sync to keep the version's files while we read them; False if gone."""

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from tidal.text.protocol import Tokenizer
 
 log = logging.getLogger(__name__)
+_BACKGROUND: set[asyncio.Task[None]] = set()  # health updates scheduled from callbacks
 FULL_NAME = "tidal.rpc.v1.InferenceService"
 
 
@@ -100,10 +101,25 @@ async def start_inference(config: InferenceRunConfig) -> RunningInference:
     client = WeightSyncClient(config.endpoints.weightsync, config.grpc)
     watcher = WeightWatcher(client, engine, replica_id, on_loaded=on_loaded)
     task = asyncio.create_task(watcher.run(), name="weight-watcher")
+    task.add_done_callback(lambda done: not_serving_if_ended(done, server))
     running = RunningInference(server, engine, watcher, client, task, replica_id)
     if cfg.http.enabled:
         running.http = await start_openai_http(config, engine, tokenizer)
     return running
+
+
+def not_serving_if_ended(task: asyncio.Task[None], server: GrpcServer) -> None:
+    """The weight watcher only ends when cancelled (shutdown); if it ever ends otherwise,
+    this replica stops following versions, so it must stop reporting SERVING."""
+    if task.cancelled():
+        return
+    log.error(
+        "the weight watcher ended (%s); this replica follows no more versions: NOT_SERVING",
+        task.exception() or "returned",
+    )
+    health = asyncio.get_running_loop().create_task(server.set_serving(False))
+    _BACKGROUND.add(health)
+    health.add_done_callback(_BACKGROUND.discard)
 
 
 async def start_openai_http(
