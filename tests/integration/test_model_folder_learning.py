@@ -5,7 +5,8 @@ default reversal task through the folder's chat template, and the reward rises.
 
 The folder has the default run's size (2 layers, dim 128), so the bar is the default
 run's: the mean reward of the last five RL steps at least 0.3 above the first five's
-(measured on the 2-core CPU machine: 0.05 → 0.58, 75 steps in ~30 s).
+(measured with this very folder on the 2-core CPU machine: 0.05 → 0.63, 75 steps in
+~38 s, `tidal rl @ configs/default.toml --trainer.model.path DIR`).
 """
 
 from __future__ import annotations
