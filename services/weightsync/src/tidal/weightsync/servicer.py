@@ -1,4 +1,10 @@
-"""WeightSyncService: proto ⇄ registry. Errors are raised; the interceptor maps them."""
+"""WeightSyncService: proto ⇄ registry. Errors are raised; the interceptor maps them.
+
+Every field a caller sets is checked here or in the registry and refused
+INVALID_ARGUMENT naming it (FetchWeights' `offset` against the file's size from the
+manifest, before any file is opened); request sizes are limited by the server
+(`tidal.common.limits`: UploadWeights chunks up to `grpc.max_message_bytes`, every other
+RPC `grpc.max_request_bytes`)."""
 
 from __future__ import annotations
 
@@ -97,6 +103,11 @@ class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
         if request.offset < 0:
             raise InvalidArgument("offset", f"must be >= 0, got {request.offset}")
         start = names.index(request.path) if request.path else 0
+        first = manifest.files[start]
+        if request.offset > first.size:  # checked here: a seek past the end would read nothing
+            raise InvalidArgument(
+                "offset", f"{request.offset} is beyond {first.path} ({first.size} bytes)"
+            )
         for i, name in enumerate(names[start:]):
             offset = request.offset if i == 0 else 0
             # Opening and reading run in a worker thread: a slow disk (or a network
