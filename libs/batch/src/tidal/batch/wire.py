@@ -69,6 +69,8 @@ def token_counts(messages: Sequence[trainer_pb2.MicroBatch], *, field: str) -> l
     InvalidArgument(`{field}[i].input_ids.shape`) unless the shape is one non-negative dim."""
     counts = []
     for i, message in enumerate(messages):
+        if not message.HasField("input_ids"):
+            raise InvalidArgument(f"{field}[{i}].input_ids", "is missing")
         shape = list(message.input_ids.shape)
         if len(shape) != 1 or shape[0] < 0:
             raise InvalidArgument(
