@@ -44,6 +44,7 @@ from tidal.rpc.v1 import trainer_pb2_grpc as tpb_grpc
 from tidal.rpc.v1 import weightsync_pb2 as wpb
 from tidal.trainer.config import TrainerRunConfig
 from tidal.trainer.service import RunningTrainer, start_trainer
+from tidal.weightsync.config import StreamTransport
 from tidal.weightsync.registry import VersionRegistry
 from tidal.weightsync.servicer import WeightSyncServicer
 
@@ -54,7 +55,7 @@ LIMITS = RequestLimits(max_prompt_bytes=4096, max_prompt_tokens=1000)
 TOKEN_BUDGET = 4096
 RSS_GROWTH_LIMIT = 400 * 1024 * 1024
 FEW = settings(
-    max_examples=12,
+    max_examples=25,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -126,7 +127,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     async def start() -> tuple[GrpcServer, RunningTrainer, RunningInference]:
         registry = VersionRegistry(weights, keep_last=3)
         binding = ServiceBinding(
-            WeightSyncServicer(registry, chunk_bytes=1 << 16),
+            # The stream transport, so UploadWeights reaches its manifest checks too.
+            WeightSyncServicer(registry, chunk_bytes=1 << 16, transport=StreamTransport()),
             weightsync_pb2_grpc.add_WeightSyncServiceServicer_to_server,
             "tidal.rpc.v1.WeightSyncService",
         )
@@ -428,6 +430,19 @@ def test_train_refuses_every_bad_field(stack: Stack, bad: tuple[str, Any]) -> No
     assert_names(err, field)
     if field == "micro_batches":
         assert "trainer.max_tokens_per_step" in err.details()
+    stack.assert_serving()
+
+
+def test_a_step_over_the_token_budget_is_refused_whole(stack: Stack) -> None:
+    """Micro-batches each within the budget, together over it: refused naming the field."""
+    count = TOKEN_BUDGET // 9 + 1  # 9 tokens each
+    request = tpb.TrainRequest(
+        step=1, micro_batches=[good_micro_batch()] * count, loss=tpb.LOSS_KIND_POLICY_GRADIENT
+    )
+    err = stack.refused(lambda: stack.trainer.Train(request))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.details().startswith("micro_batches: the step carries")
+    assert "trainer.max_tokens_per_step" in err.details()
     stack.assert_serving()
 
 

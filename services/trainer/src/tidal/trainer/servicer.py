@@ -56,12 +56,21 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
             raise InvalidArgument("loss", f"must be one of {names}, got {request.loss}")
         if not request.micro_batches:
             raise InvalidArgument("micro_batches", "must hold at least one micro-batch")
-        total = sum(token_counts(request.micro_batches, field="micro_batches"))
-        if total > self.max_tokens_per_step:
+        counts = token_counts(request.micro_batches, field="micro_batches")
+        budget = self.max_tokens_per_step
+        for i, count in enumerate(counts):  # one absurd shape is named as that field
+            if count > budget:
+                raise InvalidArgument(
+                    f"micro_batches[{i}].input_ids.shape",
+                    f"[{count}] tokens, more than the trainer's budget of {budget} per step "
+                    "(trainer.max_tokens_per_step)",
+                )
+        total = sum(counts)
+        if total > budget:
             raise InvalidArgument(
                 "micro_batches",
                 f"the step carries {total} tokens, more than the trainer's budget of "
-                f"{self.max_tokens_per_step} (trainer.max_tokens_per_step); send fewer "
+                f"{budget} (trainer.max_tokens_per_step); send fewer "
                 "samples per step or raise the budget",
             )
         batches = []
