@@ -28,7 +28,7 @@ import grpc
 import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tidal.common.sections import Endpoints, GrpcConfig, RunSection, TelemetryConfig
@@ -377,6 +377,13 @@ BAD_TENSOR = st.one_of(
     st.tuples(st.just("shape"), st.lists(st.integers(1 << 40, 1 << 62), min_size=1, max_size=3)),
     st.tuples(st.just("shape"), st.lists(st.integers(-(1 << 62), -1), min_size=1, max_size=3)),
     st.tuples(st.just("shape"), st.lists(st.integers(0, 4), min_size=9, max_size=12)),
+    # Shapes whose product wraps to 0 in int64, sent with no data (issue 17: INTERNAL).
+    st.tuples(
+        st.just("wrapping shape"),
+        st.lists(st.sampled_from([1 << 62, 1 << 32, 4, 16]), min_size=2, max_size=3).filter(
+            lambda dims: math.prod(dims) >= 1 << 64
+        ),
+    ),
     st.tuples(
         st.just("dtype"),
         st.sampled_from(["", "float64", "int64", "bfloat16", "complex", "x" * 300]),
@@ -387,13 +394,16 @@ BAD_TENSOR = st.one_of(
 
 @FEW
 @given(name=TENSORS, bad=BAD_TENSOR)
+@example(name="advantages", bad=("wrapping shape", [1 << 62, 4]))
 def test_train_refuses_every_bad_tensor(stack: Stack, name: str, bad: tuple[str, Any]) -> None:
     part, value = bad
     batch = good_micro_batch()
     tensor = getattr(batch, name)
-    if part == "shape":
+    if part in ("shape", "wrapping shape"):
         del tensor.shape[:]
         tensor.shape.extend(value)
+        if part == "wrapping shape":
+            tensor.data = b""
     elif part == "dtype":
         tensor.dtype = value
     else:  # data that does not match the shape (never the right bytes by chance)
