@@ -249,7 +249,7 @@ class Supervisor:
         record = {"restarts": self.restarts, "exits": self.events}
         (self.run_dir / SUPERVISION_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
-    async def run(self, first_args: dict[str, Sequence[str]] | None = None) -> int:
+    async def run(self) -> int:
         """Start every child in order and supervise them; the launcher's exit code."""
         interrupted = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -258,8 +258,7 @@ class Supervisor:
         watchers: list[asyncio.Task[None]] = []
         try:
             for spec in self.specs:
-                args = (first_args or {}).get(spec.name, spec.args)
-                child = await self._start(spec, args)
+                child = await self._start(spec, spec.args)
                 watchers.append(asyncio.create_task(self.keep_running(spec, child)))
             stop = asyncio.create_task(interrupted.wait())
             done, _ = await asyncio.wait([*watchers, stop], return_when=asyncio.FIRST_COMPLETED)
