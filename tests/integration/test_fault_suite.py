@@ -77,14 +77,18 @@ def surviving_lineage(trainer_log: str) -> list[int]:
 
 
 def _verify_versions(weights: Path) -> list[int]:
-    """Every version folder on disk matches its manifest (sha256 of each file)."""
+    """Every version folder on disk is the run's own (version = step, at its own folder)
+    and matches its manifest (sha256 of each file)."""
     checked = []
     for manifest_path in sorted(weights.glob("v*/manifest.json")):
         manifest = json.loads(manifest_path.read_text())
+        version = int(manifest_path.parent.name[1:])
+        assert manifest["version"] == manifest["step"] == version, manifest_path
+        assert Path(manifest["location"]).resolve() == manifest_path.parent.resolve()
         for entry in manifest["files"]:
             data = (manifest_path.parent / entry["path"]).read_bytes()
             assert hashlib.sha256(data).hexdigest() == entry["sha256"], (manifest_path, entry)
-        checked.append(int(manifest_path.parent.name[1:]))
+        checked.append(version)
     return checked
 
 
