@@ -26,13 +26,23 @@ CHILD = textwrap.dedent(
     if action == "run":
         time.sleep(60)
     time.sleep(float(os.environ.get("CHILD_DELAY", "0")))
+    if os.environ.get("CHILD_AWAIT"):  # "<file>=<text>": exit only once it holds that
+        path, text = os.environ["CHILD_AWAIT"].split("=")
+        for _ in range(600):
+            awaited = Path(os.environ["CHILD_DIR"]) / path
+            if awaited.exists() and awaited.read_text() == text:
+                break
+            time.sleep(0.05)
     sys.exit(int(action))
     """
 )
 
 
-def _spec(tmp_path: Path, name: str, plan: str, delay: float = 0.0) -> ChildSpec:
+def _spec(
+    tmp_path: Path, name: str, plan: str, delay: float = 0.0, wait_for: str = ""
+) -> ChildSpec:
     env = {
+        "CHILD_AWAIT": wait_for,
         "PYTHONPATH": str(tmp_path),
         "CHILD_NAME": name,
         "CHILD_DIR": str(tmp_path),
@@ -64,7 +74,7 @@ async def test_crashed_children_are_restarted_with_restart_args_and_counted(
     specs = [
         _spec(run_dir, "helper", "1,-9,run"),  # crashes twice, then stays up
         # The finisher crashes once, then exits 0 (finished) after the helper's restarts.
-        _spec(run_dir, "orchestrator", "3,0", delay=1.0),
+        _spec(run_dir, "orchestrator", "3,0", delay=0.2, wait_for="helper.lives=3"),
     ]
     code = await Supervisor(run_dir, specs, FAST).run()
     out = capsys.readouterr()
