@@ -70,15 +70,12 @@ class PagedEngine(NativeEngine):
         self,
         *,
         block_size: int = 16,
-        max_model_len: int | None = None,
-        kv_cache_memory_fraction: float | None = None,
         prefix_caching: bool = True,
         **kwargs: Any,
     ) -> None:
         """`NativeEngine`'s options, plus the paged cache's (see `InferenceConfig`)."""
         super().__init__(**kwargs)
-        self.block_size, self.max_model_len = block_size, max_model_len
-        self.kv_cache_memory_fraction = kv_cache_memory_fraction
+        self.block_size = block_size
         self.prefix_caching = prefix_caching
         self._units: dict[Sequence, Extend] = {}  # every member of a prefill in progress
         self._preempted: deque[Sequence] = deque()

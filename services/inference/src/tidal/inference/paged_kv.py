@@ -26,21 +26,19 @@ Decisions:
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 
 from tidal.inference.block_manager import BlockManager
-from tidal.inference.kv_cache import grouped_decode_attention
+from tidal.inference.kv_cache import grouped_decode_attention, token_bytes
 from tidal.models.args import DecoderArgs
 from tidal.models.attention import sdpa
 
 
 def block_bytes(args: DecoderArgs, dtype: torch.dtype, block_size: int) -> int:
     """Bytes of keys plus values one block holds across all layers."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    return 2 * args.n_layers * args.n_kv_heads * block_size * args.head_dim * itemsize
+    return token_bytes(args, dtype) * block_size
 
 
 def blocks_within(
@@ -58,14 +56,6 @@ def blocks_within(
             "(or kv_cache_memory_fraction) or lower inference.max_model_len"
         )
     return int(fit)
-
-
-def free_memory_bytes(device: torch.device) -> int:
-    """Memory free on `device` now: CUDA's free bytes, or the host's available pages."""
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free)
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def rows_of(tables: list[list[int]], length: int, block_size: int, device: Any) -> torch.Tensor:
