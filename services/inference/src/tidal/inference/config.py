@@ -78,11 +78,12 @@ class InferenceConfig(BaseConfig):
     """vLLM only: fraction of GPU memory vLLM may take for weights and KV cache."""
     replica_id: str = ""
     """Name of this replica in weight-sync's registry; empty means "inference-<pid>"."""
-    kv_cache: Literal["slots", "paged"] = "slots"
-    """Native engine's KV cache: "slots" (one full-context slot per running sequence, the
-    fastest on small CPU models) or "paged" (blocks of `block_size` tokens: memory follows
-    the tokens held, automatic prefix caching across requests, chunked prefill and
-    preemption; what a real model's context needs). See docs/inference.md."""
+    kv_cache: Literal["slots", "paged"] = "paged"
+    """Native engine's KV cache: "paged" (blocks of `block_size` tokens: memory follows the
+    tokens held, automatic prefix caching across requests, chunked prefill and preemption)
+    or "slots" (one `max_model_len` slot per running sequence, reserved whatever its
+    length). Paged is the default since the default run measured no slower with it; see
+    docs/inference.md."""
     block_size: int = Field(default=16, gt=0)
     """Paged cache only: token positions per block."""
     max_model_len: int | None = Field(default=None, gt=0)

@@ -2,8 +2,9 @@
 
 Decisions:
 - Same scheduler loop, request queue, delivery, cancellation and hot reload as
-  `native.NativeEngine` (this class only replaces the step and what a cache means); the
-  slot engine stays the default until the paged one has served real runs.
+  `native.NativeEngine` (this class only replaces the step and what a cache means). It is
+  the default (`inference.kv_cache = "paged"`): the default run measured no slower than
+  with slots once decode gathered whole blocks (docs/inference.md has the figures).
 - Admission by blocks: a unit of work (a fresh request's samples, or one preempted
   sequence) is admitted when the blocks its prompt needs (after prefix-cache hits) plus
   one copied tail block per extra sample are available, and the running batch has room
