@@ -14,6 +14,7 @@ from tidal.common.errors import InvalidArgument
 from tidal.common.sections import RunSection
 from tidal.inference.config import InferenceConfig, InferenceRunConfig
 from tidal.inference.native import NativeEngine
+from tidal.inference.paged_engine import PagedEngine
 from tidal.inference.sampling import SamplingParams
 from tidal.inference.service import build_engine
 from tidal.inference.vllm_engine import INSTALL_HINT, unprocessed, vllm_available
@@ -29,7 +30,12 @@ def run_config(engine: str, tmp_path) -> InferenceRunConfig:  # type: ignore[no-
 
 
 def test_native_is_the_default_and_needs_no_vllm(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    assert isinstance(build_engine(run_config("native", tmp_path), ByteTokenizer()), NativeEngine)
+    engine = build_engine(run_config("native", tmp_path), ByteTokenizer())
+    assert isinstance(engine, PagedEngine)  # the paged KV cache is the default
+    slots = run_config("native", tmp_path)
+    slots.inference.kv_cache = "slots"
+    built = build_engine(slots, ByteTokenizer())
+    assert isinstance(built, NativeEngine) and not isinstance(built, PagedEngine)
 
 
 @pytest.mark.skipif(vllm_available(), reason="vLLM is installed here")
