@@ -47,6 +47,7 @@ from tidal.common.errors import FailedPrecondition, Unavailable
 from tidal.trainer.checkpoint import CheckpointManager
 from tidal.trainer.publisher import WeightPublisher
 from tidal.trainer.served_trainer import LossKind, ServedTrainer
+from tidal.trainer.train_step import StepAbandoned
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
@@ -163,7 +164,11 @@ class StepRunner:
         tokens = sum(b.num_tokens for b in batches)
         attributes = {"step": step, "loss": kind, "micro_batches": len(batches), "tokens": tokens}
         with tracer.start_as_current_span("trainer.step", attributes=attributes) as span:
-            metrics, state = await asyncio.to_thread(self._train_and_copy, step, batches, kind)
+            try:
+                metrics, state = await asyncio.to_thread(self._train_and_copy, step, batches, kind)
+            except StepAbandoned as exc:  # SIGTERM: nothing committed, nothing published
+                log.warning("step %d: %s", step, exc)
+                raise
             span.set_attribute("loss_value", metrics["loss"])
         self.steps_trained += 1
         log.info(

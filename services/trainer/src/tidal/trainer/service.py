@@ -146,6 +146,10 @@ async def serve(config: TrainerRunConfig, ranks: TorchrunRanks | None = None) ->
         provider.shutdown()
         raise SystemExit(1) from None
     log.info("serving on %s", config.endpoints.trainer)
-    await running.server.serve_forever(on_stop=running.client.close)
+    served = running.runner.trainer
+    # SIGTERM abandons a running step at its next micro-batch (one process; see
+    # Trainer.request_stop), so the shutdown does not wait for a long step to end.
+    on_signal = served.request_stop if isinstance(served, Trainer) else None
+    await running.server.serve_forever(on_stop=running.client.close, on_signal=on_signal)
     running.runner.trainer.stop()  # releases the follower ranks, if any
     provider.shutdown()
