@@ -224,3 +224,27 @@ def test_a_trainer_started_before_weightsync_waits_for_it(stack: Stack) -> None:
     log = stack.log("trainer")
     assert f"weightsync at {address} did not answer" in log
     assert "trainer.weightsync_timeout_s" in log and "Traceback" not in log
+
+
+@pytest.mark.slow
+def test_a_step_whose_publish_finds_weightsync_restarting_succeeds(stack: Stack) -> None:
+    """Issue 17: weightsync SIGKILLed between two steps and restarted while the trainer
+    publishes the next one: the trainer waits for it, publishes, and Train(2) answers
+    normally (version 1, recovered from disk, is still there)."""
+    weightsync = stack.start("weightsync")
+    trainer = stack.start("trainer")
+    stack.trainer_status(trainer)
+    assert stack.train(1).policy_version == 1
+    os.killpg(weightsync.pid, signal.SIGKILL)
+    weightsync.wait()
+    with grpc.insecure_channel(stack.trainer_address) as channel:
+        pending = pb_grpc.TrainerServiceStub(channel).Train.future(train_request(2), timeout=120)
+        time.sleep(3.0)  # step 2 is trained and checkpointed; its publish waits
+        assert not pending.done(), "Train(2) answered while weightsync was down"
+        stack.start("weightsync")
+        reply = pending.result(timeout=120)
+    assert (reply.step, reply.policy_version, reply.duplicate) == (2, 2, False)
+    assert trainer.poll() is None
+    assert "recovered verified versions [0, 1]" in stack.log("weightsync")
+    third = stack.train(3)
+    assert (third.step, third.policy_version, third.duplicate) == (3, 3, False)
