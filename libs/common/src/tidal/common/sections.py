@@ -13,9 +13,10 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from tidal.common.config import BaseConfig
+from tidal.common.security_config import SecurityConfig, check_plaintext_addresses
 
 SERVICES = ("orchestrator", "inference", "trainer", "weightsync")
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -100,6 +101,19 @@ class SharedConfig(BaseConfig):
     endpoints: Endpoints = Endpoints()
     grpc: GrpcConfig = GrpcConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
+    # --- transport security (tidal.common.security_config) ---
+    security: SecurityConfig = SecurityConfig()
+
+    @model_validator(mode="after")
+    def _plaintext_only_on_loopback(self) -> SharedConfig:
+        if self.security.mode == "plaintext":
+            addresses = {f"endpoints.{k}": v for k, v in self.endpoints.model_dump().items()}
+            if self.grpc.bind_host is not None:
+                addresses["grpc.bind_host"] = self.grpc.bind_host
+            check_plaintext_addresses(addresses)
+        return self
+
+    # --- end transport security ---
 
 
 class ServiceRunConfig(SharedConfig):
