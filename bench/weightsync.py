@@ -246,6 +246,7 @@ class Stack:
             sys.executable, "-m", "tidal.weightsync", *run,
             "--weightsync.transport.type", self.path, "--telemetry.traces-file", "false",
             "--telemetry.log-level", "WARNING",
+            "--security.mode", "plaintext",  # loopback; this measures the weight paths
         )  # fmt: skip
         self.replica = await asyncio.create_subprocess_exec(
             sys.executable, __file__, "replica", "--address", self.address,

@@ -164,7 +164,10 @@ async def test_retention_keeps_last_k_and_versions_in_use(weightsync_server) -> 
     await client.close()
 
 
-async def test_health_and_reflection(weightsync_server) -> None:  # type: ignore[no-untyped-def]
+async def test_health_and_reflection_when_enabled(tmp_path, start_weightsync) -> None:  # type: ignore[no-untyped-def]
+    # Reflection is off by default (test_transport_security); `security.reflection` enables it.
+    security = dataclasses.replace(PLAINTEXT_LOOPBACK, reflection=True)
+    weightsync_server = await start_weightsync(tmp_path / "weights", security=security)
     async with make_channel(weightsync_server.address, security=PLAINTEXT_LOOPBACK) as channel:
         health = health_pb2_grpc.HealthStub(channel)
         reply = await health.Check(

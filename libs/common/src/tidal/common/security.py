@@ -94,8 +94,10 @@ class TransportSecurity:
             "point security.tls_dir at your own, or set security.mode"
         )
         ca = _read(config.ca_cert or folder / CA_CERT, "security.ca_cert", hint)
-        cert = _read(config.cert or cert_path(folder, role), "security.cert", hint)
-        key = _read(config.key or key_path(folder, role), "security.key", hint)
+        cert = key = b""
+        if config.mode == "mtls" or role != "operator":  # token-mode clients need no cert
+            cert = _read(config.cert or cert_path(folder, role), "security.cert", hint)
+            key = _read(config.key or key_path(folder, role), "security.key", hint)
         if config.mode == "mtls":
             return cls("mtls", role, ca, cert, key, reflection=config.reflection)
         token = _token(config, folder, role)
@@ -121,6 +123,8 @@ class TransportSecurity:
         """None for plaintext (an insecure port)."""
         if self.mode == "plaintext":
             return None
+        if not (self.cert_pem and self.key_pem):
+            raise ValueError(f"role {self.role!r} has no certificate and key to serve TLS with")
         return grpc.ssl_server_credentials(
             [(self.key_pem, self.cert_pem)],
             root_certificates=self.ca_pem if self.mode == "mtls" else None,
