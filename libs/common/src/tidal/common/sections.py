@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from tidal.common.config import BaseConfig
 from tidal.common.security_config import SecurityConfig, check_plaintext_addresses
@@ -104,14 +104,18 @@ class SharedConfig(BaseConfig):
     # --- transport security (tidal.common.security_config) ---
     security: SecurityConfig = SecurityConfig()
 
-    @model_validator(mode="after")
-    def _plaintext_only_on_loopback(self) -> SharedConfig:
-        if self.security.mode == "plaintext":
-            addresses = {f"endpoints.{k}": v for k, v in self.endpoints.model_dump().items()}
-            if self.grpc.bind_host is not None:
-                addresses["grpc.bind_host"] = self.grpc.bind_host
+    @field_validator("security")
+    @classmethod
+    def _plaintext_only_on_loopback(
+        cls, security: SecurityConfig, info: ValidationInfo
+    ) -> SecurityConfig:
+        endpoints, grpc = info.data.get("endpoints"), info.data.get("grpc")
+        if security.mode == "plaintext" and endpoints is not None and grpc is not None:
+            addresses = {f"endpoints.{k}": v for k, v in endpoints.model_dump().items()}
+            if grpc.bind_host is not None:
+                addresses["grpc.bind_host"] = grpc.bind_host
             check_plaintext_addresses(addresses)
-        return self
+        return security
 
     # --- end transport security ---
 

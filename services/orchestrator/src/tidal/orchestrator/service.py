@@ -283,7 +283,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         usage="tidal orchestrator @ cfg.toml",
     )
     setup_logging("orchestrator", level=config.telemetry.log_level)
-    check_or_exit(config, "orchestrator")
     watch_launcher()  # no-op unless started by `tidal rl`
     try:
         mixture = build_mixture(config)
@@ -291,4 +290,5 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ConfigError as exc:
         print(f"orchestrator: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None
+    check_or_exit(config, "orchestrator")
     raise SystemExit(asyncio.run(serve(config, mixture, prompts)))
