@@ -1,11 +1,11 @@
 """gRPC server helper: one way to build, run and stop every Tidal server.
 
-Every server gets: explicit message size limits, the standard health service
-(grpc_health's aio HealthServicer, with a real Watch), the error-mapping and tracing
-interceptors, the transport security its `TransportSecurity` says (TLS/mTLS credentials,
-the per-role authorization interceptor; server reflection only when enabled), and
-graceful shutdown: SIGTERM/SIGINT → health NOT_SERVING → `server.stop(grace)` → the
-service's own close hook.
+Every server gets: message size limits per RPC and a limit on RPCs in flight
+(`tidal.common.limits`), the standard health service (grpc_health's aio HealthServicer,
+with a real Watch), the error-mapping and tracing interceptors, the transport security
+its `TransportSecurity` says (TLS/mTLS credentials, the per-role authorization
+interceptor; server reflection only when enabled), and graceful shutdown:
+SIGTERM/SIGINT → health NOT_SERVING → `server.stop(grace)` → the service's own close hook.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 
 from tidal.common.authz import AuthorizationInterceptor
 from tidal.common.interceptors import ErrorMappingInterceptor
+from tidal.common.limits import PROBE_HEADROOM, server_options
 from tidal.common.sections import GrpcConfig
 from tidal.common.security import TransportSecurity
 
@@ -67,8 +68,9 @@ class GrpcServer:
         self.config = config
         self.bindings = list(bindings)
         self.health = health.aio.HealthServicer()
+        names = [b.full_name for b in self.bindings]
         options = [
-            *message_options(config),
+            *server_options(config, names),  # per-server receive limit (tidal.common.limits)
             # Accept the clients' keepalive pings (tidal.common.channel sends them).
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_recv_ping_interval_without_data_ms", 5000),
@@ -78,15 +80,21 @@ class GrpcServer:
         # interceptor only handles async-generator streams, not grpc_health's Watch,
         # which writes with `context.write`.
         tracing = aio_server_interceptor(filter_=filters.negate(filters.health_check()))
-        interceptors: list[grpc.aio.ServerInterceptor] = [tracing, ErrorMappingInterceptor()]
+        interceptors: list[grpc.aio.ServerInterceptor] = [
+            tracing,
+            ErrorMappingInterceptor(config),
+        ]
         if security.mode != "plaintext":  # plaintext authenticates nobody: nothing to check
             interceptors.insert(0, AuthorizationInterceptor(security))
-        self.server = grpc.aio.server(interceptors=interceptors, options=options)
+        self.server = grpc.aio.server(
+            interceptors=interceptors,
+            options=options,
+            maximum_concurrent_rpcs=config.max_concurrent_rpcs + PROBE_HEADROOM,
+        )
         for binding in self.bindings:
             binding.register(binding.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         if security.reflection:
-            names = [b.full_name for b in self.bindings]
             reflection.enable_server_reflection(
                 [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
             )
