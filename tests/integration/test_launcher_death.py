@@ -88,7 +88,7 @@ def test_a_child_is_restarted_until_its_budget_is_spent_then_the_run_fails_clean
     )  # fmt: skip
     endpoints = run.wait_for_config()["endpoints"]
     deadline = time.monotonic() + 120
-    while not all(_serving(endpoints[name]) for name in SERVICES):
+    while not all(_serving(run.run_dir, endpoints[name]) for name in SERVICES):
         assert time.monotonic() < deadline and run.process.poll() is None, run.output()
         time.sleep(0.2)
     first = _pid_of(run, "weightsync")
@@ -97,7 +97,7 @@ def test_a_child_is_restarted_until_its_budget_is_spent_then_the_run_fails_clean
     while (second := _pid_of(run, "weightsync")) in (None, first):  # restarted: a new life
         assert time.monotonic() < deadline and run.process.poll() is None, run.output()
         time.sleep(0.1)
-    while not _serving(endpoints["weightsync"]):  # on the same address
+    while not _serving(run.run_dir, endpoints["weightsync"]):  # on the same address
         assert time.monotonic() < deadline and run.process.poll() is None, run.output()
         time.sleep(0.1)
     assert second is not None
