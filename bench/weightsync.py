@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 from common import print_table, write_result
 
+from tidal.common.security import PLAINTEXT_LOOPBACK
 from tidal.models.args import DecoderArgs
 from tidal.models.layers import DecoderLM
 from tidal.weightsync.config import BroadcastTransport, WeightSyncConfig
@@ -206,7 +207,12 @@ async def run_replica(address: str) -> None:
     async def on_loaded(version: int) -> None:
         print(f"loaded {version} {time.monotonic()}", flush=True)
 
-    watcher = WeightWatcher(WeightSyncClient(address), engine, "bench-replica", on_loaded=on_loaded)
+    watcher = WeightWatcher(
+        WeightSyncClient(address, security=PLAINTEXT_LOOPBACK),
+        engine,
+        "bench-replica",
+        on_loaded=on_loaded,
+    )
     await watcher.run()
 
 
@@ -240,12 +246,13 @@ class Stack:
             sys.executable, "-m", "tidal.weightsync", *run,
             "--weightsync.transport.type", self.path, "--telemetry.traces-file", "false",
             "--telemetry.log-level", "WARNING",
+            "--security.mode", "plaintext",  # loopback; this measures the weight paths
         )  # fmt: skip
         self.replica = await asyncio.create_subprocess_exec(
             sys.executable, __file__, "replica", "--address", self.address,
             stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip
-        self.client = WeightSyncClient(self.address)
+        self.client = WeightSyncClient(self.address, security=PLAINTEXT_LOOPBACK)
         await wait_ready(self.client)
         root = self.work / self.path / "weights"
         self.publisher = WeightPublisher(root, self.client, self.args.to_hf_config())

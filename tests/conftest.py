@@ -20,8 +20,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from tidal.common.certs import ensure_certificates
 from tidal.common.cpu_features import FORCE_ENV, bf16_support
 from tidal.common.sections import GrpcConfig
+from tidal.common.security import PLAINTEXT_LOOPBACK, TransportSecurity, ensure_tokens
 from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.rpc.v1 import weightsync_pb2_grpc
 from tidal.weightsync.config import Transport
@@ -67,7 +69,8 @@ StartWeightSync = Callable[..., Awaitable[RunningWeightSync]]
 @pytest.fixture
 async def start_weightsync() -> AsyncIterator[StartWeightSync]:
     """Starts real weight-sync services (stopped when the test ends): `await
-    start_weightsync(root, transport=..., keep_last=..., chunk_bytes=...)`."""
+    start_weightsync(root, transport=..., keep_last=..., chunk_bytes=..., security=...)`
+    (plaintext on loopback unless `security` says otherwise)."""
     started: list[GrpcServer] = []
 
     async def start(
@@ -76,6 +79,7 @@ async def start_weightsync() -> AsyncIterator[StartWeightSync]:
         transport: Transport | None = None,
         keep_last: int = 3,
         chunk_bytes: int = 1 << 16,
+        security: TransportSecurity = PLAINTEXT_LOOPBACK,
     ) -> RunningWeightSync:
         root.mkdir(parents=True, exist_ok=True)
         registry = VersionRegistry(root, keep_last=keep_last)
@@ -84,7 +88,9 @@ async def start_weightsync() -> AsyncIterator[StartWeightSync]:
             weightsync_pb2_grpc.add_WeightSyncServiceServicer_to_server,
             "tidal.rpc.v1.WeightSyncService",
         )
-        server = GrpcServer("127.0.0.1:0", [binding], GrpcConfig(shutdown_grace_s=0.2))
+        server = GrpcServer(
+            "127.0.0.1:0", [binding], GrpcConfig(shutdown_grace_s=0.2), security=security
+        )
         await server.start()
         started.append(server)
         return RunningWeightSync(f"127.0.0.1:{server.port}", root, registry, server)
@@ -140,3 +146,13 @@ def recording_engine() -> Any:
                 return model(input_ids, positions)
 
     return RecordingEngine
+
+
+@pytest.fixture(scope="session")
+def tls_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CA, every role's certificate and token, made once per session by the code
+    `tidal rl` uses (helpers to dial with them: tests/tls_fixtures.py)."""
+    folder = tmp_path_factory.mktemp("tls")
+    ensure_certificates(folder)
+    ensure_tokens(folder)
+    return folder

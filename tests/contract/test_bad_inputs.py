@@ -32,6 +32,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tidal.common.sections import Endpoints, GrpcConfig, RunSection, TelemetryConfig
+from tidal.common.security import PLAINTEXT_LOOPBACK
+from tidal.common.security_config import SecurityConfig
 from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.common.tensors import encode_array
 from tidal.inference.config import InferenceConfig, InferenceRunConfig, RequestLimits
@@ -132,7 +134,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             weightsync_pb2_grpc.add_WeightSyncServiceServicer_to_server,
             "tidal.rpc.v1.WeightSyncService",
         )
-        ws = GrpcServer("127.0.0.1:0", [binding], grpc_config)
+        ws = GrpcServer("127.0.0.1:0", [binding], grpc_config, security=PLAINTEXT_LOOPBACK)
         await ws.start()
         ws_address = f"127.0.0.1:{ws.port}"
         trainer = await start_trainer(
@@ -141,6 +143,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                     "run": {"output_dir": str(root), "name": "bad"},
                     "endpoints": {"trainer": "127.0.0.1:0", "weightsync": ws_address},
                     "grpc": {"shutdown_grace_s": 0.2},
+                    "security": {"mode": "plaintext"},  # in-process, loopback only
                     "trainer": {
                         "model": {**TINY_MODEL, "max_seq_len": MAX_SEQ_LEN, "vocab_size": VOCAB},
                         "device": "cpu",
@@ -155,6 +158,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 run=RunSection(output_dir=root),
                 endpoints=Endpoints(weightsync=ws_address, inference="127.0.0.1:0"),
                 grpc=grpc_config,
+                security=SecurityConfig(mode="plaintext"),  # in-process, loopback only
                 telemetry=TelemetryConfig(traces_file=False),
                 inference=InferenceConfig(
                     device="cpu",

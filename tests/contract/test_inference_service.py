@@ -23,6 +23,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tidal.common.sections import Endpoints, GrpcConfig, RunSection, TelemetryConfig
+from tidal.common.security import PLAINTEXT_LOOPBACK
+from tidal.common.security_config import SecurityConfig
 from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.inference.config import InferenceConfig, InferenceRunConfig
 from tidal.inference.service import RunningInference, not_serving_if_ended, start_inference
@@ -63,7 +65,7 @@ def write_model(root: Path, version: int) -> WeightManifest:
 
 async def publish(ws: Any, version: int) -> WeightManifest:
     manifest = write_model(ws.root, version)
-    client = WeightSyncClient(ws.address)
+    client = WeightSyncClient(ws.address, security=PLAINTEXT_LOOPBACK)
     await client.publish(manifest)
     await client.close()
     return manifest
@@ -107,6 +109,7 @@ def inference_config(
         run=RunSection(output_dir=tmp_path, tokenizer=tokenizer),
         endpoints=Endpoints(weightsync=weightsync.address, inference="127.0.0.1:0"),
         grpc=GrpcConfig(shutdown_grace_s=0.2),
+        security=SecurityConfig(mode="plaintext"),  # in-process, loopback only
         telemetry=TelemetryConfig(traces_file=False),
         inference=InferenceConfig(device="cpu", replica_id=REPLICA, kv_cache=kv_cache),
     )
@@ -358,7 +361,12 @@ async def test_watch_reconnects_after_weightsync_restart(
         weightsync_pb2_grpc.add_WeightSyncServiceServicer_to_server,
         "tidal.rpc.v1.WeightSyncService",
     )
-    restarted = GrpcServer(weightsync_server.address, [binding], GrpcConfig(shutdown_grace_s=0.2))
+    restarted = GrpcServer(
+        weightsync_server.address,
+        [binding],
+        GrpcConfig(shutdown_grace_s=0.2),
+        security=PLAINTEXT_LOOPBACK,
+    )
     await restarted.start()
     try:
         await publish(weightsync_server, 1)
@@ -438,7 +446,7 @@ async def publish_folder(ws: Any, folder: Path) -> None:
     manifest = write_version(
         ws.root, version=0, step=0, state_dict=publishable_state_dict(model), config=config
     )
-    client = WeightSyncClient(ws.address)
+    client = WeightSyncClient(ws.address, security=PLAINTEXT_LOOPBACK)
     await client.publish(manifest)
     await client.close()
 

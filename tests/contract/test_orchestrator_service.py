@@ -11,6 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tidal.common.channel import make_channel
 from tidal.common.sections import GrpcConfig
+from tidal.common.security import PLAINTEXT_LOOPBACK
 from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.orchestrator.run_status import ProgressState, StepSummary
 from tidal.orchestrator.service import FULL_NAME
@@ -30,9 +31,11 @@ async def channel(progress: ProgressState) -> AsyncIterator[grpc.aio.Channel]:
         orchestrator_pb2_grpc.add_OrchestratorServiceServicer_to_server,
         FULL_NAME,
     )
-    server = GrpcServer("127.0.0.1:0", [binding], GrpcConfig(shutdown_grace_s=0.5))
+    server = GrpcServer(
+        "127.0.0.1:0", [binding], GrpcConfig(shutdown_grace_s=0.5), security=PLAINTEXT_LOOPBACK
+    )
     await server.start()
-    async with make_channel(f"127.0.0.1:{server.port}") as ch:
+    async with make_channel(f"127.0.0.1:{server.port}", security=PLAINTEXT_LOOPBACK) as ch:
         yield ch
     await server.stop()
 

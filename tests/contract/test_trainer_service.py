@@ -18,6 +18,7 @@ from opentelemetry.trace import SpanKind
 from tidal.batch.wire import micro_batch_from_proto, payload_sha256
 from tidal.common.channel import make_channel
 from tidal.common.errors import FailedPrecondition
+from tidal.common.security import PLAINTEXT_LOOPBACK
 from tidal.common.tensors import encode_array
 from tidal.orchestrator.peers import PeerError
 from tidal.orchestrator.trainer_client import TrainerClient
@@ -49,6 +50,7 @@ def run_config(tmp_path: Path, weightsync: RunningWeightSync) -> TrainerRunConfi
             "run": {"output_dir": str(tmp_path), "name": "contract"},
             "endpoints": {"trainer": "127.0.0.1:0", "weightsync": weightsync.address},
             "grpc": {"shutdown_grace_s": 0.5},
+            "security": {"mode": "plaintext"},  # in-process, loopback only
             "trainer": {"model": TINY_MODEL, "device": "cpu", "publish_dir": str(weightsync.root)},
         }
     )
@@ -65,7 +67,9 @@ async def trainer(
 
 @pytest.fixture
 async def stub(trainer: RunningTrainer) -> AsyncIterator[pb_grpc.TrainerServiceStub]:
-    async with make_channel(f"127.0.0.1:{trainer.server.port}") as channel:
+    async with make_channel(
+        f"127.0.0.1:{trainer.server.port}", security=PLAINTEXT_LOOPBACK
+    ) as channel:
         yield pb_grpc.TrainerServiceStub(channel)
 
 
@@ -101,7 +105,9 @@ async def test_startup_publishes_version_0_and_serves(
     trainer: RunningTrainer, weightsync_server: RunningWeightSync, stub: pb_grpc.TrainerServiceStub
 ) -> None:
     assert weightsync_server.registry.newest == 0
-    async with make_channel(f"127.0.0.1:{trainer.server.port}") as channel:
+    async with make_channel(
+        f"127.0.0.1:{trainer.server.port}", security=PLAINTEXT_LOOPBACK
+    ) as channel:
         health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
     assert health.status == health_pb2.HealthCheckResponse.SERVING
     s = await status(stub)
@@ -180,7 +186,7 @@ async def test_orchestrator_client_fails_when_its_step_was_trained_with_foreign_
     authentication exists); the run's own Train(1) must then fail, not pass as a retry."""
     await stub.Train(request(1, micro_batch([6, 9], seed=3)))
     own = micro_batch_from_proto(micro_batch([6, 9]), field="own")
-    client = TrainerClient(f"127.0.0.1:{trainer.server.port}")
+    client = TrainerClient(f"127.0.0.1:{trainer.server.port}", security=PLAINTEXT_LOOPBACK)
     try:
         with pytest.raises(PeerError, match="step 1 was already trained with other data"):
             await client.train(1, [own], sft=False, timeout=30)
@@ -289,7 +295,9 @@ async def test_resume_continues_after_the_checkpointed_step(
 ) -> None:
     first = await start_trainer(resumable_config(tmp_path, weightsync_server))
     try:
-        async with make_channel(f"127.0.0.1:{first.server.port}") as channel:
+        async with make_channel(
+            f"127.0.0.1:{first.server.port}", security=PLAINTEXT_LOOPBACK
+        ) as channel:
             stub = pb_grpc.TrainerServiceStub(channel)
             for step in (1, 2):
                 await stub.Train(request(step))
@@ -304,7 +312,9 @@ async def test_resume_continues_after_the_checkpointed_step(
     try:
         restored = second.runner.trainer.model.state_dict()
         assert all(torch.equal(trained[k], restored[k]) for k in trained)
-        async with make_channel(f"127.0.0.1:{second.server.port}") as channel:
+        async with make_channel(
+            f"127.0.0.1:{second.server.port}", security=PLAINTEXT_LOOPBACK
+        ) as channel:
             stub = pb_grpc.TrainerServiceStub(channel)
             assert (await status(stub)).step == 2
             third = await stub.Train(request(3))
@@ -318,7 +328,9 @@ async def test_resume_refuses_versions_newer_than_the_checkpoint(
 ) -> None:
     first = await start_trainer(resumable_config(tmp_path, weightsync_server))
     try:
-        async with make_channel(f"127.0.0.1:{first.server.port}") as channel:
+        async with make_channel(
+            f"127.0.0.1:{first.server.port}", security=PLAINTEXT_LOOPBACK
+        ) as channel:
             stub = pb_grpc.TrainerServiceStub(channel)
             for step in (1, 2, 3):  # checkpoint at 2, version 3 exists only in weightsync
                 await stub.Train(request(step))

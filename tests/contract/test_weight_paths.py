@@ -18,6 +18,7 @@ import pytest
 import torch
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from tidal.common.security import PLAINTEXT_LOOPBACK
 from tidal.inference.reload import WeightWatcher
 from tidal.models.args import DecoderArgs
 from tidal.models.layers import DecoderLM
@@ -62,7 +63,7 @@ async def test_published_weights_reach_the_engine_bit_identical(
     weightsync: tuple[str, Path], tmp_path: Path, recording_engine: Any
 ) -> None:
     address, root = weightsync
-    client = WeightSyncClient(address)
+    client = WeightSyncClient(address, security=PLAINTEXT_LOOPBACK)
     # A stream trainer has no shared folder: its own folder must stay untouched.
     trainer_dir = (
         root
@@ -95,7 +96,7 @@ async def test_corrupt_version_is_refused_and_late_replica_converges(
     weightsync: tuple[str, Path], recording_engine: Any
 ) -> None:
     address, root = weightsync
-    client = WeightSyncClient(address)
+    client = WeightSyncClient(address, security=PLAINTEXT_LOOPBACK)
     publisher = WeightPublisher(root, client, ARGS.to_hf_config())
     engine = recording_engine()
     await engine.start()
@@ -143,7 +144,7 @@ async def test_companion_files_reach_weightsyncs_root_verified_on_either_path(
     """Versions are complete model folders (tokenizer files, generation config) whichever
     path carried them, and the replica still loads them (issue 15)."""
     address, root = weightsync
-    client = WeightSyncClient(address)
+    client = WeightSyncClient(address, security=PLAINTEXT_LOOPBACK)
     trainer_dir = (
         root
         if (await client.join_sync("t", "trainer")).transport == "filesystem"

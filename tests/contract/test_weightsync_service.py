@@ -16,6 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from tidal.common.channel import make_channel
+from tidal.common.security import PLAINTEXT_LOOPBACK
 from tidal.rpc.v1 import weightsync_pb2 as pb
 from tidal.rpc.v1 import weightsync_pb2_grpc as pb_grpc
 from tidal.weights.client import WeightSyncClient
@@ -37,7 +38,7 @@ def publish_files(root: Path, version: int) -> WeightManifest:
 
 
 async def test_publish_get_list_and_ack(weightsync_server) -> None:  # type: ignore[no-untyped-def]
-    client = WeightSyncClient(weightsync_server.address)
+    client = WeightSyncClient(weightsync_server.address, security=PLAINTEXT_LOOPBACK)
     assert await client.latest() is None
     manifest = publish_files(weightsync_server.root, 0)
     assert await client.publish(manifest) == 0
@@ -53,7 +54,7 @@ async def test_publish_get_list_and_ack(weightsync_server) -> None:  # type: ign
 
 
 async def test_watch_streams_new_versions_in_order(weightsync_server) -> None:  # type: ignore[no-untyped-def]
-    client = WeightSyncClient(weightsync_server.address)
+    client = WeightSyncClient(weightsync_server.address, security=PLAINTEXT_LOOPBACK)
     await client.publish(publish_files(weightsync_server.root, 0))
     stream = client.watch("replica-a", after_version=0)
     pending = asyncio.create_task(anext(stream))
@@ -67,7 +68,7 @@ async def test_watch_streams_new_versions_in_order(weightsync_server) -> None:  
 
 
 async def test_version_not_greater_is_refused_and_nothing_lost(weightsync_server) -> None:  # type: ignore[no-untyped-def]
-    client = WeightSyncClient(weightsync_server.address)
+    client = WeightSyncClient(weightsync_server.address, security=PLAINTEXT_LOOPBACK)
     m1 = publish_files(weightsync_server.root, 1)
     await client.publish(m1)
     m0 = publish_files(weightsync_server.root, 0)
@@ -80,7 +81,7 @@ async def test_version_not_greater_is_refused_and_nothing_lost(weightsync_server
 
 
 async def test_checksum_mismatch_is_refused(weightsync_server) -> None:  # type: ignore[no-untyped-def]
-    client = WeightSyncClient(weightsync_server.address)
+    client = WeightSyncClient(weightsync_server.address, security=PLAINTEXT_LOOPBACK)
     manifest = publish_files(weightsync_server.root, 0)
     (Path(manifest.location) / "model.safetensors").write_bytes(b"garbage" * 10)
     with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -92,7 +93,7 @@ async def test_checksum_mismatch_is_refused(weightsync_server) -> None:  # type:
 
 
 async def test_unknown_replica_ack_is_refused(weightsync_server) -> None:  # type: ignore[no-untyped-def]
-    client = WeightSyncClient(weightsync_server.address)
+    client = WeightSyncClient(weightsync_server.address, security=PLAINTEXT_LOOPBACK)
     await client.publish(publish_files(weightsync_server.root, 0))
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await client.ack_loaded("never-watched", 0)
@@ -120,7 +121,7 @@ async def test_unknown_replica_ack_is_refused(weightsync_server) -> None:  # typ
 async def test_malformed_manifest_names_field(weightsync_server, mutate, field) -> None:  # type: ignore[no-untyped-def]
     manifest = manifest_to_proto(publish_files(weightsync_server.root, 0))
     mutate(manifest)
-    async with make_channel(weightsync_server.address) as channel:
+    async with make_channel(weightsync_server.address, security=PLAINTEXT_LOOPBACK) as channel:
         stub = pb_grpc.WeightSyncServiceStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await stub.Publish(pb.PublishRequest(manifest=manifest), timeout=10)
@@ -131,7 +132,7 @@ async def test_malformed_manifest_names_field(weightsync_server, mutate, field) 
 
 
 async def test_fetch_weights_streams_chunks_and_resumes(weightsync_server) -> None:  # type: ignore[no-untyped-def]
-    client = WeightSyncClient(weightsync_server.address)
+    client = WeightSyncClient(weightsync_server.address, security=PLAINTEXT_LOOPBACK)
     tensors = {"w": torch.randn(50_000)}  # ~200 kB: several 64 kB chunks
     manifest = write_version(
         weightsync_server.root, version=0, step=0, state_dict=tensors, config={}
@@ -155,7 +156,7 @@ async def test_fetch_weights_streams_chunks_and_resumes(weightsync_server) -> No
 
 
 async def test_retention_keeps_last_k_and_versions_in_use(weightsync_server) -> None:  # type: ignore[no-untyped-def]
-    client = WeightSyncClient(weightsync_server.address)
+    client = WeightSyncClient(weightsync_server.address, security=PLAINTEXT_LOOPBACK)
     await client.publish(publish_files(weightsync_server.root, 0))
     stream = client.watch("slow-replica", after_version=-1)
     await anext(stream)
@@ -170,8 +171,11 @@ async def test_retention_keeps_last_k_and_versions_in_use(weightsync_server) -> 
     await client.close()
 
 
-async def test_health_and_reflection(weightsync_server) -> None:  # type: ignore[no-untyped-def]
-    async with make_channel(weightsync_server.address) as channel:
+async def test_health_and_reflection_when_enabled(tmp_path, start_weightsync) -> None:  # type: ignore[no-untyped-def]
+    # Reflection is off by default (test_transport_security); `security.reflection` enables it.
+    security = dataclasses.replace(PLAINTEXT_LOOPBACK, reflection=True)
+    weightsync_server = await start_weightsync(tmp_path / "weights", security=security)
+    async with make_channel(weightsync_server.address, security=PLAINTEXT_LOOPBACK) as channel:
         health = health_pb2_grpc.HealthStub(channel)
         reply = await health.Check(
             health_pb2.HealthCheckRequest(service="tidal.rpc.v1.WeightSyncService"), timeout=10
@@ -187,7 +191,7 @@ async def test_health_and_reflection(weightsync_server) -> None:  # type: ignore
 async def test_restarted_registry_recovers_versions(weightsync_server) -> None:  # type: ignore[no-untyped-def]
     from tidal.weightsync.registry import VersionRegistry
 
-    client = WeightSyncClient(weightsync_server.address)
+    client = WeightSyncClient(weightsync_server.address, security=PLAINTEXT_LOOPBACK)
     for v in range(2):
         await client.publish(publish_files(weightsync_server.root, v))
     await client.close()
@@ -206,7 +210,7 @@ def state(seed: int, numel: int = 30_000) -> dict[str, torch.Tensor]:
 async def test_upload_then_fetch_is_bit_identical_and_resumable(stream_weightsync) -> None:  # type: ignore[no-untyped-def]
     from tidal.weights.codec import decode_version, encode_version
 
-    client = WeightSyncClient(stream_weightsync.address)
+    client = WeightSyncClient(stream_weightsync.address, security=PLAINTEXT_LOOPBACK)
     sent = state(0)
     manifest, files = encode_version(version=0, step=0, state_dict=sent, config={"a": 1})
     assert await client.upload(manifest, files, chunk_bytes=5000) == 0
@@ -231,7 +235,7 @@ async def test_upload_with_wrong_checksum_is_refused_and_nothing_lost(stream_wei
 
     from tidal.weights.codec import encode_version
 
-    client = WeightSyncClient(stream_weightsync.address)
+    client = WeightSyncClient(stream_weightsync.address, security=PLAINTEXT_LOOPBACK)
     good, good_files = encode_version(version=0, step=0, state_dict=state(0), config={})
     await client.upload(good, good_files, chunk_bytes=1 << 16)
     manifest, files = encode_version(version=1, step=1, state_dict=state(1), config={})
@@ -267,7 +271,7 @@ async def test_malformed_upload_streams_name_the_field(stream_weightsync) -> Non
         ([header, chunk("other", 0)], "chunk.path"),
         ([header, chunk("model.safetensors", 9)], "chunk.offset"),
     ]
-    async with make_channel(stream_weightsync.address) as channel:
+    async with make_channel(stream_weightsync.address, security=PLAINTEXT_LOOPBACK) as channel:
         stub = pb_grpc.WeightSyncServiceStub(channel)
         for messages, field in cases:
             with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -279,7 +283,7 @@ async def test_malformed_upload_streams_name_the_field(stream_weightsync) -> Non
     bare = manifest_to_proto(manifest)
     bare.location = ""
     messages = [pb.UploadWeightsRequest(manifest=bare)]
-    client = WeightSyncClient(stream_weightsync.address)
+    client = WeightSyncClient(stream_weightsync.address, security=PLAINTEXT_LOOPBACK)
     _, files = encode_version(version=0, step=0, state_dict=state(0), config={})
     messages += [
         pb.UploadWeightsRequest(chunk=pb.WeightChunk(path=name, offset=0, data=bytes(data)))
@@ -294,7 +298,7 @@ async def test_upload_is_refused_unless_the_stream_transport_is_in_use(weightsyn
     """A filesystem (or broadcast) run never uploads: an upload is refused before a byte
     is read, and nothing is written."""
     manifest = publish_files(weightsync_server.root / "elsewhere", 0)
-    async with make_channel(weightsync_server.address) as channel:
+    async with make_channel(weightsync_server.address, security=PLAINTEXT_LOOPBACK) as channel:
         stub = pb_grpc.WeightSyncServiceStub(channel)
         header = pb.UploadWeightsRequest(manifest=manifest_to_proto(manifest))
         with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -302,11 +306,16 @@ async def test_upload_is_refused_unless_the_stream_transport_is_in_use(weightsyn
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "weightsync.transport.type" in (err.value.details() or "")
     assert sorted(p.name for p in weightsync_server.root.iterdir()) == ["elsewhere"]
-    assert await WeightSyncClient(weightsync_server.address).list_versions() == []
+    assert (
+        await WeightSyncClient(
+            weightsync_server.address, security=PLAINTEXT_LOOPBACK
+        ).list_versions()
+        == []
+    )
 
 
 async def test_join_sync_reports_the_transport_and_checks_the_role(weightsync_server) -> None:  # type: ignore[no-untyped-def]
-    client = WeightSyncClient(weightsync_server.address)
+    client = WeightSyncClient(weightsync_server.address, security=PLAINTEXT_LOOPBACK)
     plan = await client.join_sync("replica-a", "replica")
     assert (plan.transport, plan.seat) == ("filesystem", None)
     stub = pb_grpc.WeightSyncServiceStub(client.channel)
@@ -318,7 +327,7 @@ async def test_join_sync_reports_the_transport_and_checks_the_role(weightsync_se
 
 
 async def test_retention_never_deletes_a_version_being_loaded(weightsync_server) -> None:  # type: ignore[no-untyped-def]
-    client = WeightSyncClient(weightsync_server.address)
+    client = WeightSyncClient(weightsync_server.address, security=PLAINTEXT_LOOPBACK)
     await client.publish(publish_files(weightsync_server.root, 0))
     await client.publish(publish_files(weightsync_server.root, 1))
     stream = client.watch("loading-replica", after_version=-1)
@@ -348,7 +357,7 @@ async def test_other_rpcs_are_answered_while_a_fetch_waits_on_a_slow_disk(
     # FetchWeights must wait for it off the event loop, so GetVersion (the same server,
     # the same loop) is answered meanwhile; reading on the loop stalled every RPC.
     hold_s = 2.0
-    client = WeightSyncClient(weightsync_server.address)
+    client = WeightSyncClient(weightsync_server.address, security=PLAINTEXT_LOOPBACK)
     manifest = publish_files(weightsync_server.root, 0)
     await client.publish(manifest)
     weights = Path(manifest.location) / "model.safetensors"
@@ -387,7 +396,7 @@ async def test_a_manifest_without_a_required_file_is_refused_naming_it(
     kept = [f for f in manifest.files if f.path != missing]
     del manifest.files[:]
     manifest.files.extend(kept)
-    async with make_channel(weightsync_server.address) as channel:
+    async with make_channel(weightsync_server.address, security=PLAINTEXT_LOOPBACK) as channel:
         stub = pb_grpc.WeightSyncServiceStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await stub.Publish(pb.PublishRequest(manifest=manifest), timeout=10)
@@ -402,12 +411,12 @@ async def test_publish_at_the_weights_root_never_lets_retention_delete_it(
     """The operator's case: a Publish whose location is the root itself is refused, so
     the served versions stay on disk however many versions retention removes later."""
     ws = await start_weightsync(tmp_path / "weights", keep_last=1)
-    client = WeightSyncClient(ws.address)
+    client = WeightSyncClient(ws.address, security=PLAINTEXT_LOOPBACK)
     served = publish_files(ws.root, 0)
     await client.publish(served)
     bogus = manifest_to_proto(publish_files(ws.root, 1))
     bogus.location = str(ws.root)
-    async with make_channel(ws.address) as channel:
+    async with make_channel(ws.address, security=PLAINTEXT_LOOPBACK) as channel:
         stub = pb_grpc.WeightSyncServiceStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await stub.Publish(pb.PublishRequest(manifest=bogus), timeout=10)
@@ -431,7 +440,7 @@ async def test_a_recovered_manifest_naming_the_root_only_ever_costs_its_own_fold
     bad = dataclasses.replace(old, location=str(root))
     (Path(old.location) / "manifest.json").write_text(bad.to_json())
     ws = await start_weightsync(root, keep_last=1)
-    client = WeightSyncClient(ws.address)
+    client = WeightSyncClient(ws.address, security=PLAINTEXT_LOOPBACK)
     await client.publish(publish_files(root, 1))  # retention drops version 0
     assert not Path(old.location).exists()
     assert (root / "v000001" / "model.safetensors").is_file()

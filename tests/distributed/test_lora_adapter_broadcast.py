@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_file
 
 from tidal.batch.tensors import MicroBatchData, positions_for
+from tidal.common.security import PLAINTEXT_LOOPBACK
 from tidal.trainer.config import ModelConfig, TrainerConfig
 from tidal.trainer.publisher import WeightPublisher
 from tidal.trainer.train_step import Trainer
@@ -72,7 +73,7 @@ async def test_broadcast_adapters_are_served_as_the_trainers_merged_weights(
         model=ModelConfig.model_validate({**MODEL, "lora": LORA}), optim={"lr": 0.05}
     )
     trainer = Trainer(config, seed=0, device=torch.device("cpu"))
-    client = WeightSyncClient(address)
+    client = WeightSyncClient(address, security=PLAINTEXT_LOOPBACK)
     publisher = WeightPublisher(
         root, client, trainer.hf_config(), adapter_config=trainer.adapter_config()
     )

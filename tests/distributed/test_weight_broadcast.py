@@ -23,6 +23,7 @@ import torch
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from safetensors.torch import load_file
 
+from tidal.common.security import PLAINTEXT_LOOPBACK
 from tidal.inference.config import InferenceConfig
 from tidal.inference.native import NativeEngine
 from tidal.inference.reload import WeightWatcher
@@ -97,7 +98,7 @@ async def test_broadcast_delivers_bit_identical_weights_and_late_replica_catches
         [sys.executable, str(REPLICA_SCRIPT), "--address", address, "--replica-id", "rank1",
          "--out", str(out), "--until", "2"],
     )  # fmt: skip
-    client = WeightSyncClient(address)
+    client = WeightSyncClient(address, security=PLAINTEXT_LOOPBACK)
     publisher = WeightPublisher(root, client, ARGS.to_hf_config())
     late_engine = NativeEngine(
         device=torch.device("cpu"),
@@ -173,7 +174,7 @@ async def test_group_broken_by_a_dead_replica_is_reformed_and_the_survivor_catch
     address, root = service.address, service.root
     survivor = start_replica(address, "survivor", tmp_path / "survivor", until=3)
     doomed = start_replica(address, "doomed", tmp_path / "doomed", until=99)
-    client = WeightSyncClient(address)
+    client = WeightSyncClient(address, security=PLAINTEXT_LOOPBACK)
     publisher = WeightPublisher(root, client, ARGS.to_hf_config())
     try:
         await publisher.publish(0, weights(0))  # by the filesystem: the group is forming

@@ -15,12 +15,14 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from ..tls_fixtures import role_channel
+
 SERVICES = ("weightsync", "trainer", "inference", "orchestrator")
 GONE_WITHIN_S = 5.0
 
 
-def _serving(address: str) -> bool:
-    with grpc.insecure_channel(address) as channel:
+def _serving(run_dir: Path, address: str) -> bool:
+    with role_channel(run_dir / "tls", "operator", address) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(), timeout=1.0
@@ -48,7 +50,7 @@ def test_services_die_with_a_sigkilled_launcher_and_free_their_ports(launch) -> 
     run = launch("--orchestrator.steps", "1000", "--orchestrator.warmup-steps", "0")
     endpoints = run.wait_for_config()["endpoints"]
     deadline = time.monotonic() + 120
-    while not all(_serving(endpoints[name]) for name in SERVICES):
+    while not all(_serving(run.run_dir, endpoints[name]) for name in SERVICES):
         assert time.monotonic() < deadline and run.process.poll() is None, run.output()
         time.sleep(0.2)
     assert len(run.children()) == len(SERVICES)
@@ -86,7 +88,7 @@ def test_a_child_is_restarted_until_its_budget_is_spent_then_the_run_fails_clean
     )  # fmt: skip
     endpoints = run.wait_for_config()["endpoints"]
     deadline = time.monotonic() + 120
-    while not all(_serving(endpoints[name]) for name in SERVICES):
+    while not all(_serving(run.run_dir, endpoints[name]) for name in SERVICES):
         assert time.monotonic() < deadline and run.process.poll() is None, run.output()
         time.sleep(0.2)
     first = _pid_of(run, "weightsync")
@@ -95,7 +97,7 @@ def test_a_child_is_restarted_until_its_budget_is_spent_then_the_run_fails_clean
     while (second := _pid_of(run, "weightsync")) in (None, first):  # restarted: a new life
         assert time.monotonic() < deadline and run.process.poll() is None, run.output()
         time.sleep(0.1)
-    while not _serving(endpoints["weightsync"]):  # on the same address
+    while not _serving(run.run_dir, endpoints["weightsync"]):  # on the same address
         assert time.monotonic() < deadline and run.process.poll() is None, run.output()
         time.sleep(0.1)
     assert second is not None

@@ -12,23 +12,23 @@ import sys
 import time
 from pathlib import Path
 
-import grpc
 import pytest
 
 from tidal.rpc.v1 import common_pb2, inference_pb2_grpc, trainer_pb2_grpc
 
 from ..hf_folders import qwen3_folder
+from ..tls_fixtures import aio_role_channel
 
 __all__ = ["qwen3_folder"]
 
 
-async def statuses(config: dict) -> tuple[str, str]:  # type: ignore[type-arg]
-    endpoints = config["endpoints"]
-    async with grpc.aio.insecure_channel(endpoints["trainer"]) as channel:
+async def statuses(run_dir: Path, config: dict) -> tuple[str, str]:  # type: ignore[type-arg]
+    endpoints, tls = config["endpoints"], run_dir / "tls"
+    async with aio_role_channel(tls, "operator", endpoints["trainer"]) as channel:
         trainer = await trainer_pb2_grpc.TrainerServiceStub(channel).GetStatus(
             common_pb2.StatusRequest(), timeout=10
         )
-    async with grpc.aio.insecure_channel(endpoints["inference"]) as channel:
+    async with aio_role_channel(tls, "operator", endpoints["inference"]) as channel:
         inference = await inference_pb2_grpc.InferenceServiceStub(channel).GetStatus(
             common_pb2.StatusRequest(), timeout=10
         )
@@ -56,7 +56,7 @@ def test_a_run_starts_from_a_model_folder_and_names_it(launch, qwen3_folder: Pat
     while not progress(run.run_dir / "config.toml").startswith("done"):
         assert time.monotonic() < deadline and run.process.poll() is None, run.output()
         time.sleep(1)
-    trainer_model, inference_model = asyncio.run(statuses(config))
+    trainer_model, inference_model = asyncio.run(statuses(run.run_dir, config))
     assert trainer_model.startswith("qwen3 ") and f"dim {hf['hidden_size']}" in trainer_model
     assert inference_model.startswith(f"qwen3-{hf['num_hidden_layers']}x{hf['hidden_size']} (")
 

@@ -15,13 +15,14 @@ import sys
 import time
 from pathlib import Path
 
-import grpc
 import pytest
 
 from tidal.cli.config import RunConfig
 from tidal.cli.launcher import START_ORDER, prepare_run_dir
 from tidal.common.config import load_config
 from tidal.rpc.v1 import common_pb2, trainer_pb2_grpc
+
+from ..tls_fixtures import role_channel
 
 ROOT = Path(__file__).resolve().parents[2]
 WARMUP, STEPS = 2, 10
@@ -86,8 +87,8 @@ def _start(name: str, run_dir: Path, *extra: str) -> subprocess.Popen[bytes]:
     )
 
 
-def _trainer_status(address: str):  # type: ignore[no-untyped-def]
-    with grpc.insecure_channel(address) as channel:
+def _trainer_status(run_dir: Path, address: str):  # type: ignore[no-untyped-def]
+    with role_channel(run_dir / "tls", "operator", address) as channel:
         stub = trainer_pb2_grpc.TrainerServiceStub(channel)
         return stub.GetStatus(common_pb2.StatusRequest(), timeout=10)
 
@@ -132,7 +133,7 @@ def test_resumed_orchestrator_sees_the_prompts_of_an_uninterrupted_run(
 
         resumed = _start("orchestrator", run_dir, "--orchestrator.resume", "true")
         assert resumed.wait(timeout=240) == 0, (run_dir / "logs" / "orchestrator.log").read_text()
-        status = _trainer_status(config.endpoints.trainer)
+        status = _trainer_status(run_dir, config.endpoints.trainer)
     finally:
         for process in services.values():
             if process.poll() is None:

@@ -14,12 +14,15 @@ import pytest
 
 from tidal.rpc.v1 import common_pb2, inference_pb2_grpc, trainer_pb2_grpc
 
+from ..tls_fixtures import role_channel
+
 WARMUP, STEPS = 1, 3
 TOTAL = WARMUP + STEPS
 
 
-def _status(address: str, stub_cls, timeout: float = 5.0):  # type: ignore[no-untyped-def]
-    with grpc.insecure_channel(address) as channel:
+def _status(run_dir: Path, address: str, stub_cls, timeout: float = 5.0):  # type: ignore[no-untyped-def]
+    # As `tidal client` does: mTLS with the run's operator certificate.
+    with role_channel(run_dir / "tls", "operator", address) as channel:
         try:
             return stub_cls(channel).GetStatus(common_pb2.StatusRequest(), timeout=timeout)
         except grpc.RpcError:
@@ -47,8 +50,10 @@ def test_stack_trains_each_step_once_advances_inference_and_traces_all_services(
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         assert run.process.poll() is None, run.output()
-        inference = _status(endpoints["inference"], inference_pb2_grpc.InferenceServiceStub)
-        trainer = _status(endpoints["trainer"], trainer_pb2_grpc.TrainerServiceStub)
+        inference = _status(
+            run.run_dir, endpoints["inference"], inference_pb2_grpc.InferenceServiceStub
+        )
+        trainer = _status(run.run_dir, endpoints["trainer"], trainer_pb2_grpc.TrainerServiceStub)
         if inference is not None and inference.policy_version >= 0:
             versions_seen.add(inference.policy_version)
         if trainer is not None and trainer.step == TOTAL and TOTAL in versions_seen:
@@ -105,7 +110,7 @@ def test_a_dying_child_fails_the_run_with_its_last_log_lines(launch) -> None:  #
     run = launch("--orchestrator.steps", "1000", "--orchestrator.warmup-steps", "0")
     endpoints = run.wait_for_config()["endpoints"]
     deadline = time.monotonic() + 120
-    while _status(endpoints["trainer"], trainer_pb2_grpc.TrainerServiceStub) is None:
+    while _status(run.run_dir, endpoints["trainer"], trainer_pb2_grpc.TrainerServiceStub) is None:
         assert time.monotonic() < deadline and run.process.poll() is None, run.output()
         time.sleep(0.2)
     trainer_pids = [

@@ -26,12 +26,15 @@ import tomli_w
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tidal.cli.launcher import free_port
+from tidal.common.certs import ensure_certificates
 from tidal.common.tensors import encode_array
 from tidal.rpc.v1 import common_pb2
 from tidal.rpc.v1 import trainer_pb2 as pb
 from tidal.rpc.v1 import trainer_pb2_grpc as pb_grpc
 from tidal.weights.folder import version_dir
 from tidal.weights.manifest import MANIFEST_FILE
+
+from ..tls_fixtures import role_channel
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 TINY_MODEL = {"dim": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 64}
@@ -74,9 +77,13 @@ class Stack:
             "trainer": {"device": "cpu", "model": TINY_MODEL, "ckpt": {"interval": 1}},
         }
         (self.run_dir / "logs").mkdir(parents=True)
+        ensure_certificates(self.run_dir / "tls")  # as `tidal rl` does: mTLS by default
         self.config = self.run_dir / "config.toml"
         self.config.write_text(tomli_w.dumps(config))
         self.processes: list[subprocess.Popen[bytes]] = []
+
+    def channel(self, role: str) -> grpc.Channel:
+        return role_channel(self.run_dir / "tls", role, self.trainer_address)
 
     def start(self, name: str, *extra: str) -> subprocess.Popen[bytes]:
         log = (self.run_dir / "logs" / f"{name}.log").open("ab")
@@ -98,7 +105,7 @@ class Stack:
         return its status. A trainer that exits meanwhile fails the test with its log."""
         deadline = time.monotonic() + 120
         check = health_pb2.HealthCheckRequest(service="tidal.rpc.v1.TrainerService")
-        with grpc.insecure_channel(self.trainer_address) as channel:
+        with self.channel("orchestrator") as channel:
             health = health_pb2_grpc.HealthStub(channel)
             while True:
                 assert trainer.poll() is None, self.log("trainer")
@@ -113,7 +120,7 @@ class Stack:
             return stub.GetStatus(common_pb2.StatusRequest(), timeout=10)
 
     def train(self, step: int) -> pb.TrainResponse:
-        with grpc.insecure_channel(self.trainer_address) as channel:
+        with self.channel("orchestrator") as channel:
             stub = pb_grpc.TrainerServiceStub(channel)
             return stub.Train(train_request(step), timeout=120)
 
@@ -136,7 +143,7 @@ def test_trainer_killed_right_after_publishing_resumes_without_refusal(stack: St
     assert stack.train(1).policy_version == 1
 
     published = version_dir(stack.run_dir / "weights", 2) / MANIFEST_FILE
-    with grpc.insecure_channel(stack.trainer_address) as channel:
+    with stack.channel("orchestrator") as channel:
         pending = pb_grpc.TrainerServiceStub(channel).Train.future(train_request(2), timeout=120)
         deadline = time.monotonic() + 120
         while not published.is_file():  # version 2 is on disk: kill before Train answers
@@ -156,7 +163,7 @@ def test_trainer_killed_right_after_publishing_resumes_without_refusal(stack: St
     assert (again.step, again.policy_version, again.duplicate) == (2, 2, True)
     other = train_request(2)
     other.micro_batches[0].CopyFrom(micro_batch(99))
-    with grpc.insecure_channel(stack.trainer_address) as channel, pytest.raises(grpc.RpcError) as e:
+    with stack.channel("orchestrator") as channel, pytest.raises(grpc.RpcError) as e:
         pb_grpc.TrainerServiceStub(channel).Train(other, timeout=120)
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "already trained with other data" in str(e.value.details())

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tidal.common.security import PLAINTEXT_LOOPBACK
 from tidal.trainer.publisher import WeightPublisher
 from tidal.weights.client import WeightSyncClient
 from tidal.weights.folder import TMP_PREFIX, load_version
@@ -30,11 +31,14 @@ TRAINER = """
 import asyncio, sys
 from pathlib import Path
 import torch
+from tidal.common.security import PLAINTEXT_LOOPBACK
 from tidal.trainer.publisher import WeightPublisher
 from tidal.weights.client import WeightSyncClient
 
+
 async def main(address, root):
-    publisher = WeightPublisher(Path(root), WeightSyncClient(address), {"model_type": "llama"})
+    client = WeightSyncClient(address, security=PLAINTEXT_LOOPBACK)
+    publisher = WeightPublisher(Path(root), client, {"model_type": "llama"})
     await publisher.publish(0, {"w": torch.full((4,), 7.0)})
     print("published 0", flush=True)
     await publisher.publish(1, {"w": torch.ones(32 << 20)})  # 128 MB: killed while writing
@@ -73,7 +77,7 @@ async def test_killed_publish_leaves_previous_version_current(weightsync_server)
         if trainer.poll() is None:
             trainer.kill()
 
-    client = WeightSyncClient(weightsync_server.address)
+    client = WeightSyncClient(weightsync_server.address, security=PLAINTEXT_LOOPBACK)
     latest = await client.latest()
     assert latest is not None and latest.manifest.version == 0
     assert [v.manifest.version for v in await client.list_versions()] == [0]

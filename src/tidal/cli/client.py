@@ -35,6 +35,7 @@ from tidal.common.channel import CONNECT_TIMEOUT_S, connect, wait_connected
 from tidal.common.config import load_or_exit
 from tidal.common.errors import ConfigError, Unreachable
 from tidal.common.sections import SERVICES, ServiceRunConfig
+from tidal.common.security import for_service
 from tidal.orchestrator.config import ChatConfig
 from tidal.orchestrator.prompt_rendering import PromptRenderer
 from tidal.orchestrator.tasks.base import Problem
@@ -89,7 +90,7 @@ async def _details(name: str, channel: grpc.aio.Channel) -> str:
 
 
 async def _weightsync_details(address: str, config: ServiceRunConfig) -> str:
-    client = WeightSyncClient(address, config.grpc)
+    client = WeightSyncClient(address, config.grpc, security=for_service(config, "operator"))
     try:
         versions = await client.list_versions(timeout=STATUS_TIMEOUT_S)
         return f"versions {[v.manifest.version for v in versions]}"
@@ -102,7 +103,9 @@ async def _weightsync_details(address: str, config: ServiceRunConfig) -> str:
 async def _check(name: str, config: ServiceRunConfig, connect_s: float) -> tuple[str, str]:
     """(health, details) of one service; raises Unreachable when nothing answers."""
     address = getattr(config.endpoints, name)
-    async with await connect(name, address, config.grpc, timeout_s=connect_s) as channel:
+    async with await connect(
+        name, address, config.grpc, security=for_service(config, "operator"), timeout_s=connect_s
+    ) as channel:
         health = await _health(channel)
         if health != "SERVING":
             return health, ""
@@ -160,7 +163,11 @@ async def generate(config: ServiceRunConfig, opts: argparse.Namespace) -> int:
         request = inference_pb2.GenerateRequest(prompt=opts.prompt, sampling=sampling)
     address = config.endpoints.inference
     async with await connect(
-        "inference", address, config.grpc, timeout_s=opts.connect_timeout
+        "inference",
+        address,
+        config.grpc,
+        security=for_service(config, "operator"),
+        timeout_s=opts.connect_timeout,
     ) as channel:
         stub = inference_pb2_grpc.InferenceServiceStub(channel)
         try:
@@ -179,7 +186,7 @@ async def generate(config: ServiceRunConfig, opts: argparse.Namespace) -> int:
 
 async def versions(config: ServiceRunConfig, opts: argparse.Namespace) -> int:
     address = config.endpoints.weightsync
-    client = WeightSyncClient(address, config.grpc)
+    client = WeightSyncClient(address, config.grpc, security=for_service(config, "operator"))
     try:
         await wait_connected(
             client.channel, service="weightsync", address=address, timeout_s=opts.connect_timeout
@@ -206,7 +213,11 @@ async def versions(config: ServiceRunConfig, opts: argparse.Namespace) -> int:
 async def progress(config: ServiceRunConfig, opts: argparse.Namespace) -> int:
     address = config.endpoints.orchestrator
     async with await connect(
-        "orchestrator", address, config.grpc, timeout_s=opts.connect_timeout
+        "orchestrator",
+        address,
+        config.grpc,
+        security=for_service(config, "operator"),
+        timeout_s=opts.connect_timeout,
     ) as channel:
         stub = orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
         p = await stub.GetProgress(common_pb2.StatusRequest(), timeout=STATUS_TIMEOUT_S)

@@ -47,6 +47,7 @@ from pathlib import Path
 
 import tomli_w
 
+from tidal.cli.certs import ensure_run_credentials
 from tidal.cli.config import LAUNCHER_SECTIONS, RunConfig
 from tidal.cli.placement import place, trainer_world_size, visible_gpus
 from tidal.cli.slurm import SlurmConfig, submit, write_job
@@ -89,6 +90,12 @@ def prepare_run_dir(config: RunConfig, *, overwrite: bool = False, resume: bool 
     elif run_dir.exists():
         print(f"tidal: {OVERWRITE}: deleting previous outputs in {run_dir}", file=sys.stderr)
         remove_inside(run_dir, config.run.output_dir)
+    # --- transport security: the run's CA and per-role certificates (reused on resume) ---
+    created = ensure_run_credentials(config)
+    if created:
+        where = config.security.folder(run_dir)
+        print(f"tidal: created TLS credentials in {where}: {', '.join(created)}", file=sys.stderr)
+    # --- end transport security ---
     (run_dir / "logs").mkdir(parents=True, exist_ok=resume)
     for name in START_ORDER:
         setattr(config.endpoints, name, f"127.0.0.1:{free_port()}")

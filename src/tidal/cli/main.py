@@ -23,6 +23,7 @@ commands:
   sft            supervised fine-tuning on prompt/completion data (--resume continues)
   export         write a run's checkpoint or published version as a complete HF model folder
   client         talk to running services: status | generate | versions | progress
+  certs          create a CA and per-role TLS certificates (--out DIR [--hosts a,b] [--tokens])
   plan           predict peak memory per rank (--memory 80GiB [--world-size N] [--fit] [--json])
 
 Config files compose left to right; `TIDAL_SECTION__KEY` env vars and `--section.key value`
@@ -56,6 +57,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         from tidal.cli.memory_plan import main as plan
 
         plan(rest)
+    elif command == "certs":
+        from tidal.common.make_certs import main as certs
+
+        certs(rest)
     elif command == "client":
         from tidal.cli.client import main as client
 

@@ -32,6 +32,7 @@ from pydantic import Field, field_validator
 
 from tidal.common.config import BaseConfig, to_toml
 from tidal.common.errors import ConfigError
+from tidal.common.security_config import SecurityConfig
 
 DEFAULT_TEMPLATE = Path(__file__).resolve().parent / "templates" / "tidal.sbatch.j2"
 SCRIPT_NAME = "tidal.sbatch"
@@ -91,8 +92,26 @@ def _port(endpoint: str, field: str) -> int:
         raise ConfigError(f"{field} {endpoint!r} has no port (host:port)") from None
 
 
-def render(slurm: SlurmConfig, *, run_name: str, run_dir: Path, endpoints: Any) -> str:
-    """The sbatch script for this run (run_dir absolute: the job may start elsewhere)."""
+def render(
+    slurm: SlurmConfig,
+    *,
+    run_name: str,
+    run_dir: Path,
+    endpoints: Any,
+    security: SecurityConfig | None = None,
+) -> str:
+    """The sbatch script for this run (run_dir absolute: the job may start elsewhere).
+
+    Node names are known only when the job runs, so unless `security.tls_dir` brings the
+    certificates, the script makes a CA and certificates for the job's nodes at its start
+    (`tidal.common.make_certs`, in `<run dir>/tls-job-<id>`) and points the services at
+    them. Plaintext is refused: the job binds 0.0.0.0."""
+    security = security or SecurityConfig()
+    if security.mode == "plaintext":
+        raise ConfigError(
+            'security.mode = "plaintext" cannot be used with [slurm]: the job\'s services '
+            'listen on 0.0.0.0 across nodes; use "mtls" (the default) or "token"'
+        )
     import jinja2
 
     template = slurm.template or DEFAULT_TEMPLATE
@@ -111,9 +130,12 @@ def render(slurm: SlurmConfig, *, run_name: str, run_dir: Path, endpoints: Any) 
         "infer_index": slurm.trainer_nodes if slurm.inference_nodes else 0,
         "template": str(template),
         "run_name": run_name,
+        "run_dir": str(run_dir),
         "config_path": str(run_dir / "config.toml"),
         "log_dir": str(run_dir / "logs"),
         "ports": ports,
+        "make_certs": security.tls_dir is None,
+        "tokens": security.mode == "token",
     }
     try:
         return env.from_string(template.read_text()).render(**values)
@@ -130,7 +152,13 @@ def write_job(config: Any, slurm: SlurmConfig, services_toml: str) -> Path:
     (run_dir / "launch.toml").write_text(to_toml(config))
     script = run_dir / SCRIPT_NAME
     script.write_text(
-        render(slurm, run_name=config.run.name, run_dir=run_dir, endpoints=config.endpoints)
+        render(
+            slurm,
+            run_name=config.run.name,
+            run_dir=run_dir,
+            endpoints=config.endpoints,
+            security=config.security,
+        )
     )
     script.chmod(0o755)
     return script

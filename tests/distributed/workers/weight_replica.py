@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from tidal.common.security import PLAINTEXT_LOOPBACK
 from tidal.inference.config import InferenceConfig
 from tidal.inference.native import NativeEngine
 from tidal.inference.reload import WeightWatcher
@@ -54,7 +55,7 @@ class RecordingEngine(NativeEngine):
 async def main(address: str, replica_id: str, out: Path, until: int) -> None:
     engine = RecordingEngine(out)
     await engine.start()
-    client = WeightSyncClient(address)
+    client = WeightSyncClient(address, security=PLAINTEXT_LOOPBACK)
     watcher = WeightWatcher(client, engine, replica_id)
     task = asyncio.create_task(watcher.run())
     while watcher.acked < until:

@@ -23,6 +23,12 @@ def _free_address() -> str:
         return f"127.0.0.1:{s.getsockname()[1]}"
 
 
+@pytest.fixture(autouse=True)
+def operator_certificate(tls_folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client dials as `operator` with the session's certificates (mTLS, the default)."""
+    monkeypatch.setenv("TIDAL_SECURITY__TLS_DIR", str(tls_folder))
+
+
 @pytest.fixture
 def down() -> dict[str, str]:
     """An address for every service where nobody listens."""

@@ -12,6 +12,7 @@ import pytest
 
 from tidal.common.channel import connect
 from tidal.common.errors import Unreachable
+from tidal.common.security import PLAINTEXT_LOOPBACK
 
 
 @pytest.fixture
@@ -36,7 +37,7 @@ async def test_a_refused_connection_names_the_service_and_address_at_once(
 ) -> None:
     started = time.monotonic()
     with pytest.raises(Unreachable, match=f"cannot reach inference at {free_address} "):
-        await connect("inference", free_address, timeout_s=5.0)
+        await connect("inference", free_address, timeout_s=5.0, security=PLAINTEXT_LOOPBACK)
     assert time.monotonic() - started < 1.0  # not the timeout: refused is an answer
 
 
@@ -45,12 +46,12 @@ async def test_an_address_where_nothing_answers_fails_after_the_timeout(
 ) -> None:
     started = time.monotonic()
     with pytest.raises(Unreachable, match=r"trainer at .* \(nothing answered within 0.3s\)"):
-        await connect("trainer", silent_address, timeout_s=0.3)
+        await connect("trainer", silent_address, timeout_s=0.3, security=PLAINTEXT_LOOPBACK)
     assert 0.3 <= time.monotonic() - started < 2.0
 
 
 async def test_a_running_service_gives_a_ready_channel(start_weightsync, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     service = await start_weightsync(tmp_path)
-    channel = await connect("weightsync", service.address)
+    channel = await connect("weightsync", service.address, security=PLAINTEXT_LOOPBACK)
     async with channel:
         assert channel.get_state() == grpc.ChannelConnectivity.READY

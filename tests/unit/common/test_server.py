@@ -17,6 +17,7 @@ from tidal.common.channel import make_channel
 from tidal.common.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from tidal.common.logging import request_id_var
 from tidal.common.sections import GrpcConfig
+from tidal.common.security import PLAINTEXT_LOOPBACK
 from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.rpc.v1 import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
 
@@ -45,14 +46,16 @@ async def server():  # type: ignore[no-untyped-def]
         orchestrator_pb2_grpc.add_OrchestratorServiceServicer_to_server,
         "tidal.rpc.v1.OrchestratorService",
     )
-    server = GrpcServer("127.0.0.1:0", [binding], GrpcConfig(shutdown_grace_s=0.2))
+    server = GrpcServer(
+        "127.0.0.1:0", [binding], GrpcConfig(shutdown_grace_s=0.2), security=PLAINTEXT_LOOPBACK
+    )
     await server.start()
     yield server
     await server.stop()
 
 
 async def _call(server: GrpcServer, **metadata: str) -> orchestrator_pb2.Progress:
-    async with make_channel(f"127.0.0.1:{server.port}") as channel:
+    async with make_channel(f"127.0.0.1:{server.port}", security=PLAINTEXT_LOOPBACK) as channel:
         stub = orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
         return await stub.GetProgress(
             common_pb2.StatusRequest(), metadata=tuple(metadata.items()), timeout=5
@@ -109,10 +112,10 @@ async def test_concurrency_limit_refuses_extra_rpcs_but_health_still_answers() -
         "tidal.rpc.v1.OrchestratorService",
     )
     config = GrpcConfig(shutdown_grace_s=0.2, max_concurrent_rpcs=3)
-    server = GrpcServer("127.0.0.1:0", [binding], config)
+    server = GrpcServer("127.0.0.1:0", [binding], config, security=PLAINTEXT_LOOPBACK)
     await server.start()
     try:
-        async with make_channel(f"127.0.0.1:{server.port}") as channel:
+        async with make_channel(f"127.0.0.1:{server.port}", security=PLAINTEXT_LOOPBACK) as channel:
             stub = orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
             request = common_pb2.StatusRequest()
             held = [asyncio.ensure_future(stub.GetProgress(request)) for _ in range(3)]
@@ -134,7 +137,7 @@ async def test_concurrency_limit_refuses_extra_rpcs_but_health_still_answers() -
 async def test_request_over_the_rpc_limit_is_refused_unparsed(server: GrpcServer) -> None:
     """A control RPC over `grpc.max_request_bytes` is RESOURCE_EXHAUSTED naming the key;
     the server answers the next call."""
-    async with make_channel(f"127.0.0.1:{server.port}") as channel:
+    async with make_channel(f"127.0.0.1:{server.port}", security=PLAINTEXT_LOOPBACK) as channel:
         call = channel.unary_unary(
             "/tidal.rpc.v1.OrchestratorService/GetProgress",
             request_serializer=lambda raw: raw,
@@ -154,7 +157,7 @@ async def test_request_id_comes_from_metadata_or_is_made(server: GrpcServer) -> 
 
 
 async def test_request_stop_reports_not_serving_then_stops(server: GrpcServer) -> None:
-    async with make_channel(f"127.0.0.1:{server.port}") as channel:
+    async with make_channel(f"127.0.0.1:{server.port}", security=PLAINTEXT_LOOPBACK) as channel:
         health = health_pb2_grpc.HealthStub(channel)
         watch = health.Watch(health_pb2.HealthCheckRequest(service=""))
         first = await watch.read()
@@ -165,7 +168,7 @@ async def test_request_stop_reports_not_serving_then_stops(server: GrpcServer) -
         assert second.status == health_pb2.HealthCheckResponse.NOT_SERVING
         await asyncio.wait_for(serving, timeout=5)
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        async with make_channel(f"127.0.0.1:{server.port}") as channel:
+        async with make_channel(f"127.0.0.1:{server.port}", security=PLAINTEXT_LOOPBACK) as channel:
             await health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(), timeout=1, wait_for_ready=False
             )

@@ -28,7 +28,17 @@ def load_compose() -> dict:  # type: ignore[type-arg]
 
 def test_every_service_has_a_container_plus_collector_and_jaeger() -> None:
     services = load_compose()["services"]
-    assert set(services) == {*SERVICES, "otel-collector", "jaeger"}
+    assert set(services) == {*SERVICES, "certs", "otel-collector", "jaeger"}
+
+
+def test_services_run_mtls_with_the_generated_certificates_on_loopback_ports() -> None:
+    services = load_compose()["services"]
+    assert services["certs"]["entrypoint"][-1] == "tidal.common.make_certs"
+    assert importlib.util.find_spec("tidal.common.make_certs") is not None
+    for name in SERVICES:
+        spec = services[name]
+        assert spec["depends_on"]["certs"] == {"condition": "service_completed_successfully"}
+        assert all(port.startswith("127.0.0.1:") for port in spec.get("ports", []))
 
 
 @pytest.mark.parametrize("service", SERVICES)
@@ -52,6 +62,8 @@ def test_container_environment_is_a_valid_run_config() -> None:
     assert config.endpoints.trainer == "trainer:50053"
     assert config.grpc.listen_address(config.endpoints.trainer) == "0.0.0.0:50053"
     assert config.telemetry.otlp_endpoint == "otel-collector:4317"
+    assert config.security.mode == "mtls"  # bind 0.0.0.0: TLS required
+    assert config.security.folder(config.run.dir) == Path("/shared/tls")
 
 
 def _compose_command() -> list[str] | None:

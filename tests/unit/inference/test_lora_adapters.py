@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from tidal.batch.tensors import MicroBatchData, positions_for
+from tidal.common.security import PLAINTEXT_LOOPBACK
 from tidal.inference.adapters import AdapterMerger
 from tidal.inference.reload import WeightWatcher
 from tidal.trainer.config import ModelConfig, TrainerConfig
@@ -98,7 +99,7 @@ async def weightsync(request: pytest.FixtureRequest, tmp_path: Path, start_weigh
 async def test_adapter_versions_serve_the_trainers_merged_weights_and_logits(
     weightsync: str, tmp_path: Path, recording_engine: Any
 ) -> None:
-    client = WeightSyncClient(weightsync)
+    client = WeightSyncClient(weightsync, security=PLAINTEXT_LOOPBACK)
     trainer = make_trainer()
     publisher = WeightPublisher(
         tmp_path / "weights",  # the stream trainer writes nothing there
@@ -151,7 +152,7 @@ async def test_adapters_for_another_base_are_refused_and_the_replica_keeps_servi
 ) -> None:
     root = tmp_path / "weights"
     service = await start_weightsync(root, keep_last=2, chunk_bytes=1 << 14)
-    client = WeightSyncClient(service.address)
+    client = WeightSyncClient(service.address, security=PLAINTEXT_LOOPBACK)
     trainer = make_trainer()
     publisher = WeightPublisher(
         root, client, trainer.hf_config(), adapter_config=trainer.adapter_config()

@@ -19,6 +19,7 @@ import grpc
 import pytest
 import torch
 
+from tidal.common.security import PLAINTEXT_LOOPBACK
 from tidal.rpc.v1 import weightsync_pb2 as pb
 from tidal.rpc.v1 import weightsync_pb2_grpc as pb_grpc
 from tidal.weights.client import WeightSyncClient
@@ -104,7 +105,7 @@ async def test_cut_upload_resumes_from_the_received_offset(weightsync_server, ca
     manifest, files = encode_version(version=0, step=0, state_dict=sent, config={"a": 1})
     size = len(files[WEIGHTS])
     async with proxied(weightsync_server.address, "up", cut_after=size // 2) as proxy:
-        client = WeightSyncClient(f"127.0.0.1:{proxy.port}")
+        client = WeightSyncClient(f"127.0.0.1:{proxy.port}", security=PLAINTEXT_LOOPBACK)
         assert await client.upload(manifest, files, chunk_bytes=1 << 16) == 0
         await client.close()
     assert proxy.cut
@@ -116,7 +117,7 @@ async def test_cut_upload_resumes_from_the_received_offset(weightsync_server, ca
     # (64 KiB of slack for HTTP/2 framing, the manifest and the progress query).
     after_cut = sum(c["up"] for c in proxy.sent[1:])
     assert total - resumed_at <= after_cut < total - resumed_at + (1 << 16), (after_cut, resumed_at)
-    direct = WeightSyncClient(weightsync_server.address)
+    direct = WeightSyncClient(weightsync_server.address, security=PLAINTEXT_LOOPBACK)
     registered = (await direct.latest()).manifest  # type: ignore[union-attr]
     config, received = decode_version(await direct.fetch_files(registered))
     assert config == {"a": 1}
@@ -128,12 +129,12 @@ async def test_cut_fetch_resumes_from_the_received_offset(weightsync_server, cap
     caplog.set_level(logging.INFO, logger="tidal.weights.client")
     sent = weights()
     manifest, files = encode_version(version=0, step=0, state_dict=sent, config={})
-    direct = WeightSyncClient(weightsync_server.address)
+    direct = WeightSyncClient(weightsync_server.address, security=PLAINTEXT_LOOPBACK)
     await direct.upload(manifest, files, chunk_bytes=1 << 16)
     registered = (await direct.latest()).manifest  # type: ignore[union-attr]
     size = len(files[WEIGHTS])
     async with proxied(weightsync_server.address, "down", cut_after=size // 2) as proxy:
-        client = WeightSyncClient(f"127.0.0.1:{proxy.port}")
+        client = WeightSyncClient(f"127.0.0.1:{proxy.port}", security=PLAINTEXT_LOOPBACK)
         got = await client.fetch_files(registered)
         await client.close()
     assert proxy.cut
@@ -150,7 +151,7 @@ async def test_cut_fetch_resumes_from_the_received_offset(weightsync_server, cap
 async def test_cut_upload_keeps_progress_a_bad_stream_drops_it(weightsync_server) -> None:  # type: ignore[no-untyped-def]
     manifest, files = encode_version(version=0, step=0, state_dict=weights(), config={})
     data = bytes(files[WEIGHTS])  # encode_version hands out a reusable bytearray
-    stub_channel = WeightSyncClient(weightsync_server.address)
+    stub_channel = WeightSyncClient(weightsync_server.address, security=PLAINTEXT_LOOPBACK)
     stub = pb_grpc.WeightSyncServiceStub(stub_channel.channel)
     header = pb.UploadWeightsRequest(manifest=manifest_to_proto(manifest))
     half = 8 * (1 << 16)
@@ -187,7 +188,7 @@ async def test_cut_upload_keeps_progress_a_bad_stream_drops_it(weightsync_server
 
 
 async def test_versions_are_uploaded_and_fetched_through_reused_buffers(weightsync_server) -> None:  # type: ignore[no-untyped-def]
-    client = WeightSyncClient(weightsync_server.address)
+    client = WeightSyncClient(weightsync_server.address, security=PLAINTEXT_LOOPBACK)
     first, second = weights(), {k: v + 1 for k, v in weights().items()}
     manifest, files = encode_version(version=0, step=0, state_dict=first, config={})
     await client.upload(manifest, files, chunk_bytes=1 << 16)

@@ -5,7 +5,9 @@
 - wait-for-ready, so callers started before their server simply wait (bounded by the
   call's deadline) instead of failing fast during start-up;
 - retries of UNAVAILABLE by gRPC's own retry policy (service config), not hand loops;
-- request-id and OpenTelemetry client interceptors (trace context in metadata).
+- request-id and OpenTelemetry client interceptors (trace context in metadata);
+- the process's transport security (`TransportSecurity`, required): TLS with its role's
+  certificate (mTLS) or its token; plaintext only to loopback addresses.
 
 Services wait for their peers (wait-for-ready above): at start-up a peer that is not up
 yet is normal. A person's tool must instead say at once that a service is down, so
@@ -28,6 +30,7 @@ from opentelemetry.instrumentation.grpc import aio_client_interceptors
 from tidal.common.errors import Unreachable
 from tidal.common.interceptors import RequestIdClientInterceptor
 from tidal.common.sections import GrpcConfig
+from tidal.common.security import TransportSecurity
 from tidal.common.server import message_options
 
 _SERVICE_CONFIG = json.dumps(
@@ -53,7 +56,10 @@ CONNECT_TIMEOUT_S = 2.0
 _FAILED = (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN)
 
 
-def make_channel(address: str, config: GrpcConfig | None = None) -> grpc.aio.Channel:
+def make_channel(
+    address: str, config: GrpcConfig | None = None, *, security: TransportSecurity
+) -> grpc.aio.Channel:
+    security.check_address(address, "dial")
     config = config or GrpcConfig()
     options = [
         *message_options(config),
@@ -64,7 +70,10 @@ def make_channel(address: str, config: GrpcConfig | None = None) -> grpc.aio.Cha
         ("grpc.service_config", _SERVICE_CONFIG),
     ]
     interceptors = [RequestIdClientInterceptor(), *aio_client_interceptors()]
-    return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
+    credentials = security.channel_credentials()
+    if credentials is None:
+        return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
+    return grpc.aio.secure_channel(address, credentials, options=options, interceptors=interceptors)
 
 
 async def wait_connected(
@@ -96,11 +105,12 @@ async def connect(
     address: str,
     config: GrpcConfig | None = None,
     *,
+    security: TransportSecurity,
     timeout_s: float = CONNECT_TIMEOUT_S,
 ) -> grpc.aio.Channel:
     """A `make_channel` channel that is already connected; raises `Unreachable` (and
     closes the channel) when `service` at `address` cannot be reached in `timeout_s`."""
-    channel = make_channel(address, config)
+    channel = make_channel(address, config, security=security)
     try:
         await wait_connected(channel, service=service, address=address, timeout_s=timeout_s)
     except Unreachable:

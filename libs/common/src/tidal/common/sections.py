@@ -13,9 +13,10 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from tidal.common.config import BaseConfig
+from tidal.common.security_config import SecurityConfig, check_plaintext_addresses
 
 SERVICES = ("orchestrator", "inference", "trainer", "weightsync")
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -110,6 +111,23 @@ class SharedConfig(BaseConfig):
     endpoints: Endpoints = Endpoints()
     grpc: GrpcConfig = GrpcConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
+    # --- transport security (tidal.common.security_config) ---
+    security: SecurityConfig = SecurityConfig()
+
+    @field_validator("security")
+    @classmethod
+    def _plaintext_only_on_loopback(
+        cls, security: SecurityConfig, info: ValidationInfo
+    ) -> SecurityConfig:
+        endpoints, grpc = info.data.get("endpoints"), info.data.get("grpc")
+        if security.mode == "plaintext" and endpoints is not None and grpc is not None:
+            addresses = {f"endpoints.{k}": v for k, v in endpoints.model_dump().items()}
+            if grpc.bind_host is not None:
+                addresses["grpc.bind_host"] = grpc.bind_host
+            check_plaintext_addresses(addresses)
+        return security
+
+    # --- end transport security ---
 
 
 class ServiceRunConfig(SharedConfig):

@@ -1,10 +1,11 @@
 """gRPC server helper: one way to build, run and stop every Tidal server.
 
 Every server gets: message size limits per RPC and a limit on RPCs in flight
-(`tidal.common.limits`), the standard health service
-(grpc_health's aio HealthServicer, with a real Watch), server reflection, the
-error-mapping and tracing interceptors, and graceful shutdown: SIGTERM/SIGINT → health
-NOT_SERVING → `server.stop(grace)` → the service's own close hook.
+(`tidal.common.limits`), the standard health service (grpc_health's aio HealthServicer,
+with a real Watch), the error-mapping and tracing interceptors, the transport security
+its `TransportSecurity` says (TLS/mTLS credentials, the per-role authorization
+interceptor; server reflection only when enabled), and graceful shutdown:
+SIGTERM/SIGINT → health NOT_SERVING → `server.stop(grace)` → the service's own close hook.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 
+from tidal.common.authz import AuthorizationInterceptor
 from tidal.common.interceptors import ErrorMappingInterceptor
 from tidal.common.limits import PROBE_HEADROOM, server_options
 from tidal.common.sections import GrpcConfig
+from tidal.common.security import TransportSecurity
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +51,20 @@ def message_options(config: GrpcConfig) -> list[tuple[str, int]]:
 
 
 class GrpcServer:
-    """A started grpc.aio server with health and reflection. Use `serve_forever()`."""
+    """A started grpc.aio server with health (and reflection if enabled). Use
+    `serve_forever()`. `security` is required: `TransportSecurity.from_config(...)` in
+    services, `PLAINTEXT_LOOPBACK` in in-process tests."""
 
-    def __init__(self, address: str, bindings: Sequence[ServiceBinding], config: GrpcConfig):
+    def __init__(
+        self,
+        address: str,
+        bindings: Sequence[ServiceBinding],
+        config: GrpcConfig,
+        *,
+        security: TransportSecurity,
+    ):
+        security.check_address(address, "listen on")
+        self.security = security
         self.config = config
         self.bindings = list(bindings)
         self.health = health.aio.HealthServicer()
@@ -66,18 +80,29 @@ class GrpcServer:
         # interceptor only handles async-generator streams, not grpc_health's Watch,
         # which writes with `context.write`.
         tracing = aio_server_interceptor(filter_=filters.negate(filters.health_check()))
+        interceptors: list[grpc.aio.ServerInterceptor] = [
+            tracing,
+            ErrorMappingInterceptor(config),
+        ]
+        if security.mode != "plaintext":  # plaintext authenticates nobody: nothing to check
+            interceptors.insert(0, AuthorizationInterceptor(security))
         self.server = grpc.aio.server(
-            interceptors=[tracing, ErrorMappingInterceptor(config)],
+            interceptors=interceptors,
             options=options,
             maximum_concurrent_rpcs=config.max_concurrent_rpcs + PROBE_HEADROOM,
         )
         for binding in self.bindings:
             binding.register(binding.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
-        )
-        self.port = self.server.add_insecure_port(address)
+        if security.reflection:
+            reflection.enable_server_reflection(
+                [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
+            )
+        credentials = security.server_credentials()
+        if credentials is None:
+            self.port = self.server.add_insecure_port(address)
+        else:
+            self.port = self.server.add_secure_port(address, credentials)
         if self.port == 0:
             raise OSError(f"cannot bind gRPC server to {address}")
         self._stopping = asyncio.Event()

@@ -16,6 +16,7 @@ import grpc
 
 from tidal.common.channel import make_channel
 from tidal.common.sections import GrpcConfig
+from tidal.common.security import TransportSecurity
 from tidal.rpc.v1 import weightsync_pb2 as pb
 from tidal.rpc.v1 import weightsync_pb2_grpc as pb_grpc
 from tidal.weights.convert import (
@@ -40,8 +41,14 @@ UPLOAD_RETRYABLE = (*RETRYABLE, grpc.StatusCode.INTERNAL)
 
 
 class WeightSyncClient:
-    def __init__(self, address: str, grpc_config: GrpcConfig | None = None) -> None:
-        self.channel = make_channel(address, grpc_config)
+    def __init__(
+        self,
+        address: str,
+        grpc_config: GrpcConfig | None = None,
+        *,
+        security: TransportSecurity,
+    ) -> None:
+        self.channel = make_channel(address, grpc_config, security=security)
         self.stub = pb_grpc.WeightSyncServiceStub(self.channel)
 
     async def publish(self, manifest: WeightManifest, *, timeout: float = 120.0) -> int:

@@ -31,6 +31,7 @@ from tidal.common.config import load_or_exit
 from tidal.common.cpu_features import bf16_cost_warning
 from tidal.common.lifeline import watch_launcher
 from tidal.common.logging import setup_logging
+from tidal.common.security import check_or_exit, for_service
 from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.common.telemetry import setup_telemetry
 from tidal.inference.config import InferenceRunConfig
@@ -90,15 +91,19 @@ async def start_inference(config: InferenceRunConfig) -> RunningInference:
     await engine.start()
     servicer = InferenceServicer(engine, tokenizer, replica_id=replica_id, limits=cfg.limits)
     binding = ServiceBinding(servicer, pb_grpc.add_InferenceServiceServicer_to_server, FULL_NAME)
+    security = for_service(config, "inference")
     server = GrpcServer(
-        config.grpc.listen_address(config.endpoints.inference), [binding], config.grpc
+        config.grpc.listen_address(config.endpoints.inference),
+        [binding],
+        config.grpc,
+        security=security,
     )
     await server.start(serving=False)
 
     async def on_loaded(version: int) -> None:
         await server.set_serving(True)
 
-    client = WeightSyncClient(config.endpoints.weightsync, config.grpc)
+    client = WeightSyncClient(config.endpoints.weightsync, config.grpc, security=security)
     watcher = WeightWatcher(client, engine, replica_id, on_loaded=on_loaded)
     task = asyncio.create_task(watcher.run(), name="weight-watcher")
     task.add_done_callback(lambda done: not_serving_if_ended(done, server))
@@ -206,5 +211,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         usage="tidal inference @ cfg.toml",
     )
     setup_logging("inference", level=config.telemetry.log_level)
+    check_or_exit(config, "inference")
     watch_launcher()  # no-op unless started by `tidal rl`
     asyncio.run(serve(config))

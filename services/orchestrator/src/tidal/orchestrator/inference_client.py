@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from tidal.common.channel import make_channel
 from tidal.common.sections import GrpcConfig
+from tidal.common.security import TransportSecurity
 from tidal.orchestrator.completions import Completion
 from tidal.orchestrator.peers import PeerError, peer_call, wait_serving
 from tidal.rpc.v1 import common_pb2
@@ -34,9 +35,15 @@ def completion_from_proto(reply: pb.GenerateResponse) -> Completion:
 
 
 class InferenceClient:
-    def __init__(self, address: str, grpc_config: GrpcConfig | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        grpc_config: GrpcConfig | None = None,
+        *,
+        security: TransportSecurity,
+    ) -> None:
         self.address = address
-        self.channel = make_channel(address, grpc_config)
+        self.channel = make_channel(address, grpc_config, security=security)
         self.stub = pb_grpc.InferenceServiceStub(self.channel)
 
     async def wait_serving(self, timeout: float) -> None:

@@ -32,6 +32,7 @@ from tidal.common.config import load_or_exit
 from tidal.common.errors import ConfigError
 from tidal.common.lifeline import watch_launcher
 from tidal.common.logging import setup_logging
+from tidal.common.security import check_or_exit, for_service
 from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.common.telemetry import setup_telemetry
 from tidal.orchestrator.config import OrchestratorRunConfig
@@ -153,9 +154,10 @@ async def run_training(
 ) -> None:
     """Wait for the peers, run every step, then write the report and the summary."""
     orch = config.orchestrator
-    inference = InferenceClient(config.endpoints.inference, config.grpc)
-    trainer = TrainerClient(config.endpoints.trainer, config.grpc)
-    weightsync = WeightSyncClient(config.endpoints.weightsync, config.grpc)
+    security = for_service(config, "orchestrator")
+    inference = InferenceClient(config.endpoints.inference, config.grpc, security=security)
+    trainer = TrainerClient(config.endpoints.trainer, config.grpc, security=security)
+    weightsync = WeightSyncClient(config.endpoints.weightsync, config.grpc, security=security)
     window = AsyncWindow(orch.staleness, inference, wait_timeout_s=orch.timeouts.peer_wait_s)
     limiter = InflightLimiter(
         orch.inflight.max_requests,
@@ -254,7 +256,10 @@ async def serve(
         OrchestratorServicer(progress), pb_grpc.add_OrchestratorServiceServicer_to_server, FULL_NAME
     )
     server = GrpcServer(
-        config.grpc.listen_address(config.endpoints.orchestrator), [binding], config.grpc
+        config.grpc.listen_address(config.endpoints.orchestrator),
+        [binding],
+        config.grpc,
+        security=for_service(config, "orchestrator"),
     )
     await server.start()
     log.info("serving on %s; %d steps to run", config.endpoints.orchestrator, orch.total_steps)
@@ -302,4 +307,5 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ConfigError as exc:
         print(f"orchestrator: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None
+    check_or_exit(config, "orchestrator")
     raise SystemExit(asyncio.run(serve(config, mixture, prompts)))

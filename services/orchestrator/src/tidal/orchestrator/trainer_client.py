@@ -18,6 +18,7 @@ from tidal.batch.packing import PackedMicroBatch
 from tidal.batch.wire import micro_batch_to_proto, payload_sha256
 from tidal.common.channel import make_channel
 from tidal.common.sections import GrpcConfig
+from tidal.common.security import TransportSecurity
 from tidal.orchestrator.peers import peer_call, wait_serving
 from tidal.rpc.v1 import common_pb2
 from tidal.rpc.v1 import trainer_pb2 as pb
@@ -46,9 +47,15 @@ def train_request(
 
 
 class TrainerClient:
-    def __init__(self, address: str, grpc_config: GrpcConfig | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        grpc_config: GrpcConfig | None = None,
+        *,
+        security: TransportSecurity,
+    ) -> None:
         self.address = address
-        self.channel = make_channel(address, grpc_config)
+        self.channel = make_channel(address, grpc_config, security=security)
         self.stub = pb_grpc.TrainerServiceStub(self.channel)
 
     async def wait_serving(self, timeout: float) -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from tidal.common.errors import FailedPrecondition, Unavailable
+from tidal.common.security import for_service
 from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.common.telemetry import setup_telemetry
 from tidal.models.device import resolve_device
@@ -99,7 +100,8 @@ async def start_trainer(
     trainer: ServedTrainer = local if channel is None else LeaderTrainer(local, channel)
     device = str(trainer.device)
     ckpt = config.trainer.ckpt
-    client = WeightSyncClient(config.endpoints.weightsync, config.grpc)
+    security = for_service(config, "trainer")
+    client = WeightSyncClient(config.endpoints.weightsync, config.grpc, security=security)
     # Broadcast replicas reach this trainer's TCP store at the host of its endpoint.
     host = config.endpoints.trainer.rsplit(":", 1)[0]
     # Versions are complete model folders: token ids, tokenizer files, generation config.
@@ -125,7 +127,8 @@ async def start_trainer(
     )
     binding = ServiceBinding(servicer, pb_grpc.add_TrainerServiceServicer_to_server, FULL_NAME)
     address = config.grpc.listen_address(config.endpoints.trainer)
-    running = RunningTrainer(GrpcServer(address, [binding], config.grpc), runner, client)
+    server = GrpcServer(address, [binding], config.grpc, security=security)
+    running = RunningTrainer(server, runner, client)
     await running.server.start(serving=False)
     log.info("model %s on %s; publishing to %s", trainer.describe(), device, config.publish_dir)
     try:

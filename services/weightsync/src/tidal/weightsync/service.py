@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from tidal.common.config import load_or_exit
 from tidal.common.lifeline import watch_launcher
 from tidal.common.logging import setup_logging
+from tidal.common.security import check_or_exit, for_service
 from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.common.telemetry import setup_telemetry
 from tidal.rpc.v1 import weightsync_pb2_grpc as pb_grpc
@@ -36,7 +37,7 @@ async def serve(config: WeightSyncRunConfig) -> None:
     )
     binding = ServiceBinding(servicer, pb_grpc.add_WeightSyncServiceServicer_to_server, FULL_NAME)
     address = config.grpc.listen_address(config.endpoints.weightsync)
-    server = GrpcServer(address, [binding], config.grpc)
+    server = GrpcServer(address, [binding], config.grpc, security=for_service(config, "weightsync"))
     await server.start()
     log.info(
         "serving on %s, root %s, transport %s",
@@ -55,5 +56,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         usage="tidal weightsync @ cfg.toml",
     )
     setup_logging("weightsync", level=config.telemetry.log_level)
+    check_or_exit(config, "weightsync")
     watch_launcher()  # no-op unless started by `tidal rl`
     asyncio.run(serve(config))

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from tidal.common.config import load_or_exit
 from tidal.common.lifeline import watch_launcher
 from tidal.common.logging import setup_logging
+from tidal.common.security import check_or_exit
 from tidal.trainer.config import TrainerRunConfig
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
     config = load_or_exit(TrainerRunConfig, args, usage="tidal trainer @ cfg.toml")
     setup_logging("trainer", level=config.telemetry.log_level)
+    check_or_exit(config, "trainer")
     watch_launcher()  # no-op unless started by `tidal rl`
     if config.trainer.world_size > 1:
         run_rank(config, args)

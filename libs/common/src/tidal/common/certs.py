@@ -1,0 +1,205 @@
+"""A run-local certificate authority and one leaf certificate per role.
+
+Design: every Tidal process proves which role it plays with an X.509 certificate signed by
+the run's CA (mutual TLS). The role is carried in the certificate twice: as a SAN URI
+`tidal://role/<role>` (what the servers read: `tidal.common.authz`) and as the subject CN
+(for people reading `openssl x509 -text`). Leaves are not CAs (BasicConstraints ca=False),
+so a service holding its own key cannot mint certificates for another role; they are valid
+for both TLS server and client auth, since every service is both. Each leaf names
+127.0.0.1, ::1 and localhost plus the hosts given (compose service names, k8s DNS names).
+
+Files in one folder (`tidal rl` uses `<run dir>/tls/`; `tidal certs --out DIR` for
+deployments): `ca.pem`, `ca.key`, `<role>.pem`, `<role>.key`. Keys are written 0600 and
+atomically (temp file in the same folder, then rename), so a crash never leaves half a key.
+Existing files are reused, never overwritten: a resumed run keeps its identities.
+EC P-256 keys: small and fast handshakes; 2-year validity for leaves, 10 for the CA.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+ROLES = ("orchestrator", "inference", "trainer", "weightsync", "operator")
+"""Every identity in a run: the four services and `operator` (`tidal client`, people)."""
+ROLE_URI_PREFIX = "tidal://role/"
+CA_CERT, CA_KEY = "ca.pem", "ca.key"
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+_LEAF_DAYS, _CA_DAYS = 730, 3650
+
+
+def cert_path(folder: Path, role: str) -> Path:
+    return folder / f"{role}.pem"
+
+
+def key_path(folder: Path, role: str) -> Path:
+    return folder / f"{role}.key"
+
+
+def write_private(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """Write `data` to `path` atomically with permissions `mode` from the start."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _new_key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def _san_entries(role: str, hosts: Iterable[str]) -> list[x509.GeneralName]:
+    names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(ROLE_URI_PREFIX + role)]
+    for host in dict.fromkeys([*LOOPBACK_HOSTS, *hosts]):
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    return names
+
+
+def _load_ca(folder: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    cert = x509.load_pem_x509_certificate((folder / CA_CERT).read_bytes())
+    key = serialization.load_pem_private_key((folder / CA_KEY).read_bytes(), password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"{folder / CA_KEY} is not an EC private key")
+    return cert, key
+
+
+def _make_ca(folder: Path, name: str) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    key = _new_key()
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"Tidal run CA {name}")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=_CA_DAYS))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    write_private(folder / CA_KEY, _key_pem(key))
+    write_private(folder / CA_CERT, cert.public_bytes(serialization.Encoding.PEM), 0o644)
+    return cert, key
+
+
+def issue_leaf(
+    folder: Path,
+    role: str,
+    hosts: Sequence[str],
+    ca: tuple[x509.Certificate, ec.EllipticCurvePrivateKey],
+) -> None:
+    """Write `<role>.pem` / `<role>.key` signed by `ca` (overwrites them)."""
+    ca_cert, ca_key = ca
+    key = _new_key()
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, role)]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=_LEAF_DAYS))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.SubjectAlternativeName(_san_entries(role, hosts)), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    write_private(key_path(folder, role), _key_pem(key))
+    write_private(cert_path(folder, role), cert.public_bytes(serialization.Encoding.PEM), 0o644)
+
+
+def ensure_certificates(
+    folder: Path, hosts: Sequence[str] = (), *, roles: Sequence[str] = ROLES, name: str = "tidal"
+) -> list[str]:
+    """Create the CA (if absent) and every missing role's certificate in `folder`.
+
+    Existing files are kept (a resumed run keeps its identities). Returns the roles whose
+    certificate was created now. Raises ValueError for a CA certificate without its key
+    when a leaf is missing (then new leaves cannot be signed).
+    """
+    missing = [
+        r for r in roles if not (cert_path(folder, r).exists() and key_path(folder, r).exists())
+    ]
+    if not missing:
+        return []
+    folder.mkdir(parents=True, exist_ok=True)
+    os.chmod(folder, 0o700)
+    if (folder / CA_CERT).exists():
+        if not (folder / CA_KEY).exists():
+            raise ValueError(
+                f"{folder / CA_CERT} exists without {CA_KEY}: cannot sign certificates for "
+                f"{', '.join(missing)}; put their <role>.pem/.key in {folder} or remove ca.pem"
+            )
+        ca = _load_ca(folder)
+    else:
+        ca = _make_ca(folder, name)
+    for role in missing:
+        issue_leaf(folder, role, hosts, ca)
+    return missing
+
+
+def role_of_certificate(pem: bytes) -> str | None:
+    """The role a certificate carries (its `tidal://role/<role>` SAN URI), if any."""
+    cert = x509.load_pem_x509_certificate(pem)
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return None
+    for uri in san.get_values_for_type(x509.UniformResourceIdentifier):
+        if uri.startswith(ROLE_URI_PREFIX):
+            return uri[len(ROLE_URI_PREFIX) :]
+    return None
