@@ -28,9 +28,13 @@ Decisions:
   complete trainer checkpoint (`trainer.ckpt.interval` > 0 when the run was started):
   without one the launcher refuses before starting anything, rather than letting the
   run start over under the old run's published versions.
+- Which children run is children.py's: with `inference.replicas = N`, N inference
+  processes, each on its own free loopback port (listed in
+  `endpoints.inference_replicas`, which the orchestrator reads).
 - The run ends when the orchestrator exits. Any child exiting earlier, or the
   orchestrator exiting non-zero, fails the run: the launcher exits 1 and shows that
-  child's exit reason and last log lines.
+  child's exit reason and last log lines. The exception: an inference replica dying
+  while another replica still runs (children.survivable_loss); the run goes on.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from pathlib import Path
 
 import tomli_w
 
+from tidal.cli.children import START_ORDER, child_specs, survivable_loss
 from tidal.cli.config import LAUNCHER_SECTIONS, RunConfig
 from tidal.cli.placement import place, trainer_world_size, visible_gpus
 from tidal.cli.slurm import SlurmConfig, submit, write_job
@@ -57,15 +62,10 @@ from tidal.common.lifeline import launcher_env, parent_death_signal
 from tidal.common.removal import remove_inside
 from tidal.trainer.parallel.config import check_parallel
 
-# Start order: publishers before subscribers; clients wait for their servers anyway.
-START_ORDER = ("weightsync", "trainer", "inference", "orchestrator")
 ECHOED = {"orchestrator"}
 TAIL_LINES = 30
 KILL_AFTER_S = 10.0
 OVERWRITE, RESUME = "--overwrite", "--resume"
-RESUME_ARGS = {"trainer": ["--resume"], "orchestrator": ["--orchestrator.resume", "true"]}
-"""What each child is told on `tidal rl --resume` (inference and weightsync need nothing:
-weightsync recovers its versions from the weights folder, inference loads the newest)."""
 
 
 def free_port() -> int:
@@ -96,12 +96,22 @@ def prepare_run_dir(config: RunConfig, *, overwrite: bool = False, resume: bool 
     (run_dir / "logs").mkdir(parents=True, exist_ok=resume)
     for name in START_ORDER:
         setattr(config.endpoints, name, f"127.0.0.1:{free_port()}")
+    replicas = config.inference.replicas
+    config.endpoints.inference_replicas = (
+        [config.endpoints.inference] + [f"127.0.0.1:{free_port()}" for _ in range(replicas - 1)]
+        if replicas > 1
+        else []
+    )
     http = config.inference.http
     if http.enabled:
-        # A fixed port in config.toml is how a harness finds the OpenAI endpoint of a run.
+        # A fixed port in config.toml is how a harness finds the OpenAI endpoint of a run;
+        # replica i serves on that port + i (children.py).
         if http.port == 0:
             http.port = free_port()
-        print(f"tidal: inference's OpenAI-compatible endpoint: {http.url()}", file=sys.stderr)
+        for i in range(replicas):
+            url = http.url(http.port + i)
+            which = f"replica {i}'s" if replicas > 1 else "inference's"
+            print(f"tidal: {which} OpenAI-compatible endpoint: {url}", file=sys.stderr)
     (run_dir / "config.toml").write_text(services_toml(config))
     return run_dir
 
@@ -151,6 +161,12 @@ def apply_placement(config: RunConfig, gpus: list[str]) -> dict[str, dict[str, s
     )
     if config.deployment.num_infer_gpus:
         config.inference.device = "cuda"
+        if config.deployment.num_infer_gpus % config.inference.replicas:
+            raise ConfigError(
+                f"deployment.num_infer_gpus = {config.deployment.num_infer_gpus} cannot be "
+                f"split evenly over inference.replicas = {config.inference.replicas}: make "
+                "it a multiple of the replica count"
+            )
     if config.deployment.num_train_gpus:
         config.trainer.device = "cuda"
     t = config.trainer
@@ -188,12 +204,15 @@ async def start_child(
     log_dir: Path,
     extra_env: dict[str, str] | None = None,
     extra_args: Sequence[str] = (),
+    *,
+    service: str | None = None,
 ) -> Child:
+    """Start `tidal.<service>` (default: `name`) as child `name`, logging to `<name>.log`."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **launcher_env(), **(extra_env or {})}
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        f"tidal.{name}",
+        f"tidal.{service or name}",
         "@",
         str(config_path),
         *extra_args,
@@ -239,23 +258,32 @@ async def supervise(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, interrupted.set)
     try:
-        for name in START_ORDER:
+        for spec in child_specs(run_dir, envs, resume=resume):
             child = await start_child(
-                name,
+                spec.name,
                 run_dir / "config.toml",
                 run_dir / "logs",
-                (envs or {}).get(name),
-                RESUME_ARGS.get(name, []) if resume else [],
+                spec.env,
+                spec.args,
+                service=spec.service,
             )
             children.append(child)
-            pumps.append(asyncio.create_task(child.pump(echo=name in ECHOED)))
+            pumps.append(asyncio.create_task(child.pump(echo=spec.name in ECHOED)))
         exits = {asyncio.create_task(c.process.wait()): c for c in children}
         stop = asyncio.create_task(interrupted.wait())
-        done, _ = await asyncio.wait([*exits, stop], return_when=asyncio.FIRST_COMPLETED)
-        if stop in done:
-            print("tidal: interrupted, stopping all services", file=sys.stderr)
-            return 130
-        first = exits[next(t for t in done if t in exits)]
+        while True:
+            done, _ = await asyncio.wait([*exits, stop], return_when=asyncio.FIRST_COMPLETED)
+            if stop in done:
+                print("tidal: interrupted, stopping all services", file=sys.stderr)
+                return 130
+            first = exits.pop(next(t for t in done if t in exits))
+            if not survivable_loss(first.name, (c.name for c in exits.values())):
+                break
+            print(
+                f"tidal: {first.name} {describe_exit(first.process.returncode or 0)}; the "
+                "other inference replicas go on serving",
+                file=sys.stderr,
+            )
         await asyncio.wait(pumps, timeout=2)  # let its last lines reach the tail
         code = first.process.returncode or 0
         if first.name == "orchestrator" and code == 0:

@@ -198,6 +198,9 @@ class TimeoutsConfig(BaseConfig):
     peer_wait_s: float = Field(default=300.0, gt=0)
     """How long to wait at start-up for inference and the trainer to become healthy, and
     for inference to load a policy version a step needs."""
+    inference_lost_s: float = Field(default=300.0, gt=0)
+    """How long generation waits for an inference replica to serve again when none does
+    (every replica stopped, e.g. while `tidal rl` restarts one) before the run fails."""
     verifier_s: float = Field(default=5.0, gt=0)
     """A verifier call taking longer scores 0 (counted as a timeout)."""
 

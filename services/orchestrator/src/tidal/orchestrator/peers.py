@@ -18,6 +18,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 class PeerError(RuntimeError):
     """A call to inference, the trainer or weightsync failed."""
 
+    def __init__(self, message: str, *, code: grpc.StatusCode | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        """The call's gRPC status (None when the reply itself was wrong)."""
+
 
 @contextmanager
 def peer_call(peer: str, address: str, method: str) -> Iterator[None]:
@@ -25,7 +30,8 @@ def peer_call(peer: str, address: str, method: str) -> Iterator[None]:
         yield
     except grpc.aio.AioRpcError as exc:
         raise PeerError(
-            f"{peer} at {address}: {method} failed with {exc.code().name}: {exc.details()}"
+            f"{peer} at {address}: {method} failed with {exc.code().name}: {exc.details()}",
+            code=exc.code(),
         ) from exc
 
 

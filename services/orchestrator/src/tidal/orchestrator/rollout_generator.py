@@ -34,7 +34,7 @@ from tidal.orchestrator.config import OrchestratorConfig
 from tidal.orchestrator.contained_verifier import ContainedVerifier, VerifyOutcome
 from tidal.orchestrator.dynamic_sampling import fill_batch
 from tidal.orchestrator.episodes import run_episode
-from tidal.orchestrator.inference_client import InferenceClient
+from tidal.orchestrator.inference_pool import InferencePool
 from tidal.orchestrator.inflight import InflightLimiter
 from tidal.orchestrator.mixture import TaskMixture
 from tidal.orchestrator.prompt_rendering import PromptRenderer
@@ -84,7 +84,7 @@ class RolloutGenerator:
         config: OrchestratorConfig,
         *,
         seed: int,
-        inference: InferenceClient,
+        inference: InferencePool,
         verifier: ContainedVerifier,
         limiter: InflightLimiter,
         prompts: PromptRenderer,
