@@ -97,3 +97,11 @@ def test_slurm_spreads_replicas_over_inference_nodes_with_gpu_slices(tmp_path: P
     too_many = SlurmConfig(trainer_nodes=1, inference_nodes=1, gpus_per_node=2)
     with pytest.raises(ConfigError, match=r"add slurm\.inference_nodes"):
         render(too_many, run_name="r", run_dir=tmp_path, endpoints=Endpoints(), replicas=3)
+
+
+def test_a_broadcast_group_follows_the_replica_count(tmp_path: Path) -> None:
+    broadcast = ["--weightsync.transport.type", "broadcast", "--inference.replicas", "3"]
+    config = run_config(tmp_path, *broadcast)
+    assert config.weightsync.transport.replicas == 3  # type: ignore[union-attr]
+    with pytest.raises(ConfigError, match=r"weightsync\.transport\.replicas = 4"):
+        run_config(tmp_path, *broadcast, "--weightsync.transport.replicas", "4")

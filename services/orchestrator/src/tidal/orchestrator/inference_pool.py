@@ -73,7 +73,9 @@ class Replica:
     failed: int = 0
     """Generate attempts that failed on it and were retried elsewhere."""
     last_error: str = ""
-    old_channels: list[grpc.aio.Channel] = field(default_factory=list)
+    old_channels: list[tuple[float, grpc.aio.Channel]] = field(default_factory=list)
+    """Channels replaced by a reconnect, with when; closed once nothing can still use
+    them (closing a channel cancels its calls)."""
 
     @property
     def address(self) -> str:
@@ -126,17 +128,20 @@ class InferencePool:
                     await self._lost(replica, "health check failed")
                 state = replica.client.channel.get_state()
                 if state == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
-                    replica.old_channels.append(replica.client.reconnect())
+                    replica.old_channels.append((time.monotonic(), replica.client.reconnect()))
             await self._close_idle_channels(replica)
 
     async def _close_idle_channels(self, replica: Replica) -> None:
-        # An old channel may still carry a call that has not failed yet; it is closed
-        # once its replica has nothing outstanding.
-        if replica.old_channels and replica.outstanding_tokens == 0:
-            old, replica.old_channels = replica.old_channels, []
-            for channel in old:
-                with contextlib.suppress(Exception):
-                    await channel.close()
+        # An old channel may still carry a call that has not failed yet: a Generate (its
+        # tokens are outstanding) or a status call (bounded by STATUS_TIMEOUT_S).
+        if replica.outstanding_tokens:
+            return
+        settled = time.monotonic() - 2 * STATUS_TIMEOUT_S
+        old = [channel for since, channel in replica.old_channels if since < settled]
+        replica.old_channels = [(t, c) for t, c in replica.old_channels if t >= settled]
+        for channel in old:
+            with contextlib.suppress(Exception):
+                await channel.close()
 
     async def _lost(self, replica: Replica, reason: str) -> None:
         replica.last_error = reason
@@ -242,6 +247,18 @@ class InferencePool:
                     request_id=request_id,
                     timeout=timeout,
                 )
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is None or task.cancelling():
+                    raise  # this request itself was cancelled
+                # the call was cancelled under us (its channel closed): like a lost replica
+                exc = PeerError(
+                    f"inference at {replica.address}: Generate cancelled",
+                    code=grpc.StatusCode.CANCELLED,
+                )
+                replica.failed += 1
+                await self._lost(replica, str(exc))
+                continue
             except PeerError as exc:
                 if exc.code not in LOST_CODES and exc.code not in BUSY_CODES:
                     raise
@@ -278,9 +295,11 @@ class InferencePool:
             out = []
             for replica, reply in zip(serving, replies, strict=True):
                 if isinstance(reply, BaseException):
-                    if not isinstance(reply, PeerError):
+                    # PeerError: the call failed; CancelledError here is the call's own
+                    # (the outer task's cancellation would have raised from gather).
+                    if not isinstance(reply, PeerError | asyncio.CancelledError):
                         raise reply
-                    await self._lost(replica, str(reply))
+                    await self._lost(replica, str(reply) or "status call cancelled")
                     continue
                 out.append((replica, int(reply.policy_version), int(reply.queued), reply.kv_usage))
             if out:
@@ -310,7 +329,7 @@ class InferencePool:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         for replica in self.replicas:
-            for channel in replica.old_channels:
+            for _, channel in replica.old_channels:
                 with contextlib.suppress(Exception):
                     await channel.close()
             await replica.client.close()
