@@ -276,7 +276,8 @@ class InferencePool:
                     await asyncio.sleep(BUSY_BACKOFF_S)
                 else:
                     await self._lost(replica, str(exc))
-                log.info("request %s: %s; retrying on another replica", request_id, exc)
+                where = "on another replica" if len(self.replicas) > 1 else "when it serves"
+                log.info("request %s: %s; retrying %s", request_id, exc, where)
                 continue
             finally:
                 replica.outstanding_tokens -= cost
