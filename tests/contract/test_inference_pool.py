@@ -85,6 +85,19 @@ def test_least_outstanding_work_chooses_the_emptiest_serving_replica() -> None:
     assert pool.choose() is None
 
 
+def test_affinity_keeps_a_key_on_its_replica_while_it_serves() -> None:
+    pool = InferencePool(["127.0.0.1:1", "127.0.0.1:2"])
+    a, b = pool.replicas
+    a.outstanding_tokens = 100
+    assert pool.choose("group-1") is b  # a new key: least outstanding work
+    pool.remember("group-1", b)
+    b.outstanding_tokens = 500
+    assert pool.choose("group-1") is b  # its next turn stays with its cached prefix
+    assert pool.choose("group-2") is a  # other keys still balance
+    b.serving = False
+    assert pool.choose("group-1") is a  # its replica is gone: anywhere that serves
+
+
 async def test_requests_spread_over_both_replicas_and_versions_gate_on_the_oldest(
     replicas: list[RunningInference],
 ) -> None:

@@ -4,7 +4,8 @@ SIGKILLed mid-run does not end the run.
 One run asserts both (the suite's budget prefers one run that asserts several things):
 each replica's own GetStatus counts generated tokens before the kill; after replica 1
 is SIGKILLed, the orchestrator retries its requests on replica 0, the launcher keeps
-going (another replica still runs), and every step is trained once.
+going (another replica still runs), and every step is trained once. The task is
+multi-turn, so episode turns (routed by group affinity) are what gets retried.
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ def test_two_replicas_both_serve_and_one_sigkilled_does_not_end_the_run(launch) 
         "--inference.replicas", "2",
         "--orchestrator.steps", str(STEPS),
         "--orchestrator.warmup-steps", "0",
+        # multi-turn episodes: each group's turns are routed by affinity, and the turns
+        # in flight on the killed replica are retried on the other
+        "--orchestrator.task", '{type = "reversal", turns = 2}',
     )  # fmt: skip
     config = run.wait_for_config()
     replicas = config["endpoints"]["inference_replicas"]

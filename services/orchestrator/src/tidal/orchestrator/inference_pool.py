@@ -7,6 +7,11 @@ Decisions:
   counted as requested tokens in flight (`n × (prompt + max_tokens)`, what the call can
   cost the replica), ties broken by fewest requests sent, then replica order. Requested
   rather than produced tokens: the orchestrator knows them at once, without polling.
+- Affinity: a call may name an affinity key (the rollout generator uses the group's
+  tag for multi-turn episodes); while the replica that last served that key serves, the
+  call goes there, so a group's episodes and each episode's next turn find their prefix
+  in that replica's cache. The key's first call is placed by least outstanding work, so
+  groups still spread. Keys are forgotten least-recently-used beyond AFFINITY_KEYS.
 - Retry: a call that fails with UNAVAILABLE, CANCELLED or ABORTED (replica stopped,
   connection reset, replica killed mid-stream) marks that replica lost and runs again on
   another, whole: completions are collected per attempt and only a complete attempt is
@@ -36,6 +41,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -55,6 +61,7 @@ BUSY_CODES = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED})
 """Retried on the least loaded replica after BUSY_BACKOFF_S, without marking it lost."""
 BUSY_BACKOFF_S = 0.2
 PROBE_S = 0.5
+AFFINITY_KEYS = 4096
 STATUS_TIMEOUT_S = 5.0
 
 
@@ -101,6 +108,8 @@ class InferencePool:
         self._changed = asyncio.Condition()
         self._probes: list[asyncio.Task[None]] = []
         self._waiting_logged = False
+        self._affinity: OrderedDict[str, int] = OrderedDict()
+        """Affinity key → index of the replica that last served it (LRU order)."""
 
     @property
     def addresses(self) -> list[str]:
@@ -172,8 +181,12 @@ class InferencePool:
 
     # ---- routing -----------------------------------------------------------------------
 
-    def choose(self) -> Replica | None:
-        """The serving replica with the least outstanding work (None if none serves)."""
+    def choose(self, affinity: str = "") -> Replica | None:
+        """The replica that last served `affinity` if it still serves, else the serving
+        replica with the least outstanding work (None if none serves)."""
+        sticky = self._affinity.get(affinity) if affinity else None
+        if sticky is not None and self.replicas[sticky].serving:
+            return self.replicas[sticky]
         serving = [r for r in self.replicas if r.serving]
         if not serving:
             return None
@@ -184,9 +197,16 @@ class InferencePool:
             f"{r.address}: {r.last_error or 'not serving'}" for r in self.replicas if not r.serving
         )
 
-    async def _acquire(self) -> Replica:
+    def remember(self, affinity: str, replica: Replica) -> None:
+        """`replica` served `affinity`: later calls naming it go there while it serves."""
+        self._affinity[affinity] = replica.index
+        self._affinity.move_to_end(affinity)
+        while len(self._affinity) > AFFINITY_KEYS:
+            self._affinity.popitem(last=False)
+
+    async def _acquire(self, affinity: str = "") -> Replica:
         """A serving replica, waiting up to `lost_timeout_s` for one if none serves."""
-        replica = self.choose()
+        replica = self.choose(affinity)
         if replica is not None:
             return replica
         if not self._waiting_logged:
@@ -208,7 +228,7 @@ class InferencePool:
                     f"({self._down_summary()}); orchestrator.timeouts.inference_lost_s sets "
                     "how long to wait"
                 ) from None
-        replica = self.choose()
+        replica = self.choose(affinity)
         assert replica is not None
         return replica
 
@@ -226,13 +246,15 @@ class InferencePool:
         stop_token_ids: list[int],
         request_id: str = "",
         timeout: float = 300.0,
+        affinity: str = "",
     ) -> list[Completion]:
         """All `n` completions of one prompt from one replica, retried elsewhere if that
-        replica fails; each attempt is whole (a failed attempt's completions are dropped)."""
+        replica fails; each attempt is whole (a failed attempt's completions are dropped).
+        `affinity`: prefer the replica that served this key last (see the module doc)."""
         cost = n * (len(prompt_ids) + max_tokens)
         first_failure: float | None = None
         while True:
-            replica = await self._acquire()
+            replica = await self._acquire(affinity)
             replica.outstanding_tokens += cost
             replica.sent += 1
             try:
@@ -282,6 +304,8 @@ class InferencePool:
             finally:
                 replica.outstanding_tokens -= cost
             replica.served += 1
+            if affinity:
+                self.remember(affinity, replica)
             return completions
 
     async def _statuses(self) -> list[tuple[Replica, int, int, float]]:
