@@ -57,7 +57,7 @@ async def replicas(weightsync_server: Any, tmp_path: Path) -> AsyncIterator[list
         await stop_replica(running)
 
 
-async def generate(pool: InferencePool, seed: int = 1, n: int = 2) -> list[Any]:
+async def generate(pool: InferencePool, seed: int = 1, n: int = 2, affinity: str = "") -> list[Any]:
     return await pool.generate(
         PROMPT,
         n=n,
@@ -68,6 +68,7 @@ async def generate(pool: InferencePool, seed: int = 1, n: int = 2) -> list[Any]:
         stop_token_ids=[],
         request_id=f"r{seed}",
         timeout=30,
+        affinity=affinity,
     )
 
 
@@ -110,6 +111,20 @@ async def test_requests_spread_over_both_replicas_and_versions_gate_on_the_oldes
         assert all(r.outstanding_tokens == 0 for r in pool.replicas)
         assert await pool.policy_version() == 0
         assert all(v == 0 for c in results[0] for v in c.policy_versions)
+    finally:
+        await pool.close()
+
+
+async def test_concurrent_calls_of_one_affinity_key_go_to_one_replica(
+    replicas: list[RunningInference],
+) -> None:
+    pool = InferencePool([f"127.0.0.1:{r.port}" for r in replicas], probe_s=0.1)
+    try:
+        await pool.wait_serving(30)
+        await asyncio.gather(*(generate(pool, seed=s, affinity="group-a") for s in range(4)))
+        assert sorted(r.served for r in pool.replicas) == [0, 4]  # a group's first turns
+        await asyncio.gather(*(generate(pool, seed=s, affinity="group-b") for s in range(4)))
+        assert [r.served for r in pool.replicas] == [4, 4]  # the next group: the other one
     finally:
         await pool.close()
 

@@ -8,8 +8,9 @@ Decisions:
   cost the replica), ties broken by fewest requests sent, then replica order. Requested
   rather than produced tokens: the orchestrator knows them at once, without polling.
 - Affinity: a call may name an affinity key (the rollout generator uses the group's
-  tag for multi-turn episodes); while the replica that last served that key serves, the
-  call goes there, so a group's episodes and each episode's next turn find their prefix
+  tag for multi-turn episodes); while the replica that was last sent that key serves,
+  the call goes there (the choice is recorded when made, so a group's concurrent first
+  turns already go together), so a group's episodes and each episode's next turn find their prefix
   in that replica's cache. The key's first call is placed by least outstanding work, so
   groups still spread. Keys are forgotten least-recently-used beyond AFFINITY_KEYS.
 - Retry: a call that fails with UNAVAILABLE, CANCELLED or ABORTED (replica stopped,
@@ -198,7 +199,7 @@ class InferencePool:
         )
 
     def remember(self, affinity: str, replica: Replica) -> None:
-        """`replica` served `affinity`: later calls naming it go there while it serves."""
+        """`replica` takes `affinity`: later calls naming it go there while it serves."""
         self._affinity[affinity] = replica.index
         self._affinity.move_to_end(affinity)
         while len(self._affinity) > AFFINITY_KEYS:
@@ -255,6 +256,8 @@ class InferencePool:
         first_failure: float | None = None
         while True:
             replica = await self._acquire(affinity)
+            if affinity:  # at once: the group's concurrent first turns follow this one
+                self.remember(affinity, replica)
             replica.outstanding_tokens += cost
             replica.sent += 1
             try:
@@ -304,8 +307,6 @@ class InferencePool:
             finally:
                 replica.outstanding_tokens -= cost
             replica.served += 1
-            if affinity:
-                self.remember(affinity, replica)
             return completions
 
     async def _statuses(self) -> list[tuple[Replica, int, int, float]]:
