@@ -24,8 +24,9 @@ Decisions:
   and why) for one to serve again, for at most `timeouts.inference_lost_s`; then it
   fails naming the replicas, their last errors and that key. One replica is the case
   N = 1: an inference restart is waited out, not fatal.
-- Return: a probe task per replica asks health (fail-fast Check) every `probe_s`; a lost
-  replica that answers SERVING again (restarted by the launcher, or reachable again) is
+- Return: a probe task per replica asks health (fail-fast Check) every `probe_s` (two
+  failed probes in a row mark a replica lost, a failed call at once); a lost replica
+  that answers SERVING again (restarted by the launcher, or reachable again) is
   used again. A lost replica's channel is replaced while it is in TRANSIENT_FAILURE, so
   a restarted replica is seen at the next probe, not after gRPC's reconnect back-off.
 - Policy version: the version the window gates on is the *oldest* loaded by the replicas
@@ -62,6 +63,8 @@ BUSY_CODES = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED})
 """Retried on the least loaded replica after BUSY_BACKOFF_S, without marking it lost."""
 BUSY_BACKOFF_S = 0.2
 PROBE_S = 0.5
+PROBE_TIMEOUT_S = 2.0
+PROBE_MISSES = 2
 AFFINITY_KEYS = 4096
 STATUS_TIMEOUT_S = 5.0
 
@@ -110,7 +113,7 @@ class InferencePool:
         self._probes: list[asyncio.Task[None]] = []
         self._waiting_logged = False
         self._affinity: OrderedDict[str, int] = OrderedDict()
-        """Affinity key → index of the replica that last served it (LRU order)."""
+        """Affinity key → index of the replica it was last sent to (LRU order)."""
 
     @property
     def addresses(self) -> list[str]:
@@ -128,18 +131,30 @@ class InferencePool:
             self._probes = [asyncio.create_task(self._probe(r)) for r in self.replicas]
 
     async def _probe(self, replica: Replica) -> None:
+        misses = 0
         while True:
             await asyncio.sleep(self.probe_s)
-            ok = await replica.client.serving(timeout=max(self.probe_s, 1.0))
-            if ok and not replica.serving:
-                await self._returned(replica)
-            elif not ok:
-                if replica.serving:
-                    await self._lost(replica, "health check failed")
-                state = replica.client.channel.get_state()
-                if state == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
-                    replica.old_channels.append((time.monotonic(), replica.client.reconnect()))
-            await self._close_idle_channels(replica)
+            try:
+                misses = await self._probe_once(replica, misses)
+            except Exception:  # a probe that dies would never bring its replica back
+                log.exception("probing inference replica %d at %s", replica.index, replica.address)
+
+    async def _probe_once(self, replica: Replica, misses: int) -> int:
+        """One health probe; returns the count of consecutive failed probes."""
+        ok = await replica.client.serving(timeout=max(self.probe_s, PROBE_TIMEOUT_S))
+        misses = 0 if ok else misses + 1
+        if ok and not replica.serving:
+            await self._returned(replica)
+        elif not ok:
+            # two misses in a row: one slow answer on a busy machine is not a loss (a
+            # failed call marks the replica lost at once anyway)
+            if replica.serving and misses >= PROBE_MISSES:
+                await self._lost(replica, "health check failed")
+            state = replica.client.channel.get_state()
+            if state == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+                replica.old_channels.append((time.monotonic(), replica.client.reconnect()))
+        await self._close_idle_channels(replica)
+        return misses
 
     async def _close_idle_channels(self, replica: Replica) -> None:
         # An old channel may still carry a call that has not failed yet: a Generate (its
