@@ -72,7 +72,8 @@ async def generate(pool: InferencePool, seed: int = 1, n: int = 2, affinity: str
     )
 
 
-def test_least_outstanding_work_chooses_the_emptiest_serving_replica() -> None:
+async def test_least_outstanding_work_chooses_the_emptiest_serving_replica() -> None:
+    # grpc.aio channels (never connected here) need the running loop
     pool = InferencePool(["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"])
     a, b, c = pool.replicas
     a.outstanding_tokens, b.outstanding_tokens, c.outstanding_tokens = 50, 10, 30
@@ -84,9 +85,11 @@ def test_least_outstanding_work_chooses_the_emptiest_serving_replica() -> None:
     assert pool.choose() is c  # equal work: fewer requests sent
     a.serving = c.serving = False
     assert pool.choose() is None
+    await pool.close()
 
 
-def test_affinity_keeps_a_key_on_its_replica_while_it_serves() -> None:
+async def test_affinity_keeps_a_key_on_its_replica_while_it_serves() -> None:
+    # grpc.aio channels (never connected here) need the running loop
     pool = InferencePool(["127.0.0.1:1", "127.0.0.1:2"])
     a, b = pool.replicas
     a.outstanding_tokens = 100
@@ -97,6 +100,7 @@ def test_affinity_keeps_a_key_on_its_replica_while_it_serves() -> None:
     assert pool.choose("group-2") is a  # other keys still balance
     b.serving = False
     assert pool.choose("group-1") is a  # its replica is gone: anywhere that serves
+    await pool.close()
 
 
 async def test_requests_spread_over_both_replicas_and_versions_gate_on_the_oldest(
