@@ -185,7 +185,7 @@ async def test_one_replica_lost_is_waited_for_then_fails_clearly(
         # now gone for good, with a short bound: a clear error naming the key
         await stop_replica(running)
         pool.lost_timeout_s = 1.0
-        with pytest.raises(PeerError, match=r"orchestrator\.timeouts\.inference_lost_s") as err:
+        with pytest.raises(PeerError, match=r"orchestrator\.recovery\.peer_loss_s") as err:
             await generate(pool)
         assert address in str(err.value)
     finally:

@@ -22,6 +22,13 @@ from tidal.weights.client import WeightSyncClient
 from tidal.weights.convert import manifest_to_proto
 from tidal.weights.folder import write_version
 from tidal.weights.manifest import WeightManifest
+from tidal.weightsync.config import StreamTransport
+
+
+@pytest.fixture
+async def stream_weightsync(tmp_path: Path, start_weightsync):  # type: ignore[no-untyped-def]
+    """The stream transport: the only one that accepts UploadWeights."""
+    return await start_weightsync(tmp_path / "weights", transport=StreamTransport())
 
 
 def publish_files(root: Path, version: int) -> WeightManifest:
@@ -196,16 +203,16 @@ def state(seed: int, numel: int = 30_000) -> dict[str, torch.Tensor]:
     }
 
 
-async def test_upload_then_fetch_is_bit_identical_and_resumable(weightsync_server) -> None:  # type: ignore[no-untyped-def]
+async def test_upload_then_fetch_is_bit_identical_and_resumable(stream_weightsync) -> None:  # type: ignore[no-untyped-def]
     from tidal.weights.codec import decode_version, encode_version
 
-    client = WeightSyncClient(weightsync_server.address)
+    client = WeightSyncClient(stream_weightsync.address)
     sent = state(0)
     manifest, files = encode_version(version=0, step=0, state_dict=sent, config={"a": 1})
     assert await client.upload(manifest, files, chunk_bytes=5000) == 0
     registered = (await client.latest()).manifest  # type: ignore[union-attr]
     assert registered.files == manifest.files
-    assert Path(registered.location) == weightsync_server.root / "v000000"
+    assert Path(registered.location) == stream_weightsync.root / "v000000"
     config, received = decode_version(await client.fetch_files(registered))
     assert config == {"a": 1}
     assert all(torch.equal(received[k], v) for k, v in sent.items())
@@ -219,12 +226,12 @@ async def test_upload_then_fetch_is_bit_identical_and_resumable(weightsync_serve
     await client.close()
 
 
-async def test_upload_with_wrong_checksum_is_refused_and_nothing_lost(weightsync_server) -> None:  # type: ignore[no-untyped-def]
+async def test_upload_with_wrong_checksum_is_refused_and_nothing_lost(stream_weightsync) -> None:  # type: ignore[no-untyped-def]
     from dataclasses import replace
 
     from tidal.weights.codec import encode_version
 
-    client = WeightSyncClient(weightsync_server.address)
+    client = WeightSyncClient(stream_weightsync.address)
     good, good_files = encode_version(version=0, step=0, state_dict=state(0), config={})
     await client.upload(good, good_files, chunk_bytes=1 << 16)
     manifest, files = encode_version(version=1, step=1, state_dict=state(1), config={})
@@ -242,11 +249,11 @@ async def test_upload_with_wrong_checksum_is_refused_and_nothing_lost(weightsync
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "not greater than the newest published version 0" in err.value.details()
     assert [v.manifest.version for v in await client.list_versions()] == [0]
-    assert sorted(p.name for p in weightsync_server.root.iterdir()) == ["v000000"]
+    assert sorted(p.name for p in stream_weightsync.root.iterdir()) == ["v000000"]
     await client.close()
 
 
-async def test_malformed_upload_streams_name_the_field(weightsync_server) -> None:  # type: ignore[no-untyped-def]
+async def test_malformed_upload_streams_name_the_field(stream_weightsync) -> None:  # type: ignore[no-untyped-def]
     from tidal.weights.codec import encode_version
 
     manifest, _ = encode_version(version=0, step=0, state_dict=state(0), config={})
@@ -260,19 +267,19 @@ async def test_malformed_upload_streams_name_the_field(weightsync_server) -> Non
         ([header, chunk("other", 0)], "chunk.path"),
         ([header, chunk("model.safetensors", 9)], "chunk.offset"),
     ]
-    async with make_channel(weightsync_server.address) as channel:
+    async with make_channel(stream_weightsync.address) as channel:
         stub = pb_grpc.WeightSyncServiceStub(channel)
         for messages, field in cases:
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await stub.UploadWeights(iter(messages), timeout=10)
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert err.value.details().startswith(field)
-    assert list(weightsync_server.root.iterdir()) == []  # no folder, not even a temp one
+    assert list(stream_weightsync.root.iterdir()) == []  # no folder, not even a temp one
     # The location is weightsync's to choose: an uploader may leave it empty.
     bare = manifest_to_proto(manifest)
     bare.location = ""
     messages = [pb.UploadWeightsRequest(manifest=bare)]
-    client = WeightSyncClient(weightsync_server.address)
+    client = WeightSyncClient(stream_weightsync.address)
     _, files = encode_version(version=0, step=0, state_dict=state(0), config={})
     messages += [
         pb.UploadWeightsRequest(chunk=pb.WeightChunk(path=name, offset=0, data=bytes(data)))
@@ -281,6 +288,21 @@ async def test_malformed_upload_streams_name_the_field(weightsync_server) -> Non
     reply = await pb_grpc.WeightSyncServiceStub(client.channel).UploadWeights(iter(messages))
     assert reply.version == 0
     await client.close()
+
+
+async def test_upload_is_refused_unless_the_stream_transport_is_in_use(weightsync_server) -> None:  # type: ignore[no-untyped-def]
+    """A filesystem (or broadcast) run never uploads: an upload is refused before a byte
+    is read, and nothing is written."""
+    manifest = publish_files(weightsync_server.root / "elsewhere", 0)
+    async with make_channel(weightsync_server.address) as channel:
+        stub = pb_grpc.WeightSyncServiceStub(channel)
+        header = pb.UploadWeightsRequest(manifest=manifest_to_proto(manifest))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.UploadWeights(iter([header]), timeout=10)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "weightsync.transport.type" in (err.value.details() or "")
+    assert sorted(p.name for p in weightsync_server.root.iterdir()) == ["elsewhere"]
+    assert await WeightSyncClient(weightsync_server.address).list_versions() == []
 
 
 async def test_join_sync_reports_the_transport_and_checks_the_role(weightsync_server) -> None:  # type: ignore[no-untyped-def]

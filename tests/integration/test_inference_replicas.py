@@ -3,8 +3,8 @@ SIGKILLed mid-run does not end the run.
 
 One run asserts both (the suite's budget prefers one run that asserts several things):
 each replica's own GetStatus counts generated tokens before the kill; after replica 1
-is SIGKILLed, the orchestrator retries its requests on replica 0, the launcher keeps
-going (another replica still runs), and every step is trained once. The task is
+is SIGKILLed, the orchestrator retries its requests on replica 0 while the launcher's
+supervision restarts replica 1, and every step is trained once. The task is
 multi-turn, so episode turns (routed by group affinity) are what gets retried.
 """
 
@@ -77,10 +77,14 @@ def test_two_replicas_both_serve_and_one_sigkilled_does_not_end_the_run(launch) 
     assert run.process.wait(timeout=300) == 0, run.output()[-4000:]
 
     out = run.output()
-    assert "inference-1 killed by signal SIGKILL; the other inference replicas go on" in out
+    assert "inference-1 killed by signal SIGKILL; restarting it" in out  # supervision.py
+    supervision = json.loads((run.run_dir / "supervision.json").read_text())
+    assert supervision["restarts"]["inference-1"] == 1
+    assert sum(supervision["restarts"].values()) == 1  # nothing else died
     assert _trained_steps(run.run_dir) == list(range(1, STEPS + 1))  # each step once
     orchestrator = (run.run_dir / "logs" / "orchestrator.log").read_text()
     assert f"inference replica 1 at {replicas[1]} lost" in orchestrator
+    assert "retrying on another replica" in orchestrator  # its requests went to replica 0
     served = {
         int(m[1]): int(m[2])
         for m in re.finditer(r"inference replica (\d) at \S+: (\d+) requests served", orchestrator)

@@ -1,7 +1,8 @@
 """`tidal rl --resume` continues a run whose trainer was SIGKILLed mid-run.
 
-The first life is the launcher with checkpoints every step; killing its trainer fails the
-run (exit 1, as a dying child should). The second life is `tidal rl @ <run dir>/config.toml
+The first life is the launcher with checkpoints every step and no restarts allowed
+(`supervision.max_restarts = 0`); killing its trainer fails the run (exit 1, the budget is
+spent). The second life is `tidal rl @ <run dir>/config.toml
 --resume`: it keeps the run folder, the trainer restores its newest checkpoint, the
 orchestrator continues from `progress.json`, and the run finishes every step, each
 trained once (no step id refused, no "newer than the checkpoint").
@@ -44,6 +45,7 @@ def test_rl_resume_finishes_a_run_whose_trainer_was_killed(launch, tmp_path: Pat
         "--orchestrator.report.table-every", "0",
         "--trainer.ckpt.interval", "1",
         "--grpc.shutdown-grace-s", "0.5",
+        "--supervision.max-restarts", "0",
     )  # fmt: skip
     run.wait_for_config()
     deadline = time.monotonic() + 240

@@ -4,7 +4,9 @@ Weightsync and the trainer run as real processes (`python -m tidal.<service>`), 
 trainer with `trainer.ckpt.interval = 1`. The test sends Train(2) and kills the trainer
 as soon as version 2 is on disk, before Train(2) can answer: with the checkpoint written
 before the publish, step 2 is durable by then, so `--resume` continues at step 3 instead
-of refusing "version 2, newer than the checkpoint of step 1".
+of refusing "version 2, newer than the checkpoint of step 1". Step 2's retry is then
+answered as a duplicate (the checkpoint holds its payload fingerprint), and step 2 with
+other data is refused.
 """
 
 from __future__ import annotations
@@ -148,5 +150,15 @@ def test_trainer_killed_right_after_publishing_resumes_without_refusal(stack: St
     status = stack.trainer_status(resumed)
     assert (status.step, status.policy_version) == (2, 2)
     assert "newer than the checkpoint" not in stack.log("trainer")
+    # The orchestrator's retry of step 2 (its reply died with the old process) is answered
+    # as a duplicate: the checkpoint kept step 2's fingerprint. Other data under id 2 is not.
+    again = stack.train(2)
+    assert (again.step, again.policy_version, again.duplicate) == (2, 2, True)
+    other = train_request(2)
+    other.micro_batches[0].CopyFrom(micro_batch(99))
+    with grpc.insecure_channel(stack.trainer_address) as channel, pytest.raises(grpc.RpcError) as e:
+        pb_grpc.TrainerServiceStub(channel).Train(other, timeout=120)
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "already trained with other data" in str(e.value.details())
     third = stack.train(3)
     assert (third.step, third.policy_version, third.duplicate) == (3, 3, False)

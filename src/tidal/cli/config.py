@@ -3,8 +3,8 @@
 `tidal rl` validates this strictly before anything starts (an unknown key anywhere fails
 with its path and a suggestion), then writes the resolved file that every child reads.
 Service config modules are pydantic-only (no torch), so importing this stays fast.
-`[deployment]` and `[slurm]` are the launcher's own: they are applied (devices, trainer
-world size) and left out of the file the services read.
+`[deployment]`, `[slurm]` and `[supervision]` are the launcher's own: they are applied
+(devices, trainer world size, restarts) and left out of the file the services read.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pydantic import model_validator
 
 from tidal.cli.placement import DeploymentConfig
 from tidal.cli.slurm import SlurmConfig
+from tidal.cli.supervision import SupervisionConfig
 from tidal.common.sections import SharedConfig
 from tidal.inference.config import InferenceConfig
 from tidal.orchestrator.config import OrchestratorConfig
@@ -30,6 +31,8 @@ class RunConfig(SharedConfig):
     """Which visible GPUs inference and the trainer get (local `tidal rl`)."""
     slurm: SlurmConfig | None = None
     """Set to write (and submit) a multi-node sbatch script instead of running locally."""
+    supervision: SupervisionConfig = SupervisionConfig()
+    """How `tidal rl` restarts a service that died (backoff, restart budget)."""
 
     @model_validator(mode="after")
     def _check_vocab(self) -> RunConfig:
@@ -57,4 +60,4 @@ class RunConfig(SharedConfig):
         return self
 
 
-LAUNCHER_SECTIONS = {"deployment", "slurm"}
+LAUNCHER_SECTIONS = {"deployment", "slurm", "supervision"}

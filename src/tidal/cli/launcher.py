@@ -28,44 +28,44 @@ Decisions:
   complete trainer checkpoint (`trainer.ckpt.interval` > 0 when the run was started):
   without one the launcher refuses before starting anything, rather than letting the
   run start over under the old run's published versions.
-- Which children run is children.py's: with `inference.replicas = N`, N inference
-  processes, each on its own free loopback port (listed in
-  `endpoints.inference_replicas`, which the orchestrator reads).
-- The run ends when the orchestrator exits. Any child exiting earlier, or the
-  orchestrator exiting non-zero, fails the run: the launcher exits 1 and shows that
-  child's exit reason and last log lines. The exception: an inference replica dying
-  while another replica still runs (children.survivable_loss); the run goes on.
+- Supervision (supervision.py): a crashed child is restarted with exponential backoff
+  within a per-service budget (`[supervision]`, the launcher's own section), told to
+  continue (the trainer `--resume`, the orchestrator `--orchestrator.resume true`); the
+  run ends when the orchestrator exits 0, and fails (exit 1, naming the child, its exit
+  reason and last log lines) when a child's budget is spent. This module decides what
+  the children are (`child_specs`); supervision.py how they are watched.
+- With `inference.replicas = N`, N inference children, each on its own free loopback
+  port (listed in `endpoints.inference_replicas`, which the orchestrator reads) with its
+  own replica id and log (children.py); each is supervised (restarted) on its own.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
 import socket
 import sys
-from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import tomli_w
 
-from tidal.cli.children import START_ORDER, child_specs, survivable_loss
+from tidal.cli.children import inference_replicas
 from tidal.cli.config import LAUNCHER_SECTIONS, RunConfig
 from tidal.cli.placement import place, trainer_world_size, visible_gpus
 from tidal.cli.slurm import SlurmConfig, submit, write_job
+from tidal.cli.supervision import ChildSpec, Supervisor
 from tidal.common.config import load_or_exit, to_toml
 from tidal.common.errors import ConfigError
-from tidal.common.lifeline import launcher_env, parent_death_signal
 from tidal.common.removal import remove_inside
 from tidal.trainer.parallel.config import check_parallel
 
-ECHOED = {"orchestrator"}
-TAIL_LINES = 30
-KILL_AFTER_S = 10.0
+# Start order: publishers before subscribers; clients wait for their servers anyway.
+START_ORDER = ("weightsync", "trainer", "inference", "orchestrator")
 OVERWRITE, RESUME = "--overwrite", "--resume"
+RESUME_ARGS = {"trainer": ["--resume"], "orchestrator": ["--orchestrator.resume", "true"]}
+"""What each child is told on `tidal rl --resume` (inference and weightsync need nothing:
+weightsync recovers its versions from the weights folder, inference loads the newest)."""
 
 
 def free_port() -> int:
@@ -174,131 +174,57 @@ def apply_placement(config: RunConfig, gpus: list[str]) -> dict[str, dict[str, s
     return {name: {"CUDA_VISIBLE_DEVICES": ids} for name, ids in devices.items()}
 
 
-@dataclass
-class Child:
-    name: str
-    process: asyncio.subprocess.Process
-    log_path: Path
-    tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+def child_specs(
+    config: RunConfig, envs: dict[str, dict[str, str]] | None = None, *, resume: bool = False
+) -> list[ChildSpec]:
+    """The run's service processes in start order: what each is told on its first start
+    (`--resume`: continue) and on a restart (always continue), and when it cannot be."""
+    specs = []
+    for name in START_ORDER:
+        cont = tuple(RESUME_ARGS.get(name, []))
+        if name == "inference":  # one child per replica, the same arguments on a restart
+            specs += [
+                ChildSpec(r.name, "tidal.inference", r.args, r.args, r.env, always_restartable)
+                for r in inference_replicas(config, (envs or {}).get(name, {}))
+            ]
+            continue
+        specs.append(
+            ChildSpec(
+                name=name,
+                module=f"tidal.{name}",
+                args=cont if resume else (),
+                restart_args=cont,
+                env=(envs or {}).get(name, {}),
+                can_restart=partial(trainer_cannot_resume, config)
+                if name == "trainer"
+                else always_restartable,
+            )
+        )
+    return specs
 
-    async def pump(self, echo: bool) -> None:
-        """Copy the child's output to its log file (and the terminal), keeping a tail."""
-        assert self.process.stdout is not None
-        with self.log_path.open("ab") as log:
-            async for raw in self.process.stdout:
-                log.write(raw)
-                log.flush()
-                line = raw.decode(errors="replace").rstrip("\n")
-                self.tail.append(line)
-                if echo:
-                    print(line, flush=True)
 
-    def signal(self, sig: signal.Signals) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, sig)
+def always_restartable() -> str | None:
+    return None
 
 
-async def start_child(
-    name: str,
-    config_path: Path,
-    log_dir: Path,
-    extra_env: dict[str, str] | None = None,
-    extra_args: Sequence[str] = (),
-    *,
-    service: str | None = None,
-) -> Child:
-    """Start `tidal.<service>` (default: `name`) as child `name`, logging to `<name>.log`."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **launcher_env(), **(extra_env or {})}
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        f"tidal.{service or name}",
-        "@",
-        str(config_path),
-        *extra_args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        stdin=asyncio.subprocess.DEVNULL,
-        env=env,
-        start_new_session=True,
-        preexec_fn=parent_death_signal(),
+def trainer_cannot_resume(config: RunConfig) -> str | None:
+    """Why a restarted trainer could not continue the run (None: it can): it resumes from
+    its newest complete checkpoint, and without one it would start over under the run's
+    published versions, which it refuses."""
+    ckpt_dir = config.trainer.ckpt.dir or config.run.dir / "checkpoints"
+    if any(ckpt_dir.glob("step_*/.metadata")):
+        return None
+    return (
+        f"a restarted trainer resumes from its newest checkpoint and {ckpt_dir} holds none "
+        "(set trainer.ckpt.interval > 0 to make the trainer restartable)"
     )
-    return Child(name, process, log_dir / f"{name}.log")
-
-
-async def stop_all(children: Sequence[Child]) -> None:
-    """SIGTERM everyone still running (reverse start order), SIGKILL after a grace period."""
-    running = [c for c in reversed(children) if c.process.returncode is None]
-    for child in running:
-        child.signal(signal.SIGTERM)
-    waits = [asyncio.create_task(c.process.wait()) for c in running]
-    if not waits:
-        return
-    _, pending = await asyncio.wait(waits, timeout=KILL_AFTER_S)
-    for child in running:
-        if child.process.returncode is None:
-            child.signal(signal.SIGKILL)
-    if pending:
-        await asyncio.wait(pending)
-
-
-def describe_exit(code: int) -> str:
-    if code < 0:
-        return f"killed by signal {signal.Signals(-code).name}"
-    return f"exited with code {code}"
 
 
 async def supervise(
-    run_dir: Path, envs: dict[str, dict[str, str]] | None = None, *, resume: bool = False
+    config: RunConfig, envs: dict[str, dict[str, str]] | None = None, *, resume: bool = False
 ) -> int:
-    children: list[Child] = []
-    pumps: list[asyncio.Task[None]] = []
-    interrupted = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, interrupted.set)
-    try:
-        for spec in child_specs(run_dir, envs, resume=resume):
-            child = await start_child(
-                spec.name,
-                run_dir / "config.toml",
-                run_dir / "logs",
-                spec.env,
-                spec.args,
-                service=spec.service,
-            )
-            children.append(child)
-            pumps.append(asyncio.create_task(child.pump(echo=spec.name in ECHOED)))
-        exits = {asyncio.create_task(c.process.wait()): c for c in children}
-        stop = asyncio.create_task(interrupted.wait())
-        while True:
-            done, _ = await asyncio.wait([*exits, stop], return_when=asyncio.FIRST_COMPLETED)
-            if stop in done:
-                print("tidal: interrupted, stopping all services", file=sys.stderr)
-                return 130
-            first = exits.pop(next(t for t in done if t in exits))
-            if not survivable_loss(first.name, (c.name for c in exits.values())):
-                break
-            print(
-                f"tidal: {first.name} {describe_exit(first.process.returncode or 0)}; the "
-                "other inference replicas go on serving",
-                file=sys.stderr,
-            )
-        await asyncio.wait(pumps, timeout=2)  # let its last lines reach the tail
-        code = first.process.returncode or 0
-        if first.name == "orchestrator" and code == 0:
-            print(f"tidal: run finished; outputs in {run_dir}")
-            return 0
-        print(
-            f"tidal: {first.name} {describe_exit(code)}; its last log lines "
-            f"({first.log_path}):\n" + "\n".join(f"  | {line}" for line in first.tail),
-            file=sys.stderr,
-        )
-        return 1
-    finally:
-        await stop_all(children)
-        for pump in pumps:
-            pump.cancel()
+    specs = child_specs(config, envs, resume=resume)
+    return await Supervisor(config.run.dir, specs, config.supervision).run()
 
 
 def run_slurm(config: RunConfig, slurm: SlurmConfig, *, dry_run: bool) -> None:
@@ -324,8 +250,8 @@ def main(argv: Sequence[str]) -> None:
         if dry_run:
             print(to_toml(config), end="")
             raise SystemExit(0)
-        run_dir = prepare_run_dir(config, overwrite=overwrite, resume=resume)
+        prepare_run_dir(config, overwrite=overwrite, resume=resume)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    raise SystemExit(asyncio.run(supervise(run_dir, envs, resume=resume)))
+    raise SystemExit(asyncio.run(supervise(config, envs, resume=resume)))

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tidal.cli.children import child_specs, split_devices, survivable_loss
+from tidal.cli.children import split_devices
 from tidal.cli.config import RunConfig
-from tidal.cli.launcher import apply_placement, prepare_run_dir
+from tidal.cli.launcher import apply_placement, child_specs, prepare_run_dir
 from tidal.cli.slurm import SlurmConfig, render
 from tidal.common.config import load_config
 from tidal.common.errors import ConfigError
@@ -34,23 +34,25 @@ def test_each_replica_gets_its_own_port_id_log_and_http_port(tmp_path: Path) -> 
     addresses = written["endpoints"]["inference_replicas"]
     assert len(set(addresses)) == 3 and written["endpoints"]["inference"] == addresses[0]
     http_port = written["inference"]["http"]["port"]
-    specs = [s for s in child_specs(run_dir) if s.service == "inference"]
+    specs = [s for s in child_specs(config) if s.module == "tidal.inference"]
     assert [s.name for s in specs] == ["inference-0", "inference-1", "inference-2"]
     for i, spec in enumerate(specs):
-        assert spec.args == (
+        assert spec.args == spec.restart_args == (
             "--endpoints.inference", addresses[i],
             "--inference.replica_id", f"inference-{i}",
             "--inference.http.port", str(http_port + i),
         )  # fmt: skip
-    names = [s.name for s in child_specs(run_dir, resume=True)]
+        assert spec.can_restart() is None
+    names = [s.name for s in child_specs(config, resume=True)]
     assert names[0] == "weightsync" and names[-1] == "orchestrator"
 
 
 def test_one_replica_keeps_the_single_replica_layout(tmp_path: Path) -> None:
-    run_dir = prepare_run_dir(run_config(tmp_path))
+    config = run_config(tmp_path)
+    run_dir = prepare_run_dir(config)
     written = tomllib.loads((run_dir / "config.toml").read_text())
     assert written["endpoints"]["inference_replicas"] == []
-    [spec] = [s for s in child_specs(run_dir) if s.service == "inference"]
+    [spec] = [s for s in child_specs(config) if s.module == "tidal.inference"]
     assert (spec.name, spec.args) == ("inference", ())
     assert Endpoints(**written["endpoints"]).inference_addresses() == [
         written["endpoints"]["inference"]
@@ -64,13 +66,6 @@ def test_gpus_are_split_evenly_over_replicas(tmp_path: Path) -> None:
     odd = run_config(tmp_path, "--inference.replicas", "3", "--deployment.num-infer-gpus", "4")
     with pytest.raises(ConfigError, match="num_infer_gpus = 4 cannot be split evenly"):
         apply_placement(odd, ["0", "1", "2", "3"])
-
-
-def test_only_an_inference_replica_with_a_live_sibling_is_a_survivable_loss() -> None:
-    assert survivable_loss("inference-1", ["weightsync", "inference-0", "orchestrator"])
-    assert not survivable_loss("inference-1", ["weightsync", "trainer", "orchestrator"])
-    assert not survivable_loss("inference", ["weightsync", "trainer", "orchestrator"])
-    assert not survivable_loss("trainer", ["inference-0", "inference-1"])
 
 
 def test_a_list_in_endpoints_inference_names_the_new_key(tmp_path: Path) -> None:

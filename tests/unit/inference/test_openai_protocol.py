@@ -40,9 +40,12 @@ def test_held_back_text_is_released_when_no_stop_string_completes() -> None:
 
 
 def test_sampling_fields_are_checked_like_grpc_and_named_as_openai_does() -> None:
-    with pytest.raises(InvalidArgument, match=r"^max_tokens: must be > 0, got 0$"):
+    with pytest.raises(
+        InvalidArgument,
+        match=r"^max_tokens: must be in \[1, 32768\] \(inference.limits.max_tokens\), got 0$",
+    ):
         sampling_from_body({"max_tokens": 0}, eos_ids=())
-    with pytest.raises(InvalidArgument, match=r"^max_completion_tokens: must be > 0"):
+    with pytest.raises(InvalidArgument, match=r"^max_completion_tokens: must be in \[1, "):
         sampling_from_body(
             {"max_completion_tokens": 0}, eos_ids=(), max_tokens_key="max_completion_tokens"
         )

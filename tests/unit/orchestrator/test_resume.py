@@ -47,3 +47,21 @@ def test_a_foreign_file_is_rejected(tmp_path: Path) -> None:
     path.write_text(json.dumps({"hello": 1}))
     with pytest.raises(ConfigError, match="not a progress file"):
         load_progress(path)
+
+
+def test_a_trained_step_whose_reply_was_lost_gets_its_saved_metrics_line(tmp_path: Path) -> None:
+    from tidal.orchestrator.resume import logged_steps, recover_metrics_line
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 1}\n{"step": 2}\n{"ste')  # killed while writing step 3's line
+    saved = SavedProgress(3, {}, {}, seed=0, tasks=["t"], pending_metrics={"step": 3, "x": 1.0})
+    assert not recover_metrics_line(saved, trainer_step=2, metrics_path=metrics)  # redone
+    assert metrics.read_text() == '{"step": 1}\n{"step": 2}\n'  # the torn line is cut
+    assert recover_metrics_line(saved, trainer_step=3, metrics_path=metrics)
+    assert json.loads(metrics.read_text().splitlines()[-1]) == {
+        "step": 3,
+        "x": 1.0,
+        "recovered": True,
+    }
+    assert not recover_metrics_line(saved, trainer_step=3, metrics_path=metrics)  # once
+    assert logged_steps(metrics) == {1, 2, 3}

@@ -13,6 +13,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 import pytest
@@ -23,6 +24,7 @@ from tidal.rpc.v1 import weightsync_pb2_grpc as pb_grpc
 from tidal.weights.client import WeightSyncClient
 from tidal.weights.codec import decode_version, encode_version
 from tidal.weights.convert import manifest_to_proto
+from tidal.weightsync.config import StreamTransport
 
 WEIGHTS = "model.safetensors"
 
@@ -88,6 +90,12 @@ async def proxied(address: str, direction: str, cut_after: int) -> AsyncIterator
         yield proxy
     finally:
         server.close()
+
+
+@pytest.fixture
+async def weightsync_server(tmp_path: Path, start_weightsync):  # type: ignore[no-untyped-def]
+    """The stream transport: the only one that accepts UploadWeights."""
+    return await start_weightsync(tmp_path / "weights", transport=StreamTransport())
 
 
 async def test_cut_upload_resumes_from_the_received_offset(weightsync_server, caplog) -> None:  # type: ignore[no-untyped-def]

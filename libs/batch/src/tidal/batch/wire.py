@@ -11,7 +11,9 @@ Decisions:
   rather than converting silently what the sender got wrong.
 - Decoded arrays are read-only views of the message's bytes (`decode_array`): no copy
   until the trainer converts them to its compute dtypes.
-- Shapes and values are not checked here: `tensors.validate_micro_batch` checks the
+- `token_counts` reads a step's size from the shapes alone, so the trainer refuses a
+  step over its token budget before decoding it.
+- Shapes and values are not checked here otherwise: `tensors.validate_micro_batch` checks the
   whole contract once the batch is in torch, where the trainer knows its vocabulary and
   sequence length.
 """
@@ -59,6 +61,23 @@ def micro_batch_from_proto(message: trainer_pb2.MicroBatch, *, field: str) -> Pa
             raise InvalidArgument(f"{field}.{name}.dtype", f"must be {dtype}, got {tensor.dtype!r}")
         arrays[name] = decode_array(tensor, field=f"{field}.{name}")
     return PackedMicroBatch(**arrays)
+
+
+def token_counts(messages: Sequence[trainer_pb2.MicroBatch], *, field: str) -> list[int]:
+    """Each micro-batch's token count T, read from its `input_ids` shape without decoding
+    anything, so a step's size can be refused before it costs memory. Raises
+    InvalidArgument(`{field}[i].input_ids.shape`) unless the shape is one non-negative dim."""
+    counts = []
+    for i, message in enumerate(messages):
+        if not message.HasField("input_ids"):
+            raise InvalidArgument(f"{field}[{i}].input_ids", "is missing")
+        shape = list(message.input_ids.shape)
+        if len(shape) != 1 or shape[0] < 0:
+            raise InvalidArgument(
+                f"{field}[{i}].input_ids.shape", f"must be [T] with T >= 0, got {shape}"
+            )
+        counts.append(int(shape[0]))
+    return counts
 
 
 def payload_sha256(loss: int, micro_batches: Sequence[trainer_pb2.MicroBatch]) -> bytes:

@@ -2,9 +2,15 @@
 
 `ErrorMappingInterceptor` is the one place domain exceptions become gRPC statuses:
 a `TidalError` aborts with its own code and message; any other exception is logged with
-its traceback and answered INTERNAL, so a bug in one request never takes the server down
-and never returns an error string inside a successful response. It also binds the
-request id (`x-request-id` metadata, or a fresh one) to the logging context.
+its traceback under a short error id and answered `internal error <id>`, so a bug in one
+request never takes the server down, never returns an error string inside a successful
+response, and never shows the caller the exception text (which may hold paths, values of
+other requests or library internals); an operator finds the traceback by its id. It also
+binds the request id (`x-request-id` metadata, or a fresh one) to the logging context.
+
+Given the server's `GrpcConfig`, it also applies the transport limits of
+`tidal.common.limits`: each method's request size (through its deserializer) and the
+RPCs in flight; both are refused RESOURCE_EXHAUSTED naming the config key.
 
 Tracing is not done here: opentelemetry-instrumentation-grpc's interceptors handle it.
 """
@@ -21,7 +27,9 @@ from typing import Any
 import grpc
 
 from tidal.common.errors import TidalError
+from tidal.common.limits import Oversize, RpcSlots, counted, request_limit, sized_deserializer
 from tidal.common.logging import request_id_var
+from tidal.common.sections import GrpcConfig
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +47,23 @@ async def _abort_for(exc: Exception, context: grpc.aio.ServicerContext, method: 
     if isinstance(exc, TidalError):
         log.info("%s failed: %s %s", method, exc.code.name, exc)
         await context.abort(exc.code, str(exc))
-    log.exception("%s crashed", method)
-    await context.abort(grpc.StatusCode.INTERNAL, f"{method}: {type(exc).__name__}: {exc}")
+    error_id = uuid.uuid4().hex[:12]
+    log.exception("%s crashed (error id %s)", method, error_id)
+    await context.abort(grpc.StatusCode.INTERNAL, f"internal error {error_id}")
 
 
 class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, config: GrpcConfig | None = None) -> None:
+        self.config = config
+        self.slots = RpcSlots(config.max_concurrent_rpcs) if config is not None else None
+
+    def _deserializer(self, handler: grpc.RpcMethodHandler, full_method: str) -> Any:
+        if self.config is None:
+            return handler.request_deserializer
+        return sized_deserializer(
+            handler.request_deserializer, request_limit(full_method, self.config)
+        )
+
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
@@ -52,11 +72,14 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler
-        method = handler_call_details.method.rsplit("/", 1)[-1]
+        full_method = handler_call_details.method
+        method = full_method.rsplit("/", 1)[-1]
+        slots = self.slots if counted(full_method) else None
+        deserializer = self._deserializer(handler, full_method)
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
-                _wrap_unary(handler.unary_unary, method),
-                request_deserializer=handler.request_deserializer,
+                _wrap_unary(handler.unary_unary, method, slots),
+                request_deserializer=deserializer,
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream is not None:
@@ -65,45 +88,74 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
             stream = handler.unary_stream
             wrap = _wrap_stream if inspect.isasyncgenfunction(stream) else _wrap_unary
             return grpc.unary_stream_rpc_method_handler(
-                wrap(stream, method),
-                request_deserializer=handler.request_deserializer,
+                wrap(stream, method, slots),
+                request_deserializer=deserializer,
                 response_serializer=handler.response_serializer,
             )
         if handler.stream_unary is not None:  # client streaming (weight uploads)
             return grpc.stream_unary_rpc_method_handler(
-                _wrap_unary(handler.stream_unary, method),
-                request_deserializer=handler.request_deserializer,
+                _wrap_unary(handler.stream_unary, method, slots),
+                request_deserializer=deserializer,
                 response_serializer=handler.response_serializer,
             )
         return handler  # bidi streaming: none in the v1 contracts
 
 
 @contextlib.asynccontextmanager
-async def _mapped_errors(context: grpc.aio.ServicerContext, method: str) -> AsyncIterator[None]:
-    """Bind the request id for the call's logs; turn an escaping exception into a status."""
+async def _mapped_errors(
+    context: grpc.aio.ServicerContext, method: str, slots: RpcSlots | None
+) -> AsyncIterator[None]:
+    """Bind the request id for the call's logs; hold a slot of the concurrency limit;
+    turn an escaping exception into a status."""
     token = request_id_var.set(_request_id(context))
+    held = False
     try:
+        if slots is not None:
+            slots.acquire()
+            held = True
         yield
     except (grpc.aio.AbortError, grpc.aio.UsageError):
         raise
     except Exception as exc:
         await _abort_for(exc, context, method)
     finally:
+        if held:
+            slots.release()  # type: ignore[union-attr]
         request_id_var.reset(token)
 
 
-def _wrap_unary(behaviour: Callable[..., Any], method: str) -> Callable[..., Any]:
+async def _checked_stream(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """A client stream whose every message passed its size check."""
+    async for request in requests:
+        if isinstance(request, Oversize):
+            raise request.error()
+        yield request
+
+
+def _checked(request: Any) -> Any:
+    if isinstance(request, Oversize):
+        raise request.error()
+    if hasattr(request, "__aiter__"):  # client streaming: check each message as it arrives
+        return _checked_stream(request)
+    return request
+
+
+def _wrap_unary(
+    behaviour: Callable[..., Any], method: str, slots: RpcSlots | None = None
+) -> Callable[..., Any]:
     async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async with _mapped_errors(context, method):
-            return await behaviour(request, context)
+        async with _mapped_errors(context, method, slots):
+            return await behaviour(_checked(request), context)
 
     return wrapped
 
 
-def _wrap_stream(behaviour: Callable[..., Any], method: str) -> Callable[..., Any]:
+def _wrap_stream(
+    behaviour: Callable[..., Any], method: str, slots: RpcSlots | None = None
+) -> Callable[..., Any]:
     async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        async with _mapped_errors(context, method):
-            async for response in behaviour(request, context):
+        async with _mapped_errors(context, method, slots):
+            async for response in behaviour(_checked(request), context):
                 yield response
 
     return wrapped

@@ -107,7 +107,17 @@ class Endpoints(BaseConfig):
 
 class GrpcConfig(BaseConfig):
     max_message_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
-    """Largest message any server or channel sends or receives (micro-batches, chunks)."""
+    """Largest message any server or channel sends, and the largest request a bulk RPC
+    (Train's micro-batches, UploadWeights' chunks) receives."""
+    # --- request limits (docs/operations.md#limits) ---
+    max_request_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    """Largest request every other RPC receives (Generate, status, Publish, Watch...);
+    a larger one is refused RESOURCE_EXHAUSTED before it is parsed."""
+    max_concurrent_rpcs: int = Field(default=2048, gt=0)
+    """Most RPCs a server handles at once (health checks and reflection not counted); one
+    more is refused RESOURCE_EXHAUSTED. Keep it above `inference.max_batch_size` +
+    `inference.max_queue`, so inference's own queue limit answers first."""
+    # --- end request limits ---
     shutdown_grace_s: float = Field(default=5.0, ge=0)
     """Seconds in-flight RPCs get to finish after SIGTERM."""
     keepalive_s: float = Field(default=30.0, gt=0)

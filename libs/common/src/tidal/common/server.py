@@ -1,6 +1,7 @@
 """gRPC server helper: one way to build, run and stop every Tidal server.
 
-Every server gets: explicit message size limits, the standard health service
+Every server gets: message size limits per RPC and a limit on RPCs in flight
+(`tidal.common.limits`), the standard health service
 (grpc_health's aio HealthServicer, with a real Watch), server reflection, the
 error-mapping and tracing interceptors, and graceful shutdown: SIGTERM/SIGINT → health
 NOT_SERVING → `server.stop(grace)` → the service's own close hook.
@@ -21,6 +22,7 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 
 from tidal.common.interceptors import ErrorMappingInterceptor
+from tidal.common.limits import PROBE_HEADROOM, server_options
 from tidal.common.sections import GrpcConfig
 
 log = logging.getLogger(__name__)
@@ -52,8 +54,9 @@ class GrpcServer:
         self.config = config
         self.bindings = list(bindings)
         self.health = health.aio.HealthServicer()
+        names = [b.full_name for b in self.bindings]
         options = [
-            *message_options(config),
+            *server_options(config, names),  # per-server receive limit (tidal.common.limits)
             # Accept the clients' keepalive pings (tidal.common.channel sends them).
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_recv_ping_interval_without_data_ms", 5000),
@@ -64,12 +67,13 @@ class GrpcServer:
         # which writes with `context.write`.
         tracing = aio_server_interceptor(filter_=filters.negate(filters.health_check()))
         self.server = grpc.aio.server(
-            interceptors=[tracing, ErrorMappingInterceptor()], options=options
+            interceptors=[tracing, ErrorMappingInterceptor(config)],
+            options=options,
+            maximum_concurrent_rpcs=config.max_concurrent_rpcs + PROBE_HEADROOM,
         )
         for binding in self.bindings:
             binding.register(binding.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        names = [b.full_name for b in self.bindings]
         reflection.enable_server_reflection(
             [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
         )

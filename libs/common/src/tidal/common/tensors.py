@@ -1,13 +1,16 @@
 """Tensor codec: `tidal.rpc.v1.Tensor {dtype, shape, bytes data}` ⇄ numpy / torch.
 
 Data is raw little-endian bytes in C order, so encoding is one copy and decoding is a
-zero-copy view (`np.frombuffer`). numpy is the common currency because the orchestrator
+zero-copy view (`np.frombuffer`). Decoding checks the shape against the bytes with
+Python integers (an absurd shape such as [2^62, 4] is INVALID_ARGUMENT naming
+`<field>.data`, never an int64 overflow). numpy is the common currency because the orchestrator
 must not import torch; the torch helpers import it lazily. bfloat16 has no numpy dtype:
 it travels as its 2-byte pattern and is re-viewed as `torch.bfloat16` on decode.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +39,8 @@ _NUMPY_DTYPES: dict[str, np.dtype[Any]] = {
         "bool",
     )
 }
+MAX_DIMS = 8
+"""Most dimensions a decoded tensor may have (every Tidal tensor has at most 4)."""
 # bfloat16 is carried as its bit pattern.
 _BF16_CARRIER = np.dtype("uint16")
 
@@ -57,9 +62,12 @@ def decode_array(message: common_pb2.Tensor, *, field: str = "tensor") -> np.nda
     if dtype is None:
         raise InvalidArgument(f"{field}.dtype", f"unsupported dtype {message.dtype!r}")
     shape = tuple(int(d) for d in message.shape)
+    if len(shape) > MAX_DIMS:
+        raise InvalidArgument(f"{field}.shape", f"{len(shape)} dimensions, at most {MAX_DIMS}")
     if any(d < 0 for d in shape):
         raise InvalidArgument(f"{field}.shape", f"negative dimension in {shape}")
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    # Python ints: a product like [2^62, 4] must not wrap around as int64 would.
+    expected = math.prod(shape) * dtype.itemsize
     if len(message.data) != expected:
         raise InvalidArgument(
             f"{field}.data",

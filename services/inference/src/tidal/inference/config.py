@@ -49,6 +49,33 @@ class OpenAIHttpConfig(BaseConfig):
         return f"http://{host}:{self.port if port is None else port}/v1"
 
 
+class RequestLimits(BaseConfig):
+    """`[inference.limits]`: caps on one Generate request (gRPC and the OpenAI endpoint
+    alike); a request beyond one is refused INVALID_ARGUMENT naming the field.
+    See docs/operations.md#limits."""
+
+    max_n: int = Field(default=64, gt=0)
+    """Most completions one request may ask for (`sampling.n`)."""
+    max_tokens: int = Field(default=32768, gt=0)
+    """Most tokens one completion may ask for (`sampling.max_tokens`), on top of the
+    model's own context length."""
+    max_prompt_bytes: int = Field(default=1024 * 1024, gt=0)
+    """Longest text prompt in UTF-8 bytes, checked before it is tokenized."""
+    max_prompt_tokens: int = Field(default=131072, gt=0)
+    """Most prompt token ids, checked before any id is looked at (the model's context
+    length applies too)."""
+    max_stop: int = Field(default=16, ge=0)
+    """Most stop strings (`sampling.stop`)."""
+    max_stop_bytes: int = Field(default=256, gt=0)
+    """Longest stop string in UTF-8 bytes."""
+    max_stop_token_ids: int = Field(default=1024, ge=0)
+    """Most stop token ids (`sampling.stop_token_ids`, before EOS ids are added)."""
+    max_temperature: float = Field(default=100.0, gt=0)
+    """Highest sampling temperature (0 is greedy; NaN and infinity are refused)."""
+    max_top_k: int = Field(default=1 << 20, gt=0)
+    """Highest top_k (0 disables it); the served vocabulary size caps it as well."""
+
+
 class InferenceConfig(BaseConfig):
     engine: Literal["native", "vllm"] = "native"
     """Generation backend: the native PyTorch engine (CPU and GPU), or vLLM (GPU, needs the
@@ -102,6 +129,8 @@ class InferenceConfig(BaseConfig):
     (GRPO groups, multi-turn episodes); cleared whenever new weights load."""
     http: OpenAIHttpConfig = OpenAIHttpConfig()
     """The OpenAI-compatible HTTP endpoint (off by default)."""
+    limits: RequestLimits = RequestLimits()
+    """Caps on one generation request (n, max_tokens, prompt, stop strings, sampling)."""
 
 
 class InferenceRunConfig(ServiceRunConfig):

@@ -43,7 +43,7 @@ from tidal.common.errors import (
     TidalError,
     Unavailable,
 )
-from tidal.inference.config import OpenAIHttpConfig
+from tidal.inference.config import OpenAIHttpConfig, RequestLimits
 from tidal.inference.engine import Completion, Engine
 from tidal.inference.openai_protocol import (
     ParsedRequest,
@@ -54,7 +54,7 @@ from tidal.inference.openai_protocol import (
     parse_completion,
     tidal_extension,
 )
-from tidal.inference.request_checks import check_against_model
+from tidal.inference.request_checks import DEFAULT_LIMITS, check_against_model
 from tidal.text.protocol import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -93,8 +93,16 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
 class OpenAIEndpoint:
     """The aiohttp application over one engine and its tokenizer."""
 
-    def __init__(self, engine: Engine, tokenizer: Tokenizer, *, model_name: str) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Tokenizer,
+        *,
+        model_name: str,
+        limits: RequestLimits = DEFAULT_LIMITS,
+    ) -> None:
         self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
+        self.limits = limits
         self.created = int(time.time())
         self.app = web.Application(middlewares=[openai_errors])
         self.app.router.add_get("/v1/models", self.models)
@@ -135,7 +143,7 @@ class OpenAIEndpoint:
 
     async def _serve(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         body = await self._body(request)
-        parsed = (parse_chat if chat else parse_completion)(body, self.tokenizer)
+        parsed = (parse_chat if chat else parse_completion)(body, self.tokenizer, self.limits)
         check_against_model(
             self.engine.status(),
             parsed.prompt_ids,

@@ -29,8 +29,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from tidal.common.errors import InvalidArgument
+from tidal.inference.config import RequestLimits
 from tidal.inference.engine import Completion
-from tidal.inference.request_checks import check_sampling
+from tidal.inference.request_checks import (
+    DEFAULT_LIMITS,
+    check_prompt_count,
+    check_prompt_text,
+    check_sampling,
+)
 from tidal.inference.sampling import SamplingParams
 from tidal.text.protocol import Tokenizer
 
@@ -92,7 +98,11 @@ def _stops(body: dict[str, Any]) -> tuple[str, ...]:
 
 
 def sampling_from_body(
-    body: dict[str, Any], *, eos_ids: tuple[int, ...], max_tokens_key: str = "max_tokens"
+    body: dict[str, Any],
+    *,
+    eos_ids: tuple[int, ...],
+    max_tokens_key: str = "max_tokens",
+    limits: RequestLimits = DEFAULT_LIMITS,
 ) -> SamplingParams:
     """Domain sampling parameters of an OpenAI body, checked as the gRPC side checks them."""
     _refuse_unsupported(body)
@@ -114,7 +124,7 @@ def sampling_from_body(
         min_p=float(_typed(body, "min_p", (int, float), 0.0)),
         stop=_stops(body),
     )
-    check_sampling(params, lambda name: max_tokens_key if name == "max_tokens" else name)
+    check_sampling(params, lambda name: max_tokens_key if name == "max_tokens" else name, limits)
     return params
 
 
@@ -124,18 +134,24 @@ def _stream_options(body: dict[str, Any]) -> tuple[bool, bool]:
     return stream, bool(stream and options.get("include_usage"))
 
 
-def parse_completion(body: dict[str, Any], tokenizer: Tokenizer) -> ParsedRequest:
-    """`/v1/completions`: one prompt, as a string or a list of token ids."""
+def parse_completion(
+    body: dict[str, Any], tokenizer: Tokenizer, limits: RequestLimits = DEFAULT_LIMITS
+) -> ParsedRequest:
+    """`/v1/completions`: one prompt, as a string or a list of token ids. Sampling is
+    checked first and the prompt's size before it is tokenized (cheap checks first)."""
+    params = sampling_from_body(body, eos_ids=tokenizer.eos_ids, limits=limits)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str) and prompt:
+        check_prompt_text(prompt, "prompt", limits)
         prompt_ids = tokenizer.encode(prompt, add_special_tokens=True)
     elif (
         isinstance(prompt, list)
         and prompt
         and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
     ):
+        check_prompt_count(len(prompt), "prompt", limits)
         prompt_ids = list(prompt)
     else:
         raise InvalidArgument(
@@ -151,7 +167,7 @@ def parse_completion(body: dict[str, Any], tokenizer: Tokenizer) -> ParsedReques
     return ParsedRequest(
         prompt_ids=prompt_ids,
         prompt_field="prompt",
-        params=sampling_from_body(body, eos_ids=tokenizer.eos_ids),
+        params=params,
         stream=stream,
         want_logprobs=logprobs is not None,
         include_usage=include_usage,
@@ -177,10 +193,17 @@ def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
     return rendered
 
 
-def parse_chat(body: dict[str, Any], tokenizer: Tokenizer) -> ParsedRequest:
-    """`/v1/chat/completions`: messages rendered by the tokenizer's chat template."""
+def parse_chat(
+    body: dict[str, Any], tokenizer: Tokenizer, limits: RequestLimits = DEFAULT_LIMITS
+) -> ParsedRequest:
+    """`/v1/chat/completions`: messages rendered by the tokenizer's chat template (their
+    total text size checked before rendering)."""
+    params = sampling_from_body(
+        body, eos_ids=tokenizer.eos_ids, max_tokens_key="max_completion_tokens", limits=limits
+    )
     template_kwargs = _typed(body, "chat_template_kwargs", dict, {})
     messages = _messages(body)
+    check_prompt_text("".join(m["content"] for m in messages), "messages", limits)
     try:
         prompt_ids = tokenizer.encode_chat(messages, add_generation_prompt=True, **template_kwargs)
     except Exception as e:  # the template is the model's code: any refusal is the request's
@@ -196,9 +219,7 @@ def parse_chat(body: dict[str, Any], tokenizer: Tokenizer) -> ParsedRequest:
     return ParsedRequest(
         prompt_ids=prompt_ids,
         prompt_field="messages",
-        params=sampling_from_body(
-            body, eos_ids=tokenizer.eos_ids, max_tokens_key="max_completion_tokens"
-        ),
+        params=params,
         stream=stream,
         want_logprobs=want_logprobs,
         include_usage=include_usage,

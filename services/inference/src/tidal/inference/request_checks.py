@@ -10,13 +10,20 @@ Decisions:
   the context) run after the "no weights yet" check, because the model defines them.
 - A prompt plus max_tokens longer than the context is accepted: the completion ends at the
   context ("length"), which lets a caller use one max_tokens for prompts of any length.
+- Cheap checks first, and every size before the work it would cost: a text prompt's
+  length (`check_prompt_text`) before it is tokenized, a prompt's token count before any
+  id is looked at, counts of stop strings before their lengths. Limits come from
+  `[inference.limits]` (`RequestLimits`; docs/operations.md#limits); the front ends pass
+  their configured ones, `DEFAULT_LIMITS` otherwise.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 from tidal.common.errors import InvalidArgument, Unavailable
+from tidal.inference.config import RequestLimits
 from tidal.inference.engine import EngineStatus
 from tidal.inference.sampling import SamplingParams
 
@@ -24,25 +31,98 @@ FieldNames = Callable[[str], str]
 """Maps a `SamplingParams` field name to the name the front end's request uses."""
 
 
-def check_sampling(params: SamplingParams, names: FieldNames) -> None:
-    """Refuse sampling parameters no model could serve, naming the field."""
-    if params.max_tokens <= 0:
-        raise InvalidArgument(names("max_tokens"), f"must be > 0, got {params.max_tokens}")
-    if params.n <= 0:
-        raise InvalidArgument(names("n"), f"must be >= 1 (unset means 1), got {params.n}")
-    if not params.temperature >= 0:  # also refuses NaN
-        raise InvalidArgument(names("temperature"), f"must be >= 0, got {params.temperature}")
-    if not 0 < params.top_p <= 1:
+DEFAULT_LIMITS = RequestLimits()
+_SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # what torch.Generator.manual_seed takes
+
+
+def check_prompt_text(prompt: str, field: str, limits: RequestLimits = DEFAULT_LIMITS) -> None:
+    """Refuse a text prompt longer than `max_prompt_bytes` before it is tokenized."""
+    # A str has at most as many characters as UTF-8 bytes, so the character count
+    # refuses an absurd prompt without encoding it.
+    size = len(prompt) if len(prompt) > limits.max_prompt_bytes else len(prompt.encode())
+    if size > limits.max_prompt_bytes:
+        raise InvalidArgument(
+            field,
+            f"{size} bytes is longer than the limit of {limits.max_prompt_bytes} "
+            "(inference.limits.max_prompt_bytes)",
+        )
+
+
+def check_sampling(
+    params: SamplingParams, names: FieldNames, limits: RequestLimits = DEFAULT_LIMITS
+) -> None:
+    """Refuse sampling parameters no model could serve or that exceed `limits`,
+    naming the field."""
+    if not 0 < params.max_tokens <= limits.max_tokens:
+        raise InvalidArgument(
+            names("max_tokens"),
+            f"must be in [1, {limits.max_tokens}] (inference.limits.max_tokens), "
+            f"got {params.max_tokens}",
+        )
+    if not 0 < params.n <= limits.max_n:
+        raise InvalidArgument(
+            names("n"),
+            f"must be in [1, {limits.max_n}] (unset means 1; inference.limits.max_n), "
+            f"got {params.n}",
+        )
+    if not (math.isfinite(params.temperature) and params.temperature >= 0):
+        raise InvalidArgument(
+            names("temperature"), f"must be a finite number >= 0, got {params.temperature}"
+        )
+    if params.temperature > limits.max_temperature:
+        raise InvalidArgument(
+            names("temperature"),
+            f"must be <= {limits.max_temperature} (inference.limits.max_temperature), "
+            f"got {params.temperature}",
+        )
+    if not 0 < params.top_p <= 1:  # also refuses NaN
         raise InvalidArgument(
             names("top_p"), f"must be in (0, 1] (unset means 1), got {params.top_p}"
         )
-    if params.top_k < 0:
-        raise InvalidArgument(names("top_k"), f"must be >= 0 (0 disables), got {params.top_k}")
-    if not 0 <= params.min_p <= 1:
+    if not 0 <= params.top_k <= limits.max_top_k:
+        raise InvalidArgument(
+            names("top_k"),
+            f"must be in [0, {limits.max_top_k}] (0 disables; inference.limits.max_top_k), "
+            f"got {params.top_k}",
+        )
+    if not 0 <= params.min_p <= 1:  # also refuses NaN
         raise InvalidArgument(names("min_p"), f"must be in [0, 1] (0 disables), got {params.min_p}")
+    if params.seed is not None and not _SEED_RANGE[0] <= params.seed <= _SEED_RANGE[1]:
+        raise InvalidArgument(names("seed"), f"must fit in 64 bits, got {params.seed}")
+    _check_stops(params, names, limits)
+
+
+def _check_stops(params: SamplingParams, names: FieldNames, limits: RequestLimits) -> None:
+    if len(params.stop) > limits.max_stop:
+        raise InvalidArgument(
+            names("stop"),
+            f"{len(params.stop)} stop strings, the limit is {limits.max_stop} "
+            "(inference.limits.max_stop)",
+        )
     for i, stop in enumerate(params.stop):
         if not stop:
             raise InvalidArgument(f"{names('stop')}[{i}]", "a stop string must not be empty")
+        if len(stop) > limits.max_stop_bytes or len(stop.encode()) > limits.max_stop_bytes:
+            raise InvalidArgument(
+                f"{names('stop')}[{i}]",
+                f"longer than {limits.max_stop_bytes} bytes (inference.limits.max_stop_bytes)",
+            )
+    if len(params.stop_token_ids) > limits.max_stop_token_ids:
+        raise InvalidArgument(
+            names("stop_token_ids"),
+            f"{len(params.stop_token_ids)} ids (EOS ids included), the limit is "
+            f"{limits.max_stop_token_ids} (inference.limits.max_stop_token_ids)",
+        )
+
+
+def check_prompt_count(count: int, field: str, limits: RequestLimits = DEFAULT_LIMITS) -> None:
+    """Refuse more prompt token ids than `max_prompt_tokens`, before any id is read."""
+    if count > limits.max_prompt_tokens:
+        raise InvalidArgument(
+            field,
+            f"{count} tokens, the limit is {limits.max_prompt_tokens} "
+            "(inference.limits.max_prompt_tokens)",
+        )
 
 
 def check_against_model(
@@ -53,18 +133,23 @@ def check_against_model(
     prompt_field: str,
     names: FieldNames,
 ) -> None:
-    """Refuse what the served model cannot take; Unavailable before the first weights."""
+    """Refuse what the served model cannot take; Unavailable before the first weights.
+    Sizes first: the prompt's length is checked before any of its ids."""
     if status.policy_version < 0:
         raise Unavailable("no weights loaded yet; retry once the first version is served")
     vocab, context = status.vocab_size, status.max_seq_len
-    for i, token in enumerate(prompt_ids):
-        if not 0 <= token < vocab:
-            raise InvalidArgument(f"{prompt_field}[{i}]", f"{token} is outside [0, {vocab})")
     if len(prompt_ids) >= context:
         raise InvalidArgument(
             prompt_field,
             f"{len(prompt_ids)} tokens leave no room to generate: the model's "
             f"max_seq_len is {context}",
+        )
+    for i, token in enumerate(prompt_ids):
+        if not 0 <= token < vocab:
+            raise InvalidArgument(f"{prompt_field}[{i}]", f"{token} is outside [0, {vocab})")
+    if params.top_k > vocab:
+        raise InvalidArgument(
+            names("top_k"), f"{params.top_k} is above the vocabulary size {vocab} (0 disables)"
         )
     if params.max_tokens > context:
         raise InvalidArgument(

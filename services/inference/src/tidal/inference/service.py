@@ -90,7 +90,7 @@ async def start_inference(config: InferenceRunConfig) -> RunningInference:
     )
     engine = build_engine(config, tokenizer)
     await engine.start()
-    servicer = InferenceServicer(engine, tokenizer, replica_id=replica_id)
+    servicer = InferenceServicer(engine, tokenizer, replica_id=replica_id, limits=cfg.limits)
     binding = ServiceBinding(servicer, pb_grpc.add_InferenceServiceServicer_to_server, FULL_NAME)
     server = GrpcServer(
         config.grpc.listen_address(config.endpoints.inference), [binding], config.grpc
@@ -131,7 +131,9 @@ async def start_openai_http(
     from tidal.inference.openai_http import OpenAIEndpoint, OpenAIServer
 
     http = config.inference.http
-    endpoint = OpenAIEndpoint(engine, tokenizer, model_name=http.served_model_name)
+    endpoint = OpenAIEndpoint(
+        engine, tokenizer, model_name=http.served_model_name, limits=config.inference.limits
+    )
     server = OpenAIServer(endpoint, http)
     await server.start()
     log.info("OpenAI-compatible endpoint at %s (model %r)", server.url, http.served_model_name)

@@ -2,7 +2,10 @@
 
 Validation happens here, before anything is queued, and names the offending field; the
 checks themselves live in `request_checks`, shared with the OpenAI HTTP endpoint
-(`openai_http`) so both front ends apply the same limits.
+(`openai_http`) so both front ends apply the same limits (`[inference.limits]`). Sizes
+are checked before the work they cost: a text prompt's byte length before it is
+tokenized, counts of ids and stop strings before the lists are built. A long text prompt
+is tokenized in a worker thread, so it cannot stall health checks and other calls.
 Cancellation needs no code here: when the client goes away grpc cancels this handler,
 which closes the engine's generator, which marks the request cancelled.
 
@@ -22,14 +25,22 @@ itself is harmless. `ignore_eos` is for benchmarks and tests of fixed length.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
 from opentelemetry import trace
 
 from tidal.common.errors import InvalidArgument
+from tidal.inference.config import RequestLimits
 from tidal.inference.engine import Completion, Engine
-from tidal.inference.request_checks import check_against_model, check_sampling
+from tidal.inference.request_checks import (
+    DEFAULT_LIMITS,
+    check_against_model,
+    check_prompt_count,
+    check_prompt_text,
+    check_sampling,
+)
 from tidal.inference.sampling import SamplingParams
 from tidal.rpc.v1 import common_pb2
 from tidal.rpc.v1 import inference_pb2 as pb
@@ -48,11 +59,25 @@ def _grpc_name(field: str) -> str:
     return f"sampling.{field}"
 
 
-def sampling_from_proto(s: pb.SamplingParams, *, eos_ids: Sequence[int] = ()) -> SamplingParams:
+_THREAD_TOKENIZE_CHARS = 16 * 1024  # longer text prompts are tokenized off the event loop
+
+
+def sampling_from_proto(
+    s: pb.SamplingParams,
+    *,
+    eos_ids: Sequence[int] = (),
+    limits: RequestLimits = DEFAULT_LIMITS,
+) -> SamplingParams:
     """Domain sampling parameters, checked by `request_checks.check_sampling` (the checks the
     OpenAI endpoint runs too); checks that need the model come later (`check_against_model`).
 
     `eos_ids` are added to the stop tokens unless the request sets `ignore_eos`."""
+    if len(s.stop_token_ids) > limits.max_stop_token_ids:  # before the list is built
+        raise InvalidArgument(
+            _grpc_name("stop_token_ids"),
+            f"{len(s.stop_token_ids)} ids, the limit is {limits.max_stop_token_ids} "
+            "(inference.limits.max_stop_token_ids)",
+        )
     params = SamplingParams(
         max_tokens=s.max_tokens,
         temperature=s.temperature,
@@ -67,7 +92,7 @@ def sampling_from_proto(s: pb.SamplingParams, *, eos_ids: Sequence[int] = ()) ->
         stop=tuple(s.stop),
         model_logprobs=s.return_model_logprobs,
     )
-    check_sampling(params, _grpc_name)
+    check_sampling(params, _grpc_name, limits)
     return params
 
 
@@ -85,26 +110,43 @@ def completion_to_proto(c: Completion) -> pb.GenerateResponse:
 
 
 class InferenceServicer(pb_grpc.InferenceServiceServicer):
-    def __init__(self, engine: Engine, tokenizer: Tokenizer, *, replica_id: str) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Tokenizer,
+        *,
+        replica_id: str,
+        limits: RequestLimits = DEFAULT_LIMITS,
+    ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.replica_id = replica_id
+        self.limits = limits
 
-    def _prompt(self, request: pb.GenerateRequest) -> tuple[list[int], str]:
-        """Prompt token ids, and the field they came from."""
+    async def _prompt(self, request: pb.GenerateRequest) -> tuple[list[int], str]:
+        """Prompt token ids, and the field they came from. Sizes before tokenizing."""
         if request.prompt_ids and request.prompt:
             raise InvalidArgument("prompt_ids", "exactly one of prompt_ids and prompt must be set")
         if request.prompt:
-            return self.tokenizer.encode(request.prompt, add_special_tokens=True), "prompt"
+            check_prompt_text(request.prompt, "prompt", self.limits)
+            encode = self.tokenizer.encode
+            if len(request.prompt) <= _THREAD_TOKENIZE_CHARS:
+                return encode(request.prompt, add_special_tokens=True), "prompt"
+            ids = await asyncio.to_thread(encode, request.prompt, add_special_tokens=True)
+            return ids, "prompt"
         if not request.prompt_ids:
             raise InvalidArgument("prompt_ids", "the prompt is empty; set prompt_ids or prompt")
+        check_prompt_count(len(request.prompt_ids), "prompt_ids", self.limits)
         return list(request.prompt_ids), "prompt_ids"
 
     async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
-        prompt_ids, field = self._prompt(request)
-        params = sampling_from_proto(request.sampling, eos_ids=self.tokenizer.eos_ids)
+        # Sampling first: its checks are all cheap; the prompt may need tokenizing.
+        params = sampling_from_proto(
+            request.sampling, eos_ids=self.tokenizer.eos_ids, limits=self.limits
+        )
+        prompt_ids, field = await self._prompt(request)
         check_against_model(
             self.engine.status(), prompt_ids, params, prompt_field=field, names=_grpc_name
         )

@@ -198,11 +198,23 @@ class TimeoutsConfig(BaseConfig):
     peer_wait_s: float = Field(default=300.0, gt=0)
     """How long to wait at start-up for inference and the trainer to become healthy, and
     for inference to load a policy version a step needs."""
-    inference_lost_s: float = Field(default=300.0, gt=0)
-    """How long generation waits for an inference replica to serve again when none does
-    (every replica stopped, e.g. while `tidal rl` restarts one) before the run fails."""
     verifier_s: float = Field(default=5.0, gt=0)
     """A verifier call taking longer scores 0 (counted as a timeout)."""
+
+
+class RecoveryConfig(BaseConfig):
+    """How the orchestrator rides out a trainer or weightsync that died (and was restarted,
+    e.g. by `tidal rl`'s supervision) instead of failing the run."""
+
+    peer_loss_s: float = Field(default=300.0, gt=0)
+    """How long a Train call keeps being retried while the trainer is unreachable (and how
+    long the weightsync version stream keeps reconnecting, and generation waits for an
+    inference replica to serve again when none does) before the run fails naming the
+    peer and its address."""
+    keep_sent_steps: int = Field(default=16, ge=1)
+    """Train requests kept after they were answered, so that a trainer restarted from a
+    checkpoint older than the orchestrator's last step gets the steps it lost re-sent
+    (same step ids, same data). Set it to at least `trainer.ckpt.interval`."""
 
 
 class ReportConfig(BaseConfig):
@@ -249,6 +261,8 @@ class OrchestratorConfig(BaseConfig):
     """The adaptive bound on concurrent Generate calls."""
     timeouts: TimeoutsConfig = TimeoutsConfig()
     """Deadlines of Generate, Train, peer start-up and verifier calls."""
+    recovery: RecoveryConfig = RecoveryConfig()
+    """Riding out a restarted trainer or weightsync (retry window, re-sendable steps)."""
     report: ReportConfig = ReportConfig()
     """The live table and GetProgress's recent steps."""
     eval: EvalConfig = EvalConfig()

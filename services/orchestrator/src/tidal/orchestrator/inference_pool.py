@@ -21,7 +21,7 @@ Decisions:
   back-off without marking the replica lost. Other codes (INVALID_ARGUMENT,
   DEADLINE_EXCEEDED, INTERNAL) are the request's or the run's fault and fail it.
 - Ride-out: while no replica serves, a call waits (logging once which replicas are down
-  and why) for one to serve again, for at most `timeouts.inference_lost_s`; then it
+  and why) for one to serve again, for at most `recovery.peer_loss_s`; then it
   fails naming the replicas, their last errors and that key. One replica is the case
   N = 1: an inference restart is waited out, not fatal.
 - Return: a probe task per replica asks health (fail-fast Check) every `probe_s` (two
@@ -241,7 +241,7 @@ class InferencePool:
             except TimeoutError:
                 raise PeerError(
                     f"no inference replica served for {self.lost_timeout_s:.0f}s "
-                    f"({self._down_summary()}); orchestrator.timeouts.inference_lost_s sets "
+                    f"({self._down_summary()}); orchestrator.recovery.peer_loss_s sets "
                     "how long to wait"
                 ) from None
         replica = self.choose(affinity)
@@ -309,7 +309,7 @@ class InferencePool:
                     raise PeerError(
                         f"request {request_id} failed on every attempt for "
                         f"{self.lost_timeout_s:.0f}s; last: {exc} "
-                        "(orchestrator.timeouts.inference_lost_s)",
+                        "(orchestrator.recovery.peer_loss_s)",
                         code=exc.code,
                     ) from exc
                 if exc.code in BUSY_CODES:

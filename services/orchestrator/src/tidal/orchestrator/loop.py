@@ -17,6 +17,8 @@ Decisions:
   whatever the timing, and the task-mixture state before and after each step is a
   well-defined snapshot: that is what `progress.json` saves (see resume.py)
   right before Train(n), together with the step's prompts in `prompts.jsonl`.
+- Train goes through `TrainDelivery`: a trainer lost mid-call is waited for, and the
+  steps a restarted trainer lost are re-sent, so every step id is trained once.
 - Each step has one `rl_step` span that opens when its generation starts and closes when
   its Train returns; every Generate and Train call shares the step's trace id.
 """
@@ -28,6 +30,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -49,11 +52,19 @@ from tidal.orchestrator.run_status import ProgressState, StepSummary
 from tidal.orchestrator.staleness import AsyncWindow
 from tidal.orchestrator.step_stats import rl_step_extras
 from tidal.orchestrator.tasks.base import Problem
+from tidal.orchestrator.train_delivery import TrainDelivery
 from tidal.orchestrator.trainer_client import TrainerClient, TrainResult
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("tidal.orchestrator")
 T = TypeVar("T")
+
+
+def _NO_REPLY(step: int) -> TrainResult:
+    """The trainer's part of a metrics line before Train(step) has answered."""
+    return TrainResult(step=step, policy_version=step, metrics={}, duplicate=False)
+
+
 MAX_REGENERATIONS = 3
 PROMPTS_FILE = "prompts.jsonl"
 
@@ -78,6 +89,8 @@ class RLLoop:
         self.mixture = mixture
         self.generator = generator
         self.trainer = trainer
+        self.delivery = TrainDelivery(trainer, config.recovery, timeout_s=config.timeouts.train_s)
+        """Train calls, retried across a trainer restart (train_delivery.py)."""
         self.window = window
         self.data_parallel_ranks = data_parallel_ranks
         """The trainer's data-parallel degree (resolved at start-up; see service.py)."""
@@ -148,19 +161,20 @@ class RLLoop:
         samples = [self.generator.prompts.reference_sample(p) for p in problems]
         samples, truncated, dropped = self._fit(samples)
         batches = self._pack(samples)
-        self._checkpoint(step, problems, before, self.mixture.state_dict())
-        started = time.monotonic()
-        result = await self._train(step, batches, sft=True)
-        self._record(
+        record = partial(
+            self._record,
             step,
             "warmup",
-            result,
-            batches,
+            batches=batches,
             samples=len(samples),
             version=step - 1,
-            train_seconds=time.monotonic() - started,
             extra={"truncated": float(truncated), "dropped/overlong": float(dropped)},
         )
+        pending = record(_NO_REPLY(step), train_seconds=0.0, log_it=False)
+        self._checkpoint(step, problems, before, self.mixture.state_dict(), pending)
+        started = time.monotonic()
+        result = await self._train(step, batches, sft=True)
+        record(result, train_seconds=time.monotonic() - started)
 
     # ---- RL ---------------------------------------------------------------------------
 
@@ -222,13 +236,7 @@ class RLLoop:
         )
         batches = self._pack(samples)
         self._start_generations(step + 1, newest_trained=step - 1)
-        self._checkpoint(
-            step, generation.problems, generation.mixture_before, generation.mixture_after
-        )
         trainer_wait = time.monotonic() - self._last_train_end
-        started = time.monotonic()
-        result = await self._train(step, batches, sft=False)
-        train_seconds = time.monotonic() - started
         extra: dict[str, Any] = rl_step_extras(
             scored,
             kept,
@@ -238,21 +246,27 @@ class RLLoop:
             dropped_overlong=dropped_overlong,
             trainer_wait_s=trainer_wait,
         )
-        extra.update(await self._maybe_evaluate(step))
-        self._record(
+        record = partial(
+            self._record,
             step,
             "rl",
-            result,
-            batches,
+            batches=batches,
             samples=len(samples),
             version=min(min(s.completion.policy_versions, default=-1) for s in kept),
-            train_seconds=train_seconds,
             scored=scored,
             kept=kept,
             dropped=dropped,
             generation=generation,
-            extra=extra,
         )
+        pending = record(_NO_REPLY(step), train_seconds=0.0, extra=extra, log_it=False)
+        self._checkpoint(
+            step, generation.problems, generation.mixture_before, generation.mixture_after, pending
+        )
+        started = time.monotonic()
+        result = await self._train(step, batches, sft=False)
+        train_seconds = time.monotonic() - started
+        extra.update(await self._maybe_evaluate(step))
+        record(result, train_seconds=train_seconds, extra=extra)
 
     async def _maybe_evaluate(self, step: int) -> dict[str, float]:
         every = self.config.eval.every
@@ -297,17 +311,20 @@ class RLLoop:
         problems: list[Problem],
         before: dict[str, Any],
         after: dict[str, Any],
+        pending: StepMetrics,
     ) -> None:
-        """Save the resumable progress and the step's prompts, right before Train(step)."""
-        saved = SavedProgress(step, before, after, self.seed, list(self.mixture.names))
+        """Save the resumable progress and the step's prompts, right before Train(step).
+        `pending` is the step's metrics line without the trainer's reply: a restarted
+        orchestrator writes it if Train(step) was trained but its reply was lost."""
+        saved = SavedProgress(
+            step, before, after, self.seed, list(self.mixture.names), pending_metrics=pending.flat()
+        )
         save_progress(self.run_dir / PROGRESS_FILE, saved)
         with (self.run_dir / PROMPTS_FILE).open("a") as f:
             f.write(json.dumps({"step": step, "prompts": [p.uid for p in problems]}) + "\n")
 
     async def _train(self, step: int, batches: list[PackedMicroBatch], *, sft: bool) -> TrainResult:
-        result = await self.trainer.train(
-            step, batches, sft=sft, timeout=self.config.timeouts.train_s
-        )
+        result = await self.delivery.train(step, batches, sft=sft)
         self._last_train_end = time.monotonic()
         # A step the trainer already trained with *other* data never gets here: it is
         # refused (FAILED_PRECONDITION, payload_sha256 differs), which fails the run.
@@ -327,8 +344,8 @@ class RLLoop:
         step: int,
         phase: str,
         result: TrainResult,
-        batches: list[PackedMicroBatch],
         *,
+        batches: list[PackedMicroBatch],
         samples: int,
         version: int,
         train_seconds: float,
@@ -337,9 +354,11 @@ class RLLoop:
         dropped: int = 0,
         generation: Generation | None = None,
         extra: dict[str, Any] | None = None,
-    ) -> None:
+        log_it: bool = True,
+    ) -> StepMetrics:
+        """The step's metrics; with `log_it`, also appended, shown and counted."""
         now = time.monotonic()
-        seconds, self._last_finish = now - self._last_finish, now
+        seconds = now - self._last_finish
         rewards = np.asarray([s.reward for s in scored or []], dtype=np.float64)
         lengths = [len(s.completion.token_ids) for s in scored or []]
         trained_tokens = sum(b.num_tokens for b in batches)
@@ -367,8 +386,11 @@ class RLLoop:
             tokens_per_s=(generated + trained_tokens) / seconds if seconds > 0 else 0.0,
             trace_id=format(span_context.trace_id, "032x"),
             train=result.metrics,
-            extra=extra or {},
+            extra=dict(extra or {}),
         )
+        if not log_it:
+            return metrics
+        self._last_finish = now
         self.metrics.append(metrics)
         every = self.config.report.table_every
         if every and (step % every == 0 or step == self.config.total_steps):
@@ -386,3 +408,4 @@ class RLLoop:
             seconds,
             metrics.tokens_per_s,
         )
+        return metrics

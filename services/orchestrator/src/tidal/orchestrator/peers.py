@@ -16,12 +16,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 
 class PeerError(RuntimeError):
-    """A call to inference, the trainer or weightsync failed."""
+    """A call to inference, the trainer or weightsync failed (`code`: its gRPC status,
+    None when it did not come from a call, e.g. a peer not SERVING in time)."""
 
-    def __init__(self, message: str, *, code: grpc.StatusCode | None = None) -> None:
+    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
         super().__init__(message)
         self.code = code
-        """The call's gRPC status (None when the reply itself was wrong)."""
 
 
 @contextmanager
@@ -31,7 +31,7 @@ def peer_call(peer: str, address: str, method: str) -> Iterator[None]:
     except grpc.aio.AioRpcError as exc:
         raise PeerError(
             f"{peer} at {address}: {method} failed with {exc.code().name}: {exc.details()}",
-            code=exc.code(),
+            exc.code(),
         ) from exc
 
 

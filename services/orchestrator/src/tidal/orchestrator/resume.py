@@ -15,6 +15,7 @@ Decisions:
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,6 +40,8 @@ class SavedProgress:
     pending_policy: str = PENDING_POLICY
     counters: dict[str, float] = field(default_factory=dict)
     """Run-level counters carried over a restart (e.g. samples dropped so far)."""
+    pending_metrics: dict[str, Any] | None = None
+    """Step `step`'s metrics line without the trainer's reply (see recover_metrics_line)."""
     version: int = FORMAT_VERSION
 
 
@@ -70,3 +73,39 @@ def resume_point(saved: SavedProgress, trainer_step: int) -> tuple[int, dict[str
         f"cannot resume: progress.json was written for step {saved.step} but the trainer's "
         f"last step is {trainer_step} (expected {saved.step} or {saved.step - 1})"
     )
+
+
+def recover_metrics_line(saved: SavedProgress, trainer_step: int, metrics_path: Path) -> bool:
+    """If step `saved.step` was trained but its metrics line never written (the
+    orchestrator died while Train was answered), write the line saved before Train, marked
+    `recovered` (its `train/*` values are lost with the reply). Returns whether it did.
+    A torn last line (died mid-write) is cut first, so every line stays one JSON object."""
+    cut_torn_tail(metrics_path)
+    if trainer_step != saved.step or saved.pending_metrics is None:
+        return False
+    if saved.step in logged_steps(metrics_path):
+        return False
+    with metrics_path.open("a") as f:
+        f.write(json.dumps({**saved.pending_metrics, "recovered": True}) + "\n")
+    return True
+
+
+def logged_steps(metrics_path: Path) -> set[int]:
+    """The steps that have a line in metrics.jsonl."""
+    if not metrics_path.is_file():
+        return set()
+    steps = set()
+    for line in metrics_path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError, KeyError, TypeError, ValueError):
+            steps.add(int(json.loads(line)["step"]))
+    return steps
+
+
+def cut_torn_tail(path: Path) -> None:
+    """Drop a last line without its newline (a write cut short by a kill)."""
+    if not path.is_file():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        with path.open("r+b") as f:
+            f.truncate(data.rfind(b"\n") + 1)

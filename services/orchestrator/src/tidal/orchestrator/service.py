@@ -54,7 +54,12 @@ from tidal.orchestrator.report import (
     write_report,
     write_reward_plot,
 )
-from tidal.orchestrator.resume import PROGRESS_FILE, load_progress, resume_point
+from tidal.orchestrator.resume import (
+    PROGRESS_FILE,
+    load_progress,
+    recover_metrics_line,
+    resume_point,
+)
 from tidal.orchestrator.rollout_generator import RolloutGenerator
 from tidal.orchestrator.run_status import ProgressState
 from tidal.orchestrator.servicer import OrchestratorServicer
@@ -120,6 +125,12 @@ async def first_step_and_cursors(
         return 1
     first_step, state = resume_point(saved, trainer_step)
     mixture.load_state_dict(state)
+    if recover_metrics_line(saved, trainer_step, config.run.dir / METRICS_FILE):
+        log.warning(
+            "resume: step %d was trained but its reply was lost; its metrics line is written "
+            "from what was saved before Train (marked recovered, no train/* values)",
+            saved.step,
+        )
     log.info("resume: trainer at step %d; continuing at step %d", trainer_step, first_step)
     return first_step
 
@@ -147,7 +158,7 @@ async def run_training(
     inference = InferencePool(
         config.endpoints.inference_addresses(),
         config.grpc,
-        lost_timeout_s=orch.timeouts.inference_lost_s,
+        lost_timeout_s=orch.recovery.peer_loss_s,
     )
     trainer = TrainerClient(config.endpoints.trainer, config.grpc)
     weightsync = WeightSyncClient(config.endpoints.weightsync, config.grpc)
@@ -186,7 +197,9 @@ async def run_training(
         await window.wait_loaded(0)
         first_step = await first_step_and_cursors(config, trainer, mixture)
         started = time.monotonic()  # the summary's time excludes waiting for peers
-        follow = asyncio.create_task(follow_publishes(weightsync, REPLICA_ID, progress))
+        follow = asyncio.create_task(
+            follow_publishes(weightsync, REPLICA_ID, progress, address=config.endpoints.weightsync)
+        )
         follow.add_done_callback(_warn_if_failed)
         background += [follow, asyncio.create_task(follow_inference_queue(inference, limiter))]
         loop = RLLoop(

@@ -34,6 +34,17 @@ class TrainResult:
     duplicate: bool
 
 
+def train_request(
+    step: int, micro_batches: Sequence[PackedMicroBatch], *, sft: bool
+) -> pb.TrainRequest:
+    """Step `step`'s Train request, carrying its payload's sha256."""
+    loss = pb.LOSS_KIND_SFT if sft else pb.LOSS_KIND_POLICY_GRADIENT
+    messages = [micro_batch_to_proto(b) for b in micro_batches]
+    return pb.TrainRequest(
+        step=step, micro_batches=messages, loss=loss, payload_sha256=payload_sha256(loss, messages)
+    )
+
+
 class TrainerClient:
     def __init__(self, address: str, grpc_config: GrpcConfig | None = None) -> None:
         self.address = address
@@ -69,15 +80,11 @@ class TrainerClient:
         sft: bool,
         timeout: float = 600.0,
     ) -> TrainResult:
-        loss = pb.LOSS_KIND_SFT if sft else pb.LOSS_KIND_POLICY_GRADIENT
-        messages = [micro_batch_to_proto(b) for b in micro_batches]
-        request = pb.TrainRequest(
-            step=step,
-            micro_batches=messages,
-            loss=loss,
-            payload_sha256=payload_sha256(loss, messages),
-        )
-        with peer_call("trainer", self.address, f"Train(step={step})"):
+        return await self.send(train_request(step, micro_batches, sft=sft), timeout=timeout)
+
+    async def send(self, request: pb.TrainRequest, *, timeout: float = 600.0) -> TrainResult:
+        """Send a built Train request (the same request again is a retry: same fingerprint)."""
+        with peer_call("trainer", self.address, f"Train(step={request.step})"):
             reply = await self.stub.Train(request, timeout=timeout, wait_for_ready=False)
         return TrainResult(
             step=int(reply.step),

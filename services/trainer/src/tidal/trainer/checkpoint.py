@@ -149,6 +149,8 @@ class CheckpointManager:
             raise ValueError(f"keep_last must be at least 1, got {keep_last}")
         self.root = root
         self.keep_last = keep_last
+        self.loaded_extra: dict[str, int] = {}
+        """The `extra` of the checkpoint last loaded (empty before any)."""
 
     def complete(self) -> list[tuple[int, Path]]:
         """(step, folder) of every complete checkpoint, oldest first."""
@@ -200,6 +202,7 @@ class CheckpointManager:
         with _single_process_is_intended():
             dcp.load({"train": state}, checkpoint_id=path)
         log.info("resumed from %s (step %d)", path, trainer.trained_step)
+        self.loaded_extra = dict(state.extra)
         return state.extra
 
     def _temps(self) -> Iterator[Path]:

@@ -324,6 +324,10 @@ class TrainerConfig(BaseConfig):
     torchrun (rank 0 serves gRPC). See docs/distributed.md."""
     parallel: ParallelConfig = ParallelConfig()
     """How the world_size ranks split the work (FSDP/HSDP, CP, EP)."""
+    max_tokens_per_step: int = Field(default=1 << 20, gt=0)
+    """Most tokens (all micro-batches together) one Train request may carry; a larger
+    step is refused INVALID_ARGUMENT from the request's shapes, before any tensor is
+    decoded (docs/operations.md#limits)."""
 
     @model_validator(mode="after")
     def _check_parallel(self) -> TrainerConfig:

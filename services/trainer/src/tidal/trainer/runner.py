@@ -30,6 +30,10 @@ Decisions:
   published after the last checkpoint are lost with the process, and `--resume` refuses
   to continue under them (publisher.check_resumable). The save runs under the lock, so no
   step trains while the state is written. A resumed runner starts at the checkpoint's step.
+- The checkpoint also holds its step's payload fingerprint (checkpoint `extra`), so a
+  restarted trainer answers the retry of that step (an orchestrator whose reply was lost
+  with the old process) as a duplicate, with the same fingerprint check; its metrics
+  are not kept, so that answer has none.
 """
 
 from __future__ import annotations
@@ -52,6 +56,8 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
 
 KEEP_RESULTS = 100
+SHA_KEY = "payload_sha256"
+"""The checkpoint `extra` key holding the checkpointed step's payload fingerprint."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +120,11 @@ class StepRunner:
             state = await asyncio.to_thread(self.trainer.state_dict_for_publish)
             await self.publisher.publish(step, state)
         self.last_step = step
+        saved = self.checkpoints.loaded_extra.get(SHA_KEY) if self.checkpoints else None
+        if step and saved is not None:
+            # The checkpointed step's fingerprint: its retry (the reply was lost with the
+            # old process) is answered as a duplicate, other data under its id refused.
+            self._record(StepResult(step, step, {}, payload_sha256=saved.to_bytes(32, "big")))
         self.ready = True
 
     async def train(
@@ -149,7 +160,8 @@ class StepRunner:
                 self._pending = pending
                 interval = self.checkpoint_interval
                 if self.checkpoints is not None and interval and step % interval == 0:
-                    await asyncio.to_thread(self.checkpoints.save, self.trainer)
+                    extra = {SHA_KEY: int.from_bytes(sha, "big")} if sha else None
+                    await asyncio.to_thread(self.checkpoints.save, self.trainer, extra=extra)
             else:
                 _check_same_payload(step, pending.payload_sha256, sha)
                 log.info("step %d was trained before its publish failed; publishing again", step)

@@ -5,7 +5,9 @@ The `MicroBatch` codec is `tidal.batch` (proto → numpy in `wire`, numpy → to
 
 Every request is validated in full before it reaches the runner: a malformed request is
 always INVALID_ARGUMENT naming the field (`micro_batches[2].input_ids`), even when its
-step id is one already trained. The payload's sha256 is computed here from what arrived
+step id is one already trained. Cheapest checks first: the step's token count is read
+from the shapes and held against `trainer.max_tokens_per_step` before any tensor is
+decoded. The payload's sha256 is computed here from what arrived
 (and must equal `payload_sha256` when the sender set it) and goes with the step to the
 runner, which refuses a repeated step id carrying other data.
 """
@@ -15,7 +17,7 @@ from __future__ import annotations
 import grpc
 
 from tidal.batch.tensors import MicroBatchData, micro_batch_from_packed, validate_micro_batch
-from tidal.batch.wire import micro_batch_from_proto, payload_sha256
+from tidal.batch.wire import micro_batch_from_proto, payload_sha256, token_counts
 from tidal.common.errors import InvalidArgument
 from tidal.rpc.v1 import common_pb2
 from tidal.rpc.v1 import trainer_pb2 as pb
@@ -43,6 +45,7 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         model = runner.trainer.config.model
         self.vocab_size = model.vocab_size
         self.max_seq_len = model.max_seq_len
+        self.max_tokens_per_step = runner.trainer.config.max_tokens_per_step
 
     def _decode(self, request: pb.TrainRequest) -> tuple[list[MicroBatchData], LossKind]:
         if request.step < 1:
@@ -53,6 +56,23 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
             raise InvalidArgument("loss", f"must be one of {names}, got {request.loss}")
         if not request.micro_batches:
             raise InvalidArgument("micro_batches", "must hold at least one micro-batch")
+        counts = token_counts(request.micro_batches, field="micro_batches")
+        budget = self.max_tokens_per_step
+        for i, count in enumerate(counts):  # one absurd shape is named as that field
+            if count > budget:
+                raise InvalidArgument(
+                    f"micro_batches[{i}].input_ids.shape",
+                    f"[{count}] tokens, more than the trainer's budget of {budget} per step "
+                    "(trainer.max_tokens_per_step)",
+                )
+        total = sum(counts)
+        if total > budget:
+            raise InvalidArgument(
+                "micro_batches",
+                f"the step carries {total} tokens, more than the trainer's budget of "
+                f"{budget} (trainer.max_tokens_per_step); send fewer "
+                "samples per step or raise the budget",
+            )
         batches = []
         for i, message in enumerate(request.micro_batches):
             field = f"micro_batches[{i}]"

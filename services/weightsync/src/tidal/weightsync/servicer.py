@@ -1,4 +1,11 @@
-"""WeightSyncService: proto ⇄ registry. Errors are raised; the interceptor maps them."""
+"""WeightSyncService: proto ⇄ registry. Errors are raised; the interceptor maps them.
+
+Every field a caller sets is checked here or in the registry and refused
+INVALID_ARGUMENT naming it (FetchWeights' `offset` against the file's size from the
+manifest, before any file is opened); UploadWeights only when the stream transport is
+in use (FAILED_PRECONDITION otherwise); request sizes are limited by the server
+(`tidal.common.limits`: UploadWeights chunks up to `grpc.max_message_bytes`, every other
+RPC `grpc.max_request_bytes`)."""
 
 from __future__ import annotations
 
@@ -19,7 +26,12 @@ from tidal.weights.convert import (
 )
 from tidal.weights.manifest import WeightManifest
 from tidal.weights.transport_choice import TransportChoice
-from tidal.weightsync.config import BroadcastTransport, FilesystemTransport, Transport
+from tidal.weightsync.config import (
+    BroadcastTransport,
+    FilesystemTransport,
+    StreamTransport,
+    Transport,
+)
 from tidal.weightsync.file_chunks import FileChunks
 from tidal.weightsync.registry import VersionRegistry
 from tidal.weightsync.rendezvous import BroadcastRendezvous
@@ -97,6 +109,11 @@ class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
         if request.offset < 0:
             raise InvalidArgument("offset", f"must be >= 0, got {request.offset}")
         start = names.index(request.path) if request.path else 0
+        first = manifest.files[start]
+        if request.offset > first.size:  # checked here: a seek past the end would read nothing
+            raise InvalidArgument(
+                "offset", f"{request.offset} is beyond {first.path} ({first.size} bytes)"
+            )
         for i, name in enumerate(names[start:]):
             offset = request.offset if i == 0 else 0
             # Opening and reading run in a worker thread: a slow disk (or a network
@@ -111,6 +128,13 @@ class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
         request_iterator: AsyncIterator[pb.UploadWeightsRequest],
         context: grpc.aio.ServicerContext,
     ) -> pb.PublishResponse:
+        if not isinstance(self.transport, StreamTransport):
+            # Only the stream path writes versions through this service; elsewhere an upload
+            # is no publisher's doing, so it is refused before a byte is read.
+            raise FailedPrecondition(
+                'UploadWeights is accepted only when weightsync.transport.type is "stream"; '
+                f"this service uses {self.transport.type!r}: publish with Publish"
+            )
         first = await anext(aiter(request_iterator), None)
         if first is None or first.WhichOneof("item") != "manifest":
             raise InvalidArgument("item", "the first UploadWeights message must be the manifest")

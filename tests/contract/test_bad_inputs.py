@@ -1,0 +1,567 @@
+"""Bad-input suite: every RPC's fields driven with boundary and absurd values (Hypothesis).
+
+One real stack per module, built the way the other contract tests build theirs:
+weightsync, the trainer (which publishes version 0 to it) and inference (which loads that
+version), each a real servicer on an in-process grpc.aio server on a free loopback port.
+The servers live on one event loop owned by the module fixture; the tests are plain
+functions (Hypothesis drives them) that run each call on that loop. Every generated
+request is invalid by construction, so every answer must be an error that:
+- is not INTERNAL (and not OK),
+- names the field (its message starts with or contains the field's name),
+and afterwards each service still answers health SERVING and the process's RSS stays
+within a bound. Requests larger than an RPC's size limit are RESOURCE_EXHAUSTED.
+
+The orchestrator's only RPC (GetProgress) takes no fields; the server limits it shares
+with every service are tested in tests/unit/common/test_server.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from tidal.common.sections import Endpoints, GrpcConfig, RunSection, TelemetryConfig
+from tidal.common.server import GrpcServer, ServiceBinding
+from tidal.common.tensors import encode_array
+from tidal.inference.config import InferenceConfig, InferenceRunConfig, RequestLimits
+from tidal.inference.service import RunningInference, start_inference
+from tidal.rpc.v1 import common_pb2, weightsync_pb2_grpc
+from tidal.rpc.v1 import inference_pb2 as ipb
+from tidal.rpc.v1 import inference_pb2_grpc as ipb_grpc
+from tidal.rpc.v1 import trainer_pb2 as tpb
+from tidal.rpc.v1 import trainer_pb2_grpc as tpb_grpc
+from tidal.rpc.v1 import weightsync_pb2 as wpb
+from tidal.trainer.config import TrainerRunConfig
+from tidal.trainer.service import RunningTrainer, start_trainer
+from tidal.weightsync.config import StreamTransport
+from tidal.weightsync.registry import VersionRegistry
+from tidal.weightsync.servicer import WeightSyncServicer
+
+TINY_MODEL = {"dim": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 64}
+MAX_SEQ_LEN = 32
+VOCAB = 264
+LIMITS = RequestLimits(max_prompt_bytes=4096, max_prompt_tokens=1000)
+TOKEN_BUDGET = 4096
+RSS_GROWTH_LIMIT = 400 * 1024 * 1024
+FEW = settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+
+def rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+@dataclass(repr=False)
+class Stack:
+    loop: asyncio.AbstractEventLoop
+    channels: dict[str, grpc.aio.Channel]
+    inference: ipb_grpc.InferenceServiceStub
+    trainer: tpb_grpc.TrainerServiceStub
+    weightsync: weightsync_pb2_grpc.WeightSyncServiceStub
+    version0: wpb.WeightVersion
+    rss_start: int
+
+    def __repr__(self) -> str:  # Hypothesis prints it with every failing example
+        return "Stack()"
+
+    def run(self, coro: Awaitable[Any]) -> Any:
+        return self.loop.run_until_complete(asyncio.wait_for(coro, timeout=60))
+
+    def refused(self, call: Callable[[], Awaitable[Any]]) -> grpc.aio.AioRpcError:
+        """The error `call` must end in; fails on OK and on INTERNAL."""
+
+        async def go() -> Any:
+            result = call()
+            if hasattr(result, "__aiter__"):
+                return [r async for r in result]
+            return await result
+
+        try:
+            answer = self.run(go())
+        except grpc.aio.AioRpcError as err:
+            assert err.code() != grpc.StatusCode.INTERNAL, err.details()
+            return err
+        raise AssertionError(f"an invalid request was answered OK: {answer!r:.200}")
+
+    def assert_serving(self) -> None:
+        for name, channel in self.channels.items():
+            reply = self.run(
+                health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(), timeout=10
+                )
+            )
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING, name
+        assert rss_bytes() - self.rss_start < RSS_GROWTH_LIMIT
+
+
+def assert_names(err: grpc.aio.AioRpcError, field: str) -> None:
+    details = err.details() or ""
+    assert field in details, (err.code(), details)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    loop = asyncio.new_event_loop()
+    root = tmp_path_factory.mktemp("bad-inputs")
+    weights = root / "weights"
+    weights.mkdir()
+    grpc_config = GrpcConfig(shutdown_grace_s=0.2)
+
+    async def start() -> tuple[GrpcServer, RunningTrainer, RunningInference]:
+        registry = VersionRegistry(weights, keep_last=3)
+        binding = ServiceBinding(
+            # The stream transport, so UploadWeights reaches its manifest checks too.
+            WeightSyncServicer(registry, chunk_bytes=1 << 16, transport=StreamTransport()),
+            weightsync_pb2_grpc.add_WeightSyncServiceServicer_to_server,
+            "tidal.rpc.v1.WeightSyncService",
+        )
+        ws = GrpcServer("127.0.0.1:0", [binding], grpc_config)
+        await ws.start()
+        ws_address = f"127.0.0.1:{ws.port}"
+        trainer = await start_trainer(
+            TrainerRunConfig.model_validate(
+                {
+                    "run": {"output_dir": str(root), "name": "bad"},
+                    "endpoints": {"trainer": "127.0.0.1:0", "weightsync": ws_address},
+                    "grpc": {"shutdown_grace_s": 0.2},
+                    "trainer": {
+                        "model": {**TINY_MODEL, "max_seq_len": MAX_SEQ_LEN, "vocab_size": VOCAB},
+                        "device": "cpu",
+                        "publish_dir": str(weights),
+                        "max_tokens_per_step": TOKEN_BUDGET,
+                    },
+                }
+            )
+        )
+        inference = await start_inference(
+            InferenceRunConfig(
+                run=RunSection(output_dir=root),
+                endpoints=Endpoints(weightsync=ws_address, inference="127.0.0.1:0"),
+                grpc=grpc_config,
+                telemetry=TelemetryConfig(traces_file=False),
+                inference=InferenceConfig(
+                    device="cpu",
+                    replica_id="bad-inputs",
+                    max_batch_size=4,
+                    kv_cache_mb=16,
+                    limits=LIMITS,
+                ),
+            )
+        )
+        return ws, trainer, inference
+
+    ws, trainer, inference = loop.run_until_complete(start())
+    ports = {"weightsync": ws.port, "trainer": trainer.server.port, "inference": inference.port}
+
+    async def connect() -> dict[str, grpc.aio.Channel]:  # channels belong to the loop
+        return {n: grpc.aio.insecure_channel(f"127.0.0.1:{p}") for n, p in ports.items()}
+
+    channels = loop.run_until_complete(connect())
+    ws_stub = weightsync_pb2_grpc.WeightSyncServiceStub(channels["weightsync"])
+    inference_stub = ipb_grpc.InferenceServiceStub(channels["inference"])
+
+    async def ready() -> wpb.WeightVersion:
+        for _ in range(600):
+            status = await inference_stub.GetStatus(common_pb2.StatusRequest())
+            if status.policy_version == 0:
+                return await ws_stub.GetVersion(wpb.GetVersionRequest(version=0))
+            await asyncio.sleep(0.05)
+        raise AssertionError("inference never loaded version 0")
+
+    version0 = loop.run_until_complete(ready())
+    yield Stack(
+        loop,
+        channels,
+        inference_stub,
+        tpb_grpc.TrainerServiceStub(channels["trainer"]),
+        ws_stub,
+        version0,
+        rss_bytes(),
+    )
+
+    async def stop() -> None:
+        for channel in channels.values():
+            await channel.close()
+        await inference.server.stop()
+        await inference.close()
+        await trainer.stop()
+        await ws.stop()
+
+    loop.run_until_complete(stop())
+    loop.close()
+
+
+# --- inference: Generate -------------------------------------------------------------
+
+NAN, INF = math.nan, math.inf
+int64s = st.integers(-(1 << 63), (1 << 63) - 1)
+I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1  # the proto's int32 fields hold no more
+bad_floats = st.sampled_from([NAN, INF, -INF])
+
+
+def sampling(**fields: Any) -> ipb.SamplingParams:
+    base: dict[str, Any] = {"max_tokens": 1}
+    base.update(fields)
+    return ipb.SamplingParams(**base)
+
+
+BAD_SAMPLING = st.one_of(
+    st.tuples(
+        st.just("max_tokens"),
+        st.one_of(st.integers(I32_MIN, 0), st.integers(LIMITS.max_tokens + 1, I32_MAX)),
+    ),
+    st.tuples(
+        st.just("n"),
+        st.one_of(st.integers(I32_MIN, 0), st.integers(LIMITS.max_n + 1, I32_MAX)),
+    ),
+    st.tuples(
+        st.just("temperature"),
+        st.one_of(
+            bad_floats,
+            st.floats(max_value=-1e-6),
+            st.floats(min_value=LIMITS.max_temperature * 1.01),
+        ),
+    ),
+    st.tuples(
+        st.just("top_p"),
+        st.one_of(bad_floats, st.floats(max_value=0.0), st.floats(min_value=1.0001)),
+    ),
+    st.tuples(
+        st.just("top_k"),
+        st.one_of(st.integers(I32_MIN, -1), st.integers(VOCAB + 1, I32_MAX)),
+    ),
+    st.tuples(
+        st.just("min_p"),
+        st.one_of(bad_floats, st.floats(max_value=-1e-6), st.floats(min_value=1.0001)),
+    ),
+    st.tuples(
+        st.just("stop"),
+        st.one_of(
+            st.lists(st.text(min_size=1, max_size=4), min_size=LIMITS.max_stop + 1, max_size=200),
+            st.lists(st.just(""), min_size=1, max_size=3),
+            st.lists(
+                st.text(min_size=LIMITS.max_stop_bytes + 1, max_size=2000), min_size=1, max_size=2
+            ),
+        ),
+    ),
+    st.tuples(
+        st.just("stop_token_ids"),
+        st.one_of(
+            st.lists(st.integers(VOCAB, I32_MAX), min_size=1, max_size=5),
+            st.lists(st.integers(I32_MIN, -1), min_size=1, max_size=5),
+            st.lists(
+                st.integers(0, VOCAB - 1),
+                min_size=LIMITS.max_stop_token_ids + 1,
+                max_size=LIMITS.max_stop_token_ids + 50,
+            ),
+        ),
+    ),
+)
+
+
+@FEW
+@given(bad=BAD_SAMPLING)
+def test_generate_refuses_every_bad_sampling_field(stack: Stack, bad: tuple[str, Any]) -> None:
+    field, value = bad
+    request = ipb.GenerateRequest(prompt_ids=[1, 2, 3], sampling=sampling(**{field: value}))
+    err = stack.refused(lambda: stack.inference.Generate(request))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert_names(err, f"sampling.{field}")
+    stack.assert_serving()
+
+
+BAD_PROMPTS = st.one_of(
+    st.tuples(st.just("prompt_ids"), st.lists(st.integers(VOCAB, I32_MAX), min_size=1, max_size=8)),
+    st.tuples(st.just("prompt_ids"), st.lists(st.integers(I32_MIN, -1), min_size=1, max_size=8)),
+    st.tuples(
+        st.just("prompt_ids"),
+        st.lists(st.integers(0, VOCAB - 1), min_size=MAX_SEQ_LEN, max_size=5000),
+    ),
+    st.tuples(st.just("prompt"), st.text(min_size=MAX_SEQ_LEN, max_size=LIMITS.max_prompt_bytes)),
+    st.tuples(st.just("prompt"), st.text(min_size=LIMITS.max_prompt_bytes + 1, max_size=20_000)),
+)
+
+
+@FEW
+@given(bad=BAD_PROMPTS)
+def test_generate_refuses_every_bad_prompt(stack: Stack, bad: tuple[str, Any]) -> None:
+    field, value = bad
+    request = ipb.GenerateRequest(**{field: value}, sampling=sampling())
+    err = stack.refused(lambda: stack.inference.Generate(request))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert_names(err, field)
+    stack.assert_serving()
+
+
+def test_huge_prompt_is_refused_by_size_and_health_answers_meanwhile(stack: Stack) -> None:
+    """A prompt over the transport limit never reaches Python; one over
+    max_prompt_bytes is refused by its length before tokenizing, naming the field."""
+    huge = ipb.GenerateRequest(prompt="x" * (5 << 20), sampling=sampling())
+    err = stack.refused(lambda: stack.inference.Generate(huge))
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    long = ipb.GenerateRequest(prompt="é" * (3 << 20 >> 1), sampling=sampling())
+    err = stack.refused(lambda: stack.inference.Generate(long))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "inference.limits" in err.details()
+    assert_names(err, "prompt")
+    stack.assert_serving()
+
+
+def test_valid_boundary_values_are_served(stack: Stack) -> None:
+    """The caps are inclusive: the largest allowed values are accepted."""
+    request = ipb.GenerateRequest(
+        prompt_ids=[1] * (MAX_SEQ_LEN - 1),
+        sampling=sampling(
+            temperature=LIMITS.max_temperature,
+            top_p=1.0,
+            top_k=VOCAB,
+            min_p=1.0,
+            n=2,
+            stop=["x" * LIMITS.max_stop_bytes] * LIMITS.max_stop,
+            seed=(1 << 63) - 1,
+        ),
+    )
+
+    async def go() -> list[ipb.GenerateResponse]:
+        return [r async for r in stack.inference.Generate(request)]
+
+    assert len(stack.run(go())) == 2
+
+
+# --- trainer: Train --------------------------------------------------------------------
+
+WIRE = {
+    "input_ids": np.int32,
+    "position_ids": np.int32,
+    "sample_lengths": np.int32,
+    "loss_mask": np.float32,
+    "advantages": np.float32,
+    "behaviour_logprobs": np.float32,
+}
+
+
+def good_micro_batch() -> tpb.MicroBatch:
+    lengths = [5, 4]
+    positions = np.concatenate([np.arange(n) for n in lengths])
+    arrays = {
+        "input_ids": np.arange(9) + 3,
+        "position_ids": positions,
+        "sample_lengths": np.array(lengths),
+        "loss_mask": (positions >= 2).astype(np.float32),
+        "advantages": np.ones(9),
+        "behaviour_logprobs": -np.ones(9),
+    }
+    return tpb.MicroBatch(
+        **{k: encode_array(np.asarray(v, dtype=WIRE[k])) for k, v in arrays.items()}
+    )
+
+
+TENSORS = st.sampled_from(sorted(WIRE))
+BAD_TENSOR = st.one_of(
+    st.tuples(st.just("shape"), st.lists(st.integers(1 << 40, 1 << 62), min_size=1, max_size=3)),
+    st.tuples(st.just("shape"), st.lists(st.integers(-(1 << 62), -1), min_size=1, max_size=3)),
+    st.tuples(st.just("shape"), st.lists(st.integers(0, 4), min_size=9, max_size=12)),
+    # Shapes whose product wraps to 0 in int64, sent with no data (issue 17: INTERNAL).
+    st.tuples(
+        st.just("wrapping shape"),
+        st.lists(st.sampled_from([1 << 62, 1 << 32, 4, 16]), min_size=2, max_size=3).filter(
+            lambda dims: math.prod(dims) >= 1 << 64
+        ),
+    ),
+    st.tuples(
+        st.just("dtype"),
+        st.sampled_from(["", "float64", "int64", "bfloat16", "complex", "x" * 300]),
+    ),
+    st.tuples(st.just("data"), st.binary(max_size=64)),
+)
+
+
+@FEW
+@given(name=TENSORS, bad=BAD_TENSOR)
+@example(name="advantages", bad=("wrapping shape", [1 << 62, 4]))
+def test_train_refuses_every_bad_tensor(stack: Stack, name: str, bad: tuple[str, Any]) -> None:
+    part, value = bad
+    batch = good_micro_batch()
+    tensor = getattr(batch, name)
+    if part in ("shape", "wrapping shape"):
+        del tensor.shape[:]
+        tensor.shape.extend(value)
+        if part == "wrapping shape":
+            tensor.data = b""
+    elif part == "dtype":
+        tensor.dtype = value
+    else:  # data that does not match the shape (never the right bytes by chance)
+        tensor.data = value if value != tensor.data else value + b"\0"
+    request = tpb.TrainRequest(step=1, micro_batches=[batch], loss=tpb.LOSS_KIND_POLICY_GRADIENT)
+    err = stack.refused(lambda: stack.trainer.Train(request))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert_names(err, f"micro_batches[0].{name}")
+    stack.assert_serving()
+
+
+BAD_TRAIN = st.one_of(
+    st.tuples(st.just("step"), st.integers(-(1 << 63), 0)),
+    st.tuples(st.just("loss"), st.integers(I32_MIN, I32_MAX).filter(lambda k: k not in (1, 2))),
+    st.tuples(st.just("payload_sha256"), st.binary(min_size=1, max_size=64)),
+    st.tuples(st.just("micro_batches"), st.integers(TOKEN_BUDGET + 1, 1 << 62)),
+)
+
+
+@FEW
+@given(bad=BAD_TRAIN)
+def test_train_refuses_every_bad_field(stack: Stack, bad: tuple[str, Any]) -> None:
+    field, value = bad
+    fields: dict[str, Any] = {"step": 1, "loss": tpb.LOSS_KIND_POLICY_GRADIENT}
+    batch = good_micro_batch()
+    if field == "micro_batches":  # a step claiming more tokens than the budget, no data
+        del batch.input_ids.shape[:]
+        batch.input_ids.shape.append(value)
+    else:
+        fields[field] = value
+    request = tpb.TrainRequest(micro_batches=[batch], **fields)
+    err = stack.refused(lambda: stack.trainer.Train(request))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert_names(err, field)
+    if field == "micro_batches":
+        assert "trainer.max_tokens_per_step" in err.details()
+    stack.assert_serving()
+
+
+def test_a_step_over_the_token_budget_is_refused_whole(stack: Stack) -> None:
+    """Micro-batches each within the budget, together over it: refused naming the field."""
+    count = TOKEN_BUDGET // 9 + 1  # 9 tokens each
+    request = tpb.TrainRequest(
+        step=1, micro_batches=[good_micro_batch()] * count, loss=tpb.LOSS_KIND_POLICY_GRADIENT
+    )
+    err = stack.refused(lambda: stack.trainer.Train(request))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.details().startswith("micro_batches: the step carries")
+    assert "trainer.max_tokens_per_step" in err.details()
+    stack.assert_serving()
+
+
+def test_control_rpc_on_the_bulk_server_has_the_small_limit(stack: Stack) -> None:
+    """The trainer's server takes 256 MiB for Train, but GetStatus only max_request_bytes:
+    refused from its size, unparsed, naming the key."""
+    call = stack.channels["trainer"].unary_unary(
+        "/tidal.rpc.v1.TrainerService/GetStatus",
+        request_serializer=lambda raw: raw,
+        response_deserializer=tpb.TrainerStatus.FromString,
+    )
+    big = b"\x0a\x80\x80\x80\x03" + b"x" * (6 << 20)  # unknown field 1, 6 MiB
+    err = stack.refused(lambda: call(big))
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "grpc.max_request_bytes" in err.details()
+    stack.assert_serving()
+
+
+# --- weightsync ------------------------------------------------------------------------
+
+
+@FEW
+@given(
+    field=st.sampled_from(["offset", "path", "version"]),
+    offset=st.one_of(st.integers(-(1 << 63), -1), st.integers(1 << 30, (1 << 63) - 1)),
+    text=st.text(min_size=1, max_size=300),
+    version=st.integers(1, (1 << 63) - 1),  # < 0 means the newest; 0 exists
+)
+def test_fetch_weights_refuses_bad_offsets_paths_versions(
+    stack: Stack, field: str, offset: int, text: str, version: int
+) -> None:
+    first = stack.version0.manifest.files[0].path
+    request = {
+        "offset": wpb.FetchWeightsRequest(version=0, path=first, offset=offset),
+        "path": wpb.FetchWeightsRequest(version=0, path=text + "\x00"),
+        "version": wpb.FetchWeightsRequest(version=version),
+    }[field]
+    err = stack.refused(lambda: stack.weightsync.FetchWeights(request))
+    assert err.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND)
+    assert_names(err, field if field != "version" else "version")
+    stack.assert_serving()
+
+
+manifests = st.builds(
+    wpb.WeightManifest,
+    version=int64s,
+    step=int64s,
+    format=st.text(max_size=20),
+    location=st.one_of(st.text(max_size=100), st.just("/"), st.just("../../etc")),
+    files=st.lists(
+        st.builds(
+            wpb.WeightFile, path=st.text(max_size=50), size=int64s, sha256=st.text(max_size=70)
+        ),
+        max_size=4,
+    ),
+    base_version=int64s,
+)
+
+
+@FEW
+@given(manifest=manifests)
+def test_publish_and_upload_refuse_absurd_manifests(
+    stack: Stack, manifest: wpb.WeightManifest
+) -> None:
+    err = stack.refused(lambda: stack.weightsync.Publish(wpb.PublishRequest(manifest=manifest)))
+    assert err.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
+    assert_names(err, "manifest")
+
+    async def upload() -> Any:
+        async def messages() -> Any:
+            yield wpb.UploadWeightsRequest(manifest=manifest)
+            for f in manifest.files:
+                yield wpb.UploadWeightsRequest(
+                    chunk=wpb.WeightChunk(path=f.path, offset=f.size, data=b"x")
+                )
+
+        return await stack.weightsync.UploadWeights(messages())
+
+    err = stack.refused(upload)
+    assert err.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
+    assert_names(err, "manifest")
+    stack.assert_serving()
+
+
+@FEW
+@given(replica=st.text(max_size=100), version=int64s, role=st.integers(I32_MIN, I32_MAX))
+def test_replica_rpcs_refuse_unknown_replicas_versions_and_roles(
+    stack: Stack, replica: str, version: int, role: int
+) -> None:
+    ws = stack.weightsync
+    for call in (
+        lambda: ws.BeginLoad(wpb.BeginLoadRequest(replica_id=replica + "?", version=version)),
+        lambda: ws.AckLoaded(wpb.AckLoadedRequest(replica_id=replica + "?", version=version)),
+    ):
+        err = stack.refused(call)
+        assert err.code() in (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            grpc.StatusCode.NOT_FOUND,
+            grpc.StatusCode.FAILED_PRECONDITION,
+        )
+        assert_names(err, "replica_id")
+    if version < -1:
+        err = stack.refused(
+            lambda: ws.Watch(wpb.WatchRequest(replica_id=replica, after_version=version))
+        )
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert_names(err, "after_version")
+    if role not in (1, 2):
+        err = stack.refused(lambda: ws.JoinSync(wpb.JoinSyncRequest(role=role)))
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert_names(err, "role")
+    stack.assert_serving()
