@@ -41,6 +41,11 @@ def machine_info() -> dict[str, Any]:
                 (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), ""
             )
         info["cpu"] = model
+        with open("/proc/cpuinfo") as f:
+            flags = next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), [])
+        wanted = ("avx2", "fma", "avx512f", "avx512bw", "avx512_bf16", "amx_bf16", "avx_ne_convert")
+        info["cpu_flags"] = [flag for flag in wanted if flag in flags]
+        info["load_average_at_write"] = [round(x, 2) for x in os.getloadavg()]
         with open("/proc/meminfo") as f:
             kib = int(next(ln for ln in f if ln.startswith("MemTotal")).split()[1])
         info["memory_gib"] = round(kib / 2**20, 1)

@@ -12,6 +12,20 @@ the same 32 prompts of mixed lengths, as one batch, in two scenarios:
   rollouts are. Tokens/s counts real tokens only (up to and including the stop token).
   The two systems draw different random numbers, so their lengths differ by chance; the
   mean length is reported beside the rate.
+- `rl`: the RL shape: 4 prompts, n = 8 samples each (one request per prompt natively,
+  `num_return_sequences=8` in transformers), temperature 1, the same stop tokens.
+  `summary.speedup_vs_hf_rl` is the native engine's rate (slot cache, as every
+  `speedup_vs_hf*` key, comparable with earlier runs) over transformers'.
+
+The native engine runs twice: with the slot KV cache and with the paged one
+(`inference.kv_cache`), so every scenario also gives `paged_vs_slots_<scenario>`.
+
+Then `inference_kv.py` (same process, after the above): the paged cache against slots on
+a smaller long-context model, GRPO-group and 3-turn episode latency with and without
+prefix caching (`summary.prefix_cache_speedup_multiturn`, `..._grpo`), and the bytes per
+cached token. `summary.kv_bytes_per_token_paged` and `kv_bytes_per_sequence_*` are for
+this benchmark's main model in fp32 (the paged figure is the rl scenario's mean sequence,
+rounded up to blocks; the slot figure is a full-context slot).
 
 Runs alternate between systems and the medians are compared, so drift on a shared
 machine hits both alike.
@@ -29,13 +43,15 @@ slower than fp32 there and unable to finish: transformers' bf16 `generate()` and
 plain-`F.linear` decode variant. `summary.skipped` lists them; `summary.kernels_<dtype>`
 is the engine's own account of the path it ran, `machine.cpu_native_bf16` the probe's.
 
-`python bench/inference.py [--repeats N] [--dtypes float32 bfloat16] [--threads T]`
+`python bench/inference.py [--repeats N] [--dtypes float32 bfloat16] [--threads T]
+[--scenarios fixed eos rl] [--kv-repeats N]`
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import time
@@ -46,14 +62,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import print_table, write_result
+from inference_kv import measure_kv
 
 from tidal.common.cpu_features import bf16_support
 from tidal.inference.batching import Batcher
+from tidal.inference.block_manager import blocks_for
 from tidal.inference.config import InferenceConfig
-from tidal.inference.kv_cache import DecodeAttention, SlotKVCache
+from tidal.inference.kv_cache import DecodeAttention, SlotKVCache, slot_bytes
 from tidal.inference.loading import build_model, load_weights
 from tidal.inference.native import NativeEngine
 from tidal.inference.packed_linear import pack_linears
+from tidal.inference.paged_engine import PagedEngine
+from tidal.inference.paged_kv import block_bytes
 from tidal.inference.sampling import SamplingParams
 from tidal.inference.sequence import Sequence
 from tidal.models.args import DecoderArgs
@@ -66,7 +86,9 @@ ARGS = DecoderArgs(
 )
 BATCH, NEW_TOKENS, PROMPT_LENS = 32, 128, (16, 48)
 STOP_IDS = tuple(range(3, ARGS.vocab_size, 40))  # the `eos` scenario's stop set
-SCENARIOS = ("fixed", "eos")
+SCENARIOS = ("fixed", "eos", "rl")
+KV_BLOCK = 16  # the paged cache's default block_size
+RL_PROMPTS, RL_N = 4, 8  # the rl scenario: 4 prompts x 8 samples = BATCH sequences
 
 
 def make_prompts() -> list[list[int]]:
@@ -82,6 +104,11 @@ def build_state() -> dict[str, torch.Tensor]:
     return {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
 
 
+def rl_prompts(prompts: list[list[int]], scenario: str) -> list[list[int]]:
+    """The prompts a scenario sends: the rl one sends 4, each sampled n = 8 times."""
+    return prompts[:RL_PROMPTS] if scenario == "rl" else prompts
+
+
 def until_stop(tokens: list[int]) -> list[int]:
     """A completion up to and including its first stop token."""
     stops = set(STOP_IDS)
@@ -92,10 +119,11 @@ def until_stop(tokens: list[int]) -> list[int]:
 class Native:
     """The engine on its own event loop, fed all prompts at once (as concurrent requests)."""
 
-    def __init__(self, state: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+    def __init__(self, state: dict[str, torch.Tensor], dtype: torch.dtype, kind: str) -> None:
         self.loop = asyncio.new_event_loop()
         cfg = InferenceConfig()
-        self.engine = NativeEngine(
+        engine_class = PagedEngine if kind == "paged" else NativeEngine
+        self.engine = engine_class(
             device=torch.device("cpu"),
             dtype=dtype,
             max_batch_size=BATCH,
@@ -107,16 +135,20 @@ class Native:
         self.loop.run_until_complete(self.engine.update_weights(0, ARGS.to_hf_config(), state))
 
     def generate(self, prompts: list[list[int]], scenario: str) -> list[list[int]]:
+        n = RL_N if scenario == "rl" else 1
+
         def params(i: int) -> SamplingParams:
             if scenario == "fixed":
                 return SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
-            return SamplingParams(NEW_TOKENS, temperature=1.0, seed=i, stop_token_ids=STOP_IDS)
+            return SamplingParams(NEW_TOKENS, temperature=1.0, seed=i, stop_token_ids=STOP_IDS, n=n)
 
-        async def one(i: int, prompt: list[int]) -> list[int]:
-            return [t async for c in self.engine.generate(prompt, params(i)) for t in c.token_ids]
+        async def one(i: int, prompt: list[int]) -> list[list[int]]:
+            done = [c async for c in self.engine.generate(prompt, params(i))]
+            return [c.token_ids for c in sorted(done, key=lambda c: c.index)]
 
         async def run() -> list[list[int]]:
-            return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
+            jobs = (one(i, p) for i, p in enumerate(rl_prompts(prompts, scenario)))
+            return [t for group in await asyncio.gather(*jobs) for t in group]
 
         return self.loop.run_until_complete(run())
 
@@ -138,6 +170,7 @@ class HuggingFace:
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], scenario: str) -> list[list[int]]:
+        prompts = rl_prompts(prompts, scenario)
         width = max(len(p) for p in prompts)
         ids = torch.zeros(len(prompts), width, dtype=torch.long)  # left-padded, as HF expects
         mask = torch.zeros_like(ids)
@@ -149,6 +182,8 @@ class HuggingFace:
         else:  # full-distribution sampling, like the engine's: no default top-k
             options = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
             options["eos_token_id"] = list(STOP_IDS)
+        if scenario == "rl":
+            options["num_return_sequences"] = RL_N  # each prompt's 8 samples, in order
         out = self.model.generate(
             input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, pad_token_id=0, **options
         )
@@ -262,6 +297,27 @@ def decode_step_study(
     return step_ms, {k: round(v, 3) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])}
 
 
+def kv_summary(runs: dict[Any, Any], cli: argparse.Namespace) -> dict[str, Any]:
+    """Memory per sequence (paged vs slot) for this model, then `inference_kv.py`'s figures
+    (paged vs slots on a long-context model, prefix caching on GRPO groups and turns)."""
+    out: dict[str, Any] = {}
+    per_token = block_bytes(ARGS, torch.float32, KV_BLOCK) / KV_BLOCK
+    out["kv_bytes_per_token_paged"] = per_token
+    out["kv_bytes_per_sequence_slots"] = slot_bytes(ARGS, torch.float32)
+    if ("native_paged", "float32", "rl") in runs:
+        prompts = rl_prompts(make_prompts(), "rl")
+        tokens = runs["native_paged", "float32", "rl"][2]
+        held = [len(prompts[i // RL_N]) + len(t) for i, t in enumerate(tokens)]
+        blocks = statistics.mean(blocks_for(n, KV_BLOCK) for n in held)
+        out["kv_bytes_per_sequence_paged_rl"] = round(blocks * KV_BLOCK * per_token)
+    kv_rows, kv = asyncio.run(measure_kv(cli.kv_repeats))
+    print_table("paged vs slot KV cache, prefix caching (inference_kv.py, medians)", kv_rows)
+    out["kv_cache"] = kv | {"medians": {r["measure"]: r["median"] for r in kv_rows}}
+    out["prefix_cache_speedup_multiturn"] = round(kv["prefix_cache_speedup_multiturn"], 3)
+    out["prefix_cache_speedup_grpo"] = round(kv["prefix_cache_speedup_grpo"], 3)
+    return out
+
+
 def agreement(a: list[list[int]], b: list[list[int]]) -> float:
     """Fraction of positions where two runs generated the same token."""
     same = sum(x == y for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True))
@@ -297,7 +353,9 @@ def main() -> None:
         "--threads", type=int, default=None, help="torch threads (default: torch's own choice)"
     )
     parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
+    parser.add_argument("--kv-repeats", type=int, default=3, help="inference_kv.py's rounds")
     cli = parser.parse_args()
+    load_before = os.getloadavg()
     if cli.threads is not None:
         torch.set_num_threads(cli.threads)
     prompts, state = make_prompts(), build_state()
@@ -308,16 +366,21 @@ def main() -> None:
             skipped += [f"transformers generate() {dtype}", f"decode step plain F.linear {dtype}"]
         else:
             systems["hf", dtype] = HuggingFace(state, DTYPES[dtype])
-        systems["native", dtype] = Native(state, DTYPES[dtype])
+        systems["native", dtype] = Native(state, DTYPES[dtype], "slots")
+        systems["native_paged", dtype] = Native(state, DTYPES[dtype], "paged")
     for system in systems.values():
         system.generate(prompts[:4], "fixed")  # warm-up: allocator, thread pool, kernels
     runs = measure(systems, prompts, cli.repeats, cli.scenarios)
     kernels = {}
     for (name, dtype), system in systems.items():
-        if name == "native":
+        if name.startswith("native"):
             kernels[dtype] = system.engine.status().kernels
             system.close()
-    labels = {"hf": "transformers generate()", "native": "tidal native engine"}
+    labels = {
+        "hf": "transformers generate()",
+        "native": "tidal native engine (slots)",
+        "native_paged": "tidal native engine (paged)",
+    }
     rows, rate = [], {}
     for (name, dtype, scenario), (times, counts, tokens) in runs.items():
         rate[name, dtype, scenario] = statistics.median(
@@ -331,7 +394,7 @@ def main() -> None:
                 "system": f"{labels[name]} {dtype}",
                 "median_s": statistics.median(times),
                 "tokens_per_s": rate[name, dtype, scenario],
-                "mean_completion_tokens": statistics.mean(counts) / BATCH,
+                "mean_completion_tokens": statistics.mean(counts) / len(tokens),
                 "same_tokens_as_hf": "-" if same is None else f"{same:.1%}",
                 "runs_s": ", ".join(f"{t:.1f}" for t in times),
             }
@@ -339,6 +402,9 @@ def main() -> None:
     summary: dict[str, Any] = {"skipped": skipped}
     for dtype in cli.dtypes:
         summary[f"kernels_{dtype}"] = kernels[dtype]
+        for scenario in cli.scenarios:
+            ratio = rate["native_paged", dtype, scenario] / rate["native", dtype, scenario]
+            summary[f"paged_vs_slots_{scenario}_{dtype}"] = round(ratio, 3)
         if ("hf", dtype) not in systems:
             continue
         for scenario in cli.scenarios:
@@ -353,6 +419,7 @@ def main() -> None:
     for scenario in cli.scenarios:
         key = "speedup_vs_hf" if scenario == "fixed" else f"speedup_vs_hf_{scenario}"
         summary[key] = summary.get(f"speedup_vs_hf_{scenario}_{cli.dtypes[0]}")
+    summary.update(kv_summary(runs, cli))
     step_rows, step_shares = [], {}
     for dtype in cli.dtypes:
         step_ms, step_shares[dtype] = decode_step_study(state, prompts, DTYPES[dtype])
@@ -370,6 +437,7 @@ def main() -> None:
             [{"kind": k, "share": f"{v:.1%}"} for k, v in shares.items()],
         )
     print(summary)
+    summary["load_average"] = {"before": load_before, "after": os.getloadavg()}
     write_result(
         "inference",
         config={
@@ -381,6 +449,8 @@ def main() -> None:
             "prompt_lengths": [len(p) for p in prompts],
             "eos_stop_ids": f"every 40th id from 3 ({len(STOP_IDS)} ids)",
             "repeats": cli.repeats,
+            "kv_repeats": cli.kv_repeats,
+            "rl": f"{RL_PROMPTS} prompts x n = {RL_N}, temperature 1, stop tokens",
             "threads": torch.get_num_threads(),
         },
         results=rows,

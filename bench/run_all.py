@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-NOT_BENCHMARKS = {"run_all", "common"}
+NOT_BENCHMARKS = {"run_all", "common", "inference_kv"}  # inference_kv: part of inference
 
 
 def main(argv: list[str]) -> int:

@@ -24,6 +24,7 @@ from tidal.orchestrator.trainer_client import TrainerClient
 from tidal.rpc.v1 import common_pb2
 from tidal.rpc.v1 import trainer_pb2 as pb
 from tidal.rpc.v1 import trainer_pb2_grpc as pb_grpc
+from tidal.trainer.checkpoint import CheckpointManager
 from tidal.trainer.config import TrainerRunConfig
 from tidal.trainer.service import RunningTrainer, start_trainer
 from tidal.weights.folder import load_version
@@ -295,7 +296,9 @@ async def test_resume_continues_after_the_checkpointed_step(
             trained = {k: v.clone() for k, v in first.runner.trainer.model.state_dict().items()}
     finally:
         await first.stop()
-    assert (tmp_path / "contract" / "checkpoints" / "step_00000002" / ".metadata").is_file()
+    assert CheckpointManager(tmp_path / "contract" / "checkpoints", keep_last=1).latest() == (
+        tmp_path / "contract" / "checkpoints" / "step_00000002"
+    )
 
     second = await start_trainer(resumable_config(tmp_path, weightsync_server, resume=True))
     try:

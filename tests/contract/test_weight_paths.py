@@ -165,3 +165,35 @@ async def test_companion_files_reach_weightsyncs_root_verified_on_either_path(
         task.cancel()
         await engine.close()
         await client.close()
+
+
+async def test_a_fresh_replica_whose_newest_version_is_corrupt_serves_the_previous_one(
+    weightsync: tuple[str, Path], recording_engine: Any
+) -> None:
+    """Issue 17: a replica that serves nothing yet falls back to the newest older version
+    that verifies, instead of waiting NOT_SERVING for a next publish."""
+    address, root = weightsync
+    client = WeightSyncClient(address)
+    publisher = WeightPublisher(root, client, ARGS.to_hf_config())
+    engine = recording_engine()
+    await engine.start()
+    task: asyncio.Task[None] | None = None
+    try:
+        for version in (0, 1, 2):
+            await publisher.publish(version, weights(version))
+        shard = Path((await client.latest()).manifest.location) / "model.safetensors"  # type: ignore[union-attr]
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0x40  # version 2 rots on disk after it was registered
+        shard.write_bytes(bytes(data))
+        watcher = WeightWatcher(client, engine, "fresh")
+        task = asyncio.create_task(watcher.run())
+        await until(lambda: watcher.acked == 1, "the fresh replica did not fall back to 1")
+        assert watcher.skipped == [2] and list(engine.handed) == [1]
+        assert all(torch.equal(engine.handed[1][k], v) for k, v in weights(1).items())
+        await publisher.publish(3, weights(3))  # and it follows new versions as usual
+        await until(lambda: watcher.acked == 3, "version 3 not loaded after the fallback")
+    finally:
+        if task is not None:
+            task.cancel()
+        await engine.close()
+        await client.close()

@@ -162,3 +162,101 @@ def test_trainer_killed_right_after_publishing_resumes_without_refusal(stack: St
     assert "already trained with other data" in str(e.value.details())
     third = stack.train(3)
     assert (third.step, third.policy_version, third.duplicate) == (3, 3, False)
+
+
+def long_request(step: int, micro_batches: int) -> pb.TrainRequest:
+    return pb.TrainRequest(
+        step=step,
+        micro_batches=[micro_batch(step * 10_000 + i) for i in range(micro_batches)],
+        loss=pb.LOSS_KIND_POLICY_GRADIENT,
+    )
+
+
+@pytest.mark.slow
+def test_sigterm_abandons_a_long_step_at_a_micro_batch_and_the_trainer_exits(
+    stack: Stack,
+) -> None:
+    """Issue 17: a long Train used to hold SIGTERM off until the step ended. Now the step
+    stops at its next micro-batch boundary: Train answers UNAVAILABLE, nothing is
+    committed or published, the process exits 0 promptly, and the step trains on the
+    resumed trainer."""
+    stack.start("weightsync")
+    trainer = stack.start("trainer")
+    stack.trainer_status(trainer)
+    assert stack.train(1).policy_version == 1
+    with grpc.insecure_channel(stack.trainer_address) as channel:
+        pending = pb_grpc.TrainerServiceStub(channel).Train.future(
+            long_request(2, 3000), timeout=120
+        )
+        time.sleep(3.0)  # the step is under way (3,000 micro-batches take far longer)
+        assert not pending.done(), "the step ended before SIGTERM; make it longer"
+        signalled = time.monotonic()
+        os.killpg(trainer.pid, signal.SIGTERM)
+        with pytest.raises(grpc.RpcError) as err:
+            pending.result(timeout=60)
+        # UNAVAILABLE either way: "abandoned" from the step, or the server's own
+        # "Cancelling all calls" when the shutdown grace (0.5 s here) ran out first.
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value.details()
+    assert trainer.wait(30) == 0
+    assert "step was abandoned at a micro-batch boundary" in stack.log("trainer")
+    assert time.monotonic() - signalled < 15, stack.log("trainer")
+    assert not version_dir(stack.run_dir / "weights", 2).exists()
+
+    resumed = stack.start("trainer", "--resume")
+    status = stack.trainer_status(resumed)
+    assert (status.step, status.policy_version) == (1, 1)  # step 2 was never committed
+    second = stack.train(2)
+    assert (second.step, second.policy_version, second.duplicate) == (2, 2, False)
+
+
+@pytest.mark.slow
+def test_a_trainer_started_before_weightsync_waits_for_it(stack: Stack) -> None:
+    """Issue 17: the trainer used to die with an unnamed DEADLINE_EXCEEDED after 120 s.
+    It now logs that it waits for weightsync at its address and starts once it is up;
+    with no weightsync at all it stops after `trainer.weightsync_timeout_s` naming it."""
+    trainer = stack.start("trainer")
+    address = stack.config.read_text().split('weightsync = "')[1].split('"')[0]
+    deadline = time.monotonic() + 90
+    while f"waiting for weightsync at {address}" not in stack.log("trainer"):
+        assert trainer.poll() is None and time.monotonic() < deadline, stack.log("trainer")
+        time.sleep(0.2)
+    stack.start("weightsync")
+    status = stack.trainer_status(trainer)
+    assert status.policy_version == 0
+    assert stack.train(1).policy_version == 1
+    os.killpg(trainer.pid, signal.SIGKILL)
+    trainer.wait()
+
+    for process in stack.processes:  # now no weightsync at all: a bounded wait
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    alone = stack.start("trainer", "--resume", "--trainer.weightsync-timeout-s", "3")
+    assert alone.wait(90) == 1
+    log = stack.log("trainer")
+    assert f"weightsync at {address} did not answer" in log
+    assert "trainer.weightsync_timeout_s" in log and "Traceback" not in log
+
+
+@pytest.mark.slow
+def test_a_step_whose_publish_finds_weightsync_restarting_succeeds(stack: Stack) -> None:
+    """Issue 17: weightsync SIGKILLed between two steps and restarted while the trainer
+    publishes the next one: the trainer waits for it, publishes, and Train(2) answers
+    normally (version 1, recovered from disk, is still there)."""
+    weightsync = stack.start("weightsync")
+    trainer = stack.start("trainer")
+    stack.trainer_status(trainer)
+    assert stack.train(1).policy_version == 1
+    os.killpg(weightsync.pid, signal.SIGKILL)
+    weightsync.wait()
+    with grpc.insecure_channel(stack.trainer_address) as channel:
+        pending = pb_grpc.TrainerServiceStub(channel).Train.future(train_request(2), timeout=120)
+        time.sleep(3.0)  # step 2 is trained and checkpointed; its publish waits
+        assert not pending.done(), "Train(2) answered while weightsync was down"
+        stack.start("weightsync")
+        reply = pending.result(timeout=120)
+    assert (reply.step, reply.policy_version, reply.duplicate) == (2, 2, False)
+    assert trainer.poll() is None
+    assert "recovered verified versions [0, 1]" in stack.log("weightsync")
+    third = stack.train(3)
+    assert (third.step, third.policy_version, third.duplicate) == (3, 3, False)

@@ -118,12 +118,14 @@ def prepare_run_dir(config: RunConfig, *, overwrite: bool = False, resume: bool 
 
 def check_resumable(config: RunConfig) -> None:
     """`--resume` needs the run folder and a complete trainer checkpoint in it (the
-    `step_*/.metadata` layout of tidal.trainer.checkpoint, read here without torch)."""
+    `step_*/.metadata` (DCP) or `step_*/state.<sha256>.safetensors` (one process) layout
+    of tidal.trainer.checkpoint, read here without torch)."""
     run_dir = config.run.dir
     if not run_dir.is_dir():
         raise ConfigError(f"{RESUME}: there is no run folder {run_dir} to continue")
     ckpt_dir = config.trainer.ckpt.dir or run_dir / "checkpoints"
-    if not any(ckpt_dir.glob("step_*/.metadata")):
+    complete = [*ckpt_dir.glob("step_*/.metadata"), *ckpt_dir.glob("step_*/state.*.safetensors")]
+    if not complete:
         raise ConfigError(
             f"{RESUME}: {run_dir} holds no complete trainer checkpoint in {ckpt_dir}, so the "
             "trainer cannot continue it (the run was started with trainer.ckpt.interval = 0, "

@@ -50,7 +50,8 @@ def test_a_foreign_file_is_rejected(tmp_path: Path) -> None:
 
 
 def test_a_trained_step_whose_reply_was_lost_gets_its_saved_metrics_line(tmp_path: Path) -> None:
-    from tidal.orchestrator.resume import logged_steps, recover_metrics_line
+    from tidal.orchestrator.metrics import logged_steps
+    from tidal.orchestrator.resume import recover_metrics_line
 
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text('{"step": 1}\n{"step": 2}\n{"ste')  # killed while writing step 3's line
@@ -65,3 +66,22 @@ def test_a_trained_step_whose_reply_was_lost_gets_its_saved_metrics_line(tmp_pat
     }
     assert not recover_metrics_line(saved, trainer_step=3, metrics_path=metrics)  # once
     assert logged_steps(metrics) == {1, 2, 3}
+
+
+def test_a_trained_step_whose_answer_was_lost_still_gets_its_metrics_line(
+    tmp_path: Path,
+) -> None:
+    """Issue 17: on --resume the step the trainer holds but the orchestrator never logged
+    gets a line (phase "lost"), so metrics.jsonl keeps one line per step."""
+    from tidal.orchestrator.metrics import MetricsLog, StepMetrics
+
+    path = tmp_path / "metrics.jsonl"
+    MetricsLog(path, tensorboard=False).append(StepMetrics.lost(1))
+    with path.open("a") as f:
+        f.write('{"step": 2, "pha')  # a line torn by the crash
+    log = MetricsLog(path, tensorboard=False)  # the resumed orchestrator's
+    assert log.logged_steps() == {1}
+    log.append(StepMetrics.lost(2))
+    lines = [json.loads(x) for x in log.path.read_text().splitlines()[-1:]]
+    assert lines[0]["step"] == 2 and lines[0]["resume/metrics_lost"] == 1
+    assert lines[0]["phase"] == "lost"

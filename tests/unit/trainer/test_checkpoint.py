@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import subprocess
 import sys
 from collections.abc import Callable
@@ -13,8 +14,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from tidal.batch.tensors import MicroBatchData
-from tidal.trainer.checkpoint import CheckpointManager
+from tidal.trainer import checkpoint_files
+from tidal.trainer.checkpoint import CheckpointManager, TrainState
 from tidal.trainer.config import ModelConfig, OptimConfig, ScheduleConfig, TrainerConfig
+from tidal.trainer.safe_dcp import UnsafeCheckpoint
 from tidal.trainer.train_step import Trainer
 
 TINY = ModelConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=32)
@@ -79,13 +82,13 @@ def save_step_1_then_crash_while_saving_step_2(
     trainer.train_step(1, step_batches(1), "sft")
     manager.save(trainer)
     trainer.train_step(2, step_batches(2), "sft")
-    real_save = dcp.save
+    real_write = checkpoint_files.write_state
 
-    def save_then_die(*args: object, **kwargs: object) -> None:
-        real_save(*args, **kwargs)  # type: ignore[arg-type]
+    def write_then_die(*args: object, **kwargs: object) -> None:
+        real_write(*args, **kwargs)  # type: ignore[arg-type]
         os._exit(17)
 
-    dcp.save = save_then_die  # type: ignore[assignment]
+    checkpoint_files.write_state = write_then_die  # type: ignore[assignment]
     manager.save(trainer)
 
 
@@ -115,6 +118,50 @@ def test_a_crash_mid_save_never_leaves_a_checkpoint_that_looks_complete(
 def test_loading_from_an_empty_folder_says_where_it_looked(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=str(tmp_path)):
         CheckpointManager(tmp_path, keep_last=1).load(new_trainer())
+
+
+def test_a_damaged_checkpoint_file_is_refused_naming_it(
+    tmp_path: Path, step_batches: Callable[[int], list[MicroBatchData]]
+) -> None:
+    trainer = new_trainer()
+    trainer.train_step(1, step_batches(1), "sft")
+    folder = CheckpointManager(tmp_path, keep_last=1).save(trainer)
+    [state] = folder.iterdir()  # one safetensors file: no pickle in a one-process checkpoint
+    assert checkpoint_files.NAME.match(state.name)
+    data = bytearray(state.read_bytes())
+    data[-1] ^= 0xFF
+    state.write_bytes(bytes(data))
+    with pytest.raises(checkpoint_files.CorruptCheckpoint, match=f"{state.name} is damaged"):
+        CheckpointManager(tmp_path, keep_last=1).load(new_trainer())
+
+
+class _RunsCode:
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, ("touch planted",))
+
+
+def test_a_dcp_checkpoint_loads_safely_and_planted_pickles_never_run(
+    tmp_path: Path,
+    step_batches: Callable[[int], list[MicroBatchData]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A multi-rank (DCP) checkpoint loads into one process through the allowlisted
+    reader; a `.metadata` that names any other code is refused before it runs."""
+    trainer = new_trainer()
+    trainer.train_step(1, step_batches(1), "sft")
+    folder = tmp_path / "step_00000001"
+    dcp.save({"train": TrainState(trainer, {"pos": 3})}, checkpoint_id=folder)
+    resumed = new_trainer()
+    assert CheckpointManager(tmp_path, keep_last=1).load(resumed) == {"pos": 3}
+    assert resumed.trained_step == 1
+    a, b = params(trainer), params(resumed)
+    assert all(torch.equal(a[n], b[n]) for n in a)
+
+    (folder / ".metadata").write_bytes(pickle.dumps(_RunsCode()))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UnsafeCheckpoint, match=r"refers to (posix|os)\.system.*refusing to load"):
+        CheckpointManager(tmp_path, keep_last=1).load(new_trainer())
+    assert not (tmp_path / "planted").exists()
 
 
 if __name__ == "__main__":

@@ -99,11 +99,24 @@ class GrpcServer:
         await self.health.enter_graceful_shutdown()
         await self.server.stop(self.config.shutdown_grace_s)
 
-    async def serve_forever(self, *, on_stop: Callable[[], Awaitable[None]] | None = None) -> None:
-        """Run until SIGTERM/SIGINT or `request_stop()`, then shut down gracefully."""
+    async def serve_forever(
+        self,
+        *,
+        on_stop: Callable[[], Awaitable[None]] | None = None,
+        on_signal: Callable[[], None] | None = None,
+    ) -> None:
+        """Run until SIGTERM/SIGINT or `request_stop()`, then shut down gracefully.
+        `on_signal` runs at once when the signal arrives, before the grace period (the
+        trainer uses it to abandon a running step at its next micro-batch)."""
         loop = asyncio.get_running_loop()
+
+        def stopping() -> None:
+            if on_signal is not None:
+                on_signal()
+            self._stopping.set()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stopping.set)
+            loop.add_signal_handler(sig, stopping)
         await self._stopping.wait()
         log.info("shutting down (grace %.1fs)", self.config.shutdown_grace_s)
         await self.stop()

@@ -64,8 +64,11 @@ class WeightSyncClient:
 
     async def watch(self, replica_id: str, after_version: int = -1) -> AsyncIterator[VersionEvent]:
         call = self.stub.Watch(pb.WatchRequest(replica_id=replica_id, after_version=after_version))
-        async for reply in call:
-            yield event_from_proto(reply)
+        try:
+            async for reply in call:
+                yield event_from_proto(reply)
+        finally:  # closing the iterator ends the stream, so weightsync's lease runs out
+            call.cancel()
 
     async def begin_load(self, replica_id: str, version: int, *, timeout: float = 30.0) -> None:
         request = pb.BeginLoadRequest(replica_id=replica_id, version=version)

@@ -23,7 +23,12 @@ from typing import Any
 
 import torch
 
-from tidal.inference.kv_cache import SlotKVCache, slots_within
+from tidal.inference.kv_cache import (
+    SlotKVCache,
+    kv_budget_bytes,
+    served_length,
+    slots_within,
+)
 from tidal.inference.loading import build_model, load_weights
 from tidal.inference.packed_linear import LinearKernel, pack_linears
 from tidal.inference.sampling import filtered_logprobs, greedy_tokens, sample_tokens
@@ -67,18 +72,27 @@ class Batcher:
         kernel: LinearKernel,
         max_slots: int,
         kv_cache_mb: float,
+        memory_fraction: float | None = None,
+        max_model_len: int | None = None,
     ) -> Batcher:
-        """The model of the first version, its weights loaded, and a KV cache sized for it."""
+        """The model of the first version, its weights loaded, and a KV cache of slots
+        `max_model_len` long within `kv_cache_mb` (or `memory_fraction` of the memory free
+        once the weights are loaded)."""
         model = build_served_model(
             hf_config, state_dict, device=device, dtype=dtype, kernel=kernel, batch_hint=max_slots
         )
-        slots = slots_within(model.args, dtype, memory_mb=kv_cache_mb, max_slots=max_slots)
-        return cls(model, SlotKVCache(model.args, slots=slots, dtype=dtype, device=device))
+        length = served_length(model.args.max_seq_len, max_model_len)
+        budget = kv_budget_bytes(device, memory_mb=kv_cache_mb, fraction=memory_fraction)
+        slots = slots_within(
+            model.args, dtype, memory_bytes=budget, max_len=length, max_slots=max_slots
+        )
+        cache = SlotKVCache(model.args, slots=slots, dtype=dtype, device=device, max_len=length)
+        return cls(model, cache)
 
     @property
     def max_seq_len(self) -> int:
-        """Longest sequence (prompt plus completion) this batcher serves."""
-        return self.model.args.max_seq_len
+        """Longest sequence (prompt plus completion) this batcher serves (`max_model_len`)."""
+        return self.cache.max_len
 
     @torch.inference_mode()
     def prefill(self, groups: list[list[Sequence]], version: int) -> None:

@@ -89,8 +89,10 @@ class InferenceConfig(BaseConfig):
     max_batch_size: int = Field(default=128, gt=0)
     """Most sequences decoded together (KV-cache slots), if `kv_cache_mb` holds that many."""
     kv_cache_mb: float = Field(default=1024.0, gt=0)
-    """Memory bound of the KV cache, preallocated at the first load: one slot per running
-    sequence, each the model's full context long."""
+    """Memory of the KV cache (either kind), preallocated at the first load: slots of
+    `max_model_len` positions, or blocks. Ignored when `kv_cache_memory_fraction` is set. A
+    budget that holds not one `max_model_len` sequence is refused at the first load, naming
+    the sizes."""
     max_step_tokens: int = Field(default=4096, gt=0)
     """Token budget of one scheduler step: one per running sequence plus the prompt
     tokens prefilled with it (the first waiting prompt is admitted whenever a slot is free)."""
@@ -111,19 +113,22 @@ class InferenceConfig(BaseConfig):
     own port, syncs weights itself, and logs to `logs/inference-<i>.log` (one replica:
     `logs/inference.log`); the orchestrator spreads Generate over all of them and keeps
     going while at least one serves (docs/inference.md, "Several replicas")."""
-    kv_cache: Literal["slots", "paged"] = "slots"
-    """Native engine's KV cache: "slots" (one full-context slot per running sequence, the
-    fastest on small CPU models) or "paged" (blocks of `block_size` tokens: memory follows
-    the tokens held, automatic prefix caching across requests, chunked prefill and
-    preemption; what a real model's context needs). See docs/inference.md."""
+    kv_cache: Literal["slots", "paged"] = "paged"
+    """Native engine's KV cache: "paged" (blocks of `block_size` tokens: memory follows the
+    tokens held, automatic prefix caching across requests, chunked prefill and preemption)
+    or "slots" (one `max_model_len` slot per running sequence, reserved whatever its
+    length). Paged is the default since the default run measured no slower with it; see
+    docs/inference.md."""
     block_size: int = Field(default=16, gt=0)
     """Paged cache only: token positions per block."""
     max_model_len: int | None = Field(default=None, gt=0)
-    """Paged cache only: longest prompt plus completion served, capping the model's context
-    (None: the model's own `max_position_embeddings`)."""
+    """Longest prompt plus completion served (both caches; a slot is this long). None: the
+    model's `max_position_embeddings`, capped at 4096 so a real model's default cache holds
+    sequences; above the model's context is an error. A prompt that leaves no room under it
+    is refused (INVALID_ARGUMENT on `prompt_ids`); a completion stops at it ("length")."""
     kv_cache_memory_fraction: float | None = Field(default=None, gt=0, le=1)
-    """Paged cache only: size the cache as this fraction of the device's free memory after
-    the weights load, instead of `kv_cache_mb`."""
+    """Size the KV cache (either kind) as this fraction of the device's memory free once
+    the weights are loaded, instead of `kv_cache_mb`."""
     prefix_caching: bool = True
     """Paged cache only: reuse the cached blocks of equal prompt prefixes across requests
     (GRPO groups, multi-turn episodes); cleared whenever new weights load."""

@@ -25,10 +25,19 @@ Decisions:
   matmuls were no faster in fp32 and round scores to bf16 in bf16.
 - Prefix sharing: the n samples of a prompt are prefilled once, in one slot, and the other
   samples' slots receive a copy of its keys and values (`fork`).
+- Capacity (both caches): a slot is `max_model_len` positions long, not the model's own
+  context (a Qwen3-0.6B slot at its 40,960 positions is 4.4 GiB in bf16). Unset, the
+  served length is the model's context capped at `DEFAULT_MAX_MODEL_LEN`, so a real
+  model's default cache holds sequences; a longer context is asked for explicitly. The
+  memory budget is `kv_cache_mb`, or `kv_cache_memory_fraction` of the memory free once the
+  weights are loaded; a budget that holds not one sequence is refused at the first load
+  with the sizes and the keys that change them.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Any
 
 import torch
@@ -37,33 +46,100 @@ import torch.nn.functional as F
 from tidal.models.args import DecoderArgs
 from tidal.models.attention import sdpa
 
+log = logging.getLogger(__name__)
 
-def slot_bytes(args: DecoderArgs, dtype: torch.dtype) -> int:
-    """Bytes of keys plus values that one slot (one full-length sequence) holds."""
+DEFAULT_MAX_MODEL_LEN = 4096
+"""Served length when `inference.max_model_len` is unset and the model's context is longer."""
+
+
+def served_length(context: int, max_model_len: int | None) -> int:
+    """Longest prompt plus completion served: `max_model_len`, or the model's `context`
+    capped at `DEFAULT_MAX_MODEL_LEN`; ValueError when `max_model_len` exceeds `context`."""
+    if max_model_len is None:
+        if context > DEFAULT_MAX_MODEL_LEN:
+            log.info(
+                "serving sequences of up to %d tokens of the model's %d (inference.max_model_len "
+                "unset); set inference.max_model_len for longer ones",
+                DEFAULT_MAX_MODEL_LEN,
+                context,
+            )
+        return min(context, DEFAULT_MAX_MODEL_LEN)
+    if max_model_len > context:
+        raise ValueError(
+            f"inference.max_model_len = {max_model_len} is above the model's context "
+            f"({context} positions, max_position_embeddings); lower it to at most {context}"
+        )
+    return max_model_len
+
+
+def token_bytes(args: DecoderArgs, dtype: torch.dtype) -> int:
+    """Bytes of keys plus values one cached token takes across all layers."""
     itemsize = torch.empty((), dtype=dtype).element_size()
-    return 2 * args.n_layers * args.n_kv_heads * args.max_seq_len * args.head_dim * itemsize
+    return 2 * args.n_layers * args.n_kv_heads * args.head_dim * itemsize
 
 
-def slots_within(args: DecoderArgs, dtype: torch.dtype, *, memory_mb: float, max_slots: int) -> int:
-    """How many slots fit in `memory_mb` (at most `max_slots`); ValueError when not one does."""
-    per_slot = slot_bytes(args, dtype)
-    fit = int(memory_mb * 2**20 // per_slot)
+def slot_bytes(args: DecoderArgs, dtype: torch.dtype, max_len: int | None = None) -> int:
+    """Bytes of keys plus values that one slot (one sequence of `max_len` tokens, by default
+    the model's context) holds."""
+    return token_bytes(args, dtype) * (args.max_seq_len if max_len is None else max_len)
+
+
+def free_memory_bytes(device: torch.device) -> int:
+    """Memory free on `device` now: CUDA's free bytes, or the host's available pages."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def kv_budget_bytes(device: torch.device, *, memory_mb: float, fraction: float | None) -> int:
+    """The KV cache's memory: `fraction` of `device`'s free memory when set, else `memory_mb`."""
+    if fraction is None:
+        return int(memory_mb * 2**20)
+    return int(fraction * free_memory_bytes(device))
+
+
+def slots_within(
+    args: DecoderArgs,
+    dtype: torch.dtype,
+    *,
+    memory_bytes: int,
+    max_len: int,
+    max_slots: int,
+) -> int:
+    """How many slots of `max_len` positions fit in `memory_bytes` (at most `max_slots`);
+    ValueError naming the keys when not one does."""
+    per_slot = slot_bytes(args, dtype, max_len)
+    fit = memory_bytes // per_slot
     if fit < 1:
         raise ValueError(
-            f"inference.kv_cache_mb = {memory_mb} MiB holds no sequence: one slot of this "
-            f"model needs {per_slot / 2**20:.2f} MiB"
+            f"the KV cache's memory ({memory_bytes / 2**20:.2f} MiB, inference.kv_cache_mb or "
+            f"kv_cache_memory_fraction) holds no sequence: one slot of max_model_len = "
+            f"{max_len} tokens of this model needs {per_slot / 2**20:.2f} MiB; raise "
+            "inference.kv_cache_mb (or kv_cache_memory_fraction), lower inference.max_model_len, "
+            'or use inference.kv_cache = "paged" (memory follows the tokens held)'
         )
-    return min(fit, max_slots)
+    return int(min(fit, max_slots))
 
 
 class SlotKVCache:
-    """Keys and values of up to `slots` sequences of up to `max_seq_len` tokens."""
+    """Keys and values of up to `slots` sequences of up to `max_len` tokens (default: the
+    model's context)."""
 
-    def __init__(self, args: DecoderArgs, *, slots: int, dtype: torch.dtype, device: Any) -> None:
-        shape = (args.n_layers, slots, args.n_kv_heads, args.max_seq_len, args.head_dim)
+    def __init__(
+        self,
+        args: DecoderArgs,
+        *,
+        slots: int,
+        dtype: torch.dtype,
+        device: Any,
+        max_len: int | None = None,
+    ) -> None:
+        length = args.max_seq_len if max_len is None else max_len
+        shape = (args.n_layers, slots, args.n_kv_heads, length, args.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, N, Hkv, S, D)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.slots = slots
+        self.slots, self.max_len = slots, length
         self._free = list(range(slots - 1, -1, -1))  # a stack: lowest slot on top
 
     @property

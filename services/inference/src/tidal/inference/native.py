@@ -53,7 +53,7 @@ import torch
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from tidal.common.errors import ResourceExhausted, Unavailable
+from tidal.common.errors import InvalidArgument, ResourceExhausted, Unavailable
 from tidal.inference.batching import Batcher
 from tidal.inference.completion_text import CompletionText
 from tidal.inference.engine import Completion, Engine, EngineStatus
@@ -108,8 +108,12 @@ class NativeEngine(Engine):
         tokenizer: Tokenizer | None = None,
         seed: int = 0,
         packed_weights: bool = True,
+        max_model_len: int | None = None,
+        kv_cache_memory_fraction: float | None = None,
     ) -> None:
         self.device, self.dtype = device, dtype
+        self.max_model_len = max_model_len  # None: the model's context, capped (kv_cache.py)
+        self.kv_cache_memory_fraction = kv_cache_memory_fraction
         self.max_batch_size, self.max_queue = max_batch_size, max_queue
         self.max_step_tokens, self.kv_cache_mb = max_step_tokens, kv_cache_mb
         self.tokenizer = tokenizer  # None: ids only (no text, no stop strings)
@@ -165,8 +169,14 @@ class NativeEngine(Engine):
                 f"{len(self._queue)} requests are queued (inference.max_queue); retry later"
             )
         max_seq_len = self._batcher.max_seq_len
-        if not prompt_ids or sequence_budget(len(prompt_ids), params.max_tokens, max_seq_len) < 1:
-            raise ValueError(f"a prompt of {len(prompt_ids)} tokens leaves no room to generate")
+        if not prompt_ids:
+            raise InvalidArgument("prompt_ids", "the prompt is empty")
+        if sequence_budget(len(prompt_ids), params.max_tokens, max_seq_len) < 1:
+            raise InvalidArgument(
+                "prompt_ids",
+                f"a prompt of {len(prompt_ids)} tokens leaves no room to generate: prompt plus "
+                f"completion are capped at {max_seq_len} tokens (inference.max_model_len)",
+            )
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; the engine was built without one")
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
@@ -235,7 +245,7 @@ class NativeEngine(Engine):
 
     def _kv_occupancy(self, batcher: Batcher) -> tuple[int, int, float]:
         """Slots used, slots, and the fraction of cached positions holding running tokens."""
-        cache, max_seq_len = batcher.cache, batcher.model.args.max_seq_len
+        cache, max_seq_len = batcher.cache, batcher.max_seq_len
         cached_tokens = sum(s.position + 1 for s in self._running)
         return cache.used, cache.slots, cached_tokens / (cache.slots * max_seq_len)
 
@@ -415,4 +425,6 @@ class NativeEngine(Engine):
             kernel=self.kernel,
             max_slots=self.max_batch_size,
             kv_cache_mb=self.kv_cache_mb,
+            memory_fraction=self.kv_cache_memory_fraction,
+            max_model_len=self.max_model_len,
         )

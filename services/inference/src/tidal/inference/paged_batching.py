@@ -23,8 +23,9 @@ from typing import Any
 import torch
 
 from tidal.inference.batching import Batcher, build_served_model
+from tidal.inference.kv_cache import kv_budget_bytes, served_length
 from tidal.inference.packed_linear import LinearKernel
-from tidal.inference.paged_kv import PagedKVCache, blocks_within, free_memory_bytes
+from tidal.inference.paged_kv import PagedKVCache, blocks_within
 from tidal.inference.sequence import Sequence
 from tidal.models.layers import DecoderLM
 
@@ -71,15 +72,8 @@ class PagedBatcher(Batcher):
         model = build_served_model(
             hf_config, state_dict, device=device, dtype=dtype, kernel=kernel, batch_hint=batch_hint
         )
-        if memory_fraction is None:
-            memory_bytes = int(memory_mb * 2**20)
-        else:
-            memory_bytes = int(memory_fraction * free_memory_bytes(device))
-        cap = (
-            model.args.max_seq_len
-            if max_model_len is None
-            else min(max_model_len, model.args.max_seq_len)
-        )
+        memory_bytes = kv_budget_bytes(device, memory_mb=memory_mb, fraction=memory_fraction)
+        cap = served_length(model.args.max_seq_len, max_model_len)
         num_blocks = blocks_within(
             model.args, dtype, block_size=block_size, memory_bytes=memory_bytes, max_model_len=cap
         )

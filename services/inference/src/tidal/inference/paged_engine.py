@@ -2,8 +2,9 @@
 
 Decisions:
 - Same scheduler loop, request queue, delivery, cancellation and hot reload as
-  `native.NativeEngine` (this class only replaces the step and what a cache means); the
-  slot engine stays the default until the paged one has served real runs.
+  `native.NativeEngine` (this class only replaces the step and what a cache means). It is
+  the default (`inference.kv_cache = "paged"`): the default run measured no slower than
+  with slots once decode gathered whole blocks (docs/inference.md has the figures).
 - Admission by blocks: a unit of work (a fresh request's samples, or one preempted
   sequence) is admitted when the blocks its prompt needs (after prefix-cache hits) plus
   one copied tail block per extra sample are available, and the running batch has room
@@ -70,15 +71,12 @@ class PagedEngine(NativeEngine):
         self,
         *,
         block_size: int = 16,
-        max_model_len: int | None = None,
-        kv_cache_memory_fraction: float | None = None,
         prefix_caching: bool = True,
         **kwargs: Any,
     ) -> None:
         """`NativeEngine`'s options, plus the paged cache's (see `InferenceConfig`)."""
         super().__init__(**kwargs)
-        self.block_size, self.max_model_len = block_size, max_model_len
-        self.kv_cache_memory_fraction = kv_cache_memory_fraction
+        self.block_size = block_size
         self.prefix_caching = prefix_caching
         self._units: dict[Sequence, Extend] = {}  # every member of a prefill in progress
         self._preempted: deque[Sequence] = deque()

@@ -10,7 +10,7 @@ Decisions:
   hands it. This is the simple CPU implementation: one extra copy of the keys read per
   layer and step, in exchange for reusing the SDPA kernels and giving the slot cache's
   numbers on decode. Measured end to end (16 sequences, 64 new tokens, fp32, one
-  thread, docs/benchmarks/inference_paged.md): 0.93-0.98x the slot cache's tokens/s at
+  thread, docs/benchmarks/inference.md): 0.93-0.98x the slot cache's tokens/s at
   32-64-token prompts, ~0.82x at 384-token prompts, the gather growing with context.
   A GPU kernel (vLLM's paged attention, FlashInfer, flash-attn's `block_table` argument)
   reads keys straight from the blocks inside the attention kernel and never
@@ -26,21 +26,19 @@ Decisions:
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 
 from tidal.inference.block_manager import BlockManager
-from tidal.inference.kv_cache import grouped_decode_attention
+from tidal.inference.kv_cache import grouped_decode_attention, token_bytes
 from tidal.models.args import DecoderArgs
 from tidal.models.attention import sdpa
 
 
 def block_bytes(args: DecoderArgs, dtype: torch.dtype, block_size: int) -> int:
     """Bytes of keys plus values one block holds across all layers."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    return 2 * args.n_layers * args.n_kv_heads * block_size * args.head_dim * itemsize
+    return token_bytes(args, dtype) * block_size
 
 
 def blocks_within(
@@ -58,14 +56,6 @@ def blocks_within(
             "(or kv_cache_memory_fraction) or lower inference.max_model_len"
         )
     return int(fit)
-
-
-def free_memory_bytes(device: torch.device) -> int:
-    """Memory free on `device` now: CUDA's free bytes, or the host's available pages."""
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free)
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def rows_of(tables: list[list[int]], length: int, block_size: int, device: Any) -> torch.Tensor:
@@ -161,21 +151,34 @@ class ExtendAttention:
 
 
 class PagedDecodeAttention:
-    """One new token per sequence at its own position, its keys read through its block table."""
+    """One new token per sequence at its own position, its keys read through its block table.
+
+    Reads gather whole blocks: the cache viewed as `(blocks, block_size * Hkv * D)` rows,
+    one `index_select` of each sequence's `W` blocks, viewed as `(B, W * block_size, Hkv,
+    D)`; positions past a sequence's own are masked. Gathering per block instead of per
+    position (the first version) means a `(B, W)` index built per step instead of a
+    `(B, S)` one, and copies of contiguous block-sized chunks.
+    """
 
     def __init__(
         self, cache: PagedKVCache, tables: list[list[int]], positions: torch.Tensor
     ) -> None:
         self.cache = cache
-        self.length = int(positions.max()) + 1  # keys read per sequence
         device, bs = positions.device, cache.block_size
-        self.read_rows = rows_of(tables, self.length, bs, device)  # (B, S)
-        self.write_rows = self.read_rows.gather(1, positions[:, None]).squeeze(1)  # (B,)
-        keys = torch.arange(self.length, device=device)
-        visible = keys[None, :] <= positions[:, None]  # (B, S)
+        pos = positions.tolist()
+        width = max(pos) // bs + 1  # blocks read per sequence
+        self.batch, self.width = len(tables), width
+        self.blocks = torch.tensor(
+            [t[:width] + [0] * (width - len(t[:width])) for t in tables], device=device
+        ).flatten()  # (B * W,); padding reads block 0, masked below
+        self.write_rows = torch.tensor(
+            [t[p // bs] * bs + p % bs for t, p in zip(tables, pos, strict=True)], device=device
+        )  # (B,)
+        keys = torch.arange(width * bs, device=device)
+        visible = keys[None, :] <= positions[:, None]  # (B, W * BS)
         mask = torch.zeros(visible.shape, dtype=cache.k.dtype, device=device)
         mask.masked_fill_(~visible, float("-inf"))
-        self.mask = mask[:, None, None, :]  # (B, 1, 1, S) additive, as the slot cache's
+        self.mask = mask[:, None, None, :]  # (B, 1, 1, W * BS) additive, as the slot cache's
 
     def __call__(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -183,6 +186,11 @@ class PagedDecodeAttention:
         ck, cv = self.cache.k[layer], self.cache.v[layer]  # (NB * BS, Hkv, D)
         ck.index_copy_(0, self.write_rows, k[:, :, 0])  # k: (B, Hkv, 1, D)
         cv.index_copy_(0, self.write_rows, v[:, :, 0])
-        keys = ck[self.read_rows].transpose(1, 2)  # (B, S, Hkv, D) -> (B, Hkv, S, D)
-        values = cv[self.read_rows].transpose(1, 2)
+        _, n_kv, d = ck.shape
+        span = self.width * self.cache.block_size
+        by_block = (self.cache.blocks.num_blocks, -1)
+        keys = ck.view(by_block).index_select(0, self.blocks)  # (B * W, BS * Hkv * D)
+        values = cv.view(by_block).index_select(0, self.blocks)
+        keys = keys.view(self.batch, span, n_kv, d).transpose(1, 2)  # (B, Hkv, W * BS, D)
+        values = values.view(self.batch, span, n_kv, d).transpose(1, 2)
         return grouped_decode_attention(q, keys, values, self.mask)  # (B, H, 1, D)

@@ -20,7 +20,10 @@ Decisions:
   version is registered (the broadcast can beat the registration), so weight-sync's
   `loaded_by` means "serving". A failed ack is logged, not fatal.
 - A version that fails verification or does not fit the model is logged and skipped;
-  the engine keeps serving the previous one, and the next version is tried normally. So
+  the engine keeps serving the previous one, and the next version is tried normally. A
+  fresh replica, which serves nothing yet, instead falls back to the older versions
+  weight-sync holds (newest first) until one loads, rather than wait NOT_SERVING for
+  the next publish (which may never come: the trainer may be the one waiting). So
   is a version whose load fails in a way nobody foresaw (logged with its traceback): one
   bad version must not end the task that follows all later ones. The service also
   watches the task itself: should it ever end, health turns NOT_SERVING
@@ -164,7 +167,44 @@ class WeightWatcher:
                 self.skipped.append(received.version)
 
     async def load(self, event: VersionEvent) -> bool:
-        """Load one announced version into the engine and acknowledge it; False when skipped."""
+        """Load one announced version into the engine and acknowledge it; False when skipped.
+
+        A replica that serves nothing yet and cannot load it falls back to the older
+        versions weight-sync still holds, newest first, until one loads."""
+        if await self._load_one(event):
+            return True
+        if self.loaded < 0:
+            await self._fall_back(before=event.manifest.version)
+        return False
+
+    async def _fall_back(self, *, before: int) -> None:
+        """Load the newest version older than `before` that verifies and fits."""
+        try:
+            events = await self.client.list_versions()
+        except grpc.aio.AioRpcError as exc:
+            log.warning("cannot list older versions to fall back to: %s", exc.details())
+            return
+        older = sorted(
+            (
+                e
+                for e in events
+                if e.manifest.version < before and e.manifest.version not in self.skipped
+            ),
+            key=lambda e: e.manifest.version,
+            reverse=True,
+        )
+        for event in older:
+            log.warning(
+                "no version served yet and version %d failed; trying older version %d",
+                before,
+                event.manifest.version,
+            )
+            if await self._load_one(event):
+                return
+        log.error("no version older than %d loads either; waiting for a new one", before)
+
+    async def _load_one(self, event: VersionEvent) -> bool:
+        """Load one version into the engine and acknowledge it; False when skipped."""
         manifest = event.manifest
         self.seen = max(self.seen, manifest.version)
         if self.loaded >= manifest.version:  # it came by broadcast already

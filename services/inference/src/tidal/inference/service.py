@@ -152,6 +152,8 @@ def build_engine(config: InferenceRunConfig, tokenizer: Tokenizer) -> Engine:
             max_queue=cfg.max_queue,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             tokenizer=tokenizer,
+            max_model_len=cfg.max_model_len,
+            prefix_caching=cfg.prefix_caching,
         )
     from tidal.inference.native import NativeEngine
     from tidal.models.device import DTYPES, resolve_device
@@ -166,12 +168,7 @@ def build_engine(config: InferenceRunConfig, tokenizer: Tokenizer) -> Engine:
         from tidal.inference.paged_engine import PagedEngine
 
         engine_class = PagedEngine
-        options = {
-            "block_size": cfg.block_size,
-            "max_model_len": cfg.max_model_len,
-            "kv_cache_memory_fraction": cfg.kv_cache_memory_fraction,
-            "prefix_caching": cfg.prefix_caching,
-        }
+        options = {"block_size": cfg.block_size, "prefix_caching": cfg.prefix_caching}
     return engine_class(
         **options,
         device=device,
@@ -180,6 +177,8 @@ def build_engine(config: InferenceRunConfig, tokenizer: Tokenizer) -> Engine:
         max_queue=cfg.max_queue,
         max_step_tokens=cfg.max_step_tokens,
         kv_cache_mb=cfg.kv_cache_mb,
+        kv_cache_memory_fraction=cfg.kv_cache_memory_fraction,
+        max_model_len=cfg.max_model_len,
         tokenizer=tokenizer,
         seed=config.run.seed,
         packed_weights=cfg.packed_weights,

@@ -21,8 +21,13 @@ Decisions:
   dropped and the request is aborted once every sample has ended.
 - Logprobs: the engine runs with `logprobs_mode="processed_logprobs"`, so the logprob of a
   sampled token is under the distribution it was sampled from (after temperature and
-  filters), matching the native engine; `model_logprobs` is not supported here (vLLM
-  returns one mode per engine) and is refused with INVALID_ARGUMENT.
+  filters), matching the native engine. vLLM 0.32 fixes the mode per engine (an
+  `AsyncEngineArgs` field, not a `SamplingParams` one), so the model's own logprobs
+  (`model_logprobs`) are returned where they equal the processed ones, a request that
+  samples from the unfiltered distribution at temperature 1 (what RL rollouts do); any
+  other request asking for them is refused with INVALID_ARGUMENT saying why.
+- Context: `max_model_len` (the native engine's cap, `kv_cache.served_length`) and prefix
+  caching are passed to vLLM's engine arguments, so both backends serve the same length.
 - Version tags: vLLM's engine core runs a weight update between two scheduler steps and
   answers it on the same ordered output stream as the tokens, so tokens that arrive
   before the update's answer came from the old weights and later ones from the new.
@@ -45,8 +50,10 @@ import torch
 from tidal.common.errors import InvalidArgument, ResourceExhausted, Unavailable
 from tidal.inference.completion_text import CompletionText
 from tidal.inference.engine import Completion, Engine, EngineStatus, FinishReason
+from tidal.inference.kv_cache import DEFAULT_MAX_MODEL_LEN, served_length
 from tidal.inference.loading import check_tokenizer_fits
 from tidal.inference.sampling import SamplingParams
+from tidal.inference.sequence import sequence_budget
 from tidal.text.protocol import Tokenizer
 
 INSTALL_HINT = (
@@ -67,6 +74,17 @@ class VllmWeightLoader:
         torch.cuda.synchronize()
 
 
+def unprocessed(params: SamplingParams) -> bool:
+    """Whether sampling uses the model's own distribution (temperature 1, no filter), so the
+    processed logprobs vLLM returns are the model's."""
+    return (
+        params.temperature == 1.0
+        and params.top_k <= 0
+        and params.top_p >= 1.0
+        and params.min_p <= 0.0
+    )
+
+
 def vllm_available() -> bool:
     try:
         import vllm  # noqa: F401
@@ -84,11 +102,15 @@ class VllmEngine(Engine):
         max_queue: int,
         gpu_memory_utilization: float,
         tokenizer: Tokenizer,
+        max_model_len: int | None = None,
+        prefix_caching: bool = True,
     ) -> None:
         if not vllm_available():
             raise RuntimeError(INSTALL_HINT)
         self.dtype, self.max_batch_size, self.max_queue = dtype, max_batch_size, max_queue
         self.gpu_memory_utilization = gpu_memory_utilization
+        self.max_model_len, self.prefix_caching = max_model_len, prefix_caching
+        self._served_len = 0  # set when vLLM starts
         self.tokenizer = tokenizer  # ours, for text and the vocabulary check (vLLM has none)
         self._llm: Any = None
         self._hf_config: dict[str, Any] = {}
@@ -113,12 +135,16 @@ class VllmEngine(Engine):
 
         folder = Path(self._scratch.name)
         (folder / "config.json").write_text(json.dumps(hf_config))
+        context = int(hf_config.get("max_position_embeddings", 0)) or DEFAULT_MAX_MODEL_LEN
+        self._served_len = served_length(context, self.max_model_len)
         args = AsyncEngineArgs(
             model=str(folder),
             skip_tokenizer_init=True,
             load_format="dummy",
             dtype=self.dtype,
             max_num_seqs=self.max_batch_size,
+            max_model_len=self._served_len,
+            enable_prefix_caching=self.prefix_caching,
             gpu_memory_utilization=self.gpu_memory_utilization,
             logprobs_mode="processed_logprobs",
             worker_extension_cls=f"{__name__}.VllmWeightLoader",
@@ -142,9 +168,19 @@ class VllmEngine(Engine):
     ) -> AsyncIterator[Completion]:
         if self._llm is None:
             raise Unavailable("no weights loaded yet; retry once the first version is served")
-        if params.model_logprobs:
+        if params.model_logprobs and not unprocessed(params):
             raise InvalidArgument(
-                "sampling.return_model_logprobs", "not supported by the vLLM backend"
+                "sampling.return_model_logprobs",
+                "the vLLM backend returns the model's logprobs only for requests sampled at "
+                "temperature 1 without top_k, top_p or min_p (vLLM fixes one logprobs mode per "
+                'engine); use inference.engine = "native" for them under other settings',
+            )
+        budget = sequence_budget(len(prompt_ids), params.max_tokens, self._served_len)
+        if budget < 1:
+            raise InvalidArgument(
+                "prompt_ids",
+                f"a prompt of {len(prompt_ids)} tokens leaves no room to generate: prompt plus "
+                f"completion are capped at {self._served_len} tokens (inference.max_model_len)",
             )
         if self._active >= self.max_queue:
             raise ResourceExhausted(f"{self._active} requests in flight (inference.max_queue)")
@@ -155,7 +191,7 @@ class VllmEngine(Engine):
         drained = False
         try:
             async for output in self._llm.generate(
-                {"prompt_token_ids": prompt_ids}, self._sampling(params), request_id
+                {"prompt_token_ids": prompt_ids}, self._sampling(params, budget), request_id
             ):
                 for out in output.outputs:
                     text = texts[out.index]
@@ -166,7 +202,10 @@ class VllmEngine(Engine):
                         if reason is not None:
                             text.finish()
                         tokens, pieces[out.index] = pieces[out.index], []
-                        yield self._completion(prompt_ids, out.index, tokens, text.take(), reason)
+                        yield self._completion(
+                            prompt_ids, out.index, tokens, text.take(), reason,
+                            params.model_logprobs,
+                        )  # fmt: skip
                 if all(t.finished for t in texts.values()):
                     break
             else:
@@ -176,11 +215,12 @@ class VllmEngine(Engine):
             if not drained:  # cancelled, or every sample ended at a stop string first
                 await self._llm.abort(request_id)
 
-    def _sampling(self, params: SamplingParams) -> Any:
+    def _sampling(self, params: SamplingParams, max_tokens: int) -> Any:
         """vLLM's parameters. Stop strings stay ours: vLLM runs without a tokenizer
         (`skip_tokenizer_init`), and 0.32's detokenizer-less path ignores `stop` silently
         (`vllm/v1/engine/detokenizer.py`: no tokenizer → the base IncrementalDetokenizer,
-        whose `update` never matches), so `CompletionText` scans for them, as natively."""
+        whose `update` never matches), so `CompletionText` scans for them, as natively.
+        `max_tokens` is the request's, cut to what `max_model_len` leaves."""
         from vllm import SamplingParams as VllmSampling
         from vllm.sampling_params import RequestOutputKind
 
@@ -191,7 +231,7 @@ class VllmEngine(Engine):
             top_k=params.top_k if params.top_k > 0 else -1,
             min_p=params.min_p,
             seed=params.seed,
-            max_tokens=params.max_tokens,
+            max_tokens=max_tokens,  # cut to what max_model_len leaves, as natively
             stop_token_ids=list(params.stop_token_ids),
             logprobs=0,  # the sampled token's logprob only
             output_kind=RequestOutputKind.DELTA,
@@ -203,7 +243,8 @@ class VllmEngine(Engine):
         """Add one output's new tokens; the finish reason once the sample has ended."""
         version = self._version  # tokens arrive in step order, see the module docstring
         for token, logprobs in zip(out.token_ids, out.logprobs or [], strict=False):
-            tokens.append((token, logprobs[token].logprob, version))
+            tokens.append((token, logprobs[token].logprob, version))  # processed = the model's
+            # when `unprocessed(params)`, the only case model logprobs are served here
             self._generated += 1
             if text.push(token):
                 return "stop"  # the token that completed a stop string is kept
@@ -218,12 +259,15 @@ class VllmEngine(Engine):
         tokens: list[tuple[int, float, int]],
         text: str,
         reason: FinishReason | None,
+        model_logprobs: bool = False,
     ) -> Completion:
+        logprobs = [lp for _, lp, _ in tokens]
         return Completion(
             index=index,
             prompt_ids=prompt_ids,
             token_ids=[t for t, _, _ in tokens],
-            logprobs=[lp for _, lp, _ in tokens],
+            logprobs=logprobs,
+            model_logprobs=list(logprobs) if model_logprobs else [],
             policy_versions=[v for _, _, v in tokens],
             finish_reason=reason,
             text=text,
@@ -239,5 +283,5 @@ class VllmEngine(Engine):
             tokens_per_s=0.0,
             model=f"vllm {config.get('model_type', '')}".strip() if config else "",
             vocab_size=config.get("vocab_size", 0),
-            max_seq_len=config.get("max_position_embeddings", 0),
+            max_seq_len=self._served_len,
         )

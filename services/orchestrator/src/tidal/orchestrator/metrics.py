@@ -76,6 +76,14 @@ class StepMetrics:
     extra: dict[str, Any] = field(default_factory=dict)
     """Open-ended metrics (already named with their prefix, e.g. `task/reversal/reward`)."""
 
+    @classmethod
+    def lost(cls, step: int) -> StepMetrics:
+        """The line of a step the trainer trained whose answer the orchestrator never got
+        (it or the trainer died in between; found on `--resume`): every step keeps one
+        line, with `resume/metrics_lost` = 1 and no measurements."""
+        return cls(step, "lost", None, None, step, step, None, 0, 0, None, None, 0, 0, 0,
+                   0.0, 0.0, 0.0, 0.0, "", extra={"resume/metrics_lost": 1})  # fmt: skip
+
     def flat(self) -> dict[str, Any]:
         data: dict[str, Any] = asdict(self)
         train = data.pop("train")
@@ -98,6 +106,7 @@ class MetricsLog:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         self.records: list[StepMetrics] = []
+        self._checked_tail = False
         self._writer: Any = None
         if tensorboard:
             writer_class = import_summary_writer()
@@ -113,6 +122,13 @@ class MetricsLog:
 
     def append(self, metrics: StepMetrics) -> None:
         self.records.append(metrics)
+        if not self._checked_tail:  # a line torn by a crash must not swallow this one
+            self._checked_tail = True
+            if self.path.is_file() and self.path.stat().st_size:
+                with self.path.open("rb+") as f:
+                    f.seek(-1, 2)
+                    if f.read(1) != b"\n":
+                        f.write(b"\n")
         with self.path.open("a") as f:
             f.write(metrics.to_json() + "\n")
         if self._writer is not None:
@@ -121,6 +137,23 @@ class MetricsLog:
                     self._writer.add_scalar(name, value, metrics.step)
             self._writer.flush()
 
+    def logged_steps(self) -> set[int]:
+        """Steps that already have a line in the file (a torn last line is ignored)."""
+        return logged_steps(self.path)
+
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
+
+
+def logged_steps(metrics_path: Path) -> set[int]:
+    """The steps that have a line in a metrics.jsonl file (unreadable lines are skipped)."""
+    if not metrics_path.is_file():
+        return set()
+    steps = set()
+    for line in metrics_path.read_text().splitlines():
+        try:
+            steps.add(int(json.loads(line)["step"]))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return steps

@@ -15,7 +15,6 @@ Decisions:
 
 from __future__ import annotations
 
-import contextlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 
 from tidal.common.durable import write_atomic
 from tidal.common.errors import ConfigError
+from tidal.orchestrator.metrics import logged_steps
 
 PROGRESS_FILE = "progress.json"
 FORMAT_VERSION = 1
@@ -88,17 +88,6 @@ def recover_metrics_line(saved: SavedProgress, trainer_step: int, metrics_path: 
     with metrics_path.open("a") as f:
         f.write(json.dumps({**saved.pending_metrics, "recovered": True}) + "\n")
     return True
-
-
-def logged_steps(metrics_path: Path) -> set[int]:
-    """The steps that have a line in metrics.jsonl."""
-    if not metrics_path.is_file():
-        return set()
-    steps = set()
-    for line in metrics_path.read_text().splitlines():
-        with contextlib.suppress(json.JSONDecodeError, KeyError, TypeError, ValueError):
-            steps.add(int(json.loads(line)["step"]))
-    return steps
 
 
 def cut_torn_tail(path: Path) -> None:

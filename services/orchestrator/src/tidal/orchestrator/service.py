@@ -42,7 +42,7 @@ from tidal.orchestrator.data_parallel import resolve_data_parallel_ranks
 from tidal.orchestrator.inference_pool import InferencePool
 from tidal.orchestrator.inflight import InflightLimiter
 from tidal.orchestrator.loop import RLLoop
-from tidal.orchestrator.metrics import METRICS_FILE, MetricsLog
+from tidal.orchestrator.metrics import METRICS_FILE, MetricsLog, StepMetrics
 from tidal.orchestrator.mixture import TaskMixture
 from tidal.orchestrator.prompt_rendering import PromptRenderer
 from tidal.orchestrator.published_versions import follow_publishes
@@ -196,6 +196,10 @@ async def run_training(
         await check_peer_tokenizers(prompts.tokenizer, config, inference, trainer)
         await window.wait_loaded(0)
         first_step = await first_step_and_cursors(config, trainer, mixture)
+        trained = first_step - 1  # trained, but its Train answer may have been lost
+        if config.orchestrator.resume and trained >= 1 and trained not in metrics.logged_steps():
+            log.warning("resume: step %d was trained but never logged; writing its line", trained)
+            metrics.append(StepMetrics.lost(trained))
         started = time.monotonic()  # the summary's time excludes waiting for peers
         follow = asyncio.create_task(
             follow_publishes(weightsync, REPLICA_ID, progress, address=config.endpoints.weightsync)

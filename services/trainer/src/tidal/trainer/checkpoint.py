@@ -9,11 +9,19 @@ Decisions:
   small `extra` dict the caller owns (the SFT loop's data position). Resuming from it
   continues bitwise-identically to never having stopped (CPU, fp32). The KL reference
   model is not saved: it is the initial weights, rebuilt from the same config and seed.
+- One process writes its own format instead (`checkpoint_files.py`: safetensors + JSON +
+  a sha256 manifest): ~5x cheaper than DCP on the default model, cheap enough to save
+  every step by default, and loadable without unpickling anything. A multi-rank job
+  writes DCP; DCP folders are loaded through `safe_dcp.py` (allowlisted unpickling of
+  `.metadata`, `weights_only` for every other item), so no checkpoint load runs
+  pickled code. A DCP checkpoint loads into one process too (DCP reshards); a
+  one-process checkpoint does not load into a multi-rank job (an error says so).
 - Atomic: a checkpoint is written into a hidden `.tmp-step_XXXXXXXX-<nonce>` folder and
-  renamed to `step_XXXXXXXX` only after DCP finished (its `.metadata` is written last)
-  and the files are fsynced. A crash mid-save leaves only a hidden temp folder, which
-  `latest()` never returns and the next save removes. A folder counts as a checkpoint
-  only if its name matches and it holds `.metadata`.
+  renamed to `step_XXXXXXXX` only after it is complete (DCP's `.metadata` is written
+  last; the one-process format is one file) and fsynced. A crash mid-save leaves
+  only a hidden temp folder, which `latest()` never returns and the next save removes.
+  A folder counts as a checkpoint only if its name matches and it holds `.metadata` or
+  a `state.<sha256>.safetensors` file.
 - Retention: after a new checkpoint is complete, all but the newest `keep_last` are
   deleted, so there is always at least one complete checkpoint on disk.
 - Multi-rank: all ranks save into the same temp folder; rank 0 renames and prunes after
@@ -46,6 +54,8 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from tidal.common.durable import fsync_path, fsync_tree
 from tidal.common.removal import remove_inside
+from tidal.trainer import checkpoint_files
+from tidal.trainer.safe_dcp import SafeFileSystemReader, SafeLoadPlanner
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +140,10 @@ def _shared_nonce() -> str:
     return nonce[0]
 
 
+def _is_complete(path: Path) -> bool:
+    return (path / ".metadata").is_file() or checkpoint_files.is_complete(path)
+
+
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
@@ -159,7 +173,7 @@ class CheckpointManager:
         found = []
         for path in self.root.iterdir():
             match = NAME.match(path.name)
-            if match and path.is_dir() and (path / ".metadata").is_file():
+            if match and path.is_dir() and _is_complete(path):
                 found.append((int(match.group(1)), path))
         return sorted(found)
 
@@ -177,11 +191,17 @@ class CheckpointManager:
             self.root.mkdir(parents=True, exist_ok=True)
             self._remove_temps()
         _barrier()
-        with _single_process_is_intended():
+        if dist.is_initialized():
             dcp.save({"train": TrainState(trainer, extra)}, checkpoint_id=tmp)
+        else:  # one process: our own format (module docstring)
+            tmp.mkdir()
+            checkpoint_files.write_state(tmp, {"train": TrainState(trainer, extra).state_dict()})
         _barrier()
         if _is_rank0():
-            fsync_tree(tmp)
+            if dist.is_initialized():
+                fsync_tree(tmp)
+            else:
+                fsync_path(tmp)  # checkpoint_files fsynced its one file as it wrote it
             if final.exists():  # an older save of the same step (e.g. re-run after resume)
                 remove_inside(final, self.root)
             os.replace(tmp, final)
@@ -196,11 +216,29 @@ class CheckpointManager:
         path = path or self.latest()
         if path is None:
             raise FileNotFoundError(f"no complete checkpoint under {self.root}")
-        if not (path / ".metadata").is_file():
-            raise FileNotFoundError(f"{path} is not a complete checkpoint (no .metadata)")
+        if not _is_complete(path):
+            raise FileNotFoundError(
+                f"{path} is not a complete checkpoint (no .metadata or state file)"
+            )
         state = TrainState(trainer)
-        with _single_process_is_intended():
-            dcp.load({"train": state}, checkpoint_id=path)
+        if checkpoint_files.is_complete(path):
+            if dist.is_initialized() and dist.get_world_size() > 1:
+                raise ValueError(
+                    f"{path} was saved by one trainer process; a job of "
+                    f"{dist.get_world_size()} ranks cannot load it (resume it with "
+                    "trainer.world_size = 1)"
+                )
+            state.load_state_dict(checkpoint_files.read_state(path)["train"])
+        else:
+            # Read once up front: a refused `.metadata` raises UnsafeCheckpoint itself
+            # (inside dcp.load it would surface wrapped in a CheckpointException).
+            SafeFileSystemReader(path).read_metadata()
+            with _single_process_is_intended():
+                dcp.load(
+                    {"train": state},
+                    storage_reader=SafeFileSystemReader(path),
+                    planner=SafeLoadPlanner(),
+                )
         log.info("resumed from %s (step %d)", path, trainer.trained_step)
         self.loaded_extra = dict(state.extra)
         return state.extra

@@ -295,8 +295,15 @@ class LossConfig(BaseConfig):
 class CheckpointConfig(BaseConfig):
     dir: Path | None = None
     """Checkpoint folder; default `<run dir>/checkpoints`."""
-    interval: int = Field(default=0, ge=0)
-    """Save every this many steps (0: never, except the end of `tidal sft`)."""
+    interval: int = Field(default=1, ge=0)
+    """Save every this many steps (0: never, except the end of `tidal sft`). The default, 1,
+    makes every published version also a checkpoint (saved before the version is
+    published), so a trainer killed at any point resumes (`tidal rl --resume`) losing no
+    trained step. Cost on the default run (`tidal rl @ configs/default.toml`, 2 loaded CPU
+    cores): ~70 ms per save, about +17 % wall time against interval 0 (docs/training.md,
+    "Durability"); one save is ~0.6x the DCP save it replaced. A larger interval is
+    cheaper for big models, but the versions published after the last checkpoint are
+    then lost with a crashed trainer and `--resume` refuses to continue under them."""
     keep_last: int = Field(default=2, ge=1)
     """Complete checkpoints kept; older ones are deleted after a newer one is complete."""
 
@@ -316,6 +323,10 @@ class TrainerConfig(BaseConfig):
     """Where to train; "auto" picks CUDA when available, else CPU."""
     num_threads: int = Field(default=1, ge=1)
     """torch intra-op CPU threads (the local stack shares 2 cores among four services)."""
+    weightsync_timeout_s: float = Field(default=300.0, gt=0)
+    """How long the trainer waits for weightsync to answer, at start-up and when a publish
+    finds it gone (restarting), before it stops with an error naming weightsync's address.
+    Meanwhile it logs that it is waiting and keeps retrying."""
     publish_dir: Path | None = None
     """Folder new weight versions are written to; default `<run dir>/weights`, the same
     default as weightsync's root (it must be inside weightsync's root)."""

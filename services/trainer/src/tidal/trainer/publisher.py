@@ -18,6 +18,12 @@ Decisions:
   no manifest, says it too). Replicas merge them onto version 0 (tidal.inference.adapters).
 - Retrying a publish is safe: a version weightsync already registered is not sent again;
   a folder left by an earlier failed attempt is replaced.
+- Weightsync may be down (not started yet, or restarting): every call the publisher makes
+  is retried while it answers UNAVAILABLE or not at all, with a log line naming its
+  address, for at most `wait_s` (`trainer.weightsync_timeout_s`), then `Unavailable`
+  naming weightsync and the address. A publish cut by a restart is retried as a whole:
+  a version the restarted registry adopted from disk is found registered and not sent
+  again, and weightsync answers a re-sent identical manifest OK (it is idempotent).
 - Every version is a complete Hugging Face folder: `hf_config` carries the tokenizer's
   token ids and `files` the tokenizer files and generation_config.json
   (`companion_files.py`), sent with the weights and listed in the manifest.
@@ -25,15 +31,18 @@ Decisions:
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import grpc
 import torch
 from opentelemetry import trace
 
-from tidal.common.errors import FailedPrecondition
+from tidal.common.errors import FailedPrecondition, Unavailable
 from tidal.common.telemetry import inject_carrier
 from tidal.weights.client import WeightSyncClient
 from tidal.weights.manifest import FULL_WEIGHTS, LORA_ADAPTERS, WeightManifest
@@ -44,7 +53,12 @@ from tidal.weights.transports.factory import make_sender
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
 
-STARTUP_TIMEOUT_S = 120.0
+T = TypeVar("T")
+WAIT_S = 300.0
+PROBE_S = 5.0
+"""Deadline of one call while waiting for weightsync (the channel waits for it to be ready)."""
+WAIT_LOG_EVERY_S = 10.0
+_DOWN = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 BASE_VERSION = 0
 """The version holding the full weights that published LoRA adapters apply to."""
 
@@ -60,9 +74,13 @@ class WeightPublisher:
         advertise_host: str = "127.0.0.1",
         adapter_config: dict[str, Any] | None = None,
         files: Mapping[str, bytes] | None = None,
+        weightsync_address: str = "(unknown address)",
+        wait_s: float = WAIT_S,
     ) -> None:
         self.root = root
         self.client = client
+        self.weightsync_address = weightsync_address
+        self.wait_s = wait_s
         self.hf_config = hf_config
         self.member_id = member_id
         self.advertise_host = advertise_host
@@ -78,7 +96,7 @@ class WeightPublisher:
 
     async def check_fresh(self) -> None:
         """Raise FailedPrecondition when weightsync already holds versions (no resume yet)."""
-        latest = await self.client.latest(timeout=STARTUP_TIMEOUT_S)
+        latest = await self._while_down("start", lambda: self.client.latest(timeout=PROBE_S))
         if latest is not None:
             raise FailedPrecondition(
                 f"weightsync already has version {latest.manifest.version} (at "
@@ -92,7 +110,7 @@ class WeightPublisher:
 
         Raises FailedPrecondition when it holds a newer version than the checkpoint.
         """
-        latest = await self.client.latest(timeout=STARTUP_TIMEOUT_S)
+        latest = await self._while_down("resume", lambda: self.client.latest(timeout=PROBE_S))
         if latest is None:
             return False
         newest = latest.manifest.version
@@ -113,9 +131,14 @@ class WeightPublisher:
         with tracer.start_as_current_span(
             "trainer.publish", attributes={"version": version, "transport": self.choice.transport}
         ):
-            manifest = await self._registered(version)
-            if manifest is None:
-                manifest = await sender.send(self.payload(version, state_dict))
+
+            async def attempt() -> WeightManifest:
+                registered = await self._registered(version)
+                if registered is not None:  # an earlier attempt got it registered
+                    return registered
+                return await sender.send(self.payload(version, state_dict))
+
+            manifest = await self._while_down(f"publish version {version}", attempt)
             self.newest = version
             log.info("published version %d", version, extra={"fields": {"dir": manifest.location}})
             return manifest
@@ -141,7 +164,10 @@ class WeightPublisher:
     async def _join(self) -> WeightSender:
         if self.sender is not None:
             return self.sender
-        choice = await self.client.join_sync(self.member_id, "trainer", timeout=STARTUP_TIMEOUT_S)
+        choice = await self._while_down(
+            "join",
+            lambda: self.client.join_sync(self.member_id, "trainer", timeout=PROBE_S),
+        )
         sender = make_sender(
             choice,
             client=self.client,
@@ -152,6 +178,37 @@ class WeightPublisher:
         await sender.start()
         self.choice, self.sender = choice, sender
         return sender
+
+    async def _while_down(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """`call()`, repeated while weightsync is unreachable, for at most `wait_s`."""
+        started = time.monotonic()
+        logged = -WAIT_LOG_EVERY_S
+        backoff = 0.2
+        while True:
+            try:
+                return await call()
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in _DOWN:
+                    raise
+                waited = time.monotonic() - started
+                if waited >= self.wait_s:
+                    raise Unavailable(
+                        f"weightsync at {self.weightsync_address} did not answer for "
+                        f"{waited:.0f}s ({what}: {exc.code().name}); is it running? "
+                        "(trainer.weightsync_timeout_s sets how long the trainer waits)"
+                    ) from None
+                if waited - logged >= WAIT_LOG_EVERY_S:
+                    logged = waited
+                    log.warning(
+                        "waiting for weightsync at %s (%s: %s, %.0fs of %.0fs)",
+                        self.weightsync_address,
+                        what,
+                        exc.code().name,
+                        waited,
+                        self.wait_s,
+                    )
+                await asyncio.sleep(backoff)
+                backoff = min(2 * backoff, 2.0)
 
     async def _registered(self, version: int) -> WeightManifest | None:
         """The manifest of `version` if an earlier attempt did get it registered."""

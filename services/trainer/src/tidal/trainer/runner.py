@@ -21,15 +21,18 @@ Decisions:
   tell clients apart (no authentication yet), so a foreign client that sends step n+1
   first gets it trained; the fingerprint makes the run's own orchestrator notice when its
   step n+1 then arrives: refused, and the orchestrator fails the run.
-- Durability: with a `CheckpointManager` and `interval` > 0, every `interval`-th step is
-  checkpointed *before* its version is published (the alternative, reconciling on
-  `--resume` a published version newer than the checkpoint, would need weightsync to
-  retract versions). So with `interval` = 1 every published version is also in a
-  checkpoint: a trainer killed at any point resumes with `--resume` (a checkpointed but
-  unpublished step is published by `resume()`). With `interval` k > 1, the versions
-  published after the last checkpoint are lost with the process, and `--resume` refuses
-  to continue under them (publisher.check_resumable). The save runs under the lock, so no
-  step trains while the state is written. A resumed runner starts at the checkpoint's step.
+- Durability: with a `CheckpointManager` and `interval` > 0 (default 1), every
+  `interval`-th step is checkpointed *before* its version is published (the alternative,
+  reconciling on `--resume` a published version newer than the checkpoint, would need
+  weightsync to retract versions replicas may already serve). So with `interval` = 1
+  every published version is also in a checkpoint: a trainer killed at any point resumes
+  with `--resume` (a checkpointed but unpublished step is published by `resume()`). With
+  `interval` k > 1, the versions published after the last checkpoint are lost with the
+  process, and `--resume` refuses to continue under them (publisher.check_resumable). The
+  save runs under the lock, so no step trains while the state is written. A resumed
+  runner starts at the checkpoint's step.
+- A step abandoned by SIGTERM (`StepAbandoned`, at a micro-batch boundary) leaves nothing
+  pending: no optimizer step ran, so its retry trains it from scratch.
 - The checkpoint also holds its step's payload fingerprint (checkpoint `extra`), so a
   restarted trainer answers the retry of that step (an orchestrator whose reply was lost
   with the old process) as a duplicate, with the same fingerprint check; its metrics
@@ -51,6 +54,7 @@ from tidal.common.errors import FailedPrecondition, Unavailable
 from tidal.trainer.checkpoint import CheckpointManager
 from tidal.trainer.publisher import WeightPublisher
 from tidal.trainer.served_trainer import LossKind, ServedTrainer
+from tidal.trainer.train_step import StepAbandoned
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
@@ -175,7 +179,11 @@ class StepRunner:
         tokens = sum(b.num_tokens for b in batches)
         attributes = {"step": step, "loss": kind, "micro_batches": len(batches), "tokens": tokens}
         with tracer.start_as_current_span("trainer.step", attributes=attributes) as span:
-            metrics, state = await asyncio.to_thread(self._train_and_copy, step, batches, kind)
+            try:
+                metrics, state = await asyncio.to_thread(self._train_and_copy, step, batches, kind)
+            except StepAbandoned as exc:  # SIGTERM: nothing committed, nothing published
+                log.warning("step %d: %s", step, exc)
+                raise
             span.set_attribute("loss_value", metrics["loss"])
         self.steps_trained += 1
         log.info(

@@ -2,7 +2,8 @@
 point, `parallel/launch.py`'s `main`, calls `serve`).
 
 Start-up order: model and optimizer (restored from the newest checkpoint with
-`--resume`) → gRPC server up but NOT_SERVING (so probes get an answer) → refuse to start
+`--resume`) → gRPC server up but NOT_SERVING (so probes get an answer) → wait for weightsync
+(logging its address; `trainer.weightsync_timeout_s` bounds the wait) → refuse to start
 if weightsync already has versions (resumed: versions newer than the checkpoint) →
 publish version 0 (resumed: the checkpoint's version, if missing) → SERVING.
 `start_trainer` does all of it and is what contract tests run; `serve` adds telemetry and
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tidal.common.errors import FailedPrecondition
+from tidal.common.errors import FailedPrecondition, Unavailable
 from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.common.telemetry import setup_telemetry
 from tidal.models.device import resolve_device
@@ -111,6 +112,8 @@ async def start_trainer(
         advertise_host=host,
         adapter_config=trainer.adapter_config(),
         files=companions.files,
+        weightsync_address=config.endpoints.weightsync,
+        wait_s=config.trainer.weightsync_timeout_s,
     )
     runner = StepRunner(
         trainer, publisher, checkpoints=checkpoints, checkpoint_interval=ckpt.interval
@@ -138,11 +141,15 @@ async def serve(config: TrainerRunConfig, ranks: TorchrunRanks | None = None) ->
     provider = setup_telemetry("trainer", config.telemetry, config.run.dir)
     try:
         running = await start_trainer(config, ranks=ranks)
-    except FailedPrecondition as exc:
+    except (FailedPrecondition, Unavailable) as exc:
         log.error("cannot start: %s", exc)
         provider.shutdown()
         raise SystemExit(1) from None
     log.info("serving on %s", config.endpoints.trainer)
-    await running.server.serve_forever(on_stop=running.client.close)
+    served = running.runner.trainer
+    # SIGTERM abandons a running step at its next micro-batch (one process; see
+    # Trainer.request_stop), so the shutdown does not wait for a long step to end.
+    on_signal = served.request_stop if isinstance(served, Trainer) else None
+    await running.server.serve_forever(on_stop=running.client.close, on_signal=on_signal)
     running.runner.trainer.stop()  # releases the follower ranks, if any
     provider.shutdown()

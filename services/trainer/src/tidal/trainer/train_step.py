@@ -30,6 +30,11 @@ Decisions:
   to the model once (`memory/apply.py`); truncation cuts the micro-batches before the
   step's counts; offloading wraps each forward; the chunked LM head replaces the
   `[T, V]` logits path. The optimizer only gets parameters that require grad (LoRA).
+- Shutdown (one process): `request_stop` (the SIGTERM handler) makes the running step
+  raise `StepAbandoned` (UNAVAILABLE) at its next micro-batch boundary, before any
+  optimizer step: nothing is committed or published, and the step's retry trains it on
+  the restarted trainer. Checking between micro-batches bounds the delay by one
+  micro-batch's forward/backward.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import threading
 import time
 from collections import defaultdict
 
@@ -44,7 +50,7 @@ import torch
 
 from tidal.batch.tensors import MicroBatchData
 from tidal.common.cpu_features import bf16_cost_warning
-from tidal.common.errors import FailedPrecondition, InvalidArgument
+from tidal.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from tidal.models.hf_checkpoint import publishable_state_dict
 from tidal.models.lora import adapter_state_dict
 from tidal.trainer.config import TrainerConfig
@@ -65,6 +71,10 @@ from tidal.trainer.served_trainer import LossKind
 log = logging.getLogger(__name__)
 
 ONE_PROCESS = SingleProcess()
+
+
+class StepAbandoned(Unavailable):
+    """The step was stopped at a micro-batch boundary (shutdown); nothing was committed."""
 
 
 class Trainer:
@@ -97,9 +107,17 @@ class Trainer:
         self.optimizer = build_optimizer(trainable, config.optim)
         self.scheduler = build_scheduler(self.optimizer, config.optim.schedule)
         self.trained_step = 0  # last step whose optimizer step ran (0 = initial weights)
+        self._stop_requested = threading.Event()  # set by request_stop (SIGTERM)
 
     def stop(self) -> None:
         """Nothing to release: a `Trainer` commands no other rank (see `LeaderTrainer`)."""
+
+    def request_stop(self) -> None:
+        """Abandon the running step (and any later one) at its next micro-batch boundary:
+        called from the SIGTERM handler, so a long step does not hold up the shutdown.
+        One process only: under torchrun every rank must take the same decision (the
+        leader would have to broadcast it), so a multi-rank step still runs to its end."""
+        self._stop_requested.set()
 
     @property
     def num_parameters(self) -> int:
@@ -189,6 +207,13 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=self.device))
         for batch in batches:
+            if self._stop_requested.is_set() and isinstance(self.ranks, SingleProcess):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise StepAbandoned(
+                    "the trainer is shutting down (SIGTERM): the step was abandoned at a "
+                    "micro-batch boundary, before its optimizer step; it was neither trained "
+                    "nor published, retry it on the restarted trainer"
+                )
             if batch.num_loss_tokens == 0 and not self.ranks.runs_empty_micro_batches:
                 continue  # contributes nothing (sharded ranks still run it, to stay in step)
             for name, value in self._backward(batch.to(self.device), kind, counts).items():

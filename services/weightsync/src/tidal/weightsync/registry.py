@@ -14,6 +14,14 @@ then fail every replica's load): a manifest lacking one is INVALID_ARGUMENT nami
 file, for Publish and uploads alike. Retention deletes a version's folder only when it
 lies strictly inside the weights root (`tidal.common.removal`); Publish requires the
 location to be exactly `<root>/v<version>` besides.
+
+Durability (docs/weightsync.md, "Restarts"): on start only versions whose every file
+verifies against its manifest are adopted (`recovery.py`; the others are removed inside
+the root). Publish is idempotent: the same version with the same manifest (files, sizes,
+digests, format, base) is answered OK again, so a trainer whose Publish was cut by a
+weightsync restart retries and succeeds; the same version with another manifest stays
+FAILED_PRECONDITION. Replica registrations are leases (`leases.py`): a replica without a
+Watch stream that has not called in for `lease_s` no longer pins a version.
 """
 
 from __future__ import annotations
@@ -26,19 +34,21 @@ from pathlib import Path
 
 from tidal.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from tidal.common.removal import remove_inside
-from tidal.weights.folder import sweep_partial, version_dir
+from tidal.weights.folder import version_dir
 from tidal.weights.manifest import (
     CONFIG_FILE,
     FULL_WEIGHTS,
-    MANIFEST_FILE,
     WEIGHTS_FILE,
     VersionEvent,
     WeightManifest,
     verify_files,
 )
+from tidal.weightsync.leases import Leases
+from tidal.weightsync.recovery import recover_versions
 
 log = logging.getLogger(__name__)
 
+DEFAULT_LEASE_S = 30.0
 REQUIRED_FILES = (CONFIG_FILE, WEIGHTS_FILE)
 """Files every version's manifest lists, full weights and LoRA adapters alike."""
 
@@ -53,9 +63,10 @@ class _Entry:
 
 
 class VersionRegistry:
-    def __init__(self, root: Path, keep_last: int) -> None:
+    def __init__(self, root: Path, keep_last: int, *, leases: Leases | None = None) -> None:
         self.root = root
         self.keep_last = keep_last
+        self.leases = leases or Leases(DEFAULT_LEASE_S)
         self._entries: dict[int, _Entry] = {}
         self._replicas: dict[str, int] = {}  # replica id → version it serves (-1: none yet)
         self._loading: dict[str, int] = {}  # replica id → version it is loading
@@ -63,20 +74,8 @@ class VersionRegistry:
         self._load_existing()
 
     def _load_existing(self) -> None:
-        sweep_partial(self.root)
-        for folder in sorted(self.root.glob("v*")):
-            if (folder / MANIFEST_FILE).is_file():
-                manifest = WeightManifest.read(folder)
-                if Path(manifest.location).resolve() != folder.resolve():
-                    # Written before locations were checked: the files are where the
-                    # manifest is, and retention must only ever delete this folder.
-                    log.warning(
-                        "%s names location %s; using its own folder", folder, manifest.location
-                    )
-                    manifest = replace(manifest, location=str(folder))
-                self._entries[manifest.version] = _Entry(VersionEvent(manifest))
-        if self._entries:
-            log.info("recovered versions %s from %s", sorted(self._entries), self.root)
+        for manifest in recover_versions(self.root, REQUIRED_FILES):
+            self._entries[manifest.version] = _Entry(VersionEvent(manifest))
 
     @property
     def newest(self) -> int:
@@ -110,11 +109,15 @@ class VersionRegistry:
         """Register a version whose files are in place; `verified` skips re-hashing files
         the caller just hashed while writing them (uploads)."""
         check_required_files(manifest)
+        if self.already_registered(manifest):
+            return
         self.check_newer(manifest.version)
         self.check_base(manifest)
         if not verified:
             # Hashing reads every byte: keep it off the event loop.
             await asyncio.to_thread(verify_files, manifest)
+        if self.already_registered(manifest):  # the same publish, retried concurrently
+            return
         if manifest.version <= self.newest:  # a concurrent publish won meanwhile
             raise FailedPrecondition(
                 f"manifest.version {manifest.version} lost a race to version {self.newest}"
@@ -124,6 +127,24 @@ class VersionRegistry:
         self._retain()
         async with self._changed:
             self._changed.notify_all()
+
+    def already_registered(self, manifest: WeightManifest) -> bool:
+        """True when this exact version is registered already (a retried publish).
+
+        The same version with other content is not: `check_newer` refuses it."""
+        entry = self._entries.get(manifest.version)
+        if entry is None:
+            return False
+        held = entry.event.manifest
+        same = (
+            set(held.files) == set(manifest.files)
+            and held.format == manifest.format
+            and held.base_version == manifest.base_version
+            and held.step == manifest.step
+        )
+        if same:
+            log.info("version %d is registered already; publish answered again", held.version)
+        return same
 
     def check_location(self, location: Path, version: int) -> None:
         """A published folder must be exactly the registry's `<root>/v<version>`, so
@@ -152,12 +173,39 @@ class VersionRegistry:
         if not replica_id:
             raise InvalidArgument("replica_id", "must not be empty")
         self._replicas.setdefault(replica_id, -1)
+        self.leases.renew(replica_id)
+
+    def watch_opened(self, replica_id: str) -> None:
+        """A Watch stream of `replica_id` is open: its lease holds until it closes."""
+        self.register_replica(replica_id)
+        self.leases.stream_opened(replica_id)
+
+    def watch_closed(self, replica_id: str) -> None:
+        """Its stream is gone; the lease now runs out after `lease_s` unless renewed."""
+        self.leases.stream_closed(replica_id)
 
     def _known(self, replica_id: str) -> None:
         if replica_id not in self._replicas:
             raise FailedPrecondition(
-                f"unknown replica_id {replica_id!r}: a replica registers by calling Watch first"
+                f"unknown replica_id {replica_id!r}: a replica registers by calling Watch "
+                "first (or its lease expired: it stopped watching for longer than lease_s)"
             )
+        self.leases.renew(replica_id)
+
+    def _expire_leases(self) -> None:
+        for replica_id in self.leases.expired(list(self._replicas)):
+            log.info(
+                "replica %s stopped renewing its lease; it no longer pins version %d",
+                replica_id,
+                max(self._replicas[replica_id], self._loading.get(replica_id, -1)),
+            )
+            self._replicas.pop(replica_id, None)
+            self._loading.pop(replica_id, None)
+
+    @property
+    def replicas(self) -> dict[str, int]:
+        """Replica id → newest version it acknowledged (-1: none yet), live leases only."""
+        return dict(self._replicas)
 
     def begin_load(self, replica_id: str, version: int) -> None:
         """Keep `version`'s files while the replica loads it; NotFound if already removed."""
@@ -186,6 +234,7 @@ class VersionRegistry:
         return [self._entries[v].snapshot() for v in sorted(self._entries) if v > after]
 
     def _retain(self) -> None:
+        self._expire_leases()
         keep = set(sorted(self._entries)[-self.keep_last :]) | set(self._replicas.values())
         keep |= set(self._loading.values())
         bases = (self._entries[v].event.manifest.base_version for v in keep & set(self._entries))

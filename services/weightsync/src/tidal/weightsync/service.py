@@ -14,6 +14,7 @@ from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.common.telemetry import setup_telemetry
 from tidal.rpc.v1 import weightsync_pb2_grpc as pb_grpc
 from tidal.weightsync.config import WeightSyncRunConfig
+from tidal.weightsync.leases import Leases
 from tidal.weightsync.registry import VersionRegistry
 from tidal.weightsync.servicer import WeightSyncServicer
 
@@ -24,7 +25,12 @@ FULL_NAME = "tidal.rpc.v1.WeightSyncService"
 async def serve(config: WeightSyncRunConfig) -> None:
     provider = setup_telemetry("weightsync", config.telemetry, config.run.dir)
     config.weights_root.mkdir(parents=True, exist_ok=True)
-    registry = VersionRegistry(config.weights_root, config.weightsync.keep_last)
+    # Verifies every version already on disk before the server listens (recovery.py).
+    registry = VersionRegistry(
+        config.weights_root,
+        config.weightsync.keep_last,
+        leases=Leases(config.weightsync.lease_s),
+    )
     servicer = WeightSyncServicer(
         registry, chunk_bytes=config.weightsync.chunk_bytes, transport=config.weightsync.transport
     )

@@ -80,12 +80,15 @@ class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
     ) -> AsyncIterator[pb.WeightVersion]:
         if request.after_version < -1:
             raise InvalidArgument("after_version", f"must be >= -1, got {request.after_version}")
-        self.registry.register_replica(request.replica_id)
-        after = request.after_version
-        while True:
-            for event in await self.registry.wait_newer(after):
-                yield event_to_proto(event)
-                after = event.manifest.version
+        self.registry.watch_opened(request.replica_id)
+        try:
+            after = request.after_version
+            while True:
+                for event in await self.registry.wait_newer(after):
+                    yield event_to_proto(event)
+                    after = event.manifest.version
+        finally:  # the replica's lease now runs out unless it reconnects (leases.py)
+            self.registry.watch_closed(request.replica_id)
 
     async def BeginLoad(
         self, request: pb.BeginLoadRequest, context: grpc.aio.ServicerContext

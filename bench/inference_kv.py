@@ -1,4 +1,5 @@
-"""The paged KV cache against the slot cache, and what automatic prefix caching buys.
+"""Part of `bench/inference.py`: the paged KV cache against the slot cache, and what
+automatic prefix caching buys (not a benchmark of its own; `run_all.py` skips it).
 
 One small random Llama (dim 256, 4 layers, context 1024) served by the native engine,
 fp32 on the configured threads, in three scenarios; systems alternate in an order that
@@ -17,24 +18,16 @@ A first, untimed round warms every system up.
 
 Memory: bytes of keys and values one cached token takes in the paged cache, against the
 bytes the slot cache reserves per sequence (the model's full context).
-
-`python bench/inference_paged.py [--repeats N] [--threads T]`
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import print_table, write_result
 
 from tidal.inference.kv_cache import slot_bytes
 from tidal.inference.native import NativeEngine
@@ -109,7 +102,7 @@ async def last_turn_seconds(engine: NativeEngine, seed: int) -> float:
     return elapsed
 
 
-async def measure(repeats: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+async def measure_kv(repeats: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     torch.manual_seed(0)
     model = DecoderLM(ARGS)
     model.init_weights(std=0.02)
@@ -154,30 +147,6 @@ async def measure(repeats: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         "kv_bytes_per_token_paged": block_bytes(ARGS, torch.float32, BLOCK) / BLOCK,
         "kv_bytes_per_sequence_slots": slot_bytes(ARGS, torch.float32),
     }
+    summary["model"] = {k: v for k, v in ARGS.as_dict().items()}
+    summary["block_size"] = BLOCK
     return rows, summary
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
-    ns = parser.parse_args()
-    torch.set_num_threads(ns.threads)
-    rows, summary = asyncio.run(measure(ns.repeats))
-    print_table("paged vs slot KV cache (fp32, CPU)", rows)
-    print(summary)
-    write_result(
-        "inference_paged",
-        config={
-            "args": {k: str(v) for k, v in ARGS.__dict__.items()},
-            "block_size": BLOCK,
-            "threads": ns.threads,
-            "repeats": ns.repeats,
-        },
-        results=rows,
-        summary=summary,
-    )
-
-
-if __name__ == "__main__":
-    main()
