@@ -108,19 +108,8 @@ def _kill_points(service: str) -> list[tuple[str, int, float]]:
     return [("trained", first, rng.uniform(0, 0.05)), ("metrics", second, rng.uniform(0, 0.6))]
 
 
-RIDES_OUT_INFERENCE = pytest.mark.xfail(
-    strict=False,
-    reason="the orchestrator rides out inference loss only with the inference client pool "
-    "and retries of the `replicas` branch; here each inference kill fails the orchestrator, "
-    "which is restarted (the run still finishes, but orchestrator restarts != 0)",
-)
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "service",
-    [pytest.param(s, marks=RIDES_OUT_INFERENCE) if s == "inference" else s for s in SERVICES],
-)
+@pytest.mark.parametrize("service", SERVICES)
 def test_run_survives_two_sigkills_of(service: str, launch) -> None:  # type: ignore[no-untyped-def]
     started = time.monotonic()
     run = launch(

@@ -7,6 +7,8 @@
 
 Addresses come from the run config (`endpoints.*`), so pointing at a run's resolved
 `config.toml` reaches that run's services; `--endpoints.inference host:port` overrides.
+`status` shows one row per inference replica (`endpoints.inference_replicas`); `generate`
+asks `endpoints.inference` (replica 0 of a `tidal rl` run; point it at another to try it).
 
 Every command first connects with a short timeout (`--connect-timeout`,
 tidal.common.channel.connect): a service that is down is reported at once as "cannot
@@ -100,9 +102,10 @@ async def _weightsync_details(address: str, config: ServiceRunConfig) -> str:
         await client.close()
 
 
-async def _check(name: str, config: ServiceRunConfig, connect_s: float) -> tuple[str, str]:
+async def _check(
+    name: str, address: str, config: ServiceRunConfig, connect_s: float
+) -> tuple[str, str]:
     """(health, details) of one service; raises Unreachable when nothing answers."""
-    address = getattr(config.endpoints, name)
     async with await connect(
         name, address, config.grpc, security=for_service(config, "operator"), timeout_s=connect_s
     ) as channel:
@@ -114,9 +117,24 @@ async def _check(name: str, config: ServiceRunConfig, connect_s: float) -> tuple
         return health, await _details(name, channel)
 
 
+def status_rows(config: ServiceRunConfig) -> list[tuple[str, str, str]]:
+    """(row label, service, address) of every service: one row per inference replica
+    (`endpoints.inference_replicas`), labelled inference-<i> when there are several."""
+    rows = []
+    for name in SERVICES:
+        if name != "inference":
+            rows.append((name, name, getattr(config.endpoints, name)))
+            continue
+        addresses = config.endpoints.inference_addresses()
+        for i, address in enumerate(addresses):
+            rows.append((name if len(addresses) == 1 else f"{name}-{i}", name, address))
+    return rows
+
+
 async def status(config: ServiceRunConfig, opts: argparse.Namespace) -> int:
+    rows = status_rows(config)
     results = await asyncio.gather(
-        *(_check(name, config, opts.connect_timeout) for name in SERVICES),
+        *(_check(name, address, config, opts.connect_timeout) for _, name, address in rows),
         return_exceptions=True,
     )
     table = Table(title="Tidal services")
@@ -124,14 +142,14 @@ async def status(config: ServiceRunConfig, opts: argparse.Namespace) -> int:
         table.add_column(column)
     errors: list[Unreachable] = []
     healthy = True
-    for name, result in zip(SERVICES, results, strict=True):
+    for (label, _, address), result in zip(rows, results, strict=True):
         if isinstance(result, Unreachable):
             errors.append(result)
             result = ("unreachable", "")
         elif isinstance(result, BaseException):
             raise result
         healthy &= result[0] == "SERVING"
-        table.add_row(name, getattr(config.endpoints, name), *result)
+        table.add_row(label, address, *result)
     console.print(table)
     for exc in errors:
         print(f"error: {exc}", file=sys.stderr)

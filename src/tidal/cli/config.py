@@ -19,7 +19,7 @@ from tidal.inference.config import InferenceConfig
 from tidal.orchestrator.config import OrchestratorConfig
 from tidal.trainer.config import TrainerConfig
 from tidal.trainer.model_folder import check_tokenizer_fits
-from tidal.weightsync.config import WeightSyncConfig
+from tidal.weightsync.config import BroadcastTransport, WeightSyncConfig
 
 
 class RunConfig(SharedConfig):
@@ -39,6 +39,24 @@ class RunConfig(SharedConfig):
         """The run's tokenizer must fit the model's embedding (both sections are needed)."""
         model = self.trainer.model
         check_tokenizer_fits(self.run.tokenizer, model.path, model.vocab_size)
+        return self
+
+    @model_validator(mode="after")
+    def _broadcast_group_follows_replicas(self) -> RunConfig:
+        """A broadcast group holds every inference replica unless told otherwise; one
+        larger than `inference.replicas` would wait for replicas that never come."""
+        transport = self.weightsync.transport
+        if not isinstance(transport, BroadcastTransport):
+            return self
+        if "replicas" not in transport.model_fields_set:
+            transport.replicas = self.inference.replicas
+        elif transport.replicas > self.inference.replicas:
+            raise ValueError(
+                f"weightsync.transport.replicas = {transport.replicas} but inference.replicas "
+                f"= {self.inference.replicas}: the first broadcast group would wait for "
+                "replicas that never start; leave weightsync.transport.replicas unset (it "
+                "follows inference.replicas) or lower it"
+            )
         return self
 
 

@@ -34,6 +34,9 @@ Decisions:
   run ends when the orchestrator exits 0, and fails (exit 1, naming the child, its exit
   reason and last log lines) when a child's budget is spent. This module decides what
   the children are (`child_specs`); supervision.py how they are watched.
+- With `inference.replicas = N`, N inference children, each on its own free loopback
+  port (listed in `endpoints.inference_replicas`, which the orchestrator reads) with its
+  own replica id and log (children.py); each is supervised (restarted) on its own.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from pathlib import Path
 import tomli_w
 
 from tidal.cli.certs import ensure_run_credentials
+from tidal.cli.children import inference_replicas
 from tidal.cli.config import LAUNCHER_SECTIONS, RunConfig
 from tidal.cli.placement import place, trainer_world_size, visible_gpus
 from tidal.cli.slurm import SlurmConfig, submit, write_job
@@ -99,26 +103,46 @@ def prepare_run_dir(config: RunConfig, *, overwrite: bool = False, resume: bool 
     (run_dir / "logs").mkdir(parents=True, exist_ok=resume)
     for name in START_ORDER:
         setattr(config.endpoints, name, f"127.0.0.1:{free_port()}")
+    replicas = config.inference.replicas
+    config.endpoints.inference_replicas = (
+        [config.endpoints.inference] + [f"127.0.0.1:{free_port()}" for _ in range(replicas - 1)]
+        if replicas > 1
+        else []
+    )
     http = config.inference.http
     if http.enabled:
-        # A fixed port in config.toml is how a harness finds the OpenAI endpoint of a run.
+        # A fixed port in config.toml is how a harness finds the OpenAI endpoint of a run;
+        # replica i serves on that port + i (children.py).
         if http.port == 0:
             http.port = free_port()
-        print(f"tidal: inference's OpenAI-compatible endpoint: {http.url()}", file=sys.stderr)
+        for i in range(replicas):
+            url = http.url(http.port + i)
+            which = f"replica {i}'s" if replicas > 1 else "inference's"
+            print(f"tidal: {which} OpenAI-compatible endpoint: {url}", file=sys.stderr)
     (run_dir / "config.toml").write_text(services_toml(config))
     return run_dir
 
 
+def checkpoint_dir(config: RunConfig) -> Path:
+    return config.trainer.ckpt.dir or config.run.dir / "checkpoints"
+
+
+def has_complete_checkpoint(ckpt_dir: Path) -> bool:
+    """Whether `ckpt_dir` holds a complete trainer checkpoint: the `step_*/.metadata`
+    (DCP) or `step_*/state.<sha256>.safetensors` (one process) layout of
+    tidal.trainer.checkpoint, read here without torch."""
+    return any(ckpt_dir.glob("step_*/.metadata")) or any(
+        ckpt_dir.glob("step_*/state.*.safetensors")
+    )
+
+
 def check_resumable(config: RunConfig) -> None:
-    """`--resume` needs the run folder and a complete trainer checkpoint in it (the
-    `step_*/.metadata` (DCP) or `step_*/state.<sha256>.safetensors` (one process) layout
-    of tidal.trainer.checkpoint, read here without torch)."""
+    """`--resume` needs the run folder and a complete trainer checkpoint in it."""
     run_dir = config.run.dir
     if not run_dir.is_dir():
         raise ConfigError(f"{RESUME}: there is no run folder {run_dir} to continue")
-    ckpt_dir = config.trainer.ckpt.dir or run_dir / "checkpoints"
-    complete = [*ckpt_dir.glob("step_*/.metadata"), *ckpt_dir.glob("step_*/state.*.safetensors")]
-    if not complete:
+    ckpt_dir = checkpoint_dir(config)
+    if not has_complete_checkpoint(ckpt_dir):
         raise ConfigError(
             f"{RESUME}: {run_dir} holds no complete trainer checkpoint in {ckpt_dir}, so the "
             "trainer cannot continue it (the run was started with trainer.ckpt.interval = 0, "
@@ -156,6 +180,12 @@ def apply_placement(config: RunConfig, gpus: list[str]) -> dict[str, dict[str, s
     )
     if config.deployment.num_infer_gpus:
         config.inference.device = "cuda"
+        if config.deployment.num_infer_gpus % config.inference.replicas:
+            raise ConfigError(
+                f"deployment.num_infer_gpus = {config.deployment.num_infer_gpus} cannot be "
+                f"split evenly over inference.replicas = {config.inference.replicas}: make "
+                "it a multiple of the replica count"
+            )
     if config.deployment.num_train_gpus:
         config.trainer.device = "cuda"
     t = config.trainer
@@ -171,6 +201,12 @@ def child_specs(
     specs = []
     for name in START_ORDER:
         cont = tuple(RESUME_ARGS.get(name, []))
+        if name == "inference":  # one child per replica, the same arguments on a restart
+            specs += [
+                ChildSpec(r.name, "tidal.inference", r.args, r.args, r.env, always_restartable)
+                for r in inference_replicas(config, (envs or {}).get(name, {}))
+            ]
+            continue
         specs.append(
             ChildSpec(
                 name=name,
@@ -194,8 +230,8 @@ def trainer_cannot_resume(config: RunConfig) -> str | None:
     """Why a restarted trainer could not continue the run (None: it can): it resumes from
     its newest complete checkpoint, and without one it would start over under the run's
     published versions, which it refuses."""
-    ckpt_dir = config.trainer.ckpt.dir or config.run.dir / "checkpoints"
-    if any(ckpt_dir.glob("step_*/.metadata")):
+    ckpt_dir = checkpoint_dir(config)
+    if has_complete_checkpoint(ckpt_dir):
         return None
     return (
         f"a restarted trainer resumes from its newest checkpoint and {ckpt_dir} holds none "

@@ -13,8 +13,14 @@ Decisions:
   node rank SLURM_NODEID, so global rank 0, which serves gRPC, is on node 0. Its world
   size is trainer_nodes × GPUs per node (1 process per node on CPU), written into the
   resolved config.
-- The orchestrator talks to one inference endpoint today, so the job has one inference
-  replica: on its own node (`inference_nodes = 1`) or beside the others on node 0 (0).
+- `inference.replicas` replicas run on the `inference_nodes` nodes after the trainer's,
+  round-robin (replica i on inference node i mod inference_nodes), or all on node 0 with
+  `inference_nodes = 0`. A node's k-th replica serves on the k-th free port from
+  `endpoints.inference`'s (skipping the other services' ports), and on
+  `[inference.http]`'s port + k, and with GPUs gets the k-th equal slice of the
+  node's GPUs (CUDA_VISIBLE_DEVICES); every replica's address goes to every service as
+  `--endpoints.inference-replicas`. Replica 0 keeps the single-replica layout: node
+  `trainer_nodes` (or 0), the endpoint's port, `logs/inference.log` when it is alone.
 - `tidal rl --dry-run` with `[slurm]` writes the script and the resolved config and
   exits; without it, the script is also submitted with `sbatch`.
 """
@@ -43,8 +49,10 @@ class SlurmConfig(BaseConfig):
     """SLURM job name (`#SBATCH --job-name`)."""
     trainer_nodes: int = Field(default=1, ge=1)
     """Nodes running the trainer (node 0 first); its ranks are trainer_nodes × GPUs per node."""
-    inference_nodes: int = Field(default=1, ge=0, le=1)
-    """1: inference on a node of its own; 0: on node 0 with the others (single-node jobs)."""
+    inference_nodes: int = Field(default=1, ge=0)
+    """Nodes of their own for inference, after the trainer's; the `inference.replicas`
+    replicas are spread over them round-robin. 0: inference on node 0 with the others
+    (single-node jobs)."""
     gpus_per_node: int = Field(default=0, ge=0)
     """GPUs per node (`--gpus-per-node`); 0 = CPU nodes (one trainer process per node)."""
     cpus_per_task: int | None = Field(default=None, gt=0)
@@ -92,6 +100,60 @@ def _port(endpoint: str, field: str) -> int:
         raise ConfigError(f"{field} {endpoint!r} has no port (host:port)") from None
 
 
+def replica_ports(base: int, count: int, taken: set[int]) -> list[int]:
+    """`count` ports from `base` upward, skipping the other services' ports."""
+    ports: list[int] = []
+    port = base
+    while len(ports) < count:
+        if port not in taken:
+            ports.append(port)
+        port += 1
+    return ports
+
+
+def place_replicas(
+    slurm: SlurmConfig,
+    replicas: int,
+    port: int,
+    http_port: int | None,
+    taken: set[int] = frozenset(),  # type: ignore[assignment]
+) -> list[dict[str, Any]]:
+    """Where each inference replica runs: node index (into the job's node list), gRPC
+    port, GPU slice ("" = the node's own setting), extra arguments, log name. `taken`:
+    ports of the other services, which a node's later replicas skip."""
+    nodes = [slurm.trainer_nodes + k for k in range(slurm.inference_nodes)] or [0]
+    per_node = -(-replicas // len(nodes))
+    size = 0
+    if slurm.gpus_per_node and slurm.inference_nodes and replicas > 1:
+        size = slurm.gpus_per_node // per_node
+        if size == 0:
+            raise ConfigError(
+                f"inference.replicas = {replicas} puts {per_node} replicas on a node but "
+                f"slurm.gpus_per_node = {slurm.gpus_per_node}: add slurm.inference_nodes or "
+                "lower inference.replicas"
+            )
+    ports = replica_ports(port, per_node, taken | {slurm.rdzv_port})
+    placed = []
+    for i in range(replicas):
+        slot = i // len(nodes)
+        args = ""
+        if replicas > 1:
+            args = f"--inference.replica-id inference-{i}"
+            if http_port is not None:
+                args += f" --inference.http.port {http_port + slot}"
+        placed.append(
+            {
+                "index": i,
+                "node": nodes[i % len(nodes)],
+                "port": ports[slot],
+                "devices": ",".join(str(d) for d in range(slot * size, (slot + 1) * size)),
+                "args": args,
+                "log": "inference" if replicas == 1 else f"inference-{i}",
+            }
+        )
+    return placed
+
+
 def render(
     slurm: SlurmConfig,
     *,
@@ -99,6 +161,8 @@ def render(
     run_dir: Path,
     endpoints: Any,
     security: SecurityConfig | None = None,
+    replicas: int = 1,
+    http_port: int | None = None,
 ) -> str:
     """The sbatch script for this run (run_dir absolute: the job may start elsewhere).
 
@@ -136,6 +200,13 @@ def render(
         "ports": ports,
         "make_certs": security.tls_dir is None,
         "tokens": security.mode == "token",
+        "replicas": place_replicas(
+            slurm,
+            replicas,
+            ports["inference"],
+            http_port,
+            {p for name, p in ports.items() if name != "inference"},
+        ),
     }
     try:
         return env.from_string(template.read_text()).render(**values)
@@ -151,6 +222,7 @@ def write_job(config: Any, slurm: SlurmConfig, services_toml: str) -> Path:
     (run_dir / "config.toml").write_text(services_toml)
     (run_dir / "launch.toml").write_text(to_toml(config))
     script = run_dir / SCRIPT_NAME
+    http = config.inference.http
     script.write_text(
         render(
             slurm,
@@ -158,6 +230,8 @@ def write_job(config: Any, slurm: SlurmConfig, services_toml: str) -> Path:
             run_dir=run_dir,
             endpoints=config.endpoints,
             security=config.security,
+            replicas=config.inference.replicas,
+            http_port=http.port if http.enabled and http.port else None,
         )
     )
     script.chmod(0o755)

@@ -64,3 +64,16 @@ def test_versions_and_progress_name_their_service(command, service, down, capsys
     code, seconds = _run(command, endpoints=down)
     assert code == 1 and seconds < WITHIN_S
     assert f"cannot reach {service} at {down[service]}" in capsys.readouterr().err
+
+
+def test_status_has_a_row_per_inference_replica(down, capsys) -> None:  # type: ignore[no-untyped-def]
+    replicas = [_free_address(), _free_address()]
+    code, seconds = _run(
+        "status", "--endpoints.inference-replicas", f'["{replicas[0]}", "{replicas[1]}"]',
+        endpoints=down,
+    )  # fmt: skip
+    assert code == 1 and seconds < WITHIN_S
+    out = capsys.readouterr()
+    for i, address in enumerate(replicas):
+        assert f"cannot reach inference at {address}" in out.err
+        assert f"inference-{i}" in out.out

@@ -66,6 +66,19 @@ def test_container_environment_is_a_valid_run_config() -> None:
     assert config.security.folder(config.run.dir) == Path("/shared/tls")
 
 
+def test_orchestrator_lists_every_inference_replica() -> None:
+    spec = load_compose()
+    replicas = spec["services"]["inference"]["deploy"]["replicas"]
+    env = spec["x-tidal-env"]
+    config = validate(
+        RunConfig, compose(RunConfig, ParsedArgs(files=[ROOT / "configs/default.toml"]), env)
+    )
+    assert config.endpoints.inference_addresses() == [
+        f"tidal-inference-{i}:50052" for i in range(1, replicas + 1)
+    ]
+    assert "ports" not in spec["services"]["inference"]  # N replicas cannot share a host port
+
+
 def _compose_command() -> list[str] | None:
     if shutil.which("docker-compose"):
         return ["docker-compose"]

@@ -61,11 +61,49 @@ class Endpoints(BaseConfig):
     orchestrator: str = "127.0.0.1:50051"
     """Orchestrator gRPC address."""
     inference: str = "127.0.0.1:50052"
-    """Inference gRPC address."""
+    """Inference gRPC address: the address this inference replica serves on (with several
+    replicas, each is started with its own), and the only replica when
+    `inference_replicas` is empty."""
+    inference_replicas: list[str] = []
+    """Every inference replica's gRPC address (host:port), in replica order. The
+    orchestrator spreads Generate over them (least outstanding work) and rides out the
+    loss of any; empty means the single replica at `inference`. `tidal rl` fills it in
+    from `inference.replicas`."""
     trainer: str = "127.0.0.1:50053"
     """Trainer gRPC address."""
     weightsync: str = "127.0.0.1:50054"
     """Weight-sync gRPC address."""
+
+    @field_validator("inference", mode="before")
+    @classmethod
+    def _one_address(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            raise ValueError(
+                "endpoints.inference is one address (host:port); list several inference "
+                "replicas in endpoints.inference_replicas instead"
+            )
+        return value
+
+    @field_validator("inference_replicas")
+    @classmethod
+    def _distinct_replicas(cls, addresses: list[str]) -> list[str]:
+        for address in addresses:
+            if ":" not in address or not address.rsplit(":", 1)[1].isdigit():
+                raise ValueError(
+                    f"endpoints.inference_replicas: {address!r} is not host:port (list every "
+                    'replica, e.g. ["10.0.0.5:50052", "10.0.0.6:50052"])'
+                )
+        if len(set(addresses)) != len(addresses):
+            raise ValueError(
+                f"endpoints.inference_replicas lists an address twice: {addresses}; list each "
+                "replica once"
+            )
+        return addresses
+
+    def inference_addresses(self) -> list[str]:
+        """Every inference replica the orchestrator uses (`inference_replicas`, else the
+        one `inference`)."""
+        return list(self.inference_replicas) or [self.inference]
 
 
 class GrpcConfig(BaseConfig):

@@ -104,7 +104,15 @@ class InferenceConfig(BaseConfig):
     gpu_memory_utilization: float = Field(default=0.8, gt=0, le=1)
     """vLLM only: fraction of GPU memory vLLM may take for weights and KV cache."""
     replica_id: str = ""
-    """Name of this replica in weight-sync's registry; empty means "inference-<pid>"."""
+    """Name of this replica in weight-sync's registry; empty means
+    "inference-<hostname>-<pid>".
+    `tidal rl` names its replicas "inference-<i>" (i = 0..replicas-1), or
+    "<replica_id>-<i>" when this is set and there are several."""
+    replicas: int = Field(default=1, ge=1, le=64)
+    """How many inference replicas `tidal rl` (and the SLURM job) starts. Each serves on its
+    own port, syncs weights itself, and logs to `logs/inference-<i>.log` (one replica:
+    `logs/inference.log`); the orchestrator spreads Generate over all of them and keeps
+    going while at least one serves (docs/inference.md, "Several replicas")."""
     kv_cache: Literal["slots", "paged"] = "paged"
     """Native engine's KV cache: "paged" (blocks of `block_size` tokens: memory follows the
     tokens held, automatic prefix caching across requests, chunked prefill and preemption)

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -82,7 +83,8 @@ async def start_inference(config: InferenceRunConfig) -> RunningInference:
     from tidal.text.loader import load_tokenizer
 
     cfg = config.inference
-    replica_id = cfg.replica_id or f"inference-{os.getpid()}"
+    # hostname too: replicas in containers often share a pid (compose scales one image)
+    replica_id = cfg.replica_id or f"inference-{socket.gethostname()}-{os.getpid()}"
     tokenizer = load_tokenizer(config.run.tokenizer, model_path=config.model_folder())
     log.info(
         "tokenizer %s: %d ids, eos %s", tokenizer.name, tokenizer.vocab_size, tokenizer.eos_ids

@@ -208,8 +208,9 @@ class RecoveryConfig(BaseConfig):
 
     peer_loss_s: float = Field(default=300.0, gt=0)
     """How long a Train call keeps being retried while the trainer is unreachable (and how
-    long the weightsync version stream keeps reconnecting) before the run fails naming
-    the peer and its address."""
+    long the weightsync version stream keeps reconnecting, and generation waits for an
+    inference replica to serve again when none does) before the run fails naming the
+    peer and its address."""
     keep_sent_steps: int = Field(default=16, ge=1)
     """Train requests kept after they were answered, so that a trainer restarted from a
     checkpoint older than the orchestrator's last step gets the steps it lost re-sent

@@ -7,6 +7,9 @@ until the call's deadline as wait-for-ready (the channel default) would make it.
 
 from __future__ import annotations
 
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from tidal.common.channel import make_channel
 from tidal.common.sections import GrpcConfig
 from tidal.common.security import TransportSecurity
@@ -43,8 +46,32 @@ class InferenceClient:
         security: TransportSecurity,
     ) -> None:
         self.address = address
+        self.grpc_config = grpc_config
+        self.security = security
         self.channel = make_channel(address, grpc_config, security=security)
         self.stub = pb_grpc.InferenceServiceStub(self.channel)
+
+    def reconnect(self) -> grpc.aio.Channel:
+        """Switch to a fresh channel (which connects at once, instead of after the old
+        one's reconnect back-off, up to minutes); returns the old one for the caller to
+        close once nothing uses it."""
+        old = self.channel
+        self.channel = make_channel(self.address, self.grpc_config, security=self.security)
+        self.stub = pb_grpc.InferenceServiceStub(self.channel)
+        return old
+
+    async def serving(self, *, timeout: float) -> bool:
+        """One fail-fast health Check: is the replica up and SERVING right now?"""
+        stub = health_pb2_grpc.HealthStub(self.channel)
+        try:
+            reply = await stub.Check(
+                health_pb2.HealthCheckRequest(service=FULL_NAME),
+                timeout=timeout,
+                wait_for_ready=False,
+            )
+        except grpc.aio.AioRpcError:
+            return False
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
     async def wait_serving(self, timeout: float) -> None:
         await wait_serving(self.channel, FULL_NAME, timeout, peer="inference", address=self.address)

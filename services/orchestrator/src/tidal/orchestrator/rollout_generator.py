@@ -13,6 +13,8 @@ Decisions:
 - Request seeds derive from (run seed, step, round, prompt index), so a step's rollouts
   do not depend on how the pipeline interleaved steps.
 - Every Generate call passes through the adaptive in-flight limiter.
+- With several inference replicas, a multi-turn group's calls name the group as their
+  affinity, so all its episodes and turns go to one replica (prefix cache reuse).
 - Multi-turn problems (with followups) are rolled out as episodes (episodes.py).
 - Problems become ids only through the `PromptRenderer` (chat template or plain text),
   and generation stops at any of the tokenizer's `eos_ids`.
@@ -21,6 +23,7 @@ Decisions:
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -34,7 +37,7 @@ from tidal.orchestrator.config import OrchestratorConfig
 from tidal.orchestrator.contained_verifier import ContainedVerifier, VerifyOutcome
 from tidal.orchestrator.dynamic_sampling import fill_batch
 from tidal.orchestrator.episodes import run_episode
-from tidal.orchestrator.inference_client import InferenceClient
+from tidal.orchestrator.inference_pool import InferencePool
 from tidal.orchestrator.inflight import InflightLimiter
 from tidal.orchestrator.mixture import TaskMixture
 from tidal.orchestrator.prompt_rendering import PromptRenderer
@@ -84,7 +87,7 @@ class RolloutGenerator:
         config: OrchestratorConfig,
         *,
         seed: int,
-        inference: InferenceClient,
+        inference: InferencePool,
         verifier: ContainedVerifier,
         limiter: InflightLimiter,
         prompts: PromptRenderer,
@@ -100,7 +103,14 @@ class RolloutGenerator:
         self.max_tokens = max_tokens
 
     async def complete(
-        self, prompt_ids: list[int], *, n: int, temperature: float, seed: int, request_id: str
+        self,
+        prompt_ids: list[int],
+        *,
+        n: int,
+        temperature: float,
+        seed: int,
+        request_id: str,
+        affinity: str = "",
     ) -> list[Completion]:
         async with self.limiter:
             return await self.inference.generate(
@@ -113,6 +123,7 @@ class RolloutGenerator:
                 stop_token_ids=self.prompts.stop_ids,
                 request_id=request_id,
                 timeout=self.config.timeouts.generate_s,
+                affinity=affinity,
             )
 
     async def rollouts(
@@ -131,9 +142,12 @@ class RolloutGenerator:
                 prompt_ids, n=n, temperature=temperature, seed=seed, request_id=request_id
             )
         task = self.verifier.tasks[problem.task]
+        # one replica per group: its episodes share the prompt's and each other turn's
+        # cached prefix there (inference_pool.py, affinity)
+        complete = functools.partial(self.complete, affinity=request_id)
         episodes = (
             run_episode(
-                self.complete,
+                complete,
                 task,
                 problem,
                 prompt_ids,

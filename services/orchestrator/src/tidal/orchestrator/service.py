@@ -3,8 +3,10 @@
 Decisions:
 - The gRPC server (GetProgress, health) starts first, so progress is visible while the
   orchestrator waits for its peers.
-- Peers are awaited with health Check (wait-for-ready, `timeouts.peer_wait_s` deadline),
-  then inference must have loaded a policy version (≥ 0) before the first step, and the
+- Peers are awaited with health Check (wait-for-ready, `timeouts.peer_wait_s` deadline):
+  every inference replica (`endpoints.inference_replicas`, inference_pool.py; after
+  start-up the pool rides out the loss of any or all of them), then inference must have
+  loaded a policy version (≥ 0) before the first step, and the
   trainer's data-parallel degree is read once and checked against the config
   (data_parallel.py).
 - With `resume`, the saved progress (`progress.json`) and the trainer's last step decide
@@ -38,7 +40,7 @@ from tidal.common.telemetry import setup_telemetry
 from tidal.orchestrator.config import OrchestratorRunConfig
 from tidal.orchestrator.contained_verifier import ContainedVerifier
 from tidal.orchestrator.data_parallel import resolve_data_parallel_ranks
-from tidal.orchestrator.inference_client import InferenceClient
+from tidal.orchestrator.inference_pool import InferencePool
 from tidal.orchestrator.inflight import InflightLimiter
 from tidal.orchestrator.loop import RLLoop
 from tidal.orchestrator.metrics import METRICS_FILE, MetricsLog, StepMetrics
@@ -135,7 +137,7 @@ async def first_step_and_cursors(
 
 
 async def follow_inference_queue(
-    inference: InferenceClient, limiter: InflightLimiter, period_s: float = QUEUE_POLL_S
+    inference: InferencePool, limiter: InflightLimiter, period_s: float = QUEUE_POLL_S
 ) -> None:
     """Adapt the in-flight bound to inference's queue (runs until cancelled)."""
     while True:
@@ -155,7 +157,12 @@ async def run_training(
     """Wait for the peers, run every step, then write the report and the summary."""
     orch = config.orchestrator
     security = for_service(config, "orchestrator")
-    inference = InferenceClient(config.endpoints.inference, config.grpc, security=security)
+    inference = InferencePool(
+        config.endpoints.inference_addresses(),
+        config.grpc,
+        security=security,
+        lost_timeout_s=orch.recovery.peer_loss_s,
+    )
     trainer = TrainerClient(config.endpoints.trainer, config.grpc, security=security)
     weightsync = WeightSyncClient(config.endpoints.weightsync, config.grpc, security=security)
     window = AsyncWindow(orch.staleness, inference, wait_timeout_s=orch.timeouts.peer_wait_s)
@@ -177,7 +184,11 @@ async def run_training(
     background: list[asyncio.Task[None]] = []
     try:
         peer_wait = orch.timeouts.peer_wait_s
-        log.info("waiting for inference and trainer (up to %.0fs)", peer_wait)
+        log.info(
+            "waiting for inference (%s) and trainer (up to %.0fs)",
+            ", ".join(inference.addresses),
+            peer_wait,
+        )
         await asyncio.gather(inference.wait_serving(peer_wait), trainer.wait_serving(peer_wait))
         ranks = resolve_data_parallel_ranks(
             orch.packing.data_parallel_ranks,
@@ -220,6 +231,8 @@ async def run_training(
         metrics.close()
         for client in (inference, trainer, weightsync):
             await client.close()
+        for line in inference.summary():
+            log.info("%s", line)
     summary = summarize(metrics.records, time.monotonic() - started)
     await asyncio.to_thread(write_report, metrics.records, config.run.dir / REPORT_PLOT)
     await asyncio.to_thread(write_reward_plot, metrics.records, config.run.dir / REWARD_PLOT)
@@ -229,13 +242,15 @@ async def run_training(
 async def check_peer_tokenizers(
     mine: Tokenizer,
     config: OrchestratorRunConfig,
-    inference: InferenceClient,
+    inference: InferencePool,
     trainer: TrainerClient,
 ) -> None:
     """Fail before the first step when inference or the trainer tokenizes differently
     (tidal.text.agreement): prompts and completions would silently mean other tokens."""
     endpoints = config.endpoints
-    check_agreement(mine, await inference.tokenizer(), peer=f"inference at {endpoints.inference}")
+    for replica in inference.replicas:
+        tokenizer = await replica.client.tokenizer()
+        check_agreement(mine, tokenizer, peer=f"inference at {replica.address}")
     check_agreement(mine, await trainer.tokenizer(), peer=f"the trainer at {endpoints.trainer}")
 
 

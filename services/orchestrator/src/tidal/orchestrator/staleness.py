@@ -19,6 +19,10 @@ Decisions:
   under a second, and the status call is a few microseconds of server work. A push (e.g.
   a Watch on inference's status) would remove the poll; that is a contract change, not
   done here.
+- With several replicas the window reads the pool (inference_pool.py), whose loaded
+  version is the oldest any *serving* replica has loaded: a step starts only when every
+  replica it may be routed to has the version it needs. A replica that is down does not
+  hold the run back.
 - Staleness of a sample trained at step n is `(n - 1) - min(policy_versions)`: how many
   optimizer steps the oldest policy that wrote any of its tokens lags behind the policy
   being updated. On-policy samples have staleness 0; the gate keeps it ≤ max_async unless

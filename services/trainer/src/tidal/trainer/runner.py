@@ -17,10 +17,10 @@ Decisions:
 - Every step is recorded with the sha256 of its payload (`tidal.batch.wire.payload_sha256`).
   A repeated step id is answered from the record only when its payload is the same; with
   other data it is refused (FAILED_PRECONDITION naming the step and both fingerprints),
-  and so is a retry of a trained-but-unpublished step with other data. The trainer cannot
-  tell clients apart (no authentication yet), so a foreign client that sends step n+1
-  first gets it trained; the fingerprint makes the run's own orchestrator notice when its
-  step n+1 then arrives: refused, and the orchestrator fails the run.
+  and so is a retry of a trained-but-unpublished step with other data. Only the
+  orchestrator's role may call Train (tidal.common.authz); should a foreign step still
+  get in (a stolen orchestrator key), the fingerprint makes the run's own orchestrator
+  notice when its step n+1 then arrives: refused, and the orchestrator fails the run.
 - Durability: with a `CheckpointManager` and `interval` > 0 (default 1), every
   `interval`-th step is checkpointed *before* its version is published (the alternative,
   reconciling on `--resume` a published version newer than the checkpoint, would need

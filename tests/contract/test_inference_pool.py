@@ -1,0 +1,201 @@
+"""The orchestrator's inference pool over real replicas: routing, retry, ride-out.
+
+Two real inference services (what `serve` runs, in-process on free loopback ports) watch
+one real weight-sync service that has a tiny model published; the pool under test is
+the orchestrator's own (`InferencePool`). Stopping a replica's gRPC server is what a
+dead or restarting replica looks like to the orchestrator (connection refused).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tidal.common.sections import Endpoints, GrpcConfig, RunSection, TelemetryConfig
+from tidal.common.security import PLAINTEXT_LOOPBACK
+from tidal.common.security_config import SecurityConfig
+from tidal.inference.config import InferenceConfig, InferenceRunConfig
+from tidal.inference.service import RunningInference, start_inference
+from tidal.orchestrator.inference_pool import InferencePool
+from tidal.orchestrator.peers import PeerError
+
+from .test_inference_service import publish
+
+PROMPT = list(b"abc")
+
+
+def replica_config(ws: Any, tmp_path: Path, index: int, address: str) -> InferenceRunConfig:
+    return InferenceRunConfig(
+        run=RunSection(output_dir=tmp_path, tokenizer="byte"),
+        endpoints=Endpoints(weightsync=ws.address, inference=address),
+        grpc=GrpcConfig(shutdown_grace_s=0.1),
+        telemetry=TelemetryConfig(traces_file=False),
+        security=SecurityConfig(mode="plaintext"),
+        inference=InferenceConfig(device="cpu", replica_id=f"inference-{index}"),
+    )
+
+
+async def start_replica(ws: Any, tmp_path: Path, index: int, address: str) -> RunningInference:
+    running = await start_inference(replica_config(ws, tmp_path, index, address))
+    return running
+
+
+async def stop_replica(running: RunningInference) -> None:
+    await running.server.stop()
+    await running.close()
+
+
+@pytest.fixture
+async def replicas(weightsync_server: Any, tmp_path: Path) -> AsyncIterator[list[Any]]:
+    await publish(weightsync_server, 0)
+    started = [await start_replica(weightsync_server, tmp_path, i, "127.0.0.1:0") for i in range(2)]
+    yield started
+    for running in started:
+        await stop_replica(running)
+
+
+async def generate(pool: InferencePool, seed: int = 1, n: int = 2, affinity: str = "") -> list[Any]:
+    return await pool.generate(
+        PROMPT,
+        n=n,
+        max_tokens=8,
+        temperature=1.0,
+        top_p=1.0,
+        seed=seed,
+        stop_token_ids=[],
+        request_id=f"r{seed}",
+        timeout=30,
+        affinity=affinity,
+    )
+
+
+async def test_least_outstanding_work_chooses_the_emptiest_serving_replica() -> None:
+    # grpc.aio channels (never connected here) need the running loop
+    pool = InferencePool(["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"], security=PLAINTEXT_LOOPBACK)
+    a, b, c = pool.replicas
+    a.outstanding_tokens, b.outstanding_tokens, c.outstanding_tokens = 50, 10, 30
+    assert pool.choose() is b
+    b.serving = False
+    assert pool.choose() is c  # the emptiest of those that serve
+    c.outstanding_tokens = a.outstanding_tokens
+    a.sent, c.sent = 3, 1
+    assert pool.choose() is c  # equal work: fewer requests sent
+    a.serving = c.serving = False
+    assert pool.choose() is None
+    await pool.close()
+
+
+async def test_affinity_keeps_a_key_on_its_replica_while_it_serves() -> None:
+    # grpc.aio channels (never connected here) need the running loop
+    pool = InferencePool(["127.0.0.1:1", "127.0.0.1:2"], security=PLAINTEXT_LOOPBACK)
+    a, b = pool.replicas
+    a.outstanding_tokens = 100
+    assert pool.choose("group-1") is b  # a new key: least outstanding work
+    pool.remember("group-1", b)
+    b.outstanding_tokens = 500
+    assert pool.choose("group-1") is b  # its next turn stays with its cached prefix
+    assert pool.choose("group-2") is a  # other keys still balance
+    b.serving = False
+    assert pool.choose("group-1") is a  # its replica is gone: anywhere that serves
+    await pool.close()
+
+
+async def test_requests_spread_over_both_replicas_and_versions_gate_on_the_oldest(
+    replicas: list[RunningInference],
+) -> None:
+    pool = InferencePool(
+        [f"127.0.0.1:{r.port}" for r in replicas], security=PLAINTEXT_LOOPBACK, probe_s=0.1
+    )
+    try:
+        await pool.wait_serving(30)
+        results = await asyncio.gather(*(generate(pool, seed=s) for s in range(8)))
+        assert all(len(r) == 2 and all(c.token_ids for c in r) for r in results)
+        assert [r.served for r in pool.replicas] == [4, 4]  # concurrent: kept level
+        assert all(r.outstanding_tokens == 0 for r in pool.replicas)
+        assert await pool.policy_version() == 0
+        assert all(v == 0 for c in results[0] for v in c.policy_versions)
+    finally:
+        await pool.close()
+
+
+async def test_concurrent_calls_of_one_affinity_key_go_to_one_replica(
+    replicas: list[RunningInference],
+) -> None:
+    pool = InferencePool(
+        [f"127.0.0.1:{r.port}" for r in replicas], security=PLAINTEXT_LOOPBACK, probe_s=0.1
+    )
+    try:
+        await pool.wait_serving(30)
+        await asyncio.gather(*(generate(pool, seed=s, affinity="group-a") for s in range(4)))
+        assert sorted(r.served for r in pool.replicas) == [0, 4]  # a group's first turns
+        await asyncio.gather(*(generate(pool, seed=s, affinity="group-b") for s in range(4)))
+        assert [r.served for r in pool.replicas] == [4, 4]  # the next group: the other one
+    finally:
+        await pool.close()
+
+
+async def test_a_failed_replica_is_retried_elsewhere_and_used_again_when_it_returns(
+    replicas: list[RunningInference],
+    weightsync_server: Any,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    address = f"127.0.0.1:{replicas[0].port}"
+    pool = InferencePool(
+        [address, f"127.0.0.1:{replicas[1].port}"], security=PLAINTEXT_LOOPBACK, probe_s=2.0
+    )
+    try:
+        await pool.wait_serving(30)
+        first, second = pool.replicas
+        await stop_replica(replicas[0])  # the pool has not noticed yet: it tries it first
+        caplog.set_level(logging.INFO, logger="tidal.orchestrator.inference_pool")
+        result = await generate(pool)
+        assert len(result) == 2 and [c.index for c in result] == [0, 1]
+        assert (first.failed, first.served, second.served) == (1, 0, 1)
+        assert not first.serving and f"replica 0 at {address} lost" in caplog.text
+        # it comes back on the same address (a restart): the probe puts it back in use
+        replicas[0] = await start_replica(weightsync_server, tmp_path, 0, address)
+        deadline = time.monotonic() + 15
+        while not first.serving:
+            assert time.monotonic() < deadline, "the returned replica was not seen"
+            await asyncio.sleep(0.05)
+        await asyncio.gather(*(generate(pool, seed=s) for s in range(4)))
+        assert first.served >= 1
+    finally:
+        await pool.close()
+
+
+async def test_one_replica_lost_is_waited_for_then_fails_clearly(
+    weightsync_server: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    await publish(weightsync_server, 0)
+    running = await start_replica(weightsync_server, tmp_path, 0, "127.0.0.1:0")
+    address = f"127.0.0.1:{running.port}"
+    pool = InferencePool([address], security=PLAINTEXT_LOOPBACK, probe_s=0.1, lost_timeout_s=60)
+    try:
+        await pool.wait_serving(30)
+        await stop_replica(running)
+        caplog.set_level(logging.WARNING, logger="tidal.orchestrator.inference_pool")
+        while pool.replicas[0].serving:  # the probe notices (a call would notice too)
+            await asyncio.sleep(0.05)
+        waiting = asyncio.create_task(generate(pool))
+        await asyncio.sleep(1.0)
+        assert not waiting.done()  # waiting for the replica, not failing the run
+        running = await start_replica(weightsync_server, tmp_path, 0, address)
+        result = await asyncio.wait_for(waiting, 30)
+        assert len(result) == 2
+        assert f"no inference replica serves ({address}" in caplog.text
+        # now gone for good, with a short bound: a clear error naming the key
+        await stop_replica(running)
+        pool.lost_timeout_s = 1.0
+        with pytest.raises(PeerError, match=r"orchestrator\.recovery\.peer_loss_s") as err:
+            await generate(pool)
+        assert address in str(err.value)
+    finally:
+        await pool.close()
