@@ -180,6 +180,9 @@ def test_plaintext_is_refused_off_loopback() -> None:
         TrainerRunConfig.model_validate(
             {"security": {"mode": "plaintext"}, "endpoints": {"inference": "inference:50052"}}
         )
+    replicas = {"inference_replicas": ["127.0.0.1:50052", "10.0.0.7:50052"]}
+    with pytest.raises(ValueError, match=r"endpoints.inference_replicas\[1\] = '10.0.0.7:50052'"):
+        TrainerRunConfig.model_validate({"security": {"mode": "plaintext"}, "endpoints": replicas})
 
 
 def test_missing_certificates_name_the_key_and_the_fix(tmp_path: Path) -> None:

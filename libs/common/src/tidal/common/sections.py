@@ -159,7 +159,13 @@ class SharedConfig(BaseConfig):
     ) -> SecurityConfig:
         endpoints, grpc = info.data.get("endpoints"), info.data.get("grpc")
         if security.mode == "plaintext" and endpoints is not None and grpc is not None:
-            addresses = {f"endpoints.{k}": v for k, v in endpoints.model_dump().items()}
+            addresses = {
+                f"endpoints.{k}": v
+                for k, v in endpoints.model_dump().items()
+                if k != "inference_replicas"
+            }
+            for i, address in enumerate(endpoints.inference_replicas):
+                addresses[f"endpoints.inference_replicas[{i}]"] = address
             if grpc.bind_host is not None:
                 addresses["grpc.bind_host"] = grpc.bind_host
             check_plaintext_addresses(addresses)
