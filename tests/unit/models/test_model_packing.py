@@ -133,3 +133,43 @@ def test_per_segment_attention_equals_the_block_diagonal_mask() -> None:
     backend = PackedCausalAttention(torch.tensor(LENGTHS), total)
     masked = sdpa(q, k, v, mask=backend.mask, causal=False)
     torch.testing.assert_close(backend(0, q, k, v), masked, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "lengths",
+    [LENGTHS, [7] * 9, [40, 1, 3, 3, 7, 2, 12, 1, 9]],  # one bucket; equal; several buckets
+)
+def test_padded_buckets_equal_the_per_sample_loop_values_and_gradients(
+    lengths: list[int],
+) -> None:
+    """The batched (padded, bucketed) backend is the per-sample loop, values and gradients,
+    with grouped-query heads (4 query heads over 2 key/value heads)."""
+    from tidal.models.attention import PackedCausalAttention, PaddedCausalAttention
+
+    g = torch.Generator().manual_seed(5)
+    total = sum(lengths)
+    # Token-major like the model's projections: (1, T, H, D) transposed to (1, H, T, D).
+    q0 = torch.randn(1, total, 4, 8, generator=g).transpose(1, 2)
+    k0, v0 = (torch.randn(1, total, 2, 8, generator=g).transpose(1, 2) for _ in range(2))
+    upstream = torch.randn(1, 4, total, 8, generator=g)
+    results = []
+    for backend in (PackedCausalAttention, PaddedCausalAttention):
+        q, k, v = (t.detach().clone().requires_grad_(True) for t in (q0, k0, v0))
+        out = backend(torch.tensor(lengths), total)(0, q, k, v)  # (1, H, T, D)
+        (out * upstream).sum().backward()
+        results.append((out.detach(), q.grad, k.grad, v.grad))
+    for loop, padded in zip(*results, strict=True):
+        torch.testing.assert_close(padded, loop, rtol=0, atol=1e-6)
+
+
+def test_length_buckets_bound_the_padding() -> None:
+    from tidal.models.attention import length_buckets
+
+    lengths = [40, 1, 3, 3, 7, 2, 12, 1, 9]
+    buckets = length_buckets(lengths, pad_factor=2.0)
+    assert sorted(i for b in buckets for i in b) == list(range(len(lengths)))
+    for bucket in buckets:
+        longest = max(lengths[i] for i in bucket)
+        assert lengths[bucket[0]] == longest
+        assert len(bucket) == 1 or len(bucket) * longest <= 2.0 * sum(lengths[i] for i in bucket)
+    assert len(length_buckets([7] * 9)) == 1  # equal lengths: one call

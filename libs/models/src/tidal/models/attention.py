@@ -13,6 +13,16 @@ Decisions:
   isolates samples concatenated along one `[1, T]` row (padding-free packing) by causal
   SDPA per sample (equal to one SDPA call with a block-diagonal causal mask, which it
   also offers as `.mask`, and faster); SDPA has a backward on CPU and GPU.
+- `PaddedCausalAttention` (the CPU/GPU default for `model.attn = "sdpa"`) gets the same
+  result from a few batched SDPA calls instead of one call per sample: RL steps pack
+  dozens of short samples (issue 19: 64 samples of 6-15 tokens), where the per-sample
+  loop's ~2·S kernel launches per layer, forward and backward, cost more than the
+  attention arithmetic. Samples are sorted by length and bucketed (padding at most
+  doubles a bucket's tokens), each bucket gathered into `(n, H, m, D)` right-padded
+  rows and run through causal SDPA. Right padding needs no mask: under the causal rule a
+  real query never sees a later (padded) key, padded queries are dropped on the way
+  back, so values and gradients equal the per-sample loop's (parity test in
+  tests/unit/models/test_model_packing.py).
 - `FlashVarlenAttention` does the same with flash-attn's `flash_attn_varlen_func` over
   cumulative sample offsets (no T×T mask; CUDA only). `model.attn` picks between them
   through `packed_attention`; asking for flash-attn without the package or without CUDA
@@ -119,6 +129,85 @@ class PackedCausalAttention:
         return torch.cat(outs, dim=2)  # (B, H, T, D)
 
 
+PAD_FACTOR = 2.0
+"""A bucket's padded tokens are at most this many times its real tokens."""
+
+
+def length_buckets(lengths: list[int], pad_factor: float = PAD_FACTOR) -> list[list[int]]:
+    """Sample indices grouped longest first; a bucket of n samples padded to its longest
+    m keeps n·m ≤ pad_factor · (its real tokens)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    buckets: list[list[int]] = []
+    real = 0
+    for i in order:
+        if buckets:
+            longest = lengths[buckets[-1][0]]
+            if (len(buckets[-1]) + 1) * longest <= pad_factor * (real + lengths[i]):
+                buckets[-1].append(i)
+                real += lengths[i]
+                continue
+        buckets.append([i])
+        real = lengths[i]
+    return buckets
+
+
+class PaddedCausalAttention(PackedCausalAttention):
+    """Packed samples as right-padded batches in length buckets: a few SDPA calls per
+    layer instead of one per sample (see the module docstring)."""
+
+    def __init__(
+        self, sample_lengths: torch.Tensor, total: int, *, pad_factor: float = PAD_FACTOR
+    ) -> None:
+        super().__init__(sample_lengths, total)
+        lengths = self.lengths
+        starts = [0] * len(lengths)
+        for i in range(1, len(lengths)):
+            starts[i] = starts[i - 1] + lengths[i - 1]
+        device = sample_lengths.device
+        self.shapes: list[tuple[int, int]] = []  # (n samples, padded length m) per bucket
+        gather: list[torch.Tensor] = []
+        inverse = torch.empty(total, dtype=torch.long)  # (T,) token → row of the padded rows
+        offset = 0
+        for bucket in length_buckets(lengths, pad_factor):
+            n, m = len(bucket), lengths[bucket[0]]
+            first = torch.tensor([starts[i] for i in bucket])  # (n,)
+            count = torch.tensor([lengths[i] for i in bucket])  # (n,)
+            step = torch.arange(m)  # (m,)
+            # Padding rows point at their sample's first token: any real token would do,
+            # nothing real attends to them and their outputs are dropped.
+            index = first[:, None] + torch.where(step[None] < count[:, None], step[None], 0)
+            gather.append(index.reshape(-1))  # (n·m,)
+            for row, i in enumerate(bucket):
+                base = offset + row * m
+                inverse[starts[i] : starts[i] + lengths[i]] = torch.arange(base, base + lengths[i])
+            self.shapes.append((n, m))
+            offset += n * m
+        self.gather = torch.cat(gather).to(device)  # (P,) P = Σ n·m
+        self.inverse = inverse.to(device)
+
+    def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        if len(self.lengths) == 1:
+            return sdpa(q, k, v, mask=None, causal=True)
+        if q.shape[0] != 1:
+            raise ValueError(f"packed attention takes one [1, T] row, got batch {q.shape[0]}")
+        gather = self.gather.to(q.device)
+        # Token-major (T, H, D) views: the projections' own memory layout, so no copy here.
+        rows = [t[0].transpose(0, 1).index_select(0, gather) for t in (q, k, v)]  # (P, H*, D)
+        outs, offset = [], 0
+        for n, m in self.shapes:
+            qb, kb, vb = (
+                r[offset : offset + n * m].view(n, m, r.shape[1], r.shape[2]).transpose(1, 2)
+                for r in rows
+            )  # (n, H*, m, D)
+            out = sdpa(qb, kb, vb, mask=None, causal=True)  # (n, H, m, D)
+            outs.append(out.transpose(1, 2).reshape(n * m, out.shape[1], out.shape[3]))
+            offset += n * m
+        padded = outs[0] if len(outs) == 1 else torch.cat(outs)  # (P, H, D)
+        return padded.index_select(0, self.inverse.to(q.device)).transpose(0, 1)[None]
+
+
 class FlashVarlenAttention:
     """Packed samples through `flash_attn_varlen_func` (flash-attn 2, CUDA, fp16/bf16)."""
 
@@ -176,4 +265,4 @@ def packed_attention(
     """The backend isolating packed samples of one `[1, T]` row, by `model.attn`."""
     if kind == "flash_attention_2":
         return FlashVarlenAttention(sample_lengths, total)
-    return PackedCausalAttention(sample_lengths, total)
+    return PaddedCausalAttention(sample_lengths, total)

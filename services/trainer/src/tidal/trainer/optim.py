@@ -12,6 +12,12 @@ Decisions:
 - SFT steps of an RL run (`sft_lr`) use the same factor with a different peak: the
   trainer scales the group lr for that one step; `LambdaLR.step()` recomputes it from
   the base lr afterwards, so the override never leaks into the next step.
+- AdamW runs torch's fused kernel (`fused=True`) whenever every parameter is a plain
+  (unsharded) floating tensor on CPU or CUDA: one kernel over all parameters instead of
+  ~10 element-wise ops per parameter; measured 3.2x faster on the 4.2M-parameter RL
+  shape on one AVX2 core (26 ms against 83 ms a step, issue 19). The update is the same
+  formula (parity test: tests/unit/trainer/test_optim.py); sharded (DTensor) parameters
+  keep the default implementation.
 - `optim_cpu_offload` / `optim_offload = "disk"` swap in `OffloadedOptimizer`
   (`optim_offload.py`): the same update, states in host memory or memory-mapped files.
 """
@@ -40,6 +46,18 @@ def lr_factor(k: int, schedule: ScheduleConfig) -> float:
     return 1.0 - (1.0 - floor) * progress  # linear
 
 
+def fusable(params: list[torch.nn.Parameter]) -> bool | None:
+    """True when torch's fused AdamW can take every parameter (plain floating tensors on
+    one CPU or CUDA device); None (torch's default choice) otherwise."""
+    if not params:
+        return None
+    devices = {p.device for p in params}
+    plain = all(type(p) is torch.nn.Parameter and p.is_floating_point() for p in params)
+    if plain and len(devices) == 1 and next(iter(devices)).type in ("cpu", "cuda"):
+        return True
+    return None
+
+
 def build_optimizer(
     parameters: Iterable[torch.nn.Parameter], config: OptimConfig
 ) -> torch.optim.Optimizer:
@@ -63,7 +81,9 @@ def build_optimizer(
             directory=config.optim_offload_dir,
         )
     if config.type == "adamw":
-        return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, eps=config.eps)
+        return torch.optim.AdamW(
+            groups, lr=config.lr, betas=config.betas, eps=config.eps, fused=fusable(params)
+        )
     if config.type == "sgd":
         return torch.optim.SGD(groups, lr=config.lr, momentum=config.momentum)
     raise ValueError(f"unknown optimizer {config.type!r}; supported: adamw, sgd")

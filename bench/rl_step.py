@@ -1,0 +1,317 @@
+"""One RL step, end to end, Tidal beside TRL's `GRPOTrainer` on the same task and machine.
+
+The task is issue 19's: reverse 3-5 letters from "abcdefgh", 8 prompts x 8 completions
+per step, <= 8 new tokens, lr 3e-4 with linear decay, no warm-up, clip 0.2/0.2, no KL,
+temperature 1, a Qwen2 shape with tied embeddings: small (hidden 256 x 4 layers, 4 heads,
+MLP 1024, ~4.2M) and large (hidden 512 x 8 layers, 8 heads, MLP 2048, ~33.6M).
+
+Each variant runs as its own process, interleaved (small: TRL, Tidal max_async 0, Tidal
+max_async 1, ...; then large), `--repeats` times:
+- Tidal: `tidal rl @ configs/default.toml` with the task, shape and optimizer settings
+  above and nothing else changed (threads as the config's defaults: 1 for the trainer,
+  1 for inference), the real four services on loopback. s/step is the median of the RL
+  steps' `seconds` (time between step completions) after the first `SKIP` steps;
+  start-up is from launch to the first step's start (its completion log line minus its
+  seconds); shutdown from the last step's line to the process's exit.
+- TRL: `bench/trl_side/grpo_reversal.py` in a throwaway venv (`bench/.trl-venv`,
+  gitignored; made on first use: `pip install torch==2.13.0 trl`; never a Tidal
+  dependency), at torch's default threads (all cores; the summary's reference) and at
+  1 thread (on a loaded machine multi-threaded torch loses most to oversubscription).
+  s/step is the median time between step ends after the first `SKIP`; start-up is from
+  launch to the trainer being built.
+TRL uses its 12-token character tokenizer, Tidal its 264-id byte vocabulary (the step
+costs differ by the embedding rows only: 3 % of the small model's parameters).
+
+Writes docs/benchmarks/rl_step.json: per run, the step times, completion tokens/s,
+start-up and shutdown seconds, the reward curve and the load average around it;
+`summary.step_speedup_vs_trl_small` / `_large` = TRL's median s/step / Tidal's (default
+config: max_async 1), each the median over repeats.
+
+    python bench/rl_step.py [--repeats 2] [--steps 12] [--no-large]
+                            [--large-steps 6] [--large-repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from common import ROOT, print_table, write_result
+
+HERE = Path(__file__).resolve().parent
+TRL_VENV = HERE / ".trl-venv"
+TRL_SCRIPT = HERE / "trl_side" / "grpo_reversal.py"
+SKIP = 2  # first steps left out: the pipeline fills, kernels warm up
+SHAPES = {
+    "small": {"dim": 256, "n_layers": 4, "n_heads": 4, "ffn_dim": 1024},
+    "large": {"dim": 512, "n_layers": 8, "n_heads": 8, "ffn_dim": 2048},
+}
+STEP_LINE = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*tidal\.orchestrator\.loop: step (\d+)/\d+ rl .* "
+    r"([\d.]+)s [\d.]+ tok/s"
+)
+
+
+def trl_python() -> Path:
+    """The throwaway venv's python, made on first use (torch pinned like the project's)."""
+    python = TRL_VENV / "bin" / "python"
+    if not (python.exists() and subprocess.call([python, "-c", "import trl"]) == 0):
+        subprocess.run([sys.executable, "-m", "venv", str(TRL_VENV)], check=True)
+        subprocess.run([python, "-m", "pip", "install", "-q", "torch==2.13.0", "trl"], check=True)
+    return python
+
+
+def tidal_command(shape: dict[str, int], *, max_async: int, steps: int, out: Path, name: str,
+                  extra: list[str]) -> list[str]:  # fmt: skip
+    return [
+        sys.executable, "-m", "tidal.cli", "rl", "@", str(ROOT / "configs" / "default.toml"),
+        "--run.output-dir", str(out), "--run.name", name,
+        "--orchestrator.steps", str(steps), "--orchestrator.warmup-steps", "0",
+        "--orchestrator.staleness.max-async", str(max_async),
+        "--orchestrator.prompts-per-step", "8", "--orchestrator.group-size", "8",
+        "--orchestrator.task.type", "reversal", "--orchestrator.task.alphabet", "abcdefgh",
+        "--orchestrator.task.min-len", "3", "--orchestrator.task.max-len", "5",
+        "--orchestrator.sampling.max-tokens", "8", "--orchestrator.sampling.temperature", "1",
+        "--orchestrator.report.table-every", "0",
+        "--trainer.model.family", "qwen2", "--trainer.model.dim", str(shape["dim"]),
+        "--trainer.model.n-layers", str(shape["n_layers"]),
+        "--trainer.model.n-heads", str(shape["n_heads"]),
+        "--trainer.model.n-kv-heads", str(shape["n_heads"]),
+        "--trainer.model.ffn-dim", str(shape["ffn_dim"]),
+        "--trainer.model.tie-embeddings", "true",
+        "--trainer.optim.lr", "3e-4", "--trainer.optim.schedule.decay", "linear",
+        "--trainer.optim.schedule.decay-steps", str(steps),
+        "--trainer.loss.clip-low", "0.2", "--trainer.loss.clip-high", "0.2",
+        *extra,
+    ]  # fmt: skip
+
+
+def log_time(stamp: str) -> float:
+    return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def run_tidal(shape: dict[str, int], *, max_async: int, steps: int, out: Path, name: str,
+              extra: list[str]) -> dict[str, Any]:  # fmt: skip
+    command = tidal_command(
+        shape, max_async=max_async, steps=steps, out=out, name=name, extra=extra
+    )
+    load = os.getloadavg()[0]
+    launched = time.time()
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    exited = time.time()
+    if done.returncode != 0:
+        raise RuntimeError(f"{name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    lines = [m for m in map(STEP_LINE.match, (done.stdout + done.stderr).splitlines()) if m]
+    first, last = lines[0], lines[-1]
+    rl = [
+        r for r in map(json.loads, (out / name / "metrics.jsonl").read_text().splitlines())
+        if r["phase"] == "rl"
+    ]  # fmt: skip
+    timed = rl[SKIP:]
+    return {
+        "s_per_step": statistics.median(r["seconds"] for r in timed),
+        "completion_tokens_per_s": sum(r["generated_tokens"] for r in timed)
+        / sum(r["seconds"] for r in timed),
+        "startup_s": log_time(first.group(1)) - float(first.group(3)) - launched,
+        "shutdown_s": exited - log_time(last.group(1)),
+        "train_s_per_step": statistics.median(r["train_seconds"] for r in timed),
+        "trainer_compute_s_per_step": statistics.median(r["train/seconds"] for r in timed),
+        "generate_s_per_step": statistics.median(r["generate_seconds"] for r in timed),
+        "rewards": [round(r["reward_mean"], 4) for r in rl],
+        "load_before": round(load, 2),
+        "load_after": round(os.getloadavg()[0], 2),
+    }
+
+
+def run_trl(
+    shape: dict[str, int], *, steps: int, out: Path, name: str, threads: int = 0
+) -> dict[str, Any]:
+    events_path = out / f"{name}.jsonl"
+    command = [
+        str(trl_python()), str(TRL_SCRIPT), "--out", str(events_path), "--steps", str(steps),
+        "--dim", str(shape["dim"]), "--layers", str(shape["n_layers"]),
+        "--heads", str(shape["n_heads"]), "--ffn", str(shape["ffn_dim"]),
+        "--workdir", str(out / f"{name}-work"), "--threads", str(threads),
+    ]  # fmt: skip
+    load = os.getloadavg()[0]
+    launched = time.time()
+    done = subprocess.run(command, capture_output=True, text=True)
+    exited = time.time()
+    if done.returncode != 0:
+        raise RuntimeError(f"{name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    events = [json.loads(line) for line in events_path.read_text().splitlines()]
+    built = next(e["t"] for e in events if e["event"] == "built")
+    ends = [e["t"] for e in events if e["event"] == "step"]
+    durations = [b - a for a, b in zip([built, *ends], ends, strict=False)]  # step i's seconds
+    rewards = {e["step"]: e for e in events if e["event"] == "reward"}
+    timed = range(SKIP, len(durations))
+    return {
+        "s_per_step": statistics.median(durations[i] for i in timed),
+        "completion_tokens_per_s": sum(rewards[i + 1]["completion_tokens"] for i in timed)
+        / sum(durations[i] for i in timed),
+        "startup_s": built - launched,
+        "shutdown_s": exited - ends[-1],
+        "rewards": [round(rewards[s]["reward"], 4) for s in sorted(rewards)],
+        "threads": next(e["threads"] for e in events if e["event"] == "start"),
+        "load_before": round(load, 2),
+        "load_after": round(os.getloadavg()[0], 2),
+    }
+
+
+def variants(shape_name: str) -> list[tuple[str, dict[str, Any]]]:
+    """(name, how) of each variant, in the interleaving order."""
+    out: list[tuple[str, dict[str, Any]]] = [
+        ("trl", {"kind": "trl"}),
+        ("trl 1 thread", {"kind": "trl", "threads": 1}),
+        ("tidal max_async 0", {"kind": "tidal", "max_async": 0, "extra": []}),
+        ("tidal max_async 1", {"kind": "tidal", "max_async": 1, "extra": []}),
+    ]
+    if shape_name == "small":  # the thread plan: the trainer on both cores
+        out.append(
+            (
+                "tidal max_async 1, trainer 2 threads",
+                {"kind": "tidal", "max_async": 1, "extra": ["--trainer.num-threads", "2"]},
+            )
+        )
+    return out
+
+
+Runs = dict[str, dict[str, list[dict[str, Any]]]]  # shape → variant → one result per repeat
+
+
+def summarize(runs: Runs) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The table's rows (medians over repeats) and the summary figures."""
+    rows: list[dict[str, Any]] = []
+    summary: dict[str, Any] = {}
+    for shape_name, by_variant in runs.items():
+        median = {
+            name: statistics.median(r["s_per_step"] for r in results)
+            for name, results in by_variant.items()
+        }
+        for name, results in by_variant.items():
+            rows.append(
+                {
+                    "shape": shape_name,
+                    "variant": name,
+                    "s/step (median)": median[name],
+                    "speedup vs TRL": median["trl"] / median[name],
+                    "vs TRL 1 thread": median.get("trl 1 thread", math.nan) / median[name],
+                    "completion tok/s": statistics.median(
+                        r["completion_tokens_per_s"] for r in results
+                    ),
+                    "start-up s": statistics.median(r["startup_s"] for r in results),
+                    "shutdown s": statistics.median(r["shutdown_s"] for r in results),
+                    "load": statistics.median(r["load_before"] for r in results),
+                }
+            )
+        default = median["tidal max_async 1"]  # the default config
+        summary[f"step_speedup_vs_trl_{shape_name}"] = round(median["trl"] / default, 3)
+        if "trl 1 thread" in median:
+            summary[f"step_speedup_vs_trl_1thread_{shape_name}"] = round(
+                median["trl 1 thread"] / default, 3
+            )
+    every = [r for by_variant in runs.values() for v in by_variant.values() for r in v]
+    summary["load_avg_during_runs"] = [
+        min(r["load_before"] for r in every),
+        max(r["load_after"] for r in every),
+    ]
+    return rows, summary
+
+
+def resummarize(path: Path) -> None:
+    """Recompute rows and summary of an existing result from its per-run results."""
+    result = json.loads(path.read_text())
+    runs: Runs = {}
+    for r in result["results"]:
+        if "repeat" in r:
+            runs.setdefault(r["shape"], {}).setdefault(r["variant"], []).append(r)
+    rows, summary = summarize(runs)
+    result["results"] = [r for r in result["results"] if "repeat" in r] + rows
+    result["summary"] = summary
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print_table("RL step, Tidal beside TRL GRPOTrainer (medians of interleaved repeats)", rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=12, help="RL steps per small run")
+    parser.add_argument("--large-steps", type=int, default=6, help="RL steps per large run")
+    parser.add_argument("--large-repeats", type=int, default=2)
+    parser.add_argument("--no-large", action="store_true")
+    parser.add_argument(
+        "--resummarize", type=Path, help="only recompute the rows and summary of this result"
+    )
+    args = parser.parse_args()
+    if args.resummarize:
+        resummarize(args.resummarize)
+        return
+    started = time.time()
+    trl_python()
+    shapes = ["small"] if args.no_large else ["small", "large"]
+    runs: Runs = {s: {} for s in shapes}
+    with tempfile.TemporaryDirectory(prefix="tidal-bench-rl-step-") as tmp:
+        out = Path(tmp)
+        for shape_name in shapes:
+            shape = SHAPES[shape_name]
+            steps = args.steps if shape_name == "small" else args.large_steps
+            repeats = args.repeats if shape_name == "small" else args.large_repeats
+            for repeat in range(repeats):
+                for name, how in variants(shape_name):
+                    tag = f"{shape_name}-{name.replace(' ', '_').replace(',', '')}-{repeat}"
+                    if how["kind"] == "trl":
+                        result = run_trl(
+                            shape, steps=steps, out=out, name=tag, threads=how.get("threads", 0)
+                        )
+                    else:
+                        result = run_tidal(
+                            shape, max_async=how["max_async"], steps=steps, out=out,
+                            name=tag, extra=how["extra"],
+                        )  # fmt: skip
+                    print(f"{tag}: {result['s_per_step']:.3f} s/step", flush=True)
+                    runs[shape_name].setdefault(name, []).append(result)
+    rows, summary = summarize(runs)
+    print_table("RL step, Tidal beside TRL GRPOTrainer (medians of interleaved repeats)", rows)
+    path = write_result(
+        "rl_step",
+        config={
+            "task": "reversal of 3-5 letters from 'abcdefgh'",
+            "prompts_x_completions": "8 x 8",
+            "max_new_tokens": 8,
+            "lr": "3e-4, linear decay, no warm-up",
+            "clip": [0.2, 0.2],
+            "kl": 0,
+            "temperature": 1.0,
+            "shapes": {s: SHAPES[s] for s in shapes},
+            "steps": {"small": args.steps, "large": args.large_steps},
+            "repeats": {"small": args.repeats, "large": args.large_repeats},
+            "skipped_first_steps": SKIP,
+            "tidal": "tidal rl @ configs/default.toml + the task/shape/optimizer flags",
+            "trl": "trl GRPOTrainer in bench/.trl-venv, torch default threads",
+            "wall_s": round(time.time() - started, 1),
+        },
+        results=[
+            {"shape": s, "variant": v, "repeat": i, **r}
+            for s in shapes
+            for v, results in runs[s].items()
+            for i, r in enumerate(results)
+        ]
+        + rows,
+        summary=summary,
+    )
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""TRL's `GRPOTrainer` on issue 19's reversal task: the other side of `bench/rl_step.py`.
+
+Runs in the throwaway venv `bench/rl_step.py` makes (trl + torch==2.13.0, never a Tidal
+dependency), so it imports nothing from Tidal. It lives in a subfolder so `make bench`
+does not take it for a benchmark of its own.
+
+Settings (the issue's): a Qwen2 model built from a config (random init, tied
+embeddings), a 12-token character tokenizer (pad, BOS, EOS, 'a'-'h', '>'), prompts of
+3-5 letters + '>', 8 prompts x 8 completions per step, <= 8 new tokens, lr 3e-4 with
+linear decay, no warm-up, clip 0.2/0.2, no KL (beta 0), temperature 1, one gradient step
+per generation batch. Reward: the fraction of positions matching the reversed string
+over max(len(prediction), len(target)), 1.0 for an exact answer (Tidal's reversal
+reward, reimplemented here).
+
+Prints one JSON line per event to `--out`: {"event": "start"} with the process start,
+{"event": "step", "step", "t"} at each step end, {"event": "reward", "step", "reward"}
+(the step's mean reward and completion tokens), {"event": "end"}. With `--save-tokenizer
+DIR` it only writes its tokenizer there as a Hugging Face folder (for Tidal's same-tokenizer
+run) and exits. Times are
+`time.time()` so the caller can measure start-up from its own clock.
+
+`python grpo_reversal.py --out events.jsonl --steps 20 --dim 256 --layers 4 --heads 4
+ --ffn 1024 [--threads N]`
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+
+STARTED = time.time()
+
+import torch  # noqa: E402
+from datasets import Dataset  # noqa: E402
+from tokenizers import Tokenizer, models, pre_tokenizers, processors  # noqa: E402
+from transformers import (  # noqa: E402
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    TrainerCallback,
+)
+from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+
+ALPHABET = "abcdefgh"
+SPECIALS = ["<pad>", "<s>", "</s>"]
+
+
+def char_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {tok: i for i, tok in enumerate([*SPECIALS, *ALPHABET, ">"])}  # 12 tokens
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", vocab["<s>"])]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
+
+
+def reversal_reward(prediction: str, target: str) -> float:
+    if prediction == target:
+        return 1.0
+    longest = max(len(prediction), len(target))
+    return sum(p == t for p, t in zip(prediction, target, strict=False)) / longest
+
+
+def rewards(prompts: list[str], completions: list[str], **_: object) -> list[float]:
+    return [
+        reversal_reward(c.replace(" ", ""), p.rstrip(">")[::-1])
+        for p, c in zip(prompts, completions, strict=True)
+    ]
+
+
+class Events(TrainerCallback):
+    def __init__(self, path: str) -> None:
+        self.file = open(path, "a")  # noqa: SIM115
+
+    def write(self, **event: object) -> None:
+        self.file.write(json.dumps(event) + "\n")
+        self.file.flush()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):  # type: ignore[no-untyped-def]
+        if logs and "reward" in logs:  # logged after on_step_end, for the same step
+            completion_tokens = float(logs.get("completions/mean_length", 0.0)) * 64
+            self.write(
+                event="reward",
+                step=state.global_step,
+                reward=float(logs["reward"]),
+                completion_tokens=completion_tokens,
+            )
+
+    def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+        self.write(event="step", step=state.global_step, t=time.time())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--ffn", type=int, default=1024)
+    parser.add_argument("--threads", type=int, default=0, help="0: torch's default")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workdir", default="/tmp/trl-grpo-reversal")
+    parser.add_argument("--save-tokenizer", default=None)
+    args = parser.parse_args()
+    if args.save_tokenizer:
+        char_tokenizer().save_pretrained(args.save_tokenizer)
+        return
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    events = Events(args.out)
+    events.write(event="start", t=STARTED, threads=torch.get_num_threads())
+    tokenizer = char_tokenizer()
+    torch.manual_seed(args.seed)
+    model = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=len(tokenizer),
+            hidden_size=args.dim,
+            num_hidden_layers=args.layers,
+            num_attention_heads=args.heads,
+            num_key_value_heads=args.heads,
+            intermediate_size=args.ffn,
+            max_position_embeddings=128,
+            tie_word_embeddings=True,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    )
+    rng = random.Random(args.seed)
+    prompts = [
+        "".join(rng.choice(ALPHABET) for _ in range(rng.randint(3, 5))) + ">"
+        for _ in range(8 * (args.steps + 2))
+    ]
+    config = GRPOConfig(
+        output_dir=args.workdir,
+        max_steps=args.steps,
+        per_device_train_batch_size=64,
+        num_generations=8,
+        max_completion_length=8,
+        learning_rate=3e-4,
+        lr_scheduler_type="linear",
+        warmup_steps=0,
+        epsilon=0.2,
+        epsilon_high=0.2,
+        beta=0.0,
+        temperature=1.0,
+        num_iterations=1,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        bf16=False,
+        seed=args.seed,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=rewards,
+        args=config,
+        train_dataset=Dataset.from_dict({"prompt": prompts}),
+        processing_class=tokenizer,
+        callbacks=[events],
+    )
+    events.write(event="built", t=time.time())
+    trainer.train()
+    events.write(event="end", t=time.time())
+
+
+if __name__ == "__main__":
+    main()
