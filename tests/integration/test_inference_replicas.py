@@ -22,11 +22,13 @@ import pytest
 
 from tidal.rpc.v1 import common_pb2, inference_pb2_grpc
 
+from ..tls_fixtures import role_channel
+
 STEPS = 8
 
 
-def _generated_tokens(address: str) -> int:
-    with grpc.insecure_channel(address) as channel:
+def _generated_tokens(run_dir: Path, address: str) -> int:
+    with role_channel(run_dir / "tls", "operator", address) as channel:
         try:
             status = inference_pb2_grpc.InferenceServiceStub(channel).GetStatus(
                 common_pb2.StatusRequest(), timeout=2.0
@@ -69,7 +71,9 @@ def test_two_replicas_both_serve_and_one_sigkilled_does_not_end_the_run(launch) 
     while min(tokens) <= 0:  # both replicas served before the kill (their own counters)
         assert run.process.poll() is None, run.output()
         assert time.monotonic() < deadline, f"replicas' generated tokens: {tokens}"
-        tokens = [max(t, _generated_tokens(a)) for t, a in zip(tokens, replicas, strict=True)]
+        tokens = [
+            max(t, _generated_tokens(run.run_dir, a)) for t, a in zip(tokens, replicas, strict=True)
+        ]
         time.sleep(0.2)
     assert not (run.run_dir / "metrics.jsonl").exists() or len(_trained_steps(run.run_dir)) < 4
 

@@ -191,7 +191,7 @@ def test_sigterm_abandons_a_long_step_at_a_micro_batch_and_the_trainer_exits(
     trainer = stack.start("trainer")
     stack.trainer_status(trainer)
     assert stack.train(1).policy_version == 1
-    with grpc.insecure_channel(stack.trainer_address) as channel:
+    with stack.channel("orchestrator") as channel:
         pending = pb_grpc.TrainerServiceStub(channel).Train.future(
             long_request(2, 3000), timeout=120
         )
@@ -256,7 +256,7 @@ def test_a_step_whose_publish_finds_weightsync_restarting_succeeds(stack: Stack)
     assert stack.train(1).policy_version == 1
     os.killpg(weightsync.pid, signal.SIGKILL)
     weightsync.wait()
-    with grpc.insecure_channel(stack.trainer_address) as channel:
+    with stack.channel("orchestrator") as channel:
         pending = pb_grpc.TrainerServiceStub(channel).Train.future(train_request(2), timeout=120)
         time.sleep(3.0)  # step 2 is trained and checkpointed; its publish waits
         assert not pending.done(), "Train(2) answered while weightsync was down"
