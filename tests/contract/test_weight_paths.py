@@ -174,7 +174,7 @@ async def test_a_fresh_replica_whose_newest_version_is_corrupt_serves_the_previo
     """Issue 17: a replica that serves nothing yet falls back to the newest older version
     that verifies, instead of waiting NOT_SERVING for a next publish."""
     address, root = weightsync
-    client = WeightSyncClient(address)
+    client = WeightSyncClient(address, security=PLAINTEXT_LOOPBACK)
     publisher = WeightPublisher(root, client, ARGS.to_hf_config())
     engine = recording_engine()
     await engine.start()

@@ -29,6 +29,7 @@ import tomli_w
 import torch
 
 from tidal.cli.launcher import free_port
+from tidal.common.security import PLAINTEXT_LOOPBACK
 from tidal.weights.client import WeightSyncClient
 from tidal.weights.folder import version_dir, write_version
 from tidal.weights.manifest import MANIFEST_FILE, WEIGHTS_FILE, WeightManifest
@@ -45,6 +46,8 @@ class WeightSyncProcess:
             "run": {"output_dir": str(tmp_path / "outputs"), "name": "ws"},
             "endpoints": {"weightsync": self.address},
             "weightsync": {"keep_last": 1, "lease_s": LEASE_S},
+            # Durability, not transport, is under test here: plaintext on loopback, asked.
+            "security": {"mode": "plaintext"},
         }
         self.root.mkdir(parents=True)
         self.config = self.run_dir / "config.toml"
@@ -100,7 +103,7 @@ async def test_restart_adopts_only_verified_versions_and_a_cut_publish_is_retrie
     unrelated.write_text("an operator's file")
 
     weightsync.start()
-    client = WeightSyncClient(weightsync.address)
+    client = WeightSyncClient(weightsync.address, security=PLAINTEXT_LOOPBACK)
     try:
         assert await versions(client) == [1]
         assert not version_dir(root, 2).exists() and not stray.exists()
@@ -130,7 +133,7 @@ async def test_a_replica_that_stops_watching_stops_pinning_after_its_lease(
     weightsync: WeightSyncProcess,
 ) -> None:
     weightsync.start()
-    client = WeightSyncClient(weightsync.address)
+    client = WeightSyncClient(weightsync.address, security=PLAINTEXT_LOOPBACK)
     try:
         await client.publish(files(weightsync.root, 1), timeout=60)
         for replica, version in (("a", 1), ("b", 2)):  # a replica restarted under a new id
