@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from tidal.orchestrator.metrics import metrics_steps
+
 SERVICES = ("trainer", "weightsync", "inference", "orchestrator")
 STEPS, WARMUP = 10, 2
 TOTAL = STEPS + WARMUP
@@ -38,16 +40,7 @@ RESUMED = re.compile(r"resumed from \S+ \(step (\d+)\)")
 
 
 def _metrics_steps(run_dir: Path) -> list[int]:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    steps = []
-    for line in path.read_text().splitlines():
-        try:
-            steps.append(int(json.loads(line)["step"]))
-        except (json.JSONDecodeError, KeyError):
-            continue  # a line being written
-    return steps
+    return metrics_steps(run_dir / "metrics.jsonl")
 
 
 def _service_pid(run_dir: Path, service: str) -> int | None:

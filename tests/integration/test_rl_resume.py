@@ -10,7 +10,6 @@ trained once (no step id refused, no "newer than the checkpoint").
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -20,21 +19,14 @@ from pathlib import Path
 
 import pytest
 
+from tidal.orchestrator.metrics import metrics_steps
+
 STEPS, WARMUP = 8, 2
 KILL_AT_STEP = 4
 
 
 def _steps_logged(run_dir: Path) -> list[int]:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    steps = []
-    for line in path.read_text().splitlines():
-        try:
-            steps.append(int(json.loads(line)["step"]))
-        except (json.JSONDecodeError, KeyError):
-            continue  # a line being written
-    return steps
+    return metrics_steps(run_dir / "metrics.jsonl")
 
 
 @pytest.mark.slow

@@ -146,14 +146,20 @@ class MetricsLog:
             self._writer.close()
 
 
-def logged_steps(metrics_path: Path) -> set[int]:
-    """The steps that have a line in a metrics.jsonl file (unreadable lines are skipped)."""
+def metrics_steps(metrics_path: Path) -> list[int]:
+    """The step of every line of a metrics.jsonl file, in file order (repeats kept, so a
+    caller can check one line per step); a torn or unreadable line is skipped."""
     if not metrics_path.is_file():
-        return set()
-    steps = set()
+        return []
+    steps = []
     for line in metrics_path.read_text().splitlines():
         try:
-            steps.add(int(json.loads(line)["step"]))
+            steps.append(int(json.loads(line)["step"]))
         except (ValueError, KeyError, TypeError):
             continue
     return steps
+
+
+def logged_steps(metrics_path: Path) -> set[int]:
+    """The steps that have a line in a metrics.jsonl file."""
+    return set(metrics_steps(metrics_path))
