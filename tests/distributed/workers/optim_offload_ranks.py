@@ -36,7 +36,14 @@ POOL_MB = 1 / 64  # a 16 KiB pool: the embedding's shard is updated in several s
 
 def config(world_size: int, offload: str, state_dir: Path) -> TrainerConfig:
     """AdamW with weight decay; `offload`: "none", "cpu" (host store) or "disk"."""
-    optim: dict[str, Any] = {"lr": 1e-2, "weight_decay": 0.1, "optim_offload_buffer_mb": POOL_MB}
+    # fused_adamw off: the one-process reference runs the same kernel as the shards, so
+    # the comparison below stays bitwise (the fused kernel's own parity: test_optim.py).
+    optim: dict[str, Any] = {
+        "lr": 1e-2,
+        "weight_decay": 0.1,
+        "optim_offload_buffer_mb": POOL_MB,
+        "fused_adamw": False,
+    }
     if offload == "cpu":
         optim["optim_cpu_offload"] = True
     elif offload == "disk":

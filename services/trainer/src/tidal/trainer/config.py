@@ -207,6 +207,12 @@ class OptimConfig(BaseConfig):
     """SGD momentum (0 = plain SGD)."""
     weight_decay: float = Field(default=0.0, ge=0)
     """Decoupled (AdamW) or L2 (SGD) weight decay; never applied to 1-D params (norms)."""
+    fused_adamw: bool = True
+    """Use torch's fused AdamW kernel where it applies (every parameter a plain tensor on
+    one CPU/CUDA device, i.e. one process; ~3x faster update on the RL shape). Sharded
+    parameters always use torch's default kernel. false: the default kernel everywhere,
+    which is what makes one process bitwise comparable with a sharded run (the fused
+    kernel rounds differently, ~1 ulp per step)."""
     max_grad_norm: float = Field(default=1.0, gt=0)
     """Global gradient-norm clip applied before every optimizer step."""
     sft_lr: float | None = Field(default=None, gt=0)

@@ -82,7 +82,11 @@ def build_optimizer(
         )
     if config.type == "adamw":
         return torch.optim.AdamW(
-            groups, lr=config.lr, betas=config.betas, eps=config.eps, fused=fusable(params)
+            groups,
+            lr=config.lr,
+            betas=config.betas,
+            eps=config.eps,
+            fused=fusable(params) if config.fused_adamw else None,
         )
     if config.type == "sgd":
         return torch.optim.SGD(groups, lr=config.lr, momentum=config.momentum)
