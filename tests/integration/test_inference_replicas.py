@@ -3,9 +3,10 @@ SIGKILLed mid-run does not end the run.
 
 One run asserts both (the suite's budget prefers one run that asserts several things):
 each replica's own GetStatus counts generated tokens before the kill; after replica 1
-is SIGKILLed, the orchestrator retries its requests on replica 0 while the launcher's
-supervision restarts replica 1, and every step is trained once. The task is
-multi-turn, so episode turns (routed by group affinity) are what gets retried.
+is SIGKILLed, the orchestrator marks it lost and keeps going on replica 0 (retrying any
+request cut by the kill) while the launcher's supervision restarts replica 1, and every
+step is trained once. The task is multi-turn, so episode turns are routed by group
+affinity.
 """
 
 from __future__ import annotations
@@ -88,7 +89,9 @@ def test_two_replicas_both_serve_and_one_sigkilled_does_not_end_the_run(launch) 
     assert _trained_steps(run.run_dir) == list(range(1, STEPS + 1))  # each step once
     orchestrator = (run.run_dir / "logs" / "orchestrator.log").read_text()
     assert f"inference replica 1 at {replicas[1]} lost" in orchestrator
-    assert "retrying on another replica" in orchestrator  # its requests went to replica 0
+    # Whether requests were in flight on replica 1 at the kill is timing (a kill between
+    # requests is found by the health probe instead): the retry of a cut request is
+    # asserted deterministically in tests/contract/test_inference_pool.py.
     served = {
         int(m[1]): int(m[2])
         for m in re.finditer(r"inference replica (\d) at \S+: (\d+) requests served", orchestrator)
