@@ -289,7 +289,9 @@ async def serve(
             exit_code = 0
             log.info("run finished: %d steps", progress.step)
         else:
-            exit_code = EXIT_FAILED
+            # A configuration that does not fit its peers fails the same way every time:
+            # exit 2, which `tidal rl` does not restart (tidal.cli.supervision).
+            exit_code = EXIT_CONFIG if isinstance(error, ConfigError) else EXIT_FAILED
             progress.state = "failed"
             log.error("run failed after step %d: %s", progress.step, error, exc_info=error)
             print(f"orchestrator: run failed after step {progress.step}: {error}", file=sys.stderr)
