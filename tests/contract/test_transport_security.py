@@ -4,7 +4,8 @@ real trainer (`start_trainer`, which publishes to it), over mTLS and in token mo
 One run per mode asserts the whole model (it costs one tiny trainer start): the trainer's
 own publish works; the orchestrator's Train works; wrong roles (inference or operator
 calling Train, operator calling Publish/UploadWeights, orchestrator calling BeginLoad) get
-PERMISSION_DENIED naming the method and role; no credentials, a forged token or a
+PERMISSION_DENIED naming the method and role; the trainer's own Publish of a location
+outside `<root>/v<version>` is still INVALID_ARGUMENT; no credentials, a forged token or a
 certificate from another CA are refused; a plaintext client cannot connect; reflection is
 off; health is open.
 """
@@ -109,6 +110,18 @@ async def test_each_role_may_call_only_its_methods(
         assert await upload(ws_grpc.WeightSyncServiceStub(dial("inference", ws.address))) == DENIED
         got = await operator.GetVersion(ws_pb.GetVersionRequest(version=-1), timeout=10)
         assert got.manifest.version == 1
+        # The trainer's own role does not lift validation: issue 17's Publish attack (a
+        # location of the whole weights root, which retention would have deleted) is
+        # refused over this transport too, naming the field, and the root survives.
+        trainer_ws = ws_grpc.WeightSyncServiceStub(dial("trainer", ws.address))
+        attack = ws_pb.PublishRequest(manifest=got.manifest)
+        attack.manifest.version, attack.manifest.location = 2, str(ws.root)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await trainer_ws.Publish(attack, timeout=10)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert info.value.details().startswith("manifest.location"), info.value.details()
+        assert (Path(got.manifest.location) / "model.safetensors").is_file()
+        assert ws.registry.newest == 1
         orch_ws = ws_grpc.WeightSyncServiceStub(dial("orchestrator", ws.address))
         begin = orch_ws.BeginLoad(ws_pb.BeginLoadRequest(replica_id="x", version=1), timeout=10)
         await denied(begin, "/tidal.rpc.v1.WeightSyncService/BeginLoad", "orchestrator")
