@@ -17,6 +17,7 @@ Decisions:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,9 @@ from tidal.models.state_dict_adapter import StateDict, StateDictAdapter, adapter
 TIED_HEAD = "lm_head.weight"
 
 
+_BUILD_LOCK = threading.Lock()
+
+
 def model_from_hf_config(
     hf_config: dict[str, Any],
     *,
@@ -44,7 +48,10 @@ def model_from_hf_config(
     dtype: torch.dtype = torch.float32,
 ) -> nn.Module:
     """A model of the architecture an HF `config.json` describes (weights uninitialized)."""
-    with torch.random.fork_rng(devices=[]):  # the init is overwritten; keep RNG intact
+    # One build at a time per process: fork_rng saves and restores the process-wide RNG,
+    # so two threads building at once (two in-process engines loading a version, as the
+    # replica tests run them) would interleave their get/set of that one state.
+    with _BUILD_LOCK, torch.random.fork_rng(devices=[]):  # the init is overwritten
         if _use_custom(hf_config, impl):
             model: nn.Module = DecoderLM(DecoderArgs.from_hf_config(hf_config))
         else:
