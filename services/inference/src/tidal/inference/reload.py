@@ -328,8 +328,10 @@ class WeightWatcher:
     async def _ack(self, version: int) -> None:
         if version <= self.acked:
             return
-        self.acked = version
         try:
             await self.client.ack_loaded(self.replica_id, version)
         except grpc.aio.AioRpcError as exc:  # already retried by the channel's policy
             log.warning("could not acknowledge version %d: %s", version, exc.details())
+        # Only once the call has returned: `acked` said "acknowledged" while the RPC was
+        # still in flight, so a caller that stopped on it could cut the acknowledgement.
+        self.acked = max(self.acked, version)
