@@ -1,0 +1,104 @@
+"""`python -m tidal.common.healthcheck --address HOST:PORT --role ROLE [--timeout-s 3]`:
+the container health probe (Docker `HEALTHCHECK`, Kubernetes exec liveness/readiness).
+
+Exit 0 iff the gRPC health service at ADDRESS answers SERVING; otherwise exit 1 with one
+line on stderr (NOT_SERVING, unreachable, TLS refused, deadline). A bad invocation or a
+security setting that cannot be read exits 2 (argparse's code), also with one line.
+
+Design decisions:
+- Security comes from where the services read it: the `TIDAL_SECURITY__*` environment
+  variables (with `TIDAL_RUN__*` for the default `<run dir>/tls`), so the probe in a
+  container dials exactly as its service does, with ROLE's certificate (mTLS) or token.
+  Other `TIDAL_*` variables of the container (endpoints, service sections) are ignored:
+  they belong to the service, and `SharedConfig` would reject the service-only ones.
+- Kubernetes' native `grpc:` probe cannot do TLS, so both orchestrators call this.
+- A plain grpc channel, not `tidal.common.channel`: a probe runs every few seconds in
+  every container, so it skips the retry policy, wait-for-ready and tracing interceptors
+  (one attempt, bounded by --timeout-s) and imports as little as it can.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tidal.common.certs import ROLES
+from tidal.common.config import ENV_PREFIX, load_config
+from tidal.common.errors import ConfigError
+from tidal.common.sections import SharedConfig
+from tidal.common.security import TransportSecurity
+
+_SECTIONS = ("SECURITY__", "RUN__")
+
+
+def security_from_env(role: str, environ: Mapping[str, str]) -> TransportSecurity:
+    """ROLE's transport security from the `TIDAL_SECURITY__*`/`TIDAL_RUN__*` variables."""
+    kept = {
+        k: v for k, v in environ.items() if k.startswith(tuple(ENV_PREFIX + s for s in _SECTIONS))
+    }
+    config, _ = load_config(SharedConfig, [], environ=kept)
+    return TransportSecurity.from_config(config.security, role, config.run.dir)
+
+
+def probe(address: str, security: TransportSecurity, timeout_s: float) -> str:
+    """The serving status's name ("SERVING", "NOT_SERVING", ...); raises grpc.RpcError."""
+    security.check_address(address, "dial")
+    credentials = security.channel_credentials()
+    channel = (
+        grpc.insecure_channel(address)
+        if credentials is None
+        else grpc.secure_channel(address, credentials)
+    )
+    with channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(), timeout=timeout_s
+        )
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m tidal.common.healthcheck",
+        description="Exit 0 iff the gRPC health service at --address answers SERVING.",
+    )
+    parser.add_argument("--address", required=True, help="HOST:PORT to probe")
+    parser.add_argument(
+        "--role", required=True, choices=ROLES, help="whose certificate/token to present"
+    )
+    parser.add_argument(
+        "--timeout-s", type=float, default=3.0, help="deadline of the whole check (seconds)"
+    )
+    return parser
+
+
+def main(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> int:
+    opts = _parser().parse_args(list(argv))
+    if opts.timeout_s <= 0:
+        print("error: --timeout-s must be > 0", file=sys.stderr)
+        return 2
+    try:
+        security = security_from_env(opts.role, os.environ if environ is None else environ)
+        status = probe(opts.address, security, opts.timeout_s)
+    except (ConfigError, ValueError) as exc:
+        print("error: " + " ".join(str(exc).split()), file=sys.stderr)
+        return 2
+    except grpc.RpcError as exc:
+        code = exc.code().name if isinstance(exc, grpc.Call) else "UNKNOWN"
+        details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+        print(
+            f"unhealthy: {opts.address}: {code}: " + " ".join(str(details).split()), file=sys.stderr
+        )
+        return 1
+    if status != "SERVING":
+        print(f"unhealthy: {opts.address} answers {status}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
