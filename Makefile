@@ -12,7 +12,7 @@ PYPROJECTS := pyproject.toml libs/rpc/pyproject.toml libs/common/pyproject.toml 
 	libs/models/pyproject.toml libs/batch/pyproject.toml libs/text/pyproject.toml \
 	$(wildcard services/*/pyproject.toml)
 
-.PHONY: setup proto proto-check lint test test-fast run bench up down clean
+.PHONY: setup proto proto-check lint test test-fast run bench dist wheelhouse images up down test-deploy clean
 
 setup: $(STAMP)
 
@@ -41,7 +41,7 @@ lint: setup
 	$(BIN)/ruff format --check .
 
 test: setup proto-check
-	$(BIN)/python -m pytest -m "not gpu" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not gpu and not deploy" $(PYTEST_ARGS)
 
 run: setup
 	$(BIN)/tidal rl @ $(CONFIG) $(ARGS)
@@ -49,11 +49,48 @@ run: setup
 bench: setup
 	$(BIN)/python bench/run_all.py $(BENCH)
 
-up:
-	docker compose -p tidal -f deploy/compose.yaml up -d --build
+# One wheel per package of this repo (pip resolves the siblings with --find-links dist).
+PACKAGES := libs/rpc libs/common libs/weights libs/models libs/batch libs/text \
+	services/weightsync services/trainer services/inference services/orchestrator .
+dist: setup
+	rm -f dist/*.whl
+	$(BIN)/python -m pip wheel -q --no-deps -w dist $(PACKAGES)
+
+# Every third-party wheel the four images need (torch from the machine's CPU wheel path,
+# per `pip config list`): the images install offline from dist/wheelhouse.
+wheelhouse: dist
+	$(BIN)/python -m pip wheel -q -w dist/wheelhouse --find-links dist \
+		tidal-orchestrator tidal-inference tidal-trainer tidal-weightsync
+	rm -f dist/wheelhouse/tidal*.whl
+
+# The compose stack (docs/deployment.md). `docker compose` (v2) where installed, else
+# Debian's docker-compose (v1). STACK_DIR holds the run outputs and the TLS folder, bind
+# mounted into the containers (uid 10001 in the images).
+COMPOSE ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
+STACK_DIR ?= $(CURDIR)/outputs/compose
+BASE_IMAGE ?= tidal-base:bookworm
+# As root the containers run as the images' uid 10001 (stack-dir.sh chowns to it); as a
+# user, as that user, so the bind-mounted outputs stay theirs.
+TIDAL_UID ?= $(shell [ "$$(id -u)" = 0 ] && echo 10001 || id -u)
+TIDAL_GID ?= $(shell [ "$$(id -u)" = 0 ] && echo 10001 || id -g)
+export STACK_DIR BASE_IMAGE TIDAL_UID TIDAL_GID
+# The offline base is built only when it is the one asked for (BASE_IMAGE=python:3.11-slim
+# pulls the standard one instead, where a registry is reachable).
+images: wheelhouse
+	case "$(BASE_IMAGE)" in tidal-base:*) TIDAL_BASE_IMAGE="$(BASE_IMAGE)" deploy/base-image.sh;; esac
+	$(COMPOSE) -p tidal -f deploy/compose.yaml build
+
+up: images
+	deploy/stack-dir.sh "$(STACK_DIR)"
+	$(COMPOSE) -p tidal -f deploy/compose.yaml up -d
 
 down:
-	docker compose -p tidal -f deploy/compose.yaml down
+	$(COMPOSE) -p tidal -f deploy/compose.yaml down
+
+# Builds and runs the real stack on a Docker engine (installed and started when none
+# answers): tests/deploy/test_compose_stack.py. Not part of `make test`.
+test-deploy: wheelhouse
+	$(BIN)/python -m pytest -m deploy tests/deploy -x -s -p no:cacheprovider $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache

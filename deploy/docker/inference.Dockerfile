@@ -1,14 +1,33 @@
-# The inference service alone: only the packages it needs.
-FROM python:3.11-slim
-ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
-WORKDIR /app
-# CPU build from the PyTorch index; on GPU hosts use the CUDA wheel index instead.
-RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
-COPY libs/rpc /app/libs/rpc
-COPY libs/common /app/libs/common
-COPY libs/weights /app/libs/weights
-COPY libs/text /app/libs/text
-COPY libs/models /app/libs/models
-COPY services/inference /app/services/inference
-RUN pip install /app/libs/rpc /app/libs/common /app/libs/text /app/libs/weights /app/libs/models /app/services/inference
+# The inference service alone, installed from this repo's wheels (make dist) and a wheelhouse of
+# its third-party dependencies: torch CPU, no trainer; EXTRAS="[vllm]" for the GPU profile.
+#   BASE_IMAGE: python:3.11-slim in the wild, tidal-base:bookworm (deploy/base-image.sh) offline.
+#   PIP_ARGS:   where pip finds third-party wheels; the default is offline (dist/wheelhouse,
+#               make wheelhouse). Online: --build-arg PIP_ARGS="--extra-index-url ..." .
+# Build context: the repo root; .dockerignore sends only dist/ (docs/deployment.md).
+ARG BASE_IMAGE=python:3.11-slim
+
+FROM ${BASE_IMAGE} AS build
+# Lets a clean-up find (and prune) this stage, which the classic builder leaves untagged.
+LABEL org.tidal.build-stage=true
+ARG PIP_ARGS="--no-index --find-links /wheels/wheelhouse"
+ARG EXTRAS=""
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+COPY dist /wheels
+RUN python3 -m venv /opt/tidal \
+ && /opt/tidal/bin/pip install ${PIP_ARGS} --find-links /wheels "tidal-inference${EXTRAS}" \
+ && /opt/tidal/bin/pip uninstall -q -y pip
+
+FROM ${BASE_IMAGE}
+ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 PATH=/opt/tidal/bin:$PATH
+# A fixed non-root uid, so a host folder bind-mounted for outputs can be chowned to it.
+RUN groupadd --gid 10001 tidal && useradd --uid 10001 --gid tidal --no-create-home --shell /usr/sbin/nologin tidal \
+ && mkdir -p /outputs /weights /tls && chown tidal:tidal /outputs /weights /tls
+COPY --from=build /opt/tidal /opt/tidal
+USER tidal
+WORKDIR /outputs
+EXPOSE 50052
+# The gRPC health service over the service's own (m)TLS, from TIDAL_SECURITY__* env vars.
+# Generous timeouts: on a loaded host the probe's interpreter start alone took 7 s.
+HEALTHCHECK --interval=10s --timeout=30s --start-period=120s --retries=5 \
+  CMD ["python", "-m", "tidal.common.healthcheck", "--address", "127.0.0.1:50052", "--timeout-s", "20", "--role", "inference"]
 ENTRYPOINT ["python", "-m", "tidal.inference"]

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Build the offline base image `tidal-base:bookworm` from Debian packages alone:
+# debootstrap a minimal bookworm root with python3 (3.11) and venv, strip what a service
+# never reads (docs, man pages, locales, apt lists), and `docker import` it. No container
+# registry is involved, which is what a machine (or an air-gapped cluster) that cannot pull
+# `python:3.11-slim` needs. The images then take it as `--build-arg BASE_IMAGE=...`.
+#
+#   deploy/base-image.sh [--force]      TIDAL_BASE_IMAGE (tag), DEBIAN_MIRROR override
+#
+# Needs root (debootstrap) and the `debootstrap` package (make test-deploy installs it).
+# Idempotent: an existing image of that tag is kept unless --force.
+set -euo pipefail
+
+TAG="${TIDAL_BASE_IMAGE:-tidal-base:bookworm}"
+MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+SUITE=bookworm
+
+if [[ "${1:-}" != "--force" ]] && docker image inspect "$TAG" >/dev/null 2>&1; then
+  echo "base-image: $TAG exists (use --force to rebuild)"
+  exit 0
+fi
+if [[ $(id -u) -ne 0 ]]; then
+  echo "base-image: debootstrap needs root" >&2
+  exit 1
+fi
+command -v debootstrap >/dev/null || { echo "base-image: install debootstrap (apt-get install debootstrap)" >&2; exit 1; }
+
+root=$(mktemp -d /tmp/tidal-base.XXXXXX)
+# Only the folder this script made is removed (umount first in case debootstrap left mounts).
+cleanup() {
+  for m in proc sys dev/pts dev; do umount "$root/$m" 2>/dev/null || true; done
+  rm -rf --one-file-system "$root"
+}
+trap cleanup EXIT
+
+debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
+  "$SUITE" "$root" "$MIRROR"
+
+# What no service reads at run time; apt's lists come back with `apt-get update`.
+rm -rf "$root"/usr/share/doc/* "$root"/usr/share/man/* "$root"/usr/share/info/* \
+  "$root"/usr/share/locale/* "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin \
+  "$root"/var/cache/apt/archives/*.deb "$root"/var/log/*.log
+find "$root/usr/lib/python3.11" -name '__pycache__' -prune -exec rm -rf {} +
+
+tar --numeric-owner -C "$root" -c . | docker import \
+  --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+  --change 'ENV LANG=C.UTF-8' \
+  --change 'CMD ["/bin/bash"]' \
+  --message "tidal offline base: debootstrap $SUITE minbase + python3" - "$TAG"
+docker image ls "$TAG"
