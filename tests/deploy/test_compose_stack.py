@@ -161,8 +161,8 @@ def test_compose_stack_runs_the_default_config_through_a_replica_kill() -> None:
 
         # Kill one replica as soon as the RL phase is under way (a run on a quiet machine
         # takes well under a minute, so everything else waits until after the kill).
-        _wait("2 RL steps in metrics.jsonl", lambda: rl_steps() >= 2, RUN_TIMEOUT_S, 0.5)
         victim = stack.container("inference-1")
+        _wait("2 RL steps in metrics.jsonl", lambda: rl_steps() >= 2, RUN_TIMEOUT_S, 0.5)
         sh(["docker", "kill", victim], log=log)
         killed_at = rl_steps()
         print(f"test-deploy: killed inference-1 at RL step {killed_at}/{steps}", flush=True)
