@@ -67,6 +67,9 @@ def test_start_order_is_health_gated_and_restarts_are_set() -> None:
         assert "otel-collector" not in deps  # optional: traces go to the run folder
     assert set(services["orchestrator"]["depends_on"]) == {"certs", *CORE} - {"orchestrator"}
     assert services["orchestrator"]["restart"] == "on-failure"  # exits 0 when the run ends
+    # A restarted trainer or orchestrator continues the run, as under tidal rl's supervisor.
+    assert services["trainer"]["command"][-1] == "--resume"
+    assert services["orchestrator"]["environment"]["TIDAL_ORCHESTRATOR__RESUME"] == "true"
 
 
 def test_ports_are_loopback_only_and_certificates_name_every_container() -> None:
