@@ -5,15 +5,29 @@
 # registry is involved, which is what a machine (or an air-gapped cluster) that cannot pull
 # `python:3.11-slim` needs. The images then take it as `--build-arg BASE_IMAGE=...`.
 #
-#   deploy/base-image.sh [--force]      TIDAL_BASE_IMAGE (tag), DEBIAN_MIRROR override
+#   deploy/base-image.sh [--force]      TIDAL_BASE_IMAGE (tag), DEBIAN_MIRROR (the mirror)
 #
 # Needs root (debootstrap) and the `debootstrap` package (make test-deploy installs it).
 # Idempotent: an existing image of that tag is kept unless --force.
 set -euo pipefail
 
 TAG="${TIDAL_BASE_IMAGE:-tidal-base:bookworm}"
-MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 SUITE=bookworm
+
+# The Debian mirror: DEBIAN_MIRROR, else the first one this host's apt uses (deb822
+# .sources or a one-line sources.list), so a host behind its own mirror or proxy keeps it.
+host_mirror() {
+  local f
+  for f in /etc/apt/sources.list.d/*.sources /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+    [[ -r "$f" ]] || continue
+    awk '/^URIs:/ && $2 !~ /security/ {print $2; exit} /^deb / && $0 !~ /security/ {for (i = 2; i <= NF; i++) if ($i ~ /^[a-z]+:\/\//) {print $i; exit}}' "$f"
+  done | head -n1
+}
+MIRROR="${DEBIAN_MIRROR:-$(host_mirror)}"
+if [[ -z "$MIRROR" ]]; then
+  echo "base-image: set DEBIAN_MIRROR (no Debian mirror found in this host's apt sources)" >&2
+  exit 1
+fi
 
 if [[ "${1:-}" != "--force" ]] && docker image inspect "$TAG" >/dev/null 2>&1; then
   echo "base-image: $TAG exists (use --force to rebuild)"
