@@ -6,7 +6,9 @@ an unrelated generator library and `pykustomize` needs Python 3.14), and the sui
 validate the manifests offline. So this renders the subset of kustomization.yaml that
 deploy/k8s uses, the way kustomize does, and refuses everything else by name, so a
 kustomization that grows a feature this does not implement fails the test instead of
-rendering differently from `kubectl apply -k`:
+rendering differently from `kubectl apply -k`. Where a `kubectl` with its built-in
+kustomize is on PATH, the manifest test also renders with it and requires the same objects.
+Supported:
 
 - `resources` (YAML files, possibly multi-document, and folders holding a
   kustomization.yaml), rendered depth first, in order;
@@ -155,17 +157,17 @@ def strategic_merge(base: Any, patch: Any, field: str = "") -> Any:
                 out[key] = strategic_merge(out.get(key), value, key)
         return out
     if isinstance(patch, list) and field in MERGE_KEYS and isinstance(base, list):
+        # kustomize's order: the patch's items first (merged with the base item of the
+        # same key), then the base items the patch does not name.
         key = MERGE_KEYS[field]
-        out_list = copy.deepcopy(base)
+        by_key = {b.get(key): b for b in base}
+        out_list = []
         for item in patch:
             if not isinstance(item, dict) or key not in item:
                 raise KustomizeError(f"{field}: patch item without its merge key {key!r}")
-            index = next((i for i, b in enumerate(out_list) if b.get(key) == item[key]), None)
-            if index is None:
-                out_list.append(copy.deepcopy(item))
-            else:
-                out_list[index] = strategic_merge(out_list[index], item, field)
-        return out_list
+            out_list.append(strategic_merge(by_key.get(item[key], {}), item, field))
+        named = {item[key] for item in patch}
+        return out_list + [copy.deepcopy(b) for b in base if b.get(key) not in named]
     return copy.deepcopy(patch)
 
 

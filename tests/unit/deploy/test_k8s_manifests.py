@@ -1,7 +1,8 @@
 """deploy/k8s: the rendered manifests are valid Kubernetes objects that run what the code serves.
 
 No cluster runs here. Each overlay is rendered (`kustomize_lite`, which says why not the
-kustomize binary) from a copy of deploy/k8s whose TLS secrets were made by the real
+kustomize binary; where `kubectl` is installed, its built-in kustomize must render the same
+objects) from a copy of deploy/k8s whose TLS secrets were made by the real
 `deploy/k8s/make-certs.sh`, every object is validated against the Kubernetes JSON schemas
 of `K8S_VERSION` (kubernetes-validate, strict: unknown fields are errors), and the
 manifests are compared with the code they deploy: ports and probes with the config
@@ -25,6 +26,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+import yaml
 from cryptography import x509
 
 from tidal.common.authz import ANY_ROLE, POLICY
@@ -56,8 +58,8 @@ Obj = dict[str, Any]
 
 
 @pytest.fixture(scope="module")
-def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Obj]]:
-    """Each overlay rendered, with certificates from make-certs.sh as a user makes them."""
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of deploy/k8s with certificates from make-certs.sh, as a user makes them."""
     tree = tmp_path_factory.mktemp("k8s") / "k8s"
     shutil.copytree(K8S, tree, ignore=shutil.ignore_patterns("tls"))
     env = {**os.environ, "PYTHON": sys.executable}
@@ -65,6 +67,11 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Obj]]:
         ["bash", str(tree / "make-certs.sh")], env=env, capture_output=True, text=True
     )
     assert made.returncode == 0, made.stderr
+    return tree
+
+
+@pytest.fixture(scope="module")
+def rendered(tree: Path) -> dict[str, list[Obj]]:
     return {name: render(tree / "overlays" / name) for name in OVERLAYS}
 
 
@@ -124,6 +131,34 @@ def test_every_object_validates_against_the_kubernetes_schemas(
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
         if obj["kind"] != "Namespace":
             assert obj["metadata"]["namespace"] == "tidal", obj["metadata"]["name"]
+
+
+def _comparable(objects: list[Obj]) -> dict[tuple[str, str], Obj]:
+    """Objects by (kind, name), Secret data decoded (kustomize wraps its base64 lines)."""
+    out = {}
+    for obj in objects:
+        if obj["kind"] == "Secret":
+            obj = {**obj, "data": {k: base64.b64decode(v) for k, v in obj["data"].items()}}
+        out[obj["kind"], obj["metadata"]["name"]] = obj
+    return out
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_kubectl_kustomize_renders_the_same_objects_where_installed(
+    tree: Path, rendered: dict[str, list[Obj]], overlay: str
+) -> None:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("no kubectl here: the manifests are rendered by kustomize_lite only")
+    result = subprocess.run(
+        [kubectl, "kustomize", str(tree / "overlays" / overlay)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    real = [o for o in yaml.safe_load_all(result.stdout) if o is not None]
+    assert _comparable(real) == _comparable(rendered[overlay])
 
 
 def test_the_config_map_carries_the_default_run_config(rendered: dict[str, list[Obj]]) -> None:

@@ -35,9 +35,10 @@ def test_strategic_merge_merges_keyed_lists_and_replaces_the_others() -> None:
         "tolerations": [{"key": "gpu", "operator": "Exists"}],
     }
     merged = strategic_merge(POD, patch)
-    a, b, c = merged["containers"]
+    # kustomize's order: the patch's items, then the base's others.
+    a, c, b = merged["containers"]
     assert a["args"] == ["z"]  # no merge key: replaced
-    assert a["env"] == [{"name": "K", "value": "1"}, {"name": "L", "value": "3"}, {"name": "M"}]
+    assert a["env"] == [{"name": "L", "value": "3"}, {"name": "M"}, {"name": "K", "value": "1"}]
     assert a["volumeMounts"] == POD["containers"][0]["volumeMounts"]
     assert b == POD["containers"][1] and c == {"name": "c", "image": "img-c"}
     assert merged["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
@@ -100,7 +101,7 @@ def test_render_generates_namespaces_patches_and_sets_images(tmp_path: Path) -> 
     assert namespace["metadata"] == {"name": "ns"}  # cluster-scoped: no namespace
     assert deployment["metadata"]["namespace"] == "ns"
     a, b = deployment["spec"]["template"]["spec"]["containers"]
-    assert [v["name"] for v in a["env"]] == ["K", "L", "N"]
+    assert [v["name"] for v in a["env"]] == ["N", "K", "L"]
     assert a["image"] == "img-a:2" and b["image"] == "registry.local:5000/img-b:gpu"
     assert config_map["metadata"] == {"name": "cm", "labels": {"l": "v"}, "namespace": "ns"}
     assert config_map["data"] == {"f.txt": "file body\n", "other": "file body\n", "Q": "quoted"}
