@@ -24,15 +24,20 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import kubernetes_validate
 import pytest
 import yaml
 from cryptography import x509
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
 
 from tidal.common.authz import ANY_ROLE, POLICY
 from tidal.common.certs import ROLES, role_of_certificate
 from tidal.common.config import load_config
 from tidal.common.sections import SERVICES, Endpoints, ServiceRunConfig, SharedConfig
+from tidal.common.security import TransportSecurity
+from tidal.common.security_config import SecurityConfig
 from tidal.inference.config import InferenceRunConfig
 from tidal.orchestrator.config import OrchestratorRunConfig
 from tidal.trainer.config import TrainerRunConfig
@@ -277,7 +282,8 @@ def test_the_orchestrator_lists_every_inference_replica_by_its_stable_name(
 def _callers_by_authz() -> dict[str, set[str]]:
     """Roles that may open a connection to each service, from authz.POLICY: those a method
     of the service names, plus `operator` for every service serving a read (ANY_ROLE). The
-    services' own reads go along these edges too (tests/contract covers who calls what)."""
+    services' own reads follow these edges: the orchestrator reads inference's and the
+    trainer's GetStatus, and weightsync's readers (tidal.weights.client) are its callers."""
     callers: dict[str, set[str]] = {role: set() for role in SERVICES}
     for method, roles in POLICY.items():
         service = method.split("/")[1].rsplit(".", 1)[1].removesuffix("Service").lower()
@@ -421,3 +427,72 @@ def test_the_gpu_overlay_adds_gpus_and_vllm_to_inference_and_the_trainer_only(
     assert container(gpu, "inference")["image"] == "tidal-inference-gpu:latest"
     assert container(gpu, "trainer")["image"] == "tidal-trainer-gpu:latest"
     assert container(gpu, "orchestrator")["image"] == container(cpu, "orchestrator")["image"]
+
+
+def _mounted_security(objects: list[Obj], role: str, folder: Path) -> TransportSecurity:
+    """`role`'s credentials read as its service reads them, from a folder holding only
+    what its pod mounts (its Secret's files)."""
+    folder.mkdir()
+    for name, data in _secret_files(objects, f"tidal-tls-{role}").items():
+        (folder / name).write_bytes(data)
+    config = SecurityConfig.model_validate({"tls_dir": str(folder)})
+    return TransportSecurity.from_config(config, role, folder)
+
+
+async def _health(server: TransportSecurity, client: TransportSecurity, host: str) -> str:
+    """Health status a `client` gets from a `server` it dials as `host` (the TLS name)."""
+    grpc_server = grpc.aio.server()
+    health = health_aio.HealthServicer()
+    await health.set("", health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(health, grpc_server)
+    credentials = server.server_credentials()
+    assert credentials is not None
+    port = grpc_server.add_secure_port("127.0.0.1:0", credentials)
+    await grpc_server.start()
+    options = [] if host == "127.0.0.1" else [("grpc.ssl_target_name_override", host)]
+    channel_credentials = client.channel_credentials()
+    assert channel_credentials is not None
+    try:
+        async with grpc.aio.secure_channel(
+            f"127.0.0.1:{port}", channel_credentials, options=options
+        ) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            try:
+                reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=10)
+            except grpc.aio.AioRpcError as error:
+                return error.code().name
+            return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    finally:
+        await grpc_server.stop(None)
+
+
+async def test_mutual_tls_works_between_the_mounted_secrets_under_the_names_dialled(
+    rendered: dict[str, list[Obj]], tmp_path: Path
+) -> None:
+    """Each pod's Secret alone suffices: every caller's credentials complete mTLS with each
+    callee's under the name the caller dials, and each role probes itself on 127.0.0.1."""
+    objects = rendered["cpu"]
+    security = {role: _mounted_security(objects, role, tmp_path / role) for role in SERVICES}
+    for role in SERVICES:
+        assert await _health(security[role], security[role], "127.0.0.1") == "SERVING"
+    env = environment(objects, "orchestrator")
+    dialled = {
+        "inference": [
+            a.rsplit(":", 1)[0] for a in json.loads(env["TIDAL_ENDPOINTS__INFERENCE_REPLICAS"])
+        ],
+        "trainer": [env["TIDAL_ENDPOINTS__TRAINER"].rsplit(":", 1)[0]],
+        "weightsync": [env["TIDAL_ENDPOINTS__WEIGHTSYNC"].rsplit(":", 1)[0]],
+    }
+    edges = 0
+    for callee, callers in _callers_by_authz().items():
+        for caller in callers - {"operator"}:
+            for host in dialled[callee]:
+                status = await _health(security[callee], security[caller], host)
+                assert status == "SERVING", (caller, callee, host)
+                edges += 1
+    assert edges == 6  # orchestrator to 2 replicas, trainer, weightsync; trainer, inference
+    # The name is checked: a replica the certificates were not made for is refused.
+    unnamed = await _health(
+        security["inference"], security["orchestrator"], "inference-2.inference"
+    )
+    assert unnamed == "UNAVAILABLE"
