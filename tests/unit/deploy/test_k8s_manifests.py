@@ -37,7 +37,7 @@ from tidal.common.certs import ROLES, role_of_certificate
 from tidal.common.config import load_config
 from tidal.common.sections import SERVICES, Endpoints, ServiceRunConfig, SharedConfig
 from tidal.common.security import TransportSecurity
-from tidal.common.security_config import SecurityConfig
+from tidal.common.security_config import SecurityConfig, is_loopback
 from tidal.inference.config import InferenceRunConfig
 from tidal.orchestrator.config import OrchestratorRunConfig
 from tidal.trainer.config import TrainerRunConfig
@@ -120,8 +120,11 @@ def grpc_port(role: str) -> int:
 def metrics_offset() -> int:
     """`metrics.port_offset`'s default once the [metrics] section exists; until then the
     value issue 18's shared interface fixes (1000)."""
-    field = SharedConfig.model_fields.get("metrics")
-    return field.default.port_offset if field is not None else 1000  # type: ignore[union-attr]
+    metrics = getattr(SharedConfig(), "metrics", None)
+    if metrics is None:
+        return 1000
+    assert metrics.enabled and getattr(metrics, "port", None) is None  # the offset applies
+    return int(metrics.port_offset)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -200,6 +203,9 @@ def test_ports_probes_and_scrape_annotations_match_the_config_defaults(
     assert annotations["prometheus.io/scrape"] == "true"
     assert annotations["prometheus.io/port"] == str(metrics)
     assert annotations["prometheus.io/path"] == "/metrics"
+    # Metrics are HTTPS off loopback (tidal.common.metrics), and the pods bind 0.0.0.0.
+    bind_host = find(objects, "ConfigMap", "tidal-env")["data"]["TIDAL_GRPC__BIND_HOST"]
+    assert not is_loopback(bind_host) and annotations["prometheus.io/scheme"] == "https"
 
 
 def test_the_probe_command_exists_once_the_healthcheck_module_lands() -> None:
