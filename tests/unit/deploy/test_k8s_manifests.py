@@ -7,8 +7,8 @@ objects) from a copy of deploy/k8s whose TLS secrets were made by the real
 of `K8S_VERSION` (kubernetes-validate, strict: unknown fields are errors), and the
 manifests are compared with the code they deploy: ports and probes with the config
 defaults, each container's environment with its service's config class, the replica list
-with the StatefulSet, the NetworkPolicy with `tidal.common.authz.POLICY`, the certificates'
-names with the addresses dialled.
+with the StatefulSet, the NetworkPolicy with `tidal.common.authz.POLICY`. The TLS Secrets
+are checked in test_k8s_tls.py.
 """
 
 from __future__ import annotations
@@ -16,115 +16,39 @@ from __future__ import annotations
 import base64
 import importlib.util
 import json
-import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import grpc
 import kubernetes_validate
 import pytest
 import yaml
-from cryptography import x509
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1.health import aio as health_aio
 
-from tidal.common.authz import ANY_ROLE, POLICY
-from tidal.common.certs import ROLES, role_of_certificate
+from tidal.common.certs import ROLES
 from tidal.common.config import load_config
-from tidal.common.sections import SERVICES, Endpoints, ServiceRunConfig, SharedConfig
-from tidal.common.security import TransportSecurity
-from tidal.common.security_config import SecurityConfig, is_loopback
-from tidal.inference.config import InferenceRunConfig
+from tidal.common.sections import SERVICES
+from tidal.common.security_config import is_loopback
 from tidal.orchestrator.config import OrchestratorRunConfig
 from tidal.trainer.config import TrainerRunConfig
 from tidal.weightsync.config import WeightSyncRunConfig
 
-from .kustomize_lite import render
-
-ROOT = Path(__file__).resolve().parents[3]
-K8S = ROOT / "deploy" / "k8s"
-K8S_VERSION = "1.31.0"
-"""Kubernetes release whose schemas the objects must satisfy (the oldest still supported
-upstream when this was written; nothing used here is newer)."""
-OVERLAYS = ("cpu", "gpu")
-RUN_CONFIGS: dict[str, type[ServiceRunConfig]] = {
-    "orchestrator": OrchestratorRunConfig,
-    "inference": InferenceRunConfig,
-    "trainer": TrainerRunConfig,
-    "weightsync": WeightSyncRunConfig,
-}
-POD_KINDS = ("Deployment", "StatefulSet")
-COMPONENT = "app.kubernetes.io/component"
-Obj = dict[str, Any]
-
-
-@pytest.fixture(scope="module")
-def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A copy of deploy/k8s with certificates from make-certs.sh, as a user makes them."""
-    tree = tmp_path_factory.mktemp("k8s") / "k8s"
-    shutil.copytree(K8S, tree, ignore=shutil.ignore_patterns("tls"))
-    env = {**os.environ, "PYTHON": sys.executable}
-    made = subprocess.run(
-        ["bash", str(tree / "make-certs.sh")], env=env, capture_output=True, text=True
-    )
-    assert made.returncode == 0, made.stderr
-    return tree
-
-
-@pytest.fixture(scope="module")
-def rendered(tree: Path) -> dict[str, list[Obj]]:
-    return {name: render(tree / "overlays" / name) for name in OVERLAYS}
-
-
-def find(objects: list[Obj], kind: str, name: str) -> Obj:
-    found = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
-    assert len(found) == 1, f"{kind}/{name}: {len(found)} objects"
-    return found[0]
-
-
-def workload(objects: list[Obj], role: str) -> Obj:
-    found = [
-        o
-        for o in objects
-        if o["kind"] in POD_KINDS and o["spec"]["template"]["metadata"]["labels"][COMPONENT] == role
-    ]
-    assert len(found) == 1, role
-    return found[0]
-
-
-def container(objects: list[Obj], role: str) -> Obj:
-    containers = workload(objects, role)["spec"]["template"]["spec"]["containers"]
-    assert [c["name"] for c in containers] == [role]
-    return containers[0]
-
-
-def environment(objects: list[Obj], role: str) -> dict[str, str]:
-    """The TIDAL_ variables the role's container sees (envFrom ConfigMaps, then env)."""
-    spec = container(objects, role)
-    env: dict[str, str] = {}
-    for source in spec.get("envFrom", []):
-        env.update(find(objects, "ConfigMap", source["configMapRef"]["name"])["data"])
-    for var in spec.get("env", []):
-        env[var["name"]] = var.get("value", f"<from {var.get('valueFrom')}>")
-    return env
-
-
-def grpc_port(role: str) -> int:
-    return int(getattr(Endpoints(), role).rsplit(":", 1)[1])
-
-
-def metrics_offset() -> int:
-    """`metrics.port_offset`'s default once the [metrics] section exists; until then the
-    value issue 18's shared interface fixes (1000)."""
-    metrics = getattr(SharedConfig(), "metrics", None)
-    if metrics is None:
-        return 1000
-    assert metrics.enabled and getattr(metrics, "port", None) is None  # the offset applies
-    return int(metrics.port_offset)
+from .k8s_render import (
+    COMPONENT,
+    K8S,
+    K8S_VERSION,
+    OVERLAYS,
+    ROOT,
+    RUN_CONFIGS,
+    Obj,
+    callers_by_authz,
+    container,
+    environment,
+    find,
+    grpc_port,
+    metrics_offset,
+    workload,
+)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -285,18 +209,6 @@ def test_the_orchestrator_lists_every_inference_replica_by_its_stable_name(
     assert workload(objects, "trainer")["kind"] == "StatefulSet"
 
 
-def _callers_by_authz() -> dict[str, set[str]]:
-    """Roles that may open a connection to each service, from authz.POLICY: those a method
-    of the service names, plus `operator` for every service serving a read (ANY_ROLE). The
-    services' own reads follow these edges: the orchestrator reads inference's and the
-    trainer's GetStatus, and weightsync's readers (tidal.weights.client) are its callers."""
-    callers: dict[str, set[str]] = {role: set() for role in SERVICES}
-    for method, roles in POLICY.items():
-        service = method.split("/")[1].rsplit(".", 1)[1].removesuffix("Service").lower()
-        callers[service] |= {"operator"} if roles == ANY_ROLE else set(roles)
-    return callers
-
-
 def _selected_role(peer: Obj) -> str:
     labels = peer["podSelector"]["matchLabels"]
     assert labels["app.kubernetes.io/part-of"] == "tidal" and "namespaceSelector" not in peer
@@ -319,7 +231,7 @@ def test_network_policy_lets_each_service_reach_only_its_peers_in_authz(
     objects = rendered["cpu"]
     deny = find(objects, "NetworkPolicy", "default-deny")["spec"]
     assert deny == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
-    callers = _callers_by_authz()
+    callers = callers_by_authz()
     assert callers["weightsync"] == {"trainer", "inference", "orchestrator", "operator"}
     assert callers["orchestrator"] == {"operator"}  # it serves only reads
     callees: dict[str, set[str]] = {role: set() for role in SERVICES}
@@ -355,38 +267,6 @@ def test_network_policy_lets_each_service_reach_only_its_peers_in_authz(
         ("UDP", 53),
         ("TCP", 53),
     }
-
-
-def _secret_files(objects: list[Obj], name: str) -> dict[str, bytes]:
-    data = find(objects, "Secret", name)["data"]
-    return {key: base64.b64decode(value) for key, value in data.items()}
-
-
-def _dialled_hosts(env: dict[str, str]) -> Iterator[str]:
-    for key, value in env.items():
-        if key.startswith("TIDAL_ENDPOINTS__"):
-            addresses = json.loads(value) if value.startswith("[") else [value]
-            yield from (a.rsplit(":", 1)[0] for a in addresses)
-
-
-@pytest.mark.parametrize("role", SERVICES)
-def test_each_pod_mounts_only_its_own_key_and_certificates_cover_the_names_dialled(
-    rendered: dict[str, list[Obj]], role: str
-) -> None:
-    objects = rendered["cpu"]
-    pod = workload(objects, role)["spec"]["template"]["spec"]
-    secrets = [v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v]
-    assert secrets == [f"tidal-tls-{role}"]
-    files = _secret_files(objects, secrets[0])
-    assert set(files) == {"ca.pem", f"{role}.pem", f"{role}.key"}
-    assert role_of_certificate(files[f"{role}.pem"]) == role
-    cert = x509.load_pem_x509_certificate(files[f"{role}.pem"])
-    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    dns_names = set(names.get_values_for_type(x509.DNSName))
-    assert set(_dialled_hosts(environment(objects, role))) <= dns_names
-    assert "localhost" in dns_names  # the health probe dials 127.0.0.1 (an IP SAN, always)
-    for secret in (o for o in objects if o["kind"] == "Secret"):
-        assert "ca.key" not in secret["data"] and "operator.key" not in secret["data"]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -433,72 +313,3 @@ def test_the_gpu_overlay_adds_gpus_and_vllm_to_inference_and_the_trainer_only(
     assert container(gpu, "inference")["image"] == "tidal-inference-gpu:latest"
     assert container(gpu, "trainer")["image"] == "tidal-trainer-gpu:latest"
     assert container(gpu, "orchestrator")["image"] == container(cpu, "orchestrator")["image"]
-
-
-def _mounted_security(objects: list[Obj], role: str, folder: Path) -> TransportSecurity:
-    """`role`'s credentials read as its service reads them, from a folder holding only
-    what its pod mounts (its Secret's files)."""
-    folder.mkdir()
-    for name, data in _secret_files(objects, f"tidal-tls-{role}").items():
-        (folder / name).write_bytes(data)
-    config = SecurityConfig.model_validate({"tls_dir": str(folder)})
-    return TransportSecurity.from_config(config, role, folder)
-
-
-async def _health(server: TransportSecurity, client: TransportSecurity, host: str) -> str:
-    """Health status a `client` gets from a `server` it dials as `host` (the TLS name)."""
-    grpc_server = grpc.aio.server()
-    health = health_aio.HealthServicer()
-    await health.set("", health_pb2.HealthCheckResponse.SERVING)
-    health_pb2_grpc.add_HealthServicer_to_server(health, grpc_server)
-    credentials = server.server_credentials()
-    assert credentials is not None
-    port = grpc_server.add_secure_port("127.0.0.1:0", credentials)
-    await grpc_server.start()
-    options = [] if host == "127.0.0.1" else [("grpc.ssl_target_name_override", host)]
-    channel_credentials = client.channel_credentials()
-    assert channel_credentials is not None
-    try:
-        async with grpc.aio.secure_channel(
-            f"127.0.0.1:{port}", channel_credentials, options=options
-        ) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            try:
-                reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=10)
-            except grpc.aio.AioRpcError as error:
-                return error.code().name
-            return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
-    finally:
-        await grpc_server.stop(None)
-
-
-async def test_mutual_tls_works_between_the_mounted_secrets_under_the_names_dialled(
-    rendered: dict[str, list[Obj]], tmp_path: Path
-) -> None:
-    """Each pod's Secret alone suffices: every caller's credentials complete mTLS with each
-    callee's under the name the caller dials, and each role probes itself on 127.0.0.1."""
-    objects = rendered["cpu"]
-    security = {role: _mounted_security(objects, role, tmp_path / role) for role in SERVICES}
-    for role in SERVICES:
-        assert await _health(security[role], security[role], "127.0.0.1") == "SERVING"
-    env = environment(objects, "orchestrator")
-    dialled = {
-        "inference": [
-            a.rsplit(":", 1)[0] for a in json.loads(env["TIDAL_ENDPOINTS__INFERENCE_REPLICAS"])
-        ],
-        "trainer": [env["TIDAL_ENDPOINTS__TRAINER"].rsplit(":", 1)[0]],
-        "weightsync": [env["TIDAL_ENDPOINTS__WEIGHTSYNC"].rsplit(":", 1)[0]],
-    }
-    edges = 0
-    for callee, callers in _callers_by_authz().items():
-        for caller in callers - {"operator"}:
-            for host in dialled[callee]:
-                status = await _health(security[callee], security[caller], host)
-                assert status == "SERVING", (caller, callee, host)
-                edges += 1
-    assert edges == 6  # orchestrator to 2 replicas, trainer, weightsync; trainer, inference
-    # The name is checked: a replica the certificates were not made for is refused.
-    unnamed = await _health(
-        security["inference"], security["orchestrator"], "inference-2.inference"
-    )
-    assert unnamed == "UNAVAILABLE"
