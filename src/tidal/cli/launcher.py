@@ -37,6 +37,8 @@ Decisions:
 - With `inference.replicas = N`, N inference children, each on its own free loopback
   port (listed in `endpoints.inference_replicas`, which the orchestrator reads) with its
   own replica id and log (children.py); each is supervised (restarted) on its own.
+- Every child serves Prometheus metrics on a free loopback port of its own
+  (`--metrics.port`), listed in `<run dir>/prometheus_targets.json` (metrics_targets.py).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ import tomli_w
 from tidal.cli.certs import ensure_run_credentials
 from tidal.cli.children import inference_replicas
 from tidal.cli.config import LAUNCHER_SECTIONS, RunConfig
+from tidal.cli.metrics_targets import with_metrics_ports
 from tidal.cli.placement import place, trainer_world_size, visible_gpus
 from tidal.cli.slurm import SlurmConfig, submit, write_job
 from tidal.cli.supervision import ChildSpec, Supervisor
@@ -243,6 +246,8 @@ async def supervise(
     config: RunConfig, envs: dict[str, dict[str, str]] | None = None, *, resume: bool = False
 ) -> int:
     specs = child_specs(config, envs, resume=resume)
+    if config.metrics.enabled:
+        specs = with_metrics_ports(specs, config.run.dir, config.run.name, free_port)
     return await Supervisor(config.run.dir, specs, config.supervision).run()
 
 

@@ -291,9 +291,14 @@ class LoopCollector(Collector):
 
         try:
             self.loop.call_soon_threadsafe(run)
-            yield from done.result(timeout=LOOP_READ_TIMEOUT_S)
+            families = done.result(timeout=LOOP_READ_TIMEOUT_S)
         except (concurrent.futures.TimeoutError, RuntimeError) as exc:  # busy or closed loop
             log.debug("metrics: no loop snapshot this scrape (%s)", exc)
+            return
+        except Exception:  # a broken reading must not take the other metrics with it
+            log.exception("metrics: reading the service's state failed")
+            return
+        yield from families
 
     def describe(self) -> Iterator[Metric]:
         return iter(())  # read lazily: registering must not run `read` off the loop

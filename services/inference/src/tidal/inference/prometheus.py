@@ -70,9 +70,8 @@ def engine_families(engine: Engine) -> list[Metric]:
             value=s.policy_version,
         ),
     ]
-    block_counts = getattr(engine, "block_counts", None)
-    if block_counts is not None:  # the paged cache
-        blocks = block_counts()
+    blocks = getattr(engine, "block_counts", None)  # a property of the paged engine
+    if blocks is not None:
         families += [
             GaugeMetricFamily(
                 "tidal_inference_kv_blocks_used", "Paged KV-cache blocks held", value=blocks.held
@@ -81,6 +80,11 @@ def engine_families(engine: Engine) -> list[Metric]:
                 "tidal_inference_kv_blocks_capacity",
                 "Paged KV-cache blocks in all",
                 value=blocks.total,
+            ),
+            CounterMetricFamily(
+                "tidal_inference_prefix_cache_hit_blocks",
+                "Paged KV-cache blocks taken from the prefix cache instead of computed",
+                value=blocks.prefix_hits,
             ),
         ]
     return families

@@ -7,8 +7,9 @@ Decisions:
 - Token counts are counters (`rate()` gives tokens/s); the step's wall time a histogram
   labelled by phase ("warmup", "rl"); sample staleness a histogram with one observation
   per trained sample (the step record's `staleness/<age>` counts).
-- The in-flight bound and the newest loaded version are plain attributes of the limiter
-  and the async window, read at scrape time (an int read needs no lock).
+- The in-flight count and bound and the steps generating ahead are read at scrape time
+  (an int attribute or a len(): no lock needed). The served version is inference's own
+  `tidal_inference_policy_version`; the orchestrator's view of it lags between polls.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from prometheus_client.registry import Collector
 from tidal.common.metrics import ServiceMetrics
 from tidal.orchestrator.inflight import InflightLimiter
 from tidal.orchestrator.metrics import StepMetrics
-from tidal.orchestrator.staleness import AsyncWindow
 
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 16)
 STALENESS_PREFIX = "staleness/"
@@ -85,20 +85,15 @@ class OrchestratorMetrics:
                     for _ in range(int(count)):
                         self.staleness.observe(age)
 
-    def watch(
-        self, limiter: InflightLimiter, window: AsyncWindow, steps_ahead: Callable[[], int]
-    ) -> None:
-        """Expose the in-flight bound, the loaded version and the steps generating ahead
-        (`steps_ahead`, a len() the loop owns), read at scrape time."""
-        self.metrics.register(_PipelineCollector(limiter, window, steps_ahead))
+    def watch(self, limiter: InflightLimiter, steps_ahead: Callable[[], int]) -> None:
+        """Expose the in-flight bound and the steps generating ahead (`steps_ahead`, a
+        len() the loop owns), read at scrape time."""
+        self.metrics.register(_PipelineCollector(limiter, steps_ahead))
 
 
 class _PipelineCollector(Collector):
-    def __init__(
-        self, limiter: InflightLimiter, window: AsyncWindow, steps_ahead: Callable[[], int]
-    ) -> None:
+    def __init__(self, limiter: InflightLimiter, steps_ahead: Callable[[], int]) -> None:
         self.limiter = limiter
-        self.window = window
         self.steps_ahead = steps_ahead
 
     def collect(self) -> list[Metric]:  # type: ignore[override]
@@ -118,11 +113,6 @@ class _PipelineCollector(Collector):
                 "Later RL steps whose rollouts are generating (or done) ahead of the step "
                 "in training",
                 value=self.steps_ahead(),
-            ),
-            GaugeMetricFamily(
-                "tidal_orchestrator_loaded_policy_version",
-                "Newest policy version every serving inference replica has loaded (-1 before any)",
-                value=self.window.loaded,
             ),
         ]
 

@@ -225,7 +225,7 @@ async def run_training(
             run_dir=config.run.dir,
         )
         if prom is not None:
-            prom.watch(limiter, window, loop.steps_queued)
+            prom.watch(limiter, loop.steps_queued)
         await loop.run(first_step=first_step)
     finally:
         for task in background:
