@@ -62,6 +62,7 @@ from tidal.cli.supervision import ChildSpec, Supervisor
 from tidal.common.config import load_or_exit, to_toml
 from tidal.common.errors import ConfigError
 from tidal.common.removal import remove_inside
+from tidal.orchestrator.wandb_sink import import_wandb
 from tidal.trainer.parallel.config import check_parallel
 
 # Start order: publishers before subscribers; clients wait for their servers anyway.
@@ -267,6 +268,8 @@ def main(argv: Sequence[str]) -> None:
         usage=f"tidal rl @ config.toml [--section.key value ...] [{OVERWRITE} | {RESUME}]",
     )
     try:
+        if config.orchestrator.wandb.enabled:
+            import_wandb()  # fail before anything starts when the extra is missing
         envs = apply_placement(config, visible_gpus())
         if config.slurm is not None:
             run_slurm(config, config.slurm, dry_run=dry_run)

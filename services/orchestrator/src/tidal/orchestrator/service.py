@@ -69,6 +69,7 @@ from tidal.orchestrator.servicer import OrchestratorServicer
 from tidal.orchestrator.staleness import AsyncWindow
 from tidal.orchestrator.tasks import build_tasks
 from tidal.orchestrator.trainer_client import TrainerClient
+from tidal.orchestrator.wandb_sink import WandbSink, import_wandb
 from tidal.rpc.v1 import orchestrator_pb2_grpc as pb_grpc
 from tidal.text.agreement import check_agreement
 from tidal.text.loader import load_tokenizer
@@ -275,6 +276,15 @@ async def serve(
     service_metrics = ServiceMetrics("orchestrator", config.metrics)
     prom = OrchestratorMetrics(service_metrics)
     metrics.sinks.append(prom.step_finished)
+    wandb_sink = None
+    if orch.wandb.enabled:
+        wandb_sink = WandbSink.start(
+            orch.wandb,
+            run_name=config.run.name,
+            run_dir=config.run.dir,
+            settings=config.model_dump(mode="json"),
+        )
+        metrics.sinks.append(wandb_sink)
     binding = ServiceBinding(
         OrchestratorServicer(progress), pb_grpc.add_OrchestratorServiceServicer_to_server, FULL_NAME
     )
@@ -315,6 +325,8 @@ async def serve(
         with contextlib.suppress(asyncio.CancelledError):
             await run
         log.warning("stopped by signal at step %d of %d", progress.step, orch.total_steps)
+    if wandb_sink is not None:
+        wandb_sink.finish()
     provider.shutdown()
     return exit_code
 
@@ -330,6 +342,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         mixture = build_mixture(config)
         prompts = build_prompt_renderer(config)
+        if config.orchestrator.wandb.enabled:
+            import_wandb()  # installed? (exit 2 naming the extra, before anything starts)
     except ConfigError as exc:
         print(f"orchestrator: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None
