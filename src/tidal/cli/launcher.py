@@ -243,12 +243,24 @@ def trainer_cannot_resume(config: RunConfig) -> str | None:
     )
 
 
+def run_ports(config: RunConfig) -> set[int]:
+    """The loopback ports `prepare_run_dir` gave the services (gRPC and OpenAI HTTP)."""
+    e = config.endpoints
+    addresses = [e.orchestrator, e.inference, e.trainer, e.weightsync, *e.inference_replicas]
+    ports = {int(a.rsplit(":", 1)[1]) for a in addresses}
+    if config.inference.http.enabled:
+        ports |= {config.inference.http.port + i for i in range(config.inference.replicas)}
+    return ports
+
+
 async def supervise(
     config: RunConfig, envs: dict[str, dict[str, str]] | None = None, *, resume: bool = False
 ) -> int:
     specs = child_specs(config, envs, resume=resume)
     if config.metrics.enabled:
-        specs = with_metrics_ports(specs, config.run.dir, config.run.name, free_port)
+        specs = with_metrics_ports(
+            specs, config.run.dir, config.run.name, free_port, taken=run_ports(config)
+        )
     return await Supervisor(config.run.dir, specs, config.supervision).run()
 
 

@@ -33,11 +33,17 @@ def with_metrics_ports(
     run_dir: Path,
     run_name: str,
     free_port: Callable[[], int],
+    taken: set[int] | None = None,
 ) -> list[ChildSpec]:
-    """Each child with `--metrics.port <free port>`; writes the run's targets file."""
+    """Each child with `--metrics.port <free port>` (none of `taken`, the run's other
+    ports, and no two alike); writes the run's targets file."""
     out, targets = [], []
+    used = set(taken or ())
     for spec in specs:
         port = free_port()
+        while port in used:  # a port just handed out and released may come back
+            port = free_port()
+        used.add(port)
         flag = ("--metrics.port", str(port))
         out.append(
             replace(spec, args=(*spec.args, *flag), restart_args=(*spec.restart_args, *flag))

@@ -30,3 +30,12 @@ def test_every_child_gets_its_own_port_on_start_and_restart(tmp_path: Path) -> N
     assert [t["labels"]["service"] for t in targets] == [
         "weightsync", "trainer", "inference", "inference", "orchestrator"
     ]  # fmt: skip
+
+
+def test_ports_already_in_the_run_are_not_handed_out_again(tmp_path: Path) -> None:
+    config = RunConfig()
+    offered = iter([50052, 9000, 9000, 9001, 9002, 9003])  # a gRPC port, then a repeat
+    specs = with_metrics_ports(
+        child_specs(config), tmp_path, "demo", lambda: next(offered), taken={50051, 50052}
+    )
+    assert [s.args[-1] for s in specs] == ["9000", "9001", "9002", "9003"]
