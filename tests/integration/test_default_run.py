@@ -105,6 +105,9 @@ def _check_prometheus(run_dir: Path, steps: int) -> None:
         inference["tidal_inference_kv_slots_used"] <= inference["tidal_inference_kv_slots_capacity"]
     )
     assert 0 <= inference["tidal_inference_kv_usage_ratio"] <= 1
+    kv_bytes = inference["tidal_inference_kv_cache_bytes_capacity"]
+    assert kv_bytes > 0
+    assert 0 <= inference["tidal_inference_kv_cache_bytes_used"] <= kv_bytes
     assert inference["tidal_inference_requests_waiting"] >= 0
     assert 0 <= inference["tidal_inference_policy_version"] <= steps
     assert inference['tidal_inference_weight_load_seconds_count{path="filesystem"}'] >= 1

@@ -53,9 +53,10 @@ def test_loopback_scrape_is_plain_http_with_process_and_service_metrics(monkeypa
     steps = metrics.counter("tidal_test_steps", "steps")
     steps.inc(5)
     metrics.start("127.0.0.1", 0, None)
+    url = metrics.url
     try:
-        assert metrics.url is not None and metrics.url.startswith("http://127.0.0.1:")
-        samples = scrape(metrics.url)
+        assert url is not None and url.startswith("http://127.0.0.1:")
+        samples = scrape(url)
     finally:
         metrics.stop()
     assert samples['tidal_service_info{service="trainer"}'] == 1
@@ -63,8 +64,9 @@ def test_loopback_scrape_is_plain_http_with_process_and_service_metrics(monkeypa
     assert samples["tidal_test_steps_total"] == 5
     assert samples["process_resident_memory_bytes"] > 0
     assert "process_cpu_seconds_total" in samples
+    assert metrics.url is None
     with pytest.raises(urllib.error.URLError):  # stopped: nothing listens any more
-        scrape(metrics.url)
+        scrape(url)
 
 
 def test_each_service_has_its_own_registry() -> None:
@@ -160,7 +162,7 @@ async def test_grpc_server_runs_the_endpoint_with_its_lifecycle() -> None:
     samples = await asyncio.to_thread(scrape, url)
     assert samples['tidal_service_info{service="orchestrator"}'] == 1
     await server.stop()
-    assert metrics.url is None or metrics._server is None
+    assert metrics.url is None
     with pytest.raises(urllib.error.URLError):
         await asyncio.to_thread(scrape, url)
 

@@ -211,6 +211,7 @@ class ServiceMetrics:
         if self._thread is not None:
             self._thread.join(timeout=5)
         self._server = self._thread = None
+        self.address = None
 
     @property
     def url(self) -> str | None:

@@ -86,7 +86,27 @@ def engine_families(engine: Engine) -> list[Metric]:
                 "Paged KV-cache blocks taken from the prefix cache instead of computed",
                 value=blocks.prefix_hits,
             ),
+            CounterMetricFamily(
+                "tidal_inference_preemptions",
+                "Sequences preempted for KV blocks (each recomputed later)",
+                value=getattr(engine, "preemptions", 0),
+            ),
         ]
+        batcher = getattr(engine, "paged", None)
+        if batcher is not None and blocks.total:
+            capacity = batcher.paged.k.nbytes + batcher.paged.v.nbytes  # keys and values
+            families += [
+                GaugeMetricFamily(
+                    "tidal_inference_kv_cache_bytes_capacity",
+                    "Bytes of the paged KV cache's keys and values",
+                    value=capacity,
+                ),
+                GaugeMetricFamily(
+                    "tidal_inference_kv_cache_bytes_used",
+                    "Bytes of the paged KV cache in blocks held by sequences",
+                    value=capacity * blocks.held // blocks.total,
+                ),
+            ]
     return families
 
 
