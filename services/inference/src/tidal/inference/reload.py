@@ -157,14 +157,19 @@ class WeightWatcher:
                     "replica.id": self.replica_id,
                 }
             )
+            started = time.perf_counter()
             try:
-                await self._install(
+                installed = await self._install(
                     received.version,
                     received.step,
                     received.hf_config,
                     received.state_dict,
                     source="broadcast",
                 )
+                if installed and self.metrics is not None:  # received already: install only
+                    seconds = time.perf_counter() - started
+                    self.metrics.loaded("broadcast", seconds, 0, first=not self._timed_any)
+                    self._timed_any = True
             except ValueError as exc:
                 log.error("skipping broadcast version %d: %s", received.version, exc)
                 span.record_exception(exc)
