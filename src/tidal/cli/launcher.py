@@ -37,6 +37,8 @@ Decisions:
 - With `inference.replicas = N`, N inference children, each on its own free loopback
   port (listed in `endpoints.inference_replicas`, which the orchestrator reads) with its
   own replica id and log (children.py); each is supervised (restarted) on its own.
+- Every child serves Prometheus metrics on a free loopback port of its own
+  (`--metrics.port`), listed in `<run dir>/prometheus_targets.json` (metrics_targets.py).
 """
 
 from __future__ import annotations
@@ -53,12 +55,14 @@ import tomli_w
 from tidal.cli.certs import ensure_run_credentials
 from tidal.cli.children import inference_replicas
 from tidal.cli.config import LAUNCHER_SECTIONS, RunConfig
+from tidal.cli.metrics_targets import with_metrics_ports
 from tidal.cli.placement import place, trainer_world_size, visible_gpus
 from tidal.cli.slurm import SlurmConfig, submit, write_job
 from tidal.cli.supervision import ChildSpec, Supervisor
 from tidal.common.config import load_or_exit, to_toml
 from tidal.common.errors import ConfigError
 from tidal.common.removal import remove_inside
+from tidal.orchestrator.wandb_sink import import_wandb
 from tidal.trainer.parallel.config import check_parallel
 
 # Start order: publishers before subscribers; clients wait for their servers anyway.
@@ -239,10 +243,24 @@ def trainer_cannot_resume(config: RunConfig) -> str | None:
     )
 
 
+def run_ports(config: RunConfig) -> set[int]:
+    """The loopback ports `prepare_run_dir` gave the services (gRPC and OpenAI HTTP)."""
+    e = config.endpoints
+    addresses = [e.orchestrator, e.inference, e.trainer, e.weightsync, *e.inference_replicas]
+    ports = {int(a.rsplit(":", 1)[1]) for a in addresses}
+    if config.inference.http.enabled:
+        ports |= {config.inference.http.port + i for i in range(config.inference.replicas)}
+    return ports
+
+
 async def supervise(
     config: RunConfig, envs: dict[str, dict[str, str]] | None = None, *, resume: bool = False
 ) -> int:
     specs = child_specs(config, envs, resume=resume)
+    if config.metrics.enabled:
+        specs = with_metrics_ports(
+            specs, config.run.dir, config.run.name, free_port, taken=run_ports(config)
+        )
     return await Supervisor(config.run.dir, specs, config.supervision).run()
 
 
@@ -262,6 +280,8 @@ def main(argv: Sequence[str]) -> None:
         usage=f"tidal rl @ config.toml [--section.key value ...] [{OVERWRITE} | {RESUME}]",
     )
     try:
+        if config.orchestrator.wandb.enabled:
+            import_wandb()  # fail before anything starts when the extra is missing
         envs = apply_placement(config, visible_gpus())
         if config.slurm is not None:
             run_slurm(config, config.slurm, dry_run=dry_run)

@@ -34,6 +34,7 @@ from tidal.common.config import load_or_exit
 from tidal.common.errors import ConfigError
 from tidal.common.lifeline import watch_launcher
 from tidal.common.logging import setup_logging
+from tidal.common.metrics import ServiceMetrics
 from tidal.common.security import check_or_exit, for_service
 from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.common.telemetry import setup_telemetry
@@ -45,6 +46,7 @@ from tidal.orchestrator.inflight import InflightLimiter
 from tidal.orchestrator.loop import RLLoop
 from tidal.orchestrator.metrics import METRICS_FILE, MetricsLog, StepMetrics
 from tidal.orchestrator.mixture import TaskMixture
+from tidal.orchestrator.prometheus import OrchestratorMetrics
 from tidal.orchestrator.prompt_rendering import PromptRenderer
 from tidal.orchestrator.published_versions import follow_publishes
 from tidal.orchestrator.report import (
@@ -67,6 +69,7 @@ from tidal.orchestrator.servicer import OrchestratorServicer
 from tidal.orchestrator.staleness import AsyncWindow
 from tidal.orchestrator.tasks import build_tasks
 from tidal.orchestrator.trainer_client import TrainerClient
+from tidal.orchestrator.wandb_sink import WandbSink, import_wandb
 from tidal.rpc.v1 import orchestrator_pb2_grpc as pb_grpc
 from tidal.text.agreement import check_agreement
 from tidal.text.loader import load_tokenizer
@@ -153,6 +156,7 @@ async def run_training(
     metrics: MetricsLog,
     mixture: TaskMixture,
     prompts: PromptRenderer,
+    prom: OrchestratorMetrics | None = None,
 ) -> None:
     """Wait for the peers, run every step, then write the report and the summary."""
     orch = config.orchestrator
@@ -221,6 +225,8 @@ async def run_training(
             metrics=metrics,
             run_dir=config.run.dir,
         )
+        if prom is not None:
+            prom.watch(limiter, loop.steps_queued)
         await loop.run(first_step=first_step)
     finally:
         for task in background:
@@ -267,6 +273,18 @@ async def serve(
     orch = config.orchestrator
     progress = ProgressState(total_steps=orch.total_steps, recent_limit=orch.report.recent_steps)
     metrics = MetricsLog(config.run.dir / METRICS_FILE)
+    service_metrics = ServiceMetrics("orchestrator", config.metrics)
+    prom = OrchestratorMetrics(service_metrics)
+    metrics.sinks.append(prom.step_finished)
+    wandb_sink = None
+    if orch.wandb.enabled:
+        wandb_sink = WandbSink.start(
+            orch.wandb,
+            run_name=config.run.name,
+            run_dir=config.run.dir,
+            settings=config.model_dump(mode="json"),
+        )
+        metrics.sinks.append(wandb_sink)
     binding = ServiceBinding(
         OrchestratorServicer(progress), pb_grpc.add_OrchestratorServiceServicer_to_server, FULL_NAME
     )
@@ -275,6 +293,7 @@ async def serve(
         [binding],
         config.grpc,
         security=for_service(config, "orchestrator"),
+        metrics=service_metrics,
     )
     await server.start()
     log.info("serving on %s; %d steps to run", config.endpoints.orchestrator, orch.total_steps)
@@ -298,7 +317,7 @@ async def serve(
         if error is not None or orch.exit_when_done:
             server.request_stop()
 
-    run = asyncio.create_task(run_training(config, progress, metrics, mixture, prompts))
+    run = asyncio.create_task(run_training(config, progress, metrics, mixture, prompts, prom))
     run.add_done_callback(finished)
     await server.serve_forever()
     if not run.done():
@@ -306,6 +325,8 @@ async def serve(
         with contextlib.suppress(asyncio.CancelledError):
             await run
         log.warning("stopped by signal at step %d of %d", progress.step, orch.total_steps)
+    if wandb_sink is not None:
+        wandb_sink.finish()
     provider.shutdown()
     return exit_code
 
@@ -321,6 +342,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         mixture = build_mixture(config)
         prompts = build_prompt_renderer(config)
+        if config.orchestrator.wandb.enabled:
+            import_wandb()  # installed? (exit 2 naming the extra, before anything starts)
     except ConfigError as exc:
         print(f"orchestrator: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
@@ -52,6 +53,7 @@ from opentelemetry import trace
 from tidal.batch.tensors import MicroBatchData
 from tidal.common.errors import FailedPrecondition, Unavailable
 from tidal.trainer.checkpoint import CheckpointManager
+from tidal.trainer.prometheus import TrainerMetrics
 from tidal.trainer.publisher import WeightPublisher
 from tidal.trainer.served_trainer import LossKind, ServedTrainer
 from tidal.trainer.train_step import StepAbandoned
@@ -92,8 +94,10 @@ class StepRunner:
         keep_results: int = KEEP_RESULTS,
         checkpoints: CheckpointManager | None = None,
         checkpoint_interval: int = 0,
+        metrics: TrainerMetrics | None = None,
     ) -> None:
         self.trainer = trainer
+        self.metrics = metrics
         self.publisher = publisher
         self.keep_results = keep_results
         self.checkpoints = checkpoints
@@ -165,11 +169,17 @@ class StepRunner:
                 interval = self.checkpoint_interval
                 if self.checkpoints is not None and interval and step % interval == 0:
                     extra = {SHA_KEY: int.from_bytes(sha, "big")} if sha else None
+                    started = time.perf_counter()
                     await asyncio.to_thread(self.checkpoints.save, self.trainer, extra=extra)
+                    if self.metrics is not None:
+                        self.metrics.checkpoint_seconds.observe(time.perf_counter() - started)
             else:
                 _check_same_payload(step, pending.payload_sha256, sha)
                 log.info("step %d was trained before its publish failed; publishing again", step)
+            started = time.perf_counter()
             await self.publisher.publish(step, pending.state_dict)
+            if self.metrics is not None:
+                self.metrics.publish_seconds.observe(time.perf_counter() - started)
             self._pending = None
             return self._record(StepResult(step, step, pending.metrics, payload_sha256=sha))
 
@@ -179,6 +189,7 @@ class StepRunner:
         tokens = sum(b.num_tokens for b in batches)
         attributes = {"step": step, "loss": kind, "micro_batches": len(batches), "tokens": tokens}
         with tracer.start_as_current_span("trainer.step", attributes=attributes) as span:
+            started = time.perf_counter()
             try:
                 metrics, state = await asyncio.to_thread(self._train_and_copy, step, batches, kind)
             except StepAbandoned as exc:  # SIGTERM: nothing committed, nothing published
@@ -186,6 +197,9 @@ class StepRunner:
                 raise
             span.set_attribute("loss_value", metrics["loss"])
         self.steps_trained += 1
+        if self.metrics is not None:
+            seconds = time.perf_counter() - started
+            self.metrics.trained(step, tokens, seconds, metrics.get("loss"))
         log.info(
             "trained step %d",
             step,

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from tidal.common.errors import FailedPrecondition, Unavailable
+from tidal.common.metrics import ServiceMetrics
 from tidal.common.security import for_service
 from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.common.telemetry import setup_telemetry
@@ -36,6 +37,7 @@ from tidal.trainer.companion_files import companion_files
 from tidal.trainer.config import TrainerRunConfig
 from tidal.trainer.parallel.leader import ControlChannel, LeaderCheckpoints, LeaderTrainer
 from tidal.trainer.parallel.runtime import TorchrunRanks
+from tidal.trainer.prometheus import TrainerMetrics
 from tidal.trainer.publisher import WeightPublisher
 from tidal.trainer.runner import StepRunner
 from tidal.trainer.served_trainer import ServedTrainer
@@ -117,8 +119,13 @@ async def start_trainer(
         weightsync_address=config.endpoints.weightsync,
         wait_s=config.trainer.weightsync_timeout_s,
     )
+    metrics = ServiceMetrics("trainer", config.metrics)
     runner = StepRunner(
-        trainer, publisher, checkpoints=checkpoints, checkpoint_interval=ckpt.interval
+        trainer,
+        publisher,
+        checkpoints=checkpoints,
+        checkpoint_interval=ckpt.interval,
+        metrics=TrainerMetrics.on(metrics),
     )
     # The degree micro-batches are split over (parallel/leader.py); the orchestrator packs for it.
     dp = ranks.dims.dp if ranks is not None else 1
@@ -127,7 +134,7 @@ async def start_trainer(
     )
     binding = ServiceBinding(servicer, pb_grpc.add_TrainerServiceServicer_to_server, FULL_NAME)
     address = config.grpc.listen_address(config.endpoints.trainer)
-    server = GrpcServer(address, [binding], config.grpc, security=security)
+    server = GrpcServer(address, [binding], config.grpc, security=security, metrics=metrics)
     running = RunningTrainer(server, runner, client)
     await running.server.start(serving=False)
     log.info("model %s on %s; publishing to %s", trainer.describe(), device, config.publish_dir)
