@@ -35,6 +35,16 @@ def test_default_run_finishes_in_time_and_reward_rises(launch) -> None:  # type:
     assert time.monotonic() - started < 300
     out = run.output()
     assert "Tidal run summary" in out
+    # The launcher prints the table once every service exited, with the two timing rows
+    # (tidal.cli.run_timing), and keeps them in summary.json.
+    assert "start-up to first step (s)" in out and "shutdown, last step to exit (s)" in out
+    summary = json.loads((run.run_dir / "summary.json").read_text())
+    launched, first, last = (
+        summary[k] for k in ("launched_at", "first_step_started_at", "last_step_ended_at")
+    )
+    assert launched < first < last
+    assert summary["startup_s"] == pytest.approx(first - launched)
+    assert 0 < summary["shutdown_s"] < 60
 
     metrics = _metrics(run.run_dir)
     for record in metrics:

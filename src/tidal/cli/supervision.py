@@ -20,7 +20,8 @@ Decisions:
 - A restart reuses the child's port (the resolved config.toml), so its peers reconnect
   to the same address; its output is appended to the same log file.
 - Every restart is logged on the launcher's stderr and counted; the counts are printed
-  in the run's last line and written to `<run dir>/supervision.json` (restarts per
+  in the line after the run's end line (then, for a finished run, the launcher prints
+  the summary table) and written to `<run dir>/supervision.json` (restarts per
   service and one record per exit: service, exit reason, restarted or not), which is how
   a harness checks what happened. A restarted child also gets its count in
   `TIDAL_RESTARTS`, which it reports as `tidal_restarts_total` (tidal.common.metrics).

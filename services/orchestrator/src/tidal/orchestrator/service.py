@@ -16,6 +16,10 @@ Decisions:
 - Tasks are built (and plug-in import paths resolved), and the tokenizer and chat
   rendering resolved, before waiting for any peer, so a bad task, tokenizer or
   `[orchestrator.chat]` config fails at once (exit code 2).
+- The end of a run writes `report.png`, `reward.png` and `summary.json` (report.py);
+  under `tidal rl` (`TIDAL_LAUNCHED_AT` set) the launcher prints the summary table once
+  every service has exited, with the start-up and shutdown seconds
+  (tidal.cli.run_timing); run alone, the orchestrator prints it.
 - Exit codes: 0 after the last step (with `exit_when_done`, after a graceful server
   stop); 1 with a message naming the failed peer and call; 143 when stopped by a
   signal before the run finished.
@@ -25,7 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -52,10 +58,13 @@ from tidal.orchestrator.published_versions import follow_publishes
 from tidal.orchestrator.report import (
     REPORT_PLOT,
     REWARD_PLOT,
+    SUMMARY_FILE,
+    import_matplotlib_in_background,
     print_summary,
     summarize,
     write_report,
     write_reward_plot,
+    write_summary,
 )
 from tidal.orchestrator.resume import (
     PROGRESS_FILE,
@@ -81,6 +90,8 @@ FULL_NAME = "tidal.rpc.v1.OrchestratorService"
 REPLICA_ID = "orchestrator"
 EXIT_FAILED, EXIT_CONFIG, EXIT_SIGNALLED = 1, 2, 143
 QUEUE_POLL_S = 0.5
+LAUNCHED_AT_ENV = "TIDAL_LAUNCHED_AT"
+"""Set by `tidal rl` (tidal.cli.run_timing): the run's launch, for the start-up figure."""
 
 
 def build_mixture(config: OrchestratorRunConfig) -> TaskMixture:
@@ -186,6 +197,8 @@ async def run_training(
         max_tokens=orch.sampling.max_tokens or mixture.max_completion_chars + 2,
     )
     background: list[asyncio.Task[None]] = []
+    launched_at = launched_at_from_env()
+    marks: dict[str, float | None] = {"launched_at": launched_at}
     try:
         peer_wait = orch.timeouts.peer_wait_s
         log.info(
@@ -208,6 +221,8 @@ async def run_training(
             log.warning("resume: step %d was trained but never logged; writing its line", trained)
             metrics.append(StepMetrics.lost(trained))
         started = time.monotonic()  # the summary's time excludes waiting for peers
+        marks["first_step_started_at"] = time.time()
+        import_matplotlib_in_background()  # for the report, off the end of the run
         follow = asyncio.create_task(
             follow_publishes(weightsync, REPLICA_ID, progress, address=config.endpoints.weightsync)
         )
@@ -228,6 +243,7 @@ async def run_training(
         if prom is not None:
             prom.watch(limiter, loop.steps_queued)
         await loop.run(first_step=first_step)
+        marks["last_step_ended_at"] = time.time()
     finally:
         for task in background:
             task.cancel()
@@ -240,9 +256,22 @@ async def run_training(
         for line in inference.summary():
             log.info("%s", line)
     summary = summarize(metrics.records, time.monotonic() - started)
+    if launched_at is not None:
+        startup_s = (marks["first_step_started_at"] or 0.0) - launched_at
+        summary = dataclasses.replace(summary, startup_s=startup_s)
     await asyncio.to_thread(write_report, metrics.records, config.run.dir / REPORT_PLOT)
     await asyncio.to_thread(write_reward_plot, metrics.records, config.run.dir / REWARD_PLOT)
-    print_summary(summary)
+    write_summary(summary, config.run.dir / SUMMARY_FILE, **marks)
+    if launched_at is None:  # under `tidal rl` the launcher prints it, with the shutdown
+        print_summary(summary)
+
+
+def launched_at_from_env() -> float | None:
+    """When `tidal rl` started this run (`TIDAL_LAUNCHED_AT`, Unix seconds), if it did."""
+    try:
+        return float(os.environ[LAUNCHED_AT_ENV])
+    except (KeyError, ValueError):
+        return None
 
 
 async def check_peer_tokenizers(
