@@ -195,15 +195,15 @@ def reward_per_second(result: dict[str, Any], window: int) -> dict[str, float]:
     }
 
 
-def run_scenario(python: Path, shape: dict[str, int], *, steps: int, repeats: int, window: int,
+def run_scenario(python: Path, shape: dict[str, int], *, steps: int, seeds: range, window: int,
                  out: Path, tidal_command: Callable[..., list[str]],
                  step_line: Any) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
-    """Every variant per seed 0..repeats-1, interleaved; variant -> one result per seed.
+    """Every variant per seed, interleaved; variant -> one result per seed.
 
     `tidal_command` and `step_line` are `bench/rl_step.py`'s: the same `tidal rl` command
     as the step-speed runs, plus the model folder and the seed."""
     same: dict[str, list[dict[str, Any]]] = {}
-    for seed in range(repeats):
+    for seed in seeds:
         folder = model_folder(python, shape, seed=seed, out=out)
         ids = check_same_ids(python, folder)
         for name, how in VARIANTS:

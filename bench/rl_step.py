@@ -341,6 +341,11 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--same-tokenizer-repeats", type=int, default=2)
     parser.add_argument(
+        "--same-tokenizer-first-seed", type=int, default=0,
+        help="seeds first..first+repeats-1 (more seeds for an earlier result: run the next "
+        "ones into TIDAL_BENCH_DIR, add their per-run results, --resummarize)",
+    )  # fmt: skip
+    parser.add_argument(
         "--window", type=int, default=SAME_WINDOW,
         help="steps averaged for the initial and final reward of the same-tokenizer measure",
     )  # fmt: skip
@@ -367,7 +372,11 @@ def main() -> None:
         if "same-tokenizer" in scenarios:
             same = rl_same_tokenizer.run_scenario(
                 trl_python(), SHAPES["small"], steps=args.same_tokenizer_steps,
-                repeats=args.same_tokenizer_repeats, window=args.window, out=Path(tmp),
+                seeds=range(
+                    args.same_tokenizer_first_seed,
+                    args.same_tokenizer_first_seed + args.same_tokenizer_repeats,
+                ),
+                window=args.window, out=Path(tmp),
                 tidal_command=tidal_command, step_line=STEP_LINE,
             )  # fmt: skip
     config: dict[str, Any] = {
@@ -394,7 +403,12 @@ def main() -> None:
         config["same_tokenizer"] = {
             "shape": SHAPES["small"],
             "steps": args.same_tokenizer_steps,
-            "repeats (seeds 0..n-1)": args.same_tokenizer_repeats,
+            "seeds": list(
+                range(
+                    args.same_tokenizer_first_seed,
+                    args.same_tokenizer_first_seed + args.same_tokenizer_repeats,
+                )
+            ),
             "window": args.window,
             "tokenizer": "TRL's 12-token character tokenizer as an HF folder",
             "reward": "reversal partial credit in [0, 1], exact = 1 (both sides)",
