@@ -21,12 +21,15 @@ is the system: how fast it turns wall-clock time into reward.
   function reimplemented on the TRL side, both on the decoded completion in [0, 1].
 - Same algorithm: 8 x 8, <= 8 new tokens, temperature 1, lr 3e-4 linearly decayed to 0
   over the run, clip 0.2/0.2, no KL, token-mean loss (Tidal `loss.norm = "token"`, TRL's
-  default `dapo`), group-std advantages (both defaults), grad-norm clip 1.0, AdamW with
+  default `dapo`), group-std advantages (both defaults; population std in Tidal, sample
+  std in TRL: a constant 0.94 on TRL's advantages), grad-norm clip 1.0, AdamW with
   betas (0.9, 0.95) and no weight decay (Tidal's default; TRL is given `adam_beta2 =
   0.95`, its default being 0.999). Tidal runs at its default config otherwise
   (`max_async = 1`), and at `max_async = 0`.
-- Fixed seeds: repeat i uses seed i for the weights, TRL's sampling and prompts, and
-  Tidal's `run.seed`. The variants run interleaved per repeat.
+- Fixed seeds: each repeat's seed (0, 1, ... from `--same-tokenizer-first-seed`) sets
+  the weights, TRL's sampling and prompts, and Tidal's `run.seed`; the prompts come from
+  the same distribution (3-5 letters of "abcdefgh") in each system's own order. The
+  variants run interleaved per seed.
 
 The measure, `reward_per_s`: (mean reward of the last W steps - mean reward of the
 first W steps) / wall seconds from launch to the end of the last step. Both systems run
