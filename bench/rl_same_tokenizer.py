@@ -271,6 +271,12 @@ def summarize(
         "same_tokenizer_wall_speedup_vs_trl": median(trl, "wall_s") / median(default, "wall_s"),
     }
     summary = {key: round(value, 3) for key, value in summary.items()}
+    flat = [name for name in by_variant if median(name, "reward_gain") <= 0]
+    if flat:  # a ratio of gains that are not gains means nothing; say so, do not print one
+        print(f"same tokenizer: no reward gain in {flat}: raise --same-tokenizer-steps")
+        if median(trl, "reward_gain") <= 0:
+            summary = dict.fromkeys(summary)
+        summary["same_tokenizer_no_gain"] = flat
     every = [r for results in by_variant.values() for r in results]
     summary["same_tokenizer_load_avg"] = [
         min(r["load_before"] for r in every),
