@@ -57,6 +57,7 @@ from tidal.batch.tensors import micro_batch_from_packed, validate_micro_batch
 from tidal.batch.wire import micro_batch_from_proto, micro_batch_to_proto, payload_sha256
 from tidal.models.attention import PackedCausalAttention, PaddedCausalAttention
 from tidal.rpc.v1 import trainer_pb2 as pb
+from tidal.trainer.checkpoint import CheckpointManager
 from tidal.trainer.config import ModelConfig, OptimConfig, TrainerConfig
 from tidal.trainer.train_step import Trainer
 from tidal.weights.transports.base import VersionPayload
@@ -76,6 +77,7 @@ PHASES = (
     "backward",
     "clip + AdamW + schedule",
     "copy weights for publish",
+    "checkpoint save (model + AdamW state, fsync)",
     "write version folder (encode, sha256, fsync)",
     "acknowledgement (TrainResponse)",
 )
@@ -155,7 +157,12 @@ def hook_trainer(trainer: Trainer, timers: Timers, attention: str) -> None:
 
 
 def one_step(
-    trainer: Trainer, timers: Timers, rng: random.Random, sender: FilesystemSender, step: int
+    trainer: Trainer,
+    timers: Timers,
+    rng: random.Random,
+    sender: FilesystemSender,
+    checkpoints: CheckpointManager,
+    step: int,
 ) -> dict[str, float]:
     timers.now.clear()
     samples = step_samples(rng)
@@ -180,6 +187,8 @@ def one_step(
         metrics = trainer.train_step(step, batches, "pg")
     with timers.phase("copy weights for publish"):
         state = trainer.state_dict_for_publish()
+    with timers.phase("checkpoint save (model + AdamW state, fsync)"):
+        checkpoints.save(trainer)
     with timers.phase("write version folder (encode, sha256, fsync)"):
         sender.write(
             VersionPayload(version=step, step=step, state_dict=state, hf_config=trainer.hf_config())
@@ -215,9 +224,10 @@ def profile(
     rng = random.Random(seed)
     per_phase: dict[str, list[float]] = defaultdict(list)
     with tempfile.TemporaryDirectory() as root:
-        sender = FilesystemSender(Path(root), client=None)  # type: ignore[arg-type]
+        sender = FilesystemSender(Path(root) / "weights", client=None)  # type: ignore[arg-type]
+        checkpoints = CheckpointManager(Path(root) / "checkpoints", keep_last=2)
         for step in range(1, steps + 3):
-            times = one_step(trainer, timers, rng, sender, step)
+            times = one_step(trainer, timers, rng, sender, checkpoints, step)
             if step > 2:  # warm-up
                 for name, seconds in times.items():
                     per_phase[name].append(seconds)

@@ -89,9 +89,20 @@ def _unflatten(tree: Any, tensors: dict[str, torch.Tensor]) -> Any:
 def write_state(folder: Path, state: dict[str, Any]) -> None:
     """Write `state` (a tree of dicts, lists, tuples, tensors and JSON scalars) into the
     existing, empty `folder` as one fsynced file named after its own sha256."""
+    write_encoded(folder, encode_state(state))
+
+
+def encode_state(state: dict[str, Any]) -> bytes:
+    """`state` as the bytes of one state file: the only step that reads its tensors (the
+    rest of a save works on these bytes, so the tensors may change once this returns)."""
     tensors: dict[str, torch.Tensor] = {}
     tree = _flatten(state, "", tensors, {})
-    data = save_safetensors(tensors, metadata={FORMAT_KEY: FORMAT, TREE_KEY: json.dumps(tree)})
+    return save_safetensors(tensors, metadata={FORMAT_KEY: FORMAT, TREE_KEY: json.dumps(tree)})
+
+
+def write_encoded(folder: Path, data: bytes) -> None:
+    """Write `encode_state`'s bytes into the existing, empty `folder`: one fsynced file
+    named after its own sha256."""
     path = folder / f"{PREFIX}{hashlib.sha256(data).hexdigest()}{SUFFIX}"
     with path.open("wb") as f:
         f.write(data)

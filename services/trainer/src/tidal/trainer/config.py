@@ -329,6 +329,15 @@ class TrainerConfig(BaseConfig):
     """Where to train; "auto" picks CUDA when available, else CPU."""
     num_threads: int = Field(default=1, ge=1)
     """torch intra-op CPU threads (the local stack shares 2 cores among four services)."""
+    background_publish: bool = True
+    """Answer Train as soon as the step is trained and write its checkpoint and weight
+    version in the background, during the next step's forward and backward (the next
+    update waits for them). The guarantees stay: a version is published only after its
+    checkpoint is complete, in step order; a trainer killed meanwhile resumes one step
+    back and the orchestrator re-sends that step. On issue 19's 33.6M shape it took
+    checkpoint + publish (~2.5 s of a ~4.2 s step) off the critical path
+    (docs/benchmarks/trainer_profile.md). One trainer process only; false: Train answers
+    after both, as before."""
     weightsync_timeout_s: float = Field(default=300.0, gt=0)
     """How long the trainer waits for weightsync to answer, at start-up and when a publish
     finds it gone (restarting), before it stops with an error naming weightsync's address.

@@ -51,10 +51,11 @@ from opentelemetry import trace
 
 from tidal.batch.tensors import MicroBatchData
 from tidal.common.errors import FailedPrecondition, Unavailable
+from tidal.trainer.background_persist import BackgroundPersister
 from tidal.trainer.checkpoint import CheckpointManager
 from tidal.trainer.publisher import WeightPublisher
 from tidal.trainer.served_trainer import LossKind, ServedTrainer
-from tidal.trainer.train_step import StepAbandoned
+from tidal.trainer.train_step import StepAbandoned, Trainer
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
@@ -92,6 +93,7 @@ class StepRunner:
         keep_results: int = KEEP_RESULTS,
         checkpoints: CheckpointManager | None = None,
         checkpoint_interval: int = 0,
+        background: bool = False,
     ) -> None:
         self.trainer = trainer
         self.publisher = publisher
@@ -105,6 +107,19 @@ class StepRunner:
         self._results: OrderedDict[int, StepResult] = OrderedDict()
         self._pending: _Pending | None = None
         self._lock = asyncio.Lock()
+        self.background: BackgroundPersister | None = None
+        if (
+            background
+            and isinstance(trainer, Trainer)
+            and type(checkpoints)
+            in (
+                CheckpointManager,
+                type(None),
+            )
+        ):
+            # One process only: the leader's saves are collectives (background_persist.py).
+            self.background = BackgroundPersister(publisher, checkpoints)
+            trainer.update_gate = self.background.gate
 
     @property
     def policy_version(self) -> int:
@@ -158,6 +173,8 @@ class StepRunner:
                     f"step {step} is out of order: expected step {self.last_step + 1} "
                     f"(last trained step {self.last_step})"
                 )
+            if self.background is not None:
+                return await self._train_background(self.background, step, batches, kind, sha)
             pending = self._pending
             if pending is None or pending.step != step:
                 pending = await self._compute(step, batches, kind, sha)
@@ -172,6 +189,32 @@ class StepRunner:
             await self.publisher.publish(step, pending.state_dict)
             self._pending = None
             return self._record(StepResult(step, step, pending.metrics, payload_sha256=sha))
+
+    async def _train_background(
+        self,
+        persister: BackgroundPersister,
+        step: int,
+        batches: list[MicroBatchData],
+        kind: LossKind,
+        sha: bytes,
+    ) -> StepResult:
+        """Train, answer, and leave the checkpoint and version to `persister`: the next
+        step's forward/backward overlaps them (background_persist.py)."""
+        await persister.settle()  # a failed job of the previous step is written first
+        pending = await self._compute(step, batches, kind, sha)  # its update waits: gate()
+        await persister.wait()  # a skipped update (non-finite gradient) did not wait
+        snapshot = None
+        interval = self.checkpoint_interval
+        if self.checkpoints is not None and interval and step % interval == 0:
+            extra = {SHA_KEY: int.from_bytes(sha, "big")} if sha else None
+            snapshot = self.checkpoints.snapshot(self.trainer, extra=extra)
+        persister.start(step, pending.state_dict, snapshot)
+        return self._record(StepResult(step, step, pending.metrics, payload_sha256=sha))
+
+    async def flush(self) -> None:
+        """Shutdown: let the step in flight finish its checkpoint (and its publish, briefly)."""
+        if self.background is not None:
+            await self.background.flush()
 
     async def _compute(
         self, step: int, batches: list[MicroBatchData], kind: LossKind, sha: bytes
