@@ -211,12 +211,22 @@ def one_step(
 
 
 def profile(
-    shape: dict[str, int], *, threads: int, steps: int, attention: str, seed: int = 0
+    shape: dict[str, int],
+    *,
+    threads: int,
+    steps: int,
+    attention: str,
+    precision: str = "fp32",
+    seed: int = 0,
 ) -> tuple[dict[str, float], int, int]:
     """Median seconds per phase over `steps` steps; also the parameters and tokens per step."""
     torch.set_num_threads(threads)
     config = TrainerConfig(
-        model=model_config(shape), optim=OptimConfig(lr=3e-4), device="cpu", num_threads=threads
+        model=model_config(shape),
+        optim=OptimConfig(lr=3e-4),
+        device="cpu",
+        num_threads=threads,
+        precision=precision,
     )
     trainer = Trainer(config, seed=seed, device=torch.device("cpu"))
     timers = Timers()
@@ -235,10 +245,14 @@ def profile(
     return {n: statistics.median(v) for n, v in per_phase.items()}, trainer.num_parameters, tokens
 
 
-def op_table(shape: dict[str, int], *, threads: int, attention: str) -> list[dict[str, Any]]:
+def op_table(
+    shape: dict[str, int], *, threads: int, attention: str, precision: str = "fp32"
+) -> list[dict[str, Any]]:
     """The profiler's top operators (self CPU) over 3 train steps after warm-up."""
     torch.set_num_threads(threads)
-    config = TrainerConfig(model=model_config(shape), device="cpu", num_threads=threads)
+    config = TrainerConfig(
+        model=model_config(shape), device="cpu", num_threads=threads, precision=precision
+    )
     trainer = Trainer(config, seed=0, device=torch.device("cpu"))
     layers_module.packed_attention = lambda _, n, t: attention_backend(attention)(n, t)  # type: ignore[assignment]
     rng = random.Random(0)
@@ -278,6 +292,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--large", action="store_true", help="hidden 512 x 8 layers (~33.6M)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (service default 1)")
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument(
+        "--precision", choices=("fp32", "bf16"), default="fp32", help="trainer.precision"
+    )
     parser.add_argument("--attention", choices=("padded", "loop"), default="padded")
     parser.add_argument(
         "--compare", action="store_true", help="also profile the other attention kind, interleaved"
@@ -291,7 +308,11 @@ def main(argv: list[str]) -> None:
     for _ in range(rounds):  # interleaved, so drift of the shared machine hits both alike
         for kind in kinds:
             medians, params, tokens = profile(
-                shape, threads=args.threads, steps=args.steps, attention=kind
+                shape,
+                threads=args.threads,
+                steps=args.steps,
+                attention=kind,
+                precision=args.precision,
             )
             runs[kind].append(medians)
     results: dict[str, Any] = {}
@@ -300,11 +321,11 @@ def main(argv: list[str]) -> None:
         rows = phase_rows(medians)
         print_table(
             f"one RL trainer step, {params / 1e6:.1f}M qwen2, {tokens} tokens in 64 samples, "
-            f"{args.threads} thread(s), attention {kind}",
+            f"{args.threads} thread(s), attention {kind}, {args.precision}",
             rows,
         )
         results[kind] = rows
-    ops = op_table(shape, threads=args.threads, attention=args.attention)
+    ops = op_table(shape, threads=args.threads, attention=args.attention, precision=args.precision)
     print_table(f"top operators, self CPU per step (attention {args.attention})", ops)
     total = {k: results[k][-1]["ms"] for k in kinds}
     summary: dict[str, Any] = {
@@ -318,6 +339,16 @@ def main(argv: list[str]) -> None:
             3,
         ),
     }
+    # What `trainer.background_publish` takes off the critical path (it overlaps the next
+    # step's forward/backward instead): the checkpoint and the version folder.
+    summary["checkpoint_and_publish_share"] = round(
+        sum(
+            r["share"]
+            for r in results[args.attention]
+            if r["phase"].startswith(("checkpoint", "write version"))
+        ),
+        3,
+    )
     if args.compare:
         summary["loop_over_padded_step_ratio"] = round(total["loop"] / total["padded"], 3)
     write_result(
@@ -328,6 +359,7 @@ def main(argv: list[str]) -> None:
             "tokens_per_step": tokens,
             "samples_per_step": PROMPTS * COMPLETIONS,
             "threads": args.threads,
+            "precision": args.precision,
             "steps": args.steps,
             "rounds": rounds,
             "attention": kinds,

@@ -12,9 +12,10 @@ Decisions:
   complete (fsynced, renamed) before version n is published; versions are published in
   step order; a crash leaves at most a hidden temp folder or an unregistered version
   folder behind, as before (checkpoint.py, the senders).
-- No copy of the training state is made: the checkpoint reads the live weights and AdamW
-  tensors (`CheckpointManager.snapshot` copies only the small rest), and the trainer
-  calls `gate()` before its next update changes any of them. `gate()` waits for the whole
+- No copy of the training state is made on the critical path: the checkpoint reads the
+  live weights and AdamW tensors (`CheckpointManager.snapshot` copies only the small
+  rest), the version's weight copy is made in the job too, and the trainer calls
+  `gate()` before its next update changes any of them. `gate()` waits for the whole
   job (checkpoint and publish) to end; at most one job is in flight, so version n+1 can
   never be published before version n. On these shapes the job ends during step n+1's
   forward/backward; when it is longer, the step waits for it (the profile shows which).
@@ -40,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -59,8 +61,9 @@ class _Job:
     """Step `step`'s durable work: its checkpoint (if due) and then its version."""
 
     step: int
-    state_dict: dict[str, torch.Tensor]  # the version's weights (a copy)
+    read_weights: Callable[[], dict[str, torch.Tensor]]  # the version's weights, copied
     snapshot: StateSnapshot | None  # None: no checkpoint due, or already saved
+    state_dict: dict[str, torch.Tensor] | None = None  # read_weights' copy, once made
     done: threading.Event = field(default_factory=threading.Event)
     checkpointed: asyncio.Event = field(default_factory=asyncio.Event)
     error: Exception | None = None
@@ -119,13 +122,18 @@ class BackgroundPersister:
             await asyncio.shield(job.task)
 
     def start(
-        self, step: int, state_dict: dict[str, torch.Tensor], snapshot: StateSnapshot | None
+        self,
+        step: int,
+        read_weights: Callable[[], dict[str, torch.Tensor]],
+        snapshot: StateSnapshot | None,
     ) -> None:
-        """Begin step `step`'s job; the previous one must have ended without error."""
+        """Begin step `step`'s job; the previous one must have ended without error.
+        `read_weights` (the trainer's `state_dict_for_publish`) runs in the job too: the
+        weights it copies stay put until `gate()` lets the next update through."""
         previous = self._job
         if previous is not None and (not previous.done.is_set() or previous.error is not None):
             raise RuntimeError(f"step {previous.step}'s job has not ended cleanly")
-        job = _Job(step, state_dict, snapshot)
+        job = _Job(step, read_weights, snapshot)
         job.task = asyncio.create_task(self._run(job))
         self._job = job
 
@@ -147,6 +155,8 @@ class BackgroundPersister:
 
     async def _run(self, job: _Job) -> None:
         try:
+            if job.state_dict is None:
+                job.state_dict = await asyncio.to_thread(job.read_weights)
             if job.snapshot is not None and self.checkpoints is not None:
                 await asyncio.to_thread(self.checkpoints.save_snapshot, job.snapshot)
                 job.snapshot = None  # saved: a rerun after a failed publish only publishes

@@ -8,6 +8,10 @@ Decisions:
   FAILED_PRECONDITION naming the expected step. Steps start at 1 (version 0 = init).
 - The compute runs in `asyncio.to_thread` so health checks and GetStatus keep answering;
   the weights are copied to CPU in that same thread, before the lock is released.
+- Background (`trainer.background_publish`, the default for one trainer process): a
+  step is recorded and answered once trained; its checkpoint and version are written by
+  `BackgroundPersister` before the next step's update (background_persist.py; the rules
+  below hold, only later). Otherwise, serially:
 - A step is recorded only after its version is published, and Train answers only then
   (policy_version == step). If publishing fails after the optimizer step, the trained
   weights are kept pending: the retry publishes them instead of training again.
@@ -201,14 +205,14 @@ class StepRunner:
         """Train, answer, and leave the checkpoint and version to `persister`: the next
         step's forward/backward overlaps them (background_persist.py)."""
         await persister.settle()  # a failed job of the previous step is written first
-        pending = await self._compute(step, batches, kind, sha)  # its update waits: gate()
+        pending = await self._compute(step, batches, kind, sha, copy=False)  # update: gate()
         await persister.wait()  # a skipped update (non-finite gradient) did not wait
         snapshot = None
         interval = self.checkpoint_interval
         if self.checkpoints is not None and interval and step % interval == 0:
             extra = {SHA_KEY: int.from_bytes(sha, "big")} if sha else None
             snapshot = self.checkpoints.snapshot(self.trainer, extra=extra)
-        persister.start(step, pending.state_dict, snapshot)
+        persister.start(step, self.trainer.state_dict_for_publish, snapshot)
         return self._record(StepResult(step, step, pending.metrics, payload_sha256=sha))
 
     async def flush(self) -> None:
@@ -217,13 +221,22 @@ class StepRunner:
             await self.background.flush()
 
     async def _compute(
-        self, step: int, batches: list[MicroBatchData], kind: LossKind, sha: bytes
+        self,
+        step: int,
+        batches: list[MicroBatchData],
+        kind: LossKind,
+        sha: bytes,
+        *,
+        copy: bool = True,
     ) -> _Pending:
+        """Train the step in a worker thread; with `copy`, also copy its weights to publish."""
         tokens = sum(b.num_tokens for b in batches)
         attributes = {"step": step, "loss": kind, "micro_batches": len(batches), "tokens": tokens}
         with tracer.start_as_current_span("trainer.step", attributes=attributes) as span:
             try:
-                metrics, state = await asyncio.to_thread(self._train_and_copy, step, batches, kind)
+                metrics, state = await asyncio.to_thread(
+                    self._train_and_copy, step, batches, kind, copy
+                )
             except StepAbandoned as exc:  # SIGTERM: nothing committed, nothing published
                 log.warning("step %d: %s", step, exc)
                 raise
@@ -237,10 +250,10 @@ class StepRunner:
         return _Pending(step, metrics, state, sha)
 
     def _train_and_copy(
-        self, step: int, batches: list[MicroBatchData], kind: LossKind
+        self, step: int, batches: list[MicroBatchData], kind: LossKind, copy: bool
     ) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
         metrics = self.trainer.train_step(step, batches, kind)
-        return metrics, self.trainer.state_dict_for_publish()
+        return metrics, self.trainer.state_dict_for_publish() if copy else {}
 
     def _record(self, result: StepResult) -> StepResult:
         self._results[result.step] = result
