@@ -328,7 +328,12 @@ class TrainerConfig(BaseConfig):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to train; "auto" picks CUDA when available, else CPU."""
     num_threads: int = Field(default=1, ge=1)
-    """torch intra-op CPU threads (the local stack shares 2 cores among four services)."""
+    """torch intra-op CPU threads (the local stack shares 2 cores among four services).
+    1 stays the default after issue 19's measurement: with `max_async` 1 generation (1
+    inference thread) runs while the trainer trains, and 2 trainer threads on 2 cores
+    gave no steady gain on the reversal task (small shape 0.61 vs 0.58 s/step, large 5.8
+    vs 5.3, one interleaved run each, load 4-10, docs/benchmarks/trainer_profile.md)
+    while slowing generation; on a machine with cores to spare, raise it."""
     background_publish: bool = True
     """Answer Train as soon as the step is trained and write its checkpoint and weight
     version in the background, during the next step's forward and backward (the next
