@@ -431,3 +431,44 @@ async def test_train_answers_before_the_version_and_the_version_follows_its_chec
     finally:
         await running.stop()
     assert (ckpts / "step_00000005").is_dir() and registry.newest == 5
+
+
+async def test_a_failed_background_write_stops_the_next_update_and_its_retry_writes_it(
+    tmp_path: Path, weightsync_server: RunningWeightSync
+) -> None:
+    """Step 1's checkpoint cannot be written (its folder is made a file's child): Train(2)
+    is refused UNAVAILABLE naming step 1, before its update, so step 1's state is still
+    the one to write; once the folder is back, the retry of Train(2) writes step 1 first
+    (checkpoint, then version 1) and trains step 2 on top."""
+    running = await start_trainer(background_config(tmp_path, weightsync_server))
+    runner, registry = running.runner, weightsync_server.registry
+    assert runner.checkpoints is not None
+    good = runner.checkpoints.root
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    try:
+        async with make_channel(
+            f"127.0.0.1:{running.server.port}", security=PLAINTEXT_LOOPBACK
+        ) as channel:
+            stub = pb_grpc.TrainerServiceStub(channel)
+            runner.checkpoints.root = blocker / "checkpoints"
+            assert (await stub.Train(request(1))).policy_version == 1  # answered: trained
+            before = {k: v.clone() for k, v in runner.trainer.model.state_dict().items()}
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.Train(request(2))
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "step 1 could not be written" in str(refused.value.details())
+            after = runner.trainer.model.state_dict()
+            assert all(torch.equal(before[k], after[k]) for k in before)  # no update of 2
+            assert registry.newest == 0 and runner.trainer.trained_step == 1
+            runner.checkpoints.root = good
+            second = await stub.Train(request(2))  # the retry: step 1 written, 2 trained
+            assert (second.step, second.policy_version, second.duplicate) == (2, 2, False)
+            assert registry.newest >= 1 and (good / "step_00000001").is_dir()
+            published = load_version(registry.get(1).manifest)[1]
+            saved = checkpointed_weights(good, 1)
+            native = hf_to_native_state_dict(runner.trainer.model, published)
+            assert all(torch.equal(native[k], saved[k]) for k in native)
+            await until(lambda: registry.newest == 2, "version 2")
+    finally:
+        await running.stop()

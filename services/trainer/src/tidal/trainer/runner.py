@@ -112,15 +112,8 @@ class StepRunner:
         self._pending: _Pending | None = None
         self._lock = asyncio.Lock()
         self.background: BackgroundPersister | None = None
-        if (
-            background
-            and isinstance(trainer, Trainer)
-            and type(checkpoints)
-            in (
-                CheckpointManager,
-                type(None),
-            )
-        ):
+        own_saves = type(checkpoints) in (CheckpointManager, type(None))  # not the leader's
+        if background and own_saves and isinstance(trainer, Trainer):
             # One process only: the leader's saves are collectives (background_persist.py).
             self.background = BackgroundPersister(publisher, checkpoints)
             trainer.update_gate = self.background.gate
@@ -204,15 +197,23 @@ class StepRunner:
     ) -> StepResult:
         """Train, answer, and leave the checkpoint and version to `persister`: the next
         step's forward/backward overlaps them (background_persist.py)."""
-        await persister.settle()  # a failed job of the previous step is written first
-        pending = await self._compute(step, batches, kind, sha, copy=False)  # update: gate()
-        await persister.wait()  # a skipped update (non-finite gradient) did not wait
+        pending = self._pending
+        if pending is None or pending.step != step:
+            await persister.settle()  # a failed job of the previous step is written first
+            pending = await self._compute(step, batches, kind, sha, copy=False)  # its update
+            self._pending = pending  # waited in gate(); trained, not yet handed over
+        else:
+            _check_same_payload(step, pending.payload_sha256, sha)
+        await persister.wait()  # a skipped update (non-finite gradient) did not wait...
+        await persister.settle()  # ...and the previous job may have failed meanwhile
+        # Nothing changed the state since this step's update: the snapshot is this step's.
         snapshot = None
         interval = self.checkpoint_interval
         if self.checkpoints is not None and interval and step % interval == 0:
             extra = {SHA_KEY: int.from_bytes(sha, "big")} if sha else None
             snapshot = self.checkpoints.snapshot(self.trainer, extra=extra)
         persister.start(step, self.trainer.state_dict_for_publish, snapshot)
+        self._pending = None
         return self._record(StepResult(step, step, pending.metrics, payload_sha256=sha))
 
     async def flush(self) -> None:
