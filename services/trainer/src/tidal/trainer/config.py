@@ -339,10 +339,11 @@ class TrainerConfig(BaseConfig):
     version in the background, during the next step's forward and backward (the next
     update waits for them). The guarantees stay: a version is published only after its
     checkpoint is complete, in step order; a trainer killed meanwhile resumes one step
-    back and the orchestrator re-sends that step. On issue 19's 33.6M shape it took
-    checkpoint + publish (~2.5 s of a ~4.2 s step) off the critical path
-    (docs/benchmarks/trainer_profile.md). One trainer process only; false: Train answers
-    after both, as before."""
+    back and the orchestrator re-sends that step. Checkpoint + version were 40-50 % of a
+    serial trainer step on issue 19's reversal shapes; measured end to end (2 cores):
+    1.19x the step rate on the 4.3M shape, 1.17x on the 33.6M one when a core is free,
+    slower there under heavy load (docs/benchmarks/trainer_profile.md). One trainer
+    process only; false: Train answers after both, as before."""
     weightsync_timeout_s: float = Field(default=300.0, gt=0)
     """How long the trainer waits for weightsync to answer, at start-up and when a publish
     finds it gone (restarting), before it stops with an error naming weightsync's address.
