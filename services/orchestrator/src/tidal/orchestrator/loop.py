@@ -102,6 +102,10 @@ class RLLoop:
         self._generations: dict[int, tuple[trace.Span, asyncio.Task[Generation]]] = {}
         self._newest_generation: asyncio.Task[Generation] | None = None
 
+    def steps_queued(self) -> int:
+        """Later RL steps whose generation started ahead of the step being trained."""
+        return len(self._generations)
+
     # ---- the loop ---------------------------------------------------------------------
 
     async def run(self, *, first_step: int = 1) -> None:

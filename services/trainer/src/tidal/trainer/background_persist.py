@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -48,6 +49,7 @@ import torch
 
 from tidal.common.errors import Unavailable
 from tidal.trainer.checkpoint import CheckpointManager, StateSnapshot
+from tidal.trainer.prometheus import TrainerMetrics
 from tidal.trainer.publisher import WeightPublisher
 
 log = logging.getLogger(__name__)
@@ -73,9 +75,15 @@ class _Job:
 class BackgroundPersister:
     """Runs one step's checkpoint + publish at a time in the background (module docstring)."""
 
-    def __init__(self, publisher: WeightPublisher, checkpoints: CheckpointManager | None) -> None:
+    def __init__(
+        self,
+        publisher: WeightPublisher,
+        checkpoints: CheckpointManager | None,
+        metrics: TrainerMetrics | None = None,
+    ) -> None:
         self.publisher = publisher
         self.checkpoints = checkpoints
+        self.metrics = metrics
         self._job: _Job | None = None
 
     @property
@@ -158,10 +166,16 @@ class BackgroundPersister:
             if job.state_dict is None:
                 job.state_dict = await asyncio.to_thread(job.read_weights)
             if job.snapshot is not None and self.checkpoints is not None:
+                started = time.perf_counter()
                 await asyncio.to_thread(self.checkpoints.save_snapshot, job.snapshot)
                 job.snapshot = None  # saved: a rerun after a failed publish only publishes
+                if self.metrics is not None:
+                    self.metrics.checkpoint_seconds.observe(time.perf_counter() - started)
             job.checkpointed.set()
+            started = time.perf_counter()
             await self.publisher.publish(job.step, job.state_dict)
+            if self.metrics is not None:
+                self.metrics.publish_seconds.observe(time.perf_counter() - started)
         except Exception as exc:  # kept for gate()/settle(); the run goes on
             log.warning("step %d: writing its checkpoint or version failed: %s", job.step, exc)
             job.error = exc

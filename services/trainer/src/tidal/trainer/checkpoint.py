@@ -35,10 +35,12 @@ Decisions:
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import logging
 import os
 import re
+import threading
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -48,15 +50,11 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.checkpoint.stateful import Stateful
 
 from tidal.common.durable import fsync_path, fsync_tree
 from tidal.common.removal import remove_inside
 from tidal.trainer import checkpoint_files
-from tidal.trainer.safe_dcp import SafeFileSystemReader, SafeLoadPlanner
 
 log = logging.getLogger(__name__)
 
@@ -94,14 +92,36 @@ class TrainingState(Protocol):
     trained_step: int  # the last step whose optimizer step ran; set on load
 
 
-class TrainState(Stateful):
-    """The trainer's state as one DCP `Stateful`; `extra` holds caller-owned ints."""
+DCP_MODULE = "torch.distributed.checkpoint.state_dict"
+"""What `import_dcp_in_background` imports: DCP and, through it, DTensor and sympy."""
+
+
+def import_dcp_in_background() -> threading.Thread:
+    """Import DCP on a daemon thread, so the first checkpoint finds it loaded.
+
+    DCP is imported where it is used, not at module top: it pulls in DTensor and sympy,
+    ~0.7 s of CPU that sat on the trainer's start-up path before it served. The trainer
+    starts this thread once it serves (service.py), while it waits for its first batch;
+    a save that comes first waits on Python's import lock for the same import."""
+    thread = threading.Thread(
+        target=importlib.import_module, args=(DCP_MODULE,), name="import-dcp", daemon=True
+    )
+    thread.start()
+    return thread
+
+
+class TrainState:
+    """The trainer's state as one DCP `Stateful` (a runtime-checked protocol: the two
+    methods make it one, so this module needs no DCP import); `extra` holds caller-owned
+    ints."""
 
     def __init__(self, trainer: TrainingState, extra: dict[str, int] | None = None) -> None:
         self.trainer = trainer
         self.extra = dict(extra or {})
 
     def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
         t = self.trainer
         model, optim = get_state_dict(t.model, t.optimizer)
         return {
@@ -116,6 +136,8 @@ class TrainState(Stateful):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
         t = self.trainer
         set_state_dict(
             t.model,
@@ -248,6 +270,8 @@ class CheckpointManager:
             self.root.mkdir(parents=True, exist_ok=True)
             self._remove_temps()
         _barrier()
+        import torch.distributed.checkpoint as dcp
+
         dcp.save({"train": TrainState(trainer, extra)}, checkpoint_id=tmp)
         _barrier()
         if _is_rank0():
@@ -276,6 +300,10 @@ class CheckpointManager:
                 )
             state.load_state_dict(checkpoint_files.read_state(path)["train"])
         else:
+            import torch.distributed.checkpoint as dcp
+
+            from tidal.trainer.safe_dcp import SafeFileSystemReader, SafeLoadPlanner
+
             # Read once up front: a refused `.metadata` raises UnsafeCheckpoint itself
             # (inside dcp.load it would surface wrapped in a CheckpointException).
             SafeFileSystemReader(path).read_metadata()

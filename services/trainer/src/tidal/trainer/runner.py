@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
@@ -57,6 +58,7 @@ from tidal.batch.tensors import MicroBatchData
 from tidal.common.errors import FailedPrecondition, Unavailable
 from tidal.trainer.background_persist import BackgroundPersister
 from tidal.trainer.checkpoint import CheckpointManager
+from tidal.trainer.prometheus import TrainerMetrics
 from tidal.trainer.publisher import WeightPublisher
 from tidal.trainer.served_trainer import LossKind, ServedTrainer
 from tidal.trainer.train_step import StepAbandoned, Trainer
@@ -98,8 +100,10 @@ class StepRunner:
         checkpoints: CheckpointManager | None = None,
         checkpoint_interval: int = 0,
         background: bool = False,
+        metrics: TrainerMetrics | None = None,
     ) -> None:
         self.trainer = trainer
+        self.metrics = metrics
         self.publisher = publisher
         self.keep_results = keep_results
         self.checkpoints = checkpoints
@@ -115,7 +119,7 @@ class StepRunner:
         own_saves = type(checkpoints) in (CheckpointManager, type(None))  # not the leader's
         if background and own_saves and isinstance(trainer, Trainer):
             # One process only: the leader's saves are collectives (background_persist.py).
-            self.background = BackgroundPersister(publisher, checkpoints)
+            self.background = BackgroundPersister(publisher, checkpoints, metrics)
             trainer.update_gate = self.background.gate
 
     @property
@@ -179,11 +183,17 @@ class StepRunner:
                 interval = self.checkpoint_interval
                 if self.checkpoints is not None and interval and step % interval == 0:
                     extra = {SHA_KEY: int.from_bytes(sha, "big")} if sha else None
+                    started = time.perf_counter()
                     await asyncio.to_thread(self.checkpoints.save, self.trainer, extra=extra)
+                    if self.metrics is not None:
+                        self.metrics.checkpoint_seconds.observe(time.perf_counter() - started)
             else:
                 _check_same_payload(step, pending.payload_sha256, sha)
                 log.info("step %d was trained before its publish failed; publishing again", step)
+            started = time.perf_counter()
             await self.publisher.publish(step, pending.state_dict)
+            if self.metrics is not None:
+                self.metrics.publish_seconds.observe(time.perf_counter() - started)
             self._pending = None
             return self._record(StepResult(step, step, pending.metrics, payload_sha256=sha))
 
@@ -234,6 +244,7 @@ class StepRunner:
         tokens = sum(b.num_tokens for b in batches)
         attributes = {"step": step, "loss": kind, "micro_batches": len(batches), "tokens": tokens}
         with tracer.start_as_current_span("trainer.step", attributes=attributes) as span:
+            started = time.perf_counter()
             try:
                 metrics, state = await asyncio.to_thread(
                     self._train_and_copy, step, batches, kind, copy
@@ -243,6 +254,9 @@ class StepRunner:
                 raise
             span.set_attribute("loss_value", metrics["loss"])
         self.steps_trained += 1
+        if self.metrics is not None:
+            seconds = time.perf_counter() - started
+            self.metrics.trained(step, tokens, seconds, metrics.get("loss"))
         log.info(
             "trained step %d",
             step,
