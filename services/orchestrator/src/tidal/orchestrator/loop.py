@@ -125,6 +125,11 @@ class RLLoop:
                     span, task = self._generations.pop(step)
                     with trace.use_span(span, end_on_exit=True):
                         await self._rl_step(step, await task)
+            if first_step <= total:
+                # Done when the last version is published, not only trained: the trainer
+                # answers Train first (background_publish), and ending sooner would stop
+                # weightsync under that last publish.
+                await self.delivery.wait_published(total)
             self.progress.state = "done"
         finally:
             for span, task in self._generations.values():

@@ -64,6 +64,11 @@ class RunningTrainer:
 
     async def stop(self) -> None:
         await self.server.stop()
+        await self.close()
+
+    async def close(self) -> None:
+        """After the server stopped: the step in flight finishes its checkpoint first."""
+        await self.runner.flush()
         await self.client.close()
 
 
@@ -144,6 +149,7 @@ async def start_trainer(
         publisher,
         checkpoints=checkpoints,
         checkpoint_interval=ckpt.interval,
+        background=config.trainer.background_publish,
         metrics=TrainerMetrics.on(metrics),
     )
     # The degree micro-batches are split over (parallel/leader.py); the orchestrator packs for it.
@@ -197,6 +203,6 @@ async def serve(config: TrainerRunConfig, ranks: TorchrunRanks | None = None) ->
     # SIGTERM abandons a running step at its next micro-batch (one process; see
     # Trainer.request_stop), so the shutdown does not wait for a long step to end.
     on_signal = served.request_stop if isinstance(served, Trainer) else None
-    await running.server.serve_forever(on_stop=running.client.close, on_signal=on_signal)
+    await running.server.serve_forever(on_stop=running.close, on_signal=on_signal)
     running.runner.trainer.stop()  # releases the follower ranks, if any
     provider.shutdown()

@@ -52,6 +52,7 @@ import math
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 
 import torch
 
@@ -116,6 +117,10 @@ class Trainer:
         self._optim = None  # built on first use (`build_optimizer_now`; module docstring)
         self.trained_step = 0  # last step whose optimizer step ran (0 = initial weights)
         self._stop_requested = threading.Event()  # set by request_stop (SIGTERM)
+        self.update_gate: Callable[[], None] | None = None
+        """Called before a step's update changes weights, optimizer or schedule state: the
+        runner's background checkpoint/publish of the previous step reads them
+        (background_persist.py). It may raise; the step then commits nothing."""
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -197,6 +202,12 @@ class Trainer:
         lr = self._set_lr(kind)
         batches = self._truncate(batches)  # so the token metrics count trained tokens
         sums = self.compute_gradients(batches, kind)
+        if self.update_gate is not None:
+            try:
+                self.update_gate()
+            except BaseException:
+                self.optimizer.zero_grad(set_to_none=True)
+                raise
         # Under torchrun expert and dense weights may sit on two meshes: the context knows.
         grad_norm = self.ranks.clip_grad_norm(self.model, self.config.optim.max_grad_norm)
         finite = math.isfinite(float(grad_norm))
