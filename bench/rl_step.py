@@ -22,13 +22,22 @@ max_async 1, ...; then large), `--repeats` times:
 TRL uses its 12-token character tokenizer, Tidal its 264-id byte vocabulary (the step
 costs differ by the embedding rows only: 3 % of the small model's parameters).
 
+The same-tokenizer scenario (`bench/rl_same_tokenizer.py`, in the default run) trains
+the small shape on both systems from one HF folder (TRL's 12-token tokenizer, weights
+from a seed), with the same reward, and measures reward reached per wall-second over
+`--same-tokenizer-steps` steps; its docstring defines the measure.
+
 Writes docs/benchmarks/rl_step.json: per run, the step times, completion tokens/s,
 start-up and shutdown seconds, the reward curve and the load average around it;
 `summary.step_speedup_vs_trl_small` / `_large` = TRL's median s/step / Tidal's (default
-config: max_async 1), each the median over repeats.
+config: max_async 1), each the median over repeats; `summary.reward_per_second_vs_trl`
+= Tidal's reward per wall-second / TRL's (same tokenizer, medians over repeats). A run
+of some `--scenarios` only keeps the other scenarios' results and summary keys from the
+file it replaces (`config.kept_from` names that run).
 
-    python bench/rl_step.py [--repeats 2] [--steps 12] [--no-large]
-                            [--large-steps 6] [--large-repeats 2]
+    python bench/rl_step.py [--scenarios speed,same-tokenizer] [--repeats 2] [--steps 12]
+                            [--no-large] [--large-steps 6] [--large-repeats 2]
+                            [--same-tokenizer-steps 60] [--same-tokenizer-repeats 2]
 """
 
 from __future__ import annotations
@@ -47,12 +56,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from common import ROOT, print_table, write_result
+import rl_same_tokenizer
+from common import RESULTS_DIR, ROOT, print_table, write_result
 
 HERE = Path(__file__).resolve().parent
 TRL_VENV = HERE / ".trl-venv"
 TRL_SCRIPT = HERE / "trl_side" / "grpo_reversal.py"
 SKIP = 2  # first steps left out: the pipeline fills, kernels warm up
+SAME_STEPS = 60  # same-tokenizer steps: both rewards move off the ~0.06 floor well before
+SAME_WINDOW = 10  # steps averaged at each end of a same-tokenizer curve
 SHAPES = {
     "small": {"dim": 256, "n_layers": 4, "n_heads": 4, "ffn_dim": 1024},
     "large": {"dim": 512, "n_layers": 8, "n_heads": 8, "ffn_dim": 2048},
@@ -229,27 +241,114 @@ def summarize(runs: Runs) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     return rows, summary
 
 
+SAME_TOKENIZER = "same_tokenizer"  # the scenario key of its per-run results
+SPEED_TITLE = "RL step, Tidal beside TRL GRPOTrainer (medians of interleaved repeats)"
+SAME_TITLE = "Same tokenizer: reward reached per wall-second (medians of interleaved repeats)"
+
+
+def split_results(
+    results: list[dict[str, Any]],
+) -> tuple[Runs, dict[str, list[dict[str, Any]]]]:
+    """Per-run results of a written file: step-speed runs and same-tokenizer runs."""
+    runs: Runs = {}
+    same: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        if "repeat" not in r:
+            continue  # a row of medians
+        if r.get("scenario") == SAME_TOKENIZER:
+            same.setdefault(r["variant"], []).append(r)
+        else:
+            runs.setdefault(r["shape"], {}).setdefault(r["variant"], []).append(r)
+    return runs, same
+
+
+def summarize_all(
+    runs: Runs, same: dict[str, list[dict[str, Any]]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
+    """Step-speed rows, same-tokenizer rows and the summary of both (where present)."""
+    rows, summary = summarize(runs) if runs else ([], {})
+    same_rows: list[dict[str, Any]] = []
+    if same:
+        same_rows, same_summary = rl_same_tokenizer.summarize(same)
+        summary.update(same_summary)
+    return rows, same_rows, summary
+
+
+def per_run(runs: Runs, same: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    return [
+        {"shape": s, "variant": v, "repeat": i, **r}
+        for s, by_variant in runs.items()
+        for v, results in by_variant.items()
+        for i, r in enumerate(results)
+    ] + [
+        {"scenario": SAME_TOKENIZER, "shape": "small", "variant": v, "repeat": i, **r}
+        for v, results in same.items()
+        for i, r in enumerate(results)
+    ]
+
+
 def resummarize(path: Path) -> None:
     """Recompute rows and summary of an existing result from its per-run results."""
     result = json.loads(path.read_text())
-    runs: Runs = {}
-    for r in result["results"]:
-        if "repeat" in r:
-            runs.setdefault(r["shape"], {}).setdefault(r["variant"], []).append(r)
-    rows, summary = summarize(runs)
-    result["results"] = [r for r in result["results"] if "repeat" in r] + rows
+    runs, same = split_results(result["results"])
+    rows, same_rows, summary = summarize_all(runs, same)
+    result["results"] = per_run(runs, same) + rows + same_rows
     result["summary"] = summary
     path.write_text(json.dumps(result, indent=2) + "\n")
-    print_table("RL step, Tidal beside TRL GRPOTrainer (medians of interleaved repeats)", rows)
+    print_table(SPEED_TITLE, rows)
+    print_table(SAME_TITLE, same_rows)
+
+
+def run_speed(args: argparse.Namespace, out: Path) -> Runs:
+    """The step-speed scenario: both shapes, every variant, interleaved per repeat."""
+    shapes = ["small"] if args.no_large else ["small", "large"]
+    runs: Runs = {s: {} for s in shapes}
+    for shape_name in shapes:
+        shape = SHAPES[shape_name]
+        steps = args.steps if shape_name == "small" else args.large_steps
+        repeats = args.repeats if shape_name == "small" else args.large_repeats
+        for repeat in range(repeats):
+            for name, how in variants(shape_name):
+                tag = f"{shape_name}-{name.replace(' ', '_').replace(',', '')}-{repeat}"
+                if how["kind"] == "trl":
+                    result = run_trl(
+                        shape, steps=steps, out=out, name=tag, threads=how.get("threads", 0)
+                    )
+                else:
+                    result = run_tidal(
+                        shape, max_async=how["max_async"], steps=steps, out=out,
+                        name=tag, extra=how["extra"],
+                    )  # fmt: skip
+                print(f"{tag}: {result['s_per_step']:.3f} s/step", flush=True)
+                runs[shape_name].setdefault(name, []).append(result)
+    return runs
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--scenarios", default="speed,same-tokenizer",
+        help="comma-separated: speed (both shapes' step times), same-tokenizer",
+    )  # fmt: skip
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--steps", type=int, default=12, help="RL steps per small run")
     parser.add_argument("--large-steps", type=int, default=6, help="RL steps per large run")
     parser.add_argument("--large-repeats", type=int, default=2)
     parser.add_argument("--no-large", action="store_true")
+    parser.add_argument(
+        "--same-tokenizer-steps", type=int, default=SAME_STEPS,
+        help="RL steps per same-tokenizer run (the lr decays to 0 over them)",
+    )  # fmt: skip
+    parser.add_argument("--same-tokenizer-repeats", type=int, default=2)
+    parser.add_argument(
+        "--same-tokenizer-first-seed", type=int, default=0,
+        help="seeds first..first+repeats-1 (more seeds for an earlier result: run the next "
+        "ones into TIDAL_BENCH_DIR, add their per-run results, --resummarize)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--window", type=int, default=SAME_WINDOW,
+        help="steps averaged for the initial and final reward of the same-tokenizer measure",
+    )  # fmt: skip
     parser.add_argument(
         "--resummarize", type=Path, help="only recompute the rows and summary of this result"
     )
@@ -257,58 +356,77 @@ def main() -> None:
     if args.resummarize:
         resummarize(args.resummarize)
         return
+    scenarios = set(args.scenarios.split(","))
+    unknown = scenarios - {"speed", "same-tokenizer"}
+    if unknown:
+        parser.error(f"--scenarios: unknown {sorted(unknown)}; use speed and/or same-tokenizer")
+    if 2 * args.window > args.same_tokenizer_steps:
+        parser.error("--window: at most half of --same-tokenizer-steps")
     started = time.time()
     trl_python()
-    shapes = ["small"] if args.no_large else ["small", "large"]
-    runs: Runs = {s: {} for s in shapes}
+    runs: Runs = {}
+    same: dict[str, list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="tidal-bench-rl-step-") as tmp:
-        out = Path(tmp)
-        for shape_name in shapes:
-            shape = SHAPES[shape_name]
-            steps = args.steps if shape_name == "small" else args.large_steps
-            repeats = args.repeats if shape_name == "small" else args.large_repeats
-            for repeat in range(repeats):
-                for name, how in variants(shape_name):
-                    tag = f"{shape_name}-{name.replace(' ', '_').replace(',', '')}-{repeat}"
-                    if how["kind"] == "trl":
-                        result = run_trl(
-                            shape, steps=steps, out=out, name=tag, threads=how.get("threads", 0)
-                        )
-                    else:
-                        result = run_tidal(
-                            shape, max_async=how["max_async"], steps=steps, out=out,
-                            name=tag, extra=how["extra"],
-                        )  # fmt: skip
-                    print(f"{tag}: {result['s_per_step']:.3f} s/step", flush=True)
-                    runs[shape_name].setdefault(name, []).append(result)
-    rows, summary = summarize(runs)
-    print_table("RL step, Tidal beside TRL GRPOTrainer (medians of interleaved repeats)", rows)
+        if "speed" in scenarios:
+            runs = run_speed(args, Path(tmp))
+        if "same-tokenizer" in scenarios:
+            same = rl_same_tokenizer.run_scenario(
+                trl_python(), SHAPES["small"], steps=args.same_tokenizer_steps,
+                seeds=range(
+                    args.same_tokenizer_first_seed,
+                    args.same_tokenizer_first_seed + args.same_tokenizer_repeats,
+                ),
+                window=args.window, out=Path(tmp),
+                tidal_command=tidal_command, step_line=STEP_LINE,
+            )  # fmt: skip
+    config: dict[str, Any] = {
+        "task": "reversal of 3-5 letters from 'abcdefgh'",
+        "prompts_x_completions": "8 x 8",
+        "max_new_tokens": 8,
+        "lr": "3e-4, linear decay, no warm-up",
+        "clip": [0.2, 0.2],
+        "kl": 0,
+        "temperature": 1.0,
+        "scenarios": sorted(scenarios),
+        "tidal": "tidal rl @ configs/default.toml + the task/shape/optimizer flags",
+        "trl": "trl GRPOTrainer in bench/.trl-venv, torch default threads",
+        "wall_s": round(time.time() - started, 1),
+    }
+    if runs:
+        config.update(
+            shapes={s: SHAPES[s] for s in runs},
+            steps={"small": args.steps, "large": args.large_steps},
+            repeats={"small": args.repeats, "large": args.large_repeats},
+            skipped_first_steps=SKIP,
+        )
+    if same:
+        config["same_tokenizer"] = {
+            "shape": SHAPES["small"],
+            "steps": args.same_tokenizer_steps,
+            "seeds": list(
+                range(
+                    args.same_tokenizer_first_seed,
+                    args.same_tokenizer_first_seed + args.same_tokenizer_repeats,
+                )
+            ),
+            "window": args.window,
+            "tokenizer": "TRL's 12-token character tokenizer as an HF folder",
+            "reward": "reversal partial credit in [0, 1], exact = 1 (both sides)",
+            "adam_betas": [0.9, float(rl_same_tokenizer.ADAM_BETA2)],
+        }
+    previous = RESULTS_DIR / "rl_step.json"
+    if len(scenarios) < 2 and previous.exists() and "TIDAL_BENCH_DIR" not in os.environ:
+        kept = json.loads(previous.read_text())
+        kept_runs, kept_same = split_results(kept["results"])
+        runs, same = runs or kept_runs, same or kept_same
+        config["kept_from"] = {"when": kept["when"], "config": kept["config"]}
+    rows, same_rows, summary = summarize_all(runs, same)
+    print_table(SPEED_TITLE, rows)
+    print_table(SAME_TITLE, same_rows)
+    if same:
+        rl_same_tokenizer.print_curves(same)
     path = write_result(
-        "rl_step",
-        config={
-            "task": "reversal of 3-5 letters from 'abcdefgh'",
-            "prompts_x_completions": "8 x 8",
-            "max_new_tokens": 8,
-            "lr": "3e-4, linear decay, no warm-up",
-            "clip": [0.2, 0.2],
-            "kl": 0,
-            "temperature": 1.0,
-            "shapes": {s: SHAPES[s] for s in shapes},
-            "steps": {"small": args.steps, "large": args.large_steps},
-            "repeats": {"small": args.repeats, "large": args.large_repeats},
-            "skipped_first_steps": SKIP,
-            "tidal": "tidal rl @ configs/default.toml + the task/shape/optimizer flags",
-            "trl": "trl GRPOTrainer in bench/.trl-venv, torch default threads",
-            "wall_s": round(time.time() - started, 1),
-        },
-        results=[
-            {"shape": s, "variant": v, "repeat": i, **r}
-            for s in shapes
-            for v, results in runs[s].items()
-            for i, r in enumerate(results)
-        ]
-        + rows,
-        summary=summary,
+        "rl_step", config=config, results=per_run(runs, same) + rows + same_rows, summary=summary
     )
     print(f"wrote {path}")
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-NOT_BENCHMARKS = {"run_all", "common", "inference_kv"}  # inference_kv: part of inference
+NOT_BENCHMARKS = {"run_all", "common", "inference_kv", "rl_same_tokenizer"}  # parts of others
 
 
 def main(argv: list[str]) -> int:

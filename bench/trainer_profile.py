@@ -57,6 +57,7 @@ from tidal.batch.tensors import micro_batch_from_packed, validate_micro_batch
 from tidal.batch.wire import micro_batch_from_proto, micro_batch_to_proto, payload_sha256
 from tidal.models.attention import PackedCausalAttention, PaddedCausalAttention
 from tidal.rpc.v1 import trainer_pb2 as pb
+from tidal.trainer.checkpoint import CheckpointManager
 from tidal.trainer.config import ModelConfig, OptimConfig, TrainerConfig
 from tidal.trainer.train_step import Trainer
 from tidal.weights.transports.base import VersionPayload
@@ -76,6 +77,7 @@ PHASES = (
     "backward",
     "clip + AdamW + schedule",
     "copy weights for publish",
+    "checkpoint save (model + AdamW state, fsync)",
     "write version folder (encode, sha256, fsync)",
     "acknowledgement (TrainResponse)",
 )
@@ -155,7 +157,12 @@ def hook_trainer(trainer: Trainer, timers: Timers, attention: str) -> None:
 
 
 def one_step(
-    trainer: Trainer, timers: Timers, rng: random.Random, sender: FilesystemSender, step: int
+    trainer: Trainer,
+    timers: Timers,
+    rng: random.Random,
+    sender: FilesystemSender,
+    checkpoints: CheckpointManager,
+    step: int,
 ) -> dict[str, float]:
     timers.now.clear()
     samples = step_samples(rng)
@@ -180,6 +187,8 @@ def one_step(
         metrics = trainer.train_step(step, batches, "pg")
     with timers.phase("copy weights for publish"):
         state = trainer.state_dict_for_publish()
+    with timers.phase("checkpoint save (model + AdamW state, fsync)"):
+        checkpoints.save(trainer)
     with timers.phase("write version folder (encode, sha256, fsync)"):
         sender.write(
             VersionPayload(version=step, step=step, state_dict=state, hf_config=trainer.hf_config())
@@ -202,12 +211,22 @@ def one_step(
 
 
 def profile(
-    shape: dict[str, int], *, threads: int, steps: int, attention: str, seed: int = 0
+    shape: dict[str, int],
+    *,
+    threads: int,
+    steps: int,
+    attention: str,
+    precision: str = "fp32",
+    seed: int = 0,
 ) -> tuple[dict[str, float], int, int]:
     """Median seconds per phase over `steps` steps; also the parameters and tokens per step."""
     torch.set_num_threads(threads)
     config = TrainerConfig(
-        model=model_config(shape), optim=OptimConfig(lr=3e-4), device="cpu", num_threads=threads
+        model=model_config(shape),
+        optim=OptimConfig(lr=3e-4),
+        device="cpu",
+        num_threads=threads,
+        precision=precision,
     )
     trainer = Trainer(config, seed=seed, device=torch.device("cpu"))
     timers = Timers()
@@ -215,9 +234,10 @@ def profile(
     rng = random.Random(seed)
     per_phase: dict[str, list[float]] = defaultdict(list)
     with tempfile.TemporaryDirectory() as root:
-        sender = FilesystemSender(Path(root), client=None)  # type: ignore[arg-type]
+        sender = FilesystemSender(Path(root) / "weights", client=None)  # type: ignore[arg-type]
+        checkpoints = CheckpointManager(Path(root) / "checkpoints", keep_last=2)
         for step in range(1, steps + 3):
-            times = one_step(trainer, timers, rng, sender, step)
+            times = one_step(trainer, timers, rng, sender, checkpoints, step)
             if step > 2:  # warm-up
                 for name, seconds in times.items():
                     per_phase[name].append(seconds)
@@ -225,10 +245,14 @@ def profile(
     return {n: statistics.median(v) for n, v in per_phase.items()}, trainer.num_parameters, tokens
 
 
-def op_table(shape: dict[str, int], *, threads: int, attention: str) -> list[dict[str, Any]]:
+def op_table(
+    shape: dict[str, int], *, threads: int, attention: str, precision: str = "fp32"
+) -> list[dict[str, Any]]:
     """The profiler's top operators (self CPU) over 3 train steps after warm-up."""
     torch.set_num_threads(threads)
-    config = TrainerConfig(model=model_config(shape), device="cpu", num_threads=threads)
+    config = TrainerConfig(
+        model=model_config(shape), device="cpu", num_threads=threads, precision=precision
+    )
     trainer = Trainer(config, seed=0, device=torch.device("cpu"))
     layers_module.packed_attention = lambda _, n, t: attention_backend(attention)(n, t)  # type: ignore[assignment]
     rng = random.Random(0)
@@ -268,6 +292,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--large", action="store_true", help="hidden 512 x 8 layers (~33.6M)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (service default 1)")
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument(
+        "--precision", choices=("fp32", "bf16"), default="fp32", help="trainer.precision"
+    )
     parser.add_argument("--attention", choices=("padded", "loop"), default="padded")
     parser.add_argument(
         "--compare", action="store_true", help="also profile the other attention kind, interleaved"
@@ -281,7 +308,11 @@ def main(argv: list[str]) -> None:
     for _ in range(rounds):  # interleaved, so drift of the shared machine hits both alike
         for kind in kinds:
             medians, params, tokens = profile(
-                shape, threads=args.threads, steps=args.steps, attention=kind
+                shape,
+                threads=args.threads,
+                steps=args.steps,
+                attention=kind,
+                precision=args.precision,
             )
             runs[kind].append(medians)
     results: dict[str, Any] = {}
@@ -290,11 +321,11 @@ def main(argv: list[str]) -> None:
         rows = phase_rows(medians)
         print_table(
             f"one RL trainer step, {params / 1e6:.1f}M qwen2, {tokens} tokens in 64 samples, "
-            f"{args.threads} thread(s), attention {kind}",
+            f"{args.threads} thread(s), attention {kind}, {args.precision}",
             rows,
         )
         results[kind] = rows
-    ops = op_table(shape, threads=args.threads, attention=args.attention)
+    ops = op_table(shape, threads=args.threads, attention=args.attention, precision=args.precision)
     print_table(f"top operators, self CPU per step (attention {args.attention})", ops)
     total = {k: results[k][-1]["ms"] for k in kinds}
     summary: dict[str, Any] = {
@@ -308,6 +339,16 @@ def main(argv: list[str]) -> None:
             3,
         ),
     }
+    # What `trainer.background_publish` takes off the critical path (it overlaps the next
+    # step's forward/backward instead): the checkpoint and the version folder.
+    summary["checkpoint_and_publish_share"] = round(
+        sum(
+            r["share"]
+            for r in results[args.attention]
+            if r["phase"].startswith(("checkpoint", "write version"))
+        ),
+        3,
+    )
     if args.compare:
         summary["loop_over_padded_step_ratio"] = round(total["loop"] / total["padded"], 3)
     write_result(
@@ -318,6 +359,7 @@ def main(argv: list[str]) -> None:
             "tokens_per_step": tokens,
             "samples_per_step": PROMPTS * COMPLETIONS,
             "threads": args.threads,
+            "precision": args.precision,
             "steps": args.steps,
             "rounds": rounds,
             "attention": kinds,

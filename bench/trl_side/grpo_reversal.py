@@ -10,17 +10,25 @@ embeddings), a 12-token character tokenizer (pad, BOS, EOS, 'a'-'h', '>'), promp
 linear decay, no warm-up, clip 0.2/0.2, no KL (beta 0), temperature 1, one gradient step
 per generation batch. Reward: the fraction of positions matching the reversed string
 over max(len(prediction), len(target)), 1.0 for an exact answer (Tidal's reversal
-reward, reimplemented here).
+reward, reimplemented here; the tokenizer's `Fuse` decoder makes a completion decode to
+its characters with nothing between them, as Tidal's verifier reads it).
 
 Prints one JSON line per event to `--out`: {"event": "start"} with the process start,
 {"event": "step", "step", "t"} at each step end, {"event": "reward", "step", "reward"}
-(the step's mean reward and completion tokens), {"event": "end"}. With `--save-tokenizer
-DIR` it only writes its tokenizer there as a Hugging Face folder (for Tidal's same-tokenizer
-run) and exits. Times are
-`time.time()` so the caller can measure start-up from its own clock.
+(the step's mean reward and completion tokens), {"event": "end"}. Times are `time.time()`
+so the caller can measure start-up from its own clock.
+
+Same-tokenizer mode (`bench/rl_step.py`'s reward-per-second comparison):
+- `--save-model DIR` writes a complete Hugging Face folder and exits: the tokenizer
+  (`tokenizer.json`, `tokenizer_config.json`), `config.json`, `generation_config.json`
+  and `model.safetensors` of the Qwen2 shape initialized from `--seed`. Tidal runs from
+  it (`--trainer.model.path DIR`: its real HF tokenizer and folder loaders).
+- `--model DIR` trains that folder's model with that folder's tokenizer instead of
+  building them here, so both systems start from the same weights and ids.
+`--save-tokenizer DIR` writes the tokenizer alone.
 
 `python grpo_reversal.py --out events.jsonl --steps 20 --dim 256 --layers 4 --heads 4
- --ffn 1024 [--threads N]`
+ --ffn 1024 [--threads N] [--seed S] [--adam-beta2 B] [--model DIR | --save-model DIR]`
 """
 
 from __future__ import annotations
@@ -34,8 +42,10 @@ STARTED = time.time()
 
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
-from tokenizers import Tokenizer, models, pre_tokenizers, processors  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors  # noqa: E402
 from transformers import (  # noqa: E402
+    AutoTokenizer,
+    GenerationConfig,
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
@@ -51,6 +61,7 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
     vocab = {tok: i for i, tok in enumerate([*SPECIALS, *ALPHABET, ">"])}  # 12 tokens
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok.decoder = decoders.Fuse()  # "cba", not the word-level default "c b a"
     tok.post_processor = processors.TemplateProcessing(
         single="<s> $A", special_tokens=[("<s>", vocab["<s>"])]
     )
@@ -68,8 +79,7 @@ def reversal_reward(prediction: str, target: str) -> float:
 
 def rewards(prompts: list[str], completions: list[str], **_: object) -> list[float]:
     return [
-        reversal_reward(c.replace(" ", ""), p.rstrip(">")[::-1])
-        for p, c in zip(prompts, completions, strict=True)
+        reversal_reward(c, p.rstrip(">")[::-1]) for p, c in zip(prompts, completions, strict=True)
     ]
 
 
@@ -95,29 +105,10 @@ class Events(TrainerCallback):
         self.write(event="step", step=state.global_step, t=time.time())
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--dim", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--ffn", type=int, default=1024)
-    parser.add_argument("--threads", type=int, default=0, help="0: torch's default")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workdir", default="/tmp/trl-grpo-reversal")
-    parser.add_argument("--save-tokenizer", default=None)
-    args = parser.parse_args()
-    if args.save_tokenizer:
-        char_tokenizer().save_pretrained(args.save_tokenizer)
-        return
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    events = Events(args.out)
-    events.write(event="start", t=STARTED, threads=torch.get_num_threads())
-    tokenizer = char_tokenizer()
+def build_model(tokenizer: PreTrainedTokenizerFast, args: argparse.Namespace) -> Qwen2ForCausalLM:
+    """The issue's Qwen2 shape, initialized from `args.seed`."""
     torch.manual_seed(args.seed)
-    model = Qwen2ForCausalLM(
+    return Qwen2ForCausalLM(
         Qwen2Config(
             vocab_size=len(tokenizer),
             hidden_size=args.dim,
@@ -132,6 +123,55 @@ def main() -> None:
             pad_token_id=tokenizer.pad_token_id,
         )
     )
+
+
+def save_model_folder(folder: str, args: argparse.Namespace) -> None:
+    """Tokenizer, config, generation config and seeded weights as one HF folder."""
+    tokenizer = char_tokenizer()
+    model = build_model(tokenizer, args)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--ffn", type=int, default=1024)
+    parser.add_argument("--threads", type=int, default=0, help="0: torch's default")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workdir", default="/tmp/trl-grpo-reversal")
+    parser.add_argument("--save-tokenizer", default=None, help="write the tokenizer, exit")
+    parser.add_argument("--save-model", default=None, help="write the model folder, exit")
+    parser.add_argument("--model", default=None, help="train this folder's model")
+    parser.add_argument("--adam-beta2", type=float, default=0.999, help="TRL's default 0.999")
+    args = parser.parse_args()
+    if args.save_tokenizer:
+        char_tokenizer().save_pretrained(args.save_tokenizer)
+        return
+    if args.save_model:
+        save_model_folder(args.save_model, args)
+        return
+    if not args.out:
+        parser.error("--out is required for a training run")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    events = Events(args.out)
+    events.write(event="start", t=STARTED, threads=torch.get_num_threads())
+    if args.model:
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+        model = Qwen2ForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    else:
+        tokenizer = char_tokenizer()
+        model = build_model(tokenizer, args)
     rng = random.Random(args.seed)
     prompts = [
         "".join(rng.choice(ALPHABET) for _ in range(rng.randint(3, 5))) + ">"
@@ -144,6 +184,7 @@ def main() -> None:
         num_generations=8,
         max_completion_length=8,
         learning_rate=3e-4,
+        adam_beta2=args.adam_beta2,
         lr_scheduler_type="linear",
         warmup_steps=0,
         epsilon=0.2,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,11 +21,13 @@ from tidal.common.channel import make_channel
 from tidal.common.errors import FailedPrecondition
 from tidal.common.security import PLAINTEXT_LOOPBACK
 from tidal.common.tensors import encode_array
+from tidal.models.hf_checkpoint import hf_to_native_state_dict
 from tidal.orchestrator.peers import PeerError
 from tidal.orchestrator.trainer_client import TrainerClient
 from tidal.rpc.v1 import common_pb2
 from tidal.rpc.v1 import trainer_pb2 as pb
 from tidal.rpc.v1 import trainer_pb2_grpc as pb_grpc
+from tidal.trainer import checkpoint_files
 from tidal.trainer.checkpoint import CheckpointManager
 from tidal.trainer.config import TrainerRunConfig
 from tidal.trainer.service import RunningTrainer, start_trainer
@@ -51,7 +54,14 @@ def run_config(tmp_path: Path, weightsync: RunningWeightSync) -> TrainerRunConfi
             "endpoints": {"trainer": "127.0.0.1:0", "weightsync": weightsync.address},
             "grpc": {"shutdown_grace_s": 0.5},
             "security": {"mode": "plaintext"},  # in-process, loopback only
-            "trainer": {"model": TINY_MODEL, "device": "cpu", "publish_dir": str(weightsync.root)},
+            # These tests pin the serial contract (Train answers after its version is
+            # published); the default, background, one: the last test of this file.
+            "trainer": {
+                "model": TINY_MODEL,
+                "device": "cpu",
+                "publish_dir": str(weightsync.root),
+                "background_publish": False,
+            },
         }
     )
 
@@ -338,3 +348,127 @@ async def test_resume_refuses_versions_newer_than_the_checkpoint(
         await first.stop()
     with pytest.raises(FailedPrecondition, match="version 3, newer than the checkpoint of step 2"):
         await start_trainer(resumable_config(tmp_path, weightsync_server, resume=True))
+
+
+def background_config(tmp_path: Path, weightsync: RunningWeightSync) -> TrainerRunConfig:
+    return TrainerRunConfig.model_validate(
+        {
+            "run": {"output_dir": str(tmp_path), "name": "bg"},
+            "endpoints": {"trainer": "127.0.0.1:0", "weightsync": weightsync.address},
+            "grpc": {"shutdown_grace_s": 0.5},
+            "security": {"mode": "plaintext"},  # in-process, loopback only
+            "trainer": {
+                "model": TINY_MODEL,
+                "device": "cpu",
+                "publish_dir": str(weightsync.root),
+                "ckpt": {"keep_last": 10},
+            },
+        }
+    )
+
+
+async def until(condition: object, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.005)
+
+
+def checkpointed_weights(root: Path, step: int) -> dict[str, torch.Tensor]:
+    return checkpoint_files.read_state(root / f"step_{step:08d}")["train"]["model"]
+
+
+# ---- background publishing (the default; background_persist.py): Train(n) answers once
+# step n is trained; step n's checkpoint and version follow, checkpoint first, versions in
+# step order, each exactly the weights of its step although the next step was already
+# computing; a stopping trainer finishes them.
+
+
+async def test_train_answers_before_the_version_and_the_version_follows_its_checkpoint(
+    tmp_path: Path, weightsync_server: RunningWeightSync
+) -> None:
+    assert TrainerRunConfig().trainer.background_publish  # the default under test
+    running = await start_trainer(background_config(tmp_path, weightsync_server))
+    ckpts = tmp_path / "bg" / "checkpoints"
+    registry = weightsync_server.registry
+    model = running.runner.trainer.model
+    try:
+        async with make_channel(
+            f"127.0.0.1:{running.server.port}", security=PLAINTEXT_LOOPBACK
+        ) as channel:
+            stub = pb_grpc.TrainerServiceStub(channel)
+            first = await stub.Train(request(1))
+            assert (first.step, first.policy_version, first.duplicate) == (1, 1, False)
+            await until(lambda: registry.newest == 1, "version 1")
+            # checkpoint before publish: version 1 was registered only after it was complete
+            assert (ckpts / "step_00000001").is_dir()
+            # steps 2..4 back to back: each next step computes while the previous persists
+            answers = [await stub.Train(request(step)) for step in (2, 3, 4)]
+            assert [a.policy_version for a in answers] == [2, 3, 4]
+            s = await status(stub)
+            assert s.step == 4 and s.policy_version in (3, 4)  # the newest *published*
+            again = await stub.Train(request(3))  # a retry while 4 may still be persisting
+            assert again.duplicate and again.policy_version == 3
+            await until(lambda: registry.newest == 4, "version 4")
+        # every version is exactly its step's weights, the same as its checkpoint: the
+        # next step's update did not run into a checkpoint or version still being written
+        for step in (2, 3, 4):  # weightsync keeps the newest three
+            published = hf_to_native_state_dict(model, load_version(registry.get(step).manifest)[1])
+            saved = checkpointed_weights(ckpts, step)
+            assert set(published) <= set(saved)
+            assert all(torch.equal(published[k], saved[k]) for k in published), step
+        latest = model.state_dict()
+        assert all(torch.equal(latest[k], saved[k]) for k in saved)  # saved = step 4's
+        second_v = load_version(registry.get(2).manifest)[1]
+        fourth_v = load_version(registry.get(4).manifest)[1]
+        assert not torch.equal(second_v["model.norm.weight"], fourth_v["model.norm.weight"])
+
+        # a stopping trainer finishes the step it answered: checkpoint and version
+        async with make_channel(
+            f"127.0.0.1:{running.server.port}", security=PLAINTEXT_LOOPBACK
+        ) as channel:
+            assert (await pb_grpc.TrainerServiceStub(channel).Train(request(5))).step == 5
+    finally:
+        await running.stop()
+    assert (ckpts / "step_00000005").is_dir() and registry.newest == 5
+
+
+async def test_a_failed_background_write_stops_the_next_update_and_its_retry_writes_it(
+    tmp_path: Path, weightsync_server: RunningWeightSync
+) -> None:
+    """Step 1's checkpoint cannot be written (its folder is made a file's child): Train(2)
+    is refused UNAVAILABLE naming step 1, before its update, so step 1's state is still
+    the one to write; once the folder is back, the retry of Train(2) writes step 1 first
+    (checkpoint, then version 1) and trains step 2 on top."""
+    running = await start_trainer(background_config(tmp_path, weightsync_server))
+    runner, registry = running.runner, weightsync_server.registry
+    assert runner.checkpoints is not None
+    good = runner.checkpoints.root
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    try:
+        async with make_channel(
+            f"127.0.0.1:{running.server.port}", security=PLAINTEXT_LOOPBACK
+        ) as channel:
+            stub = pb_grpc.TrainerServiceStub(channel)
+            runner.checkpoints.root = blocker / "checkpoints"
+            assert (await stub.Train(request(1))).policy_version == 1  # answered: trained
+            before = {k: v.clone() for k, v in runner.trainer.model.state_dict().items()}
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.Train(request(2))
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "step 1 could not be written" in str(refused.value.details())
+            after = runner.trainer.model.state_dict()
+            assert all(torch.equal(before[k], after[k]) for k in before)  # no update of 2
+            assert registry.newest == 0 and runner.trainer.trained_step == 1
+            runner.checkpoints.root = good
+            second = await stub.Train(request(2))  # the retry: step 1 written, 2 trained
+            assert (second.step, second.policy_version, second.duplicate) == (2, 2, False)
+            assert registry.newest >= 1 and (good / "step_00000001").is_dir()
+            published = load_version(registry.get(1).manifest)[1]
+            saved = checkpointed_weights(good, 1)
+            native = hf_to_native_state_dict(runner.trainer.model, published)
+            assert all(torch.equal(native[k], saved[k]) for k in native)
+            await until(lambda: registry.newest == 2, "version 2")
+    finally:
+        await running.stop()

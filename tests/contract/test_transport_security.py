@@ -12,6 +12,7 @@ off; health is open.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -90,6 +91,10 @@ async def test_each_role_may_call_only_its_methods(
         # The orchestrator trains; every role reads status.
         orchestrator = trainer_grpc.TrainerServiceStub(dial("orchestrator"))
         assert (await orchestrator.Train(request(1), timeout=60)).policy_version == 1
+        for _ in range(2000):  # version 1 follows the answer (trainer.background_publish)
+            if ws.registry.newest == 1:
+                break
+            await asyncio.sleep(0.01)
         for role in ("operator", "inference", "weightsync"):
             stub = trainer_grpc.TrainerServiceStub(dial(role))
             assert (await stub.GetStatus(common_pb2.StatusRequest(), timeout=10)).step == 1

@@ -1,7 +1,8 @@
 """The README's `make run`: the embedded default trains to completion and shows learning.
 
 Also drives `tidal client` (the people's client) against a running stack, since both are
-what a newcomer types first.
+what a newcomer types first, and scrapes every service's Prometheus endpoint there (the
+addresses `tidal rl` lists in prometheus_targets.json).
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 LEARNING_BAR = 0.3
 WINDOW = 5
@@ -32,6 +35,16 @@ def test_default_run_finishes_in_time_and_reward_rises(launch) -> None:  # type:
     assert time.monotonic() - started < 300
     out = run.output()
     assert "Tidal run summary" in out
+    # The launcher prints the table once every service exited, with the two timing rows
+    # (tidal.cli.run_timing), and keeps them in summary.json.
+    assert "start-up to first step (s)" in out and "shutdown, last step to exit (s)" in out
+    summary = json.loads((run.run_dir / "summary.json").read_text())
+    launched, first, last = (
+        summary[k] for k in ("launched_at", "first_step_started_at", "last_step_ended_at")
+    )
+    assert launched < first < last
+    assert summary["startup_s"] == pytest.approx(first - launched)
+    assert 0 < summary["shutdown_s"] < 60
 
     metrics = _metrics(run.run_dir)
     for record in metrics:
@@ -58,6 +71,75 @@ def _client(*args: str, config: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _scrape(address: str) -> dict[str, float]:
+    """One Prometheus scrape over plain HTTP (loopback): `{name{labels}: value}`."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return samples
+
+
+def _check_prometheus(run_dir: Path, steps: int) -> None:
+    """Every service's /metrics, scraped while the stack runs after `steps` RL steps."""
+    targets = json.loads((run_dir / "prometheus_targets.json").read_text())
+    by_service = {t["labels"]["service"]: t["targets"][0] for t in targets}
+    assert sorted(by_service) == ["inference", "orchestrator", "trainer", "weightsync"]
+    scraped = {service: _scrape(address) for service, address in by_service.items()}
+    for service, m in scraped.items():
+        assert m[f'tidal_service_info{{service="{service}"}}'] == 1
+        assert m["tidal_restarts_total"] == 0
+        assert m["process_resident_memory_bytes"] > 0
+
+    trainer = scraped["trainer"]
+    assert trainer["tidal_trainer_steps_total"] == steps
+    assert trainer["tidal_trainer_last_step"] == steps
+    assert trainer["tidal_trainer_step_seconds_count"] == steps
+    assert trainer["tidal_trainer_step_seconds_sum"] > 0
+    assert trainer["tidal_trainer_trained_tokens_total"] > 0
+    assert trainer["tidal_trainer_publish_seconds_count"] == steps  # one version per step
+
+    inference = scraped["inference"]
+    assert inference["tidal_inference_generated_tokens_total"] > 0
+    assert inference["tidal_inference_kv_blocks_capacity"] > 0
+    assert inference["tidal_inference_kv_blocks_used"] >= 0
+    assert (
+        inference["tidal_inference_kv_blocks_used"]
+        <= inference["tidal_inference_kv_blocks_capacity"]
+    )
+    assert inference["tidal_inference_kv_slots_used"] >= 0
+    assert (
+        inference["tidal_inference_kv_slots_used"] <= inference["tidal_inference_kv_slots_capacity"]
+    )
+    assert 0 <= inference["tidal_inference_kv_usage_ratio"] <= 1
+    kv_bytes = inference["tidal_inference_kv_cache_bytes_capacity"]
+    assert kv_bytes > 0
+    assert 0 <= inference["tidal_inference_kv_cache_bytes_used"] <= kv_bytes
+    assert inference["tidal_inference_requests_waiting"] >= 0
+    assert 0 <= inference["tidal_inference_policy_version"] <= steps
+    assert inference['tidal_inference_weight_load_seconds_count{path="filesystem"}'] >= 1
+
+    orchestrator = scraped["orchestrator"]
+    assert orchestrator['tidal_orchestrator_steps_total{phase="rl"}'] == steps
+    assert orchestrator['tidal_orchestrator_step_seconds_count{phase="rl"}'] == steps
+    assert orchestrator["tidal_orchestrator_generated_tokens_total"] > 0
+    assert (
+        orchestrator["tidal_orchestrator_trained_tokens_total"]
+        == trainer["tidal_trainer_trained_tokens_total"]
+    )
+    assert orchestrator["tidal_orchestrator_sample_staleness_count"] > 0
+    assert orchestrator["tidal_orchestrator_sample_staleness_sum"] >= 0
+    assert orchestrator["tidal_orchestrator_generate_inflight"] >= 0
+
+    weightsync = scraped["weightsync"]
+    assert weightsync["tidal_weightsync_newest_version"] == steps
+    assert weightsync["tidal_weightsync_versions_published_total"] == steps + 1
+    assert weightsync["tidal_weightsync_replicas"] >= 1
+
+
 @pytest.mark.slow
 def test_client_reports_status_versions_progress_and_generates(launch) -> None:  # type: ignore[no-untyped-def]
     run = launch(
@@ -78,6 +160,7 @@ def test_client_reports_status_versions_progress_and_generates(launch) -> None: 
         assert time.monotonic() < deadline and run.process.poll() is None, run.output()
         time.sleep(0.5)
     assert "step 2/2" in progress.stdout
+    _check_prometheus(run.run_dir, steps=2)
 
     status = _client("status", config=config)
     assert status.returncode == 0, status.stdout + status.stderr

@@ -249,9 +249,10 @@ def test_a_trainer_started_before_weightsync_waits_for_it(stack: Stack) -> None:
 def test_a_step_whose_publish_finds_weightsync_restarting_succeeds(stack: Stack) -> None:
     """Issue 17: weightsync SIGKILLed between two steps and restarted while the trainer
     publishes the next one: the trainer waits for it, publishes, and Train(2) answers
-    normally (version 1, recovered from disk, is still there)."""
+    normally (version 1, recovered from disk, is still there). The serial contract (Train
+    answers after its publish); the background one: the next test."""
     weightsync = stack.start("weightsync")
-    trainer = stack.start("trainer")
+    trainer = stack.start("trainer", "--trainer.background-publish", "false")
     stack.trainer_status(trainer)
     assert stack.train(1).policy_version == 1
     os.killpg(weightsync.pid, signal.SIGKILL)
@@ -267,3 +268,43 @@ def test_a_step_whose_publish_finds_weightsync_restarting_succeeds(stack: Stack)
     assert "recovered verified versions [0, 1]" in stack.log("weightsync")
     third = stack.train(3)
     assert (third.step, third.policy_version, third.duplicate) == (3, 3, False)
+
+
+def published_version(stack: Stack) -> int:
+    with stack.channel("orchestrator") as channel:
+        stub = pb_grpc.TrainerServiceStub(channel)
+        return stub.GetStatus(common_pb2.StatusRequest(), timeout=10).policy_version
+
+
+@pytest.mark.slow
+def test_background_publish_rides_out_a_weightsync_restart_in_step_order(stack: Stack) -> None:
+    """The same outage under the default `trainer.background_publish`: Train(2) answers
+    once step 2 is trained although weightsync is down; step 3's update then waits for
+    version 2 (versions stay in step order), and both follow once weightsync is back."""
+    weightsync = stack.start("weightsync")
+    trainer = stack.start("trainer")
+    stack.trainer_status(trainer)
+    assert stack.train(1).policy_version == 1
+    deadline = time.monotonic() + 60
+    while published_version(stack) < 1:  # step 1 ends with its publish, in the background
+        assert time.monotonic() < deadline, stack.log("trainer")
+        time.sleep(0.05)
+    os.killpg(weightsync.pid, signal.SIGKILL)
+    weightsync.wait()
+    second = stack.train(2)  # trained: answered; its checkpoint and publish go on
+    assert (second.step, second.policy_version, second.duplicate) == (2, 2, False)
+    assert published_version(stack) == 1
+    with stack.channel("orchestrator") as channel:
+        pending = pb_grpc.TrainerServiceStub(channel).Train.future(train_request(3), timeout=120)
+        time.sleep(3.0)  # step 3's forward/backward ran; its update waits for version 2
+        assert not pending.done(), "Train(3) answered before version 2 was published"
+        assert (stack.run_dir / "checkpoints" / "step_00000002").is_dir()  # durable first
+        stack.start("weightsync")
+        reply = pending.result(timeout=120)
+    assert (reply.step, reply.policy_version, reply.duplicate) == (3, 3, False)
+    assert trainer.poll() is None
+    assert "recovered verified versions [0, 1]" in stack.log("weightsync")
+    deadline = time.monotonic() + 60
+    while published_version(stack) < 3:
+        assert time.monotonic() < deadline, stack.log("trainer")
+        time.sleep(0.05)

@@ -34,9 +34,14 @@ Decisions:
   run ends when the orchestrator exits 0, and fails (exit 1, naming the child, its exit
   reason and last log lines) when a child's budget is spent. This module decides what
   the children are (`child_specs`); supervision.py how they are watched.
+- After a finished run the launcher prints the summary table (the orchestrator wrote
+  `summary.json`) with the run's start-up and shutdown seconds, once every child has
+  exited (run_timing.py has the definitions).
 - With `inference.replicas = N`, N inference children, each on its own free loopback
   port (listed in `endpoints.inference_replicas`, which the orchestrator reads) with its
   own replica id and log (children.py); each is supervised (restarted) on its own.
+- Every child serves Prometheus metrics on a free loopback port of its own
+  (`--metrics.port`), listed in `<run dir>/prometheus_targets.json` (metrics_targets.py).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ import asyncio
 import socket
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -53,12 +59,15 @@ import tomli_w
 from tidal.cli.certs import ensure_run_credentials
 from tidal.cli.children import inference_replicas
 from tidal.cli.config import LAUNCHER_SECTIONS, RunConfig
+from tidal.cli.metrics_targets import with_metrics_ports
 from tidal.cli.placement import place, trainer_world_size, visible_gpus
+from tidal.cli.run_timing import finish_summary, launch_env, print_final_summary, process_start_time
 from tidal.cli.slurm import SlurmConfig, submit, write_job
 from tidal.cli.supervision import ChildSpec, Supervisor
 from tidal.common.config import load_or_exit, to_toml
 from tidal.common.errors import ConfigError
 from tidal.common.removal import remove_inside
+from tidal.orchestrator.wandb_sink import import_wandb
 from tidal.trainer.parallel.config import check_parallel
 
 # Start order: publishers before subscribers; clients wait for their servers anyway.
@@ -239,11 +248,39 @@ def trainer_cannot_resume(config: RunConfig) -> str | None:
     )
 
 
+def run_ports(config: RunConfig) -> set[int]:
+    """The loopback ports `prepare_run_dir` gave the services (gRPC and OpenAI HTTP)."""
+    e = config.endpoints
+    addresses = [e.orchestrator, e.inference, e.trainer, e.weightsync, *e.inference_replicas]
+    ports = {int(a.rsplit(":", 1)[1]) for a in addresses}
+    if config.inference.http.enabled:
+        ports |= {config.inference.http.port + i for i in range(config.inference.replicas)}
+    return ports
+
+
 async def supervise(
-    config: RunConfig, envs: dict[str, dict[str, str]] | None = None, *, resume: bool = False
+    config: RunConfig,
+    envs: dict[str, dict[str, str]] | None = None,
+    *,
+    resume: bool = False,
+    launched_at: float | None = None,
 ) -> int:
-    specs = child_specs(config, envs, resume=resume)
-    return await Supervisor(config.run.dir, specs, config.supervision).run()
+    """Run the children to the end; after a finished run, print the summary table with
+    its start-up and shutdown seconds (run_timing.py)."""
+    launched_at = process_start_time() if launched_at is None else launched_at
+    specs = [
+        replace(spec, env={**spec.env, **launch_env(launched_at)})
+        for spec in child_specs(config, envs, resume=resume)
+    ]
+    if config.metrics.enabled:
+        specs = with_metrics_ports(
+            specs, config.run.dir, config.run.name, free_port, taken=run_ports(config)
+        )
+    code = await Supervisor(config.run.dir, specs, config.supervision).run()
+    summary = finish_summary(config.run.dir, launched_at) if code == 0 else None
+    if summary is not None:
+        print_final_summary(summary)
+    return code
 
 
 def run_slurm(config: RunConfig, slurm: SlurmConfig, *, dry_run: bool) -> None:
@@ -262,6 +299,8 @@ def main(argv: Sequence[str]) -> None:
         usage=f"tidal rl @ config.toml [--section.key value ...] [{OVERWRITE} | {RESUME}]",
     )
     try:
+        if config.orchestrator.wandb.enabled:
+            import_wandb()  # fail before anything starts when the extra is missing
         envs = apply_placement(config, visible_gpus())
         if config.slurm is not None:
             run_slurm(config, config.slurm, dry_run=dry_run)

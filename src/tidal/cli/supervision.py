@@ -20,9 +20,11 @@ Decisions:
 - A restart reuses the child's port (the resolved config.toml), so its peers reconnect
   to the same address; its output is appended to the same log file.
 - Every restart is logged on the launcher's stderr and counted; the counts are printed
-  in the run's last line and written to `<run dir>/supervision.json` (restarts per
+  in the line after the run's end line (then, for a finished run, the launcher prints
+  the summary table) and written to `<run dir>/supervision.json` (restarts per
   service and one record per exit: service, exit reason, restarted or not), which is how
-  a harness checks what happened.
+  a harness checks what happened. A restarted child also gets its count in
+  `TIDAL_RESTARTS`, which it reports as `tidal_restarts_total` (tidal.common.metrics).
 - Stopping (the run ended, failed or was interrupted): the supervising tasks are
   cancelled first, so nothing restarts meanwhile, then every running child gets SIGTERM
   in reverse start order and SIGKILL after a grace period.
@@ -46,6 +48,7 @@ from pydantic import Field
 
 from tidal.common.config import BaseConfig
 from tidal.common.lifeline import launcher_env, parent_death_signal
+from tidal.common.metrics import RESTARTS_ENV
 
 ECHOED = {"orchestrator"}
 TAIL_LINES = 30
@@ -110,9 +113,10 @@ class Child:
 
 
 async def start_child(
-    spec: ChildSpec, config_path: Path, log_dir: Path, args: Sequence[str]
+    spec: ChildSpec, config_path: Path, log_dir: Path, args: Sequence[str], *, restarts: int = 0
 ) -> Child:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **launcher_env(), **spec.env}
+    env[RESTARTS_ENV] = str(restarts)  # the child's tidal_restarts_total (tidal.common.metrics)
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -186,7 +190,13 @@ class Supervisor:
         self.events: list[dict[str, object]] = []
 
     async def _start(self, spec: ChildSpec, args: Sequence[str]) -> Child:
-        child = await start_child(spec, self.run_dir / "config.toml", self.run_dir / "logs", args)
+        child = await start_child(
+            spec,
+            self.run_dir / "config.toml",
+            self.run_dir / "logs",
+            args,
+            restarts=self.restarts[spec.name],
+        )
         self.current[spec.name] = child
         child.pump_task = asyncio.create_task(child.pump(echo=spec.name in ECHOED))
         self.pumps.append(child.pump_task)

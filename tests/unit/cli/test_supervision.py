@@ -1,6 +1,7 @@
 """The launcher's supervision loop against real child processes (tiny Python modules):
 restarts with backoff within a budget, the finisher's exit 0 ends the run, a spent budget
-or a configuration error fails it naming the child and its last lines, and the record."""
+or a configuration error fails it naming the child and its last lines, and the record;
+each life learns its restart count (TIDAL_RESTARTS, its `tidal_restarts_total`)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ CHILD = textwrap.dedent(
     life = int(lives.read_text()) + 1 if lives.exists() else 1
     lives.write_text(str(life))
     print(f"{name} life {life} args {sys.argv[3:]}", flush=True)
+    print(f"{name} restarts {os.environ['TIDAL_RESTARTS']}", flush=True)
     plan = os.environ["CHILD_PLAN"].split(",")  # one exit code per life, "run" = keep running
     action = plan[min(life, len(plan)) - 1]
     if action == "run":
@@ -84,6 +86,10 @@ async def test_crashed_children_are_restarted_with_restart_args_and_counted(
     helper_log = (run_dir / "logs" / "helper.log").read_text()
     assert "helper life 1 args ['--first']" in helper_log
     assert "helper life 3 args ['--again']" in helper_log
+    # each life is told its restarts so far (its tidal_restarts_total)
+    assert [line for line in helper_log.splitlines() if "restarts" in line] == [
+        f"helper restarts {n}" for n in range(3)
+    ]
     assert "helper exited with code 1; restarting it" in out.err
     record = json.loads((run_dir / "supervision.json").read_text())
     assert record["restarts"] == {"helper": 2, "orchestrator": 1}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import subprocess
@@ -168,3 +169,60 @@ if __name__ == "__main__":
     from conftest import batches_for  # run as a script: this folder is on sys.path
 
     save_step_1_then_crash_while_saving_step_2(Path(sys.argv[1]), batches_for)
+
+
+def test_the_streamed_state_file_matches_safetensors_own(tmp_path: Path) -> None:
+    """`write_state` streams the tensors into the file (no state-sized buffer); the file
+    must be the one safetensors itself writes (`encode_state`): same tensor entries in
+    the same order, same bytes after the header, same metadata, and read back the same."""
+    from safetensors import safe_open
+
+    tied = torch.randn(5, 4)
+    state = {
+        "model": {"emb": tied, "head": tied, "b": torch.randn(3, dtype=torch.bfloat16)},
+        "optim": {"step": torch.tensor(3.0), "m": torch.randn(2, 3)[:, 1:]},  # a view
+        "ids": torch.arange(4), "empty": torch.zeros(0), "mask": torch.ones(2, dtype=torch.bool),
+        "sched": {"last_epoch": 3, "lrs": (0.1, 0.2)}, "extra": "{}",
+    }  # fmt: skip
+    checkpoint_files.write_state(tmp_path, state)
+    path = checkpoint_files.state_file(tmp_path)
+    assert path is not None and [p.name for p in tmp_path.iterdir()] == [path.name]
+    streamed, reference = path.read_bytes(), checkpoint_files.encode_state(state)
+
+    def parts(data: bytes) -> tuple[list[tuple[str, object]], dict[str, str], bytes]:
+        size = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8 : 8 + size])
+        metadata = header.pop("__metadata__")
+        return list(header.items()), metadata, data[8 + size :]
+
+    assert parts(streamed) == parts(reference)
+    with safe_open(path, framework="pt") as f:  # safetensors' own reader takes it
+        assert torch.equal(f.get_tensor("/model/b"), state["model"]["b"])
+    back = checkpoint_files.read_state(tmp_path)  # checks the name's sha256
+    assert back["model"]["head"] is back["model"]["emb"]
+    assert torch.equal(back["optim"]["m"], state["optim"]["m"])
+    assert back["sched"] == {"last_epoch": 3, "lrs": (0.1, 0.2)}
+
+
+def test_a_snapshot_written_later_holds_the_state_it_was_taken_at(
+    tmp_path: Path, step_batches: Callable[[int], list[MicroBatchData]]
+) -> None:
+    """The background publish takes a snapshot when step n ends and writes it while step
+    n+1's forward/backward run (which set the optimizer's lr): the written checkpoint is
+    step n's, the same as a plain save then."""
+    trainer = new_trainer()
+    trainer.train_step(1, step_batches(1), "pg")
+    manager = CheckpointManager(tmp_path / "snap", keep_last=1)
+    snapshot = manager.snapshot(trainer, extra={"data_position": 1})
+    reference = CheckpointManager(tmp_path / "plain", keep_last=1).save(trainer)
+    trainer._set_lr("pg")  # as step 2 does before its forward
+    trainer.optimizer.param_groups[0]["lr"] = 123.0
+    torch.manual_seed(5)
+    written = manager.save_snapshot(snapshot)
+    saved = checkpoint_files.read_state(written)["train"]
+    plain = checkpoint_files.read_state(reference)["train"]
+    assert saved["step"] == plain["step"] == 1
+    assert saved["optim"]["param_groups"] == plain["optim"]["param_groups"]
+    assert saved["scheduler"] == plain["scheduler"]
+    assert torch.equal(saved["rng"]["cpu"], plain["rng"]["cpu"])
+    assert all(torch.equal(saved["model"][k], v) for k, v in plain["model"].items())

@@ -22,6 +22,7 @@ import ipaddress
 import os
 import tempfile
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from cryptography import x509
@@ -187,8 +188,10 @@ def ensure_certificates(
         ca = _load_ca(folder)
     else:
         ca = _make_ca(folder, name)
-    for role in missing:
-        issue_leaf(folder, role, hosts, ca)
+    # One thread per leaf: each write is fsynced (~10 ms of waiting, no CPU), and this is
+    # on `tidal rl`'s start-up path before any service starts; in turn they took ~0.15 s.
+    with ThreadPoolExecutor(len(missing), thread_name_prefix="issue-cert") as pool:
+        list(pool.map(lambda role: issue_leaf(folder, role, hosts, ca), missing))
     return missing
 
 

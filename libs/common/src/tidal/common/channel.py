@@ -9,6 +9,13 @@
 - the process's transport security (`TransportSecurity`, required): TLS with its role's
   certificate (mTLS) or its token; plaintext only to loopback addresses.
 
+Reconnecting is fast (`RECONNECT_BACKOFF_MS`: first retry after 0.1 s, then at most every
+0.5 s) instead of gRPC's default back-off (1 s, growing 1.6x to 120 s): at start-up every
+client dials a server that is still importing torch, and with the default the
+orchestrator noticed a trainer that had been up for 2 s only at its next attempt, the
+largest single wait of a run's start-up (docs/benchmarks/startup.md). A connection
+attempt to a closed port costs one refused SYN, so trying twice a second is free.
+
 Services wait for their peers (wait-for-ready above): at start-up a peer that is not up
 yet is normal. A person's tool must instead say at once that a service is down, so
 `connect` / `wait_connected` first bring the channel to READY within a short timeout and
@@ -52,6 +59,7 @@ _SERVICE_CONFIG = json.dumps(
 )
 
 
+RECONNECT_BACKOFF_MS = {"initial": 100, "max": 500}
 CONNECT_TIMEOUT_S = 2.0
 _FAILED = (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN)
 
@@ -68,6 +76,8 @@ def make_channel(
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.enable_retries", 1),
         ("grpc.service_config", _SERVICE_CONFIG),
+        ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS["initial"]),
+        ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS["max"]),
     ]
     interceptors = [RequestIdClientInterceptor(), *aio_client_interceptors()]
     credentials = security.channel_credentials()

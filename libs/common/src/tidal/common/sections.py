@@ -1,4 +1,4 @@
-"""Config sections every service reads: the run, endpoints, gRPC limits, telemetry.
+"""Config sections every service reads: the run, endpoints, gRPC limits, telemetry, metrics.
 
 Each service composes these with its own section into its run config (see
 `ServiceRunConfig`); the umbrella CLI composes all of them into `tidal.cli.config.RunConfig`.
@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator
 
 from tidal.common.config import BaseConfig
+from tidal.common.metrics import MetricsConfig
 from tidal.common.security_config import SecurityConfig, check_plaintext_addresses
 
 SERVICES = ("orchestrator", "inference", "trainer", "weightsync")
@@ -149,6 +150,8 @@ class SharedConfig(BaseConfig):
     endpoints: Endpoints = Endpoints()
     grpc: GrpcConfig = GrpcConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    """Each service's Prometheus endpoint (tidal.common.metrics)."""
     # --- transport security (tidal.common.security_config) ---
     security: SecurityConfig = SecurityConfig()
 

@@ -6,6 +6,8 @@ with a real Watch), the error-mapping and tracing interceptors, the transport se
 its `TransportSecurity` says (TLS/mTLS credentials, the per-role authorization
 interceptor; server reflection only when enabled), and graceful shutdown:
 SIGTERM/SIGINT → health NOT_SERVING → `server.stop(grace)` → the service's own close hook.
+A service's `ServiceMetrics` (tidal.common.metrics), when given, serves `/metrics` from
+`start()` to `stop()`, on the gRPC bind host, with the same TLS credentials.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 from tidal.common.authz import AuthorizationInterceptor
 from tidal.common.interceptors import ErrorMappingInterceptor
 from tidal.common.limits import PROBE_HEADROOM, server_options
+from tidal.common.metrics import ServiceMetrics, TlsMaterial
 from tidal.common.sections import GrpcConfig
 from tidal.common.security import TransportSecurity
+from tidal.common.security_config import host_of
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +54,17 @@ def message_options(config: GrpcConfig) -> list[tuple[str, int]]:
     ]
 
 
+def tls_material(security: TransportSecurity) -> TlsMaterial:
+    """What the metrics endpoint serves HTTPS with: this process's gRPC credentials."""
+    return TlsMaterial(
+        security.mode,
+        security.cert_pem,
+        security.key_pem,
+        security.ca_pem,
+        frozenset(security.verifiers.values()),
+    )
+
+
 class GrpcServer:
     """A started grpc.aio server with health (and reflection if enabled). Use
     `serve_forever()`. `security` is required: `TransportSecurity.from_config(...)` in
@@ -62,9 +77,12 @@ class GrpcServer:
         config: GrpcConfig,
         *,
         security: TransportSecurity,
+        metrics: ServiceMetrics | None = None,
     ):
         security.check_address(address, "listen on")
         self.security = security
+        self.address = address
+        self.metrics = metrics
         self.config = config
         self.bindings = list(bindings)
         self.health = health.aio.HealthServicer()
@@ -109,6 +127,9 @@ class GrpcServer:
 
     async def start(self, *, serving: bool = True) -> None:
         await self.server.start()
+        if self.metrics is not None:
+            configured_port = int(self.address.rsplit(":", 1)[1])
+            self.metrics.start(host_of(self.address), configured_port, tls_material(self.security))
         await self.set_serving(serving)
 
     async def set_serving(self, serving: bool) -> None:
@@ -123,6 +144,8 @@ class GrpcServer:
     async def stop(self) -> None:
         await self.health.enter_graceful_shutdown()
         await self.server.stop(self.config.shutdown_grace_s)
+        if self.metrics is not None:
+            self.metrics.stop()
 
     async def serve_forever(
         self,

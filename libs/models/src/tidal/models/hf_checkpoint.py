@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from tidal.models.args import DecoderArgs
+from tidal.models.dtensor_check import is_dtensor
 from tidal.models.families import UnsupportedArchitecture, family_for_hf_config
 from tidal.models.hf_folder import check_weights, read_config, read_weights, write_folder
 from tidal.models.hf_model import HFCausalLM
@@ -106,11 +106,16 @@ def _adapter_args(model: nn.Module) -> tuple[StateDictAdapter, DecoderArgs]:
     return adapter_for(args.family), args
 
 
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor`, gathered whole if it is an FSDP-sharded DTensor (dtensor_check.py)."""
+    return tensor.full_tensor() if is_dtensor(tensor) else tensor  # type: ignore[attr-defined]
+
+
 def publishable_state_dict(model: nn.Module) -> StateDict:
     """Detached CPU copies of the weights in HF checkpoint naming (no tied `lm_head.weight`)."""
     state = merged_state_dict(model)  # LoRA adapters folded in (plain state dict without)
     # FSDP-sharded weights are gathered whole (a collective: every rank calls this).
-    state = {n: t.full_tensor() if isinstance(t, DTensor) else t for n, t in state.items()}
+    state = {n: _whole(t) for n, t in state.items()}
     if model.args.tie_embeddings:
         state.pop(TIED_HEAD, None)
     adapter, args = _adapter_args(model)

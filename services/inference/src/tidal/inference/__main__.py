@@ -1,3 +1,4 @@
+from tidal.common.fast_exit import run_and_exit
 from tidal.inference.service import main
 
-main()
+run_and_exit(main)

@@ -43,6 +43,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from tidal.inference.lazy_zeros import lazy_zeros
 from tidal.models.args import DecoderArgs
 from tidal.models.attention import sdpa
 
@@ -137,8 +138,8 @@ class SlotKVCache:
     ) -> None:
         length = args.max_seq_len if max_len is None else max_len
         shape = (args.n_layers, slots, args.n_kv_heads, length, args.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, N, Hkv, S, D)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = lazy_zeros(shape, dtype=dtype, device=device)  # (L, N, Hkv, S, D)
+        self.v = lazy_zeros(shape, dtype=dtype, device=device)
         self.slots, self.max_len = slots, length
         self._free = list(range(slots - 1, -1, -1))  # a stack: lowest slot on top
 

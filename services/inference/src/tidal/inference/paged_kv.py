@@ -32,6 +32,7 @@ import torch
 
 from tidal.inference.block_manager import BlockManager
 from tidal.inference.kv_cache import grouped_decode_attention, token_bytes
+from tidal.inference.lazy_zeros import lazy_zeros
 from tidal.models.args import DecoderArgs
 from tidal.models.attention import sdpa
 
@@ -82,8 +83,8 @@ class PagedKVCache:
         device: Any,
     ) -> None:
         shape = (args.n_layers, num_blocks * block_size, args.n_kv_heads, args.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, NB * BS, Hkv, D)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = lazy_zeros(shape, dtype=dtype, device=device)  # (L, NB * BS, Hkv, D)
+        self.v = lazy_zeros(shape, dtype=dtype, device=device)
         self.block_size = block_size
         self.blocks = BlockManager(num_blocks, block_size)
 

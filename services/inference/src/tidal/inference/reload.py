@@ -57,6 +57,7 @@ from opentelemetry import trace
 from tidal.common.telemetry import extract_carrier
 from tidal.inference.adapters import AdapterMerger, adapter_spec, check_described
 from tidal.inference.engine import Engine
+from tidal.inference.prometheus import InferenceMetrics
 from tidal.weights.client import WeightSyncClient
 from tidal.weights.manifest import CorruptWeights, VersionEvent, WeightManifest
 from tidal.weights.transport_choice import TransportChoice
@@ -80,8 +81,10 @@ class WeightWatcher:
         replica_id: str,
         *,
         on_loaded: Callable[[int], Awaitable[None]] | None = None,
+        metrics: InferenceMetrics | None = None,
     ) -> None:
         self.client = client
+        self.metrics = metrics
         self.engine = engine
         self.replica_id = replica_id
         self.on_loaded = on_loaded
@@ -95,6 +98,7 @@ class WeightWatcher:
         self._lock = asyncio.Lock()
         self._receiving: asyncio.Task[None] | None = None  # pushed versions (broadcast)
         self.adapters = AdapterMerger()  # the base that LoRA adapters merge onto
+        self._timed_any = False  # a load was timed (the first measures start-up)
 
     async def run(self) -> None:
         """Join, then watch forever, reconnecting with backoff; cancel the task to stop."""
@@ -153,14 +157,19 @@ class WeightWatcher:
                     "replica.id": self.replica_id,
                 }
             )
+            started = time.perf_counter()
             try:
-                await self._install(
+                installed = await self._install(
                     received.version,
                     received.step,
                     received.hf_config,
                     received.state_dict,
                     source="broadcast",
                 )
+                if installed and self.metrics is not None:  # received already: install only
+                    seconds = time.perf_counter() - started
+                    self.metrics.loaded("broadcast", seconds, 0, first=not self._timed_any)
+                    self._timed_any = True
             except ValueError as exc:
                 log.error("skipping broadcast version %d: %s", received.version, exc)
                 span.record_exception(exc)
@@ -239,7 +248,12 @@ class WeightWatcher:
             except Exception as exc:  # e.g. a config.json missing a key: never the task's end
                 log.exception("skipping version %d: unexpected failure", manifest.version)
                 return self._skip(manifest.version, exc, span)
-            span.set_attribute("weights.load_s", time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            span.set_attribute("weights.load_s", seconds)
+        if installed and self.metrics is not None:
+            first = not self._timed_any
+            self.metrics.loaded(self.receiver.source, seconds, event.published_unix_ms, first=first)
+            self._timed_any = True
         if not installed:  # a broadcast of this version won the race
             await self._ack(manifest.version)
         return True

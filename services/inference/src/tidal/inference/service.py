@@ -32,6 +32,7 @@ from tidal.common.config import load_or_exit
 from tidal.common.cpu_features import bf16_cost_warning
 from tidal.common.lifeline import watch_launcher
 from tidal.common.logging import setup_logging
+from tidal.common.metrics import ServiceMetrics
 from tidal.common.security import check_or_exit, for_service
 from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.common.telemetry import setup_telemetry
@@ -77,6 +78,7 @@ class RunningInference:
 
 async def start_inference(config: InferenceRunConfig) -> RunningInference:
     # torch is imported here, after the config parsed: `--help` and `--dry-run` stay instant.
+    from tidal.inference.prometheus import InferenceMetrics
     from tidal.inference.reload import WeightWatcher
     from tidal.inference.servicer import InferenceServicer
     from tidal.rpc.v1 import inference_pb2_grpc as pb_grpc
@@ -94,11 +96,13 @@ async def start_inference(config: InferenceRunConfig) -> RunningInference:
     servicer = InferenceServicer(engine, tokenizer, replica_id=replica_id, limits=cfg.limits)
     binding = ServiceBinding(servicer, pb_grpc.add_InferenceServiceServicer_to_server, FULL_NAME)
     security = for_service(config, "inference")
+    metrics = ServiceMetrics("inference", config.metrics)
     server = GrpcServer(
         config.grpc.listen_address(config.endpoints.inference),
         [binding],
         config.grpc,
         security=security,
+        metrics=metrics,
     )
     await server.start(serving=False)
 
@@ -106,7 +110,8 @@ async def start_inference(config: InferenceRunConfig) -> RunningInference:
         await server.set_serving(True)
 
     client = WeightSyncClient(config.endpoints.weightsync, config.grpc, security=security)
-    watcher = WeightWatcher(client, engine, replica_id, on_loaded=on_loaded)
+    prom = InferenceMetrics.on(metrics, engine)
+    watcher = WeightWatcher(client, engine, replica_id, on_loaded=on_loaded, metrics=prom)
     task = asyncio.create_task(watcher.run(), name="weight-watcher")
     task.add_done_callback(lambda done: not_serving_if_ended(done, server))
     running = RunningInference(server, engine, watcher, client, task, replica_id)

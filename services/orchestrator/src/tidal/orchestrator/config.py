@@ -43,6 +43,7 @@ __all__ = [
     "ReversalTaskConfig",
     "SamplingConfig",
     "StalenessConfig",
+    "WandbConfig",
 ]
 
 Algorithm = Literal["grpo", "dr_grpo", "rloo", "remax"]
@@ -226,6 +227,24 @@ class ReportConfig(BaseConfig):
     """Steps kept in GetProgress's `recent` list."""
 
 
+class WandbConfig(BaseConfig):
+    """Weights & Biases logging of the per-step metrics (the metrics.jsonl numbers)."""
+
+    enabled: bool = False
+    """Log every step's metrics to W&B. Needs the `wandb` package
+    (`pip install 'tidal-orchestrator[wandb]'`) and, online, a W&B login."""
+    project: str = Field(default="tidal", min_length=1)
+    """W&B project."""
+    entity: str | None = None
+    """W&B entity (user or team); default: the logged-in user's."""
+    mode: Literal["online", "offline", "disabled"] = "online"
+    """"offline" writes the W&B run under `<run dir>/wandb/` for a later `wandb sync`."""
+    name: str | None = None
+    """W&B run name; default `run.name`."""
+    tags: list[str] = []
+    """W&B run tags."""
+
+
 class OrchestratorConfig(BaseConfig):
     moved_keys: ClassVar[dict[str, str]] = MOVED_KEYS
 
@@ -269,6 +288,8 @@ class OrchestratorConfig(BaseConfig):
     """Held-out evaluation."""
     chat: ChatConfig = ChatConfig()
     """Chat-template rendering of prompts (template, system prompt, template kwargs)."""
+    wandb: WandbConfig = WandbConfig()
+    """Optional Weights & Biases logging of the per-step metrics."""
 
     @model_validator(mode="after")
     def _check(self) -> OrchestratorConfig:

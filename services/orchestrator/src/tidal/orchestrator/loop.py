@@ -102,6 +102,10 @@ class RLLoop:
         self._generations: dict[int, tuple[trace.Span, asyncio.Task[Generation]]] = {}
         self._newest_generation: asyncio.Task[Generation] | None = None
 
+    def steps_queued(self) -> int:
+        """Later RL steps whose generation started ahead of the step being trained."""
+        return len(self._generations)
+
     # ---- the loop ---------------------------------------------------------------------
 
     async def run(self, *, first_step: int = 1) -> None:
@@ -121,6 +125,11 @@ class RLLoop:
                     span, task = self._generations.pop(step)
                     with trace.use_span(span, end_on_exit=True):
                         await self._rl_step(step, await task)
+            if first_step <= total:
+                # Done when the last version is published, not only trained: the trainer
+                # answers Train first (background_publish), and ending sooner would stop
+                # weightsync under that last publish.
+                await self.delivery.wait_published(total)
             self.progress.state = "done"
         finally:
             for span, task in self._generations.values():

@@ -9,6 +9,8 @@ Decisions:
   names, and `train` what the trainer returned, written with a `train/` prefix.
 - TensorBoard via tensorboardX (no TensorFlow; torch hidden from it at import): every
   numeric field becomes a scalar at its step. Without tensorboardX no events are written.
+- Other consumers of finished steps (Prometheus, W&B) are `sinks`, called with each
+  appended record after it is written; a failing sink is logged, never fails the run.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import logging
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,6 +111,8 @@ class MetricsLog:
         self.records: list[StepMetrics] = []
         self._checked_tail = False
         self._writer: Any = None
+        self.sinks: list[Callable[[StepMetrics], None]] = []
+        """Called with every appended step, after it is written (Prometheus, W&B)."""
         if tensorboard:
             writer_class = import_summary_writer()
             if writer_class is None:
@@ -136,6 +141,11 @@ class MetricsLog:
                 if isinstance(value, int | float) and not isinstance(value, bool):
                     self._writer.add_scalar(name, value, metrics.step)
             self._writer.flush()
+        for sink in self.sinks:
+            try:
+                sink(metrics)
+            except Exception:
+                log.exception("step %d: a metrics sink failed", metrics.step)
 
     def logged_steps(self) -> set[int]:
         """Steps that already have a line in the file (a torn last line is ignored)."""

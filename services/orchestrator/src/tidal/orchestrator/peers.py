@@ -35,6 +35,10 @@ def peer_call(peer: str, address: str, method: str) -> Iterator[None]:
         ) from exc
 
 
+CHECK_INTERVAL_MAX_S = 0.1
+"""The longest pause between two health Checks of a peer that is up but not SERVING."""
+
+
 async def wait_serving(
     channel: grpc.aio.Channel, service: str, timeout: float, *, peer: str, address: str
 ) -> None:
@@ -42,7 +46,10 @@ async def wait_serving(
 
     Each health Check waits for the channel to connect (wait-for-ready) within the
     remaining deadline; a server that is up but NOT_SERVING yet (still loading) is asked
-    again after a short back-off. Check rather than Watch: tidal's error-mapping server
+    again after a short back-off, capped at `CHECK_INTERVAL_MAX_S`: the wait is on the run's
+    start-up path, and a longer cap (it was 1 s) let a peer that became SERVING sit
+    unnoticed for most of a second, while a loopback Check costs about a millisecond.
+    Check rather than Watch: tidal's error-mapping server
     interceptor does not pass grpc_health's Watch through (see the orchestrator report).
     """
     stub = health_pb2_grpc.HealthStub(channel)
@@ -65,5 +72,5 @@ async def wait_serving(
                 return
             status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
         await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-        delay = min(delay * 2, 1.0)
+        delay = min(delay * 2, CHECK_INTERVAL_MAX_S)
     raise PeerError(f"{peer} at {address} not SERVING after {timeout:.0f}s (last: {status})")

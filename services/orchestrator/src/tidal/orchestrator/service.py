@@ -16,6 +16,10 @@ Decisions:
 - Tasks are built (and plug-in import paths resolved), and the tokenizer and chat
   rendering resolved, before waiting for any peer, so a bad task, tokenizer or
   `[orchestrator.chat]` config fails at once (exit code 2).
+- The end of a run writes `report.png`, `reward.png` and `summary.json` (report.py);
+  under `tidal rl` (`TIDAL_LAUNCHED_AT` set) the launcher prints the summary table once
+  every service has exited, with the start-up and shutdown seconds
+  (tidal.cli.run_timing); run alone, the orchestrator prints it.
 - Exit codes: 0 after the last step (with `exit_when_done`, after a graceful server
   stop); 1 with a message naming the failed peer and call; 143 when stopped by a
   signal before the run finished.
@@ -25,7 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -34,6 +40,7 @@ from tidal.common.config import load_or_exit
 from tidal.common.errors import ConfigError
 from tidal.common.lifeline import watch_launcher
 from tidal.common.logging import setup_logging
+from tidal.common.metrics import ServiceMetrics
 from tidal.common.security import check_or_exit, for_service
 from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.common.telemetry import setup_telemetry
@@ -45,15 +52,19 @@ from tidal.orchestrator.inflight import InflightLimiter
 from tidal.orchestrator.loop import RLLoop
 from tidal.orchestrator.metrics import METRICS_FILE, MetricsLog, StepMetrics
 from tidal.orchestrator.mixture import TaskMixture
+from tidal.orchestrator.prometheus import OrchestratorMetrics
 from tidal.orchestrator.prompt_rendering import PromptRenderer
 from tidal.orchestrator.published_versions import follow_publishes
 from tidal.orchestrator.report import (
     REPORT_PLOT,
     REWARD_PLOT,
+    SUMMARY_FILE,
+    import_matplotlib_in_background,
     print_summary,
     summarize,
     write_report,
     write_reward_plot,
+    write_summary,
 )
 from tidal.orchestrator.resume import (
     PROGRESS_FILE,
@@ -67,6 +78,7 @@ from tidal.orchestrator.servicer import OrchestratorServicer
 from tidal.orchestrator.staleness import AsyncWindow
 from tidal.orchestrator.tasks import build_tasks
 from tidal.orchestrator.trainer_client import TrainerClient
+from tidal.orchestrator.wandb_sink import WandbSink, import_wandb
 from tidal.rpc.v1 import orchestrator_pb2_grpc as pb_grpc
 from tidal.text.agreement import check_agreement
 from tidal.text.loader import load_tokenizer
@@ -78,6 +90,8 @@ FULL_NAME = "tidal.rpc.v1.OrchestratorService"
 REPLICA_ID = "orchestrator"
 EXIT_FAILED, EXIT_CONFIG, EXIT_SIGNALLED = 1, 2, 143
 QUEUE_POLL_S = 0.5
+LAUNCHED_AT_ENV = "TIDAL_LAUNCHED_AT"
+"""Set by `tidal rl` (tidal.cli.run_timing): the run's launch, for the start-up figure."""
 
 
 def build_mixture(config: OrchestratorRunConfig) -> TaskMixture:
@@ -153,6 +167,7 @@ async def run_training(
     metrics: MetricsLog,
     mixture: TaskMixture,
     prompts: PromptRenderer,
+    prom: OrchestratorMetrics | None = None,
 ) -> None:
     """Wait for the peers, run every step, then write the report and the summary."""
     orch = config.orchestrator
@@ -182,6 +197,8 @@ async def run_training(
         max_tokens=orch.sampling.max_tokens or mixture.max_completion_chars + 2,
     )
     background: list[asyncio.Task[None]] = []
+    launched_at = launched_at_from_env()
+    marks: dict[str, float | None] = {"launched_at": launched_at}
     try:
         peer_wait = orch.timeouts.peer_wait_s
         log.info(
@@ -204,6 +221,8 @@ async def run_training(
             log.warning("resume: step %d was trained but never logged; writing its line", trained)
             metrics.append(StepMetrics.lost(trained))
         started = time.monotonic()  # the summary's time excludes waiting for peers
+        marks["first_step_started_at"] = time.time()
+        import_matplotlib_in_background()  # for the report, off the end of the run
         follow = asyncio.create_task(
             follow_publishes(weightsync, REPLICA_ID, progress, address=config.endpoints.weightsync)
         )
@@ -221,7 +240,10 @@ async def run_training(
             metrics=metrics,
             run_dir=config.run.dir,
         )
+        if prom is not None:
+            prom.watch(limiter, loop.steps_queued)
         await loop.run(first_step=first_step)
+        marks["last_step_ended_at"] = time.time()
     finally:
         for task in background:
             task.cancel()
@@ -234,9 +256,22 @@ async def run_training(
         for line in inference.summary():
             log.info("%s", line)
     summary = summarize(metrics.records, time.monotonic() - started)
+    if launched_at is not None:
+        startup_s = (marks["first_step_started_at"] or 0.0) - launched_at
+        summary = dataclasses.replace(summary, startup_s=startup_s)
     await asyncio.to_thread(write_report, metrics.records, config.run.dir / REPORT_PLOT)
     await asyncio.to_thread(write_reward_plot, metrics.records, config.run.dir / REWARD_PLOT)
-    print_summary(summary)
+    write_summary(summary, config.run.dir / SUMMARY_FILE, **marks)
+    if launched_at is None:  # under `tidal rl` the launcher prints it, with the shutdown
+        print_summary(summary)
+
+
+def launched_at_from_env() -> float | None:
+    """When `tidal rl` started this run (`TIDAL_LAUNCHED_AT`, Unix seconds), if it did."""
+    try:
+        return float(os.environ[LAUNCHED_AT_ENV])
+    except (KeyError, ValueError):
+        return None
 
 
 async def check_peer_tokenizers(
@@ -267,6 +302,18 @@ async def serve(
     orch = config.orchestrator
     progress = ProgressState(total_steps=orch.total_steps, recent_limit=orch.report.recent_steps)
     metrics = MetricsLog(config.run.dir / METRICS_FILE)
+    service_metrics = ServiceMetrics("orchestrator", config.metrics)
+    prom = OrchestratorMetrics(service_metrics)
+    metrics.sinks.append(prom.step_finished)
+    wandb_sink = None
+    if orch.wandb.enabled:
+        wandb_sink = WandbSink.start(
+            orch.wandb,
+            run_name=config.run.name,
+            run_dir=config.run.dir,
+            settings=config.model_dump(mode="json"),
+        )
+        metrics.sinks.append(wandb_sink)
     binding = ServiceBinding(
         OrchestratorServicer(progress), pb_grpc.add_OrchestratorServiceServicer_to_server, FULL_NAME
     )
@@ -275,6 +322,7 @@ async def serve(
         [binding],
         config.grpc,
         security=for_service(config, "orchestrator"),
+        metrics=service_metrics,
     )
     await server.start()
     log.info("serving on %s; %d steps to run", config.endpoints.orchestrator, orch.total_steps)
@@ -298,7 +346,7 @@ async def serve(
         if error is not None or orch.exit_when_done:
             server.request_stop()
 
-    run = asyncio.create_task(run_training(config, progress, metrics, mixture, prompts))
+    run = asyncio.create_task(run_training(config, progress, metrics, mixture, prompts, prom))
     run.add_done_callback(finished)
     await server.serve_forever()
     if not run.done():
@@ -306,6 +354,8 @@ async def serve(
         with contextlib.suppress(asyncio.CancelledError):
             await run
         log.warning("stopped by signal at step %d of %d", progress.step, orch.total_steps)
+    if wandb_sink is not None:
+        wandb_sink.finish()
     provider.shutdown()
     return exit_code
 
@@ -321,6 +371,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         mixture = build_mixture(config)
         prompts = build_prompt_renderer(config)
+        if config.orchestrator.wandb.enabled:
+            import_wandb()  # installed? (exit 2 naming the extra, before anything starts)
     except ConfigError as exc:
         print(f"orchestrator: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None

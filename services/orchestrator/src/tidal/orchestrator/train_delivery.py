@@ -18,10 +18,14 @@ Decisions:
   restarted orchestrator resumes after the trainer's step instead, resume.py). A
   trainer behind the oldest kept request fails the run, naming the key to raise.
 - A retry is the same `TrainRequest` object: same step id, same payload fingerprint.
+- The trainer answers Train(n) once step n is trained and publishes version n afterwards
+  (tidal.trainer.background_persist), so the run's end waits for the last version
+  (`wait_published`), re-sending the steps of a trainer that restarted meanwhile.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import OrderedDict
@@ -58,6 +62,33 @@ class TrainDelivery:
         while len(self._sent) > self.recovery.keep_sent_steps:
             self._sent.popitem(last=False)
         return await self._deliver(request)
+
+    async def wait_published(self, step: int) -> None:
+        """Wait until the trainer has published version `step` (it answers Train before it
+        publishes: tidal.trainer.background_persist). A trainer that restarted meanwhile
+        from an older checkpoint gets the steps it lost re-sent, as for a lost Train."""
+        deadline = time.monotonic() + self.timeout_s
+        peer_deadline: float | None = None
+        while True:
+            try:
+                if await self.trainer.policy_version() >= step:
+                    return
+                trained = await self.trainer.last_step()
+                if trained < step:  # restarted from an older checkpoint
+                    await self._resend_lost(step + 1, trained)
+            except PeerError as exc:
+                if exc.code not in RIDE_OUT:
+                    raise
+                if peer_deadline is None:
+                    peer_deadline = time.monotonic() + self.recovery.peer_loss_s
+                    self.outages += 1
+                await self._reconcile(step + 1, peer_deadline)
+            if time.monotonic() > deadline:
+                raise PeerError(
+                    f"trainer at {self.trainer.address} trained step {step} but did not "
+                    "publish its version within orchestrator.timeouts.train_s"
+                )
+            await asyncio.sleep(0.02)
 
     async def _deliver(self, request: pb.TrainRequest) -> TrainResult:
         deadline: float | None = None

@@ -35,27 +35,26 @@ Decisions:
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import logging
 import os
 import re
+import threading
 import uuid
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.checkpoint.stateful import Stateful
 
 from tidal.common.durable import fsync_path, fsync_tree
 from tidal.common.removal import remove_inside
 from tidal.trainer import checkpoint_files
-from tidal.trainer.safe_dcp import SafeFileSystemReader, SafeLoadPlanner
 
 log = logging.getLogger(__name__)
 
@@ -93,14 +92,36 @@ class TrainingState(Protocol):
     trained_step: int  # the last step whose optimizer step ran; set on load
 
 
-class TrainState(Stateful):
-    """The trainer's state as one DCP `Stateful`; `extra` holds caller-owned ints."""
+DCP_MODULE = "torch.distributed.checkpoint.state_dict"
+"""What `import_dcp_in_background` imports: DCP and, through it, DTensor and sympy."""
+
+
+def import_dcp_in_background() -> threading.Thread:
+    """Import DCP on a daemon thread, so the first checkpoint finds it loaded.
+
+    DCP is imported where it is used, not at module top: it pulls in DTensor and sympy,
+    ~0.7 s of CPU that sat on the trainer's start-up path before it served. The trainer
+    starts this thread once it serves (service.py), while it waits for its first batch;
+    a save that comes first waits on Python's import lock for the same import."""
+    thread = threading.Thread(
+        target=importlib.import_module, args=(DCP_MODULE,), name="import-dcp", daemon=True
+    )
+    thread.start()
+    return thread
+
+
+class TrainState:
+    """The trainer's state as one DCP `Stateful` (a runtime-checked protocol: the two
+    methods make it one, so this module needs no DCP import); `extra` holds caller-owned
+    ints."""
 
     def __init__(self, trainer: TrainingState, extra: dict[str, int] | None = None) -> None:
         self.trainer = trainer
         self.extra = dict(extra or {})
 
     def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
         t = self.trainer
         model, optim = get_state_dict(t.model, t.optimizer)
         return {
@@ -115,6 +136,8 @@ class TrainState(Stateful):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
         t = self.trainer
         set_state_dict(
             t.model,
@@ -157,6 +180,25 @@ def _single_process_is_intended() -> Iterator[None]:
         yield
 
 
+@dataclass(frozen=True)
+class StateSnapshot:
+    """A one-process trainer state taken at `step` (see `CheckpointManager.snapshot`)."""
+
+    step: int
+    state: dict[str, Any]
+
+
+def _copy_containers(tree: Any) -> Any:
+    """`tree` with every dict, list and tuple copied and the tensors shared: the live
+    tensors are read once, when the snapshot is written; the rest may change meanwhile
+    (the next step sets the optimizer's `lr`)."""
+    if isinstance(tree, dict):
+        return {k: _copy_containers(v) for k, v in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(_copy_containers(v) for v in tree)
+    return tree
+
+
 class CheckpointManager:
     def __init__(self, root: Path, *, keep_last: int) -> None:
         if keep_last < 1:
@@ -182,8 +224,45 @@ class CheckpointManager:
         done = self.complete()
         return done[-1][1] if done else None
 
+    def snapshot(
+        self, trainer: TrainingState, *, extra: dict[str, int] | None = None
+    ) -> StateSnapshot:
+        """One process: the trainer's state at its current step, to be written later by
+        `save_snapshot`. Everything but the tensors is copied now (step, scheduler, RNG,
+        optimizer hyper-parameters); the tensors are the live ones, so the caller must not
+        change weights or optimizer state until `save_snapshot` has returned."""
+        if dist.is_initialized():
+            raise RuntimeError("a snapshot is one process's; a multi-rank job saves with save()")
+        state = _copy_containers(TrainState(trainer, extra).state_dict())
+        return StateSnapshot(step=trainer.trained_step, state=state)
+
+    def save_snapshot(self, snapshot: StateSnapshot) -> Path:
+        """Write a `snapshot` atomically (temp folder, fsync, rename); returns its folder."""
+        final = self.root / f"step_{snapshot.step:08d}"
+        tmp = self.root / f"{TMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._remove_temps()
+        tmp.mkdir()
+        checkpoint_files.write_state(tmp, {"train": snapshot.state})  # fsyncs its one file
+        fsync_path(tmp)
+        self._commit(tmp, final)
+        log.info(
+            "checkpoint of step %d saved", snapshot.step, extra={"fields": {"dir": str(final)}}
+        )
+        return final
+
+    def _commit(self, tmp: Path, final: Path) -> None:
+        """Rename a complete, fsynced temp folder into place, then prune old checkpoints."""
+        if final.exists():  # an older save of the same step (e.g. re-run after resume)
+            remove_inside(final, self.root)
+        os.replace(tmp, final)
+        fsync_path(self.root)
+        self._prune()
+
     def save(self, trainer: TrainingState, *, extra: dict[str, int] | None = None) -> Path:
         """Write the trainer's state at its current step; returns the checkpoint folder."""
+        if not dist.is_initialized():  # one process: our own format (module docstring)
+            return self.save_snapshot(self.snapshot(trainer, extra=extra))
         step = trainer.trained_step
         final = self.root / f"step_{step:08d}"
         tmp = self.root / f"{TMP_PREFIX}{final.name}-{_shared_nonce()}"
@@ -191,22 +270,13 @@ class CheckpointManager:
             self.root.mkdir(parents=True, exist_ok=True)
             self._remove_temps()
         _barrier()
-        if dist.is_initialized():
-            dcp.save({"train": TrainState(trainer, extra)}, checkpoint_id=tmp)
-        else:  # one process: our own format (module docstring)
-            tmp.mkdir()
-            checkpoint_files.write_state(tmp, {"train": TrainState(trainer, extra).state_dict()})
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save({"train": TrainState(trainer, extra)}, checkpoint_id=tmp)
         _barrier()
         if _is_rank0():
-            if dist.is_initialized():
-                fsync_tree(tmp)
-            else:
-                fsync_path(tmp)  # checkpoint_files fsynced its one file as it wrote it
-            if final.exists():  # an older save of the same step (e.g. re-run after resume)
-                remove_inside(final, self.root)
-            os.replace(tmp, final)
-            fsync_path(self.root)
-            self._prune()
+            fsync_tree(tmp)
+            self._commit(tmp, final)
             log.info("checkpoint of step %d saved", step, extra={"fields": {"dir": str(final)}})
         _barrier()
         return final
@@ -230,6 +300,10 @@ class CheckpointManager:
                 )
             state.load_state_dict(checkpoint_files.read_state(path)["train"])
         else:
+            import torch.distributed.checkpoint as dcp
+
+            from tidal.trainer.safe_dcp import SafeFileSystemReader, SafeLoadPlanner
+
             # Read once up front: a refused `.metadata` raises UnsafeCheckpoint itself
             # (inside dcp.load it would surface wrapped in a CheckpointException).
             SafeFileSystemReader(path).read_metadata()

@@ -56,7 +56,8 @@ from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
+
+from tidal.models.dtensor_check import is_dtensor
 
 PAGE = mmap.PAGESIZE
 FP32 = 4  # bytes per state element; states are fp32 like the master weights
@@ -69,14 +70,16 @@ def _align(n_bytes: int) -> int:
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     """This rank's shard of a DTensor (a view sharing its storage); a plain tensor as is."""
-    return t.to_local() if isinstance(t, DTensor) else t
+    return t.to_local() if is_dtensor(t) else t  # type: ignore[no-any-return]
 
 
 def _like_param(state: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """`state` (this rank's shard, shaped like `_local(p)`) as `p` is: a DTensor with the
     parameter's spec, or the plain tensor itself."""
-    if not isinstance(p, DTensor):
+    if not is_dtensor(p):
         return state
+    from torch.distributed.tensor import DTensor  # imported already: `p` is one
+
     return DTensor(state, p._spec, requires_grad=False)  # type: ignore[call-arg]
 
 

@@ -8,6 +8,10 @@ Decisions:
   FAILED_PRECONDITION naming the expected step. Steps start at 1 (version 0 = init).
 - The compute runs in `asyncio.to_thread` so health checks and GetStatus keep answering;
   the weights are copied to CPU in that same thread, before the lock is released.
+- Background (`trainer.background_publish`, the default for one trainer process): a
+  step is recorded and answered once trained; its checkpoint and version are written by
+  `BackgroundPersister` before the next step's update (background_persist.py; the rules
+  below hold, only later). Otherwise, serially:
 - A step is recorded only after its version is published, and Train answers only then
   (policy_version == step). If publishing fails after the optimizer step, the trained
   weights are kept pending: the retry publishes them instead of training again.
@@ -43,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
@@ -51,10 +56,12 @@ from opentelemetry import trace
 
 from tidal.batch.tensors import MicroBatchData
 from tidal.common.errors import FailedPrecondition, Unavailable
+from tidal.trainer.background_persist import BackgroundPersister
 from tidal.trainer.checkpoint import CheckpointManager
+from tidal.trainer.prometheus import TrainerMetrics
 from tidal.trainer.publisher import WeightPublisher
 from tidal.trainer.served_trainer import LossKind, ServedTrainer
-from tidal.trainer.train_step import StepAbandoned
+from tidal.trainer.train_step import StepAbandoned, Trainer
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
@@ -92,8 +99,11 @@ class StepRunner:
         keep_results: int = KEEP_RESULTS,
         checkpoints: CheckpointManager | None = None,
         checkpoint_interval: int = 0,
+        background: bool = False,
+        metrics: TrainerMetrics | None = None,
     ) -> None:
         self.trainer = trainer
+        self.metrics = metrics
         self.publisher = publisher
         self.keep_results = keep_results
         self.checkpoints = checkpoints
@@ -105,6 +115,12 @@ class StepRunner:
         self._results: OrderedDict[int, StepResult] = OrderedDict()
         self._pending: _Pending | None = None
         self._lock = asyncio.Lock()
+        self.background: BackgroundPersister | None = None
+        own_saves = type(checkpoints) in (CheckpointManager, type(None))  # not the leader's
+        if background and own_saves and isinstance(trainer, Trainer):
+            # One process only: the leader's saves are collectives (background_persist.py).
+            self.background = BackgroundPersister(publisher, checkpoints, metrics)
+            trainer.update_gate = self.background.gate
 
     @property
     def policy_version(self) -> int:
@@ -158,6 +174,8 @@ class StepRunner:
                     f"step {step} is out of order: expected step {self.last_step + 1} "
                     f"(last trained step {self.last_step})"
                 )
+            if self.background is not None:
+                return await self._train_background(self.background, step, batches, kind, sha)
             pending = self._pending
             if pending is None or pending.step != step:
                 pending = await self._compute(step, batches, kind, sha)
@@ -165,27 +183,80 @@ class StepRunner:
                 interval = self.checkpoint_interval
                 if self.checkpoints is not None and interval and step % interval == 0:
                     extra = {SHA_KEY: int.from_bytes(sha, "big")} if sha else None
+                    started = time.perf_counter()
                     await asyncio.to_thread(self.checkpoints.save, self.trainer, extra=extra)
+                    if self.metrics is not None:
+                        self.metrics.checkpoint_seconds.observe(time.perf_counter() - started)
             else:
                 _check_same_payload(step, pending.payload_sha256, sha)
                 log.info("step %d was trained before its publish failed; publishing again", step)
+            started = time.perf_counter()
             await self.publisher.publish(step, pending.state_dict)
+            if self.metrics is not None:
+                self.metrics.publish_seconds.observe(time.perf_counter() - started)
             self._pending = None
             return self._record(StepResult(step, step, pending.metrics, payload_sha256=sha))
 
+    async def _train_background(
+        self,
+        persister: BackgroundPersister,
+        step: int,
+        batches: list[MicroBatchData],
+        kind: LossKind,
+        sha: bytes,
+    ) -> StepResult:
+        """Train, answer, and leave the checkpoint and version to `persister`: the next
+        step's forward/backward overlaps them (background_persist.py)."""
+        pending = self._pending
+        if pending is None or pending.step != step:
+            await persister.settle()  # a failed job of the previous step is written first
+            pending = await self._compute(step, batches, kind, sha, copy=False)  # its update
+            self._pending = pending  # waited in gate(); trained, not yet handed over
+        else:
+            _check_same_payload(step, pending.payload_sha256, sha)
+        await persister.wait()  # a skipped update (non-finite gradient) did not wait...
+        await persister.settle()  # ...and the previous job may have failed meanwhile
+        # Nothing changed the state since this step's update: the snapshot is this step's.
+        snapshot = None
+        interval = self.checkpoint_interval
+        if self.checkpoints is not None and interval and step % interval == 0:
+            extra = {SHA_KEY: int.from_bytes(sha, "big")} if sha else None
+            snapshot = self.checkpoints.snapshot(self.trainer, extra=extra)
+        persister.start(step, self.trainer.state_dict_for_publish, snapshot)
+        self._pending = None
+        return self._record(StepResult(step, step, pending.metrics, payload_sha256=sha))
+
+    async def flush(self) -> None:
+        """Shutdown: let the step in flight finish its checkpoint (and its publish, briefly)."""
+        if self.background is not None:
+            await self.background.flush()
+
     async def _compute(
-        self, step: int, batches: list[MicroBatchData], kind: LossKind, sha: bytes
+        self,
+        step: int,
+        batches: list[MicroBatchData],
+        kind: LossKind,
+        sha: bytes,
+        *,
+        copy: bool = True,
     ) -> _Pending:
+        """Train the step in a worker thread; with `copy`, also copy its weights to publish."""
         tokens = sum(b.num_tokens for b in batches)
         attributes = {"step": step, "loss": kind, "micro_batches": len(batches), "tokens": tokens}
         with tracer.start_as_current_span("trainer.step", attributes=attributes) as span:
+            started = time.perf_counter()
             try:
-                metrics, state = await asyncio.to_thread(self._train_and_copy, step, batches, kind)
+                metrics, state = await asyncio.to_thread(
+                    self._train_and_copy, step, batches, kind, copy
+                )
             except StepAbandoned as exc:  # SIGTERM: nothing committed, nothing published
                 log.warning("step %d: %s", step, exc)
                 raise
             span.set_attribute("loss_value", metrics["loss"])
         self.steps_trained += 1
+        if self.metrics is not None:
+            seconds = time.perf_counter() - started
+            self.metrics.trained(step, tokens, seconds, metrics.get("loss"))
         log.info(
             "trained step %d",
             step,
@@ -194,10 +265,10 @@ class StepRunner:
         return _Pending(step, metrics, state, sha)
 
     def _train_and_copy(
-        self, step: int, batches: list[MicroBatchData], kind: LossKind
+        self, step: int, batches: list[MicroBatchData], kind: LossKind, copy: bool
     ) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
         metrics = self.trainer.train_step(step, batches, kind)
-        return metrics, self.trainer.state_dict_for_publish()
+        return metrics, self.trainer.state_dict_for_publish() if copy else {}
 
     def _record(self, result: StepResult) -> StepResult:
         self._results[result.step] = result

@@ -5,7 +5,10 @@ Start-up order: model and optimizer (restored from the newest checkpoint with
 `--resume`) → gRPC server up but NOT_SERVING (so probes get an answer) → wait for weightsync
 (logging its address; `trainer.weightsync_timeout_s` bounds the wait) → refuse to start
 if weightsync already has versions (resumed: versions newer than the checkpoint) →
-publish version 0 (resumed: the checkpoint's version, if missing) → SERVING.
+publish version 0 (resumed: the checkpoint's version, if missing) → SERVING → (one
+process) a background thread builds the optimizer and imports DCP while the first batch
+is made (`prepare_first_step`: ~1 s of CPU that used to precede SERVING; a resumed or
+multi-rank trainer builds its optimizer before, to restore it or to keep ranks in step).
 `start_trainer` does all of it and is what contract tests run; `serve` adds telemetry and
 waits for SIGTERM. With `trainer.world_size` > 1, the entry point re-executes itself under
 torchrun (parallel/launch.py): every rank builds and restores its shard of the same trainer, rank 0
@@ -19,11 +22,14 @@ only after the config parsed, so `--help` and `--dry-run` stay instant.
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from tidal.common.errors import FailedPrecondition, Unavailable
+from tidal.common.metrics import ServiceMetrics
 from tidal.common.security import for_service
 from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.common.telemetry import setup_telemetry
@@ -31,17 +37,20 @@ from tidal.models.device import resolve_device
 from tidal.rpc.v1 import trainer_pb2_grpc as pb_grpc
 from tidal.text.agreement import tokenizer_info
 from tidal.text.loader import load_tokenizer
-from tidal.trainer.checkpoint import CheckpointManager
+from tidal.trainer.checkpoint import CheckpointManager, import_dcp_in_background
 from tidal.trainer.companion_files import companion_files
 from tidal.trainer.config import TrainerRunConfig
-from tidal.trainer.parallel.leader import ControlChannel, LeaderCheckpoints, LeaderTrainer
-from tidal.trainer.parallel.runtime import TorchrunRanks
+from tidal.trainer.prometheus import TrainerMetrics
 from tidal.trainer.publisher import WeightPublisher
 from tidal.trainer.runner import StepRunner
 from tidal.trainer.served_trainer import ServedTrainer
 from tidal.trainer.servicer import TrainerServicer
 from tidal.trainer.train_step import Trainer
 from tidal.weights.client import WeightSyncClient
+
+if TYPE_CHECKING:  # torchrun only, imported where used: they pull in DTensor and sympy
+    from tidal.trainer.parallel.leader import ControlChannel
+    from tidal.trainer.parallel.runtime import TorchrunRanks
 
 log = logging.getLogger(__name__)
 FULL_NAME = "tidal.rpc.v1.TrainerService"
@@ -55,6 +64,11 @@ class RunningTrainer:
 
     async def stop(self) -> None:
         await self.server.stop()
+        await self.close()
+
+    async def close(self) -> None:
+        """After the server stopped: the step in flight finishes its checkpoint first."""
+        await self.runner.flush()
         await self.client.close()
 
 
@@ -76,11 +90,15 @@ def build_trainer(
         trainer = Trainer(config.trainer, seed=seed, device=ranks.device, ranks=ranks)
     ckpt = config.trainer.ckpt
     if channel is not None:
+        from tidal.trainer.parallel.leader import LeaderCheckpoints
+
         checkpoints: CheckpointManager = LeaderCheckpoints(
             config.checkpoint_dir, keep_last=ckpt.keep_last, channel=channel
         )
     else:
         checkpoints = CheckpointManager(config.checkpoint_dir, keep_last=ckpt.keep_last)
+    if ranks is not None:  # every rank builds its optimizer before the first collective
+        trainer.build_optimizer_now()
     resumed = config.resume and checkpoints.latest() is not None
     if resumed:
         checkpoints.load(trainer)  # every rank loads its shards (DCP reshards)
@@ -95,9 +113,17 @@ async def start_trainer(
     """Build, serve NOT_SERVING, publish version 0, then SERVING. Raises FailedPrecondition
     (after stopping what it started) when weightsync already holds versions. With `ranks`
     this is rank 0 of a torchrun job, leading the others."""
-    channel = ControlChannel(ranks) if ranks is not None else None
+    channel = None
+    if ranks is not None:
+        from tidal.trainer.parallel.leader import ControlChannel
+
+        channel = ControlChannel(ranks)
     local, checkpoints, resumed = build_trainer(config, ranks=ranks, channel=channel)
-    trainer: ServedTrainer = local if channel is None else LeaderTrainer(local, channel)
+    trainer: ServedTrainer = local
+    if channel is not None:
+        from tidal.trainer.parallel.leader import LeaderTrainer
+
+        trainer = LeaderTrainer(local, channel)
     device = str(trainer.device)
     ckpt = config.trainer.ckpt
     security = for_service(config, "trainer")
@@ -117,8 +143,14 @@ async def start_trainer(
         weightsync_address=config.endpoints.weightsync,
         wait_s=config.trainer.weightsync_timeout_s,
     )
+    metrics = ServiceMetrics("trainer", config.metrics)
     runner = StepRunner(
-        trainer, publisher, checkpoints=checkpoints, checkpoint_interval=ckpt.interval
+        trainer,
+        publisher,
+        checkpoints=checkpoints,
+        checkpoint_interval=ckpt.interval,
+        background=config.trainer.background_publish,
+        metrics=TrainerMetrics.on(metrics),
     )
     # The degree micro-batches are split over (parallel/leader.py); the orchestrator packs for it.
     dp = ranks.dims.dp if ranks is not None else 1
@@ -127,7 +159,7 @@ async def start_trainer(
     )
     binding = ServiceBinding(servicer, pb_grpc.add_TrainerServiceServicer_to_server, FULL_NAME)
     address = config.grpc.listen_address(config.endpoints.trainer)
-    server = GrpcServer(address, [binding], config.grpc, security=security)
+    server = GrpcServer(address, [binding], config.grpc, security=security, metrics=metrics)
     running = RunningTrainer(server, runner, client)
     await running.server.start(serving=False)
     log.info("model %s on %s; publishing to %s", trainer.describe(), device, config.publish_dir)
@@ -137,7 +169,25 @@ async def start_trainer(
         await running.stop()
         raise
     await running.server.set_serving(True)
+    if isinstance(local, Trainer) and channel is None:
+        prepare_first_step(local, checkpoints=ckpt.interval > 0)
     return running
+
+
+def prepare_first_step(trainer: Trainer, *, checkpoints: bool) -> threading.Thread:
+    """Off the start-up path, once the trainer serves: build the optimizer (its first
+    build imports torch._dynamo) and, when checkpointing, import DCP, on a daemon thread,
+    while the orchestrator makes the first batch. A step that comes first waits for the
+    same build (train_step.py) or import (checkpoint.py) instead of repeating it."""
+
+    def prepare() -> None:
+        trainer.build_optimizer_now()
+        if checkpoints:
+            import_dcp_in_background().join()
+
+    thread = threading.Thread(target=prepare, name="prepare-first-step", daemon=True)
+    thread.start()
+    return thread
 
 
 async def serve(config: TrainerRunConfig, ranks: TorchrunRanks | None = None) -> None:
@@ -153,6 +203,6 @@ async def serve(config: TrainerRunConfig, ranks: TorchrunRanks | None = None) ->
     # SIGTERM abandons a running step at its next micro-batch (one process; see
     # Trainer.request_stop), so the shutdown does not wait for a long step to end.
     on_signal = served.request_stop if isinstance(served, Trainer) else None
-    await running.server.serve_forever(on_stop=running.client.close, on_signal=on_signal)
+    await running.server.serve_forever(on_stop=running.close, on_signal=on_signal)
     running.runner.trainer.stop()  # releases the follower ranks, if any
     provider.shutdown()

@@ -30,6 +30,13 @@ Decisions:
   to the model once (`memory/apply.py`); truncation cuts the micro-batches before the
   step's counts; offloading wraps each forward; the chunked LM head replaces the
   `[T, V]` logits path. The optimizer only gets parameters that require grad (LoRA).
+- The optimizer and its LR schedule are built on first use (`build_optimizer_now`), not
+  in `__init__`: torch.optim's first optimizer imports torch._dynamo (~0.9 s of CPU,
+  sympy included), and the trainer needs only the model to publish version 0 and serve.
+  The service builds them on a background thread once it serves (service.py), while it
+  waits for its first batch; a step that comes first builds them itself (a lock makes
+  it one build). Building later changes nothing: AdamW's state starts at its first
+  step, and nothing reads the schedule's learning rate before.
 - Shutdown (one process): `request_stop` (the SIGTERM handler) makes the running step
   raise `StepAbandoned` (UNAVAILABLE) at its next micro-batch boundary, before any
   optimizer step: nothing is committed or published, and the step's retry trains it on
@@ -45,6 +52,7 @@ import math
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 
 import torch
 
@@ -103,11 +111,34 @@ class Trainer:
         if config.loss.kl.coef > 0:
             self.reference = build_model(config.model, seed=seed, device=device)
             self.reference.requires_grad_(False).eval()
-        trainable = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: adapters
-        self.optimizer = build_optimizer(trainable, config.optim)
-        self.scheduler = build_scheduler(self.optimizer, config.optim.schedule)
+        self._trainable = [p for p in self.model.parameters() if p.requires_grad]  # LoRA
+        self._optim_lock = threading.Lock()
+        self._optim: tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler] | None
+        self._optim = None  # built on first use (`build_optimizer_now`; module docstring)
         self.trained_step = 0  # last step whose optimizer step ran (0 = initial weights)
         self._stop_requested = threading.Event()  # set by request_stop (SIGTERM)
+        self.update_gate: Callable[[], None] | None = None
+        """Called before a step's update changes weights, optimizer or schedule state: the
+        runner's background checkpoint/publish of the previous step reads them
+        (background_persist.py). It may raise; the step then commits nothing."""
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.build_optimizer_now()[0]
+
+    @property
+    def scheduler(self) -> torch.optim.lr_scheduler.LRScheduler:
+        return self.build_optimizer_now()[1]
+
+    def build_optimizer_now(
+        self,
+    ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+        """The optimizer and its LR schedule, built by the first caller (any thread)."""
+        with self._optim_lock:
+            if self._optim is None:
+                optimizer = build_optimizer(self._trainable, self.config.optim)
+                self._optim = optimizer, build_scheduler(optimizer, self.config.optim.schedule)
+            return self._optim
 
     def stop(self) -> None:
         """Nothing to release: a `Trainer` commands no other rank (see `LeaderTrainer`)."""
@@ -171,6 +202,12 @@ class Trainer:
         lr = self._set_lr(kind)
         batches = self._truncate(batches)  # so the token metrics count trained tokens
         sums = self.compute_gradients(batches, kind)
+        if self.update_gate is not None:
+            try:
+                self.update_gate()
+            except BaseException:
+                self.optimizer.zero_grad(set_to_none=True)
+                raise
         # Under torchrun expert and dense weights may sit on two meshes: the context knows.
         grad_norm = self.ranks.clip_grad_norm(self.model, self.config.optim.max_grad_norm)
         finite = math.isfinite(float(grad_norm))

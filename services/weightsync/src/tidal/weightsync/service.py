@@ -10,12 +10,14 @@ from collections.abc import Sequence
 from tidal.common.config import load_or_exit
 from tidal.common.lifeline import watch_launcher
 from tidal.common.logging import setup_logging
+from tidal.common.metrics import ServiceMetrics
 from tidal.common.security import check_or_exit, for_service
 from tidal.common.server import GrpcServer, ServiceBinding
 from tidal.common.telemetry import setup_telemetry
 from tidal.rpc.v1 import weightsync_pb2_grpc as pb_grpc
 from tidal.weightsync.config import WeightSyncRunConfig
 from tidal.weightsync.leases import Leases
+from tidal.weightsync.prometheus import WeightSyncMetrics
 from tidal.weightsync.registry import VersionRegistry
 from tidal.weightsync.servicer import WeightSyncServicer
 
@@ -32,12 +34,17 @@ async def serve(config: WeightSyncRunConfig) -> None:
         config.weightsync.keep_last,
         leases=Leases(config.weightsync.lease_s),
     )
+    metrics = ServiceMetrics("weightsync", config.metrics)
     servicer = WeightSyncServicer(
-        registry, chunk_bytes=config.weightsync.chunk_bytes, transport=config.weightsync.transport
+        registry,
+        chunk_bytes=config.weightsync.chunk_bytes,
+        transport=config.weightsync.transport,
+        metrics=WeightSyncMetrics.on(metrics, registry),
     )
     binding = ServiceBinding(servicer, pb_grpc.add_WeightSyncServiceServicer_to_server, FULL_NAME)
     address = config.grpc.listen_address(config.endpoints.weightsync)
-    server = GrpcServer(address, [binding], config.grpc, security=for_service(config, "weightsync"))
+    security = for_service(config, "weightsync")
+    server = GrpcServer(address, [binding], config.grpc, security=security, metrics=metrics)
     await server.start()
     log.info(
         "serving on %s, root %s, transport %s",

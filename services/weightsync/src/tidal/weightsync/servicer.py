@@ -9,6 +9,7 @@ RPC `grpc.max_request_bytes`)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from tidal.weightsync.config import (
     Transport,
 )
 from tidal.weightsync.file_chunks import FileChunks
+from tidal.weightsync.prometheus import WeightSyncMetrics
 from tidal.weightsync.registry import VersionRegistry
 from tidal.weightsync.rendezvous import BroadcastRendezvous
 from tidal.weightsync.upload import UploadChunk, UploadReceiver
@@ -45,8 +47,10 @@ class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
         *,
         chunk_bytes: int,
         transport: Transport | None = None,
+        metrics: WeightSyncMetrics | None = None,
     ) -> None:
         self.registry = registry
+        self.metrics = metrics
         self.chunk_bytes = chunk_bytes
         self.transport = transport or FilesystemTransport()
         self.uploads = UploadReceiver(registry.root)
@@ -62,8 +66,14 @@ class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
         manifest = manifest_from_proto(request.manifest)
         self.registry.check_location(Path(manifest.location), manifest.version)
         # The publish span is the parent of every replica's load of this version.
+        before = self.registry.newest
         await self.registry.publish(manifest, inject_carrier())
+        self._count_published(before)
         return pb.PublishResponse(version=manifest.version)
+
+    def _count_published(self, newest_before: int) -> None:
+        if self.metrics is not None and self.registry.newest > newest_before:
+            self.metrics.published.inc()
 
     async def GetVersion(
         self, request: pb.GetVersionRequest, context: grpc.aio.ServicerContext
@@ -125,6 +135,8 @@ class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
                 async for data in f:
                     yield pb.WeightChunk(path=name, offset=offset, data=data)
                     offset += len(data)
+                    if self.metrics is not None:
+                        self.metrics.fetched_bytes.inc(len(data))
 
     async def UploadWeights(
         self,
@@ -158,7 +170,11 @@ class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
         async def register(published: WeightManifest) -> None:
             await self.registry.publish(published, inject_carrier(), verified=True)
 
+        started, before = time.perf_counter(), self.registry.newest
         published = await self.uploads.receive(manifest, chunks(), register)
+        if self.metrics is not None:
+            self.metrics.upload_seconds.observe(time.perf_counter() - started)
+        self._count_published(before)
         return pb.PublishResponse(version=published.version)
 
     async def GetUploadProgress(

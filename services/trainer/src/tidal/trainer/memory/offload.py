@@ -33,7 +33,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
+
+from tidal.models.dtensor_check import is_dtensor
 
 
 @dataclass
@@ -78,7 +79,8 @@ class ActivationOffloader:
         cuda = tensor.device.type == "cuda"
         if (
             not (cuda or self.copy_on_cpu)
-            or isinstance(tensor, nn.Parameter | DTensor)
+            or isinstance(tensor, nn.Parameter)
+            or is_dtensor(tensor)
             or isinstance(tensor._base, nn.Parameter)  # e.g. FSDP's unsharded weight, transposed
             or tensor.untyped_storage().data_ptr() in self.resident  # a view of a parameter
             or tensor.numel() * tensor.element_size() < self.min_bytes
@@ -172,4 +174,4 @@ def offloading(
 
 def _local(p: torch.Tensor) -> torch.Tensor:
     """This rank's shard of a DTensor parameter (FSDP2, EP); a plain tensor as is."""
-    return p.to_local() if isinstance(p, DTensor) else p
+    return p.to_local() if is_dtensor(p) else p  # type: ignore[no-any-return]

@@ -1,0 +1,120 @@
+"""The orchestrator's Prometheus metrics (docs/operations.md#metrics), on its `ServiceMetrics`.
+
+Decisions:
+- Per-step numbers come from the same `StepMetrics` record that metrics.jsonl gets
+  (`MetricsLog` hands each appended step to `step_finished`), so Prometheus, the JSONL
+  file, TensorBoard and W&B never disagree about a step.
+- Token counts are counters (`rate()` gives tokens/s); the step's wall time a histogram
+  labelled by phase ("warmup", "rl"); sample staleness a histogram with one observation
+  per trained sample (the step record's `staleness/<age>` counts).
+- The in-flight count and bound and the steps generating ahead are read at scrape time
+  (an int attribute or a len(): no lock needed). The served version is inference's own
+  `tidal_inference_policy_version`; the orchestrator's view of it lags between polls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from tidal.common.metrics import ServiceMetrics
+from tidal.orchestrator.inflight import InflightLimiter
+from tidal.orchestrator.metrics import StepMetrics
+
+STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 16)
+STALENESS_PREFIX = "staleness/"
+
+
+class OrchestratorMetrics:
+    def __init__(self, metrics: ServiceMetrics) -> None:
+        self.metrics = metrics
+        self.steps = metrics.counter("tidal_orchestrator_steps", "Steps finished", ["phase"])
+        self.step_seconds = metrics.histogram(
+            "tidal_orchestrator_step_seconds",
+            "Wall time between two finished steps (the pipeline's period)",
+            ["phase"],
+        )
+        self.generate_seconds = metrics.histogram(
+            "tidal_orchestrator_generate_seconds", "Wall time of one RL step's generation"
+        )
+        self.train_seconds = metrics.histogram(
+            "tidal_orchestrator_train_seconds", "Wall time of one Train call, as the caller sees it"
+        )
+        self.generated_tokens = metrics.counter(
+            "tidal_orchestrator_generated_tokens", "Completion tokens of the steps' rollouts"
+        )
+        self.trained_tokens = metrics.counter(
+            "tidal_orchestrator_trained_tokens", "Tokens (prompt + completion) sent to train"
+        )
+        self.staleness = metrics.histogram(
+            "tidal_orchestrator_sample_staleness",
+            "Staleness of each trained sample: policy versions between the one that wrote its "
+            "oldest token and the one being updated",
+            buckets=STALENESS_BUCKETS,
+        )
+        self.dropped_stale = metrics.counter(
+            "tidal_orchestrator_dropped_stale_samples",
+            "Samples dropped for staleness above orchestrator.staleness.max_off_policy_steps",
+        )
+        self.reward = metrics.gauge(
+            "tidal_orchestrator_reward_mean", "Mean reward of the last RL step"
+        )
+        self.last_step = metrics.gauge("tidal_orchestrator_last_step", "The newest finished step")
+
+    def step_finished(self, step: StepMetrics) -> None:
+        """Count one finished step (called by MetricsLog.append)."""
+        if step.phase == "lost":
+            return
+        self.steps.labels(phase=step.phase).inc()
+        self.step_seconds.labels(phase=step.phase).observe(step.seconds)
+        self.train_seconds.observe(step.train_seconds)
+        self.generated_tokens.inc(step.generated_tokens)
+        self.trained_tokens.inc(step.trained_tokens)
+        self.dropped_stale.inc(step.dropped_stale)
+        self.last_step.set(step.step)
+        if step.phase == "rl":
+            self.generate_seconds.observe(step.generate_seconds)
+            if step.reward_mean is not None:
+                self.reward.set(step.reward_mean)
+            for key, count in step.extra.items():
+                if key.startswith(STALENESS_PREFIX) and key[len(STALENESS_PREFIX) :].isdigit():
+                    age = int(key[len(STALENESS_PREFIX) :])
+                    for _ in range(int(count)):
+                        self.staleness.observe(age)
+
+    def watch(self, limiter: InflightLimiter, steps_ahead: Callable[[], int]) -> None:
+        """Expose the in-flight bound and the steps generating ahead (`steps_ahead`, a
+        len() the loop owns), read at scrape time."""
+        self.metrics.register(_PipelineCollector(limiter, steps_ahead))
+
+
+class _PipelineCollector(Collector):
+    def __init__(self, limiter: InflightLimiter, steps_ahead: Callable[[], int]) -> None:
+        self.limiter = limiter
+        self.steps_ahead = steps_ahead
+
+    def collect(self) -> list[Metric]:  # type: ignore[override]
+        return [
+            GaugeMetricFamily(
+                "tidal_orchestrator_generate_inflight",
+                "Generate calls in flight to inference",
+                value=self.limiter.inflight,
+            ),
+            GaugeMetricFamily(
+                "tidal_orchestrator_generate_inflight_limit",
+                "The adaptive bound on Generate calls in flight (orchestrator.inflight)",
+                value=self.limiter.limit,
+            ),
+            GaugeMetricFamily(
+                "tidal_orchestrator_rollout_steps_queued",
+                "Later RL steps whose rollouts are generating (or done) ahead of the step "
+                "in training",
+                value=self.steps_ahead(),
+            ),
+        ]
+
+    def describe(self) -> list[Metric]:  # type: ignore[override]
+        return []

@@ -1,0 +1,74 @@
+"""A run's start-up and shutdown seconds, and the summary table `tidal rl` prints last.
+
+Definitions (README, docs/benchmarks/startup.md):
+- start-up: from the start of the `tidal rl` process to the start of the run's first
+  step (the orchestrator's loop begins: every peer SERVING, inference serving version 0,
+  tokenizers checked). The start of the process is its kernel start time
+  (`/proc/self/stat`, so Python's own start and the launcher's imports count); elsewhere
+  the moment this module was imported. It reaches the orchestrator as
+  `TIDAL_LAUNCHED_AT` (Unix seconds), which writes `startup_s` to `<run dir>/summary.json`.
+- shutdown: from the end of the last step (the orchestrator's loop returns) to the
+  moment every service process of the run has exited, measured by the launcher just
+  before it prints the summary. It covers the report's drawing, the summary file and
+  each service's graceful stop (final writes included).
+
+Decision: under `tidal rl` the launcher, not the orchestrator, prints the summary table,
+after the children exited, so the one table holds both figures; the orchestrator writes
+`summary.json` and leaves the printing to the launcher when `TIDAL_LAUNCHED_AT` is set
+(run on its own, it prints the table itself, without the two rows). The launcher adds
+`shutdown_s` to the same file. A `summary.json` that is not this launch's (a resumed run
+that failed before its end) is left alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from tidal.common.durable import write_atomic
+
+LAUNCHED_AT_ENV = "TIDAL_LAUNCHED_AT"
+SUMMARY_FILE = "summary.json"
+_IMPORTED_AT = time.time()
+
+
+def process_start_time() -> float:
+    """This process's start as Unix seconds: its kernel start time on Linux (10 ms
+    resolution), else when this module was imported."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = int(fields[19])  # field 22, starttime: clock ticks after boot
+        since_boot = ticks / os.sysconf("SC_CLK_TCK")
+        return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - since_boot)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return _IMPORTED_AT
+
+
+def launch_env(launched_at: float) -> dict[str, str]:
+    """What every child is told: when the run was launched."""
+    return {LAUNCHED_AT_ENV: repr(launched_at)}
+
+
+def finish_summary(run_dir: Path, launched_at: float) -> dict[str, object] | None:
+    """Add `shutdown_s` (from the last step's end to now) to this launch's summary.json
+    and return it; None when the run wrote none (it failed) or it is another launch's."""
+    path = run_dir / SUMMARY_FILE
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if summary.get("launched_at") != launched_at or summary.get("last_step_ended_at") is None:
+        return None
+    summary["shutdown_s"] = time.time() - float(summary["last_step_ended_at"])
+    write_atomic(path, json.dumps(summary, indent=2) + "\n")
+    return dict(summary)
+
+
+def print_final_summary(summary: dict[str, object]) -> None:
+    """The run's summary table, with the start-up and shutdown rows."""
+    from tidal.orchestrator.report import RunSummary, print_summary  # rich: only at the end
+
+    fields = set(RunSummary.__dataclass_fields__)
+    print_summary(RunSummary(**{k: v for k, v in summary.items() if k in fields}))  # type: ignore[arg-type]
