@@ -47,21 +47,26 @@ TINY_MODEL = {
 PG, SFT = pb.LOSS_KIND_POLICY_GRADIENT, pb.LOSS_KIND_SFT
 
 
-def run_config(tmp_path: Path, weightsync: RunningWeightSync) -> TrainerRunConfig:
+def run_config(
+    tmp_path: Path, weightsync: RunningWeightSync, *, background: bool = False
+) -> TrainerRunConfig:
+    """The serial contract (Train answers after its version is published) unless
+    `background`, the default mode, which the last tests of this file pin."""
+    trainer: dict[str, object] = {
+        "model": TINY_MODEL,
+        "device": "cpu",
+        "publish_dir": str(weightsync.root),
+        "background_publish": background,
+    }
+    if background:
+        trainer["ckpt"] = {"keep_last": 10}
     return TrainerRunConfig.model_validate(
         {
-            "run": {"output_dir": str(tmp_path), "name": "contract"},
+            "run": {"output_dir": str(tmp_path), "name": "bg" if background else "contract"},
             "endpoints": {"trainer": "127.0.0.1:0", "weightsync": weightsync.address},
             "grpc": {"shutdown_grace_s": 0.5},
             "security": {"mode": "plaintext"},  # in-process, loopback only
-            # These tests pin the serial contract (Train answers after its version is
-            # published); the default, background, one: the last test of this file.
-            "trainer": {
-                "model": TINY_MODEL,
-                "device": "cpu",
-                "publish_dir": str(weightsync.root),
-                "background_publish": False,
-            },
+            "trainer": trainer,
         }
     )
 
@@ -350,23 +355,6 @@ async def test_resume_refuses_versions_newer_than_the_checkpoint(
         await start_trainer(resumable_config(tmp_path, weightsync_server, resume=True))
 
 
-def background_config(tmp_path: Path, weightsync: RunningWeightSync) -> TrainerRunConfig:
-    return TrainerRunConfig.model_validate(
-        {
-            "run": {"output_dir": str(tmp_path), "name": "bg"},
-            "endpoints": {"trainer": "127.0.0.1:0", "weightsync": weightsync.address},
-            "grpc": {"shutdown_grace_s": 0.5},
-            "security": {"mode": "plaintext"},  # in-process, loopback only
-            "trainer": {
-                "model": TINY_MODEL,
-                "device": "cpu",
-                "publish_dir": str(weightsync.root),
-                "ckpt": {"keep_last": 10},
-            },
-        }
-    )
-
-
 async def until(condition: object, what: str, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():  # type: ignore[operator]
@@ -388,7 +376,7 @@ async def test_train_answers_before_the_version_and_the_version_follows_its_chec
     tmp_path: Path, weightsync_server: RunningWeightSync
 ) -> None:
     assert TrainerRunConfig().trainer.background_publish  # the default under test
-    running = await start_trainer(background_config(tmp_path, weightsync_server))
+    running = await start_trainer(run_config(tmp_path, weightsync_server, background=True))
     ckpts = tmp_path / "bg" / "checkpoints"
     registry = weightsync_server.registry
     model = running.runner.trainer.model
@@ -440,7 +428,7 @@ async def test_a_failed_background_write_stops_the_next_update_and_its_retry_wri
     is refused UNAVAILABLE naming step 1, before its update, so step 1's state is still
     the one to write; once the folder is back, the retry of Train(2) writes step 1 first
     (checkpoint, then version 1) and trains step 2 on top."""
-    running = await start_trainer(background_config(tmp_path, weightsync_server))
+    running = await start_trainer(run_config(tmp_path, weightsync_server, background=True))
     runner, registry = running.runner, weightsync_server.registry
     assert runner.checkpoints is not None
     good = runner.checkpoints.root

@@ -12,11 +12,11 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+
+from ..metrics_scrape import scrape
 
 LEARNING_BAR = 0.3
 WINDOW = 5
@@ -71,24 +71,14 @@ def _client(*args: str, config: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _scrape(address: str) -> dict[str, float]:
-    """One Prometheus scrape over plain HTTP (loopback): `{name{labels}: value}`."""
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
-            samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
-    return samples
-
-
 def _check_prometheus(run_dir: Path, steps: int) -> None:
     """Every service's /metrics, scraped while the stack runs after `steps` RL steps."""
     targets = json.loads((run_dir / "prometheus_targets.json").read_text())
     by_service = {t["labels"]["service"]: t["targets"][0] for t in targets}
     assert sorted(by_service) == ["inference", "orchestrator", "trainer", "weightsync"]
-    scraped = {service: _scrape(address) for service, address in by_service.items()}
+    scraped = {
+        service: scrape(f"http://{address}/metrics") for service, address in by_service.items()
+    }
     for service, m in scraped.items():
         assert m[f'tidal_service_info{{service="{service}"}}'] == 1
         assert m["tidal_restarts_total"] == 0

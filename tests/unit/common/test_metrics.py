@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.parser import text_string_to_metric_families
 
 from tidal.common.metrics import (
     RESTARTS_ENV,
@@ -29,22 +28,8 @@ from tidal.common.sections import GrpcConfig
 from tidal.common.security import PLAINTEXT_LOOPBACK
 from tidal.common.server import GrpcServer, tls_material
 
+from ...metrics_scrape import scrape
 from ...tls_fixtures import role_security
-
-
-def scrape(url: str, context: ssl.SSLContext | None = None, token: str = "") -> dict[str, float]:
-    """`{sample name{labels}: value}` of one scrape."""
-    request = urllib.request.Request(url)
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    with urllib.request.urlopen(request, timeout=10, context=context) as response:
-        text = response.read().decode()
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
-            samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
-    return samples
 
 
 def test_loopback_scrape_is_plain_http_with_process_and_service_metrics(monkeypatch) -> None:  # type: ignore[no-untyped-def]

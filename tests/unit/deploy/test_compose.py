@@ -10,7 +10,6 @@ user, with a HEALTHCHECK that probes the port the service serves.
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import tomllib
 from pathlib import Path
@@ -20,6 +19,8 @@ import yaml
 
 from tidal.cli.config import RunConfig
 from tidal.common.config import ParsedArgs, compose, validate
+
+from ...deploy.engine import compose_command
 
 ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy"
@@ -147,18 +148,8 @@ def test_torch_free_services_declare_no_torch(service: str) -> None:
                 todo.append(dep_name)
 
 
-def _compose_command() -> list[str] | None:
-    if shutil.which("docker"):
-        probe = subprocess.run(["docker", "compose", "version"], capture_output=True)
-        if probe.returncode == 0:
-            return ["docker", "compose"]
-    if shutil.which("docker-compose"):
-        return ["docker-compose"]
-    return None
-
-
 def test_compose_file_validates_with_compose_binary() -> None:
-    command = _compose_command()
+    command = compose_command()
     if command is None:
         pytest.skip("no docker-compose binary or docker compose plugin on this machine")
     for profile in ([], ["--profile", "gpu", "--profile", "observability"]):
