@@ -88,10 +88,20 @@ def test_two_replicas_both_serve_and_one_sigkilled_does_not_end_the_run(launch) 
     assert sum(supervision["restarts"].values()) == 1  # nothing else died
     assert _trained_steps(run.run_dir) == list(range(1, STEPS + 1))  # each step once
     orchestrator = (run.run_dir / "logs" / "orchestrator.log").read_text()
-    assert f"inference replica 1 at {replicas[1]} lost" in orchestrator
-    # Whether requests were in flight on replica 1 at the kill is timing (a kill between
-    # requests is found by the health probe instead): the retry of a cut request is
-    # asserted deterministically in tests/contract/test_inference_pool.py.
+    # The kill is seen one of two ways, by timing: requests cut or refused (or two failed
+    # health probes) mark replica 1 lost and go to replica 0; or the replica is back
+    # within the channel's own UNAVAILABLE retries (~3 s of back-off, channel.py) and the
+    # requests it refused are served late by the restarted process, none failing. The
+    # retry of a cut request is asserted deterministically in
+    # tests/contract/test_inference_pool.py.
+    replica_log = (run.run_dir / "logs" / "inference-1.log").read_text()
+    lives = replica_log.split(f"serving on {replicas[1]} as inference-1")
+    assert len(lives) == 3, "inference-1 served twice: before the kill and after its restart"
+    if f"inference replica 1 at {replicas[1]} lost" not in orchestrator:
+        assert "loaded version" in lives[2], "the restarted replica loaded the policy"
+        assert re.search(
+            rf"replica 1 at {re.escape(replicas[1])}: \d+ requests served, 0 failed", orchestrator
+        )
     served = {
         int(m[1]): int(m[2])
         for m in re.finditer(r"inference replica (\d) at \S+: (\d+) requests served", orchestrator)
