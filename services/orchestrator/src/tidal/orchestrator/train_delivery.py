@@ -6,7 +6,11 @@ Decisions:
   waits for the trainer to be SERVING again (it may be restarted by `tidal rl`), for at
   most `orchestrator.recovery.peer_loss_s` counted from the first failure, logging the
   peer and its address while it waits, and then reconciles with the trainer's step.
-  Any other status (a refused step, a bad request, a deadline) still fails the step.
+  A trainer restarted so fast that the channel's own retries (channel.py) reached the
+  new process never shows UNAVAILABLE: it refuses step n with FAILED_PRECONDITION (out
+  of order); when its last step is then behind n-1, that is the same loss and is
+  reconciled the same way, once. Any other status (a refused step, a bad request, a
+  deadline) still fails the step.
 - Reconciling reads the trainer's last trained step T (GetStatus). T ≥ n: step n was
   trained before the reply was lost; it is sent again anyway and the trainer answers
   it from its record (duplicate), which checks that the data are the same (payload
@@ -92,10 +96,17 @@ class TrainDelivery:
 
     async def _deliver(self, request: pb.TrainRequest) -> TrainResult:
         deadline: float | None = None
+        caught_up = False
         while True:
             try:
                 return await self.trainer.send(request, timeout=self.timeout_s)
             except PeerError as exc:
+                if exc.code == grpc.StatusCode.FAILED_PRECONDITION and not caught_up:
+                    # A trainer restarted within the channel's own UNAVAILABLE retries
+                    # never shows us UNAVAILABLE: it refuses step n as out of order.
+                    caught_up = await self._catch_up(request.step)
+                    if caught_up:
+                        continue
                 if exc.code not in RIDE_OUT:
                     raise
                 if deadline is None:
@@ -110,6 +121,16 @@ class TrainDelivery:
                     max(0.0, deadline - time.monotonic()),
                 )
                 await self._reconcile(request.step, deadline)
+
+    async def _catch_up(self, step: int) -> bool:
+        """Re-send the steps before `step` that a trainer restarted from an older
+        checkpoint lost; False when it lost none (the refusal stands)."""
+        trained = await self.trainer.last_step()
+        if trained >= step - 1:
+            return False
+        self.outages += 1
+        await self._resend_lost(step, trained)
+        return True
 
     async def _reconcile(self, step: int, deadline: float) -> None:
         """Wait for the trainer, then re-send whatever steps before `step` it lost."""
