@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import numpy as np
@@ -22,7 +22,9 @@ from tidal.common.errors import FailedPrecondition
 from tidal.common.security import PLAINTEXT_LOOPBACK
 from tidal.common.tensors import encode_array
 from tidal.models.hf_checkpoint import hf_to_native_state_dict
+from tidal.orchestrator.config import RecoveryConfig
 from tidal.orchestrator.peers import PeerError
+from tidal.orchestrator.train_delivery import TrainDelivery
 from tidal.orchestrator.trainer_client import TrainerClient
 from tidal.rpc.v1 import common_pb2
 from tidal.rpc.v1 import trainer_pb2 as pb
@@ -460,3 +462,38 @@ async def test_a_failed_background_write_stops_the_next_update_and_its_retry_wri
             await until(lambda: registry.newest == 2, "version 2")
     finally:
         await running.stop()
+
+
+async def test_delivery_re_sends_the_steps_a_trainer_that_came_back_behind_lost(
+    tmp_path: Path, start_weightsync: Callable[..., Any]
+) -> None:
+    """A trainer that is back with fewer steps than the orchestrator saw trained, and was
+    never seen unreachable (in a run: restarted from an older checkpoint within the
+    channel's own UNAVAILABLE retries; here: a fresh trainer on the same address), refuses
+    the next step as out of order. TrainDelivery re-sends the lost steps, the very same
+    requests, then the step, instead of failing the run."""
+    first_ws = await start_weightsync(tmp_path / "a" / "weights")
+    first = await start_trainer(run_config(tmp_path / "a", first_ws))
+    address = f"127.0.0.1:{first.server.port}"
+    client = TrainerClient(address, security=PLAINTEXT_LOOPBACK)
+    delivery = TrainDelivery(client, RecoveryConfig(), timeout_s=30)
+    batches = [micro_batch_from_proto(micro_batch([6, 9], seed=s), field="b") for s in range(4)]
+    try:
+        for step in (1, 2):
+            await delivery.train(step, [batches[step]], sft=False)
+        await first.stop()
+        second_ws = await start_weightsync(tmp_path / "b" / "weights")
+        config = run_config(tmp_path / "b", second_ws)
+        config.endpoints.trainer = address
+        second = await start_trainer(config)
+        try:
+            await client.wait_serving(10)  # connected: Train(3) reaches the new trainer
+            assert await client.last_step() == 0
+            result = await delivery.train(3, [batches[3]], sft=False)
+            assert result.step == 3 and not result.duplicate
+            assert delivery.resent_steps == [1, 2] and delivery.outages == 1
+            assert await client.last_step() == 3
+        finally:
+            await second.stop()
+    finally:
+        await client.close()
