@@ -3,12 +3,12 @@
 One test, in order (each step's failure names it): a Docker engine (installed and started
 when none answers: engine.py); the offline base image (deploy/base-image.sh); the four
 images from dist/ (make test-deploy runs `make wheelhouse` first); `compose up` of
-deploy/compose.yaml with the default config (configs/default.toml, or fewer RL steps with
-TIDAL_DEPLOY_STEPS=N), which starts the orchestrator only once the other four containers
+deploy/compose.yaml with the default config (configs/default.toml with DEFAULT_STEPS RL steps,
+or TIDAL_DEPLOY_STEPS=N), which starts the orchestrator only once the other four containers
 are healthy (the images' HEALTHCHECK: tidal.common.healthcheck over mTLS); one inference
-replica killed (`docker kill`) as soon as the RL phase is under way; the orchestrator
-healthy too; `tidal client status` from the host answered by the four live services; the
-run finishes (orchestrator exits 0) with every RL step done and reward rising, read from
+replica killed (`docker kill`) as soon as the RL phase is under way; `tidal client status`
+from the host answered by the four live services; the orchestrator's own HEALTHCHECK seen
+passing; the run finishes (orchestrator exits 0) with every RL step done and reward rising, read from
 the run folder on the host (the bind mount); the services still healthy; the killed
 replica started again and healthy (it rejoins at the newest version); a crash of
 inference-0's server process restarted by its restart policy (a `docker kill` is a manual
@@ -23,6 +23,7 @@ Marked `deploy`: `make test` leaves it out (`-m "not gpu and not deploy"`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -45,6 +46,11 @@ BASE_IMAGE = os.environ.get("BASE_IMAGE", "tidal-base:bookworm")
 RUN_TIMEOUT_S = float(os.environ.get("TIDAL_DEPLOY_RUN_TIMEOUT_S", "1800"))
 WINDOW = 5
 LEARNING_BAR = 0.3  # as the local default run's test (tests/integration/test_default_run.py)
+DEFAULT_STEPS = 150
+"""RL steps of the test's run (the default config has 60). The checks after the kill need the
+orchestrator still running: a quiet machine runs 60 steps in ~20 s, less than the time
+to Docker's first health probe of the orchestrator (10 s after its start) plus compose's
+own start-up, and a CI run once lost that race. 150 steps hold the run open ~50 s."""
 
 # The whole build-run-teardown; pyproject's 300 s per-test cap is for the suite.
 pytestmark = [pytest.mark.deploy, pytest.mark.timeout(int(RUN_TIMEOUT_S) + 3600)]
@@ -79,11 +85,9 @@ class Stack:
 
 
 def _write_config(stack_dir: Path) -> dict:  # type: ignore[type-arg]
-    """configs/default.toml, with orchestrator.steps = TIDAL_DEPLOY_STEPS when set."""
+    """configs/default.toml, with orchestrator.steps = TIDAL_DEPLOY_STEPS or DEFAULT_STEPS."""
     config = tomllib.loads((ROOT / "configs" / "default.toml").read_text())
-    steps = os.environ.get("TIDAL_DEPLOY_STEPS")
-    if steps:
-        config["orchestrator"]["steps"] = int(steps)
+    config["orchestrator"]["steps"] = int(os.environ.get("TIDAL_DEPLOY_STEPS", DEFAULT_STEPS))
     folder = stack_dir / "configs"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "run.toml").write_text(tomli_w.dumps(config))
@@ -123,6 +127,42 @@ def _restarts(container: str) -> int:
 def _health(stack: Stack, service: str) -> str:
     state = container_state(stack.container(service))
     return state.get("Health", {}).get("Status", state["Status"])
+
+
+def _probe_passed(container: str) -> bool:
+    """Docker's HEALTHCHECK has passed at least once (its log keeps the last five probes)."""
+    health = container_state(container).get("Health", {})
+    return health.get("Status") == "healthy" or any(
+        probe.get("ExitCode") == 0 for probe in health.get("Log") or []
+    )
+
+
+def _status_mid_run(stack_dir: Path) -> str:
+    """`tidal client status` from the host, mid-run: the four live services (the killed
+    replica left out). Retried briefly: the orchestrator may be between two RPCs."""
+    client = ["client", "status", "@", str(ROOT / "deploy" / "client.toml")]
+    client += ["--security.tls_dir", str(stack_dir / "tls")]
+    client += ["--endpoints.inference_replicas", '["127.0.0.1:50052"]']
+    for _ in range(5):
+        status = subprocess.run(
+            [sys.executable, "-m", "tidal.cli", *client],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "COLUMNS": "200"},
+        )
+        if status.returncode == 0 and status.stdout.count("SERVING") == 4:
+            return status.stdout
+        time.sleep(1)
+    raise AssertionError(f"tidal client status mid-run:\n{status.stdout}{status.stderr}")
+
+
+def _print_health(stack: Stack) -> None:
+    """Each container's state and last probes, for a failed run's output."""
+    for service in SERVICES:
+        with contextlib.suppress(Exception):
+            state = container_state(stack.container(service))
+            print(f"test-deploy: {service}: {json.dumps(state, indent=None)[:2000]}")
 
 
 def test_compose_stack_runs_the_default_config_through_a_replica_kill() -> None:
@@ -168,27 +208,17 @@ def test_compose_stack_runs_the_default_config_through_a_replica_kill() -> None:
         print(f"test-deploy: killed inference-1 at RL step {killed_at}/{steps}", flush=True)
         assert killed_at < steps, "the run ended before the kill"
 
-        orchestrator = stack.container("orchestrator")
-        _wait("orchestrator healthy", lambda: _health(stack, "orchestrator") == "healthy", 120, 1)
-        timings["up+healthy"] = time.monotonic() - t
-        print(f"test-deploy: all five containers healthy after {timings['up+healthy']:.0f}s")
-
         # `tidal client status` from the host (published loopback ports, the stack's
         # certificates), mid-run: the four live services, the killed replica left out.
-        client = ["client", "status", "@", str(ROOT / "deploy" / "client.toml")]
-        client += ["--security.tls_dir", str(stack_dir / "tls")]
-        client += ["--endpoints.inference_replicas", '["127.0.0.1:50052"]']
-        status = subprocess.run(
-            [sys.executable, "-m", "tidal.cli", *client],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env={**os.environ, "COLUMNS": "200"},
-        )
-        print(status.stdout, flush=True)
-        assert status.returncode == 0, status.stdout + status.stderr
-        assert status.stdout.count("SERVING") == 4
-        assert f"/{steps + config['orchestrator']['warmup_steps']}, version" in status.stdout
+        status = _status_mid_run(stack_dir)
+        print(status, flush=True)
+        assert f"/{steps + config['orchestrator']['warmup_steps']}, version" in status
+
+        # The orchestrator's own probe: Docker runs it 10 s after the container's start.
+        orchestrator = stack.container("orchestrator")
+        _wait("the orchestrator's HEALTHCHECK to pass", lambda: _probe_passed(orchestrator), 120, 1)
+        timings["up+healthy"] = time.monotonic() - t
+        print(f"test-deploy: all five containers healthy after {timings['up+healthy']:.0f}s")
 
         _wait(
             "the orchestrator to exit",
@@ -226,6 +256,8 @@ def test_compose_stack_runs_the_default_config_through_a_replica_kill() -> None:
         print(f"test-deploy: inference-0 crashed, restarted {_restarts(survivor)}x, healthy")
         passed = True
     finally:
+        if not passed:
+            _print_health(stack)
         sh(
             [*stack.base, "logs", "--no-color"],
             env=stack.env,
