@@ -3,20 +3,21 @@
 One test, in order (each step's failure names it): a Docker engine (installed and started
 when none answers: engine.py); the offline base image (deploy/base-image.sh); the four
 images from dist/ (make test-deploy runs `make wheelhouse` first); `compose up` of
-deploy/compose.yaml with the default config (configs/default.toml with DEFAULT_STEPS RL steps,
-or TIDAL_DEPLOY_STEPS=N), which starts the orchestrator only once the other four containers
-are healthy (the images' HEALTHCHECK: tidal.common.healthcheck over mTLS); one inference
-replica killed (`docker kill`) as soon as the RL phase is under way; `tidal client status`
-from the host answered by the four live services; the orchestrator's own HEALTHCHECK seen
-passing; the run finishes (orchestrator exits 0) with every RL step done and reward rising, read from
-the run folder on the host (the bind mount); the services still healthy; the killed
-replica started again and healthy (it rejoins at the newest version); a crash of
-inference-0's server process restarted by its restart policy (a `docker kill` is a manual
-stop, which Docker does not restart) and healthy again; then `compose down -v`. The
-images and their build stages stay: they are the build cache, so the next run builds in
-seconds (`docker image prune --filter label=org.tidal.build-stage=true` reclaims the
-stages); the stack folder is removed when the test passes and kept for reading when it
-fails. Wall time and image sizes are printed at the end.
+deploy/compose.yaml with the default config (configs/default.toml with DEFAULT_STEPS RL
+steps, or TIDAL_DEPLOY_STEPS=N), which starts the orchestrator only once the other four
+containers are healthy (the images' HEALTHCHECK: tidal.common.healthcheck over mTLS); one
+inference replica killed (`docker kill`) as soon as the RL phase is under way; `tidal
+client status` from the host answered by the four live services; the orchestrator's own
+HEALTHCHECK seen passing; the run finishes (orchestrator exits 0) with every RL step done
+and reward rising, read from the run folder on the host (the bind mount); the services
+still healthy; the killed replica started again and healthy (it rejoins at the newest
+version); a crash of inference-0's server process restarted by its restart policy (a
+`docker kill` is a manual stop, which Docker does not restart) and healthy again; then
+`compose down -v`. The images and their build stages stay: they are the build cache, so
+the next run builds in seconds (`docker image prune --filter
+label=org.tidal.build-stage=true` reclaims the stages); the stack folder is removed when
+the test passes and kept for reading when it fails. Wall time and image sizes are printed
+at the end.
 
 Marked `deploy`: `make test` leaves it out (`-m "not gpu and not deploy"`).
 """
