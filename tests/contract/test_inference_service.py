@@ -22,6 +22,7 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from tidal.common.cpu_features import bf16_support
 from tidal.common.sections import Endpoints, GrpcConfig, RunSection, TelemetryConfig
 from tidal.common.security import PLAINTEXT_LOOPBACK
 from tidal.common.security_config import SecurityConfig
@@ -265,7 +266,9 @@ async def test_new_version_is_loaded_acked_and_traced(
     await ready.at_version(1)
     status = await ready.status()
     assert (status.replica_id, status.vocab_size, status.max_seq_len) == (REPLICA, 264, 64)
-    assert status.kernels == "cpu onednn-packed fp32"  # the engine's choice, for the operator
+    # The engine's choice, for the operator: inference.dtype "auto" is bf16 where native.
+    native = bf16_support().native
+    assert status.kernels == f"cpu onednn-packed {'bf16' if native else 'fp32'}"
     assert (status.tokenizer.name, status.tokenizer.vocab_size) == ("byte", 259)
     assert REPLICA in weightsync_server.registry.get(1).loaded_by
     (reply,) = await ready.generate(prompt="hi", sampling=pb.SamplingParams(max_tokens=3))

@@ -35,3 +35,24 @@ def test_commit_dir_never_replaces_an_existing_version(tmp_path: Path) -> None:
     with pytest.raises(FileExistsError, match="v1"):
         commit_dir(tmp, tmp_path / "v1")
     assert (tmp_path / "v1" / "keep").read_text() == "published"
+
+
+def test_write_hashed_returns_the_sha256_of_exactly_the_bytes_written(tmp_path: Path) -> None:
+    import hashlib
+
+    from tidal.common.durable import IO_SLICE, write_hashed
+
+    chunks = [b"header", bytearray(range(256)) * 7, memoryview(b"x" * (IO_SLICE + 3)), b""]
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"an older, longer content" * 10)  # replaced, not appended to
+    digest = write_hashed(path, chunks)
+    data = path.read_bytes()
+    assert data == b"".join(bytes(c) for c in chunks)
+    assert digest == hashlib.sha256(data).hexdigest()
+
+
+def test_write_hashed_raises_what_the_hashing_thread_raised(tmp_path: Path) -> None:
+    from tidal.common.durable import write_hashed
+
+    with pytest.raises(TypeError):
+        write_hashed(tmp_path / "f.bin", [b"ok", "not bytes"])  # type: ignore[list-item]

@@ -38,6 +38,19 @@ def test_native_is_the_default_and_needs_no_vllm(tmp_path) -> None:  # type: ign
     assert isinstance(built, NativeEngine) and not isinstance(built, PagedEngine)
 
 
+def test_auto_dtype_is_bf16_exactly_where_the_cpu_computes_it_natively(
+    tmp_path, bf16_path: str
+) -> None:  # type: ignore[no-untyped-def]
+    config = run_config("native", tmp_path)
+    assert config.inference.dtype == "auto"  # the default
+    config.inference.device = "cpu"
+    engine = build_engine(config, ByteTokenizer())
+    expected = torch.bfloat16 if bf16_path == "native" else torch.float32
+    assert engine.dtype == expected
+    config.inference.dtype = "float32"  # an explicit dtype is kept as given
+    assert build_engine(config, ByteTokenizer()).dtype == torch.float32
+
+
 @pytest.mark.skipif(vllm_available(), reason="vLLM is installed here")
 def test_choosing_vllm_without_it_says_what_to_install(tmp_path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(RuntimeError, match=r"tidal-inference\[vllm\]") as err:

@@ -37,6 +37,28 @@ def test_step_that_never_reached_the_trainer_is_redone_from_the_before_state() -
     assert resume_point(_saved(7), trainer_step=6) == (7, {"c": 6})
 
 
+def test_a_trained_step_lost_before_it_was_durable_is_redone_from_the_state_before_it() -> None:
+    """Train(6) answered, the trainer killed during step 7's update, before step 6's
+    checkpoint was complete: it resumes at 5, and step 6 is drawn again."""
+    saved = SavedProgress(7, {"c": 6}, {"c": 7}, seed=0, tasks=["t"], previous_before={"c": 5})
+    assert resume_point(saved, trainer_step=5) == (6, {"c": 5})
+    with pytest.raises(ConfigError, match="last step is 4 \\(expected 7 or 6 or 5\\)"):
+        resume_point(saved, trainer_step=4)
+
+
+def test_the_metrics_lines_of_lost_steps_are_removed(tmp_path: Path) -> None:
+    from tidal.orchestrator.metrics import metrics_steps
+    from tidal.orchestrator.resume import drop_lost_lines
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 1}\n{"step": 2}\n{"step": 3}\n{"ste')
+    assert drop_lost_lines(metrics, trainer_step=1) == [2, 3]
+    assert metrics_steps(metrics) == [1]
+    assert metrics.read_text() == '{"step": 1}\n'
+    assert drop_lost_lines(metrics, trainer_step=1) == []
+    assert drop_lost_lines(tmp_path / "none.jsonl", trainer_step=0) == []
+
+
 def test_progress_and_trainer_out_of_step_is_an_error() -> None:
     with pytest.raises(ConfigError, match="written for step 7 but the trainer's last step is 3"):
         resume_point(_saved(7), trainer_step=3)

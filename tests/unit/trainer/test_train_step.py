@@ -234,6 +234,25 @@ def test_bf16_on_a_cpu_without_native_bf16_warns_with_the_measured_cost(
         assert "x slower than fp32 here" in warning
 
 
+@pytest.mark.parametrize("dim, expect_bf16_when_native", [(64, False), (256, True)])
+def test_auto_precision_is_bf16_only_where_native_and_the_model_is_big_enough(
+    bf16_path: str, dim: int, expect_bf16_when_native: bool
+) -> None:
+    """`precision = "auto"`: the 2M-parameter floor (tiny models run faster in fp32) and the
+    CPU's native bf16 both decide; the choice is what the step really runs."""
+    base = make_trainer().config
+    model = base.model.model_copy(
+        update={"dim": dim, "n_layers": 4, "n_heads": 4, "n_kv_heads": 4, "ffn_dim": 4 * dim}
+    )
+    config = base.model_copy(update={"device": "cpu", "precision": "auto", "model": model})
+    trainer = Trainer(config, seed=0, device=torch.device("cpu"))
+    params = sum(p.numel() for p in trainer.model.parameters())
+    assert (params >= 2_000_000) == expect_bf16_when_native
+    assert trainer.bf16 == (expect_bf16_when_native and bf16_path == "native")
+    with trainer._autocast():
+        assert torch.is_autocast_enabled("cpu") == trainer.bf16
+
+
 def test_kl_to_the_frozen_reference_starts_at_zero_and_grows() -> None:
     trainer = make_trainer({"kl": {"coef": 0.05}}, lr=3e-3)
     batch = [pack(random_samples(4, seed=8))]

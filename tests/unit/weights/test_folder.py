@@ -116,3 +116,26 @@ def test_a_companion_file_may_not_replace_the_versions_own(tmp_path: Path) -> No
             tmp_path, version=0, step=0, state_dict=state(), config={},
             extra_files={"config.json": b"{}"},
         )  # fmt: skip
+
+
+def test_a_staged_version_is_invisible_and_never_adopted_until_committed(tmp_path: Path) -> None:
+    """The trainer stages version n beside step n's checkpoint: until `commit` it is a temp
+    folder that readers ignore and weightsync's recovery sweeps instead of adopting."""
+    from tidal.weights.codec import encode_files
+    from tidal.weights.folder import stage_files
+    from tidal.weightsync.recovery import recover_versions
+
+    tensors = state()
+    files = encode_files(state_dict=tensors, config={"x": 1})
+    staged = stage_files(tmp_path, version=4, step=4, files=files)
+    assert not (tmp_path / "v000004").exists()
+    assert staged.tmp.name.startswith(TMP_PREFIX)
+    assert recover_versions(tmp_path, ("model.safetensors",)) == []  # a restart: swept
+    assert not staged.tmp.exists()
+
+    staged = stage_files(tmp_path, version=4, step=4, files=files)
+    manifest = staged.commit()
+    assert staged.commit() == manifest  # idempotent: a retried publish commits once
+    _, loaded = load_version(manifest)
+    assert all(torch.equal(loaded[k], v) for k, v in tensors.items())
+    assert [m.version for m in recover_versions(tmp_path, ("model.safetensors",))] == [4]

@@ -5,12 +5,26 @@ The recipe is the POSIX one, in one place: write under a temporary name in the s
 folder, fsync the data, rename over the final name (atomic within one filesystem), then
 fsync the parent folder so the rename itself survives a power cut. Checkpoints (trainer),
 weight versions (weightsync) and progress files (orchestrator) all go through here.
+
+`write_hashed` writes and fsyncs a file while a second thread computes its sha256: the
+two used to alternate on one thread (hash a slice, write it), so a save cost hash + write
++ fsync in series. hashlib and file writes both release the GIL on large buffers, so the
+hash now runs beside the write and the fsync: on the 2-core Xeon a 51 MB save (4.3M
+model + AdamW) took 97 ms serially (sha256 44, write 25, fsync 28). It matters because a
+checkpoint and then a version are written between a trained step and the version the
+next generation waits for (tidal.trainer.background_persist).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import threading
+from collections.abc import Sequence
 from pathlib import Path
+
+IO_SLICE = 16 << 20
+"""Bytes per write(2) call: large enough to be cheap, small enough to stream."""
 
 
 def fsync_path(path: Path) -> None:
@@ -28,6 +42,36 @@ def fsync_tree(folder: Path) -> None:
         if path.is_file():
             fsync_path(path)
     fsync_path(folder)
+
+
+def write_hashed(path: Path, chunks: Sequence[bytes | bytearray | memoryview]) -> str:
+    """Write `chunks` in order to the file at `path` (replaced if there), fsync it, and
+    return the sha256 of its bytes; the hash runs on its own thread beside the writes."""
+    digest = hashlib.sha256()
+    failure: list[BaseException] = []
+
+    def hash_all() -> None:
+        try:
+            for chunk in chunks:
+                digest.update(chunk)
+        except BaseException as exc:  # re-raised on the caller's thread
+            failure.append(exc)
+
+    hasher = threading.Thread(target=hash_all, name="sha256", daemon=True)
+    hasher.start()
+    try:
+        with path.open("wb", buffering=0) as handle:
+            for chunk in chunks:
+                view = memoryview(chunk).cast("B")
+                done = 0
+                while done < len(view):  # a raw write(2) may take fewer bytes
+                    done += handle.write(view[done : done + IO_SLICE]) or 0
+            os.fsync(handle.fileno())
+    finally:
+        hasher.join()
+    if failure:
+        raise failure[0]
+    return digest.hexdigest()
 
 
 def commit_dir(tmp: Path, final: Path) -> None:

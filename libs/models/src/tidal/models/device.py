@@ -10,6 +10,10 @@ Decisions:
   machine with "invalid device ordinal"; an explicit "cuda" is a `ConfigError`.
 - `pick_device` is the same decision with the GPU count given, so it is testable without
   GPUs. The orchestrator is torch-free and never imports this module.
+- `native_bf16` answers the "auto" dtype settings (`trainer.precision`,
+  `inference.dtype`): bf16 where the device computes it natively (a CUDA GPU with bf16,
+  a CPU whose oneDNN bf16 kernels run: `tidal.common.cpu_features`), fp32 elsewhere, so
+  one config is fast on an AMX Xeon and still correct, at fp32 speed, on an AVX2 EPYC.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import logging
 
 import torch
 
+from tidal.common.cpu_features import bf16_support
 from tidal.common.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -55,3 +60,13 @@ def pick_device(name: str, *, service: str, gpus: int, local_ranks: int) -> str:
             service, local_ranks, service, gpus, service, service, gpus,
         )  # fmt: skip
     return "cpu"
+
+
+def native_bf16(device: torch.device) -> tuple[bool, str]:
+    """(bf16 compute is native on `device`, why in words) for the "auto" dtype settings."""
+    if device.type == "cuda":
+        if torch.cuda.is_bf16_supported():
+            return True, "the GPU computes bf16"
+        return False, "the GPU lacks bf16"
+    support = bf16_support()
+    return support.native, support.reason

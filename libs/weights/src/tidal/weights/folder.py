@@ -8,9 +8,12 @@ temp folders are ignored by readers and swept on the next publish. Readers verif
 sha256 before loading (`load_version`), so a corrupted file is refused, not loaded.
 
 Each side hashes once. `write_version` encodes the files in memory (`codec.encode_files`; a
-sender passes the previous version's buffer back to it) and `write_files` hashes each
-slice as it writes it: the digest is computed from the bytes written, with no second read of the
-file (it used to be `safetensors.torch.save_file`, then `sha256_file` re-reading it).
+sender passes the previous version's buffer back to it) and `write_files` hashes the bytes
+on a second thread while it writes them (`tidal.common.durable.write_hashed`), with no
+second read of the file (it used to be `safetensors.torch.save_file`, then `sha256_file`
+re-reading it). `stage_files` stops before the rename: the trainer writes a version
+while its checkpoint is being saved and makes it visible (`StagedVersion.commit`) only
+once the checkpoint is complete (tidal.trainer.background_persist).
 `load_version` reads each file once: into a buffer of its manifest size, hashing each
 slice as it lands, then hands out tensors that view that buffer (`safetensors_views`),
 so the engine's load is the only copy after the read.
@@ -22,12 +25,12 @@ version folders) does not need it.
 from __future__ import annotations
 
 import hashlib
-import os
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tidal.common.durable import commit_dir, fsync_path
+from tidal.common.durable import commit_dir, fsync_path, write_hashed
 from tidal.common.removal import remove_inside
 from tidal.weights.manifest import (
     FULL_WEIGHTS,
@@ -93,6 +96,40 @@ def write_files(
 ) -> WeightManifest:
     """Write a version's encoded files (`codec.encode_files`) atomically, hashing each as
     it is written; returns the manifest (location = final folder)."""
+    staged = stage_files(
+        root, version=version, step=step, files=files, format=format, base_version=base_version
+    )
+    return staged.commit()
+
+
+@dataclass
+class StagedVersion:
+    """A version folder written and fsynced under a hidden temp name: invisible to
+    weightsync (its recovery sweeps temp folders, never adopts them) until `commit`."""
+
+    tmp: Path
+    manifest: WeightManifest
+    committed: bool = False
+
+    def commit(self) -> WeightManifest:
+        """Rename the folder to `v<version>` (atomic, durable); idempotent."""
+        if not self.committed:
+            commit_dir(self.tmp, Path(self.manifest.location))
+            self.committed = True
+        return self.manifest
+
+
+def stage_files(
+    root: Path,
+    *,
+    version: int,
+    step: int,
+    files: Mapping[str, bytes | bytearray],
+    format: str = FULL_WEIGHTS,
+    base_version: int | None = None,
+) -> StagedVersion:
+    """`write_files` up to, not including, the rename that makes the version visible: the
+    trainer stages a version while its checkpoint is written and commits it after."""
     root.mkdir(parents=True, exist_ok=True)
     final = version_dir(root, version)
     if final.exists():
@@ -101,26 +138,13 @@ def write_files(
     tmp = root / f"{TMP_PREFIX}v{version:06d}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     entries = tuple(
-        WeightFile(name, len(data), _write_hashed(tmp / name, data)) for name, data in files.items()
+        WeightFile(name, len(data), write_hashed(tmp / name, [data]))
+        for name, data in files.items()
     )
     manifest = WeightManifest(version, step, str(final), entries, format, base_version)
     (tmp / MANIFEST_FILE).write_text(manifest.to_json())
     fsync_path(tmp / MANIFEST_FILE)
-    commit_dir(tmp, final)
-    return manifest
-
-
-def _write_hashed(path: Path, data: bytes | bytearray) -> str:
-    """Write `data` to `path` slice by slice, hashing each slice written; fsync; sha256."""
-    digest = hashlib.sha256()
-    view = memoryview(data)
-    with path.open("wb", buffering=0) as handle:
-        for start in range(0, len(view), IO_SLICE):
-            piece = view[start : start + IO_SLICE]
-            handle.write(piece)
-            digest.update(piece)
-        os.fsync(handle.fileno())
-    return digest.hexdigest()
+    return StagedVersion(tmp, manifest)
 
 
 def load_version(

@@ -82,8 +82,10 @@ class InferenceConfig(BaseConfig):
     `tidal-inference[vllm]` extra; see docs/inference.md)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the engine runs; "auto" picks CUDA when available, else CPU."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """Weights and KV-cache dtype; logits and logprobs are always computed in fp32."""
+    dtype: Literal["float32", "bfloat16", "auto"] = "auto"
+    """Weights and KV-cache dtype; logits and logprobs are always computed in fp32. "auto":
+    bfloat16 where the device computes it natively (CUDA with bf16; a CPU whose oneDNN bf16
+    kernels run), else float32; vLLM gets "auto" as is (the checkpoint's dtype)."""
     num_threads: int = Field(default=1, gt=0)
     """torch intra-op threads (`torch.set_num_threads`); the local stack shares 2 cores."""
     max_batch_size: int = Field(default=128, gt=0)

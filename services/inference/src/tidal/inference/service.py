@@ -166,10 +166,15 @@ def build_engine(config: InferenceRunConfig, tokenizer: Tokenizer) -> Engine:
             prefix_caching=cfg.prefix_caching,
         )
     from tidal.inference.native import NativeEngine
-    from tidal.models.device import DTYPES, resolve_device
+    from tidal.models.device import DTYPES, native_bf16, resolve_device
 
     device = resolve_device(cfg.device, service="inference")
-    bf16_on_cpu = cfg.dtype == "bfloat16" and device.type == "cpu"
+    dtype = cfg.dtype
+    if dtype == "auto":
+        native, reason = native_bf16(device)
+        dtype = "bfloat16" if native else "float32"
+        log.info("inference.dtype auto: %s on %s (%s)", dtype, device, reason)
+    bf16_on_cpu = dtype == "bfloat16" and device.type == "cpu"
     if bf16_on_cpu and (warning := bf16_cost_warning('inference.dtype = "bfloat16"')):
         log.warning("%s (the linears compute in fp32 from upcast copies)", warning)
     options: dict[str, Any] = {}
@@ -182,7 +187,7 @@ def build_engine(config: InferenceRunConfig, tokenizer: Tokenizer) -> Engine:
     return engine_class(
         **options,
         device=device,
-        dtype=DTYPES[cfg.dtype],
+        dtype=DTYPES[dtype],
         max_batch_size=cfg.max_batch_size,
         max_queue=cfg.max_queue,
         max_step_tokens=cfg.max_step_tokens,

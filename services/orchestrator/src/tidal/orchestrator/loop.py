@@ -99,6 +99,7 @@ class RLLoop:
         self.run_dir = run_dir
         self._last_finish = time.monotonic()
         self._last_train_end = time.monotonic()
+        self._last_saved: SavedProgress | None = None  # progress.json's last content
         self._generations: dict[int, tuple[trace.Span, asyncio.Task[Generation]]] = {}
         self._newest_generation: asyncio.Task[Generation] | None = None
 
@@ -325,10 +326,18 @@ class RLLoop:
         """Save the resumable progress and the step's prompts, right before Train(step).
         `pending` is the step's metrics line without the trainer's reply: a restarted
         orchestrator writes it if Train(step) was trained but its reply was lost."""
+        last = self._last_saved
         saved = SavedProgress(
-            step, before, after, self.seed, list(self.mixture.names), pending_metrics=pending.flat()
+            step,
+            before,
+            after,
+            self.seed,
+            list(self.mixture.names),
+            pending_metrics=pending.flat(),
+            previous_before=last.mixture_before if last and last.step == step - 1 else None,
         )
         save_progress(self.run_dir / PROGRESS_FILE, saved)
+        self._last_saved = saved
         with (self.run_dir / PROMPTS_FILE).open("a") as f:
             f.write(json.dumps({"step": step, "prompts": [p.uid for p in problems]}) + "\n")
 

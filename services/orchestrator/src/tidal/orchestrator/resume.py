@@ -2,11 +2,16 @@
 
 Decisions:
 - Written right before Train(n) is sent, with the task-mixture state both before and
-  after step n drew its prompts. On resume the trainer's last step T decides which one
-  applies: T = n means step n was trained (continue at n+1 from the `after` state);
-  T = n-1 means Train(n) never arrived (redo step n from the `before` state, drawing the
-  same prompts again). Anything else is an error naming both steps. So a kill at any
-  point neither repeats nor skips a prompt.
+  after step n drew its prompts, and the state before step n-1 drew its own. On resume
+  the trainer's last step T decides which one applies: T = n means step n was trained
+  (continue at n+1 from the `after` state); T = n-1 means Train(n) never arrived, or
+  was trained but lost (redo step n from the `before` state, drawing the same prompts
+  again); T = n-2 means step n-1, answered as trained, was lost too: the trainer
+  answers Train(k) before step k is durable and makes it durable before its next update
+  (tidal.trainer.background_persist), so a trainer killed during step n's update resumes
+  at n-2 (redo step n-1 from `previous_before`). Anything else is an error naming both
+  steps. So a kill at any point neither repeats nor skips a prompt, and the metrics lines
+  of lost steps are removed (`drop_lost_lines`) before they are trained again.
 - Pending samples policy: rollouts generated ahead for steps > n are discarded on a
   restart and regenerated from the saved cursors (same prompts, the policy of the time).
 - Atomic replace: write a temp file in the same folder, fsync it, `os.replace` it over the
@@ -43,6 +48,9 @@ class SavedProgress:
     pending_metrics: dict[str, Any] | None = None
     """Step `step`'s metrics line without the trainer's reply (see recover_metrics_line)."""
     version: int = FORMAT_VERSION
+    previous_before: dict[str, Any] | None = None
+    """The mixture state before step `step - 1` drew its prompts (None for the first step
+    of a life; a file written before this field existed loads with None)."""
 
 
 def save_progress(path: Path, progress: SavedProgress) -> None:
@@ -69,9 +77,12 @@ def resume_point(saved: SavedProgress, trainer_step: int) -> tuple[int, dict[str
         return saved.step + 1, saved.mixture_after
     if trainer_step == saved.step - 1:
         return saved.step, saved.mixture_before
+    if trainer_step == saved.step - 2 and saved.previous_before is not None:
+        return saved.step - 1, saved.previous_before
+    expected = [saved.step, saved.step - 1] + [saved.step - 2] * (saved.previous_before is not None)
     raise ConfigError(
         f"cannot resume: progress.json was written for step {saved.step} but the trainer's "
-        f"last step is {trainer_step} (expected {saved.step} or {saved.step - 1})"
+        f"last step is {trainer_step} (expected {' or '.join(map(str, expected))})"
     )
 
 
@@ -88,6 +99,33 @@ def recover_metrics_line(saved: SavedProgress, trainer_step: int, metrics_path: 
     with metrics_path.open("a") as f:
         f.write(json.dumps({**saved.pending_metrics, "recovered": True}) + "\n")
     return True
+
+
+def drop_lost_lines(metrics_path: Path, trainer_step: int) -> list[int]:
+    """Remove the metrics lines of steps after `trainer_step`; returns their steps.
+
+    The trainer answers Train(n) once step n is trained and makes it durable just after
+    (tidal.trainer.background_persist), so a trainer killed in between resumes at n-1
+    although step n was logged. Step n is then trained again, from the same prompts
+    (`resume_point`), and its first line belongs to a lineage that no longer exists: it
+    goes, so the file keeps one line per step of the run that survives. The file is
+    replaced atomically (a crash leaves the old or the new one)."""
+    cut_torn_tail(metrics_path)
+    if not metrics_path.is_file():
+        return []
+    kept, lost = [], []
+    for line in metrics_path.read_text().splitlines(keepends=True):
+        try:
+            step = int(json.loads(line)["step"])
+        except (ValueError, KeyError, TypeError):
+            step = None
+        if step is not None and step > trainer_step:
+            lost.append(step)
+        else:
+            kept.append(line)
+    if lost:
+        write_atomic(metrics_path, "".join(kept))
+    return lost
 
 
 def cut_torn_tail(path: Path) -> None:

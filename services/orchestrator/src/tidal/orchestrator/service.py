@@ -68,6 +68,7 @@ from tidal.orchestrator.report import (
 )
 from tidal.orchestrator.resume import (
     PROGRESS_FILE,
+    drop_lost_lines,
     load_progress,
     recover_metrics_line,
     resume_point,
@@ -140,6 +141,12 @@ async def first_step_and_cursors(
         return 1
     first_step, state = resume_point(saved, trainer_step)
     mixture.load_state_dict(state)
+    if lost := drop_lost_lines(config.run.dir / METRICS_FILE, trainer_step):
+        log.warning(
+            "resume: step(s) %s were trained but lost with the trainer before they were "
+            "durable; their metrics lines are removed and the steps trained again",
+            ", ".join(map(str, lost)),
+        )
     if recover_metrics_line(saved, trainer_step, config.run.dir / METRICS_FILE):
         log.warning(
             "resume: step %d was trained but its reply was lost; its metrics line is written "

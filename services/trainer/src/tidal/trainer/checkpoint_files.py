@@ -35,6 +35,8 @@ from safetensors import safe_open
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
+from tidal.common.durable import write_hashed
+
 PREFIX = "state."
 SUFFIX = ".safetensors"
 NAME = re.compile(r"^state\.([0-9a-f]{64})\.safetensors$")
@@ -100,16 +102,10 @@ def write_state(folder: Path, state: dict[str, Any]) -> None:
     tensors: dict[str, torch.Tensor] = {}
     tree = _flatten(state, "", tensors, {})
     header, ordered = _header(tensors, {FORMAT_KEY: FORMAT, TREE_KEY: json.dumps(tree)})
-    digest = hashlib.sha256()
     partial = folder / PARTIAL
-    with partial.open("wb") as f:
-        for chunk in (header, *(_raw(t) for t in ordered)):
-            digest.update(chunk)
-            f.write(chunk)
-        f.flush()
-        os.fsync(f.fileno())
+    digest = write_hashed(partial, [header, *(_raw(t) for t in ordered)])  # hash ‖ write
     # The folder is a hidden temp until the caller renames it, so the rename is enough.
-    os.replace(partial, folder / f"{PREFIX}{digest.hexdigest()}{SUFFIX}")
+    os.replace(partial, folder / f"{PREFIX}{digest}{SUFFIX}")
 
 
 PARTIAL = "state.partial"

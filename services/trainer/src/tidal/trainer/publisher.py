@@ -18,6 +18,10 @@ Decisions:
   no manifest, says it too). Replicas merge them onto version 0 (tidal.inference.adapters).
 - Retrying a publish is safe: a version weightsync already registered is not sent again;
   a folder left by an earlier failed attempt is replaced.
+- On the filesystem path a version can be staged (`stage`: written and fsynced under a
+  hidden temp name that weightsync's recovery never adopts) before it may be published,
+  so the trainer writes it while the step's checkpoint is saved and then only renames
+  and registers it (tidal.trainer.background_persist).
 - Weightsync may be down (not started yet, or restarting): every call the publisher makes
   is retried while it answers UNAVAILABLE or not at all, with a log line naming its
   address, for at most `wait_s` (`trainer.weightsync_timeout_s`), then `Unavailable`
@@ -45,10 +49,12 @@ from opentelemetry import trace
 from tidal.common.errors import FailedPrecondition, Unavailable
 from tidal.common.telemetry import inject_carrier
 from tidal.weights.client import WeightSyncClient
+from tidal.weights.folder import StagedVersion
 from tidal.weights.manifest import FULL_WEIGHTS, LORA_ADAPTERS, WeightManifest
 from tidal.weights.transport_choice import TransportChoice
 from tidal.weights.transports.base import VersionPayload, WeightSender
 from tidal.weights.transports.factory import make_sender
+from tidal.weights.transports.filesystem import FilesystemSender
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
@@ -124,18 +130,43 @@ class WeightPublisher:
             self.newest = step
         return newest == step
 
-    async def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> WeightManifest:
-        """Publish version `version` by the run's data path; returns its manifest."""
+    async def stage(
+        self, version: int, state_dict: dict[str, torch.Tensor]
+    ) -> StagedVersion | None:
+        """Write version `version`'s folder, not yet visible (filesystem path only; None on
+        the others, whose bytes move at publish): `publish(..., staged=)` commits it."""
+        sender = await self._join()
+        if not isinstance(sender, FilesystemSender):
+            return None
+        return await asyncio.to_thread(sender.stage, self.payload(version, state_dict))
+
+    async def publish(
+        self,
+        version: int,
+        state_dict: dict[str, torch.Tensor],
+        *,
+        staged: StagedVersion | None = None,
+    ) -> WeightManifest:
+        """Publish version `version` by the run's data path; returns its manifest. With
+        `staged` (from `stage`) the folder is already written: it is committed."""
         sender = await self._join()
         assert self.choice is not None
         with tracer.start_as_current_span(
             "trainer.publish", attributes={"version": version, "transport": self.choice.transport}
         ):
 
+            pending = [staged] if staged is not None else []
+
             async def attempt() -> WeightManifest:
                 registered = await self._registered(version)
                 if registered is not None:  # an earlier attempt got it registered
                     return registered
+                if pending and isinstance(sender, FilesystemSender):
+                    try:
+                        return await sender.send_staged(pending[0])
+                    except FileNotFoundError:  # a restarted weightsync swept the temp folder
+                        log.info("version %d's staged folder is gone; writing it again", version)
+                        pending.clear()
                 return await sender.send(self.payload(version, state_dict))
 
             manifest = await self._while_down(f"publish version {version}", attempt)

@@ -59,6 +59,7 @@ import torch
 from tidal.batch.tensors import MicroBatchData
 from tidal.common.cpu_features import bf16_cost_warning
 from tidal.common.errors import FailedPrecondition, InvalidArgument, Unavailable
+from tidal.models.device import native_bf16
 from tidal.models.hf_checkpoint import publishable_state_dict
 from tidal.models.lora import adapter_state_dict
 from tidal.trainer.config import TrainerConfig
@@ -103,6 +104,8 @@ class Trainer:
         levered = apply_model_levers(
             build_model(config.model, seed=seed, device=device), config.model, seed=seed
         )
+        params = sum(p.numel() for p in levered.parameters())
+        self.bf16 = _resolve_precision(config.precision, device, params)
         self.model = ranks.parallelize(levered)
         self.lm_head_chunk = resolve_chunk_size(
             config.model.fused_lm_head_token_chunk_size, config.model.vocab_size
@@ -271,7 +274,7 @@ class Trainer:
         return [truncate_micro_batch(b, truncation) for b in batches]
 
     def _autocast(self) -> contextlib.AbstractContextManager[object]:
-        if self.config.precision == "bf16":
+        if self.bf16:
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
@@ -373,6 +376,24 @@ class Trainer:
         with torch.no_grad():
             every = self._target_logprobs(self.reference, batch)[0]  # (T-1,): tokens 1..T-1
         return every if isinstance(scored, slice) else every[scored - 1]
+
+
+AUTO_BF16_MIN_PARAMS = 2_000_000
+"""`precision = "auto"` keeps fp32 below this many parameters even where bf16 is native:
+autocast's per-step weight casts cost more than its matmuls save on tiny models (CPU,
+AMX Xeon: the 0.4M default model's RL step 0.097 s in bf16 against 0.078 s in fp32; the
+4.3M reversal model's trainer step 1.45x faster in bf16, the 33.6M one 1.9x)."""
+
+
+def _resolve_precision(precision: str, device: torch.device, params: int) -> bool:
+    """Whether the step computes under bf16 autocast; "auto" asks the device and logs why."""
+    if precision != "auto":
+        return precision == "bf16"
+    native, reason = native_bf16(device)
+    if native and params < AUTO_BF16_MIN_PARAMS:
+        native, reason = False, f"{params:,} parameters, under {AUTO_BF16_MIN_PARAMS:,}"
+    log.info("trainer.precision auto: %s on %s (%s)", "bf16" if native else "fp32", device, reason)
+    return native
 
 
 def _warn_if_bf16_is_slow(config: TrainerConfig, device: torch.device) -> None:

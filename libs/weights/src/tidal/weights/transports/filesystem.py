@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from tidal.common.removal import remove_inside
 from tidal.weights.codec import encode_files
-from tidal.weights.folder import load_version, version_dir, write_files
+from tidal.weights.folder import StagedVersion, load_version, stage_files, version_dir
 from tidal.weights.manifest import WEIGHTS_FILE, WeightManifest
 from tidal.weights.transports.base import VersionPayload, WeightReceiver, WeightSender
 
@@ -36,9 +36,21 @@ class FilesystemSender(WeightSender):
         await self.client.publish(manifest)
         return manifest
 
+    async def send_staged(self, staged: StagedVersion) -> WeightManifest:
+        """Make a version `stage` wrote visible and register it (retried: idempotent)."""
+        manifest = await asyncio.to_thread(staged.commit)
+        await self.client.publish(manifest)
+        return manifest
+
     def write(self, payload: VersionPayload) -> WeightManifest:
         """Write the version's folder (blocking); a leftover of a failed attempt, never
         registered, is replaced."""
+        return self.stage(payload).commit()
+
+    def stage(self, payload: VersionPayload) -> StagedVersion:
+        """Write the version's folder under a hidden temp name (blocking), not yet visible:
+        `send_staged` commits and registers it. A leftover `v<N>` of a failed attempt,
+        never registered, is replaced."""
         folder = version_dir(self.root, payload.version)
         if folder.exists():
             remove_inside(folder, self.root)
@@ -48,7 +60,7 @@ class FilesystemSender(WeightSender):
             reuse=self._buffer,
             extra_files=payload.files,
         )
-        manifest = write_files(
+        staged = stage_files(
             self.root,
             version=payload.version,
             step=payload.step,
@@ -58,7 +70,7 @@ class FilesystemSender(WeightSender):
         )
         weights = files[WEIGHTS_FILE]
         self._buffer = weights if isinstance(weights, bytearray) else None
-        return manifest
+        return staged
 
 
 class FilesystemReceiver(WeightReceiver):
