@@ -8,7 +8,7 @@ temp folders are ignored by readers and swept on the next publish. Readers verif
 sha256 before loading (`load_version`), so a corrupted file is refused, not loaded.
 
 Each side hashes once. `write_version` encodes the files in memory (`codec.encode_files`; a
-sender passes the previous version's buffer back to it) and `write_files` hashes the bytes
+sender passes the previous version's buffer back to it) and `stage_files` hashes the bytes
 on a second thread while it writes them (`tidal.common.durable.write_hashed`), with no
 second read of the file (it used to be `safetensors.torch.save_file`, then `sha256_file`
 re-reading it). `stage_files` stops before the rename: the trainer writes a version
@@ -80,22 +80,6 @@ def write_version(
     from tidal.weights.codec import encode_files
 
     files = encode_files(state_dict=state_dict, config=config, extra_files=extra_files)
-    return write_files(
-        root, version=version, step=step, files=files, format=format, base_version=base_version
-    )
-
-
-def write_files(
-    root: Path,
-    *,
-    version: int,
-    step: int,
-    files: Mapping[str, bytes | bytearray],
-    format: str = FULL_WEIGHTS,
-    base_version: int | None = None,
-) -> WeightManifest:
-    """Write a version's encoded files (`codec.encode_files`) atomically, hashing each as
-    it is written; returns the manifest (location = final folder)."""
     staged = stage_files(
         root, version=version, step=step, files=files, format=format, base_version=base_version
     )
@@ -128,7 +112,9 @@ def stage_files(
     format: str = FULL_WEIGHTS,
     base_version: int | None = None,
 ) -> StagedVersion:
-    """`write_files` up to, not including, the rename that makes the version visible: the
+    """Write a version's encoded files (`codec.encode_files`) and manifest into a hidden
+    temp folder, every file fsynced, hashed as it is written: everything up to, not
+    including, the rename that makes the version visible (`StagedVersion.commit`). The
     trainer stages a version while its checkpoint is written and commits it after."""
     root.mkdir(parents=True, exist_ok=True)
     final = version_dir(root, version)
