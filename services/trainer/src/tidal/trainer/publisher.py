@@ -154,7 +154,6 @@ class WeightPublisher:
         with tracer.start_as_current_span(
             "trainer.publish", attributes={"version": version, "transport": self.choice.transport}
         ):
-
             pending = [staged] if staged is not None else []
 
             async def attempt() -> WeightManifest:
