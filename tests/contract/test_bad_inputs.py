@@ -121,6 +121,9 @@ def assert_names(err: grpc.aio.AioRpcError, field: str) -> None:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     loop = asyncio.new_event_loop()
+    # The main thread's current loop: grpc.aio objects made outside a running loop look it
+    # up, and an earlier test's asyncio.run() in this process leaves none set.
+    asyncio.set_event_loop(loop)
     root = tmp_path_factory.mktemp("bad-inputs")
     weights = root / "weights"
     weights.mkdir()
@@ -210,6 +213,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
     loop.run_until_complete(stop())
     loop.close()
+    asyncio.set_event_loop(None)
 
 
 # --- inference: Generate -------------------------------------------------------------

@@ -118,6 +118,31 @@ def test_a_published_version_is_the_same_complete_folder(
     torch.testing.assert_close(reference_logits(version, ids), reference_logits(export, ids))
 
 
+def test_a_bf16_version_says_so_in_its_config_and_loads_in_transformers(
+    trained: tuple[ExportRunConfig, Trainer], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`trainer.publish_dtype` bfloat16 (what "auto" picks for a bf16 step): half the bytes,
+    config.json's torch_dtype names it, and Hugging Face loads the folder as it is."""
+    config, trainer = trained
+    monkeypatch.setattr(trainer, "publish_dtype", torch.bfloat16)
+    companions = run_companion_files(config.run.tokenizer, config.model_folder())
+    publisher = WeightPublisher(
+        tmp_path, client=None, hf_config=companions.config(trainer.hf_config()),  # type: ignore[arg-type]
+        files=companions.files,
+    )  # fmt: skip
+    FilesystemSender(tmp_path, client=None).write(  # type: ignore[arg-type]
+        publisher.payload(1, trainer.state_dict_for_publish())
+    )
+    version = version_dir(tmp_path, 1)
+    assert json.loads((version / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    export = export_run(config)
+    assert json.loads((export / "config.json").read_text())["torch_dtype"] == "float32"
+    ids = torch.tensor([[5, 120, 7, 300]])
+    torch.testing.assert_close(
+        reference_logits(version, ids).float(), reference_logits(export, ids), rtol=0, atol=5e-2
+    )
+
+
 def test_export_from_a_version_writes_the_same_weights(
     trained: tuple[ExportRunConfig, Trainer], tmp_path: Path
 ) -> None:

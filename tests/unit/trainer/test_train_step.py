@@ -253,6 +253,32 @@ def test_auto_precision_is_bf16_only_where_native_and_the_model_is_big_enough(
         assert torch.is_autocast_enabled("cpu") == trainer.bf16
 
 
+@pytest.mark.parametrize(
+    "precision, publish_dtype, expected",
+    [
+        ("bf16", "auto", torch.bfloat16),
+        ("fp32", "auto", torch.float32),
+        ("fp32", "bfloat16", torch.bfloat16),
+        ("bf16", "float32", torch.float32),
+    ],
+)
+def test_versions_are_published_in_publish_dtype_and_exports_stay_fp32(
+    precision: str, publish_dtype: str, expected: torch.dtype
+) -> None:
+    """ "auto" publishes what the step computes with: a bf16 step's version is exactly the
+    bf16 cast of the fp32 master weights its forward used; exports keep the masters."""
+    config = make_trainer().config.model_copy(
+        update={"device": "cpu", "precision": precision, "publish_dtype": publish_dtype}
+    )
+    trainer = Trainer(config, seed=0, device=torch.device("cpu"))
+    published, exported = trainer.state_dict_for_publish(), trainer.state_dict_for_export()
+    assert published.keys() == exported.keys()
+    for name, tensor in published.items():
+        assert tensor.dtype == expected, name
+        assert exported[name].dtype == torch.float32
+        assert torch.equal(tensor, exported[name].to(expected))
+
+
 def test_kl_to_the_frozen_reference_starts_at_zero_and_grows() -> None:
     trainer = make_trainer({"kl": {"coef": 0.05}}, lr=3e-3)
     batch = [pack(random_samples(4, seed=8))]

@@ -329,6 +329,11 @@ class TrainerConfig(BaseConfig):
     On an AMX Xeon bf16 trains issue 19's 4.3M model ~1.45x and its 33.6M one ~1.9x
     faster per step than fp32 (docs/benchmarks/trainer_profile.md); on a CPU without
     native bf16 it would be 50-100x slower, which "auto" never picks."""
+    publish_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """dtype of the published weight versions (checkpoints and exports keep the fp32 master
+    weights). "auto": bfloat16 when the step computes in bf16 (`precision`), so inference
+    gets exactly the bf16 weights the trainer's forward used, and every version moves half
+    the bytes (written, verified by weightsync, read by each replica); else float32."""
     ckpt: CheckpointConfig = CheckpointConfig()
     """Checkpoints of model, optimizer, schedule, RNG and step."""
     device: Literal["auto", "cpu", "cuda"] = "auto"

@@ -176,11 +176,15 @@ class WeightPublisher:
     def payload(self, version: int, state_dict: dict[str, torch.Tensor]) -> VersionPayload:
         """Version `version` as a sender takes it: format and config.json by the policy
         below, and the current span's context (parent of the replicas' loads)."""
+        config = self._config_for(version)
+        floats = {t.dtype for t in state_dict.values() if t.is_floating_point()}
+        if floats == {torch.bfloat16}:  # trainer.publish_dtype: config.json says what is in it
+            config = {**config, "torch_dtype": "bfloat16"}
         return VersionPayload(
             version=version,
             step=version,
             state_dict=state_dict,
-            hf_config=self._config_for(version),
+            hf_config=config,
             trace_context=inject_carrier(),
             files=self.files,
             **self._format_for(version),

@@ -106,6 +106,11 @@ class Trainer:
         )
         params = sum(p.numel() for p in levered.parameters())
         self.bf16 = _resolve_precision(config.precision, device, params)
+        self.publish_dtype = (
+            torch.bfloat16
+            if config.publish_dtype == "bfloat16" or (config.publish_dtype == "auto" and self.bf16)
+            else torch.float32
+        )
         self.model = ranks.parallelize(levered)
         self.lm_head_chunk = resolve_chunk_size(
             config.model.fused_lm_head_token_chunk_size, config.model.vocab_size
@@ -180,11 +185,16 @@ class Trainer:
 
     def state_dict_for_publish(self) -> dict[str, torch.Tensor]:
         """Full HF-named weights (LoRA merged); with `lora.publish = "adapters"`, versions
-        after 0 carry only the adapters (docs/memory.md)."""
+        after 0 carry only the adapters (docs/memory.md); in `publish_dtype`."""
         lora = self.config.model.lora
         if lora is not None and lora.publish == "adapters" and self.trained_step > 0:
-            return adapter_state_dict(self.model)
-        return self.state_dict_for_export()
+            state = adapter_state_dict(self.model)
+        else:
+            state = self.state_dict_for_export()
+        if self.publish_dtype == torch.float32:
+            return state
+        dtype = self.publish_dtype
+        return {n: t.to(dtype) if t.is_floating_point() else t for n, t in state.items()}
 
     def _set_lr(self, kind: LossKind) -> float:
         """Scale this step's lr: the schedule's factor times the peak of this kind of step."""
