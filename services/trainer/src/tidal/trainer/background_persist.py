@@ -43,6 +43,7 @@ Decisions:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -167,10 +168,10 @@ class BackgroundPersister:
             )
 
     async def _run(self, job: _Job) -> None:
+        staging: asyncio.Task[StagedVersion | None] | None = None
         try:
             if job.state_dict is None:
                 job.state_dict = await asyncio.to_thread(job.read_weights)
-            staging: asyncio.Task[StagedVersion | None] | None = None
             if job.snapshot is not None and self.checkpoints is not None:
                 started = time.perf_counter()
                 # The version's folder is written beside the checkpoint, hidden until the
@@ -190,6 +191,9 @@ class BackgroundPersister:
             log.warning("step %d: writing its checkpoint or version failed: %s", job.step, exc)
             job.error = exc
         finally:
+            if staging is not None and not staging.done():  # the checkpoint failed first:
+                with contextlib.suppress(Exception):  # let the staging thread finish before a
+                    await staging  # rerun stages again (and sweeps temp folders)
             job.checkpointed.set()
             job.done.set()
 
