@@ -35,7 +35,8 @@ TOTAL = STEPS + WARMUP
 KILLS = 2
 SEED = 17
 RUN_TIMEOUT_S = 150
-TRAINED = re.compile(r"trained step (\d+)\b")
+# The runner's own line: a refusal's message ("... (last trained step 5)") is not a step.
+TRAINED = re.compile(r"tidal\.trainer\.runner: trained step (\d+)\b")
 RESUMED = re.compile(r"resumed from \S+ \(step (\d+)\)")
 
 
