@@ -61,7 +61,7 @@ def sdpa(
     slower than in fp32 (measured on AMX Xeon, torch 2.13: 63 ms against 5 ms per RL step
     of the 4.3M model, 252 against 20 at 33.6M; bench/trainer_profile.py --precision bf16),
     while the upcast costs a copy of q, k, v. Results stay within bf16 rounding of the
-    plain bf16 call (test_model_packing.py). Inference (no grad) keeps the bf16 kernel.
+    plain bf16 call (test_attention_bf16.py). Inference (no grad) keeps the bf16 kernel.
     """
     if q.device.type == "cpu" and q.requires_grad and _bf16_compute(q):
         with torch.autocast("cpu", enabled=False):

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tidal.common.durable import commit_dir, fsync_path, write_hashed
+from tidal.common.durable import IO_SLICE, commit_dir, fsync_path, write_hashed
 from tidal.common.removal import remove_inside
 from tidal.weights.manifest import (
     FULL_WEIGHTS,
@@ -47,8 +47,6 @@ if TYPE_CHECKING:
     import torch
 
 TMP_PREFIX = ".tmp-"
-IO_SLICE = 16 << 20
-"""Bytes written (or read) and hashed at a time."""
 
 
 def version_dir(root: Path, version: int) -> Path:
