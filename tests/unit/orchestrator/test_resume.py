@@ -46,6 +46,22 @@ def test_a_trained_step_lost_before_it_was_durable_is_redone_from_the_state_befo
         resume_point(saved, trainer_step=4)
 
 
+def test_previous_before_chains_saves_across_a_resume() -> None:
+    """Each save carries the state before the previous step, also for the first save after
+    a resume (chained to the previous life's file), so a trainer two steps behind can be
+    resumed again right away."""
+    from tidal.orchestrator.resume import previous_before
+
+    last = SavedProgress(7, {"c": 6}, {"c": 7}, seed=0, tasks=["t"], previous_before={"c": 5})
+    assert previous_before(None, 1) is None  # a run's first step
+    assert previous_before(last, 8) == {"c": 6}  # the next step: before step 7
+    assert previous_before(last, 7) == {"c": 5}  # step 7 redone after a resume
+    assert previous_before(last, 6) is None  # resumed two back: step 5's state is unknown
+    nxt = SavedProgress(8, {"c": 7}, {"c": 8}, seed=0, tasks=["t"],
+                        previous_before=previous_before(last, 8))  # fmt: skip
+    assert resume_point(nxt, trainer_step=6) == (7, {"c": 6})
+
+
 def test_the_metrics_lines_of_lost_steps_are_removed(tmp_path: Path) -> None:
     from tidal.orchestrator.metrics import metrics_steps
     from tidal.orchestrator.resume import drop_lost_lines

@@ -26,6 +26,7 @@ Decisions:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -40,13 +41,20 @@ from opentelemetry import trace
 
 from tidal.batch.balance import pack_for_ranks
 from tidal.batch.packing import PackedMicroBatch, TrainSample, fit_to_budget, pack_micro_batches
+from tidal.common.errors import ConfigError
 from tidal.orchestrator.completions import ScoredSample
 from tidal.orchestrator.config import OrchestratorConfig
 from tidal.orchestrator.evaluation import evaluate
 from tidal.orchestrator.metrics import MetricsLog, StepMetrics
 from tidal.orchestrator.mixture import TaskMixture
 from tidal.orchestrator.report import print_live_table
-from tidal.orchestrator.resume import PROGRESS_FILE, SavedProgress, save_progress
+from tidal.orchestrator.resume import (
+    PROGRESS_FILE,
+    SavedProgress,
+    load_progress,
+    previous_before,
+    save_progress,
+)
 from tidal.orchestrator.rollout_generator import Generation, RolloutGenerator
 from tidal.orchestrator.run_status import ProgressState, StepSummary
 from tidal.orchestrator.staleness import AsyncWindow
@@ -326,7 +334,9 @@ class RLLoop:
         """Save the resumable progress and the step's prompts, right before Train(step).
         `pending` is the step's metrics line without the trainer's reply: a restarted
         orchestrator writes it if Train(step) was trained but its reply was lost."""
-        last = self._last_saved
+        if self._last_saved is None:  # this life's first save: chain to the previous life's
+            with contextlib.suppress(ConfigError):
+                self._last_saved = load_progress(self.run_dir / PROGRESS_FILE)
         saved = SavedProgress(
             step,
             before,
@@ -334,7 +344,7 @@ class RLLoop:
             self.seed,
             list(self.mixture.names),
             pending_metrics=pending.flat(),
-            previous_before=last.mixture_before if last and last.step == step - 1 else None,
+            previous_before=previous_before(self._last_saved, step),
         )
         save_progress(self.run_dir / PROGRESS_FILE, saved)
         self._last_saved = saved

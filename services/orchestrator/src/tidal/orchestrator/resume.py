@@ -49,8 +49,9 @@ class SavedProgress:
     """Step `step`'s metrics line without the trainer's reply (see recover_metrics_line)."""
     version: int = FORMAT_VERSION
     previous_before: dict[str, Any] | None = None
-    """The mixture state before step `step - 1` drew its prompts (None for the first step
-    of a life; a file written before this field existed loads with None)."""
+    """The mixture state before step `step - 1` drew its prompts (None for a run's first
+    step, or when a resume went back past what the previous file knew; a file written
+    before this field existed loads with None)."""
 
 
 def save_progress(path: Path, progress: SavedProgress) -> None:
@@ -69,6 +70,19 @@ def load_progress(path: Path) -> SavedProgress | None:
     if progress.version != FORMAT_VERSION:
         raise ConfigError(f"{path}: progress format {progress.version}, expected {FORMAT_VERSION}")
     return progress
+
+
+def previous_before(last: SavedProgress | None, step: int) -> dict[str, Any] | None:
+    """The `previous_before` of step `step`'s progress, given the last progress saved (in
+    this life, or the previous life's file on a resume): the state before step `step - 1`
+    drew its prompts, when that is known."""
+    if last is None:
+        return None
+    if last.step == step - 1:
+        return last.mixture_before
+    if last.step == step:  # the step is being redone after a resume: same predecessor
+        return last.previous_before
+    return None
 
 
 def resume_point(saved: SavedProgress, trainer_step: int) -> tuple[int, dict[str, Any]]:
