@@ -59,7 +59,7 @@ def sdpa(
     bf16 inputs on CPU that will be differentiated run in fp32 (autocast off) and come
     back as bf16: torch's CPU flash-attention backward in bf16 is an order of magnitude
     slower than in fp32 (measured on AMX Xeon, torch 2.13: 63 ms against 5 ms per RL step
-    of the 4.3M model, 252 against 20 at 33.6M; bench/trainer_profile.py --precision bf16),
+    of the 4.3M model, 252 against 22 at 33.6M; bench/trainer_profile.py --precision bf16),
     while the upcast costs a copy of q, k, v. Results stay within bf16 rounding of the
     plain bf16 call (test_attention_bf16.py). Inference (no grad) keeps the bf16 kernel.
     """

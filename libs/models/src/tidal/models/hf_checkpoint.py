@@ -111,15 +111,19 @@ def _whole(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if is_dtensor(tensor) else tensor  # type: ignore[attr-defined]
 
 
-def publishable_state_dict(model: nn.Module) -> StateDict:
-    """Detached CPU copies of the weights in HF checkpoint naming (no tied `lm_head.weight`)."""
+def publishable_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -> StateDict:
+    """Detached CPU copies of the weights in HF checkpoint naming (no tied `lm_head.weight`);
+    floating-point ones cast to `dtype` in the same copy when given."""
     state = merged_state_dict(model)  # LoRA adapters folded in (plain state dict without)
     # FSDP-sharded weights are gathered whole (a collective: every rank calls this).
     state = {n: _whole(t) for n, t in state.items()}
     if model.args.tie_embeddings:
         state.pop(TIED_HEAD, None)
     adapter, args = _adapter_args(model)
-    return {n: t.detach().to("cpu", copy=True) for n, t in adapter.to_hf(state, args).items()}
+    return {
+        n: t.detach().to("cpu", dtype=dtype if t.is_floating_point() else None, copy=True)
+        for n, t in adapter.to_hf(state, args).items()
+    }
 
 
 def hf_to_native_state_dict(model: nn.Module, state_dict: StateDict) -> StateDict:

@@ -154,18 +154,18 @@ class WeightPublisher:
         with tracer.start_as_current_span(
             "trainer.publish", attributes={"version": version, "transport": self.choice.transport}
         ):
-            pending = [staged] if staged is not None else []
 
             async def attempt() -> WeightManifest:
+                nonlocal staged
                 registered = await self._registered(version)
                 if registered is not None:  # an earlier attempt got it registered
                     return registered
-                if pending and isinstance(sender, FilesystemSender):
+                if staged is not None and isinstance(sender, FilesystemSender):
                     try:
-                        return await sender.send_staged(pending[0])
+                        return await sender.send_staged(staged)
                     except FileNotFoundError:  # a restarted weightsync swept the temp folder
                         log.info("version %d's staged folder is gone; writing it again", version)
-                        pending.clear()
+                        staged = None
                 return await sender.send(self.payload(version, state_dict))
 
             manifest = await self._while_down(f"publish version {version}", attempt)

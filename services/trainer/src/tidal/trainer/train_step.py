@@ -187,13 +187,10 @@ class Trainer:
         """Full HF-named weights (LoRA merged); with `lora.publish = "adapters"`, versions
         after 0 carry only the adapters (docs/memory.md); in `publish_dtype`."""
         lora = self.config.model.lora
-        if lora is not None and lora.publish == "adapters" and self.trained_step > 0:
-            state = adapter_state_dict(self.model)
-        else:
-            state = self.state_dict_for_export()
-        if self.publish_dtype == torch.float32:
-            return state
         dtype = self.publish_dtype
+        if lora is None or lora.publish != "adapters" or self.trained_step == 0:
+            return publishable_state_dict(self.model, dtype)  # cast in the one copy
+        state = adapter_state_dict(self.model)
         return {n: t.to(dtype) if t.is_floating_point() else t for n, t in state.items()}
 
     def _set_lr(self, kind: LossKind) -> float:
