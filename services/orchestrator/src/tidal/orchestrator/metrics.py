@@ -161,13 +161,16 @@ def metrics_steps(metrics_path: Path) -> list[int]:
     caller can check one line per step); a torn or unreadable line is skipped."""
     if not metrics_path.is_file():
         return []
-    steps = []
-    for line in metrics_path.read_text().splitlines():
-        try:
-            steps.append(int(json.loads(line)["step"]))
-        except (ValueError, KeyError, TypeError):
-            continue
-    return steps
+    lines = metrics_path.read_text().splitlines()
+    return [step for step in map(line_step, lines) if step is not None]
+
+
+def line_step(line: str) -> int | None:
+    """The step of one metrics.jsonl line, or None for a torn or unreadable line."""
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def logged_steps(metrics_path: Path) -> set[int]:

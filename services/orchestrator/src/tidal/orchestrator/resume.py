@@ -27,7 +27,7 @@ from typing import Any
 
 from tidal.common.durable import write_atomic
 from tidal.common.errors import ConfigError
-from tidal.orchestrator.metrics import logged_steps
+from tidal.orchestrator.metrics import line_step, logged_steps
 
 PROGRESS_FILE = "progress.json"
 FORMAT_VERSION = 1
@@ -129,10 +129,7 @@ def drop_lost_lines(metrics_path: Path, trainer_step: int) -> list[int]:
         return []
     kept, lost = [], []
     for line in metrics_path.read_text().splitlines(keepends=True):
-        try:
-            step = int(json.loads(line)["step"])
-        except (ValueError, KeyError, TypeError):
-            step = None
+        step = line_step(line)
         if step is not None and step > trainer_step:
             lost.append(step)
         else:
