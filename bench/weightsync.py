@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -48,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 from common import print_table, write_result
 
+from tidal.common.ports import free_port
 from tidal.common.security import PLAINTEXT_LOOPBACK
 from tidal.models.args import DecoderArgs
 from tidal.models.layers import DecoderLM
@@ -83,12 +83,6 @@ def make_weights(args: DecoderArgs) -> dict[str, torch.Tensor]:
 
 def nbytes(state: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in state.values())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def copy_bound(size: int) -> float:

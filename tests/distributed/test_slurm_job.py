@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tidal.common.ports import free_port
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,12 +39,6 @@ def missing_reason() -> str | None:
     if os.geteuid() != 0:
         return "slurmctld/slurmd run here as SlurmUser root, and this test is not root"
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _exe(name: str) -> str:
@@ -105,8 +100,8 @@ class SlurmCluster:
             CONF.format(
                 host=host,
                 root=root,
-                ctld_port=_free_port(),
-                d_port=_free_port(),
+                ctld_port=free_port(),
+                d_port=free_port(),
                 cpus=os.cpu_count() or 1,
             )
         )

@@ -25,8 +25,8 @@ import pytest
 import tomli_w
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tidal.cli.launcher import free_port
 from tidal.common.certs import ensure_certificates
+from tidal.common.ports import free_port
 from tidal.common.tensors import encode_array
 from tidal.rpc.v1 import common_pb2
 from tidal.rpc.v1 import trainer_pb2 as pb

@@ -28,7 +28,7 @@ import pytest
 import tomli_w
 import torch
 
-from tidal.cli.launcher import free_port
+from tidal.common.ports import free_port
 from tidal.common.security import PLAINTEXT_LOOPBACK
 from tidal.weights.client import WeightSyncClient
 from tidal.weights.folder import version_dir, write_version

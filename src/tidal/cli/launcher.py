@@ -47,7 +47,6 @@ Decisions:
 from __future__ import annotations
 
 import asyncio
-import socket
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -66,6 +65,7 @@ from tidal.cli.slurm import SlurmConfig, submit, write_job
 from tidal.cli.supervision import ChildSpec, Supervisor
 from tidal.common.config import load_or_exit, to_toml
 from tidal.common.errors import ConfigError
+from tidal.common.ports import free_port
 from tidal.common.removal import remove_inside
 from tidal.orchestrator.wandb_sink import import_wandb
 from tidal.trainer.parallel.config import check_parallel
@@ -76,12 +76,6 @@ OVERWRITE, RESUME = "--overwrite", "--resume"
 RESUME_ARGS = {"trainer": ["--resume"], "orchestrator": ["--orchestrator.resume", "true"]}
 """What each child is told on `tidal rl --resume` (inference and weightsync need nothing:
 weightsync recovers its versions from the weights folder, inference loads the newest)."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def prepare_run_dir(config: RunConfig, *, overwrite: bool = False, resume: bool = False) -> Path:

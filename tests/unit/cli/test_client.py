@@ -4,23 +4,17 @@ whole deadline."""
 
 from __future__ import annotations
 
-import socket
 import time
 from pathlib import Path
 
 import pytest
 
 from tidal.cli import client
+from tidal.common.ports import free_address
 from tidal.common.sections import SERVICES
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[3] / "configs" / "default.toml"
 WITHIN_S = 3.0
-
-
-def _free_address() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
 
 
 @pytest.fixture(autouse=True)
@@ -32,7 +26,7 @@ def operator_certificate(tls_folder: Path, monkeypatch: pytest.MonkeyPatch) -> N
 @pytest.fixture
 def down() -> dict[str, str]:
     """An address for every service where nobody listens."""
-    return {name: _free_address() for name in SERVICES}
+    return {name: free_address() for name in SERVICES}
 
 
 def _run(*args: str, endpoints: dict[str, str]) -> tuple[int, float]:
@@ -67,7 +61,7 @@ def test_versions_and_progress_name_their_service(command, service, down, capsys
 
 
 def test_status_has_a_row_per_inference_replica(down, capsys) -> None:  # type: ignore[no-untyped-def]
-    replicas = [_free_address(), _free_address()]
+    replicas = [free_address(), free_address()]
     code, seconds = _run(
         "status", "--endpoints.inference-replicas", f'["{replicas[0]}", "{replicas[1]}"]',
         endpoints=down,

@@ -10,6 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from tidal.common import ports
 from tidal.common.channel import connect
 from tidal.common.errors import Unreachable
 from tidal.common.security import PLAINTEXT_LOOPBACK
@@ -18,9 +19,7 @@ from tidal.common.security import PLAINTEXT_LOOPBACK
 @pytest.fixture
 def free_address() -> str:
     """A loopback address nobody listens on."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
+    return ports.free_address()
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -21,6 +20,7 @@ import pytest
 
 from tidal.common.certs import ensure_certificates
 from tidal.common.healthcheck import main
+from tidal.common.ports import free_address
 from tidal.common.sections import GrpcConfig
 from tidal.common.security import TransportSecurity
 from tidal.common.security_config import SecurityConfig
@@ -70,10 +70,7 @@ async def test_unreachable_and_foreign_certificate_exit_1(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    with socket.socket() as s:  # a port nothing listens on once closed
-        s.bind(("127.0.0.1", 0))
-        free = s.getsockname()[1]
-    assert await _probe(f"127.0.0.1:{free}", _env(tls_folder)) == 1
+    assert await _probe(free_address(), _env(tls_folder)) == 1
     assert "unhealthy: 127.0.0.1:" in capsys.readouterr().err
     other = tmp_path / "other-ca"
     ensure_certificates(other)  # a different CA: the server must refuse the handshake
