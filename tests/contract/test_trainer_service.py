@@ -60,8 +60,8 @@ def run_config(
         "publish_dir": str(weightsync.root),
         "background_publish": background,
     }
-    if background:
-        trainer["ckpt"] = {"keep_last": 10}
+    if background:  # a checkpoint every step: these tests pin checkpoint-before-publish
+        trainer["ckpt"] = {"keep_last": 10, "interval": 1}
     return TrainerRunConfig.model_validate(
         {
             "run": {"output_dir": str(tmp_path), "name": "bg" if background else "contract"},
@@ -340,10 +340,15 @@ async def test_resume_continues_after_the_checkpointed_step(
         await second.stop()
 
 
-async def test_resume_refuses_versions_newer_than_the_checkpoint(
+def without_journal(config: TrainerRunConfig) -> TrainerRunConfig:
+    ckpt = config.trainer.ckpt.model_copy(update={"journal": False})
+    return config.model_copy(update={"trainer": config.trainer.model_copy(update={"ckpt": ckpt})})
+
+
+async def test_without_the_journal_resume_refuses_versions_newer_than_the_checkpoint(
     tmp_path: Path, weightsync_server: RunningWeightSync
 ) -> None:
-    first = await start_trainer(resumable_config(tmp_path, weightsync_server))
+    first = await start_trainer(without_journal(resumable_config(tmp_path, weightsync_server)))
     try:
         async with make_channel(
             f"127.0.0.1:{first.server.port}", security=PLAINTEXT_LOOPBACK
@@ -353,8 +358,110 @@ async def test_resume_refuses_versions_newer_than_the_checkpoint(
                 await stub.Train(request(step))
     finally:
         await first.stop()
+    resumed = without_journal(resumable_config(tmp_path, weightsync_server, resume=True))
     with pytest.raises(FailedPrecondition, match="version 3, newer than the checkpoint of step 2"):
-        await start_trainer(resumable_config(tmp_path, weightsync_server, resume=True))
+        await start_trainer(resumed)
+
+
+async def crash(running: RunningTrainer) -> None:
+    """Stop serving without the shutdown's flush (its final checkpoint): what a killed
+    trainer leaves on disk once its last answered step was journaled."""
+    await running.server.stop()
+    await running.client.close()
+
+
+def every_third_step(config: TrainerRunConfig) -> TrainerRunConfig:
+    ckpt = config.trainer.ckpt.model_copy(update={"interval": 3})
+    return config.model_copy(update={"trainer": config.trainer.model_copy(update={"ckpt": ckpt})})
+
+
+async def test_resume_replays_the_journaled_steps_after_the_checkpoint_bitwise(
+    tmp_path: Path, weightsync_server: RunningWeightSync
+) -> None:
+    """step_journal.py: checkpoint at 3, steps 4 and 5 only journaled; the resumed trainer
+    replays them to exactly the weights of version 5, answers a retry as a duplicate
+    with the replayed metrics, refuses other data under a replayed id, trains step 6."""
+    first = await start_trainer(every_third_step(resumable_config(tmp_path, weightsync_server)))
+    try:
+        async with make_channel(
+            f"127.0.0.1:{first.server.port}", security=PLAINTEXT_LOOPBACK
+        ) as channel:
+            stub = pb_grpc.TrainerServiceStub(channel)
+            answered = [await stub.Train(request(step)) for step in range(1, 6)]
+            trained = {k: v.clone() for k, v in first.runner.trainer.model.state_dict().items()}
+    finally:
+        await crash(first)
+    ckpts = tmp_path / "contract" / "checkpoints"
+    assert sorted(p.name for p in ckpts.glob("step_*")) == ["step_00000003"]
+    assert sorted(p.name for p in (ckpts / "journal").iterdir()) == [
+        "step_00000004",
+        "step_00000005",
+    ]
+    resumed = every_third_step(resumable_config(tmp_path, weightsync_server, resume=True))
+    second = await start_trainer(resumed)
+    try:
+        restored = second.runner.trainer.model.state_dict()
+        assert all(torch.equal(trained[k], restored[k]) for k in trained)
+        async with make_channel(
+            f"127.0.0.1:{second.server.port}", security=PLAINTEXT_LOOPBACK
+        ) as channel:
+            stub = pb_grpc.TrainerServiceStub(channel)
+            assert (await status(stub)).step == 5
+            retry = await stub.Train(request(5))
+            assert retry.duplicate and retry.metrics["loss"] == answered[4].metrics["loss"]
+            with pytest.raises(grpc.aio.AioRpcError) as other:
+                await stub.Train(request(4, micro_batch([5, 7])))
+            assert other.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            sixth = await stub.Train(request(6))
+        assert sixth.policy_version == 6 and weightsync_server.registry.newest == 6
+    finally:
+        await second.stop()
+
+
+async def test_a_trainer_killed_before_its_first_checkpoint_resumes_from_the_journal(
+    tmp_path: Path, weightsync_server: RunningWeightSync
+) -> None:
+    """No checkpoint yet (interval 3, two steps): `--resume` rebuilds the initial model
+    and replays steps 1 and 2 from the journal, to the weights of version 2."""
+    first = await start_trainer(every_third_step(resumable_config(tmp_path, weightsync_server)))
+    try:
+        async with make_channel(
+            f"127.0.0.1:{first.server.port}", security=PLAINTEXT_LOOPBACK
+        ) as channel:
+            stub = pb_grpc.TrainerServiceStub(channel)
+            for step in (1, 2):
+                await stub.Train(request(step))
+            trained = {k: v.clone() for k, v in first.runner.trainer.model.state_dict().items()}
+    finally:
+        await crash(first)
+    assert not list((tmp_path / "contract" / "checkpoints").glob("step_*"))
+    resumed = every_third_step(resumable_config(tmp_path, weightsync_server, resume=True))
+    second = await start_trainer(resumed)
+    try:
+        restored = second.runner.trainer.model.state_dict()
+        assert all(torch.equal(trained[k], restored[k]) for k in trained)
+        assert second.runner.last_step == 2 and weightsync_server.registry.newest == 2
+    finally:
+        await second.stop()
+
+
+async def test_a_stopping_trainer_checkpoints_its_last_step(
+    tmp_path: Path, weightsync_server: RunningWeightSync
+) -> None:
+    """With the journal, the newest checkpoint after a clean stop is the last step, not
+    the last multiple of `interval`: `tidal export` and a resumed run start from it."""
+    running = await start_trainer(every_third_step(resumable_config(tmp_path, weightsync_server)))
+    try:
+        async with make_channel(
+            f"127.0.0.1:{running.server.port}", security=PLAINTEXT_LOOPBACK
+        ) as channel:
+            stub = pb_grpc.TrainerServiceStub(channel)
+            for step in range(1, 5):
+                await stub.Train(request(step))
+    finally:
+        await running.stop()
+    ckpts = tmp_path / "contract" / "checkpoints"
+    assert sorted(p.name for p in ckpts.glob("step_*")) == ["step_00000003", "step_00000004"]
 
 
 async def until(condition: object, what: str, timeout: float = 20.0) -> None:

@@ -1,17 +1,18 @@
 """The fault suite: SIGKILL each service of a running `tidal rl` twice; the run survives.
 
-One real run per service (the default stack on loopback, checkpoints every step, 12
-steps), in which that service is SIGKILLed twice at seeded random points: right after
-the trainer trained a random step (its checkpoint-and-publish window), then a random
-fraction of a step after another random step's metrics line. The launcher restarts it
+One real run per service (the default stack on loopback, 12 steps, a checkpoint every 4
+steps and the step journal between them, so a trainer life resumes from either), in
+which that service is SIGKILLed twice at seeded random points: right after the trainer
+trained a random step (its checkpoint-and-publish window), then a random fraction of a
+step after another random step's metrics line. The launcher restarts it
 (supervision.py); the others ride the loss out. Asserted for each: the run finishes
 (exit 0); the trainer's surviving lineage trains every step id 1..N exactly once (read
 from the trainer's log across its lives: a life's steps after the checkpoint the next
-life resumed from were lost with it and retrained, the rest survive); `metrics.jsonl`
-has exactly one line per step; inference skipped no version as corrupt or foreign, and
-every version on disk matches its manifest's sha256; the launcher counted exactly these
-two restarts, and nothing else had to be restarted (the others rode the loss out).
-Each run takes ~35-70 s on a loaded 2-core machine.
+life resumed from are either replayed from the journal by that life or were lost with it
+and retrained); `metrics.jsonl` has exactly one line per step; inference skipped no
+version as corrupt or foreign, and every version on disk matches its manifest's sha256;
+the launcher counted exactly these two restarts, and nothing else had to be restarted
+(the others rode the loss out). Each run takes ~35-70 s on a loaded 2-core machine.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ RUN_TIMEOUT_S = 150
 # The runner's own line: a refusal's message ("... (last trained step 5)") is not a step.
 TRAINED = re.compile(r"tidal\.trainer\.runner: trained step (\d+)\b")
 RESUMED = re.compile(r"resumed from \S+ \(step (\d+)\)")
+REPLAYED = re.compile(r"tidal\.trainer\.runner: replayed step (\d+) from the step journal")
 
 
 def _metrics_steps(run_dir: Path) -> list[int]:
@@ -65,7 +67,7 @@ def surviving_lineage(trainer_log: str) -> list[int]:
     for line in trainer_log.splitlines():
         if m := RESUMED.search(line):  # a new life: what its checkpoint holds survives
             lineage = [s for s in lineage if s <= int(m.group(1))]
-        elif m := TRAINED.search(line):
+        elif m := TRAINED.search(line) or REPLAYED.search(line):
             lineage.append(int(m.group(1)))
     return lineage
 
@@ -110,7 +112,7 @@ def test_run_survives_two_sigkills_of(service: str, launch) -> None:  # type: ig
         "--orchestrator.steps", str(STEPS),
         "--orchestrator.warmup-steps", str(WARMUP),
         "--orchestrator.report.table-every", "0",
-        "--trainer.ckpt.interval", "1",
+        "--trainer.ckpt.interval", "4",
         "--supervision.backoff-s", "0.2",
         "--grpc.shutdown-grace-s", "0.5",
     )  # fmt: skip

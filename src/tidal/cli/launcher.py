@@ -25,9 +25,9 @@ Decisions:
   `run.name` is a plain name), `--resume` continues it (keeps its progress, checkpoints,
   weights and logs; the trainer gets `--resume`, the orchestrator
   `--orchestrator.resume true`), and neither is an error naming both. Resuming needs a
-  complete trainer checkpoint (`trainer.ckpt.interval` > 0 when the run was started):
-  without one the launcher refuses before starting anything, rather than letting the
-  run start over under the old run's published versions.
+  complete trainer checkpoint or a step journal from step 1 (`trainer.ckpt.interval` > 0
+  when the run was started): without either the launcher refuses before starting
+  anything, rather than letting the run start over under the old run's published versions.
 - Supervision (supervision.py): a crashed child is restarted with exponential backoff
   within a per-service budget (`[supervision]`, the launcher's own section), told to
   continue (the trainer `--resume`, the orchestrator `--orchestrator.resume true`); the
@@ -130,27 +130,30 @@ def checkpoint_dir(config: RunConfig) -> Path:
     return config.trainer.ckpt.dir or config.run.dir / "checkpoints"
 
 
-def has_complete_checkpoint(ckpt_dir: Path) -> bool:
-    """Whether `ckpt_dir` holds a complete trainer checkpoint: the `step_*/.metadata`
-    (DCP) or `step_*/state.<sha256>.safetensors` (one process) layout of
-    tidal.trainer.checkpoint, read here without torch."""
-    return any(ckpt_dir.glob("step_*/.metadata")) or any(
-        ckpt_dir.glob("step_*/state.*.safetensors")
+def has_resume_point(ckpt_dir: Path) -> bool:
+    """Whether `ckpt_dir` holds what a trainer resumes from: a complete checkpoint (the
+    `step_*/.metadata` (DCP) or `step_*/state.<sha256>.safetensors` (one process) layout
+    of tidal.trainer.checkpoint) or a step journal starting at step 1 (a run killed before
+    its first checkpoint; tidal.trainer.step_journal). Read here without torch."""
+    return (
+        any(ckpt_dir.glob("step_*/.metadata"))
+        or any(ckpt_dir.glob("step_*/state.*.safetensors"))
+        or any(ckpt_dir.glob("journal/step_00000001/state.*.safetensors"))
     )
 
 
 def check_resumable(config: RunConfig) -> None:
-    """`--resume` needs the run folder and a complete trainer checkpoint in it."""
+    """`--resume` needs the run folder and a trainer resume point (`has_resume_point`) in it."""
     run_dir = config.run.dir
     if not run_dir.is_dir():
         raise ConfigError(f"{RESUME}: there is no run folder {run_dir} to continue")
     ckpt_dir = checkpoint_dir(config)
-    if not has_complete_checkpoint(ckpt_dir):
+    if not has_resume_point(ckpt_dir):
         raise ConfigError(
             f"{RESUME}: {run_dir} holds no complete trainer checkpoint in {ckpt_dir}, so the "
             "trainer cannot continue it (the run was started with trainer.ckpt.interval = 0, "
-            f"or stopped before its first checkpoint). Start it again with {OVERWRITE}, and "
-            "set trainer.ckpt.interval to make a run resumable"
+            "or with trainer.ckpt.journal off and stopped before its first checkpoint). Start "
+            f"it again with {OVERWRITE}, and set trainer.ckpt.interval to make a run resumable"
         )
 
 
@@ -234,7 +237,7 @@ def trainer_cannot_resume(config: RunConfig) -> str | None:
     its newest complete checkpoint, and without one it would start over under the run's
     published versions, which it refuses."""
     ckpt_dir = checkpoint_dir(config)
-    if has_complete_checkpoint(ckpt_dir):
+    if has_resume_point(ckpt_dir):
         return None
     return (
         f"a restarted trainer resumes from its newest checkpoint and {ckpt_dir} holds none "

@@ -6,10 +6,11 @@ Decisions:
   the trainer's last step T decides which one applies: T = n means step n was trained
   (continue at n+1 from the `after` state); T = n-1 means Train(n) never arrived, or
   was trained but lost (redo step n from the `before` state, drawing the same prompts
-  again); T = n-2 means step n-1, answered as trained, was lost too: the trainer
-  answers Train(k) before step k is durable and makes it durable before its next update
-  (tidal.trainer.background_persist), so a trainer killed during step n's update resumes
-  at n-2 (redo step n-1 from `previous_before`). Anything else is an error naming both
+  again); T = n-2 means step n-1, answered as trained, was lost too: without its step
+  journal (`trainer.ckpt.journal = false`) the trainer answers Train(k) before step k is
+  durable and makes it durable before its next update (tidal.trainer.background_persist),
+  so a trainer killed during step n's update resumes at n-2 (redo step n-1 from
+  `previous_before`). Anything else is an error naming both
   steps. So a kill at any point neither repeats nor skips a prompt, and the metrics lines
   of lost steps are removed (`drop_lost_lines`) before they are trained again.
 - Pending samples policy: rollouts generated ahead for steps > n are discarded on a

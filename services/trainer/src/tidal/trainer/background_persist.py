@@ -24,12 +24,14 @@ Decisions:
   never be published before version n. On these shapes the job ends during step n+1's
   forward/backward; when it is longer, the step waits for it (the profile shows which).
 - What answering early means (docs/training.md, "Durability"): a Train answer says step
-  n was trained, not yet that it is durable. A trainer killed before step n's job ended
-  resumes from the checkpoint of step n-1 (or n, publishing version n if missing), and
-  the orchestrator re-sends the steps it lost (train_delivery.py keeps them), so every
-  step id is still trained once in the lineage that survives, and no version that is not
-  in a checkpoint is ever published. `GetStatus.policy_version` is the newest version
-  actually published.
+  n was trained; with the step journal (the default) it is durable too, its batch
+  having been journaled before the update (step_journal.py), and a trainer killed before
+  step n's job ended replays it on `--resume`. Without the journal it resumes from the
+  checkpoint of step n-1 (or n, publishing version n if missing), and the orchestrator
+  re-sends the steps it lost (train_delivery.py keeps them). Either way every step id is
+  trained once in the lineage that survives, and no version is published that the
+  trainer could not restore. `GetStatus.policy_version` is the newest version actually
+  published.
 - A job that fails (weightsync gone past `trainer.weightsync_timeout_s`, a full disk) is
   not lost: the next step's `gate()` refuses to update (UNAVAILABLE, nothing of that step
   committed), and the next Train first runs the failed job again from the same state

@@ -301,15 +301,21 @@ class LossConfig(BaseConfig):
 class CheckpointConfig(BaseConfig):
     dir: Path | None = None
     """Checkpoint folder; default `<run dir>/checkpoints`."""
-    interval: int = Field(default=1, ge=0)
-    """Save every this many steps (0: never, except the end of `tidal sft`). The default, 1,
-    makes every published version also a checkpoint (saved before the version is
-    published), so a trainer killed at any point resumes (`tidal rl --resume`) losing no
-    trained step. Cost on the default run (`tidal rl @ configs/default.toml`, 2 loaded CPU
-    cores): ~70 ms per save, about +17 % wall time against interval 0 (docs/training.md,
-    "Durability"); one save is ~0.6x the DCP save it replaced. A larger interval is
-    cheaper for big models, but the versions published after the last checkpoint are
-    then lost with a crashed trainer and `--resume` refuses to continue under them."""
+    interval: int = Field(default=20, ge=0)
+    """Save a full checkpoint (weights, optimizer, scheduler, RNG) every this many steps
+    (0: never, except the end of `tidal sft`; an RL trainer is then not resumable). With
+    `journal` on (the default) the steps in between are durable too: a trainer killed at
+    any point resumes (`tidal rl --resume`) losing no trained step, replaying at most
+    `interval - 1` journaled steps. So `interval` trades the checkpoint's cost (on issue
+    19's 33.6M CPU shape ~1.2 s for ~400 MB, against a ~0.9 s step) for replay time after
+    a crash, not durability. With `journal` off, the versions published after the last
+    checkpoint are lost with a crashed trainer and `--resume` refuses to continue under
+    them; use 1 then (docs/training.md, "Durability")."""
+    journal: bool = True
+    """RL, one trainer process: write every step's batch durably (a few KB-MB,
+    `<checkpoint dir>/journal/`) before its update runs, so `--resume` replays the steps
+    after the newest checkpoint (bitwise the same steps on the same machine and thread
+    count). A multi-rank trainer does not journal: it checkpoints every `interval` steps."""
     keep_last: int = Field(default=2, ge=1)
     """Complete checkpoints kept; older ones are deleted after a newer one is complete."""
 

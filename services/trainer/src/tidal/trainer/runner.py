@@ -25,16 +25,16 @@ Decisions:
   orchestrator's role may call Train (tidal.common.authz); should a foreign step still
   get in (a stolen orchestrator key), the fingerprint makes the run's own orchestrator
   notice when its step n+1 then arrives: refused, and the orchestrator fails the run.
-- Durability: with a `CheckpointManager` and `interval` > 0 (default 1), every
-  `interval`-th step is checkpointed *before* its version is published (the alternative,
-  reconciling on `--resume` a published version newer than the checkpoint, would need
-  weightsync to retract versions replicas may already serve). So with `interval` = 1
-  every published version is also in a checkpoint: a trainer killed at any point resumes
-  with `--resume` (a checkpointed but unpublished step is published by `resume()`). With
-  `interval` k > 1, the versions published after the last checkpoint are lost with the
-  process, and `--resume` refuses to continue under them (publisher.check_resumable). The
-  save runs under the lock, so no step trains while the state is written. A resumed
-  runner starts at the checkpoint's step.
+- Durability: with a `CheckpointManager` and `interval` > 0, every `interval`-th step is
+  checkpointed *before* its version is published (the alternative, reconciling on
+  `--resume` a published version newer than what the trainer can restore, would need
+  weightsync to retract versions replicas may already serve). With a `StepJournal` (one
+  process, the default) every step's batch is journaled before its update runs
+  (step_journal.py), so every published version is in a checkpoint or the journal: a
+  trainer killed at any point resumes with `--resume`, replaying the journaled steps
+  after its checkpoint (`resume()`; a restored but unpublished step is published there).
+  Without a journal, the versions published after the last checkpoint are lost with the
+  process, and `--resume` refuses to continue under them (publisher.check_resumable).
 - A step abandoned by SIGTERM (`StepAbandoned`, at a micro-batch boundary) leaves nothing
   pending: no optimizer step ran, so its retry trains it from scratch.
 - The checkpoint also holds its step's payload fingerprint (checkpoint `extra`), so a
@@ -61,6 +61,7 @@ from tidal.trainer.checkpoint import CheckpointManager
 from tidal.trainer.prometheus import TrainerMetrics
 from tidal.trainer.publisher import WeightPublisher
 from tidal.trainer.served_trainer import LossKind, ServedTrainer
+from tidal.trainer.step_journal import StepJournal
 from tidal.trainer.train_step import StepAbandoned, Trainer
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,7 @@ class StepRunner:
         checkpoints: CheckpointManager | None = None,
         checkpoint_interval: int = 0,
         background: bool = False,
+        journal: StepJournal | None = None,
         metrics: TrainerMetrics | None = None,
     ) -> None:
         self.trainer = trainer
@@ -117,7 +119,9 @@ class StepRunner:
         self._lock = asyncio.Lock()
         self.background: BackgroundPersister | None = None
         own_saves = type(checkpoints) in (CheckpointManager, type(None))  # not the leader's
-        if background and own_saves and isinstance(trainer, Trainer):
+        one_process = own_saves and isinstance(trainer, Trainer)
+        self.journal = journal if one_process and checkpoints is not None else None
+        if background and one_process:
             # One process only: the leader's saves are collectives (background_persist.py).
             self.background = BackgroundPersister(publisher, checkpoints, metrics)
             trainer.update_gate = self.background.gate
@@ -129,19 +133,32 @@ class StepRunner:
     async def start(self) -> None:
         """Refuse to start over existing versions, then publish version 0."""
         await self.publisher.check_fresh()
+        if self.journal is not None:
+            await asyncio.to_thread(self.journal.truncate, 0)
         state = await asyncio.to_thread(self.trainer.state_dict_for_publish)
         await self.publisher.publish(0, state)
         self.ready = True
 
     async def resume(self) -> None:
-        """Continue after the trainer's restored step; publish that version if it is missing."""
-        step = self.trainer.trained_step
+        """Continue after the trainer's restored step and the journaled steps after it
+        (replayed); publish the newest version if it is missing."""
+        restored = step = self.trainer.trained_step
+        if self.journal is not None:
+            for entry in self.journal.after(step):
+                metrics = await asyncio.to_thread(
+                    self.trainer.train_step, entry.step, entry.batches, entry.kind
+                )
+                self._record(StepResult(entry.step, entry.step, metrics,
+                                        payload_sha256=entry.payload_sha256))  # fmt: skip
+                step = entry.step
+                log.info("replayed step %d from the step journal", step)
+            await asyncio.to_thread(self.journal.truncate, step)
         if not await self.publisher.check_resumable(step):
             state = await asyncio.to_thread(self.trainer.state_dict_for_publish)
             await self.publisher.publish(step, state)
         self.last_step = step
         saved = self.checkpoints.loaded_extra.get(SHA_KEY) if self.checkpoints else None
-        if step and saved is not None:
+        if step and step == restored and saved is not None:
             # The checkpointed step's fingerprint: its retry (the reply was lost with the
             # old process) is answered as a duplicate, other data under its id refused.
             self._record(StepResult(step, step, {}, payload_sha256=saved.to_bytes(32, "big")))
@@ -227,9 +244,26 @@ class StepRunner:
         return self._record(StepResult(step, step, pending.metrics, payload_sha256=sha))
 
     async def flush(self) -> None:
-        """Shutdown: let the step in flight finish its checkpoint (and its publish, briefly)."""
+        """Shutdown: let the step in flight finish its checkpoint (and its publish, briefly).
+        With the journal, the last trained step is then checkpointed when no checkpoint
+        holds it yet, so the newest checkpoint is the run's last weights (`tidal export`,
+        a later run's starting point) rather than up to `interval - 1` steps older."""
         if self.background is not None:
             await self.background.flush()
+        if self.journal is None or self.checkpoints is None:
+            return
+        async with self._lock:
+            step = self.trainer.trained_step
+            done = self.checkpoints.complete()
+            if step == 0 or (done and done[-1][0] >= step):
+                return
+            result = self._results.get(step)
+            sha = result.payload_sha256 if result is not None else b""
+            extra = {SHA_KEY: int.from_bytes(sha, "big")} if sha else None
+            try:
+                await asyncio.to_thread(self.checkpoints.save, self.trainer, extra=extra)
+            except Exception as exc:  # the journal still holds the step
+                log.warning("final checkpoint of step %d not written: %s", step, exc)
 
     async def _compute(
         self,
@@ -245,12 +279,17 @@ class StepRunner:
         attributes = {"step": step, "loss": kind, "micro_batches": len(batches), "tokens": tokens}
         with tracer.start_as_current_span("trainer.step", attributes=attributes) as span:
             started = time.perf_counter()
+            if self.journal is not None:  # durable before the update can change anything
+                await asyncio.to_thread(self._journal, step, batches, kind, sha)
             try:
                 metrics, state = await asyncio.to_thread(
                     self._train_and_copy, step, batches, kind, copy
                 )
-            except StepAbandoned as exc:  # SIGTERM: nothing committed, nothing published
-                log.warning("step %d: %s", step, exc)
+            except Exception as exc:  # (a cancelled wait is not a failed step: the thread runs on)
+                if self.journal is not None and self.trainer.trained_step < step:
+                    self.journal.discard(step)  # not committed: never to be replayed
+                if isinstance(exc, StepAbandoned):  # SIGTERM: nothing committed or published
+                    log.warning("step %d: %s", step, exc)
                 raise
             span.set_attribute("loss_value", metrics["loss"])
         self.steps_trained += 1
@@ -263,6 +302,13 @@ class StepRunner:
             extra={"fields": {k: f"{metrics[k]:.4g}" for k in ("loss", "grad_norm", "seconds")}},
         )
         return _Pending(step, metrics, state, sha)
+
+    def _journal(
+        self, step: int, batches: list[MicroBatchData], kind: LossKind, sha: bytes
+    ) -> None:
+        assert self.journal is not None and self.checkpoints is not None
+        done = self.checkpoints.complete()
+        self.journal.append(step, batches, kind, sha, covered_up_to=done[-1][0] if done else 0)
 
     def _train_and_copy(
         self, step: int, batches: list[MicroBatchData], kind: LossKind, copy: bool

@@ -45,6 +45,7 @@ from tidal.trainer.publisher import WeightPublisher
 from tidal.trainer.runner import StepRunner
 from tidal.trainer.served_trainer import ServedTrainer
 from tidal.trainer.servicer import TrainerServicer
+from tidal.trainer.step_journal import StepJournal, first_journaled_step, journal_dir
 from tidal.trainer.train_step import Trainer
 from tidal.weights.client import WeightSyncClient
 
@@ -70,6 +71,13 @@ class RunningTrainer:
         """After the server stopped: the step in flight finishes its checkpoint first."""
         await self.runner.flush()
         await self.client.close()
+
+
+def journals(config: TrainerRunConfig, ranks: TorchrunRanks | None) -> bool:
+    """Whether this trainer journals its steps (step_journal.py): one process, with
+    checkpoints on and `trainer.ckpt.journal`."""
+    ckpt = config.trainer.ckpt
+    return ckpt.journal and ckpt.interval > 0 and ranks is None
 
 
 def build_trainer(
@@ -99,9 +107,14 @@ def build_trainer(
         checkpoints = CheckpointManager(config.checkpoint_dir, keep_last=ckpt.keep_last)
     if ranks is not None:  # every rank builds its optimizer before the first collective
         trainer.build_optimizer_now()
-    resumed = config.resume and checkpoints.latest() is not None
-    if resumed:
+    has_checkpoint = checkpoints.latest() is not None
+    from_journal = journals(config, ranks) and first_journaled_step(config.checkpoint_dir) == 1
+    resumed = config.resume and (has_checkpoint or from_journal)
+    if resumed and has_checkpoint:
         checkpoints.load(trainer)  # every rank loads its shards (DCP reshards)
+    elif resumed:
+        where = journal_dir(config.checkpoint_dir)
+        log.info("resumed from %s (step 0): no checkpoint yet, the journal is replayed", where)
     elif config.resume:
         log.warning("--resume: no checkpoint under %s; starting fresh", checkpoints.root)
     return trainer, checkpoints, resumed
@@ -150,6 +163,7 @@ async def start_trainer(
         checkpoints=checkpoints,
         checkpoint_interval=ckpt.interval,
         background=config.trainer.background_publish,
+        journal=StepJournal(config.checkpoint_dir) if journals(config, ranks) else None,
         metrics=TrainerMetrics.on(metrics),
     )
     # The degree micro-batches are split over (parallel/leader.py); the orchestrator packs for it.

@@ -1,0 +1,79 @@
+"""The step journal (step_journal.py): entries round-trip exactly, replay stops at a gap,
+stale and covered entries go, a torn or damaged entry is never replayed silently."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from tidal.batch.tensors import MicroBatchData
+from tidal.trainer.checkpoint_files import CorruptCheckpoint, state_file
+from tidal.trainer.step_journal import StepJournal, first_journaled_step
+
+SHA = bytes(range(32))
+
+
+def steps(journal: StepJournal) -> list[int]:
+    return [step for step, _ in journal.entries()]
+
+
+def test_an_entry_round_trips_every_field_exactly(
+    tmp_path: Path, step_batches: Callable[[int], list[MicroBatchData]]
+) -> None:
+    journal = StepJournal(tmp_path)
+    batches = step_batches(3)
+    journal.append(3, batches, "sft", SHA)
+    (entry,) = list(journal.after(2))
+    assert (entry.step, entry.kind, entry.payload_sha256) == (3, "sft", SHA)
+    for sent, read in zip(batches, entry.batches, strict=True):
+        for name in vars(sent):
+            assert torch.equal(getattr(sent, name), getattr(read, name))
+            assert getattr(sent, name).dtype == getattr(read, name).dtype
+    assert first_journaled_step(tmp_path) == 3
+
+
+def test_replay_runs_in_order_and_stops_at_a_gap(
+    tmp_path: Path, step_batches: Callable[[int], list[MicroBatchData]]
+) -> None:
+    journal = StepJournal(tmp_path)
+    for step in (5, 3, 4, 7):
+        journal.append(step, step_batches(step), "pg", SHA)
+    assert [e.step for e in journal.after(2)] == [3, 4, 5]  # 6 is missing: 7 is not replayed
+    assert [e.step for e in journal.after(4)] == [5]
+    assert list(journal.after(7)) == []
+    journal.truncate(5)  # what resume does after replaying up to 5
+    assert steps(journal) == [3, 4, 5]
+
+
+def test_covered_entries_and_torn_writes_are_pruned_on_the_next_append(
+    tmp_path: Path, step_batches: Callable[[int], list[MicroBatchData]]
+) -> None:
+    journal = StepJournal(tmp_path)
+    for step in (1, 2, 3):
+        journal.append(step, step_batches(step), "pg", SHA)
+    torn = journal.root / ".tmp-step_00000004-deadbeef"
+    torn.mkdir()
+    (torn / "state.partial").write_bytes(b"half")
+    journal.append(4, step_batches(4), "pg", SHA, covered_up_to=2)  # checkpoint of step 2
+    assert steps(journal) == [3, 4] and not torn.exists()
+    journal.discard(4)
+    assert steps(journal) == [3]
+    journal.truncate(0)  # a fresh start in a reused checkpoint folder
+    assert steps(journal) == [] and first_journaled_step(tmp_path) is None
+
+
+def test_a_damaged_entry_is_refused_naming_its_file(
+    tmp_path: Path, step_batches: Callable[[int], list[MicroBatchData]]
+) -> None:
+    journal = StepJournal(tmp_path)
+    journal.append(1, step_batches(1), "pg", SHA)
+    path = state_file(journal.root / "step_00000001")
+    assert path is not None
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptCheckpoint, match="step_00000001"):
+        list(journal.after(0))
