@@ -215,7 +215,9 @@ class RecoveryConfig(BaseConfig):
     keep_sent_steps: int = Field(default=16, ge=1)
     """Train requests kept after they were answered, so that a trainer restarted from a
     checkpoint older than the orchestrator's last step gets the steps it lost re-sent
-    (same step ids, same data). Set it to at least `trainer.ckpt.interval`."""
+    (same step ids, same data). A trainer with its step journal (the default) loses none;
+    one without it (`trainer.ckpt.journal = false`, or several trainer ranks) can lose up
+    to `trainer.ckpt.interval` steps: set this to at least that then."""
 
 
 class ReportConfig(BaseConfig):

@@ -168,7 +168,8 @@ class TrainDelivery:
                     f"trainer at {self.trainer.address} is back at step {trained} but the "
                     f"orchestrator keeps only the last {self.recovery.keep_sent_steps} sent "
                     f"steps (step {lost} is not among them): raise "
-                    "orchestrator.recovery.keep_sent_steps to at least trainer.ckpt.interval"
+                    "orchestrator.recovery.keep_sent_steps to at least trainer.ckpt.interval, "
+                    "or keep trainer.ckpt.journal on"
                 )
             await self.trainer.send(request, timeout=self.timeout_s)
             self.resent_steps.append(lost)
