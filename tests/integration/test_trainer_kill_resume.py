@@ -136,9 +136,19 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
 
 
 @pytest.mark.slow
-def test_trainer_killed_right_after_publishing_resumes_without_refusal(stack: Stack) -> None:
+@pytest.mark.parametrize(
+    "durability",
+    [(), ("--trainer.ckpt.interval", "20")],
+    ids=["checkpoint-every-step", "journal-no-checkpoint-yet"],
+)
+def test_trainer_killed_right_after_publishing_resumes_without_refusal(
+    stack: Stack, durability: tuple[str, ...]
+) -> None:
+    """With a checkpoint every step, step 2 is in its checkpoint when version 2 appears;
+    with the default interval (20) there is no checkpoint at all yet, and the resumed
+    trainer rebuilds the initial model and replays steps 1 and 2 from its step journal."""
     stack.start("weightsync")
-    trainer = stack.start("trainer")
+    trainer = stack.start("trainer", *durability)
     stack.trainer_status(trainer)
     assert stack.train(1).policy_version == 1
 
@@ -153,12 +163,15 @@ def test_trainer_killed_right_after_publishing_resumes_without_refusal(stack: St
         trainer.wait()
         pending.cancel()  # it may have answered just before the kill; either way is the case
 
-    resumed = stack.start("trainer", "--resume")
+    resumed = stack.start("trainer", "--resume", *durability)
     status = stack.trainer_status(resumed)
     assert (status.step, status.policy_version) == (2, 2)
     assert "newer than the checkpoint" not in stack.log("trainer")
+    if durability:
+        assert "replayed step 2 from the step journal" in stack.log("trainer")
     # The orchestrator's retry of step 2 (its reply died with the old process) is answered
-    # as a duplicate: the checkpoint kept step 2's fingerprint. Other data under id 2 is not.
+    # as a duplicate: the checkpoint or journal kept step 2's fingerprint. Other data under
+    # id 2 is not.
     again = stack.train(2)
     assert (again.step, again.policy_version, again.duplicate) == (2, 2, True)
     other = train_request(2)

@@ -248,7 +248,7 @@ def test_four_steps_equal_two_steps_then_kill_then_resume_two_steps(tmp_path: Pa
     args += ["--run.output_dir", str(tmp_path)]
     assert len(run_sft(config)) == 4  # four steps straight, in this process
 
-    # Train two steps (checkpoint at step 2), then stay alive until SIGKILL.
+    # Train three steps (checkpoint at step 2), then stay alive until SIGKILL.
     victim = subprocess.Popen(
         [sys.executable, __file__, *args, "--run.name", "killed"],
         stdout=subprocess.PIPE,
@@ -271,11 +271,11 @@ def test_four_steps_equal_two_steps_then_kill_then_resume_two_steps(tmp_path: Pa
     assert a.keys() == b.keys()
     assert all(torch.equal(a[name], b[name]) for name in a), "resumed weights differ"
     steps = [json.loads(x)["step"] for x in (tmp_path / "killed" / "sft_metrics.jsonl").open()]
-    assert steps == [1, 2, 3, 4]  # the killed run trained 1-2, the resumed one 3-4
+    assert steps == [1, 2, 3, 4]  # killed: 1-3; resumed from 2: 3 again (one line), 4
 
 
-if __name__ == "__main__":  # the process the slow test kills after two steps
+if __name__ == "__main__":  # the process the slow test kills after three steps
     run_config, _ = load_config(SftRunConfig, sys.argv[1:])
-    run_sft(run_config, max_steps=2)
+    run_sft(run_config, max_steps=3)
     print("READY", flush=True)
-    signal.pause()  # alive, with checkpoint step 2 on disk, until SIGKILL
+    signal.pause()  # alive, with checkpoint step 2 and step 3's line on disk, until SIGKILL

@@ -310,7 +310,9 @@ class CheckpointConfig(BaseConfig):
     19's 33.6M CPU shape ~1.2 s for ~400 MB, against a ~0.9 s step) for replay time after
     a crash, not durability. With `journal` off, the versions published after the last
     checkpoint are lost with a crashed trainer and `--resume` refuses to continue under
-    them; use 1 then (docs/training.md, "Durability")."""
+    them; use 1 then (docs/training.md, "Durability"). `tidal sft` has no journal: an
+    interrupted SFT run resumes from its newest checkpoint and trains the steps after it
+    again, to the same weights (its data order is in the checkpoint)."""
     journal: bool = True
     """RL, one trainer process: write every step's batch durably (a few KB-MB,
     `<checkpoint dir>/journal/`) before its update runs, so `--resume` replays the steps

@@ -12,7 +12,8 @@ Decisions:
   would later mix two runs' checkpoints.
 - The final weights are also written as a Hugging Face style folder (config.json +
   model.safetensors) under `<run dir>/final`, the format inference and weightsync read.
-- Metrics go to `<run dir>/sft_metrics.jsonl`, one object per step (appended on resume).
+- Metrics go to `<run dir>/sft_metrics.jsonl`, one object per step (appended on resume,
+  after dropping the lines of the steps the resumed run trains again).
 - The tokenizer is `run.tokenizer` loaded by `tidal.text.load_tokenizer` ("auto": the
   folder of `trainer.model.path`), the one every service of an RL run from that folder
   uses; prompt/completion records use its chat template as the orchestrator's "auto"
@@ -28,10 +29,12 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tidal.batch.packing import TrainSample, pack_micro_batches
 from tidal.common.config import load_or_exit
+from tidal.common.durable import write_atomic
 from tidal.common.errors import ConfigError
 from tidal.common.logging import setup_logging
 from tidal.common.sections import trainer_model_folder
@@ -58,6 +61,26 @@ def pack_for_trainer(samples: Sequence[TrainSample], budget: int) -> list[MicroB
             f"sft.micro_batch_tokens {budget} is smaller than a sample of {longest} tokens"
         )
     return [micro_batch_from_packed(p) for p in pack_micro_batches(samples, budget)]
+
+
+def drop_lines_after(path: Path, step: int) -> None:
+    """Remove the metrics lines of steps after `step` (those a resumed run trains again,
+    up to `trainer.ckpt.interval - 1` of them), so each step has one line."""
+    if not path.is_file():
+        return
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    kept = [line for line in lines if _line_step(line) <= step]
+    if len(kept) < len(lines):
+        write_atomic(path, "".join(kept))
+
+
+def _line_step(line: str) -> float:
+    """A metrics line's step; a torn line (the process died writing it) counts as after
+    every step, so it goes."""
+    try:
+        return float(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return float("inf")
 
 
 def run_sft(config: SftRunConfig, *, max_steps: int | None = None) -> list[dict[str, float]]:
@@ -102,7 +125,9 @@ def run_sft(config: SftRunConfig, *, max_steps: int | None = None) -> list[dict[
     config.run.dir.mkdir(parents=True, exist_ok=True)
     history = []
     last = sft.steps if max_steps is None else min(sft.steps, max_steps)
-    with open(config.run.dir / "sft_metrics.jsonl", "a", encoding="utf-8") as metrics_file:
+    metrics_path = config.run.dir / "sft_metrics.jsonl"
+    drop_lines_after(metrics_path, trainer.trained_step)  # steps redone after a resume
+    with open(metrics_path, "a", encoding="utf-8") as metrics_file:
         for step in range(trainer.trained_step + 1, last + 1):
             batch, position = order.batch(position, sft.batch_size)
             micro_batches = pack_for_trainer(batch, sft.micro_batch_tokens)
