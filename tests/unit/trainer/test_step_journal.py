@@ -11,6 +11,7 @@ import torch
 
 from tidal.batch.tensors import MicroBatchData
 from tidal.trainer.checkpoint_files import CorruptCheckpoint, state_file
+from tidal.trainer.config import JOURNALED_INTERVAL, CheckpointConfig
 from tidal.trainer.step_journal import StepJournal, first_journaled_step
 
 SHA = bytes(range(32))
@@ -77,3 +78,12 @@ def test_a_damaged_entry_is_refused_naming_its_file(
     path.write_bytes(bytes(data))
     with pytest.raises(CorruptCheckpoint, match="step_00000001"):
         list(journal.after(0))
+
+
+def test_an_unset_interval_is_20_with_the_journal_and_1_without() -> None:
+    """Durability does not depend on the trainer's kind: one that cannot journal (several
+    ranks, `journal = false`, `tidal sft`) keeps a checkpoint every step by default."""
+    assert CheckpointConfig().every(journaled=True) == JOURNALED_INTERVAL == 20
+    assert CheckpointConfig().every(journaled=False) == 1
+    assert CheckpointConfig(interval=5).every(journaled=True) == 5
+    assert CheckpointConfig(interval=0).every(journaled=False) == 0

@@ -298,21 +298,27 @@ class LossConfig(BaseConfig):
         return self
 
 
+JOURNALED_INTERVAL = 20
+"""`trainer.ckpt.interval`'s default where the step journal makes the steps between
+checkpoints durable."""
+
+
 class CheckpointConfig(BaseConfig):
     dir: Path | None = None
     """Checkpoint folder; default `<run dir>/checkpoints`."""
-    interval: int = Field(default=20, ge=0)
+    interval: int | None = Field(default=None, ge=0)
     """Save a full checkpoint (weights, optimizer, scheduler, RNG) every this many steps
-    (0: never, except the end of `tidal sft`; an RL trainer is then not resumable). With
-    `journal` on (the default) the steps in between are durable too: a trainer killed at
-    any point resumes (`tidal rl --resume`) losing no trained step, replaying at most
-    `interval - 1` journaled steps. So `interval` trades the checkpoint's cost (on issue
-    19's 33.6M CPU shape ~1.2 s for ~400 MB, against a ~0.9 s step) for replay time after
-    a crash, not durability. With `journal` off, the versions published after the last
-    checkpoint are lost with a crashed trainer and `--resume` refuses to continue under
-    them; use 1 then (docs/training.md, "Durability"). `tidal sft` has no journal: an
-    interrupted SFT run resumes from its newest checkpoint and trains the steps after it
-    again, to the same weights (its data order is in the checkpoint)."""
+    (0: never, except the end of `tidal sft`; an RL trainer is then not resumable).
+    Unset (the default): 20 where the trainer journals its steps (`journal`, one RL
+    trainer process), else 1. With the journal a trainer killed at any point resumes
+    (`tidal rl --resume`) losing no trained step, replaying at most `interval - 1`
+    journaled steps, so there `interval` trades the checkpoint's cost (on issue 19's 33.6M
+    CPU shape ~1.2 s for ~400 MB, against a ~0.9 s step) for replay time after a crash,
+    not durability. Without it (`journal = false`, several trainer ranks), the versions
+    published after the last checkpoint are lost with a crashed trainer and `--resume`
+    refuses to continue under them, hence 1 (docs/training.md, "Durability"). `tidal sft`
+    has no journal: an interrupted SFT run resumes from its newest checkpoint and trains
+    the steps after it again, to the same weights (its data order is in the checkpoint)."""
     journal: bool = True
     """RL, one trainer process: write every step's batch durably (a few KB-MB,
     `<checkpoint dir>/journal/`) before its update runs, so `--resume` replays the steps
@@ -320,6 +326,12 @@ class CheckpointConfig(BaseConfig):
     count). A multi-rank trainer does not journal: it checkpoints every `interval` steps."""
     keep_last: int = Field(default=2, ge=1)
     """Complete checkpoints kept; older ones are deleted after a newer one is complete."""
+
+    def every(self, *, journaled: bool) -> int:
+        """`interval`, or its default for a trainer that does (20) or does not (1) journal."""
+        if self.interval is not None:
+            return self.interval
+        return JOURNALED_INTERVAL if journaled else 1
 
 
 class TrainerConfig(BaseConfig):

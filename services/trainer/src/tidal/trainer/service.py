@@ -77,7 +77,7 @@ def journals(config: TrainerRunConfig, ranks: TorchrunRanks | None) -> bool:
     """Whether this trainer journals its steps (step_journal.py): one process, with
     checkpoints on and `trainer.ckpt.journal`."""
     ckpt = config.trainer.ckpt
-    return ckpt.journal and ckpt.interval > 0 and ranks is None
+    return ckpt.journal and ckpt.interval != 0 and ranks is None
 
 
 def build_trainer(
@@ -161,7 +161,7 @@ async def start_trainer(
         trainer,
         publisher,
         checkpoints=checkpoints,
-        checkpoint_interval=ckpt.interval,
+        checkpoint_interval=ckpt.every(journaled=journals(config, ranks)),
         background=config.trainer.background_publish,
         journal=StepJournal(config.checkpoint_dir) if journals(config, ranks) else None,
         metrics=TrainerMetrics.on(metrics),
@@ -184,7 +184,7 @@ async def start_trainer(
         raise
     await running.server.set_serving(True)
     if isinstance(local, Trainer) and channel is None:
-        prepare_first_step(local, checkpoints=ckpt.interval > 0)
+        prepare_first_step(local, checkpoints=ckpt.interval != 0)
     return running
 
 

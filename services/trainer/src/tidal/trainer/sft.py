@@ -125,6 +125,7 @@ def run_sft(config: SftRunConfig, *, max_steps: int | None = None) -> list[dict[
     config.run.dir.mkdir(parents=True, exist_ok=True)
     history = []
     last = sft.steps if max_steps is None else min(sft.steps, max_steps)
+    interval = ckpt.every(journaled=False)
     metrics_path = config.run.dir / "sft_metrics.jsonl"
     drop_lines_after(metrics_path, trainer.trained_step)  # steps redone after a resume
     with open(metrics_path, "a", encoding="utf-8") as metrics_file:
@@ -136,7 +137,7 @@ def run_sft(config: SftRunConfig, *, max_steps: int | None = None) -> list[dict[
             metrics_file.flush()
             history.append(metrics)
             log.info("step %d loss %.4f lr %.3g", step, metrics["loss"], metrics["lr"])
-            if (ckpt.interval and step % ckpt.interval == 0) or step == sft.steps:
+            if (interval and step % interval == 0) or step == sft.steps:
                 manager.save(trainer, extra={"data_position": position})
     if trainer.trained_step == sft.steps:
         export_final(trainer, config)
