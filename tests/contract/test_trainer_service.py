@@ -299,12 +299,30 @@ async def test_refuses_to_start_when_weightsync_already_has_versions(
 
 
 def resumable_config(
-    tmp_path: Path, weightsync: RunningWeightSync, **update: object
+    tmp_path: Path,
+    weightsync: RunningWeightSync,
+    *,
+    interval: int = 2,
+    journal: bool = True,
+    **update: object,
 ) -> TrainerRunConfig:
     config = run_config(tmp_path, weightsync)
-    ckpt = config.trainer.ckpt.model_copy(update={"interval": 2})
+    ckpt = config.trainer.ckpt.model_copy(update={"interval": interval, "journal": journal})
     trainer = config.trainer.model_copy(update={"ckpt": ckpt})
     return config.model_copy(update={"trainer": trainer, **update})
+
+
+async def train_steps(
+    running: RunningTrainer, steps: range | tuple[int, ...]
+) -> tuple[list[pb.TrainResponse], dict[str, torch.Tensor]]:
+    """Train `steps` in order; the answers and a copy of the weights after the last."""
+    async with make_channel(
+        f"127.0.0.1:{running.server.port}", security=PLAINTEXT_LOOPBACK
+    ) as channel:
+        stub = pb_grpc.TrainerServiceStub(channel)
+        answers = [await stub.Train(request(step)) for step in steps]
+    weights = {k: v.clone() for k, v in running.runner.trainer.model.state_dict().items()}
+    return answers, weights
 
 
 async def test_resume_continues_after_the_checkpointed_step(
@@ -312,13 +330,7 @@ async def test_resume_continues_after_the_checkpointed_step(
 ) -> None:
     first = await start_trainer(resumable_config(tmp_path, weightsync_server))
     try:
-        async with make_channel(
-            f"127.0.0.1:{first.server.port}", security=PLAINTEXT_LOOPBACK
-        ) as channel:
-            stub = pb_grpc.TrainerServiceStub(channel)
-            for step in (1, 2):
-                await stub.Train(request(step))
-            trained = {k: v.clone() for k, v in first.runner.trainer.model.state_dict().items()}
+        _, trained = await train_steps(first, (1, 2))
     finally:
         await first.stop()
     assert CheckpointManager(tmp_path / "contract" / "checkpoints", keep_last=1).latest() == (
@@ -340,25 +352,15 @@ async def test_resume_continues_after_the_checkpointed_step(
         await second.stop()
 
 
-def without_journal(config: TrainerRunConfig) -> TrainerRunConfig:
-    ckpt = config.trainer.ckpt.model_copy(update={"journal": False})
-    return config.model_copy(update={"trainer": config.trainer.model_copy(update={"ckpt": ckpt})})
-
-
 async def test_without_the_journal_resume_refuses_versions_newer_than_the_checkpoint(
     tmp_path: Path, weightsync_server: RunningWeightSync
 ) -> None:
-    first = await start_trainer(without_journal(resumable_config(tmp_path, weightsync_server)))
-    try:
-        async with make_channel(
-            f"127.0.0.1:{first.server.port}", security=PLAINTEXT_LOOPBACK
-        ) as channel:
-            stub = pb_grpc.TrainerServiceStub(channel)
-            for step in (1, 2, 3):  # checkpoint at 2, version 3 exists only in weightsync
-                await stub.Train(request(step))
+    first = await start_trainer(resumable_config(tmp_path, weightsync_server, journal=False))
+    try:  # checkpoint at 2, version 3 exists only in weightsync
+        await train_steps(first, (1, 2, 3))
     finally:
         await first.stop()
-    resumed = without_journal(resumable_config(tmp_path, weightsync_server, resume=True))
+    resumed = resumable_config(tmp_path, weightsync_server, journal=False, resume=True)
     with pytest.raises(FailedPrecondition, match="version 3, newer than the checkpoint of step 2"):
         await start_trainer(resumed)
 
@@ -370,25 +372,15 @@ async def crash(running: RunningTrainer) -> None:
     await running.client.close()
 
 
-def every_third_step(config: TrainerRunConfig) -> TrainerRunConfig:
-    ckpt = config.trainer.ckpt.model_copy(update={"interval": 3})
-    return config.model_copy(update={"trainer": config.trainer.model_copy(update={"ckpt": ckpt})})
-
-
 async def test_resume_replays_the_journaled_steps_after_the_checkpoint_bitwise(
     tmp_path: Path, weightsync_server: RunningWeightSync
 ) -> None:
     """step_journal.py: checkpoint at 3, steps 4 and 5 only journaled; the resumed trainer
     replays them to exactly the weights of version 5, answers a retry as a duplicate
     with the replayed metrics, refuses other data under a replayed id, trains step 6."""
-    first = await start_trainer(every_third_step(resumable_config(tmp_path, weightsync_server)))
+    first = await start_trainer(resumable_config(tmp_path, weightsync_server, interval=3))
     try:
-        async with make_channel(
-            f"127.0.0.1:{first.server.port}", security=PLAINTEXT_LOOPBACK
-        ) as channel:
-            stub = pb_grpc.TrainerServiceStub(channel)
-            answered = [await stub.Train(request(step)) for step in range(1, 6)]
-            trained = {k: v.clone() for k, v in first.runner.trainer.model.state_dict().items()}
+        answered, trained = await train_steps(first, range(1, 6))
     finally:
         await crash(first)
     ckpts = tmp_path / "contract" / "checkpoints"
@@ -397,7 +389,7 @@ async def test_resume_replays_the_journaled_steps_after_the_checkpoint_bitwise(
         "step_00000004",
         "step_00000005",
     ]
-    resumed = every_third_step(resumable_config(tmp_path, weightsync_server, resume=True))
+    resumed = resumable_config(tmp_path, weightsync_server, interval=3, resume=True)
     second = await start_trainer(resumed)
     try:
         restored = second.runner.trainer.model.state_dict()
@@ -423,19 +415,13 @@ async def test_a_trainer_killed_before_its_first_checkpoint_resumes_from_the_jou
 ) -> None:
     """No checkpoint yet (interval 3, two steps): `--resume` rebuilds the initial model
     and replays steps 1 and 2 from the journal, to the weights of version 2."""
-    first = await start_trainer(every_third_step(resumable_config(tmp_path, weightsync_server)))
+    first = await start_trainer(resumable_config(tmp_path, weightsync_server, interval=3))
     try:
-        async with make_channel(
-            f"127.0.0.1:{first.server.port}", security=PLAINTEXT_LOOPBACK
-        ) as channel:
-            stub = pb_grpc.TrainerServiceStub(channel)
-            for step in (1, 2):
-                await stub.Train(request(step))
-            trained = {k: v.clone() for k, v in first.runner.trainer.model.state_dict().items()}
+        _, trained = await train_steps(first, (1, 2))
     finally:
         await crash(first)
     assert not list((tmp_path / "contract" / "checkpoints").glob("step_*"))
-    resumed = every_third_step(resumable_config(tmp_path, weightsync_server, resume=True))
+    resumed = resumable_config(tmp_path, weightsync_server, interval=3, resume=True)
     second = await start_trainer(resumed)
     try:
         restored = second.runner.trainer.model.state_dict()
@@ -450,14 +436,9 @@ async def test_a_stopping_trainer_checkpoints_its_last_step(
 ) -> None:
     """With the journal, the newest checkpoint after a clean stop is the last step, not
     the last multiple of `interval`: `tidal export` and a resumed run start from it."""
-    running = await start_trainer(every_third_step(resumable_config(tmp_path, weightsync_server)))
+    running = await start_trainer(resumable_config(tmp_path, weightsync_server, interval=3))
     try:
-        async with make_channel(
-            f"127.0.0.1:{running.server.port}", security=PLAINTEXT_LOOPBACK
-        ) as channel:
-            stub = pb_grpc.TrainerServiceStub(channel)
-            for step in range(1, 5):
-                await stub.Train(request(step))
+        await train_steps(running, range(1, 5))
     finally:
         await running.stop()
     ckpts = tmp_path / "contract" / "checkpoints"

@@ -43,7 +43,7 @@ import re
 import threading
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -163,6 +163,19 @@ def _shared_nonce() -> str:
     return nonce[0]
 
 
+def step_folders(root: Path, complete: Callable[[Path], bool]) -> list[tuple[int, Path]]:
+    """(step, folder) of every `step_XXXXXXXX` folder under `root` that `complete` accepts,
+    oldest first (checkpoints here, step journal entries in step_journal.py)."""
+    if not root.is_dir():
+        return []
+    found = []
+    for path in root.iterdir():
+        match = NAME.match(path.name)
+        if match and path.is_dir() and complete(path):
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
 def _is_complete(path: Path) -> bool:
     return (path / ".metadata").is_file() or checkpoint_files.is_complete(path)
 
@@ -210,14 +223,7 @@ class CheckpointManager:
 
     def complete(self) -> list[tuple[int, Path]]:
         """(step, folder) of every complete checkpoint, oldest first."""
-        if not self.root.is_dir():
-            return []
-        found = []
-        for path in self.root.iterdir():
-            match = NAME.match(path.name)
-            if match and path.is_dir() and _is_complete(path):
-                found.append((int(match.group(1)), path))
-        return sorted(found)
+        return step_folders(self.root, _is_complete)
 
     def latest(self) -> Path | None:
         """The newest complete checkpoint, or None."""

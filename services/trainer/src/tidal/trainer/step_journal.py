@@ -35,7 +35,6 @@ Decisions:
 from __future__ import annotations
 
 import logging
-import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
@@ -45,12 +44,12 @@ from tidal.batch.tensors import MicroBatchData
 from tidal.common.durable import commit_dir
 from tidal.common.removal import remove_inside
 from tidal.trainer import checkpoint_files
+from tidal.trainer.checkpoint import NAME, step_folders
 from tidal.trainer.served_trainer import LossKind
 
 log = logging.getLogger(__name__)
 
 FOLDER = "journal"
-NAME = re.compile(r"^step_(\d{8})$")
 TMP_PREFIX = ".tmp-"
 _FIELDS = tuple(f.name for f in fields(MicroBatchData))
 
@@ -68,17 +67,9 @@ def journal_dir(checkpoint_dir: Path) -> Path:
 
 
 def first_journaled_step(checkpoint_dir: Path) -> int | None:
-    """The lowest complete entry's step under `checkpoint_dir`, or None (read without
-    torch by the launcher, like its checkpoint check)."""
-    folder = journal_dir(checkpoint_dir)
-    if not folder.is_dir():
-        return None
-    steps = [
-        int(m.group(1))
-        for p in folder.iterdir()
-        if (m := NAME.match(p.name)) and checkpoint_files.state_file(p) is not None
-    ]
-    return min(steps) if steps else None
+    """The lowest complete entry's step under `checkpoint_dir`, or None."""
+    entries = StepJournal(checkpoint_dir).entries()
+    return entries[0][0] if entries else None
 
 
 class StepJournal:
@@ -87,14 +78,7 @@ class StepJournal:
 
     def entries(self) -> list[tuple[int, Path]]:
         """(step, folder) of every complete entry, oldest first."""
-        if not self.root.is_dir():
-            return []
-        found = []
-        for path in self.root.iterdir():
-            match = NAME.match(path.name)
-            if match and checkpoint_files.is_complete(path):
-                found.append((int(match.group(1)), path))
-        return sorted(found)
+        return step_folders(self.root, checkpoint_files.is_complete)
 
     def append(
         self,
