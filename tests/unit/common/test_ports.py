@@ -4,6 +4,7 @@ never twice."""
 
 from __future__ import annotations
 
+import random
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,14 +32,27 @@ def test_ports_lie_outside_the_ephemeral_range_and_never_repeat() -> None:
             s.bind(("127.0.0.1", port))
 
 
-def test_a_port_in_use_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+class FirstDraws(random.Random):
+    """Draws the given ports first, then random ones as usual."""
+
+    def __init__(self, *first: int) -> None:
+        super().__init__()
+        self.first = list(first)
+
+    def randint(self, a: int, b: int) -> int:
+        return self.first.pop(0) if self.first else super().randint(a, b)
+
+
+def test_a_port_in_use_or_handed_out_before_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    given = ports.free_port()
     with socket.socket() as held:
         held.bind(("127.0.0.1", ports.free_port()))
         held.listen()
         busy = held.getsockname()[1]
-        draws = iter([busy, busy + 1 if busy < 32767 else busy - 1])
-        monkeypatch.setattr(ports.random, "randint", lambda *_: next(draws))
-        assert ports.free_port() not in (busy, 0)
+        monkeypatch.setattr(ports, "_rng", FirstDraws(busy, given))
+        port = ports.free_port()
+        assert port not in (busy, given)
+        assert ports.bindable(port)
 
 
 def test_the_kernel_range_is_read_and_a_range_covering_everything_falls_back(

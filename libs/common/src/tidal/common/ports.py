@@ -32,6 +32,7 @@ TRIES = 200
 
 _handed_out: set[int] = set()
 _lock = threading.Lock()
+_rng = random.Random()  # its own: the draws neither use nor disturb the global seed
 
 
 def ephemeral_range() -> tuple[int, int]:
@@ -74,7 +75,7 @@ def _outside_ephemeral_port() -> int | None:
     if span is None:
         return None
     for _ in range(TRIES):
-        port = random.randint(*span)
+        port = _rng.randint(*span)
         if port not in _handed_out and bindable(port):
             return port
     return None
