@@ -9,12 +9,16 @@ Each step goes through the same code the trainer service runs, phase by phase:
 - orchestrator side: packing the samples and encoding them into the `TrainRequest`;
 - request decode: `TrainerServicer._decode` (proto → numpy → torch, validation) and the
   payload's sha256;
+- the step journal entry written before the update (`StepJournal.append`: the batch,
+  fsynced and renamed), every step;
 - `Trainer.train_step`, split by timers hooked onto the real code: the model's forward
   (and the packed attention backend inside it, wrapped), the loss (`token_weights`,
   `rl_loss` and the log-softmax/gather between forward and loss), backward (the rest of
   `compute_gradients`), and clip + AdamW + schedule (the rest of `train_step`);
-- the weights copy for publishing (`state_dict_for_publish`) and writing the version
-  folder (the filesystem sender's `write`: encode, write and sha256 every byte, fsync);
+- the weights copy for publishing (`state_dict_for_publish`), the checkpoint (timed every
+  step here; with the journal it is due every 20th step by default) and writing the
+  version folder (the filesystem sender's `write`: encode, write and sha256 every byte,
+  fsync);
 - the acknowledgement: building and serializing the `TrainResponse`.
 Registration with weightsync and the gRPC round trips are not in this table (they need
 the services; `bench/rl_step.py` times the whole loop). A second table is the profiler's
@@ -59,6 +63,7 @@ from tidal.models.attention import PackedCausalAttention, PaddedCausalAttention
 from tidal.rpc.v1 import trainer_pb2 as pb
 from tidal.trainer.checkpoint import CheckpointManager
 from tidal.trainer.config import ModelConfig, OptimConfig, TrainerConfig
+from tidal.trainer.step_journal import StepJournal
 from tidal.trainer.train_step import Trainer
 from tidal.weights.transports.base import VersionPayload
 from tidal.weights.transports.filesystem import FilesystemSender
@@ -71,6 +76,7 @@ PHASES = (
     "pack + encode (orchestrator)",
     "request decode + validate",
     "payload sha256",
+    "step journal entry (batch, fsync)",
     "forward (model, without attention)",
     "attention forward (packed)",
     "loss (logprobs, weights, rl_loss)",
@@ -162,6 +168,7 @@ def one_step(
     rng: random.Random,
     sender: FilesystemSender,
     checkpoints: CheckpointManager,
+    journal: StepJournal,
     step: int,
 ) -> dict[str, float]:
     timers.now.clear()
@@ -182,13 +189,15 @@ def one_step(
             validate_micro_batch(batch, field=f"mb[{i}]", vocab_size=VOCAB, max_seq_len=128)
             batches.append(batch)
     with timers.phase("payload sha256"):
-        payload_sha256(received.loss, received.micro_batches)
+        sha = payload_sha256(received.loss, received.micro_batches)
+    with timers.phase("step journal entry (batch, fsync)"):  # before the update, every step
+        journal.append(step, batches, "pg", sha, covered_up_to=step - 1)
     with timers.phase("train_step"):
         metrics = trainer.train_step(step, batches, "pg")
     with timers.phase("copy weights for publish"):
         state = trainer.state_dict_for_publish()
     with timers.phase("checkpoint save (model + AdamW state, fsync)"):
-        checkpoints.save(trainer)
+        checkpoints.save(trainer)  # timed every step; by default due every 20th (journal)
     with timers.phase("write version folder (encode, sha256, fsync)"):
         sender.write(
             VersionPayload(version=step, step=step, state_dict=state, hf_config=trainer.hf_config())
@@ -236,8 +245,9 @@ def profile(
     with tempfile.TemporaryDirectory() as root:
         sender = FilesystemSender(Path(root) / "weights", client=None)  # type: ignore[arg-type]
         checkpoints = CheckpointManager(Path(root) / "checkpoints", keep_last=2)
+        journal = StepJournal(Path(root) / "checkpoints")
         for step in range(1, steps + 3):
-            times = one_step(trainer, timers, rng, sender, checkpoints, step)
+            times = one_step(trainer, timers, rng, sender, checkpoints, journal, step)
             if step > 2:  # warm-up
                 for name, seconds in times.items():
                     per_phase[name].append(seconds)
