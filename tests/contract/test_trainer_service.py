@@ -443,6 +443,7 @@ async def test_a_stopping_trainer_checkpoints_its_last_step(
         await running.stop()
     ckpts = tmp_path / "contract" / "checkpoints"
     assert sorted(p.name for p in ckpts.glob("step_*")) == ["step_00000003", "step_00000004"]
+    assert list((ckpts / "journal").iterdir()) == []  # all covered by the checkpoint of 4
 
 
 async def until(condition: object, what: str, timeout: float = 20.0) -> None:

@@ -255,15 +255,18 @@ class StepRunner:
         async with self._lock:
             step = self.trainer.trained_step
             done = self.checkpoints.complete()
-            if step == 0 or (done and done[-1][0] >= step):
-                return
-            result = self._results.get(step)
-            sha = result.payload_sha256 if result is not None else b""
-            extra = {SHA_KEY: int.from_bytes(sha, "big")} if sha else None
-            try:
-                await asyncio.to_thread(self.checkpoints.save, self.trainer, extra=extra)
-            except Exception as exc:  # the journal still holds the step
-                log.warning("final checkpoint of step %d not written: %s", step, exc)
+            if step > 0 and not (done and done[-1][0] >= step):
+                result = self._results.get(step)
+                sha = result.payload_sha256 if result is not None else b""
+                extra = {SHA_KEY: int.from_bytes(sha, "big")} if sha else None
+                try:
+                    await asyncio.to_thread(self.checkpoints.save, self.trainer, extra=extra)
+                except Exception as exc:  # the journal still holds the step
+                    log.warning("final checkpoint of step %d not written: %s", step, exc)
+                    return
+            done = self.checkpoints.complete()
+            if done:  # the entries the newest checkpoint covers are not needed any more
+                await asyncio.to_thread(self.journal.prune, done[-1][0])
 
     async def _compute(
         self,
