@@ -41,7 +41,7 @@ def with_metrics_ports(
     used = set(taken or ())
     for spec in specs:
         port = free_port()
-        while port in used:  # a port just handed out and released may come back
+        while port in used:  # a port the run config already holds (free_port never repeats)
             port = free_port()
         used.add(port)
         flag = ("--metrics.port", str(port))

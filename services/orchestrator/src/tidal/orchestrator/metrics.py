@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tidal.common.step_lines import line_step
+
 log = logging.getLogger(__name__)
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -163,14 +165,6 @@ def metrics_steps(metrics_path: Path) -> list[int]:
         return []
     lines = metrics_path.read_text().splitlines()
     return [step for step in map(line_step, lines) if step is not None]
-
-
-def line_step(line: str) -> int | None:
-    """The step of one metrics.jsonl line, or None for a torn or unreadable line."""
-    try:
-        return int(json.loads(line)["step"])
-    except (ValueError, KeyError, TypeError):
-        return None
 
 
 def logged_steps(metrics_path: Path) -> set[int]:

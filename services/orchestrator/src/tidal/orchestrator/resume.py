@@ -28,7 +28,8 @@ from typing import Any
 
 from tidal.common.durable import write_atomic
 from tidal.common.errors import ConfigError
-from tidal.orchestrator.metrics import line_step, logged_steps
+from tidal.common.step_lines import cut_torn_tail, drop_lines_after
+from tidal.orchestrator.metrics import logged_steps
 
 PROGRESS_FILE = "progress.json"
 FORMAT_VERSION = 1
@@ -119,32 +120,10 @@ def recover_metrics_line(saved: SavedProgress, trainer_step: int, metrics_path: 
 def drop_lost_lines(metrics_path: Path, trainer_step: int) -> list[int]:
     """Remove the metrics lines of steps after `trainer_step`; returns their steps.
 
-    The trainer answers Train(n) once step n is trained and makes it durable just after
-    (tidal.trainer.background_persist), so a trainer killed in between resumes at n-1
-    although step n was logged. Step n is then trained again, from the same prompts
-    (`resume_point`), and its first line belongs to a lineage that no longer exists: it
-    goes, so the file keeps one line per step of the run that survives. The file is
-    replaced atomically (a crash leaves the old or the new one)."""
-    cut_torn_tail(metrics_path)
-    if not metrics_path.is_file():
-        return []
-    kept, lost = [], []
-    for line in metrics_path.read_text().splitlines(keepends=True):
-        step = line_step(line)
-        if step is not None and step > trainer_step:
-            lost.append(step)
-        else:
-            kept.append(line)
-    if lost:
-        write_atomic(metrics_path, "".join(kept))
-    return lost
-
-
-def cut_torn_tail(path: Path) -> None:
-    """Drop a last line without its newline (a write cut short by a kill)."""
-    if not path.is_file():
-        return
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        with path.open("r+b") as f:
-            f.truncate(data.rfind(b"\n") + 1)
+    Without its step journal the trainer answers Train(n) once step n is trained and
+    makes it durable just after (tidal.trainer.background_persist), so a trainer killed
+    in between resumes at n-1 although step n was logged. Step n is then trained again,
+    from the same prompts (`resume_point`), and its first line belongs to a lineage that
+    no longer exists: it goes, so the file keeps one line per step of the run that
+    survives. The file is replaced atomically (a crash leaves the old or the new one)."""
+    return drop_lines_after(metrics_path, trainer_step)

@@ -29,15 +29,14 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tidal.batch.packing import TrainSample, pack_micro_batches
 from tidal.common.config import load_or_exit
-from tidal.common.durable import write_atomic
 from tidal.common.errors import ConfigError
 from tidal.common.logging import setup_logging
 from tidal.common.sections import trainer_model_folder
+from tidal.common.step_lines import drop_lines_after
 from tidal.text.conversation import ChatRendering, uses_template
 from tidal.text.loader import load_tokenizer
 from tidal.trainer.config import SftRunConfig
@@ -61,26 +60,6 @@ def pack_for_trainer(samples: Sequence[TrainSample], budget: int) -> list[MicroB
             f"sft.micro_batch_tokens {budget} is smaller than a sample of {longest} tokens"
         )
     return [micro_batch_from_packed(p) for p in pack_micro_batches(samples, budget)]
-
-
-def drop_lines_after(path: Path, step: int) -> None:
-    """Remove the metrics lines of steps after `step` (those a resumed run trains again,
-    up to `trainer.ckpt.interval - 1` of them), so each step has one line."""
-    if not path.is_file():
-        return
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    kept = [line for line in lines if _line_step(line) <= step]
-    if len(kept) < len(lines):
-        write_atomic(path, "".join(kept))
-
-
-def _line_step(line: str) -> float:
-    """A metrics line's step; a torn line (the process died writing it) counts as after
-    every step, so it goes."""
-    try:
-        return float(json.loads(line)["step"])
-    except (ValueError, KeyError, TypeError):
-        return float("inf")
 
 
 def run_sft(config: SftRunConfig, *, max_steps: int | None = None) -> list[dict[str, float]]:
