@@ -54,7 +54,7 @@ def machine_info() -> dict[str, Any]:
     try:
         import torch
 
-        from tidal.common.cpu_features import bf16_support
+        from tidal.models.cpu_features import bf16_support
 
         info["torch"] = torch.__version__
         info["torch_threads"] = torch.get_num_threads()

@@ -36,7 +36,7 @@ engine (prepacked linears, SDPA with `enable_gqa` and a bool mask); and plain
 `F.linear`. The current step is profiled:
 `summary.decode_step_profile_<dtype>` is the share of its time per kind of work.
 
-On a CPU without native bf16 (`tidal.common.cpu_features`; AVX2-only, or capped with
+On a CPU without native bf16 (`tidal.models.cpu_features`; AVX2-only, or capped with
 `ONEDNN_MAX_CPU_ISA=AVX2`) a bfloat16 run measures the engine's fallback (bf16 weights
 and cache, fp32 linears) and leaves out what runs on torch's plain bf16 matmul, ~50-100x
 slower than fp32 there and unable to finish: transformers' bf16 `generate()` and the
@@ -64,7 +64,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import print_table, write_result
 from inference_kv import measure_kv
 
-from tidal.common.cpu_features import bf16_support
 from tidal.inference.batching import Batcher
 from tidal.inference.block_manager import blocks_for
 from tidal.inference.config import InferenceConfig
@@ -78,6 +77,7 @@ from tidal.inference.sampling import SamplingParams
 from tidal.inference.sequence import Sequence
 from tidal.models.args import DecoderArgs
 from tidal.models.attention import sdpa
+from tidal.models.cpu_features import bf16_support
 from tidal.models.device import DTYPES
 from tidal.models.layers import DecoderLM
 

@@ -10,7 +10,7 @@ already the dtype, and a row timing the model's forward and backward alone (triv
 loss, no optimizer) show what the loss head and the optimizer cost on top.
 
 Decisions:
-- The compute dtype follows the machine (`tidal.common.cpu_features`): bf16 autocast on
+- The compute dtype follows the machine (`tidal.models.cpu_features`): bf16 autocast on
   CUDA and on CPUs with native bf16; fp32 on a CPU without it, where a bf16 matmul runs
   ~50-100x slower and the bf16 rows would not finish (measured: >15 min on a 2-core
   AVX2 EPYC). `--dtype` overrides it. MFU is against the matmul peak *of the dtype
@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import median_seconds, print_table, write_result
 
 from tidal.batch.tensors import MicroBatchData, positions_for
-from tidal.common.cpu_features import bf16_support
+from tidal.models.cpu_features import bf16_support
 from tidal.trainer.config import ModelConfig, TrainerConfig
 from tidal.trainer.train_step import Trainer
 

@@ -22,12 +22,12 @@ import numpy as np
 import torch
 from common import print_table, write_result
 
-from tidal.common.certs import ensure_certificates
-from tidal.common.channel import make_channel
-from tidal.common.sections import GrpcConfig
-from tidal.common.security import TransportSecurity, ensure_tokens
-from tidal.common.security_config import SecurityConfig
-from tidal.common.server import GrpcServer, ServiceBinding
+from tidal.common.config.shared import GrpcConfig
+from tidal.common.grpc.channel import make_channel
+from tidal.common.grpc.server import GrpcServer, ServiceBinding
+from tidal.common.security.config import SecurityConfig
+from tidal.common.security.credentials import ensure_certificates, ensure_tokens
+from tidal.common.security.transport import TransportSecurity
 from tidal.rpc.v1 import weightsync_pb2 as pb
 from tidal.rpc.v1 import weightsync_pb2_grpc as pb_grpc
 from tidal.weights.client import WeightSyncClient

@@ -47,8 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 from common import print_table, write_result
 
-from tidal.common.ports import free_port
-from tidal.common.security import PLAINTEXT_LOOPBACK
+from tidal.cli.ports import free_port
+from tidal.common.security.transport import PLAINTEXT_LOOPBACK
 from tidal.models.args import DecoderArgs
 from tidal.models.layers import DecoderLM
 from tidal.weightsync.config import BroadcastTransport, WeightSyncConfig

@@ -4,7 +4,7 @@
 size) on in-process grpc.aio servers on free loopback ports, `weightsync_server` one with
 the defaults, so trainer and inference contract tests publish and watch real
 versions rather than a fake. `bf16_path` runs a test once on each bf16 kernel path of
-`tidal.common.cpu_features`: the fallback everywhere, the native one where the CPU has it.
+`tidal.models.cpu_features`: the fallback everywhere, the native one where the CPU has it.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from tidal.common.certs import ensure_certificates
-from tidal.common.cpu_features import FORCE_ENV, bf16_support
-from tidal.common.sections import GrpcConfig
-from tidal.common.security import PLAINTEXT_LOOPBACK, TransportSecurity, ensure_tokens
-from tidal.common.server import GrpcServer, ServiceBinding
+from tidal.common.config.shared import GrpcConfig
+from tidal.common.grpc.server import GrpcServer, ServiceBinding
+from tidal.common.security.credentials import ensure_certificates, ensure_tokens
+from tidal.common.security.transport import PLAINTEXT_LOOPBACK, TransportSecurity
+from tidal.models.cpu_features import FORCE_ENV, bf16_support
 from tidal.rpc.v1 import weightsync_pb2_grpc
 from tidal.weightsync.config import Transport
 from tidal.weightsync.registry import VersionRegistry

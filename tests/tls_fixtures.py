@@ -12,8 +12,8 @@ from pathlib import Path
 
 import grpc
 
-from tidal.common.security import TransportSecurity
-from tidal.common.security_config import SecurityConfig
+from tidal.common.security.config import SecurityConfig
+from tidal.common.security.transport import TransportSecurity
 
 
 def role_security(folder: Path, role: str, mode: str = "mtls") -> TransportSecurity:

@@ -29,5 +29,5 @@ EXPOSE 50054
 # The gRPC health service over the service's own (m)TLS, from TIDAL_SECURITY__* env vars.
 # Generous timeouts: on a loaded host the probe's interpreter start alone took 7 s.
 HEALTHCHECK --interval=10s --timeout=30s --start-period=120s --retries=5 \
-  CMD ["python", "-m", "tidal.common.healthcheck", "--address", "127.0.0.1:50054", "--timeout-s", "20", "--role", "weightsync"]
+  CMD ["python", "-m", "tidal.common.grpc.health_probe", "--address", "127.0.0.1:50054", "--timeout-s", "20", "--role", "weightsync"]
 ENTRYPOINT ["python", "-m", "tidal.weightsync"]

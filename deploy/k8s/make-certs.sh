@@ -17,4 +17,4 @@ hosts="orchestrator,inference,trainer,weightsync"
 for ((i = 0; i < replicas; i++)); do
   hosts="$hosts,inference-$i.inference"
 done
-exec "${PYTHON:-python}" -m tidal.common.make_certs --out "$out" --hosts "$hosts" --name tidal-k8s
+exec "${PYTHON:-python}" -m tidal.common.security.credentials --out "$out" --hosts "$hosts" --name tidal-k8s

@@ -31,11 +31,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tidal.common.sections import Endpoints, GrpcConfig, RunSection, TelemetryConfig
-from tidal.common.security import PLAINTEXT_LOOPBACK
-from tidal.common.security_config import SecurityConfig
-from tidal.common.server import GrpcServer, ServiceBinding
-from tidal.common.tensors import encode_array
+from tidal.batch.tensor_codec import encode_array
+from tidal.common.config.shared import Endpoints, GrpcConfig, RunSection, TelemetryConfig
+from tidal.common.grpc.server import GrpcServer, ServiceBinding
+from tidal.common.security.config import SecurityConfig
+from tidal.common.security.transport import PLAINTEXT_LOOPBACK
 from tidal.inference.config import InferenceConfig, InferenceRunConfig, RequestLimits
 from tidal.inference.service import RunningInference, start_inference
 from tidal.rpc.v1 import common_pb2, weightsync_pb2_grpc

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from tidal.common.sections import Endpoints, GrpcConfig, RunSection, TelemetryConfig
-from tidal.common.security import PLAINTEXT_LOOPBACK
-from tidal.common.security_config import SecurityConfig
+from tidal.common.config.shared import Endpoints, GrpcConfig, RunSection, TelemetryConfig
+from tidal.common.security.config import SecurityConfig
+from tidal.common.security.transport import PLAINTEXT_LOOPBACK
 from tidal.inference.config import InferenceConfig, InferenceRunConfig
 from tidal.inference.service import RunningInference, start_inference
 from tidal.orchestrator.inference_pool import InferencePool

@@ -22,14 +22,14 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from tidal.common.cpu_features import bf16_support
-from tidal.common.sections import Endpoints, GrpcConfig, RunSection, TelemetryConfig
-from tidal.common.security import PLAINTEXT_LOOPBACK
-from tidal.common.security_config import SecurityConfig
-from tidal.common.server import GrpcServer, ServiceBinding
+from tidal.common.config.shared import Endpoints, GrpcConfig, RunSection, TelemetryConfig
+from tidal.common.grpc.server import GrpcServer, ServiceBinding
+from tidal.common.security.config import SecurityConfig
+from tidal.common.security.transport import PLAINTEXT_LOOPBACK
 from tidal.inference.config import InferenceConfig, InferenceRunConfig
 from tidal.inference.service import RunningInference, not_serving_if_ended, start_inference
 from tidal.models.args import DecoderArgs
+from tidal.models.cpu_features import bf16_support
 from tidal.models.hf_checkpoint import load_hf_folder, publishable_state_dict
 from tidal.models.layers import DecoderLM
 from tidal.rpc.v1 import common_pb2, weightsync_pb2_grpc

@@ -9,10 +9,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tidal.common.channel import make_channel
-from tidal.common.sections import GrpcConfig
-from tidal.common.security import PLAINTEXT_LOOPBACK
-from tidal.common.server import GrpcServer, ServiceBinding
+from tidal.common.config.shared import GrpcConfig
+from tidal.common.grpc.channel import make_channel
+from tidal.common.grpc.server import GrpcServer, ServiceBinding
+from tidal.common.security.transport import PLAINTEXT_LOOPBACK
 from tidal.orchestrator.run_status import ProgressState, StepSummary
 from tidal.orchestrator.service import FULL_NAME
 from tidal.orchestrator.servicer import OrchestratorServicer

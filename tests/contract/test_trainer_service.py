@@ -16,11 +16,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
+from tidal.batch.tensor_codec import encode_array
 from tidal.batch.wire import micro_batch_from_proto, payload_sha256
-from tidal.common.channel import make_channel
 from tidal.common.errors import FailedPrecondition
-from tidal.common.security import PLAINTEXT_LOOPBACK
-from tidal.common.tensors import encode_array
+from tidal.common.grpc.channel import make_channel
+from tidal.common.security.transport import PLAINTEXT_LOOPBACK
 from tidal.models.hf_checkpoint import hf_to_native_state_dict
 from tidal.orchestrator.config import RecoveryConfig
 from tidal.orchestrator.peers import PeerError

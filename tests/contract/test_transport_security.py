@@ -21,12 +21,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from tidal.common.certs import ensure_certificates
-from tidal.common.channel import make_channel
+from tidal.common.config.shared import GrpcConfig
 from tidal.common.errors import ConfigError
-from tidal.common.sections import GrpcConfig
-from tidal.common.security import PLAINTEXT_LOOPBACK, TransportSecurity
-from tidal.common.server import GrpcServer
+from tidal.common.grpc.channel import make_channel
+from tidal.common.grpc.server import GrpcServer
+from tidal.common.security.credentials import ensure_certificates
+from tidal.common.security.transport import PLAINTEXT_LOOPBACK, TransportSecurity
 from tidal.rpc.v1 import common_pb2
 from tidal.rpc.v1 import trainer_pb2_grpc as trainer_grpc
 from tidal.rpc.v1 import weightsync_pb2 as ws_pb

@@ -18,7 +18,7 @@ import pytest
 import torch
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from tidal.common.security import PLAINTEXT_LOOPBACK
+from tidal.common.security.transport import PLAINTEXT_LOOPBACK
 from tidal.inference.reload import WeightWatcher
 from tidal.models.args import DecoderArgs
 from tidal.models.layers import DecoderLM

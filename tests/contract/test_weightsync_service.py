@@ -15,8 +15,8 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from tidal.common.channel import make_channel
-from tidal.common.security import PLAINTEXT_LOOPBACK
+from tidal.common.grpc.channel import make_channel
+from tidal.common.security.transport import PLAINTEXT_LOOPBACK
 from tidal.rpc.v1 import weightsync_pb2 as pb
 from tidal.rpc.v1 import weightsync_pb2_grpc as pb_grpc
 from tidal.weights.client import WeightSyncClient

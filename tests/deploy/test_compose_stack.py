@@ -5,7 +5,7 @@ when none answers: engine.py); the offline base image (deploy/base-image.sh); th
 images from dist/ (make test-deploy runs `make wheelhouse` first); `compose up` of
 deploy/compose.yaml with the default config (configs/default.toml with DEFAULT_STEPS RL
 steps, or TIDAL_DEPLOY_STEPS=N), which starts the orchestrator only once the other four
-containers are healthy (the images' HEALTHCHECK: tidal.common.healthcheck over mTLS); one
+containers are healthy (the images' HEALTHCHECK: tidal.common.grpc.health_probe over mTLS); one
 inference replica killed (`docker kill`) as soon as the RL phase is under way; `tidal
 client status` from the host answered by the four live services; the orchestrator's own
 HEALTHCHECK seen passing; the run finishes (orchestrator exits 0) with every RL step done

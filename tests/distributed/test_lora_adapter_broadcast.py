@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file
 
 from tidal.batch.tensors import MicroBatchData, positions_for
-from tidal.common.security import PLAINTEXT_LOOPBACK
+from tidal.common.security.transport import PLAINTEXT_LOOPBACK
 from tidal.trainer.config import ModelConfig, TrainerConfig
 from tidal.trainer.publisher import WeightPublisher
 from tidal.trainer.train_step import Trainer

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tidal.cli.config import RunConfig
-from tidal.common.config import load_config
+from tidal.common.config.loading import load_config
 from tidal.trainer.memory_planner.estimate import Workload
 from tidal.trainer.memory_planner.fit import candidates
 from tidal.trainer.memory_planner.levers import Levers

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tidal.common.ports import free_port
+from tidal.cli.ports import free_port
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,5 +1,6 @@
 """No orphans, whatever dies: a launcher killed with SIGKILL takes its services with it
-(none keeps running or holds its port; tidal.common.lifeline), and a service that keeps
+(none keeps running or holds its port; tidal.common.process.launcher_watch), and a service that
+keeps
 dying is restarted until its budget is spent, then the run fails naming it, with its last
 log lines, and stops the others (tidal.cli.supervision)."""
 

@@ -19,7 +19,7 @@ import pytest
 
 from tidal.cli.config import RunConfig
 from tidal.cli.launcher import START_ORDER, prepare_run_dir
-from tidal.common.config import load_config
+from tidal.common.config.loading import load_config
 from tidal.rpc.v1 import common_pb2, trainer_pb2_grpc
 
 from ..tls_fixtures import role_channel

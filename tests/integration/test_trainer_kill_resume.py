@@ -25,9 +25,9 @@ import pytest
 import tomli_w
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tidal.common.certs import ensure_certificates
-from tidal.common.ports import free_port
-from tidal.common.tensors import encode_array
+from tidal.batch.tensor_codec import encode_array
+from tidal.cli.ports import free_port
+from tidal.common.security.credentials import ensure_certificates
 from tidal.rpc.v1 import common_pb2
 from tidal.rpc.v1 import trainer_pb2 as pb
 from tidal.rpc.v1 import trainer_pb2_grpc as pb_grpc

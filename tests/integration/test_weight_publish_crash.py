@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tidal.common.security import PLAINTEXT_LOOPBACK
+from tidal.common.security.transport import PLAINTEXT_LOOPBACK
 from tidal.trainer.publisher import WeightPublisher
 from tidal.weights.client import WeightSyncClient
 from tidal.weights.folder import TMP_PREFIX, load_version
@@ -31,7 +31,7 @@ TRAINER = """
 import asyncio, sys
 from pathlib import Path
 import torch
-from tidal.common.security import PLAINTEXT_LOOPBACK
+from tidal.common.security.transport import PLAINTEXT_LOOPBACK
 from tidal.trainer.publisher import WeightPublisher
 from tidal.weights.client import WeightSyncClient
 

@@ -28,8 +28,8 @@ import pytest
 import tomli_w
 import torch
 
-from tidal.common.ports import free_port
-from tidal.common.security import PLAINTEXT_LOOPBACK
+from tidal.cli.ports import free_port
+from tidal.common.security.transport import PLAINTEXT_LOOPBACK
 from tidal.weights.client import WeightSyncClient
 from tidal.weights.folder import version_dir, write_version
 from tidal.weights.manifest import MANIFEST_FILE, WEIGHTS_FILE, WeightManifest

@@ -154,3 +154,63 @@ def test_the_walk_sees_function_level_and_relative_imports(tmp_path: Path) -> No
     path.write_text("def f():\n    from tidal.x import y\n    from . import sibling\n")
     names = set(imported_names("tidal.pkg.mod", path))
     assert {"tidal.x", "tidal.x.y", "tidal.pkg", "tidal.pkg.sibling"} <= names
+
+
+def package_of(module: str, modules: dict[str, Path]) -> str:
+    """The installable package a module belongs to: a service, a library, or the CLI."""
+    parts = modules[module].relative_to(ROOT).parts
+    return parts[1] if parts[0] in ("services", "libs") else "cli"
+
+
+def runs_as_a_program(path: Path) -> bool:
+    """A `python -m` entry point (the container health probe, `tidal certs`) has users
+    outside the import graph: deployments run it."""
+    return '__name__ == "__main__"' in path.read_text()
+
+
+def common_consumers(graph: dict[str, set[str]], modules: dict[str, Path]) -> dict[str, set[str]]:
+    """For each `tidal.common` module, the other packages that import it directly or
+    through other `tidal.common` modules."""
+    common = {m for m in modules if package_of(m, modules) == "common"}
+    consumers: dict[str, set[str]] = {m: set() for m in common}
+    for module, targets in graph.items():
+        if module in common:
+            continue
+        seen, todo = set(), [t for t in targets if t in common]
+        while todo:
+            target = todo.pop()
+            if target not in seen:
+                seen.add(target)
+                todo.extend(t for t in graph[target] if t in common)
+        for target in seen:
+            consumers[target].add(package_of(module, modules))
+    return consumers
+
+
+def test_every_common_module_serves_more_than_one_package() -> None:
+    """`tidal.common` holds what several packages share; a module only one package uses
+    belongs in that package."""
+    modules = project_modules()
+    consumers = common_consumers(import_graph(), modules)
+    lonely = {
+        module: sorted(users)
+        for module, users in consumers.items()
+        if len(users) < 2 and not runs_as_a_program(modules[module])
+        if not module.endswith("__init__") and modules[module].name != "__init__.py"
+    }
+    assert lonely == {}, "move each to the package that uses it"
+
+
+def test_the_consumer_count_follows_imports_through_common() -> None:
+    graph = {"tidal.x.a": {"tidal.common.b"}, "tidal.common.b": {"tidal.common.c"}}
+    graph |= {"tidal.common.c": set(), "tidal.y.d": {"tidal.common.c"}}
+    modules = {
+        "tidal.x.a": ROOT / "services/x/src/tidal/x/a.py",
+        "tidal.y.d": ROOT / "libs/y/src/tidal/y/d.py",
+        "tidal.common.b": ROOT / "libs/common/src/tidal/common/b.py",
+        "tidal.common.c": ROOT / "libs/common/src/tidal/common/c.py",
+    }
+    assert common_consumers(graph, modules) == {
+        "tidal.common.b": {"x"},
+        "tidal.common.c": {"x", "y"},
+    }

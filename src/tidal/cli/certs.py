@@ -1,11 +1,11 @@
-"""The credentials `tidal rl` makes for a run (`tidal certs` itself: tidal.common.make_certs)."""
+"""The credentials `tidal rl` makes for a run (`tidal certs` itself:
+tidal.common.security.credentials)."""
 
 from __future__ import annotations
 
-from tidal.common.certs import ensure_certificates
+from tidal.common.config.shared import SharedConfig
 from tidal.common.errors import ConfigError
-from tidal.common.sections import SharedConfig
-from tidal.common.security import ensure_tokens
+from tidal.common.security.credentials import ensure_certificates, ensure_tokens
 
 
 def ensure_run_credentials(config: SharedConfig) -> list[str]:

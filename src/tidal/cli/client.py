@@ -11,7 +11,7 @@ Addresses come from the run config (`endpoints.*`), so pointing at a run's resol
 asks `endpoints.inference` (replica 0 of a `tidal rl` run; point it at another to try it).
 
 Every command first connects with a short timeout (`--connect-timeout`,
-tidal.common.channel.connect): a service that is down is reported at once as "cannot
+tidal.common.grpc.channel.connect): a service that is down is reported at once as "cannot
 reach <service> at <address>", not as a DEADLINE_EXCEEDED after the call's whole
 deadline. `status` checks the four services concurrently.
 
@@ -33,11 +33,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
 from rich.table import Table
 
-from tidal.common.channel import CONNECT_TIMEOUT_S, connect, wait_connected
-from tidal.common.config import load_or_exit
+from tidal.common.config.loading import load_or_exit
+from tidal.common.config.shared import SERVICES, ServiceRunConfig
 from tidal.common.errors import ConfigError, Unreachable
-from tidal.common.sections import SERVICES, ServiceRunConfig
-from tidal.common.security import for_service
+from tidal.common.grpc.channel import CONNECT_TIMEOUT_S, connect, wait_connected
+from tidal.common.security.transport import for_service
 from tidal.orchestrator.config import ChatConfig
 from tidal.orchestrator.prompt_rendering import PromptRenderer
 from tidal.orchestrator.tasks.base import Problem

@@ -14,7 +14,7 @@ from pydantic import model_validator
 from tidal.cli.placement import DeploymentConfig
 from tidal.cli.slurm import SlurmConfig
 from tidal.cli.supervision import SupervisionConfig
-from tidal.common.sections import SharedConfig
+from tidal.common.config.shared import SharedConfig
 from tidal.inference.config import InferenceConfig
 from tidal.orchestrator.config import OrchestratorConfig
 from tidal.trainer.config import TrainerConfig

@@ -8,7 +8,8 @@ Decisions:
   only, which then stops every child in order with SIGTERM (graceful gRPC shutdown) and
   SIGKILL after a grace period, so nothing is left running.
 - A launcher that is itself killed (SIGKILL, the OOM killer) cannot do that, so every
-  child also dies with it on its own (tidal.common.lifeline): on Linux by a parent-death
+  child also dies with it on its own (tidal.common.process.launcher_watch): on Linux by a
+  parent-death
   signal (PR_SET_PDEATHSIG = SIGTERM, set between fork and exec, so the kernel delivers
   it however the launcher dies, and the child still shuts down gracefully), and on every
   OS by a watchdog thread in each service watching the launcher's pid
@@ -21,7 +22,7 @@ Decisions:
   gets its CUDA_VISIBLE_DEVICES; placement.py); `[slurm]` writes (and submits) an sbatch
   script instead of running anything here (slurm.py).
 - An existing run folder is never replaced silently: `--overwrite` deletes it first
-  (only ever a folder strictly inside `run.output_dir`: `tidal.common.removal`, and
+  (only ever a folder strictly inside `run.output_dir`: `tidal.common.files.safe_remove`, and
   `run.name` is a plain name), `--resume` continues it (keeps its progress, checkpoints,
   weights and logs; the trainer gets `--resume`, the orchestrator
   `--orchestrator.resume true`), and neither is an error naming both. Resuming needs a
@@ -60,13 +61,13 @@ from tidal.cli.children import inference_replicas
 from tidal.cli.config import LAUNCHER_SECTIONS, RunConfig
 from tidal.cli.metrics_targets import with_metrics_ports
 from tidal.cli.placement import place, trainer_world_size, visible_gpus
+from tidal.cli.ports import free_port
 from tidal.cli.run_timing import finish_summary, launch_env, print_final_summary, process_start_time
 from tidal.cli.slurm import SlurmConfig, submit, write_job
 from tidal.cli.supervision import ChildSpec, Supervisor
-from tidal.common.config import load_or_exit, to_toml
+from tidal.common.config.loading import load_or_exit, to_toml
 from tidal.common.errors import ConfigError
-from tidal.common.ports import free_port
-from tidal.common.removal import remove_inside
+from tidal.common.files.safe_remove import remove_inside
 from tidal.orchestrator.wandb_sink import import_wandb
 from tidal.trainer.parallel.config import check_parallel
 

@@ -58,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         plan(rest)
     elif command == "certs":
-        from tidal.common.make_certs import main as certs
+        from tidal.common.security.credentials import main as certs
 
         certs(rest)
     elif command == "client":

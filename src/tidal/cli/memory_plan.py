@@ -31,9 +31,9 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator
 
 from tidal.cli.config import RunConfig
-from tidal.common.config import BaseConfig, ConfigError, load_config
-from tidal.common.config_help import option_line
-from tidal.common.config_schema import field_default
+from tidal.common.config.help import option_line
+from tidal.common.config.loading import BaseConfig, ConfigError, load_config
+from tidal.common.config.schema import field_default
 from tidal.trainer.memory_planner.estimate import (
     MemoryPlan,
     Workload,

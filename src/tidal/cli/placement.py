@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from tidal.common.config import BaseConfig
+from tidal.common.config.loading import BaseConfig
 from tidal.common.errors import ConfigError
 
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")

@@ -27,7 +27,7 @@ import os
 import time
 from pathlib import Path
 
-from tidal.common.durable import write_atomic
+from tidal.common.files.durable import write_atomic
 
 LAUNCHED_AT_ENV = "TIDAL_LAUNCHED_AT"
 SUMMARY_FILE = "summary.json"

@@ -36,9 +36,9 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from tidal.common.config import BaseConfig, to_toml
+from tidal.common.config.loading import BaseConfig, to_toml
 from tidal.common.errors import ConfigError
-from tidal.common.security_config import SecurityConfig
+from tidal.common.security.config import SecurityConfig
 
 DEFAULT_TEMPLATE = Path(__file__).resolve().parent / "templates" / "tidal.sbatch.j2"
 SCRIPT_NAME = "tidal.sbatch"
@@ -168,7 +168,7 @@ def render(
 
     Node names are known only when the job runs, so unless `security.tls_dir` brings the
     certificates, the script makes a CA and certificates for the job's nodes at its start
-    (`tidal.common.make_certs`, in `<run dir>/tls-job-<id>`) and points the services at
+    (`tidal.common.security.credentials`, in `<run dir>/tls-job-<id>`) and points the services at
     them. Plaintext is refused: the job binds 0.0.0.0."""
     security = security or SecurityConfig()
     if security.mode == "plaintext":

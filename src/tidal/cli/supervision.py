@@ -24,7 +24,8 @@ Decisions:
   the summary table) and written to `<run dir>/supervision.json` (restarts per
   service and one record per exit: service, exit reason, restarted or not), which is how
   a harness checks what happened. A restarted child also gets its count in
-  `TIDAL_RESTARTS`, which it reports as `tidal_restarts_total` (tidal.common.metrics).
+  `TIDAL_RESTARTS`, which it reports as `tidal_restarts_total`
+  (tidal.common.observability.prometheus).
 - Stopping (the run ended, failed or was interrupted): the supervising tasks are
   cancelled first, so nothing restarts meanwhile, then every running child gets SIGTERM
   in reverse start order and SIGKILL after a grace period.
@@ -46,9 +47,9 @@ from pathlib import Path
 
 from pydantic import Field
 
-from tidal.common.config import BaseConfig
-from tidal.common.lifeline import launcher_env, parent_death_signal
-from tidal.common.metrics import RESTARTS_ENV
+from tidal.common.config.loading import BaseConfig
+from tidal.common.observability.prometheus import RESTARTS_ENV
+from tidal.common.process.launcher_watch import launcher_env, parent_death_signal
 
 ECHOED = {"orchestrator"}
 TAIL_LINES = 30
@@ -116,7 +117,9 @@ async def start_child(
     spec: ChildSpec, config_path: Path, log_dir: Path, args: Sequence[str], *, restarts: int = 0
 ) -> Child:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **launcher_env(), **spec.env}
-    env[RESTARTS_ENV] = str(restarts)  # the child's tidal_restarts_total (tidal.common.metrics)
+    env[RESTARTS_ENV] = str(
+        restarts
+    )  # the child's tidal_restarts_total (tidal.common.observability.prometheus)
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",

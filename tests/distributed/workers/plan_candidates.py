@@ -23,7 +23,7 @@ from trainer_ranks import step_batches
 
 from tidal.cli.config import RunConfig
 from tidal.cli.memory_plan import overlay
-from tidal.common.config import load_config
+from tidal.common.config.loading import load_config
 from tidal.trainer.memory_planner.estimate import Workload
 from tidal.trainer.memory_planner.fit import candidates
 from tidal.trainer.memory_planner.levers import Levers

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from tidal.batch.packing import TrainSample, build_micro_batch
+from tidal.batch.tensor_codec import encode_array
 from tidal.batch.wire import WIRE_DTYPES, micro_batch_from_proto, micro_batch_to_proto
 from tidal.common.errors import InvalidArgument
-from tidal.common.tensors import encode_array
 
 SAMPLES = [
     TrainSample((256, 1, 2), (3, 4), advantage=0.5, completion_logprobs=(-0.1, -0.2)),

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tidal.cli import client
-from tidal.common.ports import free_address
-from tidal.common.sections import SERVICES
+from tidal.cli.ports import free_address
+from tidal.common.config.shared import SERVICES
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[3] / "configs" / "default.toml"
 WITHIN_S = 3.0

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tidal.cli.client import run_prompts
+from tidal.common.config.shared import ServiceRunConfig
 from tidal.common.errors import ConfigError
-from tidal.common.sections import ServiceRunConfig
 from tidal.orchestrator.tasks import Problem
 
 from ...hf_folders import build_model_folder

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tidal.cli.config import RunConfig
-from tidal.common.config import load_config
+from tidal.common.config.loading import load_config
 from tidal.orchestrator.config import ArithmeticTaskConfig, CountdownTaskConfig
 from tidal.weightsync.config import StreamTransport
 

@@ -16,7 +16,7 @@ from tidal.cli.config import RunConfig
 from tidal.cli.main import main
 from tidal.cli.memory_plan import parse_bytes
 from tidal.cli.memory_plan import run as plan
-from tidal.common.config import load_config, to_toml
+from tidal.common.config.loading import load_config, to_toml
 
 from ...hf_folders import write_tokenizer
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tidal.cli.memory_plan import main, split_plan_args
-from tidal.common.config import ConfigError
+from tidal.common.config.loading import ConfigError
 
 
 def plan_help(capsys: pytest.CaptureFixture[str]) -> str:

@@ -15,7 +15,7 @@ import pytest
 from tidal.cli.config import RunConfig
 from tidal.cli.launcher import prepare_run_dir
 from tidal.cli.main import main
-from tidal.common.config import load_config
+from tidal.common.config.loading import load_config
 from tidal.inference.config import InferenceRunConfig
 from tidal.orchestrator.config import OrchestratorRunConfig
 from tidal.trainer.config import TrainerRunConfig

@@ -10,7 +10,7 @@ import pytest
 
 from tidal.cli.config import RunConfig
 from tidal.cli.launcher import prepare_run_dir
-from tidal.common.config import load_config
+from tidal.common.config.loading import load_config
 from tidal.common.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -14,9 +14,9 @@ from tidal.cli.children import split_devices
 from tidal.cli.config import RunConfig
 from tidal.cli.launcher import apply_placement, child_specs, prepare_run_dir
 from tidal.cli.slurm import SlurmConfig, render
-from tidal.common.config import load_config
+from tidal.common.config.loading import load_config
+from tidal.common.config.shared import Endpoints
 from tidal.common.errors import ConfigError
-from tidal.common.sections import Endpoints
 
 ROOT = Path(__file__).resolve().parents[3]
 DEFAULT = ["@", str(ROOT / "configs" / "default.toml")]

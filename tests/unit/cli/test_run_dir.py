@@ -11,7 +11,7 @@ import pytest
 from tidal.cli.config import RunConfig
 from tidal.cli.launcher import prepare_run_dir
 from tidal.cli.main import main
-from tidal.common.config import load_config
+from tidal.common.config.loading import load_config
 from tidal.common.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tidal.cli.slurm import SlurmConfig, render
+from tidal.common.config.shared import Endpoints
 from tidal.common.errors import ConfigError
-from tidal.common.sections import Endpoints
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -1,4 +1,5 @@
-"""Run certificates (tidal.common.certs) and tokens: what `tidal rl` and `tidal certs`
+"""Run certificates (tidal.common.security.credentials) and tokens: what `tidal rl` and `tidal
+certs`
 write, with which permissions, and that a run folder keeps its identities on resume."""
 
 from __future__ import annotations
@@ -11,8 +12,14 @@ import pytest
 from cryptography import x509
 
 from tidal.cli.launcher import prepare_run_dir
-from tidal.common.certs import ROLES, ensure_certificates, role_of_certificate
-from tidal.common.security import VERIFIERS_FILE, ensure_tokens, token_digest
+from tidal.common.security.credentials import (
+    ROLES,
+    VERIFIERS_FILE,
+    ensure_certificates,
+    ensure_tokens,
+    role_of_certificate,
+    token_digest,
+)
 
 from ..cli.test_run_dir import run_config
 

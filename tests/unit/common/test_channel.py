@@ -10,10 +10,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tidal.common import ports
-from tidal.common.channel import connect
+from tidal.cli import ports
 from tidal.common.errors import Unreachable
-from tidal.common.security import PLAINTEXT_LOOPBACK
+from tidal.common.grpc.channel import connect
+from tidal.common.security.transport import PLAINTEXT_LOOPBACK
 
 
 @pytest.fixture

@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from tidal.common.config import BaseConfig, ConfigError, load_config, load_or_exit, split_argv
+from tidal.common.config.loading import (
+    BaseConfig,
+    ConfigError,
+    load_config,
+    load_or_exit,
+    split_argv,
+)
 
 
 class Optim(BaseConfig):

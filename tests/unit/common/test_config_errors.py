@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 import pytest
 from pydantic import Field
 
-from tidal.common.config import BaseConfig, ConfigError, load_config
+from tidal.common.config.loading import BaseConfig, ConfigError, load_config
 
 
 class Circle(BaseConfig):

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from tidal.common.config import BaseConfig, help_text
+from tidal.common.config.loading import BaseConfig, help_text
 
 
 class Circle(BaseConfig):

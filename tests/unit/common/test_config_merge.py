@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from tidal.common.config import BaseConfig, load_config
+from tidal.common.config.loading import BaseConfig, load_config
 
 
 class Circle(BaseConfig):

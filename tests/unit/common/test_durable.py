@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tidal.common.durable import commit_dir, fsync_tree, write_atomic
+from tidal.common.files.durable import commit_dir, fsync_tree, write_atomic
 
 
 def test_write_atomic_replaces_the_file_and_leaves_no_temp(tmp_path: Path) -> None:
@@ -40,7 +40,7 @@ def test_commit_dir_never_replaces_an_existing_version(tmp_path: Path) -> None:
 def test_write_hashed_returns_the_sha256_of_exactly_the_bytes_written(tmp_path: Path) -> None:
     import hashlib
 
-    from tidal.common.durable import IO_SLICE, write_hashed
+    from tidal.common.files.durable import IO_SLICE, write_hashed
 
     chunks = [b"header", bytearray(range(256)) * 7, memoryview(b"x" * (IO_SLICE + 3)), b""]
     path = tmp_path / "f.bin"
@@ -52,7 +52,7 @@ def test_write_hashed_returns_the_sha256_of_exactly_the_bytes_written(tmp_path: 
 
 
 def test_write_hashed_raises_what_the_hashing_thread_raised(tmp_path: Path) -> None:
-    from tidal.common.durable import write_hashed
+    from tidal.common.files.durable import write_hashed
 
     with pytest.raises(TypeError):
         write_hashed(tmp_path / "f.bin", [b"ok", "not bytes"])  # type: ignore[list-item]

@@ -9,7 +9,7 @@ from pathlib import Path
 SCRIPT = """
 import atexit, sys, threading, time
 from pathlib import Path
-from tidal.common.fast_exit import run_and_exit
+from tidal.common.process.fast_exit import run_and_exit
 
 out = Path(sys.argv[1])
 

@@ -13,12 +13,12 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tidal.common.channel import make_channel
+from tidal.common.config.shared import GrpcConfig
 from tidal.common.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
-from tidal.common.logging import request_id_var
-from tidal.common.sections import GrpcConfig
-from tidal.common.security import PLAINTEXT_LOOPBACK
-from tidal.common.server import GrpcServer, ServiceBinding
+from tidal.common.grpc.channel import make_channel
+from tidal.common.grpc.server import GrpcServer, ServiceBinding
+from tidal.common.observability.logging import request_id_var
+from tidal.common.security.transport import PLAINTEXT_LOOPBACK
 from tidal.rpc.v1 import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
 
 FAILURES = {

@@ -9,8 +9,8 @@ import base64
 from pathlib import Path
 from typing import Any
 
-from tidal.common.authz import ANY_ROLE, POLICY
-from tidal.common.sections import SERVICES, Endpoints, ServiceRunConfig, SharedConfig
+from tidal.common.config.shared import SERVICES, Endpoints, ServiceRunConfig, SharedConfig
+from tidal.common.security.authz import ANY_ROLE, POLICY
 from tidal.inference.config import InferenceRunConfig
 from tidal.orchestrator.config import OrchestratorRunConfig
 from tidal.trainer.config import TrainerRunConfig

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tidal.cli.config import RunConfig
-from tidal.common.config import ParsedArgs, compose, validate
+from tidal.common.config.loading import ParsedArgs, compose, validate
 
 from ...deploy.engine import compose_command
 
@@ -124,7 +124,7 @@ def test_dockerfile_installs_its_wheel_as_a_non_root_user_with_a_healthcheck(
     probe = re.search(r"HEALTHCHECK .*\n\s+CMD (\[.*\])", text)
     assert probe is not None
     argv = yaml.safe_load(probe.group(1))
-    assert argv[:3] == ["python", "-m", "tidal.common.healthcheck"]
+    assert argv[:3] == ["python", "-m", "tidal.common.grpc.health_probe"]
     assert argv[argv.index("--address") + 1] == f"127.0.0.1:{PORTS[service]}"
     assert argv[argv.index("--role") + 1] == service
     assert f'ENTRYPOINT ["python", "-m", "tidal.{service}"]' in text

@@ -7,7 +7,7 @@ objects) from a copy of deploy/k8s whose TLS secrets were made by the real
 of `K8S_VERSION` (kubernetes-validate, strict: unknown fields are errors), and the
 manifests are compared with the code they deploy: ports and probes with the config
 defaults, each container's environment with its service's config class, the replica list
-with the StatefulSet, the NetworkPolicy with `tidal.common.authz.POLICY`. The TLS Secrets
+with the StatefulSet, the NetworkPolicy with `tidal.common.security.authz.POLICY`. The TLS Secrets
 are checked in test_k8s_tls.py.
 """
 
@@ -25,10 +25,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tidal.common.certs import ROLES
-from tidal.common.config import load_config
-from tidal.common.sections import SERVICES
-from tidal.common.security_config import is_loopback
+from tidal.common.config.loading import load_config
+from tidal.common.config.shared import SERVICES
+from tidal.common.security.config import is_loopback
+from tidal.common.security.credentials import ROLES
 from tidal.orchestrator.config import OrchestratorRunConfig
 from tidal.trainer.config import TrainerRunConfig
 from tidal.weightsync.config import WeightSyncRunConfig
@@ -111,7 +111,7 @@ def test_ports_probes_and_scrape_annotations_match_the_config_defaults(
         {"name": "metrics", "containerPort": metrics, "protocol": "TCP"},
     ]
     address = f"127.0.0.1:{port}"
-    probe = ["python", "-m", "tidal.common.healthcheck", "--address", address, "--role", role]
+    probe = ["python", "-m", "tidal.common.grpc.health_probe", "--address", address, "--role", role]
     for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert spec[kind]["exec"]["command"] == probe, kind
     service = find(objects, "Service", role)
@@ -127,16 +127,19 @@ def test_ports_probes_and_scrape_annotations_match_the_config_defaults(
     assert annotations["prometheus.io/scrape"] == "true"
     assert annotations["prometheus.io/port"] == str(metrics)
     assert annotations["prometheus.io/path"] == "/metrics"
-    # Metrics are HTTPS off loopback (tidal.common.metrics), and the pods bind 0.0.0.0.
+    # Metrics are HTTPS off loopback (tidal.common.observability.prometheus), and the pods bind
+    # 0.0.0.0.
     bind_host = find(objects, "ConfigMap", "tidal-env")["data"]["TIDAL_GRPC__BIND_HOST"]
     assert not is_loopback(bind_host) and annotations["prometheus.io/scheme"] == "https"
 
 
 def test_the_probe_command_exists_once_the_healthcheck_module_lands() -> None:
-    if importlib.util.find_spec("tidal.common.healthcheck") is None:
-        pytest.skip("tidal.common.healthcheck (issue 18, docker helper) is not on this branch")
+    if importlib.util.find_spec("tidal.common.grpc.health_probe") is None:
+        pytest.skip(
+            "tidal.common.grpc.health_probe (issue 18, docker helper) is not on this branch"
+        )
     result = subprocess.run(
-        [sys.executable, "-m", "tidal.common.healthcheck", "--help"],
+        [sys.executable, "-m", "tidal.common.grpc.health_probe", "--help"],
         capture_output=True,
         text=True,
     )

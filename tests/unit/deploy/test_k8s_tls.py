@@ -18,10 +18,10 @@ from cryptography import x509
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from tidal.common.certs import role_of_certificate
-from tidal.common.sections import SERVICES
-from tidal.common.security import TransportSecurity
-from tidal.common.security_config import SecurityConfig
+from tidal.common.config.shared import SERVICES
+from tidal.common.security.config import SecurityConfig
+from tidal.common.security.credentials import role_of_certificate
+from tidal.common.security.transport import TransportSecurity
 
 from .k8s_render import (
     Obj,

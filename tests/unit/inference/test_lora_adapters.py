@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from tidal.batch.tensors import MicroBatchData, positions_for
-from tidal.common.security import PLAINTEXT_LOOPBACK
+from tidal.common.security.transport import PLAINTEXT_LOOPBACK
 from tidal.inference.adapters import AdapterMerger
 from tidal.inference.reload import WeightWatcher
 from tidal.trainer.config import ModelConfig, TrainerConfig

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tidal.common.config.shared import RunSection
 from tidal.common.errors import InvalidArgument
-from tidal.common.sections import RunSection
 from tidal.inference.config import InferenceConfig, InferenceRunConfig
 from tidal.inference.native import NativeEngine
 from tidal.inference.paged_engine import PagedEngine

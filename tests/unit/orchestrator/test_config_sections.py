@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tidal.cli.config import RunConfig
-from tidal.common.config import ConfigError, load_config
+from tidal.common.config.loading import ConfigError, load_config
 from tidal.orchestrator.config import MOVED_KEYS, OrchestratorConfig, OrchestratorRunConfig
 
 

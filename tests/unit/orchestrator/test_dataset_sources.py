@@ -12,7 +12,7 @@ import datasets
 import pytest
 from pydantic import ValidationError
 
-from tidal.common.config import to_toml
+from tidal.common.config.loading import to_toml
 from tidal.common.errors import ConfigError
 from tidal.orchestrator.task_config import DatasetTaskConfig
 from tidal.orchestrator.tasks import build_task

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from tidal.common.config import load_config
+from tidal.common.config.loading import load_config
 from tidal.common.errors import ConfigError
 from tidal.orchestrator.config import OrchestratorConfig
 from tidal.orchestrator.task_config import ReasoningGymTaskConfig

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from tidal.common.config.shared import ServiceRunConfig
 from tidal.common.errors import ConfigError
-from tidal.common.sections import ServiceRunConfig
 from tidal.text.byte import ByteTokenizer
 from tidal.text.chat_template import ChatTemplateError
 from tidal.text.hf import HFTokenizer

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tidal.common.config import load_config
+from tidal.common.config.loading import load_config
 from tidal.common.errors import ConfigError
 from tidal.text.byte import ByteTokenizer
 from tidal.text.conversation import ChatRendering

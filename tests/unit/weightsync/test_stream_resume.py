@@ -19,7 +19,7 @@ import grpc
 import pytest
 import torch
 
-from tidal.common.security import PLAINTEXT_LOOPBACK
+from tidal.common.security.transport import PLAINTEXT_LOOPBACK
 from tidal.rpc.v1 import weightsync_pb2 as pb
 from tidal.rpc.v1 import weightsync_pb2_grpc as pb_grpc
 from tidal.weights.client import WeightSyncClient

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tidal.cli.config import RunConfig
-from tidal.common.config import ConfigError, load_config
+from tidal.common.config.loading import ConfigError, load_config
 from tidal.trainer.config import TrainerConfig
 from tidal.trainer.train_step import Trainer
 

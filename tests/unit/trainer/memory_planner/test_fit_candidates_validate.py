@@ -24,7 +24,7 @@ import torch
 from tidal.batch.tensors import MicroBatchData
 from tidal.cli.config import RunConfig
 from tidal.cli.memory_plan import overlay
-from tidal.common.config import load_config
+from tidal.common.config.loading import load_config
 from tidal.trainer.memory.config import check_levers_at_start
 from tidal.trainer.memory_planner.estimate import Workload
 from tidal.trainer.memory_planner.fit import candidates

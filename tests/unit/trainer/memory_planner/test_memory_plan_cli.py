@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tidal.cli.memory_plan import parse_bytes, run
-from tidal.common.config import ConfigError
+from tidal.common.config.loading import ConfigError
 from tidal.trainer.config import TrainerConfig
 from tidal.trainer.memory_planner.levers import Levers
 

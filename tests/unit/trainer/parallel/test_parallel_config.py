@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from tidal.common.config import load_config
+from tidal.common.config.loading import load_config
 from tidal.common.errors import ConfigError
 from tidal.trainer.config import TrainerConfig, TrainerRunConfig
 

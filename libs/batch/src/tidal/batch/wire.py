@@ -26,8 +26,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from tidal.batch.packing import PackedMicroBatch
+from tidal.batch.tensor_codec import decode_array, encode_array
 from tidal.common.errors import InvalidArgument
-from tidal.common.tensors import decode_array, encode_array
 from tidal.rpc.v1 import trainer_pb2
 
 WIRE_DTYPES: dict[str, str] = {

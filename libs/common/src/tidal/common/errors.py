@@ -1,6 +1,6 @@
 """Domain errors shared by every service.
 
-Domain code raises these; one server interceptor (`tidal.common.interceptors`) maps them
+Domain code raises these; one server interceptor (`tidal.common.grpc.interceptors`) maps them
 to gRPC status codes, so servicers never build status objects by hand. Each class carries
 the status code it maps to. `InvalidArgument` names the offending request field, because
 an INVALID_ARGUMENT message must tell the caller which field to fix.

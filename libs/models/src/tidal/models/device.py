@@ -12,7 +12,7 @@ Decisions:
   GPUs. The orchestrator is torch-free and never imports this module.
 - `native_bf16` answers the "auto" dtype settings (`trainer.precision`,
   `inference.dtype`): bf16 where the device computes it natively (a CUDA GPU with bf16,
-  a CPU whose oneDNN bf16 kernels run: `tidal.common.cpu_features`), fp32 elsewhere, so
+  a CPU whose oneDNN bf16 kernels run: `tidal.models.cpu_features`), fp32 elsewhere, so
   one config is fast on an AMX Xeon and still correct, at fp32 speed, on an AVX2 EPYC.
 """
 
@@ -22,8 +22,8 @@ import logging
 
 import torch
 
-from tidal.common.cpu_features import bf16_support
 from tidal.common.errors import ConfigError
+from tidal.models.cpu_features import bf16_support
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ from collections.abc import AsyncIterator, Mapping
 
 import grpc
 
-from tidal.common.channel import make_channel
-from tidal.common.sections import GrpcConfig
-from tidal.common.security import TransportSecurity
+from tidal.common.config.shared import GrpcConfig
+from tidal.common.grpc.channel import make_channel
+from tidal.common.security.transport import TransportSecurity
 from tidal.rpc.v1 import weightsync_pb2 as pb
 from tidal.rpc.v1 import weightsync_pb2_grpc as pb_grpc
 from tidal.weights.convert import (

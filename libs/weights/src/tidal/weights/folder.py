@@ -9,7 +9,7 @@ sha256 before loading (`load_version`), so a corrupted file is refused, not load
 
 Each side hashes once. `write_version` encodes the files in memory (`codec.encode_files`; a
 sender passes the previous version's buffer back to it) and `stage_files` hashes the bytes
-on a second thread while it writes them (`tidal.common.durable.write_hashed`), with no
+on a second thread while it writes them (`tidal.common.files.durable.write_hashed`), with no
 second read of the file (it used to be `safetensors.torch.save_file`, then `sha256_file`
 re-reading it). `stage_files` stops before the rename: the trainer writes a version
 while its checkpoint is being saved and makes it visible (`StagedVersion.commit`) only
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tidal.common.durable import IO_SLICE, commit_dir, fsync_path, write_hashed
-from tidal.common.removal import remove_inside
+from tidal.common.files.durable import IO_SLICE, commit_dir, fsync_path, write_hashed
+from tidal.common.files.safe_remove import remove_inside
 from tidal.weights.manifest import (
     FULL_WEIGHTS,
     MANIFEST_FILE,

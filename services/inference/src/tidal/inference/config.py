@@ -11,8 +11,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from tidal.common.config import BaseConfig
-from tidal.common.sections import ServiceRunConfig
+from tidal.common.config.loading import BaseConfig
+from tidal.common.config.shared import ServiceRunConfig
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 

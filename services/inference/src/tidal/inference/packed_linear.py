@@ -17,7 +17,7 @@ Decisions:
 - Cost: one packed copy of every linear weight (about the model's size again). Results
   differ from `F.linear` by float rounding only (another summation order): the engine's
   equivalence tests (tokens alone vs batched, logprobs vs the trainer's recompute) hold.
-- bf16 weights on a CPU without native bf16 (`tidal.common.cpu_features`): oneDNN's bf16
+- bf16 weights on a CPU without native bf16 (`tidal.models.cpu_features`): oneDNN's bf16
   prepack raises there and a plain bf16 matmul runs ~50-100x slower than fp32, so the
   packed copy is the weight upcast to fp32 and the call computes in fp32, casting its
   input up and its output back to bf16. The model, its KV cache and every other op stay
@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tidal.common.cpu_features import bf16_support
+from tidal.models.cpu_features import bf16_support
 
 
 def packing_available(device: torch.device) -> bool:

@@ -23,7 +23,7 @@ from prometheus_client import Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from tidal.common.metrics import LoopCollector, ServiceMetrics
+from tidal.common.observability.prometheus import LoopCollector, ServiceMetrics
 
 if TYPE_CHECKING:
     from tidal.inference.engine import Engine

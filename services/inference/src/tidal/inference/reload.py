@@ -54,7 +54,7 @@ import grpc
 import torch
 from opentelemetry import trace
 
-from tidal.common.telemetry import extract_carrier
+from tidal.common.observability.tracing import extract_carrier
 from tidal.inference.adapters import AdapterMerger, adapter_spec, check_described
 from tidal.inference.engine import Engine
 from tidal.inference.prometheus import InferenceMetrics

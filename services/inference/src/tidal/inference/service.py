@@ -28,15 +28,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tidal.common.config import load_or_exit
-from tidal.common.cpu_features import bf16_cost_warning
-from tidal.common.lifeline import watch_launcher
-from tidal.common.logging import setup_logging
-from tidal.common.metrics import ServiceMetrics
-from tidal.common.security import check_or_exit, for_service
-from tidal.common.server import GrpcServer, ServiceBinding
-from tidal.common.telemetry import setup_telemetry
+from tidal.common.config.loading import load_or_exit
+from tidal.common.grpc.server import GrpcServer, ServiceBinding
+from tidal.common.observability.logging import setup_logging
+from tidal.common.observability.prometheus import ServiceMetrics
+from tidal.common.observability.tracing import setup_telemetry
+from tidal.common.process.launcher_watch import watch_launcher
+from tidal.common.security.transport import check_or_exit, for_service
 from tidal.inference.config import InferenceRunConfig
+from tidal.models.cpu_features import bf16_cost_warning
 from tidal.weights.client import WeightSyncClient
 
 if TYPE_CHECKING:

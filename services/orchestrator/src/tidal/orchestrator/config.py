@@ -21,8 +21,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from tidal.common.config import BaseConfig
-from tidal.common.sections import ServiceRunConfig
+from tidal.common.config.loading import BaseConfig
+from tidal.common.config.shared import ServiceRunConfig
 from tidal.orchestrator.task_config import (
     ArithmeticTaskConfig,
     CountdownTaskConfig,

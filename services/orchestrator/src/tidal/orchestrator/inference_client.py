@@ -10,9 +10,9 @@ from __future__ import annotations
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tidal.common.channel import make_channel
-from tidal.common.sections import GrpcConfig
-from tidal.common.security import TransportSecurity
+from tidal.common.config.shared import GrpcConfig
+from tidal.common.grpc.channel import make_channel
+from tidal.common.security.transport import TransportSecurity
 from tidal.orchestrator.completions import Completion
 from tidal.orchestrator.peers import PeerError, peer_call, wait_serving
 from tidal.rpc.v1 import common_pb2

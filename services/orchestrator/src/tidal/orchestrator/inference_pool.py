@@ -49,8 +49,8 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from tidal.common.sections import GrpcConfig
-from tidal.common.security import TransportSecurity
+from tidal.common.config.shared import GrpcConfig
+from tidal.common.security.transport import TransportSecurity
 from tidal.orchestrator.completions import Completion
 from tidal.orchestrator.inference_client import InferenceClient
 from tidal.orchestrator.peers import PeerError

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tidal.common.step_lines import line_step
+from tidal.common.files.step_jsonl import line_step
 
 log = logging.getLogger(__name__)
 METRICS_FILE = "metrics.jsonl"

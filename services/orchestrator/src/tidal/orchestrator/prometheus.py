@@ -20,7 +20,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from tidal.common.metrics import ServiceMetrics
+from tidal.common.observability.prometheus import ServiceMetrics
 from tidal.orchestrator.inflight import InflightLimiter
 from tidal.orchestrator.metrics import StepMetrics
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from tidal.common.durable import write_atomic
+from tidal.common.files.durable import write_atomic
 from tidal.orchestrator.metrics import StepMetrics
 
 REWARD_PLOT = "reward.png"

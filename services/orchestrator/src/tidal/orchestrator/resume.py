@@ -26,9 +26,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tidal.common.durable import write_atomic
 from tidal.common.errors import ConfigError
-from tidal.common.step_lines import cut_torn_tail, drop_lines_after
+from tidal.common.files.durable import write_atomic
+from tidal.common.files.step_jsonl import cut_torn_tail, drop_lines_after
 from tidal.orchestrator.metrics import logged_steps
 
 PROGRESS_FILE = "progress.json"

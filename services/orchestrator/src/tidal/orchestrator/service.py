@@ -36,14 +36,14 @@ import sys
 import time
 from collections.abc import Sequence
 
-from tidal.common.config import load_or_exit
+from tidal.common.config.loading import load_or_exit
 from tidal.common.errors import ConfigError
-from tidal.common.lifeline import watch_launcher
-from tidal.common.logging import setup_logging
-from tidal.common.metrics import ServiceMetrics
-from tidal.common.security import check_or_exit, for_service
-from tidal.common.server import GrpcServer, ServiceBinding
-from tidal.common.telemetry import setup_telemetry
+from tidal.common.grpc.server import GrpcServer, ServiceBinding
+from tidal.common.observability.logging import setup_logging
+from tidal.common.observability.prometheus import ServiceMetrics
+from tidal.common.observability.tracing import setup_telemetry
+from tidal.common.process.launcher_watch import watch_launcher
+from tidal.common.security.transport import check_or_exit, for_service
 from tidal.orchestrator.config import OrchestratorRunConfig
 from tidal.orchestrator.contained_verifier import ContainedVerifier
 from tidal.orchestrator.data_parallel import resolve_data_parallel_ranks

@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from tidal.common.config import BaseConfig
+from tidal.common.config.loading import BaseConfig
 
 DEFAULT_EVAL_FRACTION = 0.1
 

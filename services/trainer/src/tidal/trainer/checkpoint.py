@@ -52,8 +52,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tidal.common.durable import fsync_path, fsync_tree
-from tidal.common.removal import remove_inside
+from tidal.common.files.durable import fsync_path, fsync_tree
+from tidal.common.files.safe_remove import remove_inside
 from tidal.trainer import checkpoint_files
 
 log = logging.getLogger(__name__)

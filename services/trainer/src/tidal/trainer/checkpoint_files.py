@@ -35,7 +35,7 @@ from safetensors import safe_open
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
-from tidal.common.durable import write_hashed
+from tidal.common.files.durable import write_hashed
 
 PREFIX = "state."
 SUFFIX = ".safetensors"

@@ -13,9 +13,9 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from tidal.common.config import BaseConfig
+from tidal.common.config.loading import BaseConfig
+from tidal.common.config.shared import ServiceRunConfig, SharedConfig
 from tidal.common.errors import ConfigError
-from tidal.common.sections import ServiceRunConfig, SharedConfig
 from tidal.models.attention_kind import FLASH_ATTN_INSTALL, PackedKind
 from tidal.models.families import MOE_FAMILIES, FamilyName
 from tidal.trainer.memory.config import (

@@ -32,9 +32,9 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from tidal.common.config import BaseConfig, load_or_exit
+from tidal.common.config.loading import BaseConfig, load_or_exit
 from tidal.common.errors import ConfigError
-from tidal.common.logging import setup_logging
+from tidal.common.observability.logging import setup_logging
 from tidal.trainer.config import TrainerRunConfig
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from tidal.common.metrics import ServiceMetrics
+from tidal.common.observability.prometheus import ServiceMetrics
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ import torch
 from opentelemetry import trace
 
 from tidal.common.errors import FailedPrecondition, Unavailable
-from tidal.common.telemetry import inject_carrier
+from tidal.common.observability.tracing import inject_carrier
 from tidal.weights.client import WeightSyncClient
 from tidal.weights.folder import StagedVersion
 from tidal.weights.manifest import FULL_WEIGHTS, LORA_ADAPTERS, WeightManifest

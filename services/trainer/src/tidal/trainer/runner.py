@@ -22,7 +22,7 @@ Decisions:
   A repeated step id is answered from the record only when its payload is the same; with
   other data it is refused (FAILED_PRECONDITION naming the step and both fingerprints),
   and so is a retry of a trained-but-unpublished step with other data. Only the
-  orchestrator's role may call Train (tidal.common.authz); should a foreign step still
+  orchestrator's role may call Train (tidal.common.security.authz); should a foreign step still
   get in (a stolen orchestrator key), the fingerprint makes the run's own orchestrator
   notice when its step n+1 then arrives: refused, and the orchestrator fails the run.
 - Durability: with a `CheckpointManager` and `interval` > 0, every `interval`-th step is

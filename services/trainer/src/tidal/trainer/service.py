@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from tidal.common.errors import FailedPrecondition, Unavailable
-from tidal.common.metrics import ServiceMetrics
-from tidal.common.security import for_service
-from tidal.common.server import GrpcServer, ServiceBinding
-from tidal.common.telemetry import setup_telemetry
+from tidal.common.grpc.server import GrpcServer, ServiceBinding
+from tidal.common.observability.prometheus import ServiceMetrics
+from tidal.common.observability.tracing import setup_telemetry
+from tidal.common.security.transport import for_service
 from tidal.models.device import resolve_device
 from tidal.rpc.v1 import trainer_pb2_grpc as pb_grpc
 from tidal.text.agreement import tokenizer_info

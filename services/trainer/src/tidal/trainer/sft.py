@@ -32,11 +32,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from tidal.batch.packing import TrainSample, pack_micro_batches
-from tidal.common.config import load_or_exit
+from tidal.common.config.loading import load_or_exit
+from tidal.common.config.shared import trainer_model_folder
 from tidal.common.errors import ConfigError
-from tidal.common.logging import setup_logging
-from tidal.common.sections import trainer_model_folder
-from tidal.common.step_lines import drop_lines_after
+from tidal.common.files.step_jsonl import drop_lines_after
+from tidal.common.observability.logging import setup_logging
 from tidal.text.conversation import ChatRendering, uses_template
 from tidal.text.loader import load_tokenizer
 from tidal.trainer.config import SftRunConfig

@@ -41,8 +41,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from tidal.batch.tensors import MicroBatchData
-from tidal.common.durable import commit_dir
-from tidal.common.removal import remove_inside
+from tidal.common.files.durable import commit_dir
+from tidal.common.files.safe_remove import remove_inside
 from tidal.trainer import checkpoint_files
 from tidal.trainer.checkpoint import NAME, step_folders
 from tidal.trainer.served_trainer import LossKind

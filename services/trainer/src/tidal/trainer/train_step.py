@@ -57,8 +57,8 @@ from collections.abc import Callable
 import torch
 
 from tidal.batch.tensors import MicroBatchData
-from tidal.common.cpu_features import bf16_cost_warning
 from tidal.common.errors import FailedPrecondition, InvalidArgument, Unavailable
+from tidal.models.cpu_features import bf16_cost_warning
 from tidal.models.device import native_bf16
 from tidal.models.hf_checkpoint import publishable_state_dict
 from tidal.models.lora import adapter_state_dict

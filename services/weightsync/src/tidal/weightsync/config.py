@@ -13,8 +13,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from tidal.common.config import BaseConfig
-from tidal.common.sections import ServiceRunConfig
+from tidal.common.config.loading import BaseConfig
+from tidal.common.config.shared import ServiceRunConfig
 
 
 class FilesystemTransport(BaseConfig):

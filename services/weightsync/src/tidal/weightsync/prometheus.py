@@ -14,7 +14,7 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from tidal.common.metrics import LoopCollector, ServiceMetrics
+from tidal.common.observability.prometheus import LoopCollector, ServiceMetrics
 from tidal.weightsync.registry import VersionRegistry
 
 

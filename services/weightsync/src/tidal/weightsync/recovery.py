@@ -5,7 +5,7 @@ Decisions:
   lists every required file, and every file's size and sha256 match the manifest. A
   folder that fails any of these (a half-written or corrupted version, a stray
   `v<N>` folder without a manifest) is never served: it is deleted, strictly inside the
-  weights root (`tidal.common.removal.remove_inside`), and the reason is logged. Deleting
+  weights root (`tidal.common.files.safe_remove.remove_inside`), and the reason is logged. Deleting
   rather than quarantining keeps the weights folder bounded by `keep_last`; the log line
   names the file and both digests, which is what an operator needs.
 - Verification reads every byte of every kept version, once, at start-up: with the
@@ -25,7 +25,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-from tidal.common.removal import remove_inside
+from tidal.common.files.safe_remove import remove_inside
 from tidal.weights.folder import sweep_partial
 from tidal.weights.manifest import MANIFEST_FILE, CorruptWeights, WeightManifest, verify_files
 

@@ -12,7 +12,7 @@ restarted service loses nothing.
 Every version holds `REQUIRED_FILES` (a manifest without config.json would register and
 then fail every replica's load): a manifest lacking one is INVALID_ARGUMENT naming the
 file, for Publish and uploads alike. Retention deletes a version's folder only when it
-lies strictly inside the weights root (`tidal.common.removal`); Publish requires the
+lies strictly inside the weights root (`tidal.common.files.safe_remove`); Publish requires the
 location to be exactly `<root>/v<version>` besides.
 
 Durability (docs/weightsync.md, "Restarts"): on start only versions whose every file
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tidal.common.errors import FailedPrecondition, InvalidArgument, NotFound
-from tidal.common.removal import remove_inside
+from tidal.common.files.safe_remove import remove_inside
 from tidal.weights.folder import version_dir
 from tidal.weights.manifest import (
     CONFIG_FILE,

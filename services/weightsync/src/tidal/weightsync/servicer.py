@@ -4,7 +4,7 @@ Every field a caller sets is checked here or in the registry and refused
 INVALID_ARGUMENT naming it (FetchWeights' `offset` against the file's size from the
 manifest, before any file is opened); UploadWeights only when the stream transport is
 in use (FAILED_PRECONDITION otherwise); request sizes are limited by the server
-(`tidal.common.limits`: UploadWeights chunks up to `grpc.max_message_bytes`, every other
+(`tidal.common.grpc.limits`: UploadWeights chunks up to `grpc.max_message_bytes`, every other
 RPC `grpc.max_request_bytes`)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 
 from tidal.common.errors import FailedPrecondition, InvalidArgument
-from tidal.common.telemetry import inject_carrier
+from tidal.common.observability.tracing import inject_carrier
 from tidal.rpc.v1 import weightsync_pb2 as pb
 from tidal.rpc.v1 import weightsync_pb2_grpc as pb_grpc
 from tidal.weights.convert import (

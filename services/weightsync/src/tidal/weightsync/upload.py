@@ -43,9 +43,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
 
-from tidal.common.durable import commit_dir, fsync_path
 from tidal.common.errors import InvalidArgument, Unavailable
-from tidal.common.removal import remove_inside
+from tidal.common.files.durable import commit_dir, fsync_path
+from tidal.common.files.safe_remove import remove_inside
 from tidal.weights.folder import TMP_PREFIX, sweep_partial, version_dir
 from tidal.weights.manifest import MANIFEST_FILE, CorruptWeights, WeightManifest
 

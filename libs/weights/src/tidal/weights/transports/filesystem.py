@@ -13,7 +13,7 @@ import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tidal.common.removal import remove_inside
+from tidal.common.files.safe_remove import remove_inside
 from tidal.weights.codec import encode_files
 from tidal.weights.folder import StagedVersion, load_version, stage_files, version_dir
 from tidal.weights.manifest import WEIGHTS_FILE, WeightManifest

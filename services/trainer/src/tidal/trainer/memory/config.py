@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from tidal.common.config import BaseConfig
+from tidal.common.config.loading import BaseConfig
 from tidal.common.errors import ConfigError
 
 SELECTIVE_TARGETS = ("norm", "attn_proj", "attention", "mlp")

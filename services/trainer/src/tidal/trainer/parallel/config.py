@@ -18,7 +18,7 @@ from typing import ClassVar, Literal, Protocol
 
 from pydantic import Field
 
-from tidal.common.config import BaseConfig
+from tidal.common.config.loading import BaseConfig
 from tidal.common.errors import ConfigError
 from tidal.models.families import MOE_FAMILIES
 from tidal.trainer.parallel.dims import ParallelDims

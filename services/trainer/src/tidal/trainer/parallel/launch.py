@@ -26,10 +26,10 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from tidal.common.config import load_or_exit
-from tidal.common.lifeline import watch_launcher
-from tidal.common.logging import setup_logging
-from tidal.common.security import check_or_exit
+from tidal.common.config.loading import load_or_exit
+from tidal.common.observability.logging import setup_logging
+from tidal.common.process.launcher_watch import watch_launcher
+from tidal.common.security.transport import check_or_exit
 from tidal.trainer.config import TrainerRunConfig
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined, to_jsonable_python
 
-from tidal.common.config_schema import ListOf, Section, Shape, Tagged, field_default, field_shape
+from tidal.common.config.schema import ListOf, Section, Shape, Tagged, field_default, field_shape
 
 INDENT = "      "
 

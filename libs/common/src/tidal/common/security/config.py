@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from tidal.common.config import BaseConfig
+from tidal.common.config.loading import BaseConfig
 
 
 class SecurityConfig(BaseConfig):

@@ -9,7 +9,7 @@ other requests or library internals); an operator finds the traceback by its id.
 binds the request id (`x-request-id` metadata, or a fresh one) to the logging context.
 
 Given the server's `GrpcConfig`, it also applies the transport limits of
-`tidal.common.limits`: each method's request size (through its deserializer) and the
+`tidal.common.grpc.limits`: each method's request size (through its deserializer) and the
 RPCs in flight; both are refused RESOURCE_EXHAUSTED naming the config key.
 
 Tracing is not done here: opentelemetry-instrumentation-grpc's interceptors handle it.
@@ -25,11 +25,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
-
+from tidal.common.config.shared import GrpcConfig
 from tidal.common.errors import TidalError
-from tidal.common.limits import Oversize, RpcSlots, counted, request_limit, sized_deserializer
-from tidal.common.logging import request_id_var
-from tidal.common.sections import GrpcConfig
+from tidal.common.grpc.limits import Oversize, RpcSlots, counted, request_limit, sized_deserializer
+from tidal.common.observability.logging import request_id_var
 
 log = logging.getLogger(__name__)
 

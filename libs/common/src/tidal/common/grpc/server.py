@@ -1,12 +1,13 @@
 """gRPC server helper: one way to build, run and stop every Tidal server.
 
 Every server gets: message size limits per RPC and a limit on RPCs in flight
-(`tidal.common.limits`), the standard health service (grpc_health's aio HealthServicer,
+(`tidal.common.grpc.limits`), the standard health service (grpc_health's aio HealthServicer,
 with a real Watch), the error-mapping and tracing interceptors, the transport security
 its `TransportSecurity` says (TLS/mTLS credentials, the per-role authorization
 interceptor; server reflection only when enabled), and graceful shutdown:
 SIGTERM/SIGINT → health NOT_SERVING → `server.stop(grace)` → the service's own close hook.
-A service's `ServiceMetrics` (tidal.common.metrics), when given, serves `/metrics` from
+A service's `ServiceMetrics` (tidal.common.observability.prometheus), when given, serves `/metrics`
+from
 `start()` to `stop()`, on the gRPC bind host, with the same TLS credentials.
 """
 
@@ -19,18 +20,18 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 
-from tidal.common.authz import AuthorizationInterceptor
-from tidal.common.interceptors import ErrorMappingInterceptor
-from tidal.common.limits import PROBE_HEADROOM, server_options
-from tidal.common.metrics import ServiceMetrics, TlsMaterial
-from tidal.common.sections import GrpcConfig
-from tidal.common.security import TransportSecurity
-from tidal.common.security_config import host_of
+import grpc
+from tidal.common.config.shared import GrpcConfig
+from tidal.common.grpc.interceptors import ErrorMappingInterceptor
+from tidal.common.grpc.limits import PROBE_HEADROOM, server_options
+from tidal.common.observability.prometheus import ServiceMetrics, TlsMaterial
+from tidal.common.security.authz import AuthorizationInterceptor
+from tidal.common.security.config import host_of
+from tidal.common.security.transport import TransportSecurity
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +89,8 @@ class GrpcServer:
         self.health = health.aio.HealthServicer()
         names = [b.full_name for b in self.bindings]
         options = [
-            *server_options(config, names),  # per-server receive limit (tidal.common.limits)
-            # Accept the clients' keepalive pings (tidal.common.channel sends them).
+            *server_options(config, names),  # per-server receive limit (tidal.common.grpc.limits)
+            # Accept the clients' keepalive pings (tidal.common.grpc.channel sends them).
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_recv_ping_interval_without_data_ms", 5000),
             ("grpc.http2.max_ping_strikes", 0),

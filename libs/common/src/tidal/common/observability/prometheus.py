@@ -54,8 +54,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from pydantic import Field
 
-from tidal.common.config import BaseConfig
-from tidal.common.security_config import is_loopback
+from tidal.common.config.loading import BaseConfig
+from tidal.common.security.config import is_loopback
 
 log = logging.getLogger(__name__)
 

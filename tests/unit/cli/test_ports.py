@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tidal.common import ports
+from tidal.cli import ports
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tidal.common.durable import write_atomic
+from tidal.common.files.durable import write_atomic
 
 
 def line_step(line: str) -> int | None:

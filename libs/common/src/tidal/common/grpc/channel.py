@@ -31,14 +31,14 @@ from __future__ import annotations
 import asyncio
 import json
 
-import grpc
 from opentelemetry.instrumentation.grpc import aio_client_interceptors
 
+import grpc
+from tidal.common.config.shared import GrpcConfig
 from tidal.common.errors import Unreachable
-from tidal.common.interceptors import RequestIdClientInterceptor
-from tidal.common.sections import GrpcConfig
-from tidal.common.security import TransportSecurity
-from tidal.common.server import message_options
+from tidal.common.grpc.interceptors import RequestIdClientInterceptor
+from tidal.common.grpc.server import message_options
+from tidal.common.security.transport import TransportSecurity
 
 _SERVICE_CONFIG = json.dumps(
     {

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from tidal.common.cpu_features import (
+from tidal.models.cpu_features import (
     FORCE_ENV,
     bf16_cost_warning,
     bf16_support,

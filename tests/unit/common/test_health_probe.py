@@ -1,4 +1,4 @@
-"""`python -m tidal.common.healthcheck`, the container probe (Docker HEALTHCHECK, k8s exec
+"""`python -m tidal.common.grpc.health_probe`, the container probe (Docker HEALTHCHECK, k8s exec
 probes), against a real in-process `GrpcServer` over mutual TLS with the session's CA.
 
 The probe reads its security settings from `TIDAL_SECURITY__*` variables, as a container's
@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from tidal.common.certs import ensure_certificates
-from tidal.common.healthcheck import main
-from tidal.common.ports import free_address
-from tidal.common.sections import GrpcConfig
-from tidal.common.security import TransportSecurity
-from tidal.common.security_config import SecurityConfig
-from tidal.common.server import GrpcServer
+from tidal.cli.ports import free_address
+from tidal.common.config.shared import GrpcConfig
+from tidal.common.grpc.health_probe import main
+from tidal.common.grpc.server import GrpcServer
+from tidal.common.security.config import SecurityConfig
+from tidal.common.security.credentials import ensure_certificates
+from tidal.common.security.transport import TransportSecurity
 
 
 def _env(tls: Path) -> dict[str, str]:
@@ -89,7 +89,7 @@ async def test_missing_credentials_exit_2_naming_the_key(
 
 async def test_module_runs_as_a_process(server: GrpcServer, tls_folder: Path) -> None:
     env = {**os.environ, **_env(tls_folder)}
-    argv = [sys.executable, "-m", "tidal.common.healthcheck"]
+    argv = [sys.executable, "-m", "tidal.common.grpc.health_probe"]
     argv += ["--address", f"127.0.0.1:{server.port}", "--role", "inference"]
     proc = await asyncio.create_subprocess_exec(*argv, env=env, stderr=subprocess.PIPE)
     _, err = await asyncio.wait_for(proc.communicate(), 30)

@@ -1,4 +1,4 @@
-"""`python -m tidal.common.healthcheck --address HOST:PORT --role ROLE [--timeout-s 3]`:
+"""`python -m tidal.common.grpc.health_probe --address HOST:PORT --role ROLE [--timeout-s 3]`:
 the container health probe (Docker `HEALTHCHECK`, Kubernetes exec liveness/readiness).
 
 Exit 0 iff the gRPC health service at ADDRESS answers SERVING; otherwise exit 1 with one
@@ -12,7 +12,7 @@ Design decisions:
   Other `TIDAL_*` variables of the container (endpoints, service sections) are ignored:
   they belong to the service, and `SharedConfig` would reject the service-only ones.
 - Kubernetes' native `grpc:` probe cannot do TLS, so both orchestrators call this.
-- A plain grpc channel, not `tidal.common.channel`: a probe runs every few seconds in
+- A plain grpc channel, not `tidal.common.grpc.channel`: a probe runs every few seconds in
   every container, so it skips the retry policy, wait-for-ready and tracing interceptors
   (one attempt, bounded by --timeout-s) and imports as little as it can.
 """
@@ -24,14 +24,14 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tidal.common.certs import ROLES
-from tidal.common.config import ENV_PREFIX, load_config
+import grpc
+from tidal.common.config.loading import ENV_PREFIX, load_config
+from tidal.common.config.shared import SharedConfig
 from tidal.common.errors import ConfigError
-from tidal.common.sections import SharedConfig
-from tidal.common.security import TransportSecurity
+from tidal.common.security.credentials import ROLES
+from tidal.common.security.transport import TransportSecurity
 
 _SECTIONS = ("SECURITY__", "RUN__")
 
@@ -63,7 +63,7 @@ def probe(address: str, security: TransportSecurity, timeout_s: float) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m tidal.common.healthcheck",
+        prog="python -m tidal.common.grpc.health_probe",
         description="Exit 0 iff the gRPC health service at --address answers SERVING.",
     )
     parser.add_argument("--address", required=True, help="HOST:PORT to probe")

@@ -15,9 +15,9 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from tidal.common.config import BaseConfig
-from tidal.common.metrics import MetricsConfig
-from tidal.common.security_config import SecurityConfig, check_plaintext_addresses
+from tidal.common.config.loading import BaseConfig
+from tidal.common.observability.prometheus import MetricsConfig
+from tidal.common.security.config import SecurityConfig, check_plaintext_addresses
 
 SERVICES = ("orchestrator", "inference", "trainer", "weightsync")
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -151,8 +151,8 @@ class SharedConfig(BaseConfig):
     grpc: GrpcConfig = GrpcConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
     metrics: MetricsConfig = MetricsConfig()
-    """Each service's Prometheus endpoint (tidal.common.metrics)."""
-    # --- transport security (tidal.common.security_config) ---
+    """Each service's Prometheus endpoint (tidal.common.observability.prometheus)."""
+    # --- transport security (tidal.common.security.config) ---
     security: SecurityConfig = SecurityConfig()
 
     @field_validator("security")

@@ -9,8 +9,8 @@
 - OTLP/gRPC when `telemetry.otlp_endpoint` is set (the compose stack's collector).
 
 Trace context crosses process boundaries in gRPC metadata through the
-opentelemetry-instrumentation-grpc interceptors, installed by `tidal.common.server` and
-`tidal.common.channel`; and across weight publishes through a W3C carrier stored in the
+opentelemetry-instrumentation-grpc interceptors, installed by `tidal.common.grpc.server` and
+`tidal.common.grpc.channel`; and across weight publishes through a W3C carrier stored in the
 version event (see `inject_carrier` / `extract_carrier`).
 """
 
@@ -31,7 +31,7 @@ from opentelemetry.sdk.trace.export import (
     SimpleSpanProcessor,
 )
 
-from tidal.common.sections import TelemetryConfig
+from tidal.common.config.shared import TelemetryConfig
 
 TRACES_FILE = "traces.jsonl"
 

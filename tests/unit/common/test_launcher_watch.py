@@ -1,4 +1,4 @@
-"""A launched process dies with its launcher (tidal.common.lifeline), tested with real
+"""A launched process dies with its launcher (tidal.common.process.launcher_watch), tested with real
 processes: a stand-in launcher starts one child, the test SIGKILLs the launcher and
 watches the child (by /proc, since the orphan is no child of the test)."""
 
@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from tidal.common.lifeline import watch_launcher
+from tidal.common.process.launcher_watch import watch_launcher
 
 # argv: child code, "pdeathsig" | "watch". Prints the child's pid; the child prints "ready".
 LAUNCHER = """
 import os, subprocess, sys
-from tidal.common.lifeline import launcher_env, parent_death_signal
+from tidal.common.process.launcher_watch import launcher_env, parent_death_signal
 pdeathsig = sys.argv[2] == "pdeathsig"
 env = {k: v for k, v in os.environ.items() if k != "TIDAL_LAUNCHER_PID"}
 if not pdeathsig:
@@ -36,7 +36,7 @@ child.wait()
 CHILD = """
 import signal, sys, threading
 from pathlib import Path
-from tidal.common.lifeline import watch_launcher
+from tidal.common.process.launcher_watch import watch_launcher
 def on_term(signum, frame):
     Path(sys.argv[1]).write_text("SIGTERM")
     sys.exit(0)

@@ -27,7 +27,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from tidal.common.config_schema import (
+from tidal.common.config.schema import (
     Section,
     Shape,
     Table,

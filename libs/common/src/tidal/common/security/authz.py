@@ -7,7 +7,8 @@ who may call it. Health is open to every caller (probes); reflection only when
 `security.reflection` is on, then to any authenticated role.
 
 The caller's role comes from the peer certificate gRPC has already verified against the
-run CA (mTLS: the `tidal://role/<role>` SAN URI, `tidal.common.certs`), or, in token mode,
+run CA (mTLS: the `tidal://role/<role>` SAN URI, `tidal.common.security.credentials`), or, in token
+mode,
 from the bearer token whose sha256 matches that role's verifier. No credentials or an
 unknown token → UNAUTHENTICATED; an authenticated role not allowed → PERMISSION_DENIED.
 Both messages name the method and the role.
@@ -26,8 +27,13 @@ from typing import Any
 
 import grpc
 
-from tidal.common.certs import ROLE_URI_PREFIX, ROLES, role_of_certificate
-from tidal.common.security import TOKEN_PREFIX, TransportSecurity, token_digest
+from tidal.common.security.credentials import (
+    ROLE_URI_PREFIX,
+    ROLES,
+    role_of_certificate,
+    token_digest,
+)
+from tidal.common.security.transport import TOKEN_PREFIX, TransportSecurity
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The metrics endpoint (tidal.common.metrics): scraped over real HTTP(S) sockets.
+"""The metrics endpoint (tidal.common.observability.prometheus): scraped over real HTTP(S) sockets.
 
 Loopback is plain HTTP; any other host is HTTPS with the service's certificate, and a
 scraper must prove it belongs to the run (mTLS certificate or bearer token); without TLS
@@ -17,16 +17,16 @@ from pathlib import Path
 import pytest
 from prometheus_client.core import GaugeMetricFamily
 
-from tidal.common.metrics import (
+from tidal.common.config.shared import GrpcConfig
+from tidal.common.grpc.server import GrpcServer, tls_material
+from tidal.common.observability.prometheus import (
     RESTARTS_ENV,
     LoopCollector,
     MetricsConfig,
     ServiceMetrics,
     TlsMaterial,
 )
-from tidal.common.sections import GrpcConfig
-from tidal.common.security import PLAINTEXT_LOOPBACK
-from tidal.common.server import GrpcServer, tls_material
+from tidal.common.security.transport import PLAINTEXT_LOOPBACK
 
 from ...metrics_scrape import scrape
 from ...tls_fixtures import role_security

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from tidal.batch.tensor_codec import decode_array, decode_tensor, encode_array, encode_tensor
 from tidal.common.errors import InvalidArgument
-from tidal.common.tensors import decode_array, decode_tensor, encode_array, encode_tensor
 
 
 @pytest.mark.parametrize("dtype", ["float32", "int32", "int64", "uint8", "float16", "bool"])

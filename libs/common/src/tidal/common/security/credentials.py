@@ -2,7 +2,7 @@
 
 Design: every Tidal process proves which role it plays with an X.509 certificate signed by
 the run's CA (mutual TLS). The role is carried in the certificate twice: as a SAN URI
-`tidal://role/<role>` (what the servers read: `tidal.common.authz`) and as the subject CN
+`tidal://role/<role>` (what the servers read: `tidal.common.security.authz`) and as the subject CN
 (for people reading `openssl x509 -text`). Leaves are not CAs (BasicConstraints ca=False),
 so a service holding its own key cannot mint certificates for another role; they are valid
 for both TLS server and client auth, since every service is both. Each leaf names
@@ -17,9 +17,14 @@ EC P-256 keys: small and fast handshakes; 2-year validity for leaves, 10 for the
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
+import hashlib
 import ipaddress
+import json
 import os
+import secrets
+import sys
 import tempfile
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -206,3 +211,61 @@ def role_of_certificate(pem: bytes) -> str | None:
         if uri.startswith(ROLE_URI_PREFIX):
             return uri[len(ROLE_URI_PREFIX) :]
     return None
+
+
+VERIFIERS_FILE = "token-verifiers.json"
+
+
+def token_path(folder: Path, role: str) -> Path:
+    return folder / f"{role}.token"
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def ensure_tokens(folder: Path, roles: Sequence[str] = ROLES) -> list[str]:
+    """Create a random token per missing role (`<role>.token`, 0600) and rewrite the
+    verifiers file from all of them. Existing tokens are kept. Returns the created roles."""
+    created = []
+    for role in roles:
+        path = token_path(folder, role)
+        if not path.exists():
+            write_private(path, f"{role}.{secrets.token_urlsafe(32)}\n".encode())
+            created.append(role)
+    digests = {r: token_digest(token_path(folder, r).read_text().strip()) for r in roles}
+    write_private(folder / VERIFIERS_FILE, json.dumps(digests, indent=1).encode(), 0o644)
+    return created
+
+
+def main(argv: Sequence[str]) -> None:
+    parser = argparse.ArgumentParser(
+        prog="tidal certs",
+        description="Create a CA and one certificate per role (" + ", ".join(ROLES) + ") in "
+        "--out; existing files are kept.",
+    )
+    parser.add_argument("--out", type=Path, required=True, help="folder to write into")
+    parser.add_argument(
+        "--hosts",
+        default="",
+        help="comma-separated extra host names/IPs every certificate is valid for "
+        "(localhost, 127.0.0.1 and ::1 always are), e.g. orchestrator,inference,trainer,weightsync",
+    )
+    parser.add_argument(
+        "--tokens", action="store_true", help="also write per-role tokens (security.mode token)"
+    )
+    parser.add_argument("--name", default="tidal", help="name in the CA's subject")
+    opts = parser.parse_args(list(argv))
+    hosts = [h.strip() for h in opts.hosts.split(",") if h.strip()]
+    try:
+        created = ensure_certificates(opts.out, hosts, name=opts.name)
+        if opts.tokens:
+            created += [f"{r} token" for r in ensure_tokens(opts.out)]
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(f"tidal certs: {opts.out}: created {', '.join(created) or 'nothing (all present)'}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

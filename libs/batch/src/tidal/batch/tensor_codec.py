@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import torch
 
 if sys.byteorder != "little":  # pragma: no cover - every supported host is little-endian
-    raise ImportError("tidal.common.tensors assumes a little-endian host")
+    raise ImportError("tidal.batch.tensor_codec assumes a little-endian host")
 
 _NUMPY_DTYPES: dict[str, np.dtype[Any]] = {
     name: np.dtype(name)

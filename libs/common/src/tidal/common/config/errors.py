@@ -21,8 +21,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from tidal.common.config_help import toml_value
-from tidal.common.config_schema import ListOf, Section, Shape, Table, Tagged, field_shape
+from tidal.common.config.help import toml_value
+from tidal.common.config.schema import ListOf, Section, Shape, Table, Tagged, field_shape
 
 
 @dataclass

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tidal.common.removal import UnsafeRemoval, remove_inside
+from tidal.common.files.safe_remove import UnsafeRemoval, remove_inside
 
 
 @pytest.fixture

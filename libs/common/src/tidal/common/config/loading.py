@@ -36,9 +36,9 @@ from typing import Any, TypeVar
 import tomli_w
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from tidal.common.config_errors import describe_error
-from tidal.common.config_help import help_text
-from tidal.common.config_merge import flag_layer, merge_layer, resolve_bare_flags
+from tidal.common.config.errors import describe_error
+from tidal.common.config.help import help_text
+from tidal.common.config.merge import flag_layer, merge_layer, resolve_bare_flags
 from tidal.common.errors import ConfigError
 
 ENV_PREFIX = "TIDAL_"

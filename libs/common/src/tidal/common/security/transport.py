@@ -19,48 +19,30 @@ refuses any address that is not loopback, at bind and at dial time.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import secrets
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import grpc
 
-from tidal.common.certs import CA_CERT, ROLES, cert_path, key_path, write_private
+from tidal.common.config.shared import SharedConfig
 from tidal.common.errors import ConfigError
-from tidal.common.sections import SharedConfig
-from tidal.common.security_config import SecurityConfig, host_of, is_loopback
+from tidal.common.security.config import SecurityConfig, host_of, is_loopback
+from tidal.common.security.credentials import (
+    CA_CERT,
+    ROLES,
+    VERIFIERS_FILE,
+    cert_path,
+    key_path,
+    token_path,
+)
 
 Mode = Literal["mtls", "token", "plaintext"]
-VERIFIERS_FILE = "token-verifiers.json"
 TOKEN_PREFIX = "Bearer "
-
-
-def token_path(folder: Path, role: str) -> Path:
-    return folder / f"{role}.token"
-
-
-def token_digest(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-def ensure_tokens(folder: Path, roles: Sequence[str] = ROLES) -> list[str]:
-    """Create a random token per missing role (`<role>.token`, 0600) and rewrite the
-    verifiers file from all of them. Existing tokens are kept. Returns the created roles."""
-    created = []
-    for role in roles:
-        path = token_path(folder, role)
-        if not path.exists():
-            write_private(path, f"{role}.{secrets.token_urlsafe(32)}\n".encode())
-            created.append(role)
-    digests = {r: token_digest(token_path(folder, r).read_text().strip()) for r in roles}
-    write_private(folder / VERIFIERS_FILE, json.dumps(digests, indent=1).encode(), 0o644)
-    return created
 
 
 @dataclass(frozen=True)

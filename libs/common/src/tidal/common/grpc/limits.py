@@ -28,8 +28,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tidal.common.config.shared import GrpcConfig
 from tidal.common.errors import ResourceExhausted
-from tidal.common.sections import GrpcConfig
 
 BULK_METHODS = frozenset(
     {
