@@ -37,7 +37,7 @@ from tidal.common.grpc.server import GrpcServer, ServiceBinding
 from tidal.common.security.config import SecurityConfig
 from tidal.common.security.transport import PLAINTEXT_LOOPBACK
 from tidal.inference.config import InferenceConfig, InferenceRunConfig, RequestLimits
-from tidal.inference.service import RunningInference, start_inference
+from tidal.inference.main import RunningInference, start_inference
 from tidal.rpc.v1 import common_pb2, weightsync_pb2_grpc
 from tidal.rpc.v1 import inference_pb2 as ipb
 from tidal.rpc.v1 import inference_pb2_grpc as ipb_grpc
@@ -45,7 +45,7 @@ from tidal.rpc.v1 import trainer_pb2 as tpb
 from tidal.rpc.v1 import trainer_pb2_grpc as tpb_grpc
 from tidal.rpc.v1 import weightsync_pb2 as wpb
 from tidal.trainer.config import TrainerRunConfig
-from tidal.trainer.service import RunningTrainer, start_trainer
+from tidal.trainer.main import RunningTrainer, start_trainer
 from tidal.weightsync.config import StreamTransport
 from tidal.weightsync.registry import VersionRegistry
 from tidal.weightsync.servicer import WeightSyncServicer

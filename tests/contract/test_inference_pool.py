@@ -21,7 +21,7 @@ from tidal.common.config.shared import Endpoints, GrpcConfig, RunSection, Teleme
 from tidal.common.security.config import SecurityConfig
 from tidal.common.security.transport import PLAINTEXT_LOOPBACK
 from tidal.inference.config import InferenceConfig, InferenceRunConfig
-from tidal.inference.service import RunningInference, start_inference
+from tidal.inference.main import RunningInference, start_inference
 from tidal.orchestrator.inference_pool import InferencePool
 from tidal.orchestrator.peers import PeerError
 

@@ -27,7 +27,7 @@ from tidal.common.grpc.server import GrpcServer, ServiceBinding
 from tidal.common.security.config import SecurityConfig
 from tidal.common.security.transport import PLAINTEXT_LOOPBACK
 from tidal.inference.config import InferenceConfig, InferenceRunConfig
-from tidal.inference.service import RunningInference, not_serving_if_ended, start_inference
+from tidal.inference.main import RunningInference, not_serving_if_ended, start_inference
 from tidal.models.args import DecoderArgs
 from tidal.models.cpu_features import bf16_support
 from tidal.models.hf_checkpoint import load_hf_folder, publishable_state_dict

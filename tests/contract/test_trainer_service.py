@@ -32,7 +32,7 @@ from tidal.rpc.v1 import trainer_pb2_grpc as pb_grpc
 from tidal.trainer import checkpoint_files
 from tidal.trainer.checkpoint import CheckpointManager
 from tidal.trainer.config import TrainerRunConfig
-from tidal.trainer.service import RunningTrainer, start_trainer
+from tidal.trainer.main import RunningTrainer, start_trainer
 from tidal.weights.folder import load_version
 
 if TYPE_CHECKING:

@@ -32,7 +32,7 @@ from tidal.rpc.v1 import trainer_pb2_grpc as trainer_grpc
 from tidal.rpc.v1 import weightsync_pb2 as ws_pb
 from tidal.rpc.v1 import weightsync_pb2_grpc as ws_grpc
 from tidal.trainer.config import TrainerRunConfig
-from tidal.trainer.service import start_trainer
+from tidal.trainer.main import start_trainer
 
 from ..tls_fixtures import role_security
 from .test_trainer_service import TINY_MODEL, request

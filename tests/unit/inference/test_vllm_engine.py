@@ -13,10 +13,10 @@ import torch
 from tidal.common.config.shared import RunSection
 from tidal.common.errors import InvalidArgument
 from tidal.inference.config import InferenceConfig, InferenceRunConfig
+from tidal.inference.main import build_engine
 from tidal.inference.native import NativeEngine
 from tidal.inference.paged_engine import PagedEngine
 from tidal.inference.sampling import SamplingParams
-from tidal.inference.service import build_engine
 from tidal.inference.vllm_engine import INSTALL_HINT, unprocessed, vllm_available
 from tidal.models.args import DecoderArgs
 from tidal.models.layers import DecoderLM, token_logprobs

@@ -9,7 +9,7 @@ import sys
 HEAVY = ("torch.distributed.tensor", "torch.distributed.checkpoint")
 CODE = f"""
 import sys
-import tidal.trainer.service, tidal.inference.service, tidal.inference.native
+import tidal.trainer.main, tidal.inference.main, tidal.inference.native
 print([m for m in {HEAVY!r} if m in sys.modules])
 from tidal.trainer.checkpoint import DCP_MODULE, import_dcp_in_background
 import_dcp_in_background().join(120)

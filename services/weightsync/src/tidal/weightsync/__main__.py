@@ -1,4 +1,4 @@
 from tidal.common.process.fast_exit import run_and_exit
-from tidal.weightsync.service import main
+from tidal.weightsync.main import main
 
 run_and_exit(main)

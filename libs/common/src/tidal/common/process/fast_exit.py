@@ -14,7 +14,7 @@ does that anyone can observe, in the same order, and then ends the process with
 
 What it skips is the interpreter's teardown after that: deleting every module and
 garbage-collecting the heap. For a process that imported torch that teardown costs
-0.5-0.9 s of CPU (measured: `import tidal.trainer.service` then exit, 2.7 s wall
+0.5-0.9 s of CPU (measured: `import tidal.trainer.main` then exit, 2.7 s wall
 against 1.8 s with `os._exit`, docs/benchmarks/startup.md) and frees only memory the
 OS takes back anyway, so it was most of a run's shutdown. Nothing durable depends on
 it: every file a service writes is written (and fsynced where it matters) by the

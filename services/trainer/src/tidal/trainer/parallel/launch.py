@@ -62,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if config.trainer.world_size > 1:
         run_rank(config, args)
         return
-    from tidal.trainer.service import serve  # torch: only once the config parsed
+    from tidal.trainer.main import serve  # torch: only once the config parsed
 
     asyncio.run(serve(config))
 
@@ -75,9 +75,9 @@ def run_rank(config: TrainerRunConfig, argv: Sequence[str]) -> None:
         os.execv(command[0], command)
     # torch: only once the config parsed (and this process is a rank), so --help is instant.
     from tidal.models.device import resolve_device
+    from tidal.trainer.main import build_trainer, serve
     from tidal.trainer.parallel.leader import ControlChannel, follow
     from tidal.trainer.parallel.runtime import TorchrunRanks
-    from tidal.trainer.service import build_trainer, serve
 
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     device = resolve_device(config.trainer.device, service="trainer", local_ranks=local_ranks)
