@@ -37,7 +37,7 @@ from tidal.rpc.v1 import inference_pb2 as pb
 from tidal.rpc.v1 import inference_pb2_grpc as pb_grpc
 from tidal.text.agreement import TokenizerMismatch, check_agreement
 from tidal.text.byte import ByteTokenizer
-from tidal.text.hf import HFTokenizer
+from tidal.text.hf_tokenizer import HFTokenizer
 from tidal.weights.client import WeightSyncClient
 from tidal.weights.folder import write_version
 from tidal.weights.manifest import VersionEvent, WeightManifest

@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from tidal.inference.config import OpenAIHttpConfig
-from tidal.text.hf import HFTokenizer
+from tidal.text.hf_tokenizer import HFTokenizer
 
 from .test_inference_service import (
     Inference,

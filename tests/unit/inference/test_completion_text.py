@@ -13,7 +13,7 @@ import torch
 from tidal.inference.completion_text import CompletionText
 from tidal.inference.sampling import SamplingParams
 from tidal.inference.sequence import Sequence
-from tidal.text.hf import HFTokenizer
+from tidal.text.hf_tokenizer import HFTokenizer
 
 REPLACEMENT = "\ufffd"
 

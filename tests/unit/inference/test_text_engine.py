@@ -18,7 +18,7 @@ from tidal.inference.servicer import sampling_from_proto
 from tidal.models.hf_checkpoint import load_hf_folder, publishable_state_dict
 from tidal.models.layers import DecoderLM
 from tidal.rpc.v1 import inference_pb2 as pb
-from tidal.text.hf import HFTokenizer
+from tidal.text.hf_tokenizer import HFTokenizer
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ from tidal.orchestrator.prompt_rendering import PromptRenderer
 from tidal.orchestrator.task_config import ReversalTaskConfig
 from tidal.orchestrator.tasks import Problem, Verdict, build_task
 from tidal.text.byte import ByteTokenizer
-from tidal.text.hf import HFTokenizer
-from tidal.text.protocol import Tokenizer
+from tidal.text.hf_tokenizer import HFTokenizer
+from tidal.text.tokenizer import Tokenizer
 
 from ...hf_folders import build_model_folder
 

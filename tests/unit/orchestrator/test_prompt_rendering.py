@@ -14,7 +14,7 @@ from tidal.orchestrator.main import build_prompt_renderer
 from tidal.orchestrator.prompt_rendering import PromptRenderer
 from tidal.orchestrator.tasks import Problem
 from tidal.text.byte import ByteTokenizer
-from tidal.text.hf import HFTokenizer
+from tidal.text.hf_tokenizer import HFTokenizer
 
 from ...hf_folders import build_model_folder
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tidal.text.hf import HFTokenizer
+from tidal.text.hf_tokenizer import HFTokenizer
 
 from ...hf_folders import llama_folder, qwen3_folder, sentencepiece_style_folder
 

@@ -9,7 +9,7 @@ import pytest
 from tidal.rpc.v1 import common_pb2
 from tidal.text.agreement import TokenizerMismatch, check_agreement, tokenizer_info
 from tidal.text.byte import ByteTokenizer
-from tidal.text.hf import HFTokenizer
+from tidal.text.hf_tokenizer import HFTokenizer
 
 
 def test_the_same_tokenizer_agrees_even_from_another_path(qwen3_folder: Path) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tidal.text.byte import ByteTokenizer
-from tidal.text.protocol import Tokenizer
+from tidal.text.tokenizer import Tokenizer
 
 TEXTS = ["", "hello", "héllo> 東京 😀", "<eos> typed by a user", "a\nb\tc"]
 

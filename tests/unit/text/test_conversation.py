@@ -10,7 +10,7 @@ import pytest
 from tidal.common.errors import ConfigError
 from tidal.text.byte import ByteTokenizer
 from tidal.text.conversation import ChatRendering, uses_template
-from tidal.text.hf import HFTokenizer
+from tidal.text.hf_tokenizer import HFTokenizer
 
 from ...hf_folders import build_model_folder
 

@@ -9,8 +9,8 @@ import pytest
 
 from tidal.text.byte import ByteTokenizer
 from tidal.text.detokenize import REPLACEMENT, IncrementalDetokenizer
-from tidal.text.hf import HFTokenizer
-from tidal.text.protocol import Tokenizer
+from tidal.text.hf_tokenizer import HFTokenizer
+from tidal.text.tokenizer import Tokenizer
 
 TEXTS = [
     "Café, naïve, résumé — façade.",

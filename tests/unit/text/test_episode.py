@@ -9,8 +9,8 @@ import pytest
 
 from tidal.text.byte import ByteTokenizer
 from tidal.text.episode import Episode, end_of_turn
-from tidal.text.hf import HFTokenizer
-from tidal.text.protocol import Tokenizer
+from tidal.text.hf_tokenizer import HFTokenizer
+from tidal.text.tokenizer import Tokenizer
 
 OPENING = [{"role": "user", "content": "What is 12 + 30? Café 😀"}]
 

@@ -15,10 +15,10 @@ from tidal.common.config.shared import ServiceRunConfig
 from tidal.common.errors import ConfigError
 from tidal.text.byte import ByteTokenizer
 from tidal.text.chat_template import ChatTemplateError
-from tidal.text.hf import HFTokenizer
-from tidal.text.hf_files import TokenizerFolderError
+from tidal.text.hf_folder import TokenizerFolderError
+from tidal.text.hf_tokenizer import HFTokenizer
 from tidal.text.loader import VocabMismatch, check_vocab, load_tokenizer
-from tidal.text.protocol import Tokenizer
+from tidal.text.tokenizer import Tokenizer
 
 CHAT = [{"role": "user", "content": "hi"}]
 

@@ -19,7 +19,7 @@ from tidal.common.config.loading import load_config
 from tidal.common.errors import ConfigError
 from tidal.text.byte import ByteTokenizer
 from tidal.text.conversation import ChatRendering
-from tidal.text.hf import HFTokenizer
+from tidal.text.hf_tokenizer import HFTokenizer
 from tidal.trainer.config import SftRunConfig
 from tidal.trainer.sft import pack_for_trainer, run_sft
 from tidal.trainer.sft_data import (

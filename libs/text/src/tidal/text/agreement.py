@@ -1,17 +1,10 @@
 """Do the services of a run tokenize alike? What each reports, and the check.
 
-Decisions:
-- Every service resolves `run.tokenizer` itself (with `trainer.model.path`), so a run
-  whose services were deployed with different configs can end up with two tokenizers:
-  prompts encoded by one, completions decoded and trained by another, with no error
-  anywhere, just garbage. Inference and the trainer therefore report theirs in GetStatus
-  (`TokenizerInfo`) and the orchestrator, which encodes prompts, compares its own with
-  both before the first step.
-- Compared: the vocabulary size and the EOS ids, which decide whether ids mean the same
-  and where generation stops. Not the name: the same folder may sit at different paths
-  on different machines.
-- A peer that reports no tokenizer (vocab_size 0, an older build) is logged and skipped,
-  not refused.
+Every service resolves `run.tokenizer` itself, so services deployed with different
+configs could encode prompts with one vocabulary and train with another, silently.
+Inference and the trainer report theirs in GetStatus and the orchestrator compares the
+vocabulary size and EOS ids (not the name: one folder may sit at different paths)
+before the first step. A peer that reports no tokenizer is logged, not refused.
 """
 
 from __future__ import annotations
@@ -20,7 +13,7 @@ import logging
 
 from tidal.common.errors import ConfigError
 from tidal.rpc.v1 import common_pb2
-from tidal.text.protocol import Tokenizer
+from tidal.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -1,31 +1,20 @@
-"""The byte tokenizer behind the `Tokenizer` interface (the embedded default).
+"""The byte tokenizer: the embedded default, ids 0..255 for bytes, then BOS, EOS, PAD.
 
-Decisions:
-- Why bytes: the embedded default must run with no model hub, and a byte vocabulary needs
-  no trained merges, round-trips any text exactly, and keeps the tiny default model's
-  embedding small. Ids 0..255 are bytes; BOS=256, EOS=257, PAD=258 follow (the ids of
-  the codec that used to live in `tidal.common.tokenizer`, folded in here once every
-  service typed against `Tokenizer`, so the default model's checkpoints keep their ids).
-- Plain `encode` never treats text as special: "<eos>" typed by a user is five bytes, as
-  before. Only `encode_chat` maps the template's markers "<bos>" and "<eos>" (the strings
-  `decode(skip_special=False)` already prints) to BOS and EOS, so
-  `decode(encode_chat(m), skip_special=False) == apply_chat_template(m)`.
-- The built-in template is ChatML-like but spelled in bytes, with EOS ending each turn:
-  `<bos><|user|>\\nHi<eos><|assistant|>\\n`. EOS is therefore both the end of sequence and
-  the end of turn, so generation stops where it does today.
+Bytes need no trained merges and no model hub, round-trip any text exactly and keep the
+tiny default model's embedding small. Plain `encode` never treats text as special (a
+typed "<eos>" is five bytes); only chat text maps the template's "<bos>"/"<eos>" markers
+to their ids, so `decode(encode_chat(m), skip_special=False) == apply_chat_template(m)`.
+The built-in template closes every turn with EOS, so EOS also ends an assistant turn.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable
 
-from tidal.text.chat_template import ChatTemplate
-from tidal.text.protocol import ChatEncoding, Message
+from tidal.text.chat_template import ChatEncoding, ChatTemplate
 
-BOS_TEXT = "<bos>"
-EOS_TEXT = "<eos>"
+BOS_TEXT, EOS_TEXT, PAD_TEXT = "<bos>", "<eos>", "<pad>"
 
 BYTE_CHAT_TEMPLATE = (
     "{{ bos_token }}"
@@ -37,7 +26,7 @@ BYTE_CHAT_TEMPLATE = (
 
 BOS_ID, EOS_ID, PAD_ID = 256, 257, 258
 VOCAB_SIZE = 259
-_SPECIAL_TEXT = {BOS_ID: b"<bos>", EOS_ID: b"<eos>", PAD_ID: b"<pad>"}
+_SPECIAL_TEXT = {BOS_ID: BOS_TEXT.encode(), EOS_ID: EOS_TEXT.encode(), PAD_ID: PAD_TEXT.encode()}
 
 _MARKERS = re.compile(f"({re.escape(BOS_TEXT)}|{re.escape(EOS_TEXT)})")
 
@@ -90,25 +79,11 @@ class ByteTokenizer(ChatEncoding):
             if 0 <= i < 256:
                 data.append(i)
             elif not skip_special:
-                data.extend(_SPECIAL_TEXT.get(i, b"<pad>"))
+                data.extend(_SPECIAL_TEXT.get(i, _SPECIAL_TEXT[PAD_ID]))
         return data.decode("utf-8", errors="replace")
 
-    def apply_chat_template(
-        self,
-        messages: Sequence[Message],
-        *,
-        add_generation_prompt: bool,
-        system_prompt: str | None = None,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        **template_kwargs: Any,
-    ) -> str:
-        return self._template.render(
-            messages,
-            add_generation_prompt=add_generation_prompt,
-            system_prompt=system_prompt,
-            tools=tools,
-            **template_kwargs,
-        )
+    def chat_template(self, *, tools: object = None) -> ChatTemplate:
+        return self._template
 
     def encode_template_text(self, text: str) -> list[int]:
         """Ids of rendered chat text: "<bos>"/"<eos>" become BOS/EOS, the rest bytes."""

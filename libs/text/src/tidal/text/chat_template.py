@@ -1,33 +1,16 @@
-"""Rendering Hugging Face chat templates (Jinja) without `transformers`.
+"""Hugging Face chat templates (Jinja) rendered without `transformers`.
 
-Decisions:
-- Templates from a model folder are untrusted code, so they run in jinja2's
-  `ImmutableSandboxedEnvironment` (no attribute escapes, no mutation of our lists).
-- The environment is the one Hugging Face templates are written for: `trim_blocks` and
-  `lstrip_blocks`, the `loopcontrols` extension (`break`/`continue`), a `tojson` filter
-  that does not HTML-escape and keeps non-ASCII (`ensure_ascii=False`), and the globals
-  `raise_exception(message)` and `strftime_now(format)`. Variables: `messages`, `tools`,
-  `add_generation_prompt`, the special-token strings (`bos_token`, `eos_token`, ...)
-  and any extra keyword (e.g. `enable_thinking`), extras winning over specials.
-- Messages are copied into plain dicts with `None` values dropped (templates test for
-  presence: `content: None` must read as missing), so a template never sees the
-  caller's objects; reasoning given as `reasoning` or `thinking` is also passed as
-  `reasoning_content`, the name templates read (and the other way round).
-- `system_prompt` (from config) is prepended as a system message only when the chat does
-  not open with one: a dataset's own system message is the more specific instruction.
-- A template that fails to compile or raises (`raise_exception`, an undefined filter)
-  becomes `ChatTemplateError` naming where the template came from.
-- A folder may hold several named templates (`chat_template` as a list of
-  `{"name", "template"}`): "default" is used, "tool_use" when tools are given and it
-  exists; a list without "default" must be asked for by name.
-- The end-of-turn token is found by rendering a probe chat and taking the first special
-  token after the assistant's content, which works for ChatML (`<|im_end|>`), Llama 3
-  (`<|eot_id|>`) and the byte template (`<eos>`) without a table of model names.
+A folder's template is untrusted code, so it runs in jinja2's immutable sandbox, in the
+environment Hugging Face templates are written for, and sees plain copies of the
+messages (`None` values dropped: templates test for presence). `ChatEncoding` gives
+both tokenizers `apply_chat_template` and `encode_chat` from their templates. The
+end-of-turn token is found by rendering a probe chat, not from a table of model names.
 """
 
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -37,7 +20,7 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from tidal.common.errors import ConfigError
-from tidal.text.protocol import Message
+from tidal.text.tokenizer import Message
 
 _PROBE_ASSISTANT = "tidal-probe-assistant-7f3a"
 PROBE_CHAT: tuple[Message, ...] = (
@@ -203,3 +186,52 @@ def choose_template(
     raise ChatTemplateError(
         f"{origin} has named chat templates {sorted(templates)} but none called 'default'"
     )
+
+
+class ChatEncoding(ABC):
+    """Chat rendering and encoding for a tokenizer class that supplies its templates and
+    `encode_template_text` (both tokenizers inherit it; the Protocol stays structural)."""
+
+    @abstractmethod
+    def chat_template(self, *, tools: object = None) -> ChatTemplate:
+        """The template to render with ("tool_use" when tools are given and it exists)."""
+
+    @abstractmethod
+    def encode_template_text(self, text: str) -> list[int]: ...
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[Message],
+        *,
+        add_generation_prompt: bool,
+        system_prompt: str | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        **template_kwargs: Any,
+    ) -> str:
+        """The chat rendered as text by `chat_template(tools=tools)`."""
+        return self.chat_template(tools=tools).render(
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            system_prompt=system_prompt,
+            tools=tools,
+            **template_kwargs,
+        )
+
+    def encode_chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        add_generation_prompt: bool,
+        system_prompt: str | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        **template_kwargs: Any,
+    ) -> list[int]:
+        """Ids of `apply_chat_template(...)`: the template's own specials, nothing added."""
+        text = self.apply_chat_template(
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            system_prompt=system_prompt,
+            tools=tools,
+            **template_kwargs,
+        )
+        return self.encode_template_text(text)

@@ -1,29 +1,10 @@
-"""Chat rendering choices shared by RL prompts and SFT data: whether to use the template,
-and a whole conversation as ids + a loss mask on its assistant turns.
+"""Chat rendering shared by RL prompts and SFT data, and a conversation as an episode.
 
-Decisions:
-- `ChatRendering` is the one set of rendering options (template on/off, system prompt,
-  template keyword arguments) the orchestrator and `tidal sft` both hold, so a prompt in
-  an RL run and the same prompt in SFT data become the same ids.
-- Template mode "auto" uses the template of a tokenizer loaded from a model folder and
-  plain text with the byte tokenizer. The byte tokenizer has a built-in template, but
-  the default tiny model and every default run were trained on plain `BOS + text`
-  prompts; "auto" keeps them exactly as they were. "on" asks for the template (the
-  byte one too); with a folder that has no template it is a `ConfigError` naming the
-  config key, raised when the run starts, not at the first prompt.
-- An assistant turn's ids are what the template writes for that message after the
-  generation prompt, through the end-of-turn token and not past it: exactly what a
-  policy generating that turn would have to emit before generation stops (ChatML's
-  "\\n" after `<|im_end|>` belongs to the next turn's header).
-- A conversation is built with `Episode`, turn by turn, as a multi-turn RL episode is
-  built: the opening messages and every run of user/tool messages are environment
-  turns (mask 0, role headers and the next generation prompt included), each assistant
-  turn is trained (mask 1). The ids are therefore the ones a policy would have seen
-  while producing that conversation, also under templates that re-render earlier turns
-  differently (Qwen3 drops old `<think>` blocks). Encoding the whole conversation in
-  one go would train on a sequence no rollout ever produces.
-- Messages after the last assistant turn are dropped (nothing to train on in them); a
-  conversation without an assistant turn, or opening with one, is an error.
+`ChatRendering` is the one set of rendering options the orchestrator and `tidal sft` both
+hold, so a prompt becomes the same ids in either. A conversation to train on is built
+turn by turn with `Episode`, as a rollout is, so SFT trains on the ids a policy would
+have seen producing it (assistant turns under mask 1, through the end-of-turn token),
+not on a from-scratch rendering no rollout produces.
 """
 
 from __future__ import annotations
@@ -36,7 +17,7 @@ from tidal.common.errors import ConfigError
 from tidal.text.byte import ByteTokenizer
 from tidal.text.chat_template import ChatTemplateError
 from tidal.text.episode import Episode, EpisodeRenderError, end_of_turn
-from tidal.text.protocol import Message, Tokenizer
+from tidal.text.tokenizer import Message, Tokenizer
 
 TemplateMode = Literal["auto", "on", "off"]
 ASSISTANT = "assistant"

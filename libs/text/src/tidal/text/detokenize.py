@@ -1,31 +1,14 @@
 """Incremental detokenization: text deltas from ids arriving one at a time.
 
-Decisions:
-- Decoding each id on its own is wrong twice over: a byte-level BPE token may hold half
-  of a UTF-8 character (an emoji split over two tokens decodes to U+FFFD twice), and
-  some decoders treat the start of a sequence specially (SentencePiece's Metaspace drops
-  the leading space). So each step decodes a short window of ids twice, with and without
-  the newest ids, and emits the difference: the window's first ids give the decoder its
-  context, and the difference is only what the new ids added.
-- Two offsets move forward: `_prefix` (start of the window) and `_read` (the ids whose
-  text was emitted). While the window's text ends in U+FFFD the newest ids are an
-  incomplete character (byte-level BPE leaves one U+FFFD; a byte-fallback decoder
-  replaces the whole unfinished run of `<0x..>` tokens, so even the complete characters
-  before it read as U+FFFD until the run completes); nothing is emitted and the offsets
-  stay, so the next id completes it. When text is emitted, the window moves up to the
-  old `_read`: it starts at an id boundary whose text was complete, so it never begins
-  inside a character.
-- A real U+FFFD that the model generated is indistinguishable from an incomplete
-  character until more ids arrive; `finish()` emits whatever is held back, so the
-  concatenated deltas always equal `decode(all ids)`, and each step's text equals the
-  decode of the ids so far whenever that decode is free of U+FFFD (tests check both).
-- Works with any `Tokenizer`: only `decode` is used. Cost per id is one or two decodes
-  of a window of a few ids, not of the whole sequence.
+Decoding ids one by one splits UTF-8 characters and loses decoder context, so each step
+decodes a short window of recent ids with and without the newest and emits the
+difference, holding text back while it ends in an incomplete character (U+FFFD).
+Invariant: the concatenated deltas, `finish()` included, equal `decode(all ids)`.
 """
 
 from __future__ import annotations
 
-from tidal.text.protocol import Tokenizer
+from tidal.text.tokenizer import Tokenizer
 
 REPLACEMENT = "\ufffd"
 

@@ -1,33 +1,10 @@
 """Multi-turn episodes as ids + loss mask, without re-tokenization drift.
 
-Decisions:
-- The rule: ids already sent to the policy are never changed. An episode only grows:
-  the first prompt is the chat template's rendering of the opening messages; each
-  assistant turn appends the policy's generated ids verbatim (loss mask 1); each
-  environment turn (user or tool messages, then the next generation prompt) appends
-  new ids (mask 0). The ids a trainer receives are therefore exactly the ids the policy
-  was conditioned on and sampled, even when re-tokenizing the decoded text would merge
-  differently (a policy may emit "hel" + "lo" where the tokenizer writes "hello").
-- The new ids of an environment turn come from the template, not from a hand-written
-  format: render the whole chat with the new messages (`add_generation_prompt=True`)
-  and take what follows the text the episode already holds (`decode(ids,
-  skip_special=False)`). That covers a generation cut off before its end-of-turn
-  token: the template's closing is part of the new text.
-- Templates may re-render earlier turns differently from how they were generated;
-  Qwen3's drops the `<think>` block of assistant turns before the last user message. The
-  rendering then no longer extends the episode's text. The earlier turns are NOT
-  rewritten (that would change ids the policy saw); instead the new text is cut out
-  of the new rendering by structure: after as many end-of-turn tokens as the rendering
-  without the new messages holds, plus what the template writes after an end-of-turn
-  token (ChatML's "\\n"), with the end-of-turn token itself prepended when the policy's
-  turn did not end with one. A template whose turns have no end-of-turn token among
-  `eos_ids` cannot be split this way and raises `EpisodeRenderError`.
-- Consequence worth knowing: such an episode's ids differ from what the template would
-  render for the same messages from scratch (the earlier `<think>` blocks stay). That is
-  the point: the policy saw them. A prompt rendered from scratch for evaluation is a
-  different sequence.
-- Assistant messages kept for later renders hold `decode(generated ids)` with special
-  tokens skipped, so the template sees the text the policy wrote.
+The invariant: ids already sent to the policy never change. The policy's ids are kept
+verbatim (mask 1); environment turns are cut from the template's rendering of the whole
+chat (mask 0). When a template re-renders earlier turns differently (Qwen3 drops old
+`<think>` blocks), the new turns are cut at end-of-turn tokens instead and the earlier
+ids stay, so the episode is what the policy saw, not a from-scratch rendering.
 """
 
 from __future__ import annotations
@@ -37,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tidal.text.chat_template import PROBE_CHAT, first_after_assistant
-from tidal.text.protocol import Message, Tokenizer
+from tidal.text.tokenizer import Message, Tokenizer
 
 
 class EpisodeRenderError(ValueError):

@@ -1,17 +1,10 @@
-"""Choosing the tokenizer from config, and checking it fits the model.
+"""The tokenizer a run's config names, checked against the model it feeds.
 
-Decisions:
-- One spec string, as `run.tokenizer` holds it: "auto" (the default: the model folder's
-  tokenizer when the run starts from one, else bytes), "byte" (the embedded default),
-  "model" (the tokenizer of the model folder the run loads, `model_path`, required), or
-  a path to a Hugging Face model folder. "auto"/"model" keep a config from naming the
-  same folder twice, and make every service agree on one tokenizer.
-- Every failure is a `ConfigError` (found before anything starts) whose message names
-  the spec, the missing file and what to do.
-- A folder whose `config.json` states `vocab_size` is checked at load: a tokenizer id
-  beyond the embedding would fail much later, inside a forward pass, as an index error.
-  The model may be larger than the tokenizer (embeddings are padded to a multiple of
-  64 or 128), never smaller.
+`run.tokenizer` is one spec: "auto" (the model folder's tokenizer when the run loads
+one, else bytes), "byte", "model" (the run's model folder) or a folder path, so a config
+never names one folder twice and every service resolves the same tokenizer. Failures
+are `ConfigError`s raised before anything starts; a tokenizer id beyond the model's
+embedding is one of them, not an index error inside a forward pass.
 """
 
 from __future__ import annotations
@@ -20,8 +13,8 @@ from pathlib import Path
 
 from tidal.common.errors import ConfigError
 from tidal.text.byte import ByteTokenizer
-from tidal.text.hf import HFTokenizer
-from tidal.text.protocol import Tokenizer
+from tidal.text.hf_tokenizer import HFTokenizer
+from tidal.text.tokenizer import Tokenizer
 
 AUTO = "auto"
 BYTE = "byte"

@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tidal.text.detokenize import IncrementalDetokenizer
-from tidal.text.protocol import Tokenizer
+from tidal.text.tokenizer import Tokenizer
 
 
 class CompletionText:

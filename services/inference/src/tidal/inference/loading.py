@@ -34,7 +34,7 @@ from tidal.models.hf_checkpoint import hf_to_native_state_dict, model_from_hf_co
 from tidal.models.layers import DecoderLM
 from tidal.models.rope import rope_tables
 from tidal.text.loader import VocabMismatch, check_vocab
-from tidal.text.protocol import Tokenizer
+from tidal.text.tokenizer import Tokenizer
 
 TIED_HEAD = "lm_head.weight"
 

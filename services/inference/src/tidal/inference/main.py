@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from tidal.inference.engine import Engine
     from tidal.inference.openai_http import OpenAIServer
     from tidal.inference.reload import WeightWatcher
-    from tidal.text.protocol import Tokenizer
+    from tidal.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 _BACKGROUND: set[asyncio.Task[None]] = set()  # health updates scheduled from callbacks

@@ -67,7 +67,7 @@ from tidal.inference.packed_linear import choose_linear_kernel
 from tidal.inference.sampling import SamplingParams, draw_uniforms, row_seed
 from tidal.inference.sequence import Sequence, sequence_budget
 from tidal.models.layers import DecoderLM
-from tidal.text.protocol import Tokenizer
+from tidal.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)

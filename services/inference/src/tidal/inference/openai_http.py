@@ -55,7 +55,7 @@ from tidal.inference.openai_protocol import (
     tidal_extension,
 )
 from tidal.inference.request_checks import DEFAULT_LIMITS, check_against_model
-from tidal.text.protocol import Tokenizer
+from tidal.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 

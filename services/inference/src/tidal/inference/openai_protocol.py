@@ -38,7 +38,7 @@ from tidal.inference.request_checks import (
     check_sampling,
 )
 from tidal.inference.sampling import SamplingParams
-from tidal.text.protocol import Tokenizer
+from tidal.text.tokenizer import Tokenizer
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 _REFUSED = ("echo", "logit_bias", "suffix", "tools", "tool_choice", "functions", "response_format")

@@ -46,7 +46,7 @@ from tidal.rpc.v1 import common_pb2
 from tidal.rpc.v1 import inference_pb2 as pb
 from tidal.rpc.v1 import inference_pb2_grpc as pb_grpc
 from tidal.text.agreement import tokenizer_info
-from tidal.text.protocol import Tokenizer
+from tidal.text.tokenizer import Tokenizer
 
 _FINISH = {
     "stop": pb.FINISH_REASON_STOP,

@@ -54,7 +54,7 @@ from tidal.inference.kv_cache import DEFAULT_MAX_MODEL_LEN, served_length
 from tidal.inference.loading import check_tokenizer_fits
 from tidal.inference.sampling import SamplingParams
 from tidal.inference.sequence import sequence_budget
-from tidal.text.protocol import Tokenizer
+from tidal.text.tokenizer import Tokenizer
 
 INSTALL_HINT = (
     'inference.engine = "vllm" needs vLLM and a CUDA GPU: pip install "tidal-inference[vllm]"'

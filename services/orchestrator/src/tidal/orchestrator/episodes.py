@@ -28,7 +28,7 @@ from tidal.orchestrator.completions import Completion
 from tidal.orchestrator.seeds import derive_seed
 from tidal.orchestrator.tasks.base import EnvReply, Problem, Task
 from tidal.text.episode import Episode
-from tidal.text.protocol import Tokenizer
+from tidal.text.tokenizer import Tokenizer
 
 CompleteFn = Callable[..., Awaitable[list[Completion]]]
 

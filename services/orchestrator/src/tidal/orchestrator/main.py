@@ -83,7 +83,7 @@ from tidal.orchestrator.wandb_sink import WandbSink, import_wandb
 from tidal.rpc.v1 import orchestrator_pb2_grpc as pb_grpc
 from tidal.text.agreement import check_agreement
 from tidal.text.loader import load_tokenizer
-from tidal.text.protocol import Tokenizer
+from tidal.text.tokenizer import Tokenizer
 from tidal.weights.client import WeightSyncClient
 
 log = logging.getLogger(__name__)

@@ -31,7 +31,7 @@ from tidal.orchestrator.config import ChatConfig
 from tidal.orchestrator.episodes import ChatTurns, EpisodeTurns, PlainTurns
 from tidal.orchestrator.tasks.base import Problem
 from tidal.text.conversation import ChatRendering, uses_template
-from tidal.text.protocol import Tokenizer
+from tidal.text.tokenizer import Tokenizer
 
 TEMPLATE_KEY = "orchestrator.chat.template"
 

@@ -31,16 +31,16 @@ from pathlib import Path
 from typing import Any
 
 from tidal.models.hf_config import with_token_ids
-from tidal.text.hf import HFTokenizer
-from tidal.text.hf_files import (
+from tidal.text.hf_folder import (
     CHAT_TEMPLATE_JINJA,
     GENERATION_CONFIG,
     SPECIAL_TOKENS_MAP,
     TOKENIZER_CONFIG,
     TOKENIZER_JSON,
 )
+from tidal.text.hf_tokenizer import HFTokenizer
 from tidal.text.loader import load_tokenizer
-from tidal.text.protocol import Tokenizer
+from tidal.text.tokenizer import Tokenizer
 
 TOKENIZER_FILES = (TOKENIZER_JSON, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP, CHAT_TEMPLATE_JINJA)
 """Copied from the tokenizer's folder when present (`tokenizer.json` always is)."""

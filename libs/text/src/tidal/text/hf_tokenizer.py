@@ -1,45 +1,29 @@
 """`HFTokenizer`: a Hugging Face model folder's tokenizer, without `transformers`.
 
-Decisions:
-- The fast-tokenizer file (`tokenizer.json`) is loaded with `tokenizers` as is, so ids
-  are the ones the model was trained with; `transformers` is only the reference in tests
-  (it pulls torch-sized dependencies the orchestrator must not have).
-- What `transformers` adds on top of `tokenizer.json` is reproduced, and only that:
-  tokens of `added_tokens_decoder` missing from `tokenizer.json` are added at their ids
-  (a mismatch is an error, not a silent shift), and special-token strings the vocabulary
-  lacks are added as special.
-- BOS/EOS around plain text come from `tokenizer.json`'s post-processor (Llama 3's adds
-  `<|begin_of_text|>`, Qwen's adds nothing); `add_bos_token` / `add_eos_token` in
-  `tokenizer_config.json` are then ignored, as `transformers` 5 ignores them whenever
-  `tokenizer.json` exists (a folder saved by `transformers` 4 already has the flags baked
-  into that post-processor). Only a `tokenizer.json` without a post-processor takes the
-  flags (absent flags: nothing added), which is where `transformers` 4 and 5 differ and
-  we follow 4: a hand-made Llama-style folder asking for BOS gets it.
-- `clean_up_tokenization_spaces` is ignored: it is lossy (" ." → "."), `transformers` 5
-  ignores it for BPE tokenizers too, and incremental detokenization needs
-  `decode(a + b)` to extend `decode(a)`.
-- `eos_ids` merges, in this order without repeats: the tokenizer's `eos_token`,
-  `generation_config.json`'s `eos_token_id` list, and the chat template's end-of-turn
-  token (found by rendering, `ChatTemplate.end_of_turn`). A folder with none of them is
-  refused: generation would never stop.
-- Chat text is encoded with `add_special_tokens=False`, special-token strings in it
-  matched (the template wrote the BOS it wants), as `transformers`' `apply_chat_template`
-  does; so rendered string and ids agree with it.
+`tokenizer.json` is loaded with `tokenizers` as is, so ids are the ones the model was
+trained with, and only what `transformers` adds on top of it is reproduced: declared
+added tokens at their ids (a mismatch is an error, not a silent shift), missing special
+tokens, BOS/EOS flags when the file has no post-processor, and the EOS list (tokenizer
+EOS, generation config, the template's end-of-turn token). `transformers` itself stays a
+test reference: the orchestrator must not depend on it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from tokenizers import AddedToken
 from tokenizers import Tokenizer as FastTokenizer
 from tokenizers.processors import TemplateProcessing
 
-from tidal.text.chat_template import ChatTemplate, choose_template, templates_from_config
-from tidal.text.hf_files import TokenizerFiles, TokenizerFolderError, read_tokenizer_files
-from tidal.text.protocol import ChatEncoding, Message
+from tidal.text.chat_template import (
+    ChatEncoding,
+    ChatTemplate,
+    choose_template,
+    templates_from_config,
+)
+from tidal.text.hf_folder import TokenizerFiles, TokenizerFolderError, read_tokenizer_files
 
 
 class HFTokenizer(ChatEncoding):
@@ -181,23 +165,6 @@ class HFTokenizer(ChatEncoding):
 
     def chat_template(self, *, tools: object = None) -> ChatTemplate:
         return choose_template(self._templates, tools=tools, origin=str(self.files.folder))
-
-    def apply_chat_template(
-        self,
-        messages: Sequence[Message],
-        *,
-        add_generation_prompt: bool,
-        system_prompt: str | None = None,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        **template_kwargs: Any,
-    ) -> str:
-        return self.chat_template(tools=tools).render(
-            messages,
-            add_generation_prompt=add_generation_prompt,
-            system_prompt=system_prompt,
-            tools=tools,
-            **template_kwargs,
-        )
 
     def __repr__(self) -> str:
         return f"HFTokenizer({str(self.files.folder)!r}, vocab_size={self.vocab_size})"

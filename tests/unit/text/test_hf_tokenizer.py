@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tidal.text.hf import HFTokenizer
+from tidal.text.hf_tokenizer import HFTokenizer
 
 TEXTS = [
     "Hello, world!",

@@ -1,22 +1,10 @@
-"""Reading what a Hugging Face model folder says about its tokenizer.
+"""What a Hugging Face model folder says about its tokenizer, read once.
 
-Decisions:
-- The files and what is taken from each:
-  `tokenizer.json` (required: vocabulary, merges, normalizer, pre-tokenizer, decoder,
-  post-processor, added tokens); `tokenizer_config.json` (the special-token strings
-  `bos_token` / `eos_token` / `pad_token` / `unk_token`, `added_tokens_decoder`,
-  `chat_template`, and `add_bos_token` / `add_eos_token`, used only when tokenizer.json
-  has no post-processor); `special_tokens_map.json` (older folders: fills special tokens
-  `tokenizer_config.json` leaves unset); `chat_template.jinja` (newer folders keep the
-  template there; it wins over the config's); `generation_config.json` (`eos_token_id`,
-  an int or a list); `config.json` (`vocab_size`, to check ids fit the embedding;
-  `eos_token_id` when there is no generation config).
-- Special tokens may be written as strings or as AddedToken dicts (`{"content": ...}`);
-  both become the string.
-- Only `tokenizer.json` is required. Slow-tokenizer files (`vocab.json` + `merges.txt`,
-  `tokenizer.model`) are not converted: a folder without `tokenizer.json` is refused
-  with what to do, instead of silently tokenizing differently from the model's authors.
-- Everything is read once into a frozen `TokenizerFiles`; `hf.py` builds from it.
+Every file is read into one frozen `TokenizerFiles` that `hf_tokenizer` builds from, and
+every fault is a `TokenizerFolderError` naming the file. Only `tokenizer.json` is
+required; slow-tokenizer files are not converted, because a folder tokenized differently
+from its authors' fast tokenizer would fail silently. docs/tokenizers.md lists what is
+taken from each file.
 """
 
 from __future__ import annotations
