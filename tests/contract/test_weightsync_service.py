@@ -20,9 +20,9 @@ from tidal.common.security.transport import PLAINTEXT_LOOPBACK
 from tidal.rpc.v1 import weightsync_pb2 as pb
 from tidal.rpc.v1 import weightsync_pb2_grpc as pb_grpc
 from tidal.weights.client import WeightSyncClient
-from tidal.weights.convert import manifest_to_proto
 from tidal.weights.folder import write_version
 from tidal.weights.manifest import WeightManifest
+from tidal.weights.wire import manifest_to_proto
 from tidal.weightsync.config import StreamTransport
 
 

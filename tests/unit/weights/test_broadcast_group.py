@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from tidal.weights.broadcast_group import BroadcastGroup, connect_store, host_store
-from tidal.weights.transport_choice import GroupSeat
+from tidal.weights.transport_choice import BroadcastSeat
 
 
-def seat(address: str, rank: int) -> GroupSeat:
-    return GroupSeat(
+def seat(address: str, rank: int) -> BroadcastSeat:
+    return BroadcastSeat(
         member=True,
         reason="",
         store_address=address,

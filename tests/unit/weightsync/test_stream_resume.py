@@ -24,7 +24,7 @@ from tidal.rpc.v1 import weightsync_pb2 as pb
 from tidal.rpc.v1 import weightsync_pb2_grpc as pb_grpc
 from tidal.weights.client import WeightSyncClient
 from tidal.weights.codec import decode_version, encode_version
-from tidal.weights.convert import manifest_to_proto
+from tidal.weights.wire import manifest_to_proto
 from tidal.weightsync.config import StreamTransport
 
 WEIGHTS = "model.safetensors"

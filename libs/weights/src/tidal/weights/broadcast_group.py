@@ -1,44 +1,12 @@
-"""The broadcast group: trainer rank 0 → every replica over a torch.distributed group.
+"""One generation of the broadcast group: trainer rank 0 → every replica.
 
-The mechanics of one group generation; `transports.broadcast` drives it (forming,
-re-forming, the filesystem catch-up copy).
-
-Decisions:
-- The group is a standalone `ProcessGroupGloo` / `ProcessGroupNCCL` built on the TCP store
-  the trainer hosts (address handed out by weightsync's `JoinSync`), not the default
-  process group: the trainer's own torchrun group (FSDP ranks) is left alone, and the
-  inference process needs no global torch.distributed state.
-- One version = a header (version, step, HF config, trace context of the publish, tensor
-  specs, bucket size; JSON, sent
-  as a length then bytes) followed by the buckets of `tidal.weights.buckets`. The
-  sender holds two bucket buffers beyond its weights (packing bucket k+1 while bucket k
-  is on the wire); the receiver receives into the one flat buffer its tensors view, so
-  it holds nothing beyond the new weights. A header with version -1 tells receivers the
-  sender is closing.
-- An idle receiver holds no collective open: it polls a counter the sender bumps in the
-  TCP store before each version, and only then posts its receives (and polls them from
-  the event loop). A pending gloo receive would keep the process from exiting until
-  the trainer goes away; this way a replica shuts down at once, and the trainer's next
-  broadcast sees the peer gone. The sender blocks (callers run it in a daemon thread).
-- A failed collective (a replica or the trainer died) raises. The trainer then re-forms
-  the group as a new generation (rendezvous through `JoinSync`, on the same TCP store,
-  keys prefixed by generation); the survivors' receives fail too (a peer's error, or the
-  collective timeout at the latest), they rejoin naming the broken generation, and catch
-  up on the versions they missed from the filesystem copy every broadcast version gets.
-- Receivers use the same collective timeout as the sender: they post receives only once
-  a version is announced, so no collective waits on training.
-- The receiver keeps its flat buffer across versions (re-allocated only when the layout's
-  size changes): a fresh 1 GB buffer costs a page fault per 4 KiB page while gloo writes
-  into it, which under load took seconds. So the tensors `receive` returns are valid only
-  until the next `receive`; the watcher installs (copies) each version before asking for
-  the next, and engines copy what `update_weights` hands them.
-- Each receiver `confirm`s a version once it is installed (or refused), by a counter in
-  the store; the sender's `wait_confirmed` lets the trainer hold back the filesystem
-  catch-up copy (write + fsync + sha256 of every byte) until the replicas serve the
-  version, instead of competing with their receive and load for the same cores. It waits
-  at most `CONFIRM_WAIT_S`: the copy is how late joiners catch up, so it is delayed,
-  never skipped. No hashing on this path: the transport's integrity is TCP's (gloo) or
-  NCCL's; the filesystem copy keeps its sha256.
+A standalone gloo/NCCL process group on the trainer's TCP store, so the trainer's own
+torchrun group is left alone and replicas need no global torch.distributed state. A
+version is a JSON header, then the buckets of `buckets`, received into one flat buffer
+kept across versions (returned tensors are valid until the next `receive`). Idle
+receivers hold no collective open: they poll an announce counter in the store, so a
+replica exits at once. Replicas `confirm` each version so the trainer can hold back its
+catch-up copy; `transports.broadcast` drives forming and re-forming.
 """
 
 from __future__ import annotations
@@ -62,7 +30,7 @@ from tidal.weights.buckets import (
     specs_of,
     tensor_views,
 )
-from tidal.weights.transport_choice import GroupSeat
+from tidal.weights.transport_choice import BroadcastSeat
 from tidal.weights.transports.base import ReceivedVersion
 
 log = logging.getLogger(__name__)
@@ -105,7 +73,7 @@ def connect_store(address: str, timeout_s: float) -> dist.TCPStore:
 class BroadcastGroup:
     """One member of the group; blocks in `__init__` until every member has joined."""
 
-    def __init__(self, store: dist.Store, seat: GroupSeat) -> None:
+    def __init__(self, store: dist.Store, seat: BroadcastSeat) -> None:
         self.seat = seat
         self.backend = resolve_backend(seat.backend)
         prefixed = dist.PrefixStore(f"tidal-weights/g{seat.generation}/", store)

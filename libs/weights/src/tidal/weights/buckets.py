@@ -1,24 +1,16 @@
 """Fixed-size buckets over a state dict's bytes: the unit the broadcast path sends.
 
-Decisions:
-- The state dict is treated as one byte stream (tensors in a fixed order, each as its raw
-  little-endian bytes, each starting on a 64-byte boundary) cut into buckets of
-  `bucket_bytes`; a tensor larger than a bucket simply spans several. Every dtype goes
-  through the same uint8 view, so the receiver gets bit-identical bytes.
-- The receiver allocates the stream as one flat buffer and receives every bucket straight
-  into its slice; its tensors are dtype views of that buffer (`tensor_views`), which the
-  alignment makes valid. So the receiver copies nothing and holds no bucket buffer.
-- Sender and receiver compute the same `Layout` from the same `TensorSpec` list (which
-  the sender broadcasts first), so only raw bucket bytes cross the wire afterwards.
-- Sharded (FSDP/DTensor) weights are gathered by one function, `gather_full_tensor`,
-  called lazily one tensor at a time while buckets are packed: a rank never holds more
-  than one full tensor plus one bucket beyond its shard, never the whole model. Every
-  trainer rank must run `iter_packed_buckets` (the gather is a collective); only rank 0
-  sends what it yields.
+The state dict is one byte stream (tensors in a fixed order, each 64-byte aligned) cut
+into buckets; a tensor may span several. Sender and receiver compute the same `Layout`
+from the `TensorSpec` list sent first, so only raw bytes follow, and the receiver's
+tensors are dtype views of its one flat buffer. Sharded tensors are gathered lazily, one
+at a time (`gather_full_tensor`, a collective every trainer rank must run), so no rank
+holds more than one full tensor and one bucket beyond its shard.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -44,10 +36,7 @@ class TensorSpec:
 
     @property
     def nbytes(self) -> int:
-        count = 1
-        for size in self.shape:
-            count *= size
-        return count * self.torch_dtype.itemsize
+        return math.prod(self.shape) * self.torch_dtype.itemsize
 
     def to_json(self) -> list[Any]:
         return [self.name, self.dtype, list(self.shape)]

@@ -19,14 +19,14 @@ from tidal.common.grpc.channel import make_channel
 from tidal.common.security.transport import TransportSecurity
 from tidal.rpc.v1 import weightsync_pb2 as pb
 from tidal.rpc.v1 import weightsync_pb2_grpc as pb_grpc
-from tidal.weights.convert import (
+from tidal.weights.manifest import VersionEvent, WeightManifest, verify_digests
+from tidal.weights.transport_choice import TransportChoice
+from tidal.weights.wire import (
     event_from_proto,
     manifest_to_proto,
     role_to_proto,
     transport_choice_from_proto,
 )
-from tidal.weights.manifest import VersionEvent, WeightManifest, verify_digests
-from tidal.weights.transport_choice import TransportChoice
 
 log = logging.getLogger(__name__)
 RETRYABLE = (

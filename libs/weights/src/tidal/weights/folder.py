@@ -1,25 +1,12 @@
-"""The on-disk format of a version: `v<N>/` with safetensors, config.json and manifest,
-published atomically.
+"""The on-disk format of a version: `v<N>/` with its files and manifest, published
+atomically.
 
-Publish writes everything into a hidden temp folder next to the final one, fsyncs each
-file, writes the manifest last, fsyncs, then renames the folder to `v<version>` and fsyncs
-the parent. A crash at any point leaves either no `v<version>` folder or a complete one;
-temp folders are ignored by readers and swept on the next publish. Readers verify every
-sha256 before loading (`load_version`), so a corrupted file is refused, not loaded.
-
-Each side hashes once. `write_version` encodes the files in memory (`codec.encode_files`; a
-sender passes the previous version's buffer back to it) and `stage_files` hashes the bytes
-on a second thread while it writes them (`tidal.common.files.durable.write_hashed`), with no
-second read of the file (it used to be `safetensors.torch.save_file`, then `sha256_file`
-re-reading it). `stage_files` stops before the rename: the trainer writes a version
-while its checkpoint is being saved and makes it visible (`StagedVersion.commit`) only
-once the checkpoint is complete (tidal.trainer.background_persist).
-`load_version` reads each file once: into a buffer of its manifest size, hashing each
-slice as it lands, then hands out tensors that view that buffer (`safetensors_views`),
-so the engine's load is the only copy after the read.
-
-torch is imported lazily: the weightsync service itself (which only sweeps and names
-version folders) does not need it.
+Files go into a hidden temp folder, each fsynced and hashed as it is written, the
+manifest last; one rename makes the version visible. A crash leaves a complete `v<N>` or
+a temp folder readers ignore and the next publish sweeps. `stage_files` stops before the
+rename, so the trainer can write a version while its checkpoint is saved and commit it
+after. `load_version` reads each file once, verifying it as it lands. torch is imported
+lazily: weightsync itself only names and sweeps folders.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """What `JoinSync` answers: the run's data path and, for broadcast, the caller's seat.
 
-These are the domain types both sides of `JoinSync` share: weightsync's rendezvous hands
-them out, trainer and inference pick their transport from them (`transports.factory`).
-Named for what it holds, weightsync's choice of transport (the `JoinSync` reply message
-is still `SyncPlan` on the wire), so it is not confused with the memory planner.
+Domain types both sides of `JoinSync` share: weightsync's rendezvous hands them out, and
+trainer and inference pick their transport from them (`transports.factory`). On the
+wire the reply is a `SyncPlan` message carrying a `BroadcastGroup`.
 """
 
 from __future__ import annotations
@@ -17,8 +16,10 @@ TRANSPORTS = (FILESYSTEM, BROADCAST, STREAM)
 
 
 @dataclass(frozen=True)
-class GroupSeat:
-    """A caller's place in the broadcast group (member=False: use the fallback path)."""
+class BroadcastSeat:
+    """A caller's seat in the broadcast group: where to meet (TCP store), its rank of
+    `world_size` in `generation`, the group's settings; `member=False` (with the
+    `reason`): no seat, follow versions through the shared folder."""
 
     member: bool
     reason: str
@@ -37,4 +38,4 @@ class TransportChoice:
 
     transport: str
     chunk_bytes: int
-    seat: GroupSeat | None = None
+    seat: BroadcastSeat | None = None

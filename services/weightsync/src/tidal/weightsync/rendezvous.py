@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 
 from tidal.common.errors import InvalidArgument
-from tidal.weights.transport_choice import GroupSeat
+from tidal.weights.transport_choice import BroadcastSeat
 from tidal.weightsync.config import BroadcastTransport
 
 
@@ -41,8 +41,8 @@ class BroadcastRendezvous:
         self._closed = False  # the current generation's membership is final
         self._changed = asyncio.Condition()
 
-    def _seat(self, *, rank: int, reason: str = "") -> GroupSeat:
-        return GroupSeat(
+    def _seat(self, *, rank: int, reason: str = "") -> BroadcastSeat:
+        return BroadcastSeat(
             member=rank >= 0,
             reason=reason,
             store_address=self._store_address,
@@ -54,7 +54,7 @@ class BroadcastRendezvous:
             generation=self._generation,
         )
 
-    async def join_trainer(self, store_address: str) -> GroupSeat:
+    async def join_trainer(self, store_address: str) -> BroadcastSeat:
         host, _, port = store_address.rpartition(":")
         if not host or not port.isdigit():
             raise InvalidArgument("store_address", f"must be host:port, got {store_address!r}")
@@ -80,7 +80,7 @@ class BroadcastRendezvous:
                 self._closed = True
                 self._changed.notify_all()
 
-    async def join_replica(self, replica_id: str, after_generation: int = 0) -> GroupSeat:
+    async def join_replica(self, replica_id: str, after_generation: int = 0) -> BroadcastSeat:
         if not replica_id:
             raise InvalidArgument("member_id", "must name the replica")
         async with self._changed:

@@ -19,14 +19,14 @@ from tidal.common.errors import FailedPrecondition, InvalidArgument
 from tidal.common.observability.tracing import inject_carrier
 from tidal.rpc.v1 import weightsync_pb2 as pb
 from tidal.rpc.v1 import weightsync_pb2_grpc as pb_grpc
-from tidal.weights.convert import (
+from tidal.weights.manifest import WeightManifest
+from tidal.weights.transport_choice import TransportChoice
+from tidal.weights.wire import (
     event_to_proto,
     manifest_from_proto,
     role_from_proto,
     transport_choice_to_proto,
 )
-from tidal.weights.manifest import WeightManifest
-from tidal.weights.transport_choice import TransportChoice
 from tidal.weightsync.config import (
     BroadcastTransport,
     FilesystemTransport,

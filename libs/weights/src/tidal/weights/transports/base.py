@@ -1,16 +1,10 @@
-"""The weight transport interface: a sender (trainer) and a receiver (replica) per data path.
+"""The weight transport interface: a sender (trainer) and a receiver (replica) per path.
 
-Decisions (prime-rl's `broadcast/` folder is the model):
-- One file per transport (`filesystem`, `stream`, `broadcast`), each with a `WeightSender`
-  and a `WeightReceiver`; `factory` picks the pair once from weightsync's `TransportChoice`.
-  The trainer's publisher and inference's reloader keep only version policy (which
-  version, which format, retries, never going backwards) and acknowledgements; they
-  never compare transport names.
-- A sender's `send` moves a version's bytes *and* gets it registered with weightsync
-  (registration differs by path: `Publish` of a written folder, or `UploadWeights`).
-- A receiver has two halves: `fetch` pulls a version weightsync announced (every path
-  can: each version is in weightsync's root), and `run` receives versions the sender
-  pushes without being asked (only broadcast does; the others return at once).
+One file per transport, each with a `WeightSender` and a `WeightReceiver`; `factory`
+picks the pair once, so the trainer's publisher and inference's reloader keep only
+version policy and never compare transport names. A sender moves a version's bytes and
+has weightsync register it. A receiver `fetch`es a registered version (every path can)
+and `run`s to receive versions pushed to it (only broadcast pushes).
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
-"""The broadcast transport: a torch.distributed group from trainer rank 0 to the replicas,
-with every version also on the shared folder for catch-up.
+"""The broadcast transport: a torch.distributed group from trainer rank 0 to the
+replicas, with every version also written to the shared folder for catch-up.
 
-Decisions (docs/weightsync.md, "The broadcast path"):
-- Sender: `start` hosts the group's TCP store, reports it with `JoinSync` and forms the
-  group in a daemon thread (it waits for every replica); versions sent before it is
-  ready go by the filesystem only. A version is broadcast first (the fast path), then,
-  once the replicas confirm they serve it (at most `CONFIRM_WAIT_S`), written and
-  registered as on the filesystem path, which is how a replica that joined late or
-  missed a broadcast catches up. `send` returns only once the version is registered,
-  so a failed write fails the send. A failed broadcast (a replica died) marks the
-  generation abandoned and re-forms the group as a new generation of whoever rejoins.
-- Receiver: pulls (`fetch`) read the shared folder; `run` receives pushed versions from
-  the group, installs each (the engine copies it: the next receive reuses the buffer)
-  and confirms it, and when the group breaks rejoins the trainer's next generation.
-  A replica without a seat (joined late, group full) only pulls.
+The sender broadcasts first, then, once the replicas confirm they serve the version (or
+a short wait runs out), writes and registers it as the filesystem path does: `send`
+returns once it is registered. Until the group forms, and while a broken one re-forms as
+a new generation, versions go by the filesystem only. The receiver installs and confirms
+each pushed version, rejoins the next generation when the group breaks, and pulls from
+the shared folder (a replica without a seat only pulls).
 """
 
 from __future__ import annotations
@@ -33,7 +26,7 @@ from tidal.weights.broadcast_group import (
     in_daemon_thread,
 )
 from tidal.weights.manifest import WeightManifest
-from tidal.weights.transport_choice import GroupSeat
+from tidal.weights.transport_choice import BroadcastSeat
 from tidal.weights.transports.base import Install, VersionPayload, WeightSender
 from tidal.weights.transports.filesystem import FilesystemReceiver, FilesystemSender
 
@@ -56,7 +49,7 @@ class BroadcastSender(WeightSender):
         self.advertise_host = advertise_host
         """Host the replicas reach this trainer's TCP store at."""
         self.catch_up = FilesystemSender(root, client)
-        self.seat: GroupSeat | None = None
+        self.seat: BroadcastSeat | None = None
         self._group: asyncio.Future[BroadcastGroup] | None = None
         self._broken = False
         self._store: Any = None  # the group's TCP store, kept across generations
@@ -139,7 +132,7 @@ class BroadcastSender(WeightSender):
 class BroadcastReceiver(FilesystemReceiver):
     """Pulls from the shared folder (catch-up); `run` receives the group's pushes."""
 
-    def __init__(self, client: WeightSyncClient, seat: GroupSeat, *, replica_id: str) -> None:
+    def __init__(self, client: WeightSyncClient, seat: BroadcastSeat, *, replica_id: str) -> None:
         self.client = client
         self.seat = seat
         self.replica_id = replica_id
@@ -156,7 +149,7 @@ class BroadcastReceiver(FilesystemReceiver):
             seat = await self._rejoin(seat.generation)
         log.info("not in the re-formed broadcast group (%s)", seat.reason)
 
-    async def _receive_generation(self, seat: GroupSeat, install: Install) -> bool:
+    async def _receive_generation(self, seat: BroadcastSeat, install: Install) -> bool:
         """Receive until the sender closes (False) or the group breaks (True)."""
         holder: list[BroadcastGroup] = []
         try:
@@ -182,7 +175,7 @@ class BroadcastReceiver(FilesystemReceiver):
         finally:
             dispose_in_background(holder)  # its pending receives must not block this loop
 
-    async def _rejoin(self, broken_generation: int) -> GroupSeat:
+    async def _rejoin(self, broken_generation: int) -> BroadcastSeat:
         """This replica's seat in the generation after `broken_generation` (waits for the
         trainer to re-form the group; retried while weight-sync is unreachable)."""
         backoff = BACKOFF_START_S

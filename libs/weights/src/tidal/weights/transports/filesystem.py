@@ -1,10 +1,10 @@
 """The filesystem transport: trainer and replicas share weightsync's root folder.
 
-The sender writes the version folder atomically (`folder.stage_files`, hashing while it
-writes) in a worker thread and registers it with `Publish`, which makes weightsync verify
-it once; the receiver reads it with `folder.load_version` (hashing while it reads).
+The sender writes the version folder atomically in a worker thread (`folder.stage_files`,
+hashing while it writes) and registers it with `Publish`, which makes weightsync verify
+it once; the receiver reads it with `folder.load_version`, hashing while it reads.
 `stage` + `send_staged` split the write from the rename and registration, so the trainer
-can write a version while its checkpoint is saved (tidal.trainer.background_persist).
+can write a version while its checkpoint is saved.
 """
 
 from __future__ import annotations

@@ -1,6 +1,13 @@
-"""Protobuf ⇄ domain conversion for weight-sync messages (used by servicer and client)."""
+"""Weightsync's protobuf messages ⇄ the library's domain types (servicer and client).
+
+One conversion both ends share, so a manifest is validated the same way wherever it is
+read: a malformed one is `InvalidArgument` naming the field (`manifest.files[0].sha256`).
+`BroadcastSeat` and the `BroadcastGroup` message share their field names.
+"""
 
 from __future__ import annotations
+
+from dataclasses import asdict, fields
 
 from tidal.common.errors import InvalidArgument
 from tidal.rpc.v1 import weightsync_pb2 as pb
@@ -11,7 +18,7 @@ from tidal.weights.manifest import (
     WeightFile,
     WeightManifest,
 )
-from tidal.weights.transport_choice import GroupSeat, TransportChoice
+from tidal.weights.transport_choice import BroadcastSeat, TransportChoice
 
 
 def manifest_to_proto(m: WeightManifest) -> pb.WeightManifest:
@@ -80,40 +87,15 @@ def event_from_proto(v: pb.WeightVersion) -> VersionEvent:
     )
 
 
-def seat_to_proto(s: GroupSeat) -> pb.BroadcastGroup:
-    return pb.BroadcastGroup(
-        member=s.member,
-        reason=s.reason,
-        store_address=s.store_address,
-        rank=s.rank,
-        world_size=s.world_size,
-        backend=s.backend,
-        bucket_bytes=s.bucket_bytes,
-        timeout_s=s.timeout_s,
-        generation=s.generation,
-    )
-
-
 def transport_choice_to_proto(p: TransportChoice) -> pb.SyncPlan:
-    group = seat_to_proto(p.seat) if p.seat is not None else None
+    group = pb.BroadcastGroup(**asdict(p.seat)) if p.seat is not None else None
     return pb.SyncPlan(transport=p.transport, chunk_bytes=p.chunk_bytes, group=group)
 
 
 def transport_choice_from_proto(p: pb.SyncPlan) -> TransportChoice:
     seat = None
     if p.HasField("group"):
-        g = p.group
-        seat = GroupSeat(
-            g.member,
-            g.reason,
-            g.store_address,
-            g.rank,
-            g.world_size,
-            g.backend,
-            g.bucket_bytes,
-            g.timeout_s,
-            g.generation,
-        )
+        seat = BroadcastSeat(**{f.name: getattr(p.group, f.name) for f in fields(BroadcastSeat)})
     return TransportChoice(p.transport, p.chunk_bytes, seat)
 
 

@@ -1,13 +1,13 @@
-"""The stream path's safetensors writer produces files safetensors itself loads, bit for bit."""
+"""The safetensors format both ways: files safetensors itself loads, and zero-copy views
+equal to its own loader, bit for bit."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from safetensors.torch import load
+from safetensors.torch import load, save
 
-from tidal.weights.codec import safetensors_views
-from tidal.weights.safetensors_writer import encode_safetensors
+from tidal.weights.safetensors_format import encode_safetensors, safetensors_views
 
 
 def tensors(seed: int) -> dict[str, torch.Tensor]:
@@ -52,3 +52,37 @@ def test_a_buffer_of_the_right_size_is_rewritten_in_place() -> None:
 def test_a_dtype_without_a_safetensors_name_is_refused_naming_the_tensor() -> None:
     with pytest.raises(ValueError, match=r"c: dtype torch\.complex64"):
         encode_safetensors({"c": torch.zeros(2, dtype=torch.complex64)})
+
+
+def test_views_equal_safetensors_load_for_every_dtype_and_share_the_buffer() -> None:
+    g = torch.Generator().manual_seed(0)
+    tensors = {
+        "bf16": torch.randn(3, 5, generator=g).to(torch.bfloat16),
+        "f32": torch.randn(7, generator=g),
+        "f16": torch.randn(2, 2, generator=g).to(torch.float16),
+        "i64": torch.arange(5, dtype=torch.int64),
+        "u8": torch.arange(3, dtype=torch.uint8),
+        "bool": torch.tensor([True, False]),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.zeros(0, 4),
+    }
+    payload = bytearray(save(tensors, metadata={"format": "pt"}))
+    views = safetensors_views(payload)
+    expected = load(bytes(payload))
+    assert views.keys() == expected.keys()
+    for name, want in expected.items():
+        assert views[name].dtype == want.dtype and views[name].shape == want.shape, name
+        assert torch.equal(views[name], want), name
+    # Views, not copies: a write into the buffer shows in the tensor.
+    before = views["u8"].clone()
+    start = payload.rfind(bytes(before.tolist()))
+    payload[start] = 99
+    assert views["u8"][0].item() == 99
+
+
+def test_truncated_payload_is_refused_naming_the_tensor() -> None:
+    payload = save({"w": torch.ones(16)})
+    with pytest.raises(ValueError, match="w: data_offsets"):
+        safetensors_views(payload[:-4])
+    with pytest.raises(ValueError, match="no header"):
+        safetensors_views(b"\x01")
