@@ -218,20 +218,11 @@ class ChatEncoding(ABC):
         )
 
     def encode_chat(
-        self,
-        messages: Sequence[Message],
-        *,
-        add_generation_prompt: bool,
-        system_prompt: str | None = None,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        **template_kwargs: Any,
+        self, messages: Sequence[Message], *, add_generation_prompt: bool, **options: Any
     ) -> list[int]:
-        """Ids of `apply_chat_template(...)`: the template's own specials, nothing added."""
+        """Ids of `apply_chat_template(...)` (same options): the template's own specials,
+        nothing added."""
         text = self.apply_chat_template(
-            messages,
-            add_generation_prompt=add_generation_prompt,
-            system_prompt=system_prompt,
-            tools=tools,
-            **template_kwargs,
+            messages, add_generation_prompt=add_generation_prompt, **options
         )
         return self.encode_template_text(text)

@@ -119,7 +119,16 @@ class BroadcastGroup:
             raise RuntimeError(f"generation {self.seat.generation} was abandoned by the trainer")
 
     async def _completed(self, work: dist.Work) -> None:
-        await completed(work, self._check_abandoned)
+        """Wait for a collective without blocking the loop; raises if it failed, or if the
+        trainer abandoned this generation meanwhile (checked every ABANDON_CHECK_S)."""
+        loop = asyncio.get_running_loop()
+        next_check = loop.time() + ABANDON_CHECK_S
+        while not work.is_completed():
+            await asyncio.sleep(POLL_S)
+            if loop.time() >= next_check:
+                self._check_abandoned()
+                next_check = loop.time() + ABANDON_CHECK_S
+        work.wait()  # returns at once; raises the collective's error
 
     async def _recv_header(self) -> dict[str, Any]:
         while self.store.add(ANNOUNCE_KEY, 0) <= self._announced:
@@ -221,19 +230,6 @@ class BroadcastGroup:
             self._send_header({"version": CLOSE})
         except RuntimeError as exc:
             log.warning("could not close the broadcast group: %s", exc)
-
-
-async def completed(work: dist.Work, check: Callable[[], None] | None = None) -> None:
-    """Wait for a collective without blocking the loop; raises if it failed, or whatever
-    `check` (called every ABANDON_CHECK_S) raises."""
-    loop = asyncio.get_running_loop()
-    next_check = loop.time() + ABANDON_CHECK_S
-    while not work.is_completed():
-        await asyncio.sleep(POLL_S)
-        if check is not None and loop.time() >= next_check:
-            check()
-            next_check = loop.time() + ABANDON_CHECK_S
-    work.wait()  # returns at once; raises the collective's error
 
 
 def in_daemon_thread(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
