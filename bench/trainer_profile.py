@@ -61,9 +61,9 @@ from tidal.batch.tensors import micro_batch_from_packed, validate_micro_batch
 from tidal.batch.wire import micro_batch_from_proto, micro_batch_to_proto, payload_sha256
 from tidal.models.attention import PackedCausalAttention, PaddedCausalAttention
 from tidal.rpc.v1 import trainer_pb2 as pb
-from tidal.trainer.checkpoint import CheckpointManager
 from tidal.trainer.config import ModelConfig, OptimConfig, TrainerConfig
-from tidal.trainer.step_journal import StepJournal
+from tidal.trainer.persistence.checkpoint import CheckpointManager
+from tidal.trainer.persistence.journal import StepJournal
 from tidal.trainer.train_step import Trainer
 from tidal.weights.transports.base import VersionPayload
 from tidal.weights.transports.filesystem import FilesystemSender

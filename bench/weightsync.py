@@ -231,7 +231,7 @@ class Stack:
         self.version = 0
 
     async def start(self, state: dict[str, torch.Tensor]) -> None:
-        from tidal.trainer.publisher import WeightPublisher
+        from tidal.trainer.persistence.publisher import WeightPublisher
         from tidal.weights.client import WeightSyncClient
 
         run = ["--run.output-dir", str(self.work), "--run.name", self.path,

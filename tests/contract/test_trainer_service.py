@@ -29,10 +29,10 @@ from tidal.orchestrator.trainer_client import TrainerClient
 from tidal.rpc.v1 import common_pb2
 from tidal.rpc.v1 import trainer_pb2 as pb
 from tidal.rpc.v1 import trainer_pb2_grpc as pb_grpc
-from tidal.trainer import checkpoint_files
-from tidal.trainer.checkpoint import CheckpointManager
 from tidal.trainer.config import TrainerRunConfig
 from tidal.trainer.main import RunningTrainer, start_trainer
+from tidal.trainer.persistence import state_file
+from tidal.trainer.persistence.checkpoint import CheckpointManager
 from tidal.weights.folder import load_version
 
 if TYPE_CHECKING:
@@ -375,7 +375,7 @@ async def crash(running: RunningTrainer) -> None:
 async def test_resume_replays_the_journaled_steps_after_the_checkpoint_bitwise(
     tmp_path: Path, weightsync_server: RunningWeightSync
 ) -> None:
-    """step_journal.py: checkpoint at 3, steps 4 and 5 only journaled; the resumed trainer
+    """The step journal: checkpoint at 3, steps 4 and 5 only journaled; the resumed trainer
     replays them to exactly the weights of version 5, answers a retry as a duplicate
     with the replayed metrics, refuses other data under a replayed id, trains step 6."""
     first = await start_trainer(resumable_config(tmp_path, weightsync_server, interval=3))
@@ -454,10 +454,10 @@ async def until(condition: object, what: str, timeout: float = 20.0) -> None:
 
 
 def checkpointed_weights(root: Path, step: int) -> dict[str, torch.Tensor]:
-    return checkpoint_files.read_state(root / f"step_{step:08d}")["train"]["model"]
+    return state_file.read_state(root / f"step_{step:08d}")["train"]["model"]
 
 
-# ---- background publishing (the default; background_persist.py): Train(n) answers once
+# ---- background writes (the default; persistence/steps.py): Train(n) answers once
 # step n is trained; step n's checkpoint and version follow, checkpoint first, versions in
 # step order, each exactly the weights of its step although the next step was already
 # computing; a stopping trainer finishes them.
@@ -521,8 +521,8 @@ async def test_a_failed_background_write_stops_the_next_update_and_its_retry_wri
     (checkpoint, then version 1) and trains step 2 on top."""
     running = await start_trainer(run_config(tmp_path, weightsync_server, background=True))
     runner, registry = running.runner, weightsync_server.registry
-    assert runner.checkpoints is not None
-    good = runner.checkpoints.root
+    assert runner.persistence.checkpoints is not None
+    good = runner.persistence.checkpoints.root
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")
     try:
@@ -530,7 +530,7 @@ async def test_a_failed_background_write_stops_the_next_update_and_its_retry_wri
             f"127.0.0.1:{running.server.port}", security=PLAINTEXT_LOOPBACK
         ) as channel:
             stub = pb_grpc.TrainerServiceStub(channel)
-            runner.checkpoints.root = blocker / "checkpoints"
+            runner.persistence.checkpoints.root = blocker / "checkpoints"
             assert (await stub.Train(request(1))).policy_version == 1  # answered: trained
             before = {k: v.clone() for k, v in runner.trainer.model.state_dict().items()}
             with pytest.raises(grpc.aio.AioRpcError) as refused:
@@ -540,7 +540,7 @@ async def test_a_failed_background_write_stops_the_next_update_and_its_retry_wri
             after = runner.trainer.model.state_dict()
             assert all(torch.equal(before[k], after[k]) for k in before)  # no update of 2
             assert registry.newest == 0 and runner.trainer.trained_step == 1
-            runner.checkpoints.root = good
+            runner.persistence.checkpoints.root = good
             second = await stub.Train(request(2))  # the retry: step 1 written, 2 trained
             assert (second.step, second.policy_version, second.duplicate) == (2, 2, False)
             assert registry.newest >= 1 and (good / "step_00000001").is_dir()

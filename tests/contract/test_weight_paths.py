@@ -22,7 +22,7 @@ from tidal.common.security.transport import PLAINTEXT_LOOPBACK
 from tidal.inference.reload import WeightWatcher
 from tidal.models.args import DecoderArgs
 from tidal.models.layers import DecoderLM
-from tidal.trainer.publisher import WeightPublisher
+from tidal.trainer.persistence.publisher import WeightPublisher
 from tidal.weights.client import WeightSyncClient
 from tidal.weights.folder import write_version
 from tidal.weightsync.config import FilesystemTransport, StreamTransport

@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 from tidal.batch.tensors import MicroBatchData, positions_for
 from tidal.common.security.transport import PLAINTEXT_LOOPBACK
 from tidal.trainer.config import ModelConfig, TrainerConfig
-from tidal.trainer.publisher import WeightPublisher
+from tidal.trainer.persistence.publisher import WeightPublisher
 from tidal.trainer.train_step import Trainer
 from tidal.weights.client import WeightSyncClient
 from tidal.weightsync.config import BroadcastTransport

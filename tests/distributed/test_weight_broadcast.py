@@ -29,7 +29,7 @@ from tidal.inference.native import NativeEngine
 from tidal.inference.reload import WeightWatcher
 from tidal.models.args import DecoderArgs
 from tidal.models.layers import DecoderLM
-from tidal.trainer.publisher import WeightPublisher
+from tidal.trainer.persistence.publisher import WeightPublisher
 from tidal.weights.client import WeightSyncClient
 from tidal.weightsync.config import BroadcastTransport
 

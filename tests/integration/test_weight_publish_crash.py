@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from tidal.common.security.transport import PLAINTEXT_LOOPBACK
-from tidal.trainer.publisher import WeightPublisher
+from tidal.trainer.persistence.publisher import WeightPublisher
 from tidal.weights.client import WeightSyncClient
 from tidal.weights.folder import TMP_PREFIX, load_version
 from tidal.weights.manifest import WEIGHTS_FILE
@@ -32,7 +32,7 @@ import asyncio, sys
 from pathlib import Path
 import torch
 from tidal.common.security.transport import PLAINTEXT_LOOPBACK
-from tidal.trainer.publisher import WeightPublisher
+from tidal.trainer.persistence.publisher import WeightPublisher
 from tidal.weights.client import WeightSyncClient
 
 

@@ -134,8 +134,8 @@ def checkpoint_dir(config: RunConfig) -> Path:
 def has_resume_point(ckpt_dir: Path) -> bool:
     """Whether `ckpt_dir` holds what a trainer resumes from: a complete checkpoint (the
     `step_*/.metadata` (DCP) or `step_*/state.<sha256>.safetensors` (one process) layout
-    of tidal.trainer.checkpoint) or a step journal starting at step 1 (a run killed before
-    its first checkpoint; tidal.trainer.step_journal). Read here without torch."""
+    of tidal.trainer.persistence) or a step journal starting at step 1 (a run killed
+    before its first checkpoint). Read here without torch."""
     return (
         any(ckpt_dir.glob("step_*/.metadata"))
         or any(ckpt_dir.glob("step_*/state.*.safetensors"))

@@ -5,7 +5,7 @@
         --ckpt DIR --out x.pt
 
 ranks: for each offload kind, the real `Trainer` on 2 gloo ranks led by rank 0
-(`LeaderTrainer`, as the service runs it) trains three policy-gradient steps of
+(`TorchrunLeader`, as the service runs it) trains three policy-gradient steps of
 `trainer_ranks.py`'s data with AdamW, saves a DCP checkpoint after step 2 and publishes
 the full weights after every step. Then every rank builds a fresh trainer, restores the
 checkpoint (as `tidal trainer --resume` does) and trains step 3 again. Each rank also
@@ -25,9 +25,9 @@ import torch
 import torch.distributed as dist
 from trainer_ranks import MODEL, step_batches
 
-from tidal.trainer.checkpoint import CheckpointManager
 from tidal.trainer.config import TrainerConfig
 from tidal.trainer.optim_offload import DiskStateStore, OffloadedOptimizer
+from tidal.trainer.persistence.checkpoint import CheckpointManager
 from tidal.trainer.train_step import Trainer
 
 STEPS = (1, 2, 3)
@@ -94,11 +94,11 @@ def run_single(ckpt: Path, offloads: list[str], state_dir: Path) -> dict[str, An
 def lead_or_follow(
     trainer: Trainer, ranks: Any, ckpt: Path, steps: tuple[int, ...], save_after: int | None
 ) -> dict[str, Any] | None:
-    """Rank 0 trains `steps` through `LeaderTrainer`; the others follow until it stops."""
+    """Rank 0 trains `steps` through `TorchrunLeader`; the others follow until it stops."""
     from tidal.trainer.parallel.leader import (
         ControlChannel,
         LeaderCheckpoints,
-        LeaderTrainer,
+        TorchrunLeader,
         follow,
     )
 
@@ -106,7 +106,7 @@ def lead_or_follow(
     if ranks.rank != 0:
         follow(trainer, CheckpointManager(ckpt, keep_last=2), channel)
         return None
-    leader = LeaderTrainer(trainer, channel)
+    leader = TorchrunLeader(trainer, channel)
     checkpoints = LeaderCheckpoints(ckpt, keep_last=2, channel=channel)
     metrics, published = [], {}
     for step in steps:

@@ -31,8 +31,8 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from tidal.batch.tensors import MicroBatchData
-from tidal.trainer.checkpoint import CheckpointManager
 from tidal.trainer.config import TrainerConfig
+from tidal.trainer.persistence.checkpoint import CheckpointManager
 from tidal.trainer.train_step import Trainer
 
 QWEN3 = {

@@ -3,7 +3,7 @@
     python trainer_ranks.py --mode single --ckpt DIR --out ref.pt
     torchrun --nproc-per-node 2 trainer_ranks.py --mode ranks --ckpt DIR --out x.pt
 
-ranks: three policy-gradient steps on fixed micro-batches through `LeaderTrainer` (rank 0
+ranks: three policy-gradient steps on fixed micro-batches through `TorchrunLeader` (rank 0
 hands rank 1 its share over the control group; three micro-batches, so one rank also runs
 a zero-loss batch), a DCP checkpoint after step 2, the full weights published after
 steps 2 and 3. single: the same three steps in one process, and a fresh single-process
@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from tidal.batch.tensors import MicroBatchData, positions_for
-from tidal.trainer.checkpoint import CheckpointManager
 from tidal.trainer.config import TrainerConfig
+from tidal.trainer.persistence.checkpoint import CheckpointManager
 from tidal.trainer.train_step import Trainer
 
 MODEL = {"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 64, "max_seq_len": 64}
@@ -87,7 +87,7 @@ def run_ranks(ckpt: Path, cp: str) -> dict[str, object] | None:
     from tidal.trainer.parallel.leader import (
         ControlChannel,
         LeaderCheckpoints,
-        LeaderTrainer,
+        TorchrunLeader,
         follow,
     )
     from tidal.trainer.parallel.runtime import TorchrunRanks
@@ -99,7 +99,7 @@ def run_ranks(ckpt: Path, cp: str) -> dict[str, object] | None:
         follow(trainer, CheckpointManager(ckpt, keep_last=2), channel)
         ranks.close()
         return None
-    leader = LeaderTrainer(trainer, channel)
+    leader = TorchrunLeader(trainer, channel)
     checkpoints = LeaderCheckpoints(ckpt, keep_last=2, channel=channel)
     metrics, published = [], {}
     for step in (1, 2, 3):

@@ -23,7 +23,7 @@ from tidal.common.security.transport import PLAINTEXT_LOOPBACK
 from tidal.inference.adapters import AdapterMerger
 from tidal.inference.reload import WeightWatcher
 from tidal.trainer.config import ModelConfig, TrainerConfig
-from tidal.trainer.publisher import WeightPublisher
+from tidal.trainer.persistence.publisher import WeightPublisher
 from tidal.trainer.train_step import Trainer
 from tidal.weights.client import WeightSyncClient
 from tidal.weights.folder import write_version

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import torch
 
-from tidal.trainer.checkpoint import CheckpointManager
-from tidal.trainer.companion_files import run_companion_files
 from tidal.trainer.export import ExportRunConfig, export_run, main
-from tidal.trainer.publisher import WeightPublisher
+from tidal.trainer.persistence.checkpoint import CheckpointManager
+from tidal.trainer.persistence.hf_folder_files import run_hf_folder_files
+from tidal.trainer.persistence.publisher import WeightPublisher
 from tidal.trainer.train_step import Trainer
 from tidal.weights.folder import version_dir
 from tidal.weights.manifest import MANIFEST_FILE, WeightManifest
@@ -98,10 +98,10 @@ def test_a_published_version_is_the_same_complete_folder(
     trained: tuple[ExportRunConfig, Trainer], tmp_path: Path
 ) -> None:
     config, trainer = trained
-    companions = run_companion_files(config.run.tokenizer, config.model_folder())
+    folder_files = run_hf_folder_files(config.run.tokenizer, config.model_folder())
     publisher = WeightPublisher(
-        tmp_path, client=None, hf_config=companions.config(trainer.hf_config()),  # type: ignore[arg-type]
-        files=companions.files,
+        tmp_path, client=None, hf_config=folder_files.config(trainer.hf_config()),  # type: ignore[arg-type]
+        files=folder_files.files,
     )  # fmt: skip
     manifest = FilesystemSender(tmp_path, client=None).write(  # type: ignore[arg-type]
         publisher.payload(1, trainer.state_dict_for_publish())
@@ -125,10 +125,10 @@ def test_a_bf16_version_says_so_in_its_config_and_loads_in_transformers(
     config.json's torch_dtype names it, and Hugging Face loads the folder as it is."""
     config, trainer = trained
     monkeypatch.setattr(trainer, "publish_dtype", torch.bfloat16)
-    companions = run_companion_files(config.run.tokenizer, config.model_folder())
+    folder_files = run_hf_folder_files(config.run.tokenizer, config.model_folder())
     publisher = WeightPublisher(
-        tmp_path, client=None, hf_config=companions.config(trainer.hf_config()),  # type: ignore[arg-type]
-        files=companions.files,
+        tmp_path, client=None, hf_config=folder_files.config(trainer.hf_config()),  # type: ignore[arg-type]
+        files=folder_files.files,
     )  # fmt: skip
     FilesystemSender(tmp_path, client=None).write(  # type: ignore[arg-type]
         publisher.payload(1, trainer.state_dict_for_publish())
@@ -148,10 +148,10 @@ def test_export_from_a_version_writes_the_same_weights(
 ) -> None:
     config, trainer = trained
     root = config.publish_dir
-    companions = run_companion_files(config.run.tokenizer, config.model_folder())
+    folder_files = run_hf_folder_files(config.run.tokenizer, config.model_folder())
     payload = WeightPublisher(
-        root, client=None, hf_config=companions.config(trainer.hf_config()),  # type: ignore[arg-type]
-        files=companions.files,
+        root, client=None, hf_config=folder_files.config(trainer.hf_config()),  # type: ignore[arg-type]
+        files=folder_files.files,
     ).payload(3, trainer.state_dict_for_publish())  # fmt: skip
     FilesystemSender(root, client=None).write(payload)  # type: ignore[arg-type]
     assert WeightManifest.read(version_dir(root, 3)).version == 3

@@ -11,8 +11,13 @@ CODE = f"""
 import sys
 import tidal.trainer.main, tidal.inference.main, tidal.inference.native
 print([m for m in {HEAVY!r} if m in sys.modules])
-from tidal.trainer.checkpoint import DCP_MODULE, import_dcp_in_background
-import_dcp_in_background().join(120)
+import torch
+from tidal.trainer.config import TrainerConfig
+from tidal.trainer.main import prepare_first_step
+from tidal.trainer.persistence.checkpoint import DCP_MODULE
+from tidal.trainer.train_step import Trainer
+trainer = Trainer(TrainerConfig(device="cpu"), seed=0, device=torch.device("cpu"))
+prepare_first_step(trainer, checkpoints=True).join(120)
 print(DCP_MODULE in sys.modules)
 """
 

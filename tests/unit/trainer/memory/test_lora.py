@@ -157,7 +157,7 @@ def test_published_adapter_versions_describe_the_adapters_in_config_json(tmp_pat
 
     from safetensors.torch import load_file
 
-    from tidal.trainer.publisher import WeightPublisher
+    from tidal.trainer.persistence.publisher import WeightPublisher
     from tidal.weights.transports.filesystem import FilesystemSender
 
     trainer = make_trainer(lora={**LORA, "publish": "adapters"})
@@ -180,7 +180,7 @@ def test_published_adapter_versions_describe_the_adapters_in_config_json(tmp_pat
 
 
 def test_a_checkpoint_restores_adapters_and_their_optimizer_state(tmp_path, batches) -> None:
-    from tidal.trainer.checkpoint import CheckpointManager
+    from tidal.trainer.persistence.checkpoint import CheckpointManager
 
     trained = make_trainer(lora=LORA)
     trained.train_step(1, batches, "pg")

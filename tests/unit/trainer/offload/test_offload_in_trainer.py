@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from tidal.batch.tensors import MicroBatchData
-from tidal.trainer.checkpoint import CheckpointManager
 from tidal.trainer.config import ModelConfig, OptimConfig, TrainerConfig
+from tidal.trainer.persistence.checkpoint import CheckpointManager
 from tidal.trainer.train_step import Trainer
 
 TINY = ModelConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=32)

@@ -8,7 +8,7 @@ Decisions:
   was trained but lost (redo step n from the `before` state, drawing the same prompts
   again); T = n-2 means step n-1, answered as trained, was lost too: without its step
   journal (`trainer.ckpt.journal = false`) the trainer answers Train(k) before step k is
-  durable and makes it durable before its next update (tidal.trainer.background_persist),
+  durable and makes it durable before its next update (tidal.trainer.persistence.steps),
   so a trainer killed during step n's update resumes at n-2 (redo step n-1 from
   `previous_before`). Anything else is an error naming both
   steps. So a kill at any point neither repeats nor skips a prompt, and the metrics lines
@@ -121,7 +121,7 @@ def drop_lost_lines(metrics_path: Path, trainer_step: int) -> list[int]:
     """Remove the metrics lines of steps after `trainer_step`; returns their steps.
 
     Without its step journal the trainer answers Train(n) once step n is trained and
-    makes it durable just after (tidal.trainer.background_persist), so a trainer killed
+    makes it durable just after (tidal.trainer.persistence.steps), so a trainer killed
     in between resumes at n-1 although step n was logged. Step n is then trained again,
     from the same prompts (`resume_point`), and its first line belongs to a lineage that
     no longer exists: it goes, so the file keeps one line per step of the run that

@@ -23,7 +23,7 @@ Decisions:
   trainer behind the oldest kept request fails the run, naming the key to raise.
 - A retry is the same `TrainRequest` object: same step id, same payload fingerprint.
 - The trainer answers Train(n) once step n is trained and publishes version n afterwards
-  (tidal.trainer.background_persist), so the run's end waits for the last version
+  (tidal.trainer.persistence.steps), so the run's end waits for the last version
   (`wait_published`), re-sending the steps of a trainer that restarted meanwhile.
 """
 
@@ -69,7 +69,7 @@ class TrainDelivery:
 
     async def wait_published(self, step: int) -> None:
         """Wait until the trainer has published version `step` (it answers Train before it
-        publishes: tidal.trainer.background_persist). A trainer that restarted meanwhile
+        publishes: tidal.trainer.persistence.steps). A trainer that restarted meanwhile
         from an older checkpoint gets the steps it lost re-sent, as for a lost Train."""
         deadline = time.monotonic() + self.timeout_s
         peer_deadline: float | None = None

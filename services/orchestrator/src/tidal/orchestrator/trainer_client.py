@@ -73,7 +73,7 @@ class TrainerClient:
 
     async def policy_version(self, *, timeout: float = 10.0) -> int:
         """The newest version the trainer has published (it may trail the last step: the
-        trainer publishes in the background, tidal.trainer.background_persist)."""
+        trainer publishes in the background, tidal.trainer.persistence.steps)."""
         return int((await self._status(timeout)).policy_version)
 
     async def data_parallel_ranks(self, *, timeout: float = 10.0) -> int:

@@ -1,25 +1,12 @@
 """`tidal export @ run.toml [--export.out DIR] [--export.checkpoint DIR | --export.version N]`:
 a run's weights as a complete Hugging Face model folder.
 
-Decisions:
-- Two sources, one result. A checkpoint (`trainer.ckpt.dir`'s `step_XXXXXXXX`) is
-  restored into a trainer built from the run's config, so LoRA adapters are merged as
-  for publishing; a published version (`v<N>/` under the run's weights folder) is read and
-  verified against its manifest. Without either flag the newest complete checkpoint is
-  used, else the newest published version: the latest weights the run has.
-- The folder is complete: weights (HF checkpoint names, tied head omitted), config.json
-  with the tokenizer's token ids, generation_config.json and the tokenizer files with the
-  chat template (`companion_files.py`), so `transformers`' `AutoModelForCausalLM` /
-  `AutoTokenizer` and vLLM load it as they load a downloaded model.
-- Written atomically (temp folder renamed into place, `tidal.models.hf_folder`); an
-  existing model folder at `--export.out` (config.json and files) is replaced; any other
-  existing non-empty folder is refused (exit 2 naming `export.out`) and left untouched.
-- Versions holding only LoRA adapters cannot stand alone: exporting one is an error that
-  names the checkpoint route instead.
-- The command's options are a config section (`[export]`), so they get `--help`, typed
-  validation and defaults from one class, like every other key. Other services' sections
-  (and `tidal sft`'s `[sft]`) of the run file pass through unchecked. torch is imported
-  only after the config parsed.
+Two sources, one result: a checkpoint is restored into a trainer built from the run's
+config (so LoRA adapters are merged as for publishing), a published version is read and
+verified against its manifest; by default the newest checkpoint, else the newest version.
+The folder carries weights, config.json with token ids, generation_config.json and the
+tokenizer files, written atomically; an existing folder that is not a model folder is
+refused. The options are the `[export]` config section; torch is imported after parsing.
 """
 
 from __future__ import annotations
@@ -74,23 +61,23 @@ def export_run(config: ExportRunConfig) -> Path:
     """Write the folder; returns it. Raises ConfigError when there is nothing to export."""
     from tidal.models.hf_config import ModelFolderError
     from tidal.models.hf_folder import check_replaceable, write_folder  # torch: after parsing
-    from tidal.trainer.companion_files import run_companion_files
+    from tidal.trainer.persistence.hf_folder_files import run_hf_folder_files
 
     try:
         check_replaceable(config.out_dir)
     except ModelFolderError as exc:
         raise ConfigError(f"export.out: {exc}") from None
-    companions = run_companion_files(config.run.tokenizer, config.model_folder())
+    folder_files = run_hf_folder_files(config.run.tokenizer, config.model_folder())
     source, (hf_config, state) = _weights(config)
     out = config.out_dir
-    write_folder(out, companions.config(hf_config), state, extra_files=companions.files)
+    write_folder(out, folder_files.config(hf_config), state, extra_files=folder_files.files)
     log.info("exported %s to %s", source, out)
     return out
 
 
 def _weights(config: ExportRunConfig) -> tuple[str, tuple[dict[str, Any], dict[str, Any]]]:
     """(what was exported, (config.json, HF-named state dict))."""
-    from tidal.trainer.checkpoint import CheckpointManager
+    from tidal.trainer.persistence.checkpoint import CheckpointManager
 
     options = config.export
     if options.checkpoint is not None:
@@ -113,7 +100,7 @@ def _weights(config: ExportRunConfig) -> tuple[str, tuple[dict[str, Any], dict[s
 def _from_checkpoint(config: ExportRunConfig, path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     import torch
 
-    from tidal.trainer.checkpoint import CheckpointManager
+    from tidal.trainer.persistence.checkpoint import CheckpointManager
     from tidal.trainer.train_step import Trainer
 
     torch.set_num_threads(config.trainer.num_threads)

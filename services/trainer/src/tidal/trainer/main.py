@@ -1,26 +1,17 @@
-"""The trainer service: `tidal trainer @ cfg.toml` or `python -m tidal.trainer` (whose entry
-point, `parallel/launch.py`'s `main`, calls `serve`).
+"""The trainer service: `tidal trainer @ cfg.toml` (entry point: parallel/launch.py).
 
-Start-up order: model and optimizer (restored from the newest checkpoint with
-`--resume`) → gRPC server up but NOT_SERVING (so probes get an answer) → wait for weightsync
-(logging its address; `trainer.weightsync_timeout_s` bounds the wait) → refuse to start
-if weightsync already has versions (resumed: versions newer than the checkpoint) →
-publish version 0 (resumed: the checkpoint's version, if missing) → SERVING → (one
-process) a background thread builds the optimizer and imports DCP while the first batch
-is made (`prepare_first_step`: ~1 s of CPU that used to precede SERVING; a resumed or
-multi-rank trainer builds its optimizer before, to restore it or to keep ranks in step).
-`start_trainer` does all of it and is what contract tests run; `serve` adds telemetry and
-waits for SIGTERM. With `trainer.world_size` > 1, the entry point re-executes itself under
-torchrun (parallel/launch.py): every rank builds and restores its shard of the same trainer, rank 0
-then continues here with a leading trainer, the others follow its commands.
-The one-process and the torchrun service differ only here: rank 0 wraps its `Trainer` in a
-`LeaderTrainer`; both are a `ServedTrainer`, which is all the runner and servicer see.
-This module imports torch at the top: the entry point (parallel/launch.py) imports it
-only after the config parsed, so `--help` and `--dry-run` stay instant.
+`start_trainer` builds the trainer (restored with `--resume`), serves NOT_SERVING, waits
+for weightsync, publishes version 0 (resumed: replays the journal, publishes the restored
+version if missing), then SERVING; one process then builds its optimizer and imports DCP
+on a background thread while the first batch is made. `serve` adds telemetry and SIGTERM.
+Under torchrun every rank builds and restores its shard and rank 0 serves a
+`TorchrunLeader`: the only difference the runner and servicer never see. torch is
+imported at the top; the entry point imports this module only after the config parsed.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import threading
 from dataclasses import dataclass
@@ -37,15 +28,16 @@ from tidal.models.device import resolve_device
 from tidal.rpc.v1 import trainer_pb2_grpc as pb_grpc
 from tidal.text.agreement import tokenizer_info
 from tidal.text.loader import load_tokenizer
-from tidal.trainer.checkpoint import CheckpointManager, import_dcp_in_background
-from tidal.trainer.companion_files import companion_files
 from tidal.trainer.config import TrainerRunConfig
+from tidal.trainer.persistence.checkpoint import DCP_MODULE, CheckpointManager
+from tidal.trainer.persistence.hf_folder_files import hf_folder_files
+from tidal.trainer.persistence.journal import StepJournal, first_journaled_step, journal_dir
+from tidal.trainer.persistence.publisher import WeightPublisher
+from tidal.trainer.persistence.steps import StepPersistence
 from tidal.trainer.prometheus import TrainerMetrics
-from tidal.trainer.publisher import WeightPublisher
 from tidal.trainer.runner import StepRunner
-from tidal.trainer.served_trainer import ServedTrainer
+from tidal.trainer.service_trainer import ServiceTrainer
 from tidal.trainer.servicer import TrainerServicer
-from tidal.trainer.step_journal import StepJournal, first_journaled_step, journal_dir
 from tidal.trainer.train_step import Trainer
 from tidal.weights.client import WeightSyncClient
 
@@ -74,8 +66,8 @@ class RunningTrainer:
 
 
 def journals(config: TrainerRunConfig, ranks: TorchrunRanks | None) -> bool:
-    """Whether this trainer journals its steps (step_journal.py): one process, with
-    checkpoints on and `trainer.ckpt.journal`."""
+    """Whether this trainer journals its steps: one process, with checkpoints on and
+    `trainer.ckpt.journal`."""
     ckpt = config.trainer.ckpt
     return ckpt.journal and ckpt.interval != 0 and ranks is None
 
@@ -132,11 +124,11 @@ async def start_trainer(
 
         channel = ControlChannel(ranks)
     local, checkpoints, resumed = build_trainer(config, ranks=ranks, channel=channel)
-    trainer: ServedTrainer = local
+    trainer: ServiceTrainer = local
     if channel is not None:
-        from tidal.trainer.parallel.leader import LeaderTrainer
+        from tidal.trainer.parallel.leader import TorchrunLeader
 
-        trainer = LeaderTrainer(local, channel)
+        trainer = TorchrunLeader(local, channel)
     device = str(trainer.device)
     ckpt = config.trainer.ckpt
     security = for_service(config, "trainer")
@@ -145,27 +137,31 @@ async def start_trainer(
     host = config.endpoints.trainer.rsplit(":", 1)[0]
     # Versions are complete model folders: token ids, tokenizer files, generation config.
     tokenizer = load_tokenizer(config.run.tokenizer, model_path=config.model_folder())
-    companions = companion_files(tokenizer, source=config.model_folder())
+    folder_files = hf_folder_files(tokenizer, source=config.model_folder())
     publisher = WeightPublisher(
         config.publish_dir,
         client,
-        companions.config(trainer.hf_config()),
+        folder_files.config(trainer.hf_config()),
         advertise_host=host,
         adapter_config=trainer.adapter_config(),
-        files=companions.files,
+        files=folder_files.files,
         weightsync_address=config.endpoints.weightsync,
         wait_s=config.trainer.weightsync_timeout_s,
     )
     metrics = ServiceMetrics("trainer", config.metrics)
-    runner = StepRunner(
+    trainer_metrics = TrainerMetrics.on(metrics)
+    journaled = journals(config, ranks)
+    persistence = StepPersistence(
         trainer,
         publisher,
         checkpoints=checkpoints,
-        checkpoint_interval=ckpt.every(journaled=journals(config, ranks)),
-        background=config.trainer.background_publish,
-        journal=StepJournal(config.checkpoint_dir) if journals(config, ranks) else None,
-        metrics=TrainerMetrics.on(metrics),
+        interval=ckpt.every(journaled=journaled),
+        journal=StepJournal(config.checkpoint_dir) if journaled else None,
+        # Several ranks save with collectives: their writes end before Train answers.
+        background=config.trainer.background_publish and ranks is None,
+        metrics=trainer_metrics,
     )
+    runner = StepRunner(persistence, metrics=trainer_metrics)
     # The degree micro-batches are split over (parallel/leader.py); the orchestrator packs for it.
     dp = ranks.dims.dp if ranks is not None else 1
     servicer = TrainerServicer(
@@ -192,12 +188,12 @@ def prepare_first_step(trainer: Trainer, *, checkpoints: bool) -> threading.Thre
     """Off the start-up path, once the trainer serves: build the optimizer (its first
     build imports torch._dynamo) and, when checkpointing, import DCP, on a daemon thread,
     while the orchestrator makes the first batch. A step that comes first waits for the
-    same build (train_step.py) or import (checkpoint.py) instead of repeating it."""
+    same build (train_step.py) or, on Python's import lock, the same import."""
 
     def prepare() -> None:
         trainer.build_optimizer_now()
         if checkpoints:
-            import_dcp_in_background().join()
+            importlib.import_module(DCP_MODULE)
 
     thread = threading.Thread(target=prepare, name="prepare-first-step", daemon=True)
     thread.start()

@@ -32,8 +32,8 @@ class TrainerMetrics:
             ),
             step_seconds=metrics.histogram(
                 "tidal_trainer_step_seconds",
-                "Wall time of one step's compute: forward, backward, optimizer step and the "
-                "copy of the weights to publish",
+                "Wall time of one step's compute: journal entry, forward, backward and "
+                "optimizer step",
             ),
             trained_tokens=metrics.counter(
                 "tidal_trainer_trained_tokens", "Tokens (prompt + completion) trained on"

@@ -1,15 +1,12 @@
 """TrainerService: proto ⇄ domain (`MicroBatchData`, `StepRunner`). Errors are raised.
 
-The `MicroBatch` codec is `tidal.batch` (proto → numpy in `wire`, numpy → torch in
-`tensors`), the same code the orchestrator encodes with.
-
-Every request is validated in full before it reaches the runner: a malformed request is
-always INVALID_ARGUMENT naming the field (`micro_batches[2].input_ids`), even when its
-step id is one already trained. Cheapest checks first: the step's token count is read
-from the shapes and held against `trainer.max_tokens_per_step` before any tensor is
-decoded. The payload's sha256 is computed here from what arrived
-(and must equal `payload_sha256` when the sender set it) and goes with the step to the
-runner, which refuses a repeated step id carrying other data.
+Every request is validated in full before it reaches the runner, cheapest checks first
+(the step's token count is read from the shapes and held against
+`trainer.max_tokens_per_step` before any tensor is decoded): a malformed request is
+INVALID_ARGUMENT naming the field, even under a step id already trained. The payload's
+sha256 is computed from what arrived (and must equal `payload_sha256` when set), so the
+runner can refuse a repeated step id carrying other data. The codec is `tidal.batch`,
+the same code the orchestrator encodes with.
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ from tidal.rpc.v1 import common_pb2
 from tidal.rpc.v1 import trainer_pb2 as pb
 from tidal.rpc.v1 import trainer_pb2_grpc as pb_grpc
 from tidal.trainer.runner import StepRunner
-from tidal.trainer.served_trainer import LossKind
+from tidal.trainer.service_trainer import LossKind
 
 _LOSS_KINDS: dict[int, LossKind] = {pb.LOSS_KIND_POLICY_GRADIENT: "pg", pb.LOSS_KIND_SFT: "sft"}
 

@@ -1,26 +1,12 @@
 """`tidal sft @ cfg.toml`: supervised fine-tuning on prompt/completion or chat data, resumable.
 
-Decisions:
-- The same `Trainer` (model, optimizer, schedule, precision) and the same packed
-  micro-batches as RL steps (`tidal.batch`: the packer the orchestrator uses and the
-  numpy → torch conversion the servicer uses), with the SFT loss (masked NLL, token mean
-  over the step).
-- Checkpoints every `trainer.ckpt.interval` steps and at the last step, with the data
-  position in them; `--resume` loads the newest complete one and continues, so an
-  interrupted run finishes with exactly the weights of an uninterrupted one. Without
-  `--resume`, existing checkpoints in the folder are an error: silently starting over
-  would later mix two runs' checkpoints.
-- The final weights are also written as a Hugging Face style folder (config.json +
-  model.safetensors) under `<run dir>/final`, the format inference and weightsync read.
-- Metrics go to `<run dir>/sft_metrics.jsonl`, one object per step (appended on resume,
-  after dropping the lines of the steps the resumed run trains again).
-- The tokenizer is `run.tokenizer` loaded by `tidal.text.load_tokenizer` ("auto": the
-  folder of `trainer.model.path`), the one every service of an RL run from that folder
-  uses; prompt/completion records use its chat template as the orchestrator's "auto"
-  does (a folder's template, plain text with bytes). There is no `[sft]` key for the
-  template mode, system prompt or template kwargs yet (they would live in the trainer's
-  config): chat records carry their own system message.
-- torch is imported only once the config parsed, so `--help` and `--dry-run` are instant.
+The same `Trainer` and packed micro-batches as RL steps (the orchestrator's packer, the
+servicer's tensor conversion), with the SFT loss. Checkpoints every `trainer.ckpt.interval`
+steps and at the last hold the data position, so `--resume` finishes with exactly the
+weights of an uninterrupted run; existing checkpoints without `--resume` are an error.
+The final weights become a complete Hugging Face folder under `<run dir>/final`; metrics
+go to `<run dir>/sft_metrics.jsonl`. The tokenizer is `run.tokenizer`, as in RL runs.
+torch is imported only once the config parsed, so `--help` and `--dry-run` are instant.
 """
 
 from __future__ import annotations
@@ -68,7 +54,7 @@ def run_sft(config: SftRunConfig, *, max_steps: int | None = None) -> list[dict[
     import torch
 
     from tidal.models.device import resolve_device
-    from tidal.trainer.checkpoint import CheckpointManager
+    from tidal.trainer.persistence.checkpoint import CheckpointManager
     from tidal.trainer.train_step import Trainer
 
     sft, ckpt = config.sft, config.trainer.ckpt
@@ -135,17 +121,17 @@ def sft_rendering(config: SftRunConfig) -> ChatRendering:
 def export_final(trainer: Trainer, config: SftRunConfig) -> None:
     """Write the final weights as a complete Hugging Face folder under `<run dir>/final`:
     config.json with token ids, model.safetensors, generation_config.json and the run's
-    tokenizer files (`companion_files.py`), written atomically like every export."""
+    tokenizer files (`hf_folder_files.py`), written atomically like every export."""
     from tidal.models.hf_folder import write_folder  # imports torch: after the config parsed
-    from tidal.trainer.companion_files import run_companion_files
+    from tidal.trainer.persistence.hf_folder_files import run_hf_folder_files
 
     folder = config.run.dir / "final"
-    companions = run_companion_files(config.run.tokenizer, trainer_model_folder(config.trainer))
+    files = run_hf_folder_files(config.run.tokenizer, trainer_model_folder(config.trainer))
     write_folder(
         folder,
-        companions.config(trainer.hf_config()),
+        files.config(trainer.hf_config()),
         trainer.state_dict_for_export(),
-        extra_files=companions.files,
+        extra_files=files.files,
     )
     log.info("final weights written to %s", folder)
 

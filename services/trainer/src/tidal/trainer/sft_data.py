@@ -1,28 +1,12 @@
 """Supervised fine-tuning data: prompt/completion or chat records from disk, tokenized, in a
 fixed order.
 
-Decisions:
-- Records come from JSONL (one object per line) or Parquet (via pyarrow). A record with
-  a `messages` list ({role, content} objects) is a conversation; any other record needs
-  the prompt and completion fields (names configurable); one file may mix both. A bad
-  record is an error naming the file, the record number and the key, never a silent
-  skip: a silently shrunk dataset is worse than a stopped run.
-- Tokens go through `tidal.text.ChatRendering`, the object the orchestrator renders RL
-  prompts with, so SFT data and RL prompts of the same run are the same ids.
-  Conversations are always rendered with the chat template (the byte tokenizer's
-  built-in one when the run has no model folder) and trained on their assistant turns
-  only: each turn's tokens through its end-of-turn token, never the role headers, the
-  system/user/tool turns or the generation prompt (`ChatRendering.conversation`).
-  Prompt/completion records use the template when it is on (the prompt as a user
-  message, the completion as the assistant's turn); with it off (the byte default)
-  they stay `encode(prompt)` + completion ids + EOS.
-- Samples become `tidal.batch` `TrainSample`s (advantage 1, no behaviour logprobs) and
-  go through the same `pack_micro_batches` as RL steps: the prompt (everything before
-  the first assistant token) is masked by the packer, later non-assistant turns by the
-  sample's completion mask, and the trainer sees the same packed `[1, T]` micro-batches.
-- The data order is a pure function of the *position* (samples consumed so far): epoch e
-  is a shuffle seeded with (seed, e). A checkpoint stores only the position, and a resumed
-  run draws exactly the batches it would have drawn.
+Records come from JSONL or Parquet; a record with `messages` is a conversation, any other
+needs the prompt and completion fields. A bad record is an error naming the file, record
+and key, never a silent skip. Tokens go through `tidal.text.ChatRendering`, as RL prompts
+do; conversations train on their assistant turns only. Samples go through the RL packer.
+The order is a pure function of the position (epoch e is a shuffle seeded with (seed, e)),
+so a checkpoint stores only the position and a resumed run draws the same batches.
 """
 
 from __future__ import annotations

@@ -75,7 +75,7 @@ from tidal.trainer.model_factory import build_model
 from tidal.trainer.optim import build_optimizer, build_scheduler, lr_factor
 from tidal.trainer.ranks import RankContext, SingleProcess
 from tidal.trainer.router_loss import router_terms
-from tidal.trainer.served_trainer import LossKind
+from tidal.trainer.service_trainer import LossKind
 
 log = logging.getLogger(__name__)
 
@@ -127,8 +127,8 @@ class Trainer:
         self._stop_requested = threading.Event()  # set by request_stop (SIGTERM)
         self.update_gate: Callable[[], None] | None = None
         """Called before a step's update changes weights, optimizer or schedule state: the
-        runner's background checkpoint/publish of the previous step reads them
-        (background_persist.py). It may raise; the step then commits nothing."""
+        previous step's checkpoint and version writes read them (persistence/steps.py).
+        It may raise; the step then commits nothing."""
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -149,7 +149,7 @@ class Trainer:
             return self._optim
 
     def stop(self) -> None:
-        """Nothing to release: a `Trainer` commands no other rank (see `LeaderTrainer`)."""
+        """Nothing to release: a `Trainer` commands no other rank (see `TorchrunLeader`)."""
 
     def request_stop(self) -> None:
         """Abandon the running step (and any later one) at its next micro-batch boundary:

@@ -12,7 +12,7 @@ two used to alternate on one thread (hash a slice, write it), so a save cost has
 hash now runs beside the write and the fsync: on the 2-core Xeon a 51 MB save (4.3M
 model + AdamW) took 97 ms serially (sha256 44, write 25, fsync 28). It matters because a
 checkpoint and then a version are written between a trained step and the version the
-next generation waits for (tidal.trainer.background_persist).
+next generation waits for (tidal.trainer.persistence.steps).
 """
 
 from __future__ import annotations

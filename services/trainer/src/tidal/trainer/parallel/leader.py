@@ -1,23 +1,12 @@
 """Rank 0 leads, the other ranks follow: one command stream over the gloo control group.
 
-Decisions:
-- Only rank 0 serves gRPC. Everything the service does that involves the model is a
-  collective under FSDP (a training step, gathering full weights to publish, a DCP
-  save), so rank 0 first tells every rank what to do, then does it itself. The command
-  and each rank's share of the micro-batches travel in one `scatter_object_list` (each
-  rank receives only its own micro-batches), on the gloo control group.
-- `LeaderTrainer` is a `ServedTrainer` (served_trainer.py) like the single-process
-  `Trainer`, and `LeaderCheckpoints` a `CheckpointManager`, so runner.py and servicer.py
-  serve either. `LeaderTrainer` writes out each member of the interface: the collective
-  ones command the followers first, the others read rank 0's own trainer. No
-  `__getattr__` forwarding, so the type checker sees what the service uses.
-- `LeaderCheckpoints.save` saves whatever `TrainingState` it is given (a `LeaderTrainer`
-  is one: rank 0's model, optimizer and scheduler), with no unwrapping.
-- Rank 0 checks the step number before it commands anything, so a request the service
-  refuses never reaches the followers. Errors that do happen after the command (e.g.
-  no loss token in the step) happen on every rank alike, because they depend only on
-  the global counts: followers log them and wait for the next command.
-- `stop` ends the followers' loop when rank 0's server shuts down.
+Only rank 0 serves gRPC, and everything it does with the model is a collective under FSDP
+(a step, gathering weights to publish, a DCP save), so it first commands every rank, then
+does its part. `TorchrunLeader` is the `ServiceTrainer` of a torchrun job and
+`LeaderCheckpoints` its `CheckpointManager`, so the service serves it like one process.
+Rank 0 checks the step number before commanding anything, so a refused request never
+reaches the followers; an error after the command depends only on the global counts,
+happens on every rank alike, and followers log it and wait for the next command.
 """
 
 from __future__ import annotations
@@ -33,11 +22,11 @@ from torch import nn
 
 from tidal.batch.tensors import MicroBatchData
 from tidal.common.errors import FailedPrecondition, TidalError
-from tidal.trainer.checkpoint import CheckpointManager, TrainingState
 from tidal.trainer.config import TrainerConfig
 from tidal.trainer.parallel.assign import assign_micro_batches
 from tidal.trainer.parallel.runtime import TorchrunRanks
-from tidal.trainer.served_trainer import LossKind
+from tidal.trainer.persistence.checkpoint import CheckpointManager, TrainingState
+from tidal.trainer.service_trainer import LossKind
 from tidal.trainer.train_step import Trainer
 
 log = logging.getLogger(__name__)
@@ -73,7 +62,7 @@ class ControlChannel:
         return mine[0]  # type: ignore[no-any-return]
 
 
-class LeaderTrainer:
+class TorchrunLeader:
     """Rank 0's `Trainer`: commands the followers, then trains its own share."""
 
     def __init__(self, trainer: Trainer, channel: ControlChannel) -> None:

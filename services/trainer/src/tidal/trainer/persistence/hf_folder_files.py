@@ -1,26 +1,11 @@
-"""What a complete model folder carries beside its weights: the tokenizer's token ids in
+"""What makes weights a complete Hugging Face folder: the tokenizer's token ids in
 `config.json`, `generation_config.json`, and the tokenizer files with the chat template.
 
-Decisions:
-- One place builds them from the run's tokenizer (`run.tokenizer` with the model folder),
-  and both writers use it: every published version (`publisher.py`) and `tidal export`
-  (`export.py`). A published version is then a folder `transformers` and vLLM load as is,
-  tokenizer included; before, versions and exports held only weights and an
-  architecture-only config.json.
-- Token ids come from our tokenizer (`tidal.text`), the same object the services
-  tokenize with: `config.json` gets `bos_token_id`, `eos_token_id` (the tokenizer's own
-  EOS, as Hugging Face configs hold one int) and `pad_token_id`; `generation_config.json`
-  gets every id that ends generation (`eos_ids`: EOS, the folder's generation EOS list,
-  the chat template's end-of-turn token). A source folder's `generation_config.json` is
-  kept otherwise (its sampling defaults belong to the model), only the ids are ours.
-- Tokenizer files are copied byte for byte from the tokenizer's folder
-  (`tokenizer.json`, `tokenizer_config.json`, and `special_tokens_map.json` and
-  `chat_template.jinja` when present), so tokenization of the export is identical to the
-  source's. The byte tokenizer has no Hugging Face files: its ids are written honestly
-  and no `tokenizer.json` is invented (docs/models.md).
-- The files are bytes in memory (small next to the weights) so the publisher hands them
-  to any transport: they go into the version's manifest with their sha256 like the
-  weights, and a replica verifies them as it verifies the weights.
+Built once from the run's tokenizer (the one every service tokenizes with) and used by
+every writer of a model folder: published versions, `tidal export` and `tidal sft`'s final
+weights. Tokenizer files are copied byte for byte; a source folder's generation settings
+are kept and only its token ids replaced; the byte tokenizer gets honest ids and no
+invented `tokenizer.json`. The files are bytes, so any transport carries them.
 """
 
 from __future__ import annotations
@@ -47,7 +32,7 @@ TOKENIZER_FILES = (TOKENIZER_JSON, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP, CHAT_TE
 
 
 @dataclass(frozen=True)
-class CompanionFiles:
+class HFFolderFiles:
     """Token ids and the non-weight files of a complete model folder."""
 
     bos_id: int | None
@@ -62,8 +47,8 @@ class CompanionFiles:
         return with_token_ids(hf_config, bos=self.bos_id, eos=self.eos_id, pad=self.pad_id)
 
 
-def companion_files(tokenizer: Tokenizer, *, source: Path | None = None) -> CompanionFiles:
-    """The companions of `tokenizer`'s model; `source` is the folder the run started from
+def hf_folder_files(tokenizer: Tokenizer, *, source: Path | None = None) -> HFFolderFiles:
+    """The files of `tokenizer`'s model folder; `source` is the folder the run started from
     (its generation_config.json's other settings are kept)."""
     generation: dict[str, Any] = {}
     if source is not None and (source / GENERATION_CONFIG).is_file():
@@ -79,7 +64,7 @@ def companion_files(tokenizer: Tokenizer, *, source: Path | None = None) -> Comp
         for name in TOKENIZER_FILES:
             if (folder / name).is_file():
                 files[name] = (folder / name).read_bytes()
-    return CompanionFiles(
+    return HFFolderFiles(
         bos_id=tokenizer.bos_id,
         eos_id=tokenizer.eos_id,
         eos_ids=tuple(tokenizer.eos_ids),
@@ -88,6 +73,6 @@ def companion_files(tokenizer: Tokenizer, *, source: Path | None = None) -> Comp
     )
 
 
-def run_companion_files(spec: str, model_path: Path | None) -> CompanionFiles:
-    """The companions of the run's tokenizer (`run.tokenizer`, `trainer.model.path`)."""
-    return companion_files(load_tokenizer(spec, model_path=model_path), source=model_path)
+def run_hf_folder_files(spec: str, model_path: Path | None) -> HFFolderFiles:
+    """The files of the run's tokenizer (`run.tokenizer`, `trainer.model.path`)."""
+    return hf_folder_files(load_tokenizer(spec, model_path=model_path), source=model_path)

@@ -1,50 +1,21 @@
-"""Checkpoints of the full training state with torch.distributed.checkpoint (DCP).
+"""Checkpoints of the full training state: model, optimizer, LR schedule, RNG, step, and a
+small `extra` the caller owns (SFT's data position, RL's payload fingerprint).
 
-Decisions:
-- DCP, not `torch.save`: every rank writes its own shards in parallel and loading
-  reshards, so the same code serves one CPU process and an FSDP job (no process group
-  needed single-process). Model and optimizer go through DCP's `get_state_dict` /
-  `set_state_dict`, which know about FSDP/DTensor parameters.
-- What is saved: model, optimizer, LR scheduler, torch RNG state(s), the step, and a
-  small `extra` dict the caller owns (the SFT loop's data position). Resuming from it
-  continues bitwise-identically to never having stopped (CPU, fp32). The KL reference
-  model is not saved: it is the initial weights, rebuilt from the same config and seed.
-- One process writes its own format instead (`checkpoint_files.py`: safetensors + JSON +
-  a sha256 manifest): ~5x cheaper than DCP on the default model, cheap enough to save
-  every step by default, and loadable without unpickling anything. A multi-rank job
-  writes DCP; DCP folders are loaded through `safe_dcp.py` (allowlisted unpickling of
-  `.metadata`, `weights_only` for every other item), so no checkpoint load runs
-  pickled code. A DCP checkpoint loads into one process too (DCP reshards); a
-  one-process checkpoint does not load into a multi-rank job (an error says so).
-- Atomic: a checkpoint is written into a hidden `.tmp-step_XXXXXXXX-<nonce>` folder and
-  renamed to `step_XXXXXXXX` only after it is complete (DCP's `.metadata` is written
-  last; the one-process format is one file) and fsynced. A crash mid-save leaves
-  only a hidden temp folder, which `latest()` never returns and the next save removes.
-  A folder counts as a checkpoint only if its name matches and it holds `.metadata` or
-  a `state.<sha256>.safetensors` file.
-- Retention: after a new checkpoint is complete, all but the newest `keep_last` are
-  deleted, so there is always at least one complete checkpoint on disk.
-- Multi-rank: all ranks save into the same temp folder; rank 0 renames and prunes after
-  a barrier. Single process: the barrier is skipped.
-- What is checkpointed is a `TrainingState` (model, optimizer, scheduler, step), not the
-  `Trainer` class: the `Trainer` and rank 0's `LeaderTrainer` both are one, so the
-  leader's checkpoint manager saves what it is given without unwrapping it, and this
-  module does not import the training step.
+One process writes one state file (state_file.py); several ranks write with
+torch.distributed.checkpoint (DCP), each rank its shards, rank 0 renaming after a barrier,
+and DCP folders load through safe_dcp.py so no load runs pickled code. A checkpoint is a
+`step_XXXXXXXX` folder renamed into place once complete, and only the newest `keep_last`
+are kept. What is saved is a `TrainingState`, so rank 0's leader saves itself unwrapped.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import logging
-import os
-import re
-import threading
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -52,14 +23,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tidal.common.files.durable import fsync_path, fsync_tree
+from tidal.common.files.durable import fsync_tree
 from tidal.common.files.safe_remove import remove_inside
-from tidal.trainer import checkpoint_files
+from tidal.trainer.persistence import state_file
 
 log = logging.getLogger(__name__)
-
-NAME = re.compile(r"^step_(\d{8})$")
-TMP_PREFIX = ".tmp-"
 
 
 def _rng_state() -> dict[str, torch.Tensor]:
@@ -78,7 +46,7 @@ def _set_rng_state(state: dict[str, torch.Tensor]) -> None:
 
 
 class TrainingState(Protocol):
-    """What a checkpoint holds of a trainer (the `Trainer`, or rank 0's `LeaderTrainer`)."""
+    """What a checkpoint holds of a trainer (the `Trainer`, or rank 0's `TorchrunLeader`)."""
 
     @property
     def model(self) -> nn.Module: ...
@@ -93,21 +61,7 @@ class TrainingState(Protocol):
 
 
 DCP_MODULE = "torch.distributed.checkpoint.state_dict"
-"""What `import_dcp_in_background` imports: DCP and, through it, DTensor and sympy."""
-
-
-def import_dcp_in_background() -> threading.Thread:
-    """Import DCP on a daemon thread, so the first checkpoint finds it loaded.
-
-    DCP is imported where it is used, not at module top: it pulls in DTensor and sympy,
-    ~0.7 s of CPU that sat on the trainer's start-up path before it served. The trainer
-    starts this thread once it serves (service.py), while it waits for its first batch;
-    a save that comes first waits on Python's import lock for the same import."""
-    thread = threading.Thread(
-        target=importlib.import_module, args=(DCP_MODULE,), name="import-dcp", daemon=True
-    )
-    thread.start()
-    return thread
+"""DCP and, through it, DTensor and sympy: imported where used, off the start-up path."""
 
 
 class TrainState:
@@ -163,21 +117,8 @@ def _shared_nonce() -> str:
     return nonce[0]
 
 
-def step_folders(root: Path, complete: Callable[[Path], bool]) -> list[tuple[int, Path]]:
-    """(step, folder) of every `step_XXXXXXXX` folder under `root` that `complete` accepts,
-    oldest first (checkpoints here, step journal entries in step_journal.py)."""
-    if not root.is_dir():
-        return []
-    found = []
-    for path in root.iterdir():
-        match = NAME.match(path.name)
-        if match and path.is_dir() and complete(path):
-            found.append((int(match.group(1)), path))
-    return sorted(found)
-
-
 def _is_complete(path: Path) -> bool:
-    return (path / ".metadata").is_file() or checkpoint_files.is_complete(path)
+    return (path / ".metadata").is_file() or state_file.is_complete(path)
 
 
 def _barrier() -> None:
@@ -191,14 +132,6 @@ def _single_process_is_intended() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         yield
-
-
-@dataclass(frozen=True)
-class StateSnapshot:
-    """A one-process trainer state taken at `step` (see `CheckpointManager.snapshot`)."""
-
-    step: int
-    state: dict[str, Any]
 
 
 def _copy_containers(tree: Any) -> Any:
@@ -223,58 +156,37 @@ class CheckpointManager:
 
     def complete(self) -> list[tuple[int, Path]]:
         """(step, folder) of every complete checkpoint, oldest first."""
-        return step_folders(self.root, _is_complete)
+        return state_file.step_folders(self.root, _is_complete)
 
     def latest(self) -> Path | None:
         """The newest complete checkpoint, or None."""
         done = self.complete()
         return done[-1][1] if done else None
 
-    def snapshot(
+    def capture(
         self, trainer: TrainingState, *, extra: dict[str, int] | None = None
-    ) -> StateSnapshot:
-        """One process: the trainer's state at its current step, to be written later by
-        `save_snapshot`. Everything but the tensors is copied now (step, scheduler, RNG,
-        optimizer hyper-parameters); the tensors are the live ones, so the caller must not
-        change weights or optimizer state until `save_snapshot` has returned."""
+    ) -> Callable[[], Path]:
+        """The trainer's state at its current step, written when the returned call runs.
+
+        One process: everything but the tensors is copied now (step, schedule, RNG,
+        optimizer hyper-parameters), the tensors are the live ones, so weights and
+        optimizer state must not change until the write returned. Several ranks: the
+        write is the collective `save`, so nothing of the next step may run before it."""
         if dist.is_initialized():
-            raise RuntimeError("a snapshot is one process's; a multi-rank job saves with save()")
+            return lambda: self.save(trainer, extra=extra)
+        step = trainer.trained_step
         state = _copy_containers(TrainState(trainer, extra).state_dict())
-        return StateSnapshot(step=trainer.trained_step, state=state)
-
-    def save_snapshot(self, snapshot: StateSnapshot) -> Path:
-        """Write a `snapshot` atomically (temp folder, fsync, rename); returns its folder."""
-        final = self.root / f"step_{snapshot.step:08d}"
-        tmp = self.root / f"{TMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
-        self.root.mkdir(parents=True, exist_ok=True)
-        self._remove_temps()
-        tmp.mkdir()
-        checkpoint_files.write_state(tmp, {"train": snapshot.state})  # fsyncs its one file
-        fsync_path(tmp)
-        self._commit(tmp, final)
-        log.info(
-            "checkpoint of step %d saved", snapshot.step, extra={"fields": {"dir": str(final)}}
-        )
-        return final
-
-    def _commit(self, tmp: Path, final: Path) -> None:
-        """Rename a complete, fsynced temp folder into place, then prune old checkpoints."""
-        if final.exists():  # an older save of the same step (e.g. re-run after resume)
-            remove_inside(final, self.root)
-        os.replace(tmp, final)
-        fsync_path(self.root)
-        self._prune()
+        return lambda: self._write_one_process(step, state)
 
     def save(self, trainer: TrainingState, *, extra: dict[str, int] | None = None) -> Path:
         """Write the trainer's state at its current step; returns the checkpoint folder."""
         if not dist.is_initialized():  # one process: our own format (module docstring)
-            return self.save_snapshot(self.snapshot(trainer, extra=extra))
+            return self.capture(trainer, extra=extra)()
         step = trainer.trained_step
-        final = self.root / f"step_{step:08d}"
-        tmp = self.root / f"{TMP_PREFIX}{final.name}-{_shared_nonce()}"
+        tmp = state_file.temp_folder(self.root, step, _shared_nonce())
         if _is_rank0():
             self.root.mkdir(parents=True, exist_ok=True)
-            self._remove_temps()
+            state_file.remove_temps(self.root)
         _barrier()
         import torch.distributed.checkpoint as dcp
 
@@ -282,9 +194,20 @@ class CheckpointManager:
         _barrier()
         if _is_rank0():
             fsync_tree(tmp)
-            self._commit(tmp, final)
-            log.info("checkpoint of step %d saved", step, extra={"fields": {"dir": str(final)}})
+            self._commit(tmp, step)
         _barrier()
+        return self.root / f"step_{step:08d}"
+
+    def _write_one_process(self, step: int, state: dict[str, Any]) -> Path:
+        state_file.remove_temps(self.root)
+        return self._saved(step, state_file.write_step_folder(self.root, step, {"train": state}))
+
+    def _commit(self, tmp: Path, step: int) -> Path:
+        return self._saved(step, state_file.commit_folder(tmp, self.root, step))
+
+    def _saved(self, step: int, final: Path) -> Path:
+        self._prune()
+        log.info("checkpoint of step %d saved", step, extra={"fields": {"dir": str(final)}})
         return final
 
     def load(self, trainer: TrainingState, path: Path | None = None) -> dict[str, int]:
@@ -297,18 +220,18 @@ class CheckpointManager:
                 f"{path} is not a complete checkpoint (no .metadata or state file)"
             )
         state = TrainState(trainer)
-        if checkpoint_files.is_complete(path):
+        if state_file.is_complete(path):
             if dist.is_initialized() and dist.get_world_size() > 1:
                 raise ValueError(
                     f"{path} was saved by one trainer process; a job of "
                     f"{dist.get_world_size()} ranks cannot load it (resume it with "
                     "trainer.world_size = 1)"
                 )
-            state.load_state_dict(checkpoint_files.read_state(path)["train"])
+            state.load_state_dict(state_file.read_state(path)["train"])
         else:
             import torch.distributed.checkpoint as dcp
 
-            from tidal.trainer.safe_dcp import SafeFileSystemReader, SafeLoadPlanner
+            from tidal.trainer.persistence.safe_dcp import SafeFileSystemReader, SafeLoadPlanner
 
             # Read once up front: a refused `.metadata` raises UnsafeCheckpoint itself
             # (inside dcp.load it would surface wrapped in a CheckpointException).
@@ -322,14 +245,6 @@ class CheckpointManager:
         log.info("resumed from %s (step %d)", path, trainer.trained_step)
         self.loaded_extra = dict(state.extra)
         return state.extra
-
-    def _temps(self) -> Iterator[Path]:
-        return (p for p in self.root.iterdir() if p.name.startswith(TMP_PREFIX))
-
-    def _remove_temps(self) -> None:
-        for path in self._temps():
-            log.warning("removing %s, left by an interrupted save", path)
-            remove_inside(path, self.root, ignore_errors=True)
 
     def _prune(self) -> None:
         done = self.complete()

@@ -1,32 +1,22 @@
-"""The one-process checkpoint format: safetensors + JSON + a sha256 manifest, no pickle.
+"""One-process state on disk: one safetensors file named after its own sha256, holding a
+tree of tensors and JSON (no pickle), in `step_XXXXXXXX` folders written atomically.
 
-Decisions:
-- Why not DCP for one process: measured on the default model (403K parameters, Adam),
-  `dcp.save` took ~48 ms of a ~56 ms checkpoint, almost all of it planning and pickling
-  overhead, not bytes; this format writes the same state in ~12 ms (incl. fsync). That
-  is what lets checkpoints be on, at every step, by default (docs/training.md).
-- Why not pickle: a checkpoint folder is data that someone else may have written. DCP
-  reads its `.metadata` with a plain `pickle.load` (torch's `weights_only` does not
-  cover it), so loading a planted checkpoint would run code. Here the tensors are one
-  safetensors file and everything else (step, scheduler, optimizer hyper-parameters, the
-  caller's `extra`) is JSON: nothing loaded can execute.
-- Layout: one file, `state.<sha256>.safetensors`: every tensor of the state tree keyed
-  by its path, and in the safetensors header the tree itself as JSON (each tensor
-  replaced by `{"__tensor__": key}`, tuples by `{"__tuple__": [...]}`). The file is named
-  after its own sha256, and `read_state` checks it before anything is parsed, so a torn
-  or flipped file is refused, naming it. One file because fsync dominates a small
-  save: the first version of this format (two files and a manifest) spent more time in
-  its four fsyncs than in everything else together.
-- Tensors that share memory (tied embedding and head) are stored once; the second path
-  refers to the first.
+One-process checkpoints and step-journal entries are such folders. The file name's sha256
+is checked before anything is parsed, so a torn or altered file is refused naming it;
+tensors that share memory (a tied embedding and head) are stored once. A folder is
+written under a hidden temp name, fsynced and renamed, so a crash leaves nothing that
+looks complete. docs/training.md ("Checkpoint files") says why this format and not DCP.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +25,10 @@ from safetensors import safe_open
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
-from tidal.common.files.durable import write_hashed
+from tidal.common.files.durable import fsync_path, write_hashed
+from tidal.common.files.safe_remove import remove_inside
+
+log = logging.getLogger(__name__)
 
 PREFIX = "state."
 SUFFIX = ".safetensors"
@@ -43,10 +36,12 @@ NAME = re.compile(r"^state\.([0-9a-f]{64})\.safetensors$")
 FORMAT = "tidal-checkpoint-1"
 FORMAT_KEY = "tidal.format"
 TREE_KEY = "tidal.tree"
+STEP_NAME = re.compile(r"^step_(\d{8})$")
+TMP_PREFIX = ".tmp-"
 
 
 class CorruptCheckpoint(ValueError):
-    """A checkpoint's files do not match its manifest (or it has none)."""
+    """A state file does not match the sha256 in its name (or there is none)."""
 
 
 def _flatten(tree: Any, path: str, tensors: dict[str, torch.Tensor], seen: dict[tuple, str]) -> Any:
@@ -92,13 +87,9 @@ def write_state(folder: Path, state: dict[str, Any]) -> None:
     """Write `state` (a tree of dicts, lists, tuples, tensors and JSON scalars) into the
     existing, empty `folder` as one fsynced file named after its own sha256.
 
-    Streamed: the safetensors header is built from the tensors' shapes, then every
-    tensor's bytes go to the hash and the file straight from its memory, so a save reads
-    the state twice (hash, write) instead of four times (safetensors' two copies into
-    one buffer, hash, write), and allocates no buffer of the state's size: on the 33.6M
-    model's ~400 MB of weights and AdamW moments that was most of a save's CPU time.
-    The file is the one `encode_state` makes but for the order of the two metadata keys
-    (safetensors' own order is a hash map's); a unit test holds them equivalent."""
+    Streamed: the header is built from the tensors' shapes, then each tensor's bytes go
+    to the hash and the file straight from its memory, so no buffer of the state's size
+    is made. The file is `encode_state`'s but for the order of the two metadata keys."""
     tensors: dict[str, torch.Tensor] = {}
     tree = _flatten(state, "", tensors, {})
     header, ordered = _header(tensors, {FORMAT_KEY: FORMAT, TREE_KEY: json.dumps(tree)})
@@ -154,16 +145,6 @@ def encode_state(state: dict[str, Any]) -> bytes:
     return save_safetensors(tensors, metadata={FORMAT_KEY: FORMAT, TREE_KEY: json.dumps(tree)})
 
 
-def write_encoded(folder: Path, data: bytes) -> None:
-    """Write `encode_state`'s bytes into the existing, empty `folder`: one fsynced file
-    named after its own sha256."""
-    path = folder / f"{PREFIX}{hashlib.sha256(data).hexdigest()}{SUFFIX}"
-    with path.open("wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def state_file(folder: Path) -> Path | None:
     """The folder's state file, or None when it holds none (not a checkpoint of ours)."""
     found = [p for p in folder.glob(f"{PREFIX}*{SUFFIX}") if NAME.match(p.name)]
@@ -191,3 +172,52 @@ def read_state(folder: Path) -> dict[str, Any]:
     if metadata.get(FORMAT_KEY) != FORMAT or TREE_KEY not in metadata:
         raise CorruptCheckpoint(f"{path} is not a {FORMAT} checkpoint")
     return _unflatten(json.loads(metadata[TREE_KEY]), load_safetensors(data))
+
+
+def step_folders(
+    root: Path, complete: Callable[[Path], bool] = is_complete
+) -> list[tuple[int, Path]]:
+    """(step, folder) of every `step_XXXXXXXX` folder under `root` that `complete` accepts,
+    oldest first."""
+    if not root.is_dir():
+        return []
+    found = []
+    for path in root.iterdir():
+        match = STEP_NAME.match(path.name)
+        if match and path.is_dir() and complete(path):
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def temp_folder(root: Path, step: int, nonce: str | None = None) -> Path:
+    """A hidden folder name for step `step`'s write; `step_folders` never lists it."""
+    return root / f"{TMP_PREFIX}step_{step:08d}-{nonce or uuid.uuid4().hex[:8]}"
+
+
+def commit_folder(tmp: Path, root: Path, step: int) -> Path:
+    """Rename the complete, fsynced `tmp` to step `step`'s folder under `root` (replacing
+    an older write of the same step) and make the rename durable; returns the folder."""
+    final = root / f"step_{step:08d}"
+    if final.exists():  # the same step written again (after a resume)
+        remove_inside(final, root)
+    os.replace(tmp, final)
+    fsync_path(root)
+    return final
+
+
+def write_step_folder(root: Path, step: int, state: dict[str, Any]) -> Path:
+    """Write `state` as step `step`'s folder under `root`, atomically; returns it."""
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = temp_folder(root, step)
+    tmp.mkdir()
+    write_state(tmp, state)  # fsyncs its one file
+    fsync_path(tmp)
+    return commit_folder(tmp, root, step)
+
+
+def remove_temps(root: Path) -> None:
+    """Delete the hidden folders of interrupted writes under `root`."""
+    for path in root.iterdir() if root.is_dir() else ():
+        if path.name.startswith(TMP_PREFIX):
+            log.warning("removing %s, left by an interrupted write", path)
+            remove_inside(path, root, ignore_errors=True)

@@ -1,36 +1,12 @@
 """Publishing weight versions: which version, in which format, and retrying safely.
 
-Decisions:
-- The data path is weightsync's choice (`JoinSync`, asked once, on the first publish), so
-  trainer and inference config never disagree with the service about it. The path's
-  sender (`tidal.weights.transports`: filesystem, stream or broadcast, picked once by
-  `make_sender`) moves the bytes and gets the version registered; this module keeps
-  only the version policy below. docs/weightsync.md describes each path.
-- Version `v` holds the weights after step `v`; version 0 (initial weights) is published
-  once at start-up. A fresh trainer refuses to start if weightsync already knows any
-  version (its fresh weights would not be the ones those versions continue from) and
-  says how to fix it. A trainer resumed from the checkpoint of step k accepts versions
-  up to k (it republishes k if missing) and refuses newer ones: they came from steps the
-  checkpoint does not hold.
-- LoRA with `lora.publish = "adapters"`: version 0 holds the full base weights, every
-  later version only the adapters (format "lora-adapters", `base_version` 0 in the
-  manifest and in config.json's `adapter_config`, so the broadcast path, which carries
-  no manifest, says it too). Replicas merge them onto version 0 (tidal.inference.adapters).
-- Retrying a publish is safe: a version weightsync already registered is not sent again;
-  a folder left by an earlier failed attempt is replaced.
-- On the filesystem path a version can be staged (`stage`: written and fsynced under a
-  hidden temp name that weightsync's recovery never adopts) before it may be published,
-  so the trainer writes it while the step's checkpoint is saved and then only renames
-  and registers it (tidal.trainer.background_persist).
-- Weightsync may be down (not started yet, or restarting): every call the publisher makes
-  is retried while it answers UNAVAILABLE or not at all, with a log line naming its
-  address, for at most `wait_s` (`trainer.weightsync_timeout_s`), then `Unavailable`
-  naming weightsync and the address. A publish cut by a restart is retried as a whole:
-  a version the restarted registry adopted from disk is found registered and not sent
-  again, and weightsync answers a re-sent identical manifest OK (it is idempotent).
-- Every version is a complete Hugging Face folder: `hf_config` carries the tokenizer's
-  token ids and `files` the tokenizer files and generation_config.json
-  (`companion_files.py`), sent with the weights and listed in the manifest.
+Version `v` holds the weights after step `v`; version 0 is published once at start-up,
+and a fresh trainer refuses to start over existing versions, a resumed one over versions
+newer than its checkpoint. The data path is weightsync's choice (`JoinSync`), carried by
+its sender (`tidal.weights.transports`); this module keeps only the version policy: LoRA
+adapter-only versions on version 0, the HF folder's other files, idempotent retries while
+weightsync is down (`trainer.weightsync_timeout_s`), and on the filesystem path a version
+staged under a hidden name before it may be published (docs/weightsync.md).
 """
 
 from __future__ import annotations
@@ -95,7 +71,7 @@ class WeightPublisher:
         # config.json under "adapter_config" (docs/weightsync.md).
         self.adapter_config = adapter_config
         self.files = dict(files or {})
-        """Companion files of every version (tokenizer files, generation_config.json)."""
+        """The non-weight files of every version (hf_folder_files.py)."""
         self.newest = -1  # newest version this process published
         self.choice: TransportChoice | None = None
         self.sender: WeightSender | None = None

@@ -15,10 +15,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from tidal.batch.tensors import MicroBatchData
-from tidal.trainer import checkpoint_files
-from tidal.trainer.checkpoint import CheckpointManager, TrainState
 from tidal.trainer.config import ModelConfig, OptimConfig, ScheduleConfig, TrainerConfig
-from tidal.trainer.safe_dcp import UnsafeCheckpoint
+from tidal.trainer.persistence import state_file
+from tidal.trainer.persistence.checkpoint import CheckpointManager, TrainState
+from tidal.trainer.persistence.safe_dcp import UnsafeCheckpoint
 from tidal.trainer.train_step import Trainer
 
 TINY = ModelConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=32)
@@ -83,13 +83,13 @@ def save_step_1_then_crash_while_saving_step_2(
     trainer.train_step(1, step_batches(1), "sft")
     manager.save(trainer)
     trainer.train_step(2, step_batches(2), "sft")
-    real_write = checkpoint_files.write_state
+    real_write = state_file.write_state
 
     def write_then_die(*args: object, **kwargs: object) -> None:
         real_write(*args, **kwargs)  # type: ignore[arg-type]
         os._exit(17)
 
-    checkpoint_files.write_state = write_then_die  # type: ignore[assignment]
+    state_file.write_state = write_then_die  # type: ignore[assignment]
     manager.save(trainer)
 
 
@@ -128,11 +128,11 @@ def test_a_damaged_checkpoint_file_is_refused_naming_it(
     trainer.train_step(1, step_batches(1), "sft")
     folder = CheckpointManager(tmp_path, keep_last=1).save(trainer)
     [state] = folder.iterdir()  # one safetensors file: no pickle in a one-process checkpoint
-    assert checkpoint_files.NAME.match(state.name)
+    assert state_file.NAME.match(state.name)
     data = bytearray(state.read_bytes())
     data[-1] ^= 0xFF
     state.write_bytes(bytes(data))
-    with pytest.raises(checkpoint_files.CorruptCheckpoint, match=f"{state.name} is damaged"):
+    with pytest.raises(state_file.CorruptCheckpoint, match=f"{state.name} is damaged"):
         CheckpointManager(tmp_path, keep_last=1).load(new_trainer())
 
 
@@ -166,7 +166,8 @@ def test_a_dcp_checkpoint_loads_safely_and_planted_pickles_never_run(
 
 
 if __name__ == "__main__":
-    from conftest import batches_for  # run as a script: this folder is on sys.path
+    sys.path.insert(0, str(Path(__file__).parents[1]))  # run as a script: the conftest's
+    from conftest import batches_for
 
     save_step_1_then_crash_while_saving_step_2(Path(sys.argv[1]), batches_for)
 
@@ -184,10 +185,10 @@ def test_the_streamed_state_file_matches_safetensors_own(tmp_path: Path) -> None
         "ids": torch.arange(4), "empty": torch.zeros(0), "mask": torch.ones(2, dtype=torch.bool),
         "sched": {"last_epoch": 3, "lrs": (0.1, 0.2)}, "extra": "{}",
     }  # fmt: skip
-    checkpoint_files.write_state(tmp_path, state)
-    path = checkpoint_files.state_file(tmp_path)
+    state_file.write_state(tmp_path, state)
+    path = state_file.state_file(tmp_path)
     assert path is not None and [p.name for p in tmp_path.iterdir()] == [path.name]
-    streamed, reference = path.read_bytes(), checkpoint_files.encode_state(state)
+    streamed, reference = path.read_bytes(), state_file.encode_state(state)
 
     def parts(data: bytes) -> tuple[list[tuple[str, object]], dict[str, str], bytes]:
         size = int.from_bytes(data[:8], "little")
@@ -198,7 +199,7 @@ def test_the_streamed_state_file_matches_safetensors_own(tmp_path: Path) -> None
     assert parts(streamed) == parts(reference)
     with safe_open(path, framework="pt") as f:  # safetensors' own reader takes it
         assert torch.equal(f.get_tensor("/model/b"), state["model"]["b"])
-    back = checkpoint_files.read_state(tmp_path)  # checks the name's sha256
+    back = state_file.read_state(tmp_path)  # checks the name's sha256
     assert back["model"]["head"] is back["model"]["emb"]
     assert torch.equal(back["optim"]["m"], state["optim"]["m"])
     assert back["sched"] == {"last_epoch": 3, "lrs": (0.1, 0.2)}
@@ -207,20 +208,20 @@ def test_the_streamed_state_file_matches_safetensors_own(tmp_path: Path) -> None
 def test_a_snapshot_written_later_holds_the_state_it_was_taken_at(
     tmp_path: Path, step_batches: Callable[[int], list[MicroBatchData]]
 ) -> None:
-    """The background publish takes a snapshot when step n ends and writes it while step
+    """Background writes capture the state when step n ends and write it while step
     n+1's forward/backward run (which set the optimizer's lr): the written checkpoint is
     step n's, the same as a plain save then."""
     trainer = new_trainer()
     trainer.train_step(1, step_batches(1), "pg")
     manager = CheckpointManager(tmp_path / "snap", keep_last=1)
-    snapshot = manager.snapshot(trainer, extra={"data_position": 1})
+    write_snapshot = manager.capture(trainer, extra={"data_position": 1})
     reference = CheckpointManager(tmp_path / "plain", keep_last=1).save(trainer)
     trainer._set_lr("pg")  # as step 2 does before its forward
     trainer.optimizer.param_groups[0]["lr"] = 123.0
     torch.manual_seed(5)
-    written = manager.save_snapshot(snapshot)
-    saved = checkpoint_files.read_state(written)["train"]
-    plain = checkpoint_files.read_state(reference)["train"]
+    written = write_snapshot()
+    saved = state_file.read_state(written)["train"]
+    plain = state_file.read_state(reference)["train"]
     assert saved["step"] == plain["step"] == 1
     assert saved["optim"]["param_groups"] == plain["optim"]["param_groups"]
     assert saved["scheduler"] == plain["scheduler"]

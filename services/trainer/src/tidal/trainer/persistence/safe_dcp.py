@@ -1,18 +1,11 @@
 """Loading torch.distributed.checkpoint (DCP) folders without running pickled code.
 
-DCP (the format of sharded, multi-rank checkpoints) reads its `.metadata` with a plain
-`pickle.load`, and its default load planner reads every non-tensor item with
-`torch.load(weights_only=False)` (torch 2.13, `filesystem.py` / `default_planner.py`;
-pytorch/pytorch#189308 tracks it). A checkpoint folder written by someone else could
-then run code in the trainer. This module closes both doors:
-
-- `SafeFileSystemReader` unpickles `.metadata` with an allowlist: only DCP's own
-  metadata classes, torch dtypes, `torch.Size`, the memory-format helper and
-  `pathlib` paths; any other global is refused with `UnsafeCheckpoint` naming it.
-- `SafeLoadPlanner` reads non-tensor items with `torch.load(weights_only=True)`
-  (primitives, lists, dicts, tuples: all our state holds besides tensors).
-
-Tensors DCP already reads with `weights_only=True`.
+DCP reads `.metadata` with a plain `pickle.load` and non-tensor items with
+`torch.load(weights_only=False)`, so a checkpoint folder written by someone else could run
+code in the trainer. `SafeFileSystemReader` unpickles `.metadata` with an allowlist (DCP's
+metadata classes, torch dtypes, `torch.Size`, the memory-format helper, `pathlib` paths;
+any other global is `UnsafeCheckpoint` naming it) and `SafeLoadPlanner` reads non-tensor
+items with `weights_only=True`; DCP already reads tensors that way.
 """
 
 from __future__ import annotations

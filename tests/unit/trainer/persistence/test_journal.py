@@ -1,5 +1,5 @@
-"""The step journal (step_journal.py): entries round-trip exactly, replay stops at a gap,
-stale and covered entries go, a torn or damaged entry is never replayed silently."""
+"""The step journal: entries round-trip exactly, replay stops at a gap, stale and
+covered entries go, a torn or damaged entry is never replayed silently."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from tidal.batch.tensors import MicroBatchData
-from tidal.trainer.checkpoint_files import CorruptCheckpoint, state_file
 from tidal.trainer.config import JOURNALED_INTERVAL, CheckpointConfig
-from tidal.trainer.step_journal import StepJournal, first_journaled_step
+from tidal.trainer.persistence.journal import StepJournal, first_journaled_step
+from tidal.trainer.persistence.state_file import CorruptCheckpoint, state_file
 
 SHA = bytes(range(32))
 

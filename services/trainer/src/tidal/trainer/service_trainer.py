@@ -1,17 +1,11 @@
-"""What the service uses of a trainer: one interface for one process and for rank 0.
+"""What the service uses of a trainer: one process's `Trainer`, or `TorchrunLeader`, rank 0
+commanding the other torchrun ranks (parallel/leader.py); the runner serves either alike.
 
-Decisions:
-- `ServedTrainer` lists exactly what `service.py`, `runner.py`, `servicer.py` and the
-  checkpoint manager use. The `Trainer` (train_step.py) satisfies it for a
-  single-process trainer, `LeaderTrainer` (parallel/leader.py) for rank 0 of a torchrun
-  job, which commands the other ranks before each collective and delegates the rest
-  explicitly. Neither is a `__getattr__` proxy, so a method the service starts using
-  must be added here and to both, and the type checker says so.
-- It extends the checkpoint's `TrainingState` (model, optimizer, scheduler, step): the
-  runner checkpoints whatever trainer it serves, with no unwrapping.
-- `stop` ends the follower ranks after the server shut down; a single process has none.
-- `LossKind` lives here, beside the interface that takes it, so the servicer and the
-  leader name it without importing the training step.
+`ServiceTrainer` lists exactly what the service, runner, servicer and persistence call, and
+both implement every member (no `__getattr__` proxy), so a new use is added here and to
+both and the type checker says so. It extends the checkpoint's `TrainingState`, so the
+served trainer is checkpointed without unwrapping. `LossKind` lives here, beside the
+interface that takes it, so the servicer and the leader name it without the training step.
 """
 
 from __future__ import annotations
@@ -21,13 +15,13 @@ from typing import Literal, Protocol
 import torch
 
 from tidal.batch.tensors import MicroBatchData
-from tidal.trainer.checkpoint import TrainingState
 from tidal.trainer.config import TrainerConfig
+from tidal.trainer.persistence.checkpoint import TrainingState
 
 LossKind = Literal["pg", "sft"]
 
 
-class ServedTrainer(TrainingState, Protocol):
+class ServiceTrainer(TrainingState, Protocol):
     @property
     def config(self) -> TrainerConfig: ...
 
