@@ -366,15 +366,11 @@ class TrainerConfig(BaseConfig):
     vs 5.3, one interleaved run each, load 4-10, docs/benchmarks/trainer_profile.md)
     while slowing generation; on a machine with cores to spare, raise it."""
     background_publish: bool = True
-    """Answer Train as soon as the step is trained and write its checkpoint and weight
-    version in the background, during the next step's forward and backward (the next
-    update waits for them). The guarantees stay: a version is published only after its
-    checkpoint is complete, in step order; a trainer killed meanwhile resumes one step
-    back and the orchestrator re-sends that step. Checkpoint + version were 40-50 % of a
-    serial trainer step on issue 19's reversal shapes; measured end to end (2 cores):
-    1.19x the step rate on the 4.3M shape, 1.17x on the 33.6M one when a core is free,
-    slower there under heavy load (docs/benchmarks/trainer_profile.md). One trainer
-    process only; false: Train answers after both, as before."""
+    """When Train answers: true, as soon as the step is trained, its checkpoint (when due)
+    and weight version then written during the next step's forward and backward (whose
+    update waits for them); false, once its version is published. The order is the same
+    either way: journal, update, checkpoint, publish (docs/training.md, "Durability"). A
+    multi-rank trainer always answers after the publish (its saves are collectives)."""
     weightsync_timeout_s: float = Field(default=300.0, gt=0)
     """How long the trainer waits for weightsync to answer, at start-up and when a publish
     finds it gone (restarting), before it stops with an error naming weightsync's address.
