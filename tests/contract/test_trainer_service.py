@@ -553,6 +553,42 @@ async def test_a_failed_background_write_stops_the_next_update_and_its_retry_wri
         await running.stop()
 
 
+async def test_answering_after_the_publish_a_failed_write_fails_train_and_its_retry_writes_it(
+    tmp_path: Path, weightsync_server: RunningWeightSync
+) -> None:
+    """`background_publish = false`, the same path: step 1's checkpoint cannot be written,
+    so Train(1) fails and version 1 is not published, but the step stays trained; its
+    retry writes the checkpoint and then version 1 without training the step again."""
+    running = await start_trainer(resumable_config(tmp_path, weightsync_server, interval=1))
+    persistence, registry = running.runner.persistence, weightsync_server.registry
+    assert persistence.checkpoints is not None and not persistence.background
+    good = persistence.checkpoints.root
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    try:
+        async with make_channel(
+            f"127.0.0.1:{running.server.port}", security=PLAINTEXT_LOOPBACK
+        ) as channel:
+            stub = pb_grpc.TrainerServiceStub(channel)
+            persistence.checkpoints.root = blocker / "checkpoints"
+            with pytest.raises(grpc.aio.AioRpcError):
+                await stub.Train(request(1))
+            s = await status(stub)
+            assert (s.step, s.policy_version, s.steps_trained) == (0, 0, 1)
+            assert registry.newest == 0 and persistence.trainer.trained_step == 1
+            persistence.checkpoints.root = good
+            retry = await stub.Train(request(1))
+            assert (retry.step, retry.policy_version, retry.duplicate) == (1, 1, False)
+            s = await status(stub)
+            assert (s.step, s.policy_version, s.steps_trained) == (1, 1, 1)
+        published = load_version(registry.get(1).manifest)[1]
+        native = hf_to_native_state_dict(persistence.trainer.model, published)
+        saved = checkpointed_weights(good, 1)
+        assert all(torch.equal(native[k], saved[k]) for k in native)
+    finally:
+        await running.stop()
+
+
 async def test_delivery_re_sends_the_steps_a_trainer_that_came_back_behind_lost(
     tmp_path: Path, start_weightsync: Callable[..., Any]
 ) -> None:
