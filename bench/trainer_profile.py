@@ -56,7 +56,8 @@ from common import print_table, write_result
 
 import tidal.models.layers as layers_module
 import tidal.trainer.train_step as train_step_module
-from tidal.batch.packing import TrainSample, pack_micro_batches
+from tidal.batch.balance import pack_for_ranks
+from tidal.batch.packing import TrainSample
 from tidal.batch.tensors import micro_batch_from_packed, validate_micro_batch
 from tidal.batch.wire import micro_batch_from_proto, micro_batch_to_proto, payload_sha256
 from tidal.models.attention import PackedCausalAttention, PaddedCausalAttention
@@ -174,7 +175,7 @@ def one_step(
     timers.now.clear()
     samples = step_samples(rng)
     with timers.phase("pack + encode (orchestrator)"):
-        packed = pack_micro_batches(samples, budget=trainer.config.model.max_seq_len * 16)
+        (packed,) = pack_for_ranks(samples, trainer.config.model.max_seq_len * 16, 1)
         request = pb.TrainRequest(
             step=step,
             loss=pb.LOSS_KIND_POLICY_GRADIENT,
@@ -268,7 +269,7 @@ def op_table(
     rng = random.Random(0)
 
     def batches() -> list[Any]:
-        packed = pack_micro_batches(step_samples(rng), budget=2048)
+        (packed,) = pack_for_ranks(step_samples(rng), 2048, 1)
         return [micro_batch_from_packed(p) for p in packed]
 
     for step in (1, 2):

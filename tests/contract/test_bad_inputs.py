@@ -451,6 +451,21 @@ def test_train_refuses_every_bad_field(stack: Stack, bad: tuple[str, Any]) -> No
     stack.assert_serving()
 
 
+@FEW
+@given(rank=st.one_of(st.integers(I32_MIN, -1), st.integers(1, I32_MAX)))
+def test_train_refuses_a_rank_outside_the_data_parallel_degree(stack: Stack, rank: int) -> None:
+    """A one-process trainer has one data-parallel rank: 0 (also what an unset rank reads)."""
+    batch = good_micro_batch()
+    batch.rank = rank
+    request = tpb.TrainRequest(
+        step=1, micro_batches=[good_micro_batch(), batch], loss=tpb.LOSS_KIND_POLICY_GRADIENT
+    )
+    err = stack.refused(lambda: stack.trainer.Train(request))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert_names(err, "micro_batches[1].rank")
+    stack.assert_serving()
+
+
 def test_a_step_over_the_token_budget_is_refused_whole(stack: Stack) -> None:
     """Micro-batches each within the budget, together over it: refused naming the field."""
     count = TOKEN_BUDGET // 9 + 1  # 9 tokens each

@@ -110,6 +110,11 @@ def micro_batch(lengths: list[int], *, seed: int = 0, **override: np.ndarray) ->
     return pb.MicroBatch(**{name: encode_array(a) for name, a in arrays.items()})
 
 
+def on_rank(batch: pb.MicroBatch, rank: int) -> pb.MicroBatch:
+    batch.rank = rank
+    return batch
+
+
 def request(step: int, *batches: pb.MicroBatch, loss: int = PG) -> pb.TrainRequest:
     return pb.TrainRequest(step=step, micro_batches=batches or [micro_batch([6, 9])], loss=loss)
 
@@ -258,6 +263,11 @@ async def test_out_of_order_step_is_failed_precondition(stub: pb_grpc.TrainerSer
         ),
         (lambda: request(1, micro_batch([40])), "micro_batches[0].sample_lengths"),
         (lambda: request(1, pb.MicroBatch()), "micro_batches[0].input_ids"),
+        # one process trains on data-parallel rank 0 only
+        (
+            lambda: request(1, micro_batch([6, 9]), on_rank(micro_batch([4]), 1)),
+            "micro_batches[1].rank",
+        ),
     ],
 )
 async def test_bad_requests_are_invalid_argument_naming_the_field(

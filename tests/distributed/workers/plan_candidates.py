@@ -28,7 +28,7 @@ from tidal.trainer.memory_planner.estimate import Workload
 from tidal.trainer.memory_planner.fit import candidates
 from tidal.trainer.memory_planner.levers import Levers
 from tidal.trainer.optim_offload import OffloadedOptimizer
-from tidal.trainer.parallel.assign import assign_micro_batches
+from tidal.trainer.parallel.assign import shares_by_rank
 from tidal.trainer.parallel.runtime import TorchrunRanks
 from tidal.trainer.train_step import Trainer
 
@@ -61,7 +61,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         runs = answers(Path(folder))
     ranks = TorchrunRanks.init(runs[0][1].trainer, "cpu")
-    share = assign_micro_batches(step_batches(1), WORLD_SIZE)[ranks.rank]
+    share = shares_by_rank(step_batches(1, WORLD_SIZE), WORLD_SIZE)[ranks.rank]
     results, first = [], None
     for candidate, config in runs:
         trainer = Trainer(config.trainer, seed=0, device=ranks.device, ranks=ranks)

@@ -12,7 +12,7 @@ uses its model ("qwen3" or "qwen2-ac").
 
 A tiny MoE (4 experts, top-2, a noticeable aux-loss coefficient). ranks: each rank holds
 2 of the 4 experts per MoE block and gets its share of the step's micro-batches as rank
-0 would hand them (`assign_micro_batches`: three micro-batches, so at world size 4 one
+0 would hand them (`shares_by_rank`: three micro-batches, so at world size 4 one
 rank runs only a zero-loss batch, whose tokens still travel through the all-to-all);
 every rank calls the trainer directly (no control channel: the same collectives in the
 same order). Recorded: step 1's full gradients and metric sums before any update, the
@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 from torch.distributed.tensor import DTensor
+from trainer_ranks import step_batches  # the same packed micro-batches as trainer_ranks
 
 from tidal.batch.tensors import MicroBatchData
 from tidal.trainer.config import TrainerConfig
@@ -83,16 +84,6 @@ def config(model: str, world_size: int, parallel: dict[str, int]) -> TrainerConf
     )
 
 
-def step_batches(step: int) -> list[MicroBatchData]:
-    from trainer_ranks import micro_batch  # the same packed micro-batches as trainer_ranks
-
-    return [
-        micro_batch([12, 7, 20], 10 * step),
-        micro_batch([30], 10 * step + 1),
-        micro_batch([5, 9], 10 * step + 2),
-    ]
-
-
 def full_grads(trainer: Trainer) -> dict[str, torch.Tensor]:
     return {
         name: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).detach().clone()
@@ -127,7 +118,7 @@ def run_single(model: str, restore: list[Path]) -> dict[str, object]:
 
 
 def run_ranks(case: str, ckpt: Path) -> dict[str, object] | None:
-    from tidal.trainer.parallel.assign import assign_micro_batches
+    from tidal.trainer.parallel.assign import shares_by_rank
     from tidal.trainer.parallel.runtime import TorchrunRanks
 
     world = int(os.environ["WORLD_SIZE"])
@@ -137,7 +128,7 @@ def run_ranks(case: str, ckpt: Path) -> dict[str, object] | None:
     trainer = Trainer(cfg, seed=0, device=ranks.device, ranks=ranks)
     experts = trainer.model.model.layers[0].mlp.experts.gate_up_proj
     assert experts.to_local().shape[0] == 2, "each rank holds 2 of the 4 experts"
-    share = [assign_micro_batches(step_batches(s), world)[ranks.rank] for s in (1, 2)]
+    share = [shares_by_rank(step_batches(s, world), world)[ranks.rank] for s in (1, 2)]
     result = train(trainer, share)
     CheckpointManager(ckpt, keep_last=1).save(trainer)
     rank = ranks.rank

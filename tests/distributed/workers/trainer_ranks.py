@@ -4,10 +4,10 @@
     torchrun --nproc-per-node 2 trainer_ranks.py --mode ranks --ckpt DIR --out x.pt
 
 ranks: three policy-gradient steps on fixed micro-batches through `TorchrunLeader` (rank 0
-hands rank 1 its share over the control group; three micro-batches, so one rank also runs
-a zero-loss batch), a DCP checkpoint after step 2, the full weights published after
-steps 2 and 3. single: the same three steps in one process, and a fresh single-process
-trainer restored from the 2-rank checkpoint, which then trains step 3 itself.
+hands rank 1 the micro-batch labelled for it over the control group; three micro-batches,
+so rank 1 also runs a zero-loss batch), a DCP checkpoint after step 2, the full weights
+published after steps 2 and 3. single: the same three steps in one process, and a fresh
+single-process trainer restored from the 2-rank checkpoint, which then trains step 3 itself.
 `--cp ring|ulysses`: the 2 ranks are one context-parallel group instead (both train every
 micro-batch, each on its zigzag half of the tokens); `--cp hsdp`: two HSDP replicas.
 """
@@ -15,6 +15,7 @@ micro-batch, each on its zigzag half of the tokens); `--cp hsdp`: two HSDP repli
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -61,12 +62,14 @@ def micro_batch(lengths: list[int], seed: int) -> MicroBatchData:
     )
 
 
-def step_batches(step: int) -> list[MicroBatchData]:
-    return [
+def step_batches(step: int, dp: int = 1) -> list[MicroBatchData]:
+    """Three micro-batches, labelled round-robin over `dp` data-parallel ranks."""
+    batches = [
         micro_batch([12, 7, 20], 10 * step),
         micro_batch([30], 10 * step + 1),
         micro_batch([5, 9], 10 * step + 2),
     ]
+    return [replace(b, rank=i % dp) for i, b in enumerate(batches)]
 
 
 def run_single(ckpt: Path) -> dict[str, object]:
@@ -103,7 +106,7 @@ def run_ranks(ckpt: Path, cp: str) -> dict[str, object] | None:
     checkpoints = LeaderCheckpoints(ckpt, keep_last=2, channel=channel)
     metrics, published = [], {}
     for step in (1, 2, 3):
-        metrics.append(leader.train_step(step, step_batches(step), "pg"))
+        metrics.append(leader.train_step(step, step_batches(step, ranks.dims.dp), "pg"))
         published[step] = leader.state_dict_for_publish()
         if step == 2:
             checkpoints.save(leader)

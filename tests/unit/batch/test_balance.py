@@ -55,6 +55,12 @@ def test_rank_costs_differ_by_at_most_one_sample(seed: int) -> None:
     assert max(costs) - min(costs) <= largest
 
 
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_every_micro_batch_is_labelled_with_the_rank_it_was_packed_for(ranks: int) -> None:
+    per_rank = pack_for_ranks(_samples(30), 256, ranks)
+    assert [{b.rank for b in batches} for batches in per_rank] == [{r} for r in range(ranks)]
+
+
 def test_split_by_cost_puts_longest_first_on_the_cheapest_rank() -> None:
     assert split_by_cost([10, 1, 9, 2], 2) == [[0, 1], [2, 3]]
 

@@ -8,12 +8,13 @@ import random
 import numpy as np
 import pytest
 
+from tidal.batch.balance import pack_for_ranks
 from tidal.batch.packing import (
+    PackedMicroBatch,
     TrainSample,
     assign_bins,
     build_micro_batch,
     fit_to_budget,
-    pack_micro_batches,
 )
 
 
@@ -28,6 +29,12 @@ def _samples(count: int, seed: int = 0) -> list[TrainSample]:
             TrainSample(prompt, completion, advantage=float(i), completion_logprobs=logprobs)
         )
     return out
+
+
+def pack_micro_batches(samples: list[TrainSample], budget: int) -> list[PackedMicroBatch]:
+    """Plain packing: the one-rank case of the rank split."""
+    (batches,) = pack_for_ranks(samples, budget, 1)
+    return batches
 
 
 @pytest.mark.parametrize("budget", [32, 57, 200])

@@ -106,3 +106,10 @@ def test_a_batch_decoded_from_the_wire_owns_writable_memory() -> None:
     batch = micro_batch_from_packed(decoded)
     batch.advantages.mul_(2)  # a view of the request's read-only bytes could not be written
     assert batch.advantages.tolist() == [2.0, 2.0, 2.0]
+
+
+def test_the_rank_survives_conversion_and_moving_to_a_device() -> None:
+    packed = build_micro_batch([TrainSample((256, 1), (2,), advantage=1.0)], rank=3)
+    batch = micro_batch_from_packed(packed)
+    assert batch.rank == 3
+    assert batch.to("cpu").rank == 3

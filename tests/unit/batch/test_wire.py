@@ -7,7 +7,12 @@ import pytest
 
 from tidal.batch.packing import TrainSample, build_micro_batch
 from tidal.batch.tensor_codec import encode_array
-from tidal.batch.wire import WIRE_DTYPES, micro_batch_from_proto, micro_batch_to_proto
+from tidal.batch.wire import (
+    WIRE_DTYPES,
+    micro_batch_from_proto,
+    micro_batch_to_proto,
+    payload_sha256,
+)
 from tidal.common.errors import InvalidArgument
 
 SAMPLES = [
@@ -43,3 +48,17 @@ def test_a_tensor_of_another_dtype_is_refused_not_converted() -> None:
     message.input_ids.CopyFrom(encode_array(np.arange(7, dtype=np.int64)))
     with pytest.raises(InvalidArgument, match=r"input_ids\.dtype.*must be int32.*int64"):
         micro_batch_from_proto(message, field="micro_batches[0]")
+
+
+def test_the_rank_round_trips_and_an_unset_rank_is_rank_0() -> None:
+    message = micro_batch_to_proto(build_micro_batch(SAMPLES, rank=2))
+    assert message.rank == 2
+    assert micro_batch_from_proto(message, field="micro_batches[0]").rank == 2
+    message.ClearField("rank")  # a sender that does not know ranks
+    assert micro_batch_from_proto(message, field="micro_batches[0]").rank == 0
+
+
+def test_the_payload_fingerprint_covers_the_rank() -> None:
+    on_0 = micro_batch_to_proto(build_micro_batch(SAMPLES, rank=0))
+    on_1 = micro_batch_to_proto(build_micro_batch(SAMPLES, rank=1))
+    assert payload_sha256(1, [on_0]) != payload_sha256(1, [on_1])

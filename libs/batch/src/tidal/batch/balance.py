@@ -1,39 +1,24 @@
-"""Balancing data-parallel ranks: the cost model, and a step's samples split over ranks.
+"""The one split of a step over data-parallel ranks: samples balanced by cost, then packed.
 
-Decisions:
-- Cost of a sample of L tokens is `L + L² / QUADRATIC_SCALE`: the linear part is the
-  MLP and projections, the quadratic part attention; QUADRATIC_SCALE is the length at
-  which both are equal for a small model (an estimate; only the ordering matters much).
-  This is the one cost model: the orchestrator balances samples with it and the
-  trainer's rank 0 (`tidal.trainer.parallel.assign`) balances whole micro-batches with
-  `batch_cost`, so both sides agree on what "balanced" means.
-- Longest-processing-time first: samples in decreasing cost go to the rank with the least
-  cost so far. The last sample placed on the most loaded rank went to the least loaded
-  one at that time, so max − min rank cost ≤ one sample's cost.
-- Ranks step in lock-step (one micro-batch each per accumulation step), so every rank
-  needs the same number of micro-batches: ranks with fewer bins split their largest bin
-  in two, ranks with more merge their two smallest bins while they fit the budget.
-- The result is rank-major: with k micro-batches per rank, rank r trains
-  micro_batches[r*k:(r+1)*k]. One rank gives exactly `pack_micro_batches`.
+A sample of L tokens costs `L + L² / QUADRATIC_SCALE` (projections and MLP, attention).
+Samples go longest first onto the cheapest rank, so rank costs differ by at most one
+sample's cost. Ranks step in lock-step, so every rank gets the same number of
+micro-batches (bins split or merged within the budget). Each micro-batch is labelled
+with its rank, and the trainer trains it there as labelled; one rank is plain packing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from tidal.batch.packing import PackedMicroBatch, TrainSample, assign_bins, build_micro_batch
 
-QUADRATIC_SCALE = 2048.0
+QUADRATIC_SCALE = 2048.0  # a small model's length where attention costs what the rest does
 
 
 def sample_cost(num_tokens: int) -> float:
     """Estimated forward/backward cost of one sample of `num_tokens` tokens."""
     return num_tokens + num_tokens * num_tokens / QUADRATIC_SCALE
-
-
-def batch_cost(sample_lengths: Iterable[int]) -> float:
-    """Estimated cost of a packed micro-batch: the sum over its samples."""
-    return sum(sample_cost(int(n)) for n in sample_lengths)
 
 
 def split_by_cost(costs: Sequence[float], ranks: int) -> list[list[int]]:
@@ -79,7 +64,8 @@ def _equalise(bins_per_rank: list[list[list[int]]], lengths: Sequence[int], budg
 def pack_for_ranks(
     samples: Sequence[TrainSample], budget: int, ranks: int
 ) -> list[list[PackedMicroBatch]]:
-    """Micro-batches per rank: equal counts, cost within one sample, each ≤ budget."""
+    """Micro-batches per rank, each labelled with its rank: equal counts, rank costs within
+    one sample's, each ≤ budget."""
     if len(samples) < ranks:
         raise ValueError(f"{len(samples)} samples cannot feed {ranks} data-parallel ranks")
     lengths = [s.num_tokens for s in samples]
@@ -90,5 +76,6 @@ def pack_for_ranks(
     ]
     _equalise(bins_per_rank, lengths, budget)
     return [
-        [build_micro_batch([samples[i] for i in sorted(b)]) for b in bins] for bins in bins_per_rank
+        [build_micro_batch([samples[i] for i in sorted(b)], rank=rank) for b in bins]
+        for rank, bins in enumerate(bins_per_rank)
     ]

@@ -1,26 +1,11 @@
-"""Padding-free packing of training samples into token-budget micro-batches.
+"""Padding-free packing: training samples concatenated into token-budget micro-batches.
 
-Decisions:
-- Samples are concatenated along one token axis (no padding); `position_ids` restart at 0
-  per sample and `sample_lengths` lets the trainer build a block-diagonal causal mask.
-- Bins are filled best-fit decreasing by sample length (each sample goes to the fullest
-  bin it still fits): near-optimal bin counts for the few hundred short samples of a
-  step, deterministic, and O(n · bins).
-- Data-parallel ranks are `balance.py`'s job: it spreads samples over ranks by cost and
-  then packs each rank's share with `assign_bins` and `build_micro_batch` from here.
-- A sample longer than the budget is either truncated to its first `budget` tokens or
-  dropped (`fit_to_budget`); both are counted by the caller. `pack_micro_batches` itself
-  rejects over-long samples, so nothing is cut silently.
-- Alignment follows the MicroBatch contract (trainer.proto): entry t of `loss_mask`,
-  `advantages` and `behaviour_logprobs` refers to predicting `input_ids[t]` from the
-  tokens before it. So prompt tokens have mask 0 and logprob 0, and completion token j
-  (at index len(prompt) + j) carries mask 1 and the logprob inference returned for it.
-  The advantage is broadcast over all of the sample's tokens, as the contract says; the
-  mask decides which of them count. In a multi-turn episode the environment's tokens
-  sit inside the completion with mask 0 and logprob 0.
-- Arrays are numpy only (the orchestrator has no torch); `wire.py` turns a
-  `PackedMicroBatch` into the `MicroBatch` message and back, `tensors.py` (trainer only)
-  into torch tensors.
+`PackedMicroBatch` is the `MicroBatch` contract (trainer.proto) as numpy arrays, so the
+torch-free orchestrator builds it. Entry t of `loss_mask`, `advantages` and
+`behaviour_logprobs` scores `input_ids[t]` given the tokens before it: prompt tokens
+carry mask 0 and logprob 0. Bins are filled best-fit decreasing (deterministic); which
+rank trains which bin is `balance.py`'s job. Over-long samples are never cut silently:
+`assign_bins` refuses them, `fit_to_budget` truncates one on the caller's request.
 """
 
 from __future__ import annotations
@@ -74,6 +59,8 @@ class PackedMicroBatch:
     loss_mask: np.ndarray  # float32 [T]
     advantages: np.ndarray  # float32 [T]
     behaviour_logprobs: np.ndarray  # float32 [T]
+    rank: int = 0
+    """The data-parallel rank that trains this micro-batch."""
 
     @property
     def num_tokens(self) -> int:
@@ -107,8 +94,8 @@ def assign_bins(lengths: Sequence[int], budget: int) -> list[list[int]]:
     return bins
 
 
-def build_micro_batch(samples: Sequence[TrainSample]) -> PackedMicroBatch:
-    """Concatenate samples into one padding-free micro-batch (see module docstring)."""
+def build_micro_batch(samples: Sequence[TrainSample], *, rank: int = 0) -> PackedMicroBatch:
+    """Concatenate samples into one padding-free micro-batch for data-parallel `rank`."""
     ids, pos, mask, adv, logp = [], [], [], [], []
     for s in samples:
         n_prompt, n_completion = len(s.prompt_ids), len(s.completion_ids)
@@ -126,13 +113,8 @@ def build_micro_batch(samples: Sequence[TrainSample]) -> PackedMicroBatch:
         loss_mask=np.concatenate(mask).astype(np.float32),
         advantages=np.concatenate(adv),
         behaviour_logprobs=np.concatenate(logp),
+        rank=rank,
     )
-
-
-def pack_micro_batches(samples: Sequence[TrainSample], budget: int) -> list[PackedMicroBatch]:
-    """Pack all samples into micro-batches of at most `budget` tokens each."""
-    bins = assign_bins([s.num_tokens for s in samples], budget)
-    return [build_micro_batch([samples[i] for i in sorted(b)]) for b in bins]
 
 
 def fit_to_budget(sample: TrainSample, budget: int) -> TrainSample | None:

@@ -1,26 +1,16 @@
 """The packed micro-batch as torch tensors (the trainer's compute type), and its validation.
 
-Decisions:
-- This is the only module of `tidal.batch` that imports torch; the orchestrator never
-  imports it (it has no torch), the trainer does. The rest of the package is numpy.
-- `MicroBatchData` mirrors the `MicroBatch` contract (trainer.proto) as torch tensors:
-  S samples concatenated along one token axis of length T, no padding. Token ids and
-  positions are int64 (what embedding lookups index with), the rest fp32.
-- `micro_batch_from_packed` is the one numpy → torch conversion: the trainer's servicer
-  uses it after `wire.micro_batch_from_proto`, and `tidal sft` right after packing, so an
-  RL step and an SFT step reach the model as the same tensors.
-- Entry t of `loss_mask`, `advantages` and `behaviour_logprobs` refers to predicting
-  `input_ids[t]` from the tokens before it, so the logits at t-1 score it. A sample's
-  first token has no prediction inside its sample, hence its loss_mask must be 0;
-  validation refuses a batch that breaks this rather than silently dropping the token,
-  because it means the sender's alignment is off by one.
-- Validation raises `InvalidArgument` naming the field (`micro_batches[2].input_ids`), so
-  a caller can fix its request; it runs before the request takes the training lock.
+`MicroBatchData` mirrors the `MicroBatch` contract: ids and positions int64 (what
+embedding lookups index with), the rest fp32. `micro_batch_from_packed` is the one
+numpy → torch conversion, for RL steps and `tidal sft` alike. Validation raises
+InvalidArgument naming the field, and refuses a loss on a sample's first token (it has
+no prediction inside its sample) rather than drop it: it means the sender's alignment is
+off by one. The only module of `tidal.batch` that imports torch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -40,6 +30,8 @@ class MicroBatchData:
     loss_mask: torch.Tensor  # (T,) float32, 1 = trained token
     advantages: torch.Tensor  # (T,) float32
     behaviour_logprobs: torch.Tensor  # (T,) float32
+    rank: int = 0
+    """The data-parallel rank that trains this micro-batch."""
 
     @property
     def num_tokens(self) -> int:
@@ -50,8 +42,9 @@ class MicroBatchData:
         return int(self.loss_mask.sum().item())
 
     def to(self, device: Any) -> MicroBatchData:
-        return MicroBatchData(
-            **{f.name: getattr(self, f.name).to(device, non_blocking=True) for f in fields(self)}
+        return replace(
+            self,
+            **{name: getattr(self, name).to(device, non_blocking=True) for name in _COMPUTE_DTYPES},
         )
 
 
@@ -75,7 +68,8 @@ def micro_batch_from_packed(packed: PackedMicroBatch) -> MicroBatchData:
         **{
             name: torch.from_numpy(np.array(getattr(packed, name), dtype=dtype))
             for name, dtype in _COMPUTE_DTYPES.items()
-        }
+        },
+        rank=packed.rank,
     )
 
 

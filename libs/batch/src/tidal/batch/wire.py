@@ -1,21 +1,10 @@
-"""The `MicroBatch` message (trainer.proto) ⇄ `PackedMicroBatch` (numpy).
+"""The `MicroBatch` message (trainer.proto) ⇄ `PackedMicroBatch` (numpy), both ends' codec.
 
-Decisions:
-- One codec for both ends: the orchestrator's trainer client encodes with
-  `micro_batch_to_proto`, the trainer's servicer decodes with `micro_batch_from_proto`
-  and then converts to torch with `tensors.micro_batch_from_packed`. numpy is the
-  common currency, so this module (like the orchestrator) never imports torch.
-- `WIRE_DTYPES` is the contract's dtype of each tensor. Encoding casts to it, so a
-  sender cannot put int64 ids on the wire by accident; decoding refuses any other
-  dtype with InvalidArgument naming the field (`micro_batches[2].input_ids.dtype`),
-  rather than converting silently what the sender got wrong.
-- Decoded arrays are read-only views of the message's bytes (`decode_array`): no copy
-  until the trainer converts them to its compute dtypes.
-- `token_counts` reads a step's size from the shapes alone, so the trainer refuses a
-  step over its token budget before decoding it.
-- Shapes and values are not checked here otherwise: `tensors.validate_micro_batch` checks the
-  whole contract once the batch is in torch, where the trainer knows its vocabulary and
-  sequence length.
+`WIRE_DTYPES` is the contract's dtype of each tensor: encoding casts to it, decoding
+refuses any other with InvalidArgument naming the field rather than converting what the
+sender got wrong. Decoded arrays are read-only views of the message's bytes. Beyond
+dtypes nothing is checked here: the trainer validates shapes, values and the rank, where
+it knows its vocabulary and data-parallel degree. numpy only, so the orchestrator uses it.
 """
 
 from __future__ import annotations
@@ -41,12 +30,13 @@ WIRE_DTYPES: dict[str, str] = {
 
 
 def micro_batch_to_proto(batch: PackedMicroBatch) -> trainer_pb2.MicroBatch:
-    """Encode every field in its contract dtype."""
+    """Encode every tensor in its contract dtype, and the rank."""
     return trainer_pb2.MicroBatch(
+        rank=batch.rank,
         **{
             name: encode_array(np.asarray(getattr(batch, name), dtype=dtype))
             for name, dtype in WIRE_DTYPES.items()
-        }
+        },
     )
 
 
@@ -60,7 +50,7 @@ def micro_batch_from_proto(message: trainer_pb2.MicroBatch, *, field: str) -> Pa
         if tensor.dtype != dtype:
             raise InvalidArgument(f"{field}.{name}.dtype", f"must be {dtype}, got {tensor.dtype!r}")
         arrays[name] = decode_array(tensor, field=f"{field}.{name}")
-    return PackedMicroBatch(**arrays)
+    return PackedMicroBatch(**arrays, rank=message.rank)
 
 
 def token_counts(messages: Sequence[trainer_pb2.MicroBatch], *, field: str) -> list[int]:
@@ -81,12 +71,13 @@ def token_counts(messages: Sequence[trainer_pb2.MicroBatch], *, field: str) -> l
 
 
 def payload_sha256(loss: int, micro_batches: Sequence[trainer_pb2.MicroBatch]) -> bytes:
-    """The fingerprint of a Train payload: sha256 over the loss kind and every tensor's
-    name, dtype, shape and bytes, in order. Hashing the tensors field by field (not the
-    serialized message) keeps it independent of protobuf's serializer; sender and trainer
-    both call this on the messages they hold."""
+    """The fingerprint of a Train payload: sha256 over the loss kind and, for every
+    micro-batch in order, its rank and every tensor's name, dtype, shape and bytes.
+    Hashing field by field (not the serialized message) keeps it independent of
+    protobuf's serializer; sender and trainer both call this on the messages they hold."""
     digest = hashlib.sha256(f"loss={loss};n={len(micro_batches)}".encode())
     for message in micro_batches:
+        digest.update(f";rank={message.rank}".encode())
         for name in WIRE_DTYPES:
             tensor = getattr(message, name)
             shape = ",".join(str(d) for d in tensor.shape)

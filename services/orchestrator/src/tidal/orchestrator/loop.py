@@ -40,7 +40,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from tidal.batch.balance import pack_for_ranks
-from tidal.batch.packing import PackedMicroBatch, TrainSample, fit_to_budget, pack_micro_batches
+from tidal.batch.packing import PackedMicroBatch, TrainSample, fit_to_budget
 from tidal.common.errors import ConfigError
 from tidal.orchestrator.completions import ScoredSample
 from tidal.orchestrator.config import OrchestratorConfig
@@ -317,11 +317,10 @@ class RLLoop:
         return out, truncated, dropped
 
     def _pack(self, samples: list[TrainSample]) -> list[PackedMicroBatch]:
-        ranks, budget = self.data_parallel_ranks, self.config.packing.micro_batch_tokens
-        if ranks == 1:
-            return pack_micro_batches(samples, budget)
-        per_rank = pack_for_ranks(samples, budget, ranks)
-        return [b for rank in per_rank for b in rank]
+        per_rank = pack_for_ranks(
+            samples, self.config.packing.micro_batch_tokens, self.data_parallel_ranks
+        )
+        return [b for rank in per_rank for b in rank]  # each labelled with its rank
 
     def _checkpoint(
         self,

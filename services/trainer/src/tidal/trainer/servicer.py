@@ -53,6 +53,14 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
             raise InvalidArgument("loss", f"must be one of {names}, got {request.loss}")
         if not request.micro_batches:
             raise InvalidArgument("micro_batches", "must hold at least one micro-batch")
+        ranks = self.data_parallel_ranks
+        for i, message in enumerate(request.micro_batches):
+            if not 0 <= message.rank < ranks:
+                raise InvalidArgument(
+                    f"micro_batches[{i}].rank",
+                    f"must be in [0, {ranks}), the trainer's data-parallel ranks; "
+                    f"got {message.rank}",
+                )
         counts = token_counts(request.micro_batches, field="micro_batches")
         budget = self.max_tokens_per_step
         for i, count in enumerate(counts):  # one absurd shape is named as that field

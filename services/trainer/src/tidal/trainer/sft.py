@@ -17,7 +17,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from tidal.batch.packing import TrainSample, pack_micro_batches
+from tidal.batch.balance import pack_for_ranks
+from tidal.batch.packing import TrainSample
 from tidal.common.config.loading import load_or_exit
 from tidal.common.config.shared import trainer_model_folder
 from tidal.common.errors import ConfigError
@@ -45,7 +46,8 @@ def pack_for_trainer(samples: Sequence[TrainSample], budget: int) -> list[MicroB
         raise ConfigError(
             f"sft.micro_batch_tokens {budget} is smaller than a sample of {longest} tokens"
         )
-    return [micro_batch_from_packed(p) for p in pack_micro_batches(samples, budget)]
+    (packed,) = pack_for_ranks(samples, budget, 1)  # one process: one data-parallel rank
+    return [micro_batch_from_packed(p) for p in packed]
 
 
 def run_sft(config: SftRunConfig, *, max_steps: int | None = None) -> list[dict[str, float]]:

@@ -71,4 +71,5 @@ def truncate_micro_batch(batch: MicroBatchData, config: TruncationConfig) -> Mic
         loss_mask=loss_mask,
         advantages=batch.advantages[keep] * loss_mask,
         behaviour_logprobs=batch.behaviour_logprobs[keep] * loss_mask,
+        rank=batch.rank,
     )

@@ -23,7 +23,7 @@ from torch import nn
 from tidal.batch.tensors import MicroBatchData
 from tidal.common.errors import FailedPrecondition, TidalError
 from tidal.trainer.config import TrainerConfig
-from tidal.trainer.parallel.assign import assign_micro_batches
+from tidal.trainer.parallel.assign import shares_by_rank
 from tidal.trainer.parallel.runtime import TorchrunRanks
 from tidal.trainer.persistence.checkpoint import CheckpointManager, TrainingState
 from tidal.trainer.service_trainer import LossKind
@@ -120,7 +120,7 @@ class TorchrunLeader:
                 f"expected step {self.trainer.trained_step + 1}, got step {step}"
             )
         ranks = self.channel.ranks
-        shares = assign_micro_batches(batches, ranks.dims.dp)  # CP ranks share their group's
+        shares = shares_by_rank(batches, ranks.dims.dp)  # CP ranks share their group's
         mine = self.channel.send(
             [
                 Command("train", step, kind, shares[ranks.dp_index(r)])
