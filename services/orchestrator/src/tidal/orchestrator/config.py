@@ -148,10 +148,10 @@ class PackingConfig(BaseConfig):
     micro_batch_tokens: int = Field(default=2048, gt=0)
     """Token budget of one packed micro-batch."""
     data_parallel_ranks: int | None = Field(default=None, gt=0)
-    """Trainer data-parallel ranks: micro-batches come in equal counts per rank, rank-major,
-    balanced by estimated cost. Unset (the default) reads the trainer's degree
-    (`trainer.world_size` / `trainer.parallel.*`) from its GetStatus at start-up; when set
-    it must equal that degree, else the orchestrator fails at start."""
+    """Trainer data-parallel ranks: micro-batches come in equal counts per rank, each
+    labelled with its rank, balanced by estimated cost. Unset (the default) reads the
+    trainer's degree (`trainer.world_size` / `trainer.parallel.*`) from its GetStatus at
+    start-up; when set it must equal that degree, else the orchestrator fails at start."""
     overlong_samples: Literal["truncate", "drop"] = "truncate"
     """A sample longer than micro_batch_tokens: keep its first tokens (truncate) or drop it;
     both are counted."""

@@ -7,9 +7,9 @@ Decisions:
   the trainer is healthy, instead of asking the user to restate it.
   `orchestrator.packing.data_parallel_ranks` stays as an optional assertion: unset, the
   trainer's degree is used; set and different, the orchestrator fails before the first
-  step with an error naming both settings and the fix. A mismatch would not fail later on
-  its own: the trainer re-splits whatever arrives, so packing for the wrong degree only
-  unbalances ranks, silently.
+  step with an error naming both settings and the fix. Later a mismatch would surface
+  only halfway: a rank the trainer lacks is refused at the first Train, too few ranks
+  leave the trainer's other ranks idle, silently.
 - A trainer that reports 0 predates the field; then the configured value (else 1) is used.
 """
 
