@@ -12,7 +12,7 @@ PYPROJECTS := pyproject.toml libs/rpc/pyproject.toml libs/common/pyproject.toml 
 	libs/models/pyproject.toml libs/batch/pyproject.toml libs/text/pyproject.toml \
 	$(wildcard services/*/pyproject.toml)
 
-.PHONY: setup proto proto-check lint test test-fast run bench dist wheelhouse images up down test-deploy clean
+.PHONY: setup proto proto-check config-check lint test test-fast run bench dist wheelhouse images up down test-deploy clean
 
 setup: $(STAMP)
 
@@ -36,11 +36,19 @@ proto-check: setup
 	  diff -r -x __pycache__ $$tmp/tidal/rpc $(PROTO_OUT)/tidal/rpc && echo "proto-check: generated code is up to date"; \
 	  rc=$$?; rm -rf $$tmp; exit $$rc
 
+# Regenerates docs/config.md (its key reference, from the config classes) into a temp file
+# and diffs against the committed page; `tidal config-docs` rewrites the page itself.
+config-check: setup
+	@tmp=$$(mktemp) && $(BIN)/tidal config-docs --out $$tmp && \
+	  { diff -u docs/config.md $$tmp && echo "config-check: docs/config.md is up to date" || \
+	    { echo "config-check: docs/config.md is stale: run 'tidal config-docs'"; false; }; }; \
+	  rc=$$?; rm -f $$tmp; exit $$rc
+
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: setup proto-check
+test: setup proto-check config-check
 	$(BIN)/python -m pytest -m "not gpu and not deploy" $(PYTEST_ARGS)
 
 run: setup

@@ -25,12 +25,20 @@ commands:
   client         talk to running services: status | generate | versions | progress
   certs          create a CA and per-role TLS certificates (--out DIR [--hosts a,b] [--tokens])
   plan           predict peak memory per rank (--memory 80GiB [--world-size N] [--fit] [--json])
+  config-docs    regenerate docs/config.md's key reference from the config classes
 
 Config files compose left to right; `TIDAL_SECTION__KEY` env vars and `--section.key value`
 flags override them (flags win). `--dry-run` prints the resolved config as TOML.
+`tidal <command> --help` lists the keys set first and the sections; `--help SECTION` one
+section (`--help orchestrator.staleness`), `--help all` every key; docs/config.md has them all.
 """
 
-SERVICES = ("orchestrator", "inference", "trainer", "weightsync")
+ENTRY_POINTS = {
+    "orchestrator": "tidal.orchestrator.main",
+    "inference": "tidal.inference.main",
+    "trainer": "tidal.trainer.parallel.launch",
+    "weightsync": "tidal.weightsync.main",
+}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -43,8 +51,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         from tidal.cli.launcher import main as launch
 
         launch(rest)
-    elif command in SERVICES:
-        importlib.import_module(f"tidal.{command}.service").main(rest)
+    elif command in ENTRY_POINTS:
+        importlib.import_module(ENTRY_POINTS[command]).main(rest)
     elif command == "sft":
         from tidal.trainer.sft import main as sft
 
@@ -53,6 +61,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         from tidal.trainer.export import main as export
 
         export(rest)
+    elif command == "config-docs":
+        from tidal.cli.config_docs import main as config_docs
+
+        config_docs(rest)
     elif command == "plan":
         from tidal.cli.memory_plan import main as plan
 

@@ -16,19 +16,21 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import Field
 
 from tidal.common.config.loading import BaseConfig
+from tidal.common.config.schema import FIRST
 from tidal.common.errors import ConfigError
 
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 
 
 class DeploymentConfig(BaseConfig):
-    num_infer_gpus: int = Field(default=0, ge=0)
+    num_infer_gpus: Annotated[int, FIRST] = Field(default=0, ge=0)
     """GPUs for inference (the first visible ones); 0 = inference on its `device` (CPU)."""
-    num_train_gpus: int = Field(default=0, ge=0)
+    num_train_gpus: Annotated[int, FIRST] = Field(default=0, ge=0)
     """GPUs for the trainer (the ones after inference's); > 1 runs the trainer as a
     torchrun job of that many ranks. 0 = trainer on its `device` (CPU)."""
 

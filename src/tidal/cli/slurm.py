@@ -67,8 +67,8 @@ class SlurmConfig(BaseConfig):
     """More `#SBATCH` lines, e.g. ["--exclusive", "--qos=high"]."""
     setup: str = ""
     """Shell lines run first on the batch node (module loads, `source .venv/bin/activate`)."""
-    python: str = Field(default_factory=lambda: sys.executable)
-    """Python that runs the services on the nodes (default: the one running `tidal rl`)."""
+    python: str | None = None
+    """Python that runs the services on the nodes; unset: the one running `tidal rl`."""
     rdzv_port: int = Field(default=29500, gt=0, lt=65536)
     """torch.distributed rendezvous port on node 0."""
     template: Path | None = None
@@ -193,6 +193,7 @@ def render(
         "world_size": slurm.world_size,
         "infer_index": slurm.trainer_nodes if slurm.inference_nodes else 0,
         "template": str(template),
+        "python": slurm.python or sys.executable,
         "run_name": run_name,
         "run_dir": str(run_dir),
         "config_path": str(run_dir / "config.toml"),

@@ -129,11 +129,28 @@ def test_dry_run_prints_resolved_toml(capsys: pytest.CaptureFixture[str]) -> Non
     assert 'name = "x"' in out and "[trainer.optim]" in out and "lr = 0.001" in out
 
 
-def test_help_lists_fields_with_docstrings(capsys: pytest.CaptureFixture[str]) -> None:
+def test_help_all_lists_fields_with_docstrings(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
-        load_or_exit(Run, ["--help"], usage="test")
+        load_or_exit(Run, ["--help", "all"], usage="test")
     out = capsys.readouterr().out
     assert "--trainer.optim.lr" in out and "Learning rate." in out
+
+
+@pytest.mark.parametrize("argv", [["--help", "trainer.optim"], ["--help=trainer.optim"]])
+def test_help_takes_a_section(argv: list[str]) -> None:
+    assert split_argv(argv).help == "trainer.optim"
+
+
+def test_help_before_a_flag_or_file_takes_no_section() -> None:
+    parsed = split_argv(["--help", "--name", "x", "-h", "@", "a.toml"])
+    assert parsed.help == "" and parsed.overrides == [("name", "x")]
+
+
+def test_help_of_an_unknown_section_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        load_or_exit(Run, ["--help", "trainer.optm"], usage="test")
+    assert exit_.value.code == 2
+    assert "did you mean 'trainer.optim'?" in capsys.readouterr().err
 
 
 def test_bad_key_exits_2_with_message(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,13 +1,16 @@
-"""`--help` lists every settable key, with defaults as TOML values."""
+"""`--help` lists the keys set first, one section, or every key, with defaults as TOML values."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, Literal
 
+import pytest
 from pydantic import Field
 
-from tidal.common.config.loading import BaseConfig, help_text
+from tidal.common.config.help import type_name
+from tidal.common.config.loading import BaseConfig, ConfigError, help_text
+from tidal.common.config.schema import FIRST
 
 
 class Circle(BaseConfig):
@@ -42,13 +45,15 @@ class Data(BaseConfig):
 
 
 class Run(BaseConfig):
+    name: Annotated[str, FIRST] = "run"
+    """Run name."""
     output_dir: Path = Path("outputs")
     """Output folder."""
     betas: tuple[float, float] = (0.9, 0.95)
     """Adam betas."""
     seed: int | None = None
     """Seed; unset means random."""
-    shape: Shape = Circle()
+    shape: Annotated[Shape, FIRST] = Circle()
     """What to draw."""
     lora: Lora | None = None
     """Adapters; unset = off."""
@@ -100,3 +105,46 @@ def test_tagged_type_lists_its_choices_and_default() -> None:
 def test_keys_every_variant_shares_are_listed_once() -> None:
     text = help_text(Run)
     assert sum(ln.strip().startswith("--shape.label ") for ln in text.splitlines()) == 1
+
+
+def test_short_help_lists_the_keys_marked_first_and_the_sections() -> None:
+    text = help_text(Run, "")
+    assert line(text, "name") and '(default: "circle"' in line(text, "shape.type")
+    assert "--output_dir" not in text and "--shape.radius" not in text
+    assert text.splitlines()[-1] == "  shape, lora, data"
+
+
+def test_help_section_lists_only_that_section() -> None:
+    text = help_text(Run, "lora")
+    assert text.startswith("[lora]") and "(default: 8)" in line(text, "lora.rank")
+    assert "--output_dir" not in text and "--data.path" not in text
+
+
+def test_help_of_a_tagged_section_lists_every_variant() -> None:
+    text = help_text(Run, "shape")
+    assert line(text, "shape.radius") and line(text, "shape.side")
+
+
+def test_help_of_one_key_lists_that_key() -> None:
+    assert help_text(Run, "lora.rank").strip().splitlines()[0] == "--lora.rank (default: 8)"
+
+
+def test_help_accepts_kebab_case() -> None:
+    assert line(help_text(Run, "output-dir"), "output_dir")
+
+
+def test_unknown_section_names_the_closest_valid_one() -> None:
+    with pytest.raises(ConfigError, match=r"did you mean 'lora'\?"):
+        help_text(Run, "lorra")
+
+
+def test_unknown_section_without_a_close_match_lists_the_sections() -> None:
+    with pytest.raises(ConfigError, match=r"sections: shape, lora, data, or all"):
+        help_text(Run, "zzz")
+
+
+def test_type_names_read_as_in_toml() -> None:
+    assert type_name(int | None) == "int | None"
+    assert type_name(Literal["a", "b"]) == '"a" | "b"'
+    assert type_name(list[str]) == "list[str]"
+    assert type_name(tuple[float, float]) == "tuple[float, float]"

@@ -7,11 +7,12 @@ because the local stack's four services share two cores.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
 from tidal.common.config.loading import BaseConfig
+from tidal.common.config.schema import FIRST
 from tidal.common.config.shared import ServiceRunConfig
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -77,7 +78,7 @@ class RequestLimits(BaseConfig):
 
 
 class InferenceConfig(BaseConfig):
-    engine: Literal["native", "vllm"] = "native"
+    engine: Annotated[Literal["native", "vllm"], FIRST] = "native"
     """Generation backend: the native PyTorch engine (CPU and GPU), or vLLM (GPU, needs the
     `tidal-inference[vllm]` extra; see docs/inference.md)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"

@@ -17,11 +17,12 @@ its new place, rather than being silently ignored or quietly accepted under two 
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from tidal.common.config.loading import BaseConfig
+from tidal.common.config.schema import FIRST
 from tidal.common.config.shared import ServiceRunConfig
 from tidal.orchestrator.task_config import (
     ArithmeticTaskConfig,
@@ -81,7 +82,7 @@ class SamplingConfig(BaseConfig):
     """Softmax temperature; 1.0 samples from the policy itself (what the PG loss assumes)."""
     top_p: float = Field(default=1.0, gt=0, le=1)
     """Nucleus filtering; 1.0 disables it."""
-    max_tokens: int | None = Field(default=None, gt=0)
+    max_tokens: Annotated[int | None, FIRST] = Field(default=None, gt=0)
     """New tokens per completion; unset means the tasks' own bound (longest reference + 2)."""
 
 
@@ -117,7 +118,7 @@ class EvalConfig(BaseConfig):
 class AdvantagesConfig(BaseConfig):
     """How rewards become advantages, and which groups a step keeps."""
 
-    algorithm: Algorithm = "grpo"
+    algorithm: Annotated[Algorithm, FIRST] = "grpo"
     """Advantage estimator: grpo (group mean, std-normalized unless `normalize` is false),
     dr_grpo (group mean, no std), rloo (leave-one-out mean), remax (reward of a greedy
     completion of the same prompt)."""
@@ -160,7 +161,7 @@ class PackingConfig(BaseConfig):
 class StalenessConfig(BaseConfig):
     """The async window: how far generation runs ahead of training (see staleness.py)."""
 
-    max_async: int = Field(default=1, ge=0)
+    max_async: Annotated[int, FIRST] = Field(default=1, ge=0)
     """How far generation may run ahead of training: rollouts of step n start once
     inference has loaded version n-1-max_async. 0 is synchronous (on-policy)."""
     max_off_policy_steps: int | None = Field(default=None, ge=0)
@@ -250,18 +251,18 @@ class WandbConfig(BaseConfig):
 class OrchestratorConfig(BaseConfig):
     moved_keys: ClassVar[dict[str, str]] = MOVED_KEYS
 
-    task: TaskConfig = ReversalTaskConfig()
+    task: Annotated[TaskConfig, FIRST] = ReversalTaskConfig()
     """The verifiable task prompts come from (use `tasks` for a mixture)."""
     tasks: list[TaskConfig] = []
     """A weighted mixture of tasks (each with `weight`); when non-empty it replaces `task`."""
-    steps: int = Field(default=60, ge=0)
+    steps: Annotated[int, FIRST] = Field(default=60, ge=0)
     """RL steps after the warm start. Step ids continue after the warm-up steps."""
     warmup_steps: int = Field(default=15, ge=0)
     """Supervised warm-start steps (LOSS_KIND_SFT on reference completions), run first as
     steps 1..warmup_steps."""
-    prompts_per_step: int = Field(default=8, gt=0)
+    prompts_per_step: Annotated[int, FIRST] = Field(default=8, gt=0)
     """Prompts (groups) per step (also the SFT batch size in prompts)."""
-    group_size: int = Field(default=8, gt=0)
+    group_size: Annotated[int, FIRST] = Field(default=8, gt=0)
     """Completions per prompt; advantages are computed within each group."""
     resume: bool = False
     """Continue from `<run dir>/progress.json` (written after every step): task cursors,

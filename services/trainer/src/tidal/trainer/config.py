@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
 from tidal.common.config.loading import BaseConfig
+from tidal.common.config.schema import FIRST
 from tidal.common.config.shared import ServiceRunConfig, SharedConfig
 from tidal.common.errors import ConfigError
 from tidal.models.attention_kind import FLASH_ATTN_INSTALL, PackedKind
@@ -56,7 +57,7 @@ class ModelConfig(BaseConfig):
     """Model family: "llama" (GQA, RoPE, RMSNorm, SwiGLU), "qwen2" (+ q/k/v biases), "qwen3"
     (+ QK-norm), "qwen3_moe" (Qwen3 with mixture-of-experts blocks), "qwen2_moe" (Qwen2
     attention, experts plus a shared expert)."""
-    path: Path | None = None
+    path: Annotated[Path | None, FIRST] = None
     """Local Hugging Face model folder (config.json + model.safetensors, or shards with
     model.safetensors.index.json) to start from. Its config.json then defines the
     architecture: the fields above and below (family, dim, layers, heads, vocab, ...) are
@@ -197,7 +198,7 @@ class ScheduleConfig(BaseConfig):
 class OptimConfig(BaseConfig):
     type: Literal["adamw", "sgd"] = "adamw"
     """Optimizer: AdamW, or plain SGD (with optional momentum)."""
-    lr: float = Field(default=1e-3, gt=0)
+    lr: Annotated[float, FIRST] = Field(default=1e-3, gt=0)
     """Peak learning rate of policy-gradient steps."""
     betas: tuple[float, float] = (0.9, 0.95)
     """AdamW (beta1, beta2)."""
@@ -306,7 +307,7 @@ checkpoints durable."""
 class CheckpointConfig(BaseConfig):
     dir: Path | None = None
     """Checkpoint folder; default `<run dir>/checkpoints`."""
-    interval: int | None = Field(default=None, ge=0)
+    interval: Annotated[int | None, FIRST] = Field(default=None, ge=0)
     """Save a full checkpoint (weights, optimizer, scheduler, RNG) every this many steps
     (0: never, except the end of `tidal sft`; an RL trainer is then not resumable).
     Unset (the default): 20 where the trainer journals its steps (`journal`, one RL
@@ -378,7 +379,7 @@ class TrainerConfig(BaseConfig):
     publish_dir: Path | None = None
     """Folder new weight versions are written to; default `<run dir>/weights`, the same
     default as weightsync's root (it must be inside weightsync's root)."""
-    world_size: int = Field(default=1, ge=1)
+    world_size: Annotated[int, FIRST] = Field(default=1, ge=1)
     """Trainer processes on this node; > 1 makes `tidal trainer` start itself under
     torchrun (rank 0 serves gRPC). See docs/distributed.md."""
     parallel: ParallelConfig = ParallelConfig()
@@ -429,7 +430,7 @@ class TrainerRunConfig(ServiceRunConfig):
 
 
 class SftDataConfig(BaseConfig):
-    path: Path | None = None
+    path: Annotated[Path | None, FIRST] = None
     """Prompt/completion records: a .jsonl file (one JSON object per line) or .parquet."""
     format: Literal["auto", "jsonl", "parquet"] = "auto"
     """File format; "auto" decides by the suffix (.parquet/.pq, else JSONL)."""
@@ -442,7 +443,7 @@ class SftDataConfig(BaseConfig):
 class SftConfig(BaseConfig):
     data: SftDataConfig = SftDataConfig()
     """Where the training records come from."""
-    steps: int = Field(default=100, gt=0)
+    steps: Annotated[int, FIRST] = Field(default=100, gt=0)
     """Optimizer steps to train (counted from step 1, including resumed ones)."""
     batch_size: int = Field(default=8, gt=0)
     """Samples per step; the data is reshuffled each epoch."""

@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from tidal.common.config.loading import BaseConfig
+from tidal.common.config.schema import FIRST
 from tidal.common.config.shared import ServiceRunConfig
 
 
@@ -59,7 +60,7 @@ Transport = Annotated[
 
 
 class WeightSyncConfig(BaseConfig):
-    transport: Transport = FilesystemTransport()
+    transport: Annotated[Transport, FIRST] = FilesystemTransport()
     """Data path of published weights: filesystem | broadcast | stream (`transport.type`)."""
     root: Path | None = None
     """Folder holding version folders; default `<run dir>/weights`."""

@@ -69,11 +69,18 @@ class ParsedArgs:
     overrides: list[tuple[str, str | None]] = field(default_factory=list)
     """(dotted key as typed, raw value); None for a flag given without a value."""
     dry_run: bool = False
-    help: bool = False
+    help: str | None = None
+    """None without `--help`; "" for `--help` alone; else its argument (a section, `all`)."""
+
+
+def _value_after(argv: Sequence[str], i: int) -> str | None:
+    """The token after `argv[i]` when it is a value, not the next flag or file."""
+    return argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith(("--", "@")) else None
 
 
 def split_argv(argv: Sequence[str]) -> ParsedArgs:
-    """Split `@ file`, `@file`, `--key value`, `--key=value`, `--flag`, `--dry-run`, `--help`."""
+    """Split `@ file`, `@file`, `--key value`, `--key=value`, `--flag`, `--dry-run`,
+    `--help [SECTION]`."""
     parsed = ParsedArgs()
     i = 0
     while i < len(argv):
@@ -89,19 +96,18 @@ def split_argv(argv: Sequence[str]) -> ParsedArgs:
         elif token in ("--dry-run",):
             parsed.dry_run = True
             i += 1
-        elif token in ("-h", "--help"):
-            parsed.help = True
-            i += 1
         elif token.startswith("--"):
-            key, eq, value = token[2:].partition("=")
+            key, eq, raw = token[2:].partition("=")
             if not key:
                 raise ConfigError(f"empty option name in {token!r}")
-            raw: str | None = value
-            if not eq:
-                has_value = i + 1 < len(argv) and not argv[i + 1].startswith(("--", "@"))
-                raw = argv[i + 1] if has_value else None
-                i += 1 if has_value else 0
-            parsed.overrides.append((key, raw))
+            value = raw if eq else _value_after(argv, i)
+            i += 1 if eq or value is None else 2
+            if key == "help":
+                parsed.help = value or ""
+            else:
+                parsed.overrides.append((key, value))
+        elif token == "-h":
+            parsed.help = ""
             i += 1
         else:
             raise ConfigError(
@@ -170,21 +176,22 @@ def load_config(
 ) -> tuple[C, ParsedArgs]:
     """Parse argv into a validated config. Raises ConfigError with an actionable message."""
     parsed = split_argv(argv)
-    if parsed.help:
+    if parsed.help is not None:
         return cls(), parsed
     return validate(cls, compose(cls, parsed, environ)), parsed
 
 
 def load_or_exit(cls: type[C], argv: Sequence[str], *, usage: str) -> C:
-    """CLI entry helper: --help prints fields, --dry-run prints the resolved TOML, errors exit 2."""
+    """CLI entry: `--help [SECTION]` prints keys, `--dry-run` the resolved TOML; errors exit 2."""
     try:
         config, parsed = load_config(cls, argv)
+        keys = None if parsed.help is None else help_text(cls, parsed.help)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    if parsed.help:
-        keys = help_text(cls).lstrip("\n")
-        print(f"usage: {usage}\n\n{HELP_PREAMBLE}\n\n{keys}")
+    if keys is not None:
+        preamble = f"{HELP_PREAMBLE}\n\n" if parsed.help in ("", "all") else ""
+        print(f"usage: {usage}\n\n{preamble}{keys}")
         raise SystemExit(0)
     if parsed.dry_run:
         print(to_toml(config), end="")

@@ -30,6 +30,17 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 
+class _First:
+    """Field marker, `lr: Annotated[float, FIRST] = 1e-3`: a key users set first, listed
+    by the short `--help` (the one place that choice is made, beside the field)."""
+
+    def __repr__(self) -> str:
+        return "FIRST"
+
+
+FIRST = _First()
+
+
 @dataclass(frozen=True)
 class Section:
     """A nested config model; `optional` when the field may be unset (None)."""
@@ -76,7 +87,7 @@ class Value:
 
     @property
     def is_bool(self) -> bool:
-        members = typing.get_args(self.annotation) if _is_union(self.annotation) else ()
+        members = typing.get_args(self.annotation) if is_union(self.annotation) else ()
         members = tuple(m for m in members if m is not type(None)) or (self.annotation,)
         return all(m is bool for m in members)
 
@@ -84,7 +95,7 @@ class Value:
 Shape = Section | Tagged | ListOf | Table | Value
 
 
-def _is_union(annotation: Any) -> bool:
+def is_union(annotation: Any) -> bool:
     return typing.get_origin(annotation) in (typing.Union, types.UnionType)
 
 
@@ -110,7 +121,7 @@ def shape_of(annotation: Any, discriminator: str | None = None) -> Shape:
     if typing.get_origin(annotation) is typing.Annotated:
         inner, *metadata = typing.get_args(annotation)
         return shape_of(inner, _discriminator_of(metadata) or discriminator)
-    if _is_union(annotation):
+    if is_union(annotation):
         members = [m for m in typing.get_args(annotation) if m is not type(None)]
         optional = len(members) < len(typing.get_args(annotation))
         if len(members) == 1:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
 from tidal.common.config.loading import BaseConfig
+from tidal.common.config.schema import FIRST
 from tidal.common.observability.prometheus import MetricsConfig
 from tidal.common.security.config import SecurityConfig, check_plaintext_addresses
 
@@ -27,7 +28,7 @@ so `<output_dir>/<name>` is always a child of `output_dir` (the launcher deletes
 
 
 class RunSection(BaseConfig):
-    name: str = "default"
+    name: Annotated[str, FIRST] = "default"
     """Run name; outputs go to `<output_dir>/<name>/`. A plain folder name: letters,
     digits, `.`, `_`, `-`, starting with a letter or digit, at most 128 characters."""
     output_dir: Path = Path("outputs")
