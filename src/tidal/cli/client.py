@@ -1,24 +1,9 @@
-"""`tidal client`: the gRPC client for people.
+"""`tidal client status | generate | versions | progress @ cfg`: the gRPC client for people.
 
-    tidal client status    @ outputs/default/config.toml    health and state of every service
-    tidal client generate  "abc>" @ cfg [--max-tokens 16 --n 2 --temperature 0]
-    tidal client versions  @ cfg                            published weight versions
-    tidal client progress  @ cfg                            the orchestrator's progress
-
-Addresses come from the run config (`endpoints.*`), so pointing at a run's resolved
-`config.toml` reaches that run's services; `--endpoints.inference host:port` overrides.
-`status` shows one row per inference replica (`endpoints.inference_replicas`); `generate`
-asks `endpoints.inference` (replica 0 of a `tidal rl` run; point it at another to try it).
-
-Every command first connects with a short timeout (`--connect-timeout`,
-tidal.common.grpc.channel.connect): a service that is down is reported at once as "cannot
-reach <service> at <address>", not as a DEADLINE_EXCEEDED after the call's whole
-deadline. `status` checks the four services concurrently.
-
-`generate` treats the prompt as the run's orchestrator would (`orchestrator.chat`): with
-the chat template on it sends the rendered chat as ids, with it off the text as typed
-(inference tokenizes it the same way); every id of the tokenizer's `eos_ids` is a stop
-token. What it shows is therefore what a rollout would get.
+Addresses come from the run config, so a run's resolved config.toml reaches that run. Each
+command connects first with a short timeout, so a service that is down is reported at
+once. `generate` renders the prompt as the run's orchestrator would: it shows what a
+rollout would get.
 """
 
 from __future__ import annotations

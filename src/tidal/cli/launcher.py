@@ -1,48 +1,9 @@
 """`tidal rl`: run the four services as child processes on loopback and supervise them.
 
-Decisions:
-- The full run config is validated here before any child starts, then written resolved
-  (free loopback ports filled in) to `<run dir>/config.toml`; every child reads that one
-  file, so the run is reproducible from its output folder.
-- Children start in their own sessions (process groups): a Ctrl-C reaches the launcher
-  only, which then stops every child in order with SIGTERM (graceful gRPC shutdown) and
-  SIGKILL after a grace period, so nothing is left running.
-- A launcher that is itself killed (SIGKILL, the OOM killer) cannot do that, so every
-  child also dies with it on its own (tidal.common.process.launcher_watch): on Linux by a
-  parent-death
-  signal (PR_SET_PDEATHSIG = SIGTERM, set between fork and exec, so the kernel delivers
-  it however the launcher dies, and the child still shuts down gracefully), and on every
-  OS by a watchdog thread in each service watching the launcher's pid
-  (`TIDAL_LAUNCHER_PID`), which also covers torchrun ranks and kills a child whose
-  graceful shutdown hangs. Children are forked from the main thread, because
-  PDEATHSIG follows the forking thread, not the process.
-- Each child's stdout and stderr go to `<run dir>/logs/<service>.log`; the orchestrator's
-  output is also echoed to the terminal, since it reports the run's progress.
-- `[deployment]` places inference, then the trainer, on the visible GPUs (each child
-  gets its CUDA_VISIBLE_DEVICES; placement.py); `[slurm]` writes (and submits) an sbatch
-  script instead of running anything here (slurm.py).
-- An existing run folder is never replaced silently: `--overwrite` deletes it first
-  (only ever a folder strictly inside `run.output_dir`: `tidal.common.files.safe_remove`, and
-  `run.name` is a plain name), `--resume` continues it (keeps its progress, checkpoints,
-  weights and logs; the trainer gets `--resume`, the orchestrator
-  `--orchestrator.resume true`), and neither is an error naming both. Resuming needs a
-  complete trainer checkpoint or a step journal from step 1 (`trainer.ckpt.interval` > 0
-  when the run was started): without either the launcher refuses before starting
-  anything, rather than letting the run start over under the old run's published versions.
-- Supervision (supervision.py): a crashed child is restarted with exponential backoff
-  within a per-service budget (`[supervision]`, the launcher's own section), told to
-  continue (the trainer `--resume`, the orchestrator `--orchestrator.resume true`); the
-  run ends when the orchestrator exits 0, and fails (exit 1, naming the child, its exit
-  reason and last log lines) when a child's budget is spent. This module decides what
-  the children are (`child_specs`); supervision.py how they are watched.
-- After a finished run the launcher prints the summary table (the orchestrator wrote
-  `summary.json`) with the run's start-up and shutdown seconds, once every child has
-  exited (run_timing.py has the definitions).
-- With `inference.replicas = N`, N inference children, each on its own free loopback
-  port (listed in `endpoints.inference_replicas`, which the orchestrator reads) with its
-  own replica id and log (children.py); each is supervised (restarted) on its own.
-- Every child serves Prometheus metrics on a free loopback port of its own
-  (`--metrics.port`), listed in `<run dir>/prometheus_targets.json` (metrics_targets.py).
+The run config is validated before any child starts and written resolved (free ports
+filled in) to `<run dir>/config.toml`, which every child reads. Children run in their own
+sessions and die with the launcher however it dies (`launcher_watch`); an existing run
+folder needs `--overwrite` or `--resume` (docs/operations.md, "Supervision and restarts").
 """
 
 from __future__ import annotations
@@ -57,8 +18,8 @@ from pathlib import Path
 import tomli_w
 
 from tidal.cli.certs import ensure_run_credentials
-from tidal.cli.children import inference_replicas
 from tidal.cli.config import LAUNCHER_SECTIONS, RunConfig
+from tidal.cli.inference_replicas import inference_replicas
 from tidal.cli.metrics_targets import with_metrics_ports
 from tidal.cli.placement import place, trainer_world_size, visible_gpus
 from tidal.cli.ports import free_port
@@ -116,7 +77,7 @@ def prepare_run_dir(config: RunConfig, *, overwrite: bool = False, resume: bool 
     http = config.inference.http
     if http.enabled:
         # A fixed port in config.toml is how a harness finds the OpenAI endpoint of a run;
-        # replica i serves on that port + i (children.py).
+        # replica i serves on that port + i (inference_replicas.py).
         if http.port == 0:
             http.port = free_port()
         for i in range(replicas):

@@ -1,23 +1,9 @@
-"""`tidal plan @ cfg.toml --memory 80GiB [--world-size N] [--tokens N] [--fit] [--json]`.
+"""`tidal plan @ cfg.toml --memory 80GiB [...]`: the memory planner's command line.
 
-Decisions:
-- The planner's own flags are a pydantic class (`PlanOptions`, field docstrings as help),
-  split off the command line before the rest is loaded as a normal run config, so any
-  `tidal rl` config (and its `--section.key value` overrides) plans as it is.
-- No torch import: planning a 70B model is arithmetic on the config, instant anywhere.
-- Lives in the umbrella CLI (it needs the whole run config); the planner itself is
-  `tidal.trainer.memory_planner`. Named `memory_plan` (the command stays `tidal plan`) so
-  it is not mistaken for weightsync's transport choice.
-- Tokens per micro-batch default to the run's `orchestrator.packing.micro_batch_tokens`, the
-  world size to its `trainer.world_size`.
-- `--fit`'s TOML is an overlay of the run config (`fit.candidates`, `Levers.to_toml`):
-  laid over it, it gives the planned levers, and it sets `trainer.world_size` when the
-  plan was made for another world size than the config's (a lever such as FSDP CPU
-  offload is planned for, and only accepted at, more than one rank).
-- The flags, their spelling (a field's alias, else its kebab-cased name) and `--help` all
-  come from `PlanOptions`' fields, so help cannot advertise a flag the parser lacks.
-  Boolean options are switches; any other flag needs a value, and a following `--flag`
-  is never taken as one.
+The planner's own flags are `PlanOptions`' fields (their spelling and help alike), split
+off before the rest loads as an ordinary run config, so any `tidal rl` config plans as it
+is, without importing torch. `--fit` prints a TOML overlay of the run config
+(docs/memory-planner.md).
 """
 
 from __future__ import annotations

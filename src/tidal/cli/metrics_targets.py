@@ -1,14 +1,8 @@
 """Where `tidal rl`'s children serve Prometheus metrics, and the file that says so.
 
-Decisions:
-- The children's gRPC ports are free loopback ports picked by the launcher, so `grpc port
-  + metrics.port_offset` could land on a port something else holds. The launcher picks a
-  free port per child instead and passes it as `--metrics.port` (first start and restart
-  alike: a restarted child serves where its predecessor did).
-- The chosen addresses are written to `<run dir>/prometheus_targets.json` in Prometheus'
-  file-based service discovery format (a list of `{"targets": [...], "labels": {...}}`),
-  so a Prometheus on the same host scrapes a run with `file_sd_configs` pointing at it,
-  and a test or a person finds every endpoint in one place.
+The children's gRPC ports are random, so `port + metrics.port_offset` could be taken: each
+child gets a free port of its own as `--metrics.port` (kept across restarts), listed in
+`<run dir>/prometheus_targets.json` in Prometheus' file-based discovery format.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """`[deployment]`: which visible GPUs the local stack's inference and trainer get.
 
-Decisions:
-- Inference first, then trainer, as contiguous ranges of the visible devices
-  (CUDA_VISIBLE_DEVICES if set, else every GPU the driver lists): with 8 GPUs,
-  `num_infer_gpus = 2, num_train_gpus = 6` gives inference 0,1 and the trainer 2-7. Each
-  child gets its range as CUDA_VISIBLE_DEVICES, so both see their GPUs from index 0.
-- The trainer's share is its torchrun world size: `num_train_gpus > 1` sets
-  `trainer.world_size` to it (asking for a different explicit world size is an error).
-- Counting GPUs must not import torch (`tidal rl --help` stays instant): the driver's
-  `/proc/driver/nvidia/gpus` lists them. On a CPU machine every count must be 0, and
-  asking for GPUs fails with the fields named instead of training on the CPU silently.
+Inference first, then the trainer, as contiguous ranges of the visible devices, each passed
+as CUDA_VISIBLE_DEVICES; the trainer's share is its torchrun world size. GPUs are counted
+from the driver's /proc listing, not torch, so `--help` stays instant
+(docs/distributed.md, "GPU placement").
 """
 
 from __future__ import annotations

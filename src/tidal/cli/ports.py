@@ -1,19 +1,8 @@
 """Free loopback ports for servers that a launcher configures now and a child binds later.
 
-Why not the usual "bind port 0, read it, close": that port comes from the kernel's
-ephemeral range (Linux `net.ipv4.ip_local_port_range`, 32768-60999 by default), the
-same range every outgoing connection takes its local port from. Between the pick and
-the child's bind, any dial on the machine may be given it. Worse, a client that dials
-the port before its server listens (a health probe polling a starting service, which
-is what every launcher and test here does) can be given that very port as its own local
-port: TCP then connects the socket to itself ("self-connect"), the prober reads back its
-own TLS ClientHello (WRONG_VERSION_NUMBER), and the server's bind fails with "Address
-already in use". CI saw exactly that once.
-
-So `free_port` draws at random from below the ephemeral range, where the kernel never
-assigns a port by itself, checks the port is bindable now, and never returns the same
-port twice in one process. Other processes choosing ports the same way could still
-collide, but only by picking the same port in the same instant out of ~22,000.
+Drawn at random below the kernel's ephemeral range, checked bindable, never returned twice
+in one process: a port from `bind(0)` can be handed to any dial before the child binds it,
+even to the probe of that very server (docs/operations.md, "Supervision and restarts").
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
 """A run's start-up and shutdown seconds, and the summary table `tidal rl` prints last.
 
-Definitions (README, docs/benchmarks/startup.md):
-- start-up: from the start of the `tidal rl` process to the start of the run's first
-  step (the orchestrator's loop begins: every peer SERVING, inference serving version 0,
-  tokenizers checked). The start of the process is its kernel start time
-  (`/proc/self/stat`, so Python's own start and the launcher's imports count); elsewhere
-  the moment this module was imported. It reaches the orchestrator as
-  `TIDAL_LAUNCHED_AT` (Unix seconds), which writes `startup_s` to `<run dir>/summary.json`.
-- shutdown: from the end of the last step (the orchestrator's loop returns) to the
-  moment every service process of the run has exited, measured by the launcher just
-  before it prints the summary. It covers the report's drawing, the summary file and
-  each service's graceful stop (final writes included).
-
-Decision: under `tidal rl` the launcher, not the orchestrator, prints the summary table,
-after the children exited, so the one table holds both figures; the orchestrator writes
-`summary.json` and leaves the printing to the launcher when `TIDAL_LAUNCHED_AT` is set
-(run on its own, it prints the table itself, without the two rows). The launcher adds
-`shutdown_s` to the same file. A `summary.json` that is not this launch's (a resumed run
-that failed before its end) is left alone.
+Start-up runs from the `tidal rl` process's kernel start time to the first step's start
+(the orchestrator gets it as `TIDAL_LAUNCHED_AT`), shutdown from the last step's end to
+every child's exit. The launcher prints the table once its children exited, so one table
+holds both; an orchestrator run alone prints its own.
 """
 
 from __future__ import annotations

@@ -1,28 +1,8 @@
 """`[slurm]`: `tidal rl` writes one sbatch script placing the whole run across nodes.
 
-Decisions:
-- The script is rendered from a Jinja2 template (`slurm.template`; the default ships in
-  `tidal/cli/templates/tidal.sbatch.j2`), so a site replaces it (modules, containers,
-  srun flags) without touching Python. The template gets plain values: node counts,
-  ports, paths, the python to run, the resolved config's path.
-- Addresses are only known when the job runs (node names come from
-  SLURM_JOB_NODELIST), so the script builds the endpoints from `scontrol show hostnames`
-  and passes them as `--endpoints.*` flags over the resolved config; ports come from
-  the config's endpoints. Servers bind 0.0.0.0.
-- The trainer is `trainer_nodes` torchrun agents with static rendezvous on node 0 and
-  node rank SLURM_NODEID, so global rank 0, which serves gRPC, is on node 0. Its world
-  size is trainer_nodes × GPUs per node (1 process per node on CPU), written into the
-  resolved config.
-- `inference.replicas` replicas run on the `inference_nodes` nodes after the trainer's,
-  round-robin (replica i on inference node i mod inference_nodes), or all on node 0 with
-  `inference_nodes = 0`. A node's k-th replica serves on the k-th free port from
-  `endpoints.inference`'s (skipping the other services' ports), and on
-  `[inference.http]`'s port + k, and with GPUs gets the k-th equal slice of the
-  node's GPUs (CUDA_VISIBLE_DEVICES); every replica's address goes to every service as
-  `--endpoints.inference-replicas`. Replica 0 keeps the single-replica layout: node
-  `trainer_nodes` (or 0), the endpoint's port, `logs/inference.log` when it is alone.
-- `tidal rl --dry-run` with `[slurm]` writes the script and the resolved config and
-  exits; without it, the script is also submitted with `sbatch`.
+The script is rendered from a Jinja2 template a site can replace. Node names are known only
+when the job runs, so the script builds the endpoints itself and passes them as flags over
+the resolved config (docs/distributed.md, "SLURM").
 """
 
 from __future__ import annotations

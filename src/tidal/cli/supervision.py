@@ -1,34 +1,9 @@
 """How `tidal rl` watches its children: start, restart with backoff and a budget, stop.
 
-Decisions:
-- One supervising task per child (`keep_running`): it starts the child, waits for it to
-  exit, and restarts it after a backoff (`backoff_s`, doubling up to `max_backoff_s`)
-  while its budget (`max_restarts` per service) lasts. The run itself waits for the first
-  of those tasks to end (or for Ctrl-C/SIGTERM): the orchestrator's exit 0 ends the run
-  (finished), a child whose budget is spent fails it (exit 1, naming the child, its exit
-  reason and its last log lines). A backoff sleep is interruptible: a Ctrl-C during it
-  stops the run at once.
-- What is a crash: any exit of a service other than the orchestrator's 0 (a service that
-  exits on its own before the run finished has failed, whatever its code), including
-  death by a signal. Exit code 2 is a configuration error (every service's convention):
-  it would fail the same way again, so it is never restarted.
-- A restarted child is told how to continue (`ChildSpec.restart_args`): the trainer gets
-  `--resume` (its newest checkpoint; without one it cannot continue and the restart would
-  only fail, so the run fails at once saying so), the orchestrator `--orchestrator.resume
-  true` (progress.json + the trainer's step, resume.py); weightsync recovers its versions
-  from the weights folder and inference loads the newest, so they need nothing.
-- A restart reuses the child's port (the resolved config.toml), so its peers reconnect
-  to the same address; its output is appended to the same log file.
-- Every restart is logged on the launcher's stderr and counted; the counts are printed
-  in the line after the run's end line (then, for a finished run, the launcher prints
-  the summary table) and written to `<run dir>/supervision.json` (restarts per
-  service and one record per exit: service, exit reason, restarted or not), which is how
-  a harness checks what happened. A restarted child also gets its count in
-  `TIDAL_RESTARTS`, which it reports as `tidal_restarts_total`
-  (tidal.common.observability.prometheus).
-- Stopping (the run ended, failed or was interrupted): the supervising tasks are
-  cancelled first, so nothing restarts meanwhile, then every running child gets SIGTERM
-  in reverse start order and SIGKILL after a grace period.
+One supervising task per child restarts it after a doubling backoff while its budget lasts,
+telling it how to continue (`ChildSpec.restart_args`); a configuration error (exit 2) is
+never restarted. Stopping cancels those tasks first, so nothing restarts meanwhile, then
+stops the children in reverse start order (docs/operations.md, "Supervision and restarts").
 """
 
 from __future__ import annotations

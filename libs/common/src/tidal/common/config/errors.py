@@ -1,15 +1,9 @@
-"""pydantic's validation errors as messages that name keys the way users write them.
+"""pydantic's validation errors as one line each, naming keys the way users write them.
 
-Decisions:
-- Paths are the user's: pydantic puts a tagged union's tag into the error location
-  (`orchestrator.task.countdown.alphabet`) and a plain union member's name into a value's
-  (`...chunk_size.int`); both are dropped, and list indices print as `[i]`.
-- An unknown key names its full path and the closest valid key, else lists the valid
-  keys of its section. Under a tagged section it also names the chosen type and the
-  types the key does belong to (setting another type's key is the usual cause), and
-  lists the valid keys rather than guessing a near spelling of an unrelated key.
-- A key that was removed in favour of another names its replacement (`moved_keys`).
-- A missing or unknown tag names the tag key and lists the valid types.
+`locate` walks an error location through the config classes, dropping the tag and union
+member names pydantic puts in it. An unknown key names the closest valid key (in a tagged
+section, the type it belongs to), a moved key its replacement (`moved_keys`), a bad tag
+the valid types; docs/config.md, "Errors", shows the messages.
 """
 
 from __future__ import annotations

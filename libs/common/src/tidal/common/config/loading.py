@@ -1,25 +1,10 @@
-"""Configuration loading: TOML files composed with `@`, `TIDAL_` env vars, dotted CLI overrides.
+"""Loads a config class from the command line: TOML files (`@`), `TIDAL_` variables, flags.
 
-Decisions:
-- pydantic models are the single source of defaults and help text: every config class
-  derives from `BaseConfig` (extra keys forbidden, field docstrings become descriptions).
-- Sources merge in increasing precedence: TOML files left to right (`@ a.toml @ b.toml`),
-  then `TIDAL_A__B=value` environment variables (deployment settings), then CLI overrides
-  (`--a.b-c value`). CLI last because a person typing a flag means it.
-- A flag without a value is true for a boolean key and an error naming the flag for any
-  other (`config_merge`): turned into `true`, pydantic read it as 1.
-- A token after `--key` that starts with `--` is the next flag, never the value: a value
-  that starts with `--` is written `--key=--value`.
-- Each source is merged as one layer by `config_merge`, which knows the config classes: a
-  tagged section (a union discriminated on `type`) whose type a layer changes is replaced,
-  not merged, so a run file can switch `configs/default.toml`'s reversal task to another.
-- Unknown keys are errors that name the full key path and the closest valid name
-  (`config_errors`, which also reads tagged sections). A key that was removed in favour
-  of another names its replacement (`moved_keys`).
-- `--help` lists every key a user can set, spelt as in TOML with TOML defaults, optional
-  and tagged sections included (`config_help`).
-- Values given as strings (CLI, env) are parsed as TOML literals when they parse
-  (`1e-5`, `true`, `[1, 2]`), otherwise kept as strings.
+Sources merge as layers (`merge`) in increasing precedence, pydantic validates once, and its
+errors become one `ConfigError` (`errors`); `--help [SECTION]` and `--dry-run` stop before
+anything starts. Hand-written, not pydantic-settings: its deep-merged sources, argparse
+command line and plain pydantic errors would save a few lines here and lose tagged-section
+replacement, the bare-flag check and the key-naming messages (docs/config.md).
 """
 
 from __future__ import annotations

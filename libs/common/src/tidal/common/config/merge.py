@@ -1,22 +1,9 @@
-"""Composing config layers (files, environment, flags) with knowledge of the config classes.
+"""Composes config layers (one file, the environment, all flags) knowing the config classes.
 
-Decisions:
-- Layers merge in order; tables merge key by key, anything else replaces (lists too: a
-  later `tasks` list is the whole mixture, not an append).
-- A tagged section (a union discriminated on `type`, see `config_schema`) whose tag a
-  layer changes is replaced by that layer's table: the earlier type's keys are dropped
-  (the new type would reject them as unknown), keys given in the same layer as the new
-  tag are kept. A layer is one file, the environment, or all command-line flags together,
-  so `--task.num-numbers 4 --task.type countdown` keeps num_numbers in either order.
-  The alternative, making users clear the old keys by hand, has no spelling in TOML.
-- A tagged section given without its tag takes the tag of the field's default, written
-  into the data, so `--orchestrator.task.alphabet xy` edits the default task instead of
-  failing on a missing `type`.
-- A flag without a value (`--orchestrator.resume`) means true for a boolean key only; for
-  any other known key it is an error naming the flag (it used to become `true`, which
-  pydantic read as 1: `--trainer.optim.lr` trained with lr = 1.0). Where the type is not
-  known (an unknown key, a free-form table) it stays `true`: validation then names an
-  unknown key with the closest valid one, and free-form values are the reader's to judge.
+Tables merge key by key and anything else replaces. A tagged section whose tag a layer
+changes is replaced by that layer's table, one given without its tag takes the default's.
+A flag without a value is true for a boolean key and an error naming the flag for any
+other (docs/config.md, "Composing a run").
 """
 
 from __future__ import annotations

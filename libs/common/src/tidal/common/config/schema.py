@@ -1,19 +1,9 @@
-"""The shape of a config class tree, read from pydantic's own field annotations.
+"""What a key of a config class is: a section, a tagged section, a list, a table or a value.
 
-Composing files and flags, naming keys in errors and listing keys in `--help` all need to
-know what a key is: a section (a nested model, possibly optional), a tagged section (a
-union of models discriminated on a string key, pydantic's `Field(discriminator=...)`), a
-list of entries, a free-form table (`dict`) or a plain value.
-
-Decisions:
-- One walker over the annotations pydantic already holds, not a second schema to keep in
-  sync; generic over every config class, so a new tagged section needs no registration.
-- Only string discriminators are understood (the way every config here tags variants);
-  a callable discriminator makes the field a plain value to these helpers, and pydantic
-  still validates it.
-- A tagged section's variant is chosen from the data's tag, else from the field's
-  default (`task: TaskConfig = ReversalTaskConfig()` makes a section without `type` a
-  reversal task), which is also how the loader fills a missing tag.
+Read from the annotations pydantic already holds, so there is no second schema to keep in
+sync and a new tagged section needs no registration. Only string discriminators are
+understood; a tagged section's variant comes from the data's tag, else the field's
+default. `FIRST` marks the keys the short `--help` lists.
 """
 
 from __future__ import annotations

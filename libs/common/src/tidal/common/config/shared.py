@@ -1,10 +1,9 @@
 """Config sections every service reads: the run, endpoints, gRPC limits, telemetry, metrics.
 
-Each service composes these with its own section into its run config (see
-`ServiceRunConfig`); the umbrella CLI composes all of them into `tidal.cli.config.RunConfig`.
-A service deployed alone still accepts a whole run file: the other services' sections are
-carried through unvalidated (their own service validates them), while any other unknown
-top-level key is still an error.
+Each service composes them with its own section (`ServiceRunConfig`), the CLI with every
+service's (`tidal.cli.config.RunConfig`). A service deployed alone still accepts a whole
+run file: the other services' sections are carried through for them to validate, while
+any other unknown top-level key is still an error.
 """
 
 from __future__ import annotations

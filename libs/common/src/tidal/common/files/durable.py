@@ -1,18 +1,10 @@
-"""Durable, atomic writes: what every service needs so that a crash never leaves a
-half-written file or folder that looks complete.
+"""Durable, atomic writes: a crash never leaves a half-written file that looks complete.
 
-The recipe is the POSIX one, in one place: write under a temporary name in the same
-folder, fsync the data, rename over the final name (atomic within one filesystem), then
-fsync the parent folder so the rename itself survives a power cut. Checkpoints (trainer),
-weight versions (weightsync) and progress files (orchestrator) all go through here.
-
-`write_hashed` writes and fsyncs a file while a second thread computes its sha256: the
-two used to alternate on one thread (hash a slice, write it), so a save cost hash + write
-+ fsync in series. hashlib and file writes both release the GIL on large buffers, so the
-hash now runs beside the write and the fsync: on the 2-core Xeon a 51 MB save (4.3M
-model + AdamW) took 97 ms serially (sha256 44, write 25, fsync 28). It matters because a
-checkpoint and then a version are written between a trained step and the version the
-next generation waits for (tidal.trainer.persistence.steps).
+The POSIX recipe in one place: write under a temporary name in the same folder, fsync,
+rename over the final name, fsync the folder. Checkpoints, weight versions and progress
+files all go through here. `write_hashed` hashes a file on a second thread while it is
+written and fsynced (both release the GIL): a checkpoint and a version are written
+between a trained step and the next generation.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
-"""Deleting folders only where they belong: `remove_inside(path, root)`.
+"""Deletes folders only where they belong: `remove_inside(path, root)`.
 
-Decisions:
-- Every `shutil.rmtree` of a path derived from configuration or a request (run folders,
-  checkpoints, weight versions, upload temps) goes through `remove_inside`, which
-  resolves both paths (symlinks and `..` included) and refuses, with `UnsafeRemoval`,
-  anything that is not strictly inside `root`: the root itself, a parent of it, or a
-  sibling. An operator's `--run.name ../x` or a `Publish` whose location is the weights
-  root then fails loudly instead of deleting what it names.
-- The check is a programming-error guard (callers validate user input first, naming the
-  key), so `UnsafeRemoval` is a plain `RuntimeError` subclass, not a gRPC-mapped error:
-  reaching it means a validation upstream is missing.
-- A symlink inside `root` that points outside it is unlinked, never followed.
+Every `shutil.rmtree` of a path from configuration or a request goes through it: both paths
+are resolved (symlinks and `..` included) and anything not strictly inside `root` is
+refused with `UnsafeRemoval`, a plain RuntimeError rather than a gRPC-mapped error, since
+callers validate user input first and reaching it means a validation is missing. A
+symlink inside `root` that points outside is unlinked, never followed.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
-"""Per-step JSON-lines files (`metrics.jsonl`, `sft_metrics.jsonl`): one object per step,
-with a `"step"` key, appended as steps finish.
+"""Per-step JSON-lines files (`metrics.jsonl`, `sft_metrics.jsonl`): one object per step.
 
-Decision: a resumed run trains again the steps after its resume point, so both the
-orchestrator (`resume.drop_lost_lines`) and `tidal sft` first cut the lines of those
-steps, and a last line a kill cut short; one implementation serves both, so the file
-keeps one line per step of the lineage that survives. The rewrite is atomic
-(`durable.write_atomic`): a crash leaves the old file or the new one.
+A resumed run trains the steps after its resume point again, so the orchestrator and `tidal
+sft` both first cut those steps' lines (and a last line a kill cut short) here: the file
+keeps one line per step of the lineage that survives. The rewrite is atomic.
 """
 
 from __future__ import annotations

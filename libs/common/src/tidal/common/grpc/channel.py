@@ -1,29 +1,9 @@
-"""gRPC channel helper: every client channel has the same limits, retries and tracing.
+"""Client channels, every one with the same limits, retries, tracing and transport security.
 
-- message size limits matching the servers (`grpc.max_message_bytes`);
-- keepalive pings, so a dead peer is noticed on long-lived streams (Watch);
-- wait-for-ready, so callers started before their server simply wait (bounded by the
-  call's deadline) instead of failing fast during start-up;
-- retries of UNAVAILABLE by gRPC's own retry policy (service config), not hand loops;
-- request-id and OpenTelemetry client interceptors (trace context in metadata);
-- the process's transport security (`TransportSecurity`, required): TLS with its role's
-  certificate (mTLS) or its token; plaintext only to loopback addresses.
-
-Reconnecting is fast (`RECONNECT_BACKOFF_MS`: first retry after 0.1 s, then at most every
-0.5 s) instead of gRPC's default back-off (1 s, growing 1.6x to 120 s): at start-up every
-client dials a server that is still importing torch, and with the default the
-orchestrator noticed a trainer that had been up for 2 s only at its next attempt, the
-largest single wait of a run's start-up (docs/benchmarks/startup.md). A connection
-attempt to a closed port costs one refused SYN, so trying twice a second is free.
-
-Services wait for their peers (wait-for-ready above): at start-up a peer that is not up
-yet is normal. A person's tool must instead say at once that a service is down, so
-`connect` / `wait_connected` first bring the channel to READY within a short timeout and
-otherwise raise `Unreachable` ("cannot reach inference at HOST:PORT (...)"). A refused
-connection fails at the first TRANSIENT_FAILURE (no need to wait out the timeout);
-the timeout bounds an address where nothing answers at all (a dropped SYN, a silent
-peer). Without this, a call to a stopped stack waited out its whole deadline (retries
-with back-off, wait-for-ready) and then said only DEADLINE_EXCEEDED or UNAVAILABLE.
+Services wait for their peers (wait-for-ready, UNAVAILABLE retried by gRPC's own policy, a
+short reconnect back-off), since at start-up a peer still importing torch is normal. A
+person's tool instead `connect`s first and gets `Unreachable` at once for a service that
+is down (docs/architecture.md, "Errors and shutdown").
 """
 
 from __future__ import annotations

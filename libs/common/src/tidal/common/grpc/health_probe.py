@@ -1,20 +1,8 @@
-"""`python -m tidal.common.grpc.health_probe --address HOST:PORT --role ROLE [--timeout-s 3]`:
-the container health probe (Docker `HEALTHCHECK`, Kubernetes exec liveness/readiness).
+"""`python -m tidal.common.grpc.health_probe --address HOST:PORT --role ROLE`: container probe.
 
-Exit 0 iff the gRPC health service at ADDRESS answers SERVING; otherwise exit 1 with one
-line on stderr (NOT_SERVING, unreachable, TLS refused, deadline). A bad invocation or a
-security setting that cannot be read exits 2 (argparse's code), also with one line.
-
-Design decisions:
-- Security comes from where the services read it: the `TIDAL_SECURITY__*` environment
-  variables (with `TIDAL_RUN__*` for the default `<run dir>/tls`), so the probe in a
-  container dials exactly as its service does, with ROLE's certificate (mTLS) or token.
-  Other `TIDAL_*` variables of the container (endpoints, service sections) are ignored:
-  they belong to the service, and `SharedConfig` would reject the service-only ones.
-- Kubernetes' native `grpc:` probe cannot do TLS, so both orchestrators call this.
-- A plain grpc channel, not `tidal.common.grpc.channel`: a probe runs every few seconds in
-  every container, so it skips the retry policy, wait-for-ready and tracing interceptors
-  (one attempt, bounded by --timeout-s) and imports as little as it can.
+Exit 0 iff the health service answers SERVING, 1 with one line otherwise, 2 for a bad
+invocation. It dials as its service does, with the security the `TIDAL_SECURITY__*`
+variables give, over a plain channel with one attempt (docs/deployment.md, "Images").
 """
 
 from __future__ import annotations

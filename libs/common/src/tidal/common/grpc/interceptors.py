@@ -1,18 +1,9 @@
-"""Server and client interceptors: errors → status codes, request ids.
+"""Server and client interceptors: domain errors to status codes, request ids, limits.
 
-`ErrorMappingInterceptor` is the one place domain exceptions become gRPC statuses:
-a `TidalError` aborts with its own code and message; any other exception is logged with
-its traceback under a short error id and answered `internal error <id>`, so a bug in one
-request never takes the server down, never returns an error string inside a successful
-response, and never shows the caller the exception text (which may hold paths, values of
-other requests or library internals); an operator finds the traceback by its id. It also
-binds the request id (`x-request-id` metadata, or a fresh one) to the logging context.
-
-Given the server's `GrpcConfig`, it also applies the transport limits of
-`tidal.common.grpc.limits`: each method's request size (through its deserializer) and the
-RPCs in flight; both are refused RESOURCE_EXHAUSTED naming the config key.
-
-Tracing is not done here: opentelemetry-instrumentation-grpc's interceptors handle it.
+`ErrorMappingInterceptor` is the one place exceptions become statuses: a `TidalError` keeps
+its code and message; anything else is answered `internal error <id>` with the traceback
+logged under the id, so a bug neither stops the server nor shows the caller its text. It
+also applies `tidal.common.grpc.limits`. Tracing is opentelemetry's own interceptors'.
 """
 
 from __future__ import annotations

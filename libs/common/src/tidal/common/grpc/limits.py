@@ -1,25 +1,9 @@
-"""Transport limits every Tidal server applies: request size per RPC, RPCs in flight.
+"""Transport limits of every server: request size per RPC, RPCs in flight.
 
-Decisions:
-- Sizes per RPC, not one limit for everything. gRPC servers take one receive limit
-  (`grpc.max_receive_message_length`) per server, and grpc's per-method limits
-  (service config `maxRequestMessageBytes`) apply on the client only. So two layers:
-  1. transport: each server's receive limit is `grpc.max_request_bytes` (4 MiB) unless
-     it hosts a bulk RPC (`BULK_METHODS`: Train carries micro-batches, UploadWeights
-     weight chunks), then `grpc.max_message_bytes` (256 MiB). gRPC refuses a larger
-     message from its length prefix with RESOURCE_EXHAUSTED before buffering it, so a
-     100 MB prompt never reaches inference's Python code;
-  2. per method, on a server that hosts both kinds: the error-mapping interceptor wraps
-     each method's request deserializer (`sized_deserializer`), which sees the raw bytes
-     first. A control RPC (GetStatus, Publish, Watch...) over `max_request_bytes` is
-     refused RESOURCE_EXHAUSTED without being parsed. The deserializer returns an
-     `Oversize` marker instead of raising, because an exception inside grpc's
-     deserialization is answered INTERNAL with no message we control.
-- Concurrency: the interceptor counts the RPCs in flight (`RpcSlots`) and answers
-  RESOURCE_EXHAUSTED ("grpc.max_concurrent_rpcs") beyond `grpc.max_concurrent_rpcs`.
-  Health and reflection are not counted, so a saturated server still answers its
-  probes; grpc's own `maximum_concurrent_rpcs` is set to the limit plus
-  `PROBE_HEADROOM` as the hard backstop that also bounds the probes.
+gRPC takes one receive limit per server, so a server hosting a bulk RPC (`BULK_METHODS`)
+receives up to `grpc.max_message_bytes` and every other method's deserializer refuses a
+request over `grpc.max_request_bytes` unparsed. RPCs in flight beyond
+`grpc.max_concurrent_rpcs` are refused, probes not counted (docs/operations.md, "Limits").
 """
 
 from __future__ import annotations
@@ -63,7 +47,9 @@ def server_options(config: GrpcConfig, services: Sequence[str]) -> list[tuple[st
 
 @dataclass(frozen=True)
 class Oversize:
-    """What a sized deserializer hands the handler instead of a too-large request."""
+    """What a sized deserializer hands the handler instead of a too-large request: returned,
+    not raised, because grpc answers an exception inside deserialization INTERNAL with no
+    message of ours."""
 
     size: int
     limit: int

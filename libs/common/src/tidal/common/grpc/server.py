@@ -1,14 +1,9 @@
-"""gRPC server helper: one way to build, run and stop every Tidal server.
+"""One way to build, run and stop every Tidal server.
 
-Every server gets: message size limits per RPC and a limit on RPCs in flight
-(`tidal.common.grpc.limits`), the standard health service (grpc_health's aio HealthServicer,
-with a real Watch), the error-mapping and tracing interceptors, the transport security
-its `TransportSecurity` says (TLS/mTLS credentials, the per-role authorization
-interceptor; server reflection only when enabled), and graceful shutdown:
-SIGTERM/SIGINT → health NOT_SERVING → `server.stop(grace)` → the service's own close hook.
-A service's `ServiceMetrics` (tidal.common.observability.prometheus), when given, serves `/metrics`
-from
-`start()` to `stop()`, on the gRPC bind host, with the same TLS credentials.
+Each gets the transport limits, the standard health service (with a real Watch), the
+error-mapping, tracing and authorization interceptors, its `TransportSecurity`'s
+credentials, reflection only when enabled, its `/metrics` endpoint when given one, and
+graceful shutdown: SIGTERM → health NOT_SERVING → `server.stop(grace)` → the close hook.
 """
 
 from __future__ import annotations

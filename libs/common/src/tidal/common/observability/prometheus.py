@@ -1,30 +1,9 @@
 """Prometheus metrics of one service: the `[metrics]` section, its registry, its endpoint.
 
-Decisions:
-- One `CollectorRegistry` per `ServiceMetrics`, never prometheus_client's global one: two
-  in-process servers (contract tests) then neither collide on metric names nor report
-  each other's numbers. The registry also carries the process collector (CPU, memory,
-  file descriptors, start time), Python's GC collector, `tidal_service_info` and
-  `tidal_restarts_total`.
-- The endpoint is started and stopped with the service's `GrpcServer` (`server.py`), on
-  the gRPC bind host, port `grpc port + metrics.port_offset` (or `metrics.port`, which
-  `tidal rl` sets per child to a free port). It is prometheus_client's WSGI exposition on
-  a wsgiref threading server of our own, so the TLS context is ours (built from the
-  run's PEM bytes, the same credentials as gRPC) and scrapes never wait for the
-  service's event loop.
-- Transport follows the gRPC rules: on a loopback host plain HTTP (as gRPC allows
-  plaintext there); on any other host HTTPS with the service's certificate, and a
-  client must prove it belongs to the run: in "mtls" mode with a certificate of the
-  run's CA (any role: metrics are read-only; Prometheus presents e.g. the operator's),
-  in "token" mode with any role's bearer token. In "plaintext" mode a non-loopback
-  metrics host is refused, as gRPC refuses it.
-- Restarts: `tidal rl` starts a restarted child with `TIDAL_RESTARTS=<n>` (its restarts so
-  far, supervision.py); the new process's `tidal_restarts_total` starts at n, so
-  `increase()` over the restart sees exactly one more. Under Docker or Kubernetes the
-  platform counts restarts (e.g. kube-state-metrics) and the variable is unset (0).
-- Values that live on the event loop (inference's queue, KV cache) are read at scrape
-  time by `LoopCollector`, which runs the read on the loop thread: nothing is added to
-  the hot path, and no container is iterated while the loop mutates it.
+One registry per service, so two in-process servers never mix their numbers, served by an
+HTTP server of our own beside the gRPC server, with gRPC's TLS rules. State that lives on
+the event loop is read at scrape time on the loop thread (`LoopCollector`), adding nothing
+to the hot path (docs/operations.md, "Metrics").
 """
 
 from __future__ import annotations

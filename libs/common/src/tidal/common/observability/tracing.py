@@ -1,17 +1,9 @@
 """OpenTelemetry setup: one tracer provider per process, three exporters.
 
-- JSONL file (default on): `<run dir>/traces.jsonl`, shared by every service of a local run,
-  so a trace can be read with no collector. Every service appends whole lines with a
-  single `os.write` on an O_APPEND descriptor, which keeps lines from different processes
-  from interleaving. The SDK's ConsoleSpanExporter does the serializing; we only give it a
-  line-atomic sink.
-- console (stderr), for debugging.
-- OTLP/gRPC when `telemetry.otlp_endpoint` is set (the compose stack's collector).
-
-Trace context crosses process boundaries in gRPC metadata through the
-opentelemetry-instrumentation-grpc interceptors, installed by `tidal.common.grpc.server` and
-`tidal.common.grpc.channel`; and across weight publishes through a W3C carrier stored in the
-version event (see `inject_carrier` / `extract_carrier`).
+A JSONL file (`<run dir>/traces.jsonl`, shared by a run's services: each span is one
+`os.write` on an O_APPEND descriptor, so lines never interleave), the console, and
+OTLP/gRPC when `telemetry.otlp_endpoint` is set. Context crosses processes in gRPC
+metadata and weight publishes in a W3C carrier (docs/architecture.md, "Tracing").
 """
 
 from __future__ import annotations

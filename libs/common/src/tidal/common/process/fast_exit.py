@@ -1,29 +1,9 @@
 """A service process's last act: run its exit work, then leave without tearing down.
 
-Decision: a service's `__main__` runs `main()` through `run_and_exit`, which, once
-`main()` has returned (or raised SystemExit) does everything an ordinary interpreter exit
-does that anyone can observe, in the same order, and then ends the process with
-`os._exit`:
-
-1. waits for every non-daemon thread and runs the `threading` exit hooks (what
-   `threading._shutdown` does at interpreter exit: a `ThreadPoolExecutor` finishing its
-   queued work, a checkpoint or publish thread finishing its write);
-2. runs the `atexit` functions (logging's own `logging.shutdown` flushes and closes every
-   handler; telemetry processors flush);
-3. flushes stdout and stderr.
-
-What it skips is the interpreter's teardown after that: deleting every module and
-garbage-collecting the heap. For a process that imported torch that teardown costs
-0.5-0.9 s of CPU (measured: `import tidal.trainer.main` then exit, 2.7 s wall
-against 1.8 s with `os._exit`, docs/benchmarks/startup.md) and frees only memory the
-OS takes back anyway, so it was most of a run's shutdown. Nothing durable depends on
-it: every file a service writes is written (and fsynced where it matters) by the
-service's own code before `main()` returns.
-
-Only the clean exits take this path (a return, SystemExit with an int or None); any
-other exception propagates and Python exits as usual, traceback included. A torchrun
-rank (`LOCAL_RANK` set) also exits as usual: torch's process-group teardown belongs to
-it. `main()` itself is unchanged and stays callable in-process (tests do).
+`run_and_exit(main)` does what an interpreter exit does that anyone can observe (joins
+non-daemon threads, runs the `atexit` hooks, flushes stdio), then `os._exit`: the module
+and heap teardown it skips frees only memory the OS takes back. Only clean exits take
+this path; other exceptions and torchrun ranks exit as usual (docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -1,38 +1,9 @@
-"""A launched service's lifeline: it dies with the `tidal rl` launcher, even a SIGKILLed one.
+"""A launched service dies with its `tidal rl` launcher, even a SIGKILLed one.
 
-The launcher runs each service in its own session, so a terminal's Ctrl-C reaches only
-the launcher, which then stops its children in order. But a launcher killed with
-SIGKILL (or by the OOM killer) runs no cleanup, and its children would keep running and
-holding their ports. Two layers make sure they do not:
-
-- Linux: a parent-death signal. The launcher forks each child with a preexec_fn
-  (`parent_death_signal`) that calls `prctl(PR_SET_PDEATHSIG, SIGTERM)` between fork and
-  exec, through ctypes (no dependency: python-prctl needs a compiler and libcap headers,
-  and the call is one line). The kernel then delivers SIGTERM the moment the launcher
-  dies, however it dies, with no polling. It survives exec (our children are plain
-  `python -m tidal.<service>`, never set-uid).
-  - SIGTERM, not SIGKILL: the child takes its ordinary graceful path (health
-    NOT_SERVING, `server.stop(grace)`, close hooks), and a torchrun agent (the trainer
-    with `world_size` > 1 execs into one) forwards SIGTERM to its ranks, where a
-    SIGKILLed agent would orphan them.
-  - PDEATHSIG fires when the *thread* that forked the child exits, not the process. The
-    launcher forks from its main thread (the thread `asyncio.run` runs the loop on),
-    which lives as long as the process; `parent_death_signal` refuses any other thread.
-  - The launcher may die between fork and prctl; the child then sees a parent pid other
-    than the launcher's (recorded before the fork) and exits before exec.
-- Everywhere, also a watchdog (`watch_launcher`), started by every service and every
-  torchrun rank (the launcher's pid travels in `TIDAL_LAUNCHER_PID`, which torchrun passes
-  on). A daemon thread checks every `POLL_S` whether the launcher is gone: the process's
-  parent changed (it was reparented: this happens at the parent's death, before anyone
-  reaps it) or the launcher's pid no longer exists. Then it sends its own process SIGTERM
-  (the graceful path; this is the only trigger where PDEATHSIG does not exist, e.g.
-  macOS) and, if the process still lives `KILL_AFTER_S` later (a stuck shutdown, or a
-  torchrun follower rank, which ignores SIGTERM and waits for rank 0), exits hard with
-  `os._exit`. It is the launcher's own "SIGKILL after a grace period", which a dead
-  launcher cannot perform. Polling a pid every half second costs nothing measurable;
-  pidfd/kqueue would avoid it but differ per OS.
-- Opt-in by environment: a service started by hand (`tidal inference @ cfg`, perhaps
-  under nohup) has no `TIDAL_LAUNCHER_PID` and outlives its shell as before.
+Two layers: on Linux the launcher forks each child with a parent-death signal (SIGTERM, so
+the child shuts down gracefully); everywhere, each service and torchrun rank started with
+`TIDAL_LAUNCHER_PID` runs a watchdog that sends itself SIGTERM once the launcher is gone
+and exits hard if that does not end it (docs/operations.md, "Supervision and restarts").
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """Per-method authorization by role: which identity may call which RPC.
 
-Design: one table (`POLICY`) maps every fully-qualified method Tidal serves to the roles
-allowed to call it, written from the callers in the code (who really calls what). A method
-not in the table is denied (fail closed): a new RPC is unreachable until someone decides
-who may call it. Health is open to every caller (probes); reflection only when
-`security.reflection` is on, then to any authenticated role.
-
-The caller's role comes from the peer certificate gRPC has already verified against the
-run CA (mTLS: the `tidal://role/<role>` SAN URI, `tidal.common.security.credentials`), or, in token
-mode,
-from the bearer token whose sha256 matches that role's verifier. No credentials or an
-unknown token → UNAUTHENTICATED; an authenticated role not allowed → PERMISSION_DENIED.
-Both messages name the method and the role.
-
-grpc.aio server interceptors see no peer identity, so the check runs inside a wrapper of
-the method's handler, before the servicer's code.
+One table (`POLICY`) maps every method to the roles that call it; a method missing from it
+is denied (fail closed). The role comes from the verified peer certificate (mTLS) or the
+bearer token. grpc.aio server interceptors see no peer identity, so the check wraps each
+method's handler (docs/operations.md, "Security model").
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
-"""The `[security]` config section every service reads (docs/operations.md#security-model).
+"""The `[security]` section every service reads (docs/operations.md, "Security model").
 
-Design: one section shared by all services, since in a `tidal rl` run all of them read one
-file; per-role files are found by naming convention in one folder (`<role>.pem`, ...),
-with explicit paths for a service deployed alone. Secure by default: mutual TLS with the
-run's CA; plaintext is refused unless asked for AND every address the run binds or dials is
-loopback (`check_plaintext_addresses`, called by `SharedConfig`).
+One section shared by all services, which read one run file; per-role files are found by
+name in one folder, with explicit paths for a service deployed alone. Secure by default:
+mutual TLS with the run's CA; plaintext only when asked for and every address the run
+binds or dials is loopback (`check_plaintext_addresses`, called by `SharedConfig`).
 """
 
 from __future__ import annotations

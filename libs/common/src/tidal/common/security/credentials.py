@@ -1,18 +1,9 @@
-"""A run-local certificate authority and one leaf certificate per role.
+"""A run-local certificate authority, one leaf certificate and one token per role; `tidal certs`.
 
-Design: every Tidal process proves which role it plays with an X.509 certificate signed by
-the run's CA (mutual TLS). The role is carried in the certificate twice: as a SAN URI
-`tidal://role/<role>` (what the servers read: `tidal.common.security.authz`) and as the subject CN
-(for people reading `openssl x509 -text`). Leaves are not CAs (BasicConstraints ca=False),
-so a service holding its own key cannot mint certificates for another role; they are valid
-for both TLS server and client auth, since every service is both. Each leaf names
-127.0.0.1, ::1 and localhost plus the hosts given (compose service names, k8s DNS names).
-
-Files in one folder (`tidal rl` uses `<run dir>/tls/`; `tidal certs --out DIR` for
-deployments): `ca.pem`, `ca.key`, `<role>.pem`, `<role>.key`. Keys are written 0600 and
-atomically (temp file in the same folder, then rename), so a crash never leaves half a key.
-Existing files are reused, never overwritten: a resumed run keeps its identities.
-EC P-256 keys: small and fast handshakes; 2-year validity for leaves, 10 for the CA.
+Every process proves its role with a certificate the run's CA signed, the role carried as
+the SAN URI `tidal://role/<role>`; leaves cannot sign. Keys are written 0600 and
+atomically, and existing files are reused, so a resumed run keeps its identities
+(docs/operations.md, "Certificates").
 """
 
 from __future__ import annotations

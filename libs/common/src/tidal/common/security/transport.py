@@ -1,20 +1,9 @@
 """Transport security of one process: its role, its credentials, what its servers check.
 
-Design: `TransportSecurity` is built once per process from `[security]`
-(`TransportSecurity.from_config`) and handed explicitly to every `GrpcServer` and
-`make_channel`/`connect`; there is no implicit default, so nothing is plaintext by
-accident. In-process tests pass `PLAINTEXT_LOOPBACK`, which (like the plaintext mode)
-refuses any address that is not loopback, at bind and at dial time.
-
-- mtls: `grpc.ssl_server_credentials(require_client_auth=True)` with the run CA as the
-  only trusted root; channels present the role's certificate.
-- token: servers present their certificate (TLS, server auth only); clients trust the run
-  CA and send `authorization: Bearer <role>.<secret>`. Tokens are random per role; servers
-  hold only sha256 digests of them (token-verifiers.json), so a process holding its own
-  token and the verifiers cannot produce another role's token (see docs/operations.md for
-  what that does and does not protect on one host).
-- plaintext: insecure ports and channels, loopback only, no authentication: every caller
-  is trusted (so no authorization either).
+`TransportSecurity` is built once per process from `[security]` and handed explicitly to
+every server and channel, so nothing is plaintext by accident. Plaintext is loopback only
+(`PLAINTEXT_LOOPBACK` for in-process tests); docs/operations.md, "Modes", describes mtls,
+token and plaintext.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
-"""The inference replicas `tidal rl` starts: one child per replica, each told who it is.
+"""The inference children `tidal rl` starts: one per replica, each told who it is.
 
-Decisions:
-- `inference.replicas = N` starts N inference processes, "inference-0".."inference-<N-1>",
-  from the one run config: each gets its own `--endpoints.inference` (its gRPC address,
-  from `endpoints.inference_replicas`), `--inference.replica_id inference-<i>` (a stable
-  weight-sync registration per replica, so a restarted replica is the same replica, not
-  one more), and with `[inference.http]` on `--inference.http.port P+i` (P =
-  `inference.http.port`, the one in config.toml). Each logs to
-  `logs/inference-<i>.log`. One replica keeps the single-replica names ("inference",
-  `logs/inference.log`) and takes everything from the file.
-- The same arguments start and restart a replica (supervision.py): its address is its
-  identity, so the orchestrator's pool sees a restarted replica come back there.
-- With `[deployment] num_infer_gpus = G`, replica i gets the i-th of N equal slices of
-  inference's GPUs (G must be a multiple of N; checked in launcher.apply_placement).
+With `inference.replicas = N`, child i gets its address from `endpoints.inference_replicas`,
+replica id `<id>-i` (stable across restarts, so weightsync sees the same replica come
+back), HTTP port + i and the i-th slice of inference's GPUs. One replica keeps the
+single-replica names and takes everything from the file.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tidal.cli.children import split_devices
 from tidal.cli.config import RunConfig
+from tidal.cli.inference_replicas import split_devices
 from tidal.cli.launcher import apply_placement, child_specs, prepare_run_dir
 from tidal.cli.slurm import SlurmConfig, render
 from tidal.common.config.loading import load_config
