@@ -17,8 +17,8 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator
 
 from tidal.cli.config import RunConfig
-from tidal.common.config.help import option_line
-from tidal.common.config.loading import BaseConfig, ConfigError, load_config
+from tidal.common.config.help import help_text, option_line
+from tidal.common.config.loading import BaseConfig, ConfigError, load_config, split_argv
 from tidal.common.config.schema import field_default
 from tidal.trainer.memory_planner.estimate import (
     MemoryPlan,
@@ -105,7 +105,10 @@ def plan_help() -> str:
     lines = [f"usage: {USAGE}", "", "options:"]
     for name, info in PlanOptions.model_fields.items():
         lines.append(option_line(_flag(name), field_default(PlanOptions, name), info.description))
-    lines.append("\nAny run config key may follow as --section.key value (see `tidal rl --help`).")
+    lines.append(
+        "\nAny run config key may follow as --section.key value: `--help SECTION` lists a "
+        "section's keys (`--help trainer.model`), `tidal rl --help` the sections."
+    )
     return "\n".join(lines)
 
 
@@ -195,10 +198,11 @@ def run(argv: Sequence[str]) -> tuple[str, int]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
-    if any(a in ("-h", "--help") for a in args):
-        print(plan_help())
-        raise SystemExit(0)
     try:
+        section = split_argv(args).help
+        if section is not None:
+            print(help_text(RunConfig, section) if section else plan_help())
+            raise SystemExit(0)
         text, code = run(args)
     except (ConfigError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""`tidal plan --help` and its own flags: the flags it accepts, spelt as typed."""
+"""`tidal plan --help [SECTION]` and its own flags: the flags it accepts, spelt as typed."""
 
 from __future__ import annotations
 
@@ -28,6 +28,13 @@ def test_help_shows_memory_as_required(capsys: pytest.CaptureFixture[str]) -> No
 def test_help_shows_defaults_as_toml_values(capsys: pytest.CaptureFixture[str]) -> None:
     out = plan_help(capsys)
     assert '--device (default: "cuda")' in out and "'cuda'" not in out
+
+
+def test_help_section_lists_the_run_config_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--memory", "80GiB", "--help", "trainer.model.lora"])
+    assert exit_.value.code == 0
+    assert "--trainer.model.lora.rank (" in capsys.readouterr().out
 
 
 def test_memory_followed_by_a_flag_has_no_value() -> None:

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tidal.common.config.errors import describe_error
 from tidal.common.config.help import help_text
-from tidal.common.config.merge import flag_layer, merge_layer, resolve_bare_flags
+from tidal.common.config.merge import check_bare_flags, flag_layer, merge_layer
 from tidal.common.errors import ConfigError
 
 ENV_PREFIX = "TIDAL_"
@@ -138,7 +138,7 @@ def compose(
     environ = os.environ if environ is None else environ
     data = merge_layer(cls, data, flag_layer(env_overrides(environ), parse_literal))
     data = merge_layer(cls, data, flag_layer(parsed.overrides, parse_literal))
-    resolve_bare_flags(cls, data, parsed.overrides)
+    check_bare_flags(cls, data, parsed.overrides)
     return data
 
 

@@ -8,7 +8,7 @@ other (docs/config.md, "Composing a run").
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -26,16 +26,6 @@ from tidal.common.config.schema import (
     resolve,
 )
 from tidal.common.errors import ConfigError
-
-
-class _BareFlag:
-    """Placeholder for a flag given without a value, until its key's type is known."""
-
-    def __repr__(self) -> str:
-        return "<flag without value>"
-
-
-BARE_FLAG = _BareFlag()
 
 
 def key_parts(dotted: str) -> list[str]:
@@ -59,24 +49,16 @@ def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     *parents, last = key_parts(dotted)
     node = data
     for part in parents:
-        child = node.get(part)
-        if not isinstance(child, dict):
-            child = {}
-            node[part] = child
-        node = child
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
     node[last] = value
 
 
 def merge_layer(
-    cls: type[BaseModel], base: Mapping[str, Any], layer: Mapping[str, Any]
+    cls: type[BaseModel], base: Mapping[str, Any], layer: Mapping[str, Any], default: Any = None
 ) -> dict[str, Any]:
-    """`layer` merged over `base`, both raw data for `cls` (see the module docstring)."""
-    return _merge_section(cls, base, layer, None)
-
-
-def _merge_section(
-    cls: type[BaseModel], base: Mapping[str, Any], layer: Mapping[str, Any], default: Any
-) -> dict[str, Any]:
+    """`layer` merged over `base`, both raw data for `cls` whose default is `default`."""
     out = dict(base)
     for key, value in layer.items():
         if isinstance(default, BaseModel) and key in type(default).model_fields:
@@ -94,7 +76,7 @@ def _merge_value(shape: Shape | None, previous: Any, value: Any, default: Any) -
     if isinstance(shape, Tagged):
         return _merge_tagged(shape, base, value, default)
     if isinstance(shape, Section):
-        return _merge_section(shape.cls, base, value, default)
+        return merge_layer(shape.cls, base, value, default)
     if isinstance(shape, Table):
         out = dict(base)
         for key, item in value.items():
@@ -112,27 +94,19 @@ def _merge_tagged(
     variant = tagged.variant(new)
     if variant is None:  # an unknown tag: validation names it with the valid ones
         return deep_merge(base, layer)
-    merged = _merge_section(variant, base, layer, default if isinstance(default, variant) else None)
+    merged = merge_layer(variant, base, layer, default if isinstance(default, variant) else None)
     return {tagged.key: new, **merged}
 
 
 def flag_layer(
     overrides: Sequence[tuple[str, str | None]], parse: Callable[[str], Any]
 ) -> dict[str, Any]:
-    """One layer from `(dotted key, raw value)` pairs; None (a bare flag) is a placeholder
-    that `resolve_bare_flags` turns into true or an error."""
+    """One layer from `(dotted key, raw value)` pairs; a bare flag (None) is true until
+    `check_bare_flags` has seen its key's type."""
     layer: dict[str, Any] = {}
     for key, raw in overrides:
-        set_dotted(layer, key, BARE_FLAG if raw is None else parse(raw))
+        set_dotted(layer, key, True if raw is None else parse(raw))
     return layer
-
-
-def _bare_paths(data: Mapping[str, Any], path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
-    for key, value in data.items():
-        if value is BARE_FLAG:
-            yield (*path, key)
-        elif isinstance(value, Mapping):
-            yield from _bare_paths(value, (*path, key))
 
 
 def _takes_bare_flag(shape: Shape | None) -> bool:
@@ -141,19 +115,16 @@ def _takes_bare_flag(shape: Shape | None) -> bool:
     return isinstance(shape, Value) and (shape.is_bool or shape.annotation is Any)
 
 
-def resolve_bare_flags(
-    cls: type[BaseModel], data: dict[str, Any], overrides: Sequence[tuple[str, str | None]]
+def check_bare_flags(
+    cls: type[BaseModel], data: Mapping[str, Any], overrides: Sequence[tuple[str, str | None]]
 ) -> None:
-    """Set every bare flag left in `data` to true, or raise ConfigError naming the flag."""
-    flags = {tuple(key_parts(key)): f"--{key}" for key, raw in overrides if raw is None}
-    for path in list(_bare_paths(data)):
-        if not _takes_bare_flag(resolve(cls, list(path), data)):
-            flag = flags.get(path, "--" + ".".join(path))
+    """Raise ConfigError naming a flag given without a value whose key is not boolean."""
+    for key, raw in overrides:
+        path, node = key_parts(key), data
+        for part in path:
+            node = node.get(part) if isinstance(node, Mapping) else None
+        if raw is None and node is True and not _takes_bare_flag(resolve(cls, path, data)):
             raise ConfigError(
-                f"{flag} needs a value ({flag} VALUE); only a boolean key may be given "
+                f"--{key} needs a value (--{key} VALUE); only a boolean key may be given "
                 "without one, meaning true"
             )
-        node = data
-        for part in path[:-1]:
-            node = node[part]
-        node[path[-1]] = True
