@@ -103,16 +103,14 @@ class Inference:
         await eventually(check)
 
 
-def inference_config(
-    weightsync: Any, tmp_path: Path, tokenizer: str, kv_cache: str = "slots"
-) -> InferenceRunConfig:
+def inference_config(weightsync: Any, tmp_path: Path, tokenizer: str) -> InferenceRunConfig:
     return InferenceRunConfig(
         run=RunSection(output_dir=tmp_path, tokenizer=tokenizer),
         endpoints=Endpoints(weightsync=weightsync.address, inference="127.0.0.1:0"),
         grpc=GrpcConfig(shutdown_grace_s=0.2),
         security=SecurityConfig(mode="plaintext"),  # in-process, loopback only
         telemetry=TelemetryConfig(traces_file=False),
-        inference=InferenceConfig(device="cpu", replica_id=REPLICA, kv_cache=kv_cache),
+        inference=InferenceConfig(device="cpu", replica_id=REPLICA),
     )
 
 
@@ -129,13 +127,10 @@ async def serving_inference(config: InferenceRunConfig) -> AsyncIterator[Inferen
     await running.close()
 
 
-@pytest.fixture(params=["slots", "paged"])
-async def inference(
-    weightsync_server: Any, tmp_path: Path, request: pytest.FixtureRequest
-) -> AsyncIterator[Inference]:
-    """The service with the byte tokenizer (no model folder: "auto" means bytes), over
-    either KV cache: the contract is the same."""
-    config = inference_config(weightsync_server, tmp_path, "auto", kv_cache=request.param)
+@pytest.fixture
+async def inference(weightsync_server: Any, tmp_path: Path) -> AsyncIterator[Inference]:
+    """The service with the byte tokenizer (no model folder: "auto" means bytes)."""
+    config = inference_config(weightsync_server, tmp_path, "auto")
     async with serving_inference(config) as i:
         yield i
 

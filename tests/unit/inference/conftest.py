@@ -1,8 +1,8 @@
 """The tiny peaked Llama the native-engine tests run on, its engines and cache-free references,
 and the Qwen3-style Hugging Face folder (tests/hf_folders.py) for tests of text.
 
-Shared by test_engine.py and test_continuous_batching.py through the `tiny` fixture (test
-modules cannot import each other, nor this file, under pytest's importlib mode).
+Shared by the engine's test modules through the `tiny` fixture (test modules cannot import
+each other, nor this file, under pytest's importlib mode).
 
 The model's weights are drawn with a large std so its distributions are peaked: greedy
 argmaxes and inverse-CDF draws then have clear margins, and float differences between
@@ -21,8 +21,14 @@ import torch
 from tidal.inference.config import InferenceConfig
 from tidal.inference.engine import Completion
 from tidal.inference.native import NativeEngine
-from tidal.inference.paged_engine import PagedEngine
-from tidal.inference.sampling import SamplingParams
+from tidal.inference.sampling import (
+    SamplingParams,
+    draw_uniforms,
+    filtered_logprobs,
+    greedy_tokens,
+    row_seed,
+    sample_tokens,
+)
 from tidal.models.args import DecoderArgs
 from tidal.models.layers import DecoderLM, token_logprobs
 
@@ -51,8 +57,7 @@ class TinyLlama:
 
     def make_engine(self, **kwargs: Any) -> NativeEngine:
         """A native engine (not started) with the service's defaults, overridable; no
-        tokenizer (the model's 64 ids fit none), so ids only. `kv_cache="paged"` gives the
-        paged engine (its options, e.g. `block_size`, then apply)."""
+        tokenizer (the model's 64 ids fit none), so ids only."""
         defaults = InferenceConfig()
         options = {
             "max_batch_size": 128,
@@ -62,8 +67,6 @@ class TinyLlama:
             "dtype": torch.float32,
             **kwargs,
         }
-        if options.pop("kv_cache", "slots") == "paged":
-            return PagedEngine(device=torch.device("cpu"), seed=0, **options)
         return NativeEngine(device=torch.device("cpu"), seed=0, **options)
 
     @contextlib.asynccontextmanager
@@ -107,6 +110,39 @@ class TinyLlama:
     ) -> torch.Tensor:
         """The trainer's recomputed logprobs `(T,)` of `tokens` after `prompt`."""
         return token_logprobs(self.reference_logits(model, prompt, tokens), torch.tensor(tokens))
+
+    @torch.no_grad()
+    def reference_completions(
+        self, model: DecoderLM, prompt: list[int], params: SamplingParams
+    ) -> list[Completion]:
+        """What the engine must answer for `params` (seeded unless greedy): each sample drawn
+        from a full recomputation per step (no cache, no batch) at the uniforms of its seed,
+        with the logprob of each token under the distribution it was drawn from."""
+        budget = min(params.max_tokens, self.args.max_seq_len - len(prompt))
+        temperature = torch.tensor([params.temperature])  # (1,): one row's parameters
+        filters = (torch.tensor([params.top_k]), torch.tensor([params.top_p]))
+        min_p = torch.tensor([params.min_p])
+        out = []
+        for index in range(params.n):
+            seed = row_seed(params.seed or 0, index)
+            uniforms = draw_uniforms(seed, budget)  # (budget,), unused when greedy
+            ids, logprobs = list(prompt), []
+            for step in range(budget):
+                logits = model(torch.tensor([ids]), torch.arange(len(ids))[None])[0, -1:]  # (1, V)
+                if params.greedy:
+                    token, lp = greedy_tokens(logits)
+                else:
+                    dist = filtered_logprobs(logits, temperature, *filters, min_p)  # (1, V)
+                    token = sample_tokens(dist, temperature <= 0, uniforms[step : step + 1])
+                    lp = dist.gather(-1, token[:, None])[:, 0]
+                ids.append(int(token))
+                logprobs.append(float(lp))
+                if ids[-1] in params.stop_token_ids:
+                    break
+            tokens = ids[len(prompt) :]
+            finish = "stop" if tokens[-1] in params.stop_token_ids else "length"
+            out.append(Completion(index, prompt, tokens, logprobs, [0] * len(tokens), finish))
+        return out
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,9 @@ import pytest
 import torch
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from tidal.inference.kv_cache import slot_bytes
+from tidal.inference.block_manager import blocks_for
+from tidal.inference.config import InferenceConfig
+from tidal.inference.kv_cache import block_bytes
 from tidal.inference.native import NativeEngine
 from tidal.inference.sampling import SamplingParams, filtered_logprobs
 from tidal.models.layers import token_logprobs
@@ -130,17 +132,20 @@ async def test_streamed_pieces_add_up_to_the_completion(engine: NativeEngine, ti
 
 
 async def test_kv_cache_memory_bound_limits_running_sequences_not_service(tiny: Any) -> None:
-    two_slots = 2.5 * slot_bytes(tiny.args, torch.float32) / 2**20
-    async with tiny.serving(kv_cache_mb=two_slots) as engine:
-        assert engine.status().kv_slots_total == 2
+    # Blocks of two full-context sequences: 7 + 20 tokens each, five of them cannot all fit.
+    block = InferenceConfig().block_size
+    two_sequences = 2 * blocks_for(tiny.args.max_seq_len, block)
+    budget_mb = two_sequences * block_bytes(tiny.args, torch.float32, block) / 2**20
+    async with tiny.serving(kv_cache_mb=budget_mb) as engine:
         params = SamplingParams(20, n=5, seed=2)
         task = asyncio.create_task(tiny.collect(engine, PROMPTS[1], params))
         await wait_for_tokens(engine, 4)
         status = engine.status()
-        assert status.kv_slots_used == status.running == 2
+        assert status.kv_slots_used == status.running <= 5
         assert 0 < status.kv_usage <= 1
         assert [len(c.token_ids) for c in await task] == [20] * 5
-        assert engine.status().kv_slots_used == 0  # every slot came back
+        assert engine.preemptions > 0  # the bound held sequences back, not the service
+        assert engine.status().kv_slots_used == 0 and engine.block_counts.held == 0
 
 
 async def test_kv_cache_too_small_for_one_sequence_is_refused(tiny: Any) -> None:
@@ -159,7 +164,9 @@ async def test_step_token_budget_spreads_prefills_over_steps(
         span_exporter.clear()
         budgeted = await asyncio.gather(*(tiny.collect(tight, p, params) for p in prompts))
     prefills = [s for s in span_exporter.get_finished_spans() if s.name == "inference.prefill"]
-    assert [p.attributes["prefill.prompts"] for p in prefills] == [1, 1, 1]
+    tokens = [p.attributes["prefill.tokens"] for p in prefills]
+    assert len(tokens) > 1 and max(tokens) <= len(PROMPTS[1]) + 3  # spread, within budget
+    assert sum(tokens) == sum(len(p) for p in prompts)
     async with tiny.serving() as roomy:
         together = await asyncio.gather(*(tiny.collect(roomy, p, params) for p in prompts))
     assert [[c.token_ids for c in r] for r in budgeted] == [

@@ -1,6 +1,6 @@
-"""A real model's KV cache fits: `max_model_len` caps what a slot (or a sequence's blocks)
-reserves, the budget is bytes or a fraction of free memory, and a budget that holds not one
-sequence is refused naming the keys.
+"""A real model's KV cache fits: `max_model_len` caps what a sequence's blocks may take,
+the budget is bytes or a fraction of free memory, and a budget that holds not one sequence
+is refused naming the keys.
 
 Sizing is checked on the published Qwen3-0.6B shape (no weights needed); the engines run on
 a Qwen3-shaped model with one tiny layer but the real 40,960-position context.
@@ -17,13 +17,11 @@ from tidal.common.errors import InvalidArgument
 from tidal.inference.config import InferenceConfig
 from tidal.inference.kv_cache import (
     DEFAULT_MAX_MODEL_LEN,
+    blocks_within,
     served_length,
-    slot_bytes,
-    slots_within,
     token_bytes,
 )
 from tidal.inference.native import NativeEngine
-from tidal.inference.paged_kv import blocks_within
 from tidal.inference.sampling import SamplingParams
 from tidal.models.args import DecoderArgs
 from tidal.models.layers import DecoderLM
@@ -50,14 +48,12 @@ def budget_bytes() -> int:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_the_default_cache_holds_qwen3_0_6b_sequences(dtype: torch.dtype) -> None:
     args = DecoderArgs.from_hf_config(QWEN3_0_6B)
-    # Before: one slot reserved the model's whole context, 4.4 GiB in bf16; none fit.
-    assert slot_bytes(args, dtype) > budget_bytes()
+    # The model's whole context, 4.4 GiB in bf16, does not fit the default budget.
+    assert token_bytes(args, dtype) * args.max_seq_len > budget_bytes()
     with pytest.raises(ValueError, match=r"inference\.max_model_len"):
-        slots_within(args, dtype, memory_bytes=budget_bytes(), max_len=40960, max_slots=128)
+        blocks_within(args, dtype, block_size=16, memory_bytes=budget_bytes(), max_model_len=40960)
     length = served_length(args.max_seq_len, InferenceConfig().max_model_len)
     assert length == DEFAULT_MAX_MODEL_LEN == 4096
-    slots = slots_within(args, dtype, memory_bytes=budget_bytes(), max_len=length, max_slots=128)
-    assert slots >= 1
     blocks = blocks_within(
         args, dtype, block_size=16, memory_bytes=budget_bytes(), max_model_len=length
     )
@@ -73,11 +69,8 @@ def test_max_model_len_above_the_models_context_is_refused_naming_the_key() -> N
     assert served_length(48, None) == 48  # a short context is served whole
 
 
-def make(kind: str, **options: Any) -> NativeEngine:
-    from tidal.inference.paged_engine import PagedEngine
-
-    engine_class = PagedEngine if kind == "paged" else NativeEngine
-    return engine_class(
+def make(**options: Any) -> NativeEngine:
+    return NativeEngine(
         device=torch.device("cpu"),
         dtype=torch.float32,
         max_batch_size=8,
@@ -94,12 +87,11 @@ def weights() -> dict[str, torch.Tensor]:
     return {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
 
 
-@pytest.mark.parametrize("kind", ["slots", "paged"])
-async def test_a_long_context_model_is_served_within_a_small_budget(kind: str) -> None:
+async def test_a_long_context_model_is_served_within_a_small_budget() -> None:
     args = DecoderArgs.from_hf_config(TINY_QWEN3)
-    # 2 MiB: five slots of 4096 positions would not fit, one slot of 40,960 even less.
-    assert slot_bytes(args, torch.float32) > 2 * 2**20
-    engine = make(kind, kv_cache_mb=2.0)
+    # 2 MiB: five sequences of 4096 positions would not fit, one of 40,960 even less.
+    assert token_bytes(args, torch.float32) * args.max_seq_len > 2 * 2**20
+    engine = make(kv_cache_mb=2.0)
     await engine.start()
     try:
         await engine.update_weights(0, TINY_QWEN3, weights())
@@ -115,16 +107,12 @@ async def test_a_long_context_model_is_served_within_a_small_budget(kind: str) -
         await engine.close()
 
 
-@pytest.mark.parametrize("kind", ["slots", "paged"])
-async def test_max_model_len_sizes_the_slots_and_caps_generation(kind: str) -> None:
-    paged = {"block_size": 4} if kind == "paged" else {}
-    engine = make(kind, kv_cache_mb=1.0, max_model_len=12, **paged)
+async def test_max_model_len_caps_generation() -> None:
+    engine = make(kv_cache_mb=1.0, max_model_len=12, block_size=4)
     await engine.start()
     try:
         await engine.update_weights(0, TINY_QWEN3, weights())
         assert engine.status().max_seq_len == 12
-        if kind == "slots":  # 1 MiB holds 341 slots of 12 positions: max_batch_size caps it
-            assert engine.status().kv_slots_total == 8
         params = SamplingParams(max_tokens=50, temperature=0.0)
         (completion,) = [c async for c in engine.generate([1, 2, 3, 4, 5], params)]
         assert len(completion.token_ids) == 7 and completion.finish_reason == "length"
@@ -132,9 +120,8 @@ async def test_max_model_len_sizes_the_slots_and_caps_generation(kind: str) -> N
         await engine.close()
 
 
-@pytest.mark.parametrize("kind", ["slots", "paged"])
-async def test_a_budget_holding_no_sequence_is_refused_naming_the_keys(kind: str) -> None:
-    engine = make(kind, kv_cache_mb=1024.0, kv_cache_memory_fraction=1e-12)
+async def test_a_budget_holding_no_sequence_is_refused_naming_the_keys() -> None:
+    engine = make(kv_cache_mb=1024.0, kv_cache_memory_fraction=1e-12)
     await engine.start()
     try:
         with pytest.raises(ValueError, match=r"inference\.kv_cache_mb") as refused:

@@ -15,7 +15,6 @@ from tidal.common.errors import InvalidArgument
 from tidal.inference.config import InferenceConfig, InferenceRunConfig
 from tidal.inference.main import build_engine
 from tidal.inference.native import NativeEngine
-from tidal.inference.paged_engine import PagedEngine
 from tidal.inference.sampling import SamplingParams
 from tidal.inference.vllm_engine import INSTALL_HINT, unprocessed, vllm_available
 from tidal.models.args import DecoderArgs
@@ -31,11 +30,7 @@ def run_config(engine: str, tmp_path) -> InferenceRunConfig:  # type: ignore[no-
 
 def test_native_is_the_default_and_needs_no_vllm(tmp_path) -> None:  # type: ignore[no-untyped-def]
     engine = build_engine(run_config("native", tmp_path), ByteTokenizer())
-    assert isinstance(engine, PagedEngine)  # the paged KV cache is the default
-    slots = run_config("native", tmp_path)
-    slots.inference.kv_cache = "slots"
-    built = build_engine(slots, ByteTokenizer())
-    assert isinstance(built, NativeEngine) and not isinstance(built, PagedEngine)
+    assert isinstance(engine, NativeEngine)
 
 
 def test_auto_dtype_is_bf16_exactly_where_the_cpu_computes_it_natively(

@@ -1,20 +1,13 @@
-"""The two forwards of continuous batching, prefill and decode, over a slot KV cache.
+"""The native engine's two forwards over the paged KV cache, extend and decode, and sampling.
 
-Decisions:
-- The engine's scheduler decides *which* sequences run; this module only runs them: a
-  prefill forward for newly admitted prompts and a decode forward for running sequences,
-  each followed by one sampling step. Both are synchronous torch code the scheduler runs
-  in a worker thread; only the scheduler calls them, so they never overlap.
-- Prefill runs once per prompt, however many of its n samples were admitted: the prompt
-  goes into the first sample's slot, the others get a copy of its cache (`fork`) and
-  sample their first token from the same logits with their own uniforms. So sharing
-  gives exactly the tokens that prefilling each sample separately would.
-- Prompts of one prefill are packed into one `(1, T)` row without padding (positions
-  restart per prompt; the cache's prefill attention keeps prompts apart); the LM head runs
-  only on each prompt's last position (`model.hidden_states`, then `lm_head`), the one
-  logit row sampling needs.
-- A row's sampling parameters are gathered into small `(B,)` tensors per step, so rows
-  with different temperatures, filters and seeds share one vectorised sampling step.
+The scheduler decides which sequences run and has allocated every block they write; this
+module only computes, then records what is now cached (`Sequence.computed`, and newly
+full blocks registered in the prefix cache, completions' included, so a later turn finds
+them). An extend packs its sequences' new positions into one unpadded row and runs the LM
+head on each sampling prompt's last position only. A group's samples draw their first
+token from the leader's logits with their own uniforms, so sharing one prefill gives the
+tokens separate prefills would. Rows with different sampling parameters share one
+vectorised sampling step.
 """
 
 from __future__ import annotations
@@ -23,42 +16,23 @@ from typing import Any
 
 import torch
 
-from tidal.inference.kv_cache import (
-    SlotKVCache,
-    kv_budget_bytes,
-    served_length,
-    slots_within,
-)
+from tidal.inference.kv_cache import PagedKVCache, blocks_within, kv_budget_bytes, served_length
 from tidal.inference.loading import build_model, load_weights
 from tidal.inference.packed_linear import LinearKernel, pack_linears
 from tidal.inference.sampling import filtered_logprobs, greedy_tokens, sample_tokens
+from tidal.inference.scheduler import Extend
 from tidal.inference.sequence import Sequence
 from tidal.models.layers import DecoderLM
 
 
-def build_served_model(
-    hf_config: dict[str, Any],
-    state_dict: dict[str, torch.Tensor],
-    *,
-    device: torch.device,
-    dtype: torch.dtype,
-    kernel: LinearKernel,
-    batch_hint: int,
-) -> DecoderLM:
-    """The model of the first version, its linears packed if `kernel` asks, weights loaded."""
-    model = build_model(hf_config, device=device, dtype=dtype)
-    if kernel.packed:  # before loading: the packed copies follow every later load
-        pack_linears(model, batch_hint=batch_hint, compute_dtype=kernel.compute_dtype)
-    load_weights(model, state_dict)
-    return model
-
-
 class Batcher:
-    """Runs prefill and decode steps of sequences that own slots of `cache`."""
+    """Runs extend and decode steps of sequences holding blocks of `cache`."""
 
-    def __init__(self, model: DecoderLM, cache: SlotKVCache) -> None:
+    def __init__(self, model: DecoderLM, cache: PagedKVCache, *, max_seq_len: int) -> None:
         self.model = model
         self.cache = cache
+        self.max_seq_len = max_seq_len
+        """Longest sequence (prompt plus completion) served (`max_model_len`)."""
         self.device = model.lm_head.weight.device
 
     @classmethod
@@ -70,57 +44,81 @@ class Batcher:
         device: torch.device,
         dtype: torch.dtype,
         kernel: LinearKernel,
-        max_slots: int,
-        kv_cache_mb: float,
-        memory_fraction: float | None = None,
-        max_model_len: int | None = None,
+        batch_hint: int,
+        block_size: int,
+        prefix_caching: bool,
+        memory_mb: float,
+        memory_fraction: float | None,
+        max_model_len: int | None,
     ) -> Batcher:
-        """The model of the first version, its weights loaded, and a KV cache of slots
-        `max_model_len` long within `kv_cache_mb` (or `memory_fraction` of the memory free
-        once the weights are loaded)."""
-        model = build_served_model(
-            hf_config, state_dict, device=device, dtype=dtype, kernel=kernel, batch_hint=max_slots
+        """The model of the first version, its weights loaded, and a block cache of
+        `memory_mb` (or `memory_fraction` of the memory free once the weights are loaded)."""
+        model = build_model(hf_config, device=device, dtype=dtype)
+        if kernel.packed:  # before loading: the packed copies follow every later load
+            pack_linears(model, batch_hint=batch_hint, compute_dtype=kernel.compute_dtype)
+        load_weights(model, state_dict)
+        memory_bytes = kv_budget_bytes(device, memory_mb=memory_mb, fraction=memory_fraction)
+        cap = served_length(model.args.max_seq_len, max_model_len)
+        num_blocks = blocks_within(
+            model.args, dtype, block_size=block_size, memory_bytes=memory_bytes, max_model_len=cap
         )
-        length = served_length(model.args.max_seq_len, max_model_len)
-        budget = kv_budget_bytes(device, memory_mb=kv_cache_mb, fraction=memory_fraction)
-        slots = slots_within(
-            model.args, dtype, memory_bytes=budget, max_len=length, max_slots=max_slots
+        cache = PagedKVCache(
+            model.args,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            dtype=dtype,
+            device=device,
+            prefix_caching=prefix_caching,
         )
-        cache = SlotKVCache(model.args, slots=slots, dtype=dtype, device=device, max_len=length)
-        return cls(model, cache)
-
-    @property
-    def max_seq_len(self) -> int:
-        """Longest sequence (prompt plus completion) this batcher serves (`max_model_len`)."""
-        return self.cache.max_len
+        return cls(model, cache, max_seq_len=cap)
 
     @torch.inference_mode()
-    def prefill(self, groups: list[list[Sequence]], version: int) -> None:
-        """Prefill each group's shared prompt once and sample every sequence's first token."""
-        lengths = [len(g[0].prompt_ids) for g in groups]
-        inputs = torch.tensor([[t for g in groups for t in g[0].prompt_ids]])  # (1, T)
-        positions = torch.cat([torch.arange(n) for n in lengths])[None]  # (1, T)
-        attention = self.cache.prefill([g[0].slot for g in groups], lengths)
+    def extend(self, work: list[Extend], version: int) -> None:
+        """Compute each item's positions; sample where a fresh prompt completes."""
+        ids = [w.leader.all_ids[w.start : w.end] for w in work]
+        inputs = torch.tensor([[t for chunk in ids for t in chunk]])  # (1, T)
+        positions = torch.cat([torch.arange(w.start, w.end) for w in work])[None]  # (1, T)
+        attention = self.cache.extend(
+            [w.leader.blocks for w in work], [w.start for w in work], [len(c) for c in ids]
+        )
         hidden = self.model.hidden_states(
             inputs.to(self.device), positions.to(self.device), attention=attention
         )  # (1, T, dim)
-        last = torch.tensor(lengths).cumsum(0) - 1  # (G,): each prompt's last position
-        # The LM head on each prompt's last position only: the model's forward would compute
-        # (T, V) logits, ~5% of a batch-32 generation at vocab 32000, to use G rows.
+        manager, bs = self.cache.blocks, self.cache.block_size
+        for w in work:
+            w.leader.computed = w.end
+            if w.leader.prefix_cacheable:
+                manager.register(w.leader.blocks, w.leader.all_ids, w.start // bs, w.end // bs)
+        sampling = [i for i, w in enumerate(work) if w.sample]
+        if not sampling:
+            return
+        last = (torch.tensor([w.end - w.start for w in work]).cumsum(0) - 1)[sampling]  # (G,)
+        # The LM head on the sampled positions only: (T, V) logits would be mostly unused.
         next_logits = self.model.lm_head(hidden[0, last.to(self.device)]).float()  # (G, V)
-        for g, length in zip(groups, lengths, strict=True):
-            self.cache.fork(g[0].slot, [s.slot for s in g[1:]], length)
-        owner = torch.tensor([i for i, g in enumerate(groups) for _ in g], device=self.device)
-        self._sample([s for g in groups for s in g], next_logits[owner], version)  # (B, V)
+        for i in sampling:
+            for source, dest in work[i].copies:
+                self.cache.copy_block(source, dest)
+            for f in work[i].followers:
+                f.computed = work[i].end
+        groups = [[work[i].leader, *work[i].followers] for i in sampling]
+        owner = torch.tensor(
+            [g for g, members in enumerate(groups) for _ in members], device=self.device
+        )
+        self._sample([s for members in groups for s in members], next_logits[owner], version)
 
     @torch.inference_mode()
     def decode(self, sequences: list[Sequence], version: int) -> None:
-        """Feed each sequence's last token and sample its next one."""
+        """Feed each sequence's last token (its block already allocated) and sample the next."""
         inputs = torch.tensor([[s.token_ids[-1]] for s in sequences], device=self.device)  # (B, 1)
         pos = torch.tensor([s.position for s in sequences], device=self.device)  # (B,)
-        slots = torch.tensor([s.slot for s in sequences], device=self.device)  # (B,)
-        attention = self.cache.decode(slots, pos)
+        attention = self.cache.decode([s.blocks for s in sequences], pos)
         logits = self.model(inputs, pos[:, None], attention=attention)[:, -1]  # (B, V)
+        manager, bs = self.cache.blocks, self.cache.block_size
+        for s in sequences:
+            s.computed = s.position + 1
+            if s.computed % bs == 0 and s.prefix_cacheable:  # it just filled its block
+                full = s.computed // bs
+                manager.register(s.blocks, s.all_ids, full - 1, full)
         self._sample(sequences, logits, version)
 
     def _sample(self, sequences: list[Sequence], logits: torch.Tensor, version: int) -> None:

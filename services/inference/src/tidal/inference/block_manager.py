@@ -1,27 +1,12 @@
 """Blocks of the paged KV cache: who holds which, and which full blocks can be reused.
 
-Decisions:
-- The cache is `num_blocks` blocks of `block_size` token positions. A sequence holds a
-  block table (list of block ids); position p lives in block `table[p // block_size]` at
-  offset `p % block_size`. A sequence holds ceil(tokens / block_size) blocks, so memory
-  grows with the tokens actually cached, not with the model's context.
-- Blocks are reference counted. A block referenced by several tables is shared, never
-  copied: the n samples of a GRPO group share their prompt's full blocks; only the
-  partial last block is copied per sample (it will be written to).
-- Automatic prefix caching: a *full* block whose keys and values are computed is
-  registered under a content hash chained from its predecessor's hash (so equal tokens
-  at a different prefix never collide). A new sequence looks its full blocks up in
-  order and takes hits without computing them. Hashes are Python tuple hashes of
-  (parent hash, tokens): collisions are astronomically unlikely within one process, and
-  the block's tokens are stored and compared on every hit, so a collision is a miss,
-  never wrong keys.
-- A block whose count drops to 0 stays cached (and findable) until its memory is needed:
-  free blocks are taken first, then cached ones least recently released (an ordered
-  dict is the LRU). So turn k+1 of a multi-turn episode finds turn k's blocks as long as
-  the memory was not needed meanwhile.
-- `clear_prefix_cache` forgets every hash (blocks in use stay with their holders): the
-  engine calls it when new weights arrive, because keys computed by old weights must not
-  be served as a new version's prefix.
+Blocks are reference counted: the n samples of a request share their prompt's full
+blocks instead of copying them. A full, computed block is registered in the prefix cache
+under a hash chained from its predecessor's, and its tokens are compared on every hit, so
+equal tokens at another prefix never collide and a hash collision is a miss, never wrong
+keys. A released block stays findable until its memory is needed (free blocks are taken
+first, then cached ones least recently released), so a later turn of an episode finds the
+earlier turn's blocks. New weights clear the prefix cache: old keys must not serve them.
 """
 
 from __future__ import annotations

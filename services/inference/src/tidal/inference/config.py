@@ -90,15 +90,14 @@ class InferenceConfig(BaseConfig):
     num_threads: int = Field(default=1, gt=0)
     """torch intra-op threads (`torch.set_num_threads`); the local stack shares 2 cores."""
     max_batch_size: int = Field(default=128, gt=0)
-    """Most sequences decoded together (KV-cache slots), if `kv_cache_mb` holds that many."""
+    """Most sequences running together (decoding or being prefilled)."""
     kv_cache_mb: float = Field(default=1024.0, gt=0)
-    """Memory of the KV cache (either kind), preallocated at the first load: slots of
-    `max_model_len` positions, or blocks. Ignored when `kv_cache_memory_fraction` is set. A
-    budget that holds not one `max_model_len` sequence is refused at the first load, naming
-    the sizes."""
+    """Memory of the native engine's paged KV cache, cut into blocks at the first load.
+    Ignored when `kv_cache_memory_fraction` is set. A budget that holds not one
+    `max_model_len` sequence is refused at the first load, naming the sizes."""
     max_step_tokens: int = Field(default=4096, gt=0)
-    """Token budget of one scheduler step: one per running sequence plus the prompt
-    tokens prefilled with it (the first waiting prompt is admitted whenever a slot is free)."""
+    """Token budget of one scheduler step: one per decoding sequence plus the prompt tokens
+    prefilled with them; a longer prompt is prefilled in chunks over several steps."""
     packed_weights: bool = True
     """CPU only: run the model's linear layers on oneDNN-prepacked copies of their weights
     (faster matmuls, one extra copy of the weights in memory; see docs/inference.md)."""
@@ -116,25 +115,19 @@ class InferenceConfig(BaseConfig):
     own port, syncs weights itself, and logs to `logs/inference-<i>.log` (one replica:
     `logs/inference.log`); the orchestrator spreads Generate over all of them and keeps
     going while at least one serves (docs/inference.md, "Several replicas")."""
-    kv_cache: Literal["slots", "paged"] = "paged"
-    """Native engine's KV cache: "paged" (blocks of `block_size` tokens: memory follows the
-    tokens held, automatic prefix caching across requests, chunked prefill and preemption)
-    or "slots" (one `max_model_len` slot per running sequence, reserved whatever its
-    length). Paged is the default since the default run measured no slower with it; see
-    docs/inference.md."""
     block_size: int = Field(default=16, gt=0)
-    """Paged cache only: token positions per block."""
+    """Token positions per block of the native engine's KV cache."""
     max_model_len: int | None = Field(default=None, gt=0)
-    """Longest prompt plus completion served (both caches; a slot is this long). None: the
-    model's `max_position_embeddings`, capped at 4096 so a real model's default cache holds
+    """Longest prompt plus completion served (native and vLLM). None: the model's
+    `max_position_embeddings`, capped at 4096 so a real model's default cache holds
     sequences; above the model's context is an error. A prompt that leaves no room under it
     is refused (INVALID_ARGUMENT on `prompt_ids`); a completion stops at it ("length")."""
     kv_cache_memory_fraction: float | None = Field(default=None, gt=0, le=1)
-    """Size the KV cache (either kind) as this fraction of the device's memory free once
-    the weights are loaded, instead of `kv_cache_mb`."""
+    """Size the native KV cache as this fraction of the device's memory free once the
+    weights are loaded, instead of `kv_cache_mb`."""
     prefix_caching: bool = True
-    """Paged cache only: reuse the cached blocks of equal prompt prefixes across requests
-    (GRPO groups, multi-turn episodes); cleared whenever new weights load."""
+    """Reuse the cached blocks of equal prompt prefixes across requests (GRPO groups,
+    multi-turn episodes); cleared whenever new weights load. Also passed to vLLM."""
     http: OpenAIHttpConfig = OpenAIHttpConfig()
     """The OpenAI-compatible HTTP endpoint (off by default)."""
     limits: RequestLimits = RequestLimits()

@@ -1,19 +1,11 @@
 """The generation-engine interface every backend implements, and its domain types.
 
-Decisions:
-- One small async interface: `generate` (an async iterator of completions),
-  `update_weights` (hot reload between decode steps), `status`. The servicer and the
-  weight watcher see only this, so the native PyTorch engine (`tidal.inference.native`)
-  and a later vLLM engine are interchangeable.
-- Completions are yielded as each one finishes, not when all n of a prompt are done, so a
-  caller (the orchestrator) can start scoring early. With `stream=True` each completion
-  arrives in pieces as it grows: every piece carries the tokens since the previous piece
-  of the same index, and the last piece has `finish_reason` set.
-- A completion carries the policy version of every token: a weight swap can land between
-  two decode steps of a running completion, and the trainer's importance ratios need to
-  know which policy produced each token.
-- Errors are `tidal.common.errors` exceptions: `Unavailable` before the first weights,
-  `ResourceExhausted` when the queue is full.
+One small async interface (`generate`, `update_weights`, `status`) is all the servicer,
+the OpenAI endpoint and the weight watcher see, so the native engine and vLLM are
+interchangeable. Completions are yielded as each finishes (or, streaming, in pieces as it
+grows), so a caller can score early. Every token carries the policy version that produced
+it: a weight swap can land between two decode steps, and the trainer's importance ratios
+need to know which policy sampled each token. Errors are `tidal.common.errors` exceptions.
 """
 
 from __future__ import annotations
@@ -67,10 +59,11 @@ class EngineStatus:
     vocab_size: int
     max_seq_len: int
     kv_slots_used: int = 0
-    """KV-cache slots held by running sequences."""
+    """Sequences running (decoding or being prefilled)."""
     kv_slots_total: int = 0
+    """Most sequences running together (`max_batch_size`)."""
     kv_usage: float = 0.0
-    """Fraction of the KV cache's token positions holding a running sequence's tokens."""
+    """Fraction of the KV cache's blocks held by running sequences."""
     kernels: str = ""
     """Which compute path the engine chose for this machine (dtype, kernel, and why)."""
     load_error: str = ""

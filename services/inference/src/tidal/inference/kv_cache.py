@@ -1,49 +1,26 @@
-"""The KV cache: preallocated slots, one per running sequence, and its attention backends.
+"""The paged KV cache: its size, its blocks' storage, and the attention that reads them.
 
-Decisions:
-- Slots, not paged blocks: one tensor `[L, slots, H_kv, max_seq_len, D]` each for keys and
-  values, allocated once under the configured memory bound and reused by every request.
-  A sequence owns one slot from admission to its end. Slots waste the tail of short
-  sequences but make every access a plain index (no block tables, no gather kernels), which
-  is what makes the CPU path fast; the paged cache (`paged_kv.py`, `inference.kv_cache =
-  "paged"`) is the alternative for long contexts and real model sizes.
-- Prefill packs the new prompts into one `(1, T)` row, no padding, and runs causal
-  attention per prompt, writing each prompt's keys and values to positions `[0, n)` of
-  its slot. A right-padded `(G, max_len)` batch was the earlier choice: at the
-  benchmark's 16-48-token prompts a third of its positions were padding.
-- Decode feeds one token per sequence at its own position: keys are written at
-  `(slot, position)` and each query attends to positions `[0, position]` of its slot. When
-  the running slots are exactly `0..B-1` (the common, full-batch case) the cache is read
-  through a view, otherwise through one gather.
-- Decode attention folds the GQA group into the query axis: the G = H / Hkv query heads
-  of a kv head become G query rows of one SDPA call over that head's cached keys
-  (`grouped_decode_attention`), with an additive float mask built once per step. The
-  alternative, SDPA with `enable_gqa` and a bool mask, gives the same sums but hands the
-  CPU flash kernel one query row per (sequence, head): measured at batch 32 in the
-  benchmark's decode step it was 1.2-1.6x slower in bf16 (the kernel's per-block
-  overhead dominates at one row) and within noise in fp32 (0.98-1.11x). Explicit
-  matmuls were no faster in fp32 and round scores to bf16 in bf16.
-- Prefix sharing: the n samples of a prompt are prefilled once, in one slot, and the other
-  samples' slots receive a copy of its keys and values (`fork`).
-- Capacity (both caches): a slot is `max_model_len` positions long, not the model's own
-  context (a Qwen3-0.6B slot at its 40,960 positions is 4.4 GiB in bf16). Unset, the
-  served length is the model's context capped at `DEFAULT_MAX_MODEL_LEN`, so a real
-  model's default cache holds sequences; a longer context is asked for explicitly. The
-  memory budget is `kv_cache_mb`, or `kv_cache_memory_fraction` of the memory free once the
-  weights are loaded; a budget that holds not one sequence is refused at the first load
-  with the sizes and the keys that change them.
+Keys and values live in one tensor each, `(L, num_blocks * block_size, Hkv, D)`; position
+p of a sequence is row `table[p // block_size] * block_size + p % block_size`. Which
+blocks a sequence holds is `block_manager.BlockManager`'s business. Attention gathers a
+sequence's rows into a contiguous `(B, Hkv, S, D)` tensor and calls SDPA: the CPU path
+reuses torch's kernels, and a GPU paged-attention kernel could replace the gather. The
+cache is sized once, at the first load, from `kv_cache_mb` (or a fraction of free
+memory) and `max_model_len`, and refuses a budget that holds not one full sequence.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import mmap
 import os
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from tidal.inference.lazy_zeros import lazy_zeros
+from tidal.inference.block_manager import BlockManager, blocks_for
 from tidal.models.args import DecoderArgs
 from tidal.models.attention import sdpa
 
@@ -79,10 +56,9 @@ def token_bytes(args: DecoderArgs, dtype: torch.dtype) -> int:
     return 2 * args.n_layers * args.n_kv_heads * args.head_dim * itemsize
 
 
-def slot_bytes(args: DecoderArgs, dtype: torch.dtype, max_len: int | None = None) -> int:
-    """Bytes of keys plus values that one slot (one sequence of `max_len` tokens, by default
-    the model's context) holds."""
-    return token_bytes(args, dtype) * (args.max_seq_len if max_len is None else max_len)
+def block_bytes(args: DecoderArgs, dtype: torch.dtype, block_size: int) -> int:
+    """Bytes of keys plus values one block holds across all layers."""
+    return token_bytes(args, dtype) * block_size
 
 
 def free_memory_bytes(device: torch.device) -> int:
@@ -100,149 +76,179 @@ def kv_budget_bytes(device: torch.device, *, memory_mb: float, fraction: float |
     return int(fraction * free_memory_bytes(device))
 
 
-def slots_within(
-    args: DecoderArgs,
-    dtype: torch.dtype,
-    *,
-    memory_bytes: int,
-    max_len: int,
-    max_slots: int,
+def blocks_within(
+    args: DecoderArgs, dtype: torch.dtype, *, block_size: int, memory_bytes: int, max_model_len: int
 ) -> int:
-    """How many slots of `max_len` positions fit in `memory_bytes` (at most `max_slots`);
-    ValueError naming the keys when not one does."""
-    per_slot = slot_bytes(args, dtype, max_len)
-    fit = memory_bytes // per_slot
-    if fit < 1:
+    """Blocks that fit in `memory_bytes`; ValueError naming the keys when not one
+    `max_model_len` sequence fits."""
+    per_block = block_bytes(args, dtype, block_size)
+    fit = memory_bytes // per_block
+    need = blocks_for(max_model_len, block_size)
+    if fit < need:
         raise ValueError(
             f"the KV cache's memory ({memory_bytes / 2**20:.2f} MiB, inference.kv_cache_mb or "
-            f"kv_cache_memory_fraction) holds no sequence: one slot of max_model_len = "
-            f"{max_len} tokens of this model needs {per_slot / 2**20:.2f} MiB; raise "
-            "inference.kv_cache_mb (or kv_cache_memory_fraction), lower inference.max_model_len, "
-            'or use inference.kv_cache = "paged" (memory follows the tokens held)'
+            f"kv_cache_memory_fraction) holds {fit} blocks of {block_size} tokens "
+            f"({per_block / 2**20:.4f} MiB each); one sequence of max_model_len = "
+            f"{max_model_len} needs {need}: raise inference.kv_cache_mb (or "
+            "kv_cache_memory_fraction) or lower inference.max_model_len"
         )
-    return int(min(fit, max_slots))
+    return int(fit)
 
 
-class SlotKVCache:
-    """Keys and values of up to `slots` sequences of up to `max_len` tokens (default: the
-    model's context)."""
+def lazy_zeros(shape: tuple[int, ...], *, dtype: torch.dtype, device: Any) -> torch.Tensor:
+    """A tensor of zeros; on CPU backed by an anonymous mapping, whose pages the kernel
+    zero-fills at first touch, so a large cache costs memory as it fills, not at load."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    memory = mmap.mmap(-1, nbytes)  # the tensor keeps the mapping alive (torch.frombuffer)
+    return torch.frombuffer(memory, dtype=torch.uint8).view(dtype).view(shape)
+
+
+def rows_of(tables: list[list[int]], length: int, block_size: int, device: Any) -> torch.Tensor:
+    """Cache rows `(B, length)` of positions `[0, length)` of each table; positions past a
+    table's blocks read row 0 (the caller masks them)."""
+    width = blocks_for(length, block_size)
+    padded = torch.tensor(
+        [t[:width] + [0] * (width - len(t[:width])) for t in tables], device=device
+    )
+    pos = torch.arange(length, device=device)  # (S,)
+    return padded[:, pos // block_size] * block_size + pos % block_size  # (B, S)
+
+
+class PagedKVCache:
+    """Keys and values of `num_blocks` blocks, and the manager deciding who holds them."""
 
     def __init__(
         self,
         args: DecoderArgs,
         *,
-        slots: int,
+        num_blocks: int,
+        block_size: int,
         dtype: torch.dtype,
         device: Any,
-        max_len: int | None = None,
+        prefix_caching: bool = True,
     ) -> None:
-        length = args.max_seq_len if max_len is None else max_len
-        shape = (args.n_layers, slots, args.n_kv_heads, length, args.head_dim)
-        self.k = lazy_zeros(shape, dtype=dtype, device=device)  # (L, N, Hkv, S, D)
+        shape = (args.n_layers, num_blocks * block_size, args.n_kv_heads, args.head_dim)
+        self.k = lazy_zeros(shape, dtype=dtype, device=device)  # (L, NB * BS, Hkv, D)
         self.v = lazy_zeros(shape, dtype=dtype, device=device)
-        self.slots, self.max_len = slots, length
-        self._free = list(range(slots - 1, -1, -1))  # a stack: lowest slot on top
+        self.block_size = block_size
+        self.blocks = BlockManager(num_blocks, block_size, prefix_caching=prefix_caching)
 
     @property
-    def used(self) -> int:
-        return self.slots - len(self._free)
+    def nbytes(self) -> int:
+        """Bytes of keys and values of the whole cache."""
+        return self.k.nbytes + self.v.nbytes
 
-    @property
-    def free(self) -> int:
-        return len(self._free)
-
-    def allocate(self) -> int:
-        if not self._free:
-            raise RuntimeError("no free KV-cache slot")
-        return self._free.pop()
-
-    def release(self, slot: int) -> None:
-        self._free.append(slot)
-        self._free.sort(reverse=True)  # keep handing out the lowest slots: views stay possible
-
-    def fork(self, source: int, targets: list[int], length: int) -> None:
-        """Copy the first `length` positions of slot `source` into each of `targets`."""
-        if not targets:
-            return
-        index = torch.tensor(targets, device=self.k.device)
+    def copy_block(self, source: int, target: int) -> None:
+        """Copy every position of block `source` into block `target` (a sample's own tail)."""
+        bs = self.block_size
         for cache in (self.k, self.v):
-            prefix = cache[:, source : source + 1, :, :length]  # (L, 1, Hkv, P, D)
-            cache[:, index, :, :length] = prefix.expand(-1, len(targets), -1, -1, -1)
+            cache[:, target * bs : (target + 1) * bs] = cache[:, source * bs : (source + 1) * bs]
 
-    def prefill(self, slots: list[int], lengths: list[int]) -> PrefillAttention:
-        return PrefillAttention(self, slots, lengths)
+    def extend(
+        self, tables: list[list[int]], starts: list[int], lengths: list[int]
+    ) -> ExtendAttention:
+        return ExtendAttention(self, tables, starts, lengths)
 
-    def decode(self, slots: torch.Tensor, positions: torch.Tensor) -> DecodeAttention:
-        return DecodeAttention(self, slots, positions)
+    def decode(self, tables: list[list[int]], positions: torch.Tensor) -> DecodeAttention:
+        return DecodeAttention(self, tables, positions)
 
 
-class PrefillAttention:
-    """Causal attention over prompts packed into one `(1, T)` row, caching each in its slot.
+class ExtendAttention:
+    """Sequences' new tokens packed into one `(1, T)` row, each on top of its cached prefix.
 
-    Prompt i occupies row positions `[starts[i], starts[i] + lengths[i])` and goes to
-    positions `[0, lengths[i])` of `slots[i]`. Each prompt attends only to itself (causal
-    SDPA per segment), so packing computes exactly what a batch of separate prompts would,
-    without the padding a right-padded `(G, max_len)` batch spends on short prompts.
+    Sequence i computes positions `[starts[i], starts[i] + lengths[i])`, occupying row
+    positions `[offsets[i], offsets[i] + lengths[i])` of the packed input. Each attends
+    only to its own keys, so packing computes what separate forwards would, unpadded.
     """
 
-    def __init__(self, cache: SlotKVCache, slots: list[int], lengths: list[int]) -> None:
-        self.cache = cache
-        self.slots, self.lengths = slots, lengths
-        self.starts = [sum(lengths[:i]) for i in range(len(lengths))]
+    def __init__(
+        self, cache: PagedKVCache, tables: list[list[int]], starts: list[int], lengths: list[int]
+    ) -> None:
+        self.cache, self.starts, self.lengths = cache, starts, lengths
+        self.offsets = [sum(lengths[:i]) for i in range(len(lengths))]
+        device, bs = cache.k.device, cache.block_size
+        # Rows of every sequence's positions [0, end): the new ones are written, all are read.
+        self.rows = [
+            rows_of([t], s + n, bs, device)[0]
+            for t, s, n in zip(tables, starts, lengths, strict=True)
+        ]
+        self.masks: list[torch.Tensor | None] = []
+        for s, n in zip(starts, lengths, strict=True):
+            if s == 0:  # nothing cached before: plain causal attention over the new keys
+                self.masks.append(None)
+                continue
+            query_pos = torch.arange(s, s + n, device=device)  # (n,)
+            key_pos = torch.arange(s + n, device=device)  # (S,)
+            self.masks.append(key_pos[None, :] <= query_pos[:, None])  # (n, S) True = attend
 
     def __call__(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
+        ck, cv = self.cache.k[layer], self.cache.v[layer]  # (NB * BS, Hkv, D)
         outs = []
-        for slot, start, n in zip(self.slots, self.starts, self.lengths, strict=True):
-            ks, vs = k[0, :, start : start + n], v[0, :, start : start + n]  # (Hkv, n, D)
-            self.cache.k[layer, slot, :, :n] = ks
-            self.cache.v[layer, slot, :, :n] = vs
-            outs.append(
-                sdpa(q[:, :, start : start + n], ks[None], vs[None], mask=None, causal=True)
-            )  # (1, H, n, D)
+        for rows, start, off, n, mask in zip(
+            self.rows, self.starts, self.offsets, self.lengths, self.masks, strict=True
+        ):
+            ks, vs = k[0, :, off : off + n], v[0, :, off : off + n]  # (Hkv, n, D)
+            ck.index_copy_(0, rows[start:], ks.transpose(0, 1))  # rows of the new positions
+            cv.index_copy_(0, rows[start:], vs.transpose(0, 1))
+            qs = q[:, :, off : off + n]  # (1, H, n, D)
+            if mask is None:
+                outs.append(sdpa(qs, ks[None], vs[None], mask=None, causal=True))
+            else:
+                keys = ck[rows].transpose(0, 1)[None]  # (1, Hkv, S, D), gathered
+                values = cv[rows].transpose(0, 1)[None]
+                outs.append(sdpa(qs, keys, values, mask=mask[None, None], causal=False))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # (1, H, T, D)
 
 
 class DecodeAttention:
-    """One new token per sequence, at its own position in its own slot."""
+    """One new token per sequence at its own position, its keys read through its block table.
 
-    def __init__(self, cache: SlotKVCache, slots: torch.Tensor, positions: torch.Tensor) -> None:
+    Reads gather whole blocks: the cache viewed as `(blocks, block_size * Hkv * D)` rows,
+    one `index_select` of each sequence's `W` blocks, viewed as `(B, W * block_size, Hkv,
+    D)`; positions past a sequence's own are masked by an additive mask built once per step.
+    """
+
+    def __init__(
+        self, cache: PagedKVCache, tables: list[list[int]], positions: torch.Tensor
+    ) -> None:
         self.cache = cache
-        self.slots = slots  # (B,) long
-        self.positions = positions  # (B,) long: where each new token goes
-        self.length = int(positions.max()) + 1  # keys read per sequence
-        b = len(slots)
-        # Slots 0..B-1 in order: read through a view instead of gathering.
-        self.contiguous = bool((slots == torch.arange(b, device=slots.device)).all())
-        keys = torch.arange(self.length, device=slots.device)
-        visible = keys[None, :] <= positions[:, None]  # (B, S)
-        # Additive, in the cache dtype, built once per step for all layers: SDPA's CPU
-        # kernel adds a float mask directly instead of converting a bool one per call.
-        self.mask = torch.zeros(visible.shape, dtype=cache.k.dtype, device=slots.device)
-        self.mask.masked_fill_(~visible, float("-inf"))
-        self.mask = self.mask[:, None, None, :]  # (B, 1, 1, S), broadcast over heads and rows
-        # Rows of the cache viewed as (N * Hkv * S_max, D) that the new keys go to:
-        # one index_copy_ per layer, cheaper than a two-tensor advanced-index assignment.
-        _, n_kv, s_max, _ = cache.k.shape[1:]
-        heads = torch.arange(n_kv, device=slots.device)
-        self.rows = (
-            (slots[:, None] * n_kv + heads[None, :]) * s_max + positions[:, None]
-        ).flatten()
+        device, bs = positions.device, cache.block_size
+        pos = positions.tolist()
+        width = max(pos) // bs + 1  # blocks read per sequence
+        self.batch, self.width = len(tables), width
+        self.blocks = torch.tensor(
+            [t[:width] + [0] * (width - len(t[:width])) for t in tables], device=device
+        ).flatten()  # (B * W,); padding reads block 0, masked below
+        self.write_rows = torch.tensor(
+            [t[p // bs] * bs + p % bs for t, p in zip(tables, pos, strict=True)], device=device
+        )  # (B,)
+        keys = torch.arange(width * bs, device=device)
+        visible = keys[None, :] <= positions[:, None]  # (B, W * BS)
+        # Additive, in the cache dtype: SDPA's CPU kernel adds a float mask directly
+        # instead of converting a bool one in every layer.
+        mask = torch.zeros(visible.shape, dtype=cache.k.dtype, device=device)
+        mask.masked_fill_(~visible, float("-inf"))
+        self.mask = mask[:, None, None, :]  # (B, 1, 1, W * BS)
 
     def __call__(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
-        ck, cv = self.cache.k[layer], self.cache.v[layer]  # (N, Hkv, S_max, D)
-        d = k.shape[-1]
-        ck.view(-1, d).index_copy_(0, self.rows, k.reshape(-1, d))  # k: (B, Hkv, 1, D)
-        cv.view(-1, d).index_copy_(0, self.rows, v.reshape(-1, d))
-        if self.contiguous:
-            keys = ck[: len(self.slots), :, : self.length]  # (B, Hkv, S, D), a view
-            values = cv[: len(self.slots), :, : self.length]
-        else:
-            keys = ck[self.slots, :, : self.length]  # (B, Hkv, S, D), gathered
-            values = cv[self.slots, :, : self.length]
+        ck, cv = self.cache.k[layer], self.cache.v[layer]  # (NB * BS, Hkv, D)
+        ck.index_copy_(0, self.write_rows, k[:, :, 0])  # k: (B, Hkv, 1, D)
+        cv.index_copy_(0, self.write_rows, v[:, :, 0])
+        _, n_kv, d = ck.shape
+        span = self.width * self.cache.block_size
+        by_block = (self.cache.blocks.num_blocks, -1)
+        keys = ck.view(by_block).index_select(0, self.blocks)  # (B * W, BS * Hkv * D)
+        values = cv.view(by_block).index_select(0, self.blocks)
+        keys = keys.view(self.batch, span, n_kv, d).transpose(1, 2)  # (B, Hkv, W * BS, D)
+        values = values.view(self.batch, span, n_kv, d).transpose(1, 2)
         return self.attend(q, keys, values)  # (B, H, 1, D)
 
     def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:

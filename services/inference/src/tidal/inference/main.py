@@ -26,7 +26,7 @@ import socket
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tidal.common.config.loading import load_or_exit
 from tidal.common.grpc.server import GrpcServer, ServiceBinding
@@ -177,15 +177,7 @@ def build_engine(config: InferenceRunConfig, tokenizer: Tokenizer) -> Engine:
     bf16_on_cpu = dtype == "bfloat16" and device.type == "cpu"
     if bf16_on_cpu and (warning := bf16_cost_warning('inference.dtype = "bfloat16"')):
         log.warning("%s (the linears compute in fp32 from upcast copies)", warning)
-    options: dict[str, Any] = {}
-    engine_class: type[NativeEngine] = NativeEngine
-    if cfg.kv_cache == "paged":
-        from tidal.inference.paged_engine import PagedEngine
-
-        engine_class = PagedEngine
-        options = {"block_size": cfg.block_size, "prefix_caching": cfg.prefix_caching}
-    return engine_class(
-        **options,
+    return NativeEngine(
         device=device,
         dtype=DTYPES[dtype],
         max_batch_size=cfg.max_batch_size,
@@ -197,6 +189,8 @@ def build_engine(config: InferenceRunConfig, tokenizer: Tokenizer) -> Engine:
         tokenizer=tokenizer,
         seed=config.run.seed,
         packed_weights=cfg.packed_weights,
+        block_size=cfg.block_size,
+        prefix_caching=cfg.prefix_caching,
     )
 
 

@@ -50,18 +50,17 @@ def engine_families(engine: Engine) -> list[Metric]:
         ),
         GaugeMetricFamily(
             "tidal_inference_kv_slots_used",
-            "KV-cache sequence slots held by running sequences",
+            "Sequences running (decoding or being prefilled)",
             value=s.kv_slots_used,
         ),
         GaugeMetricFamily(
             "tidal_inference_kv_slots_capacity",
-            "KV-cache sequence slots in all (0 before the first weights load)",
+            "Most sequences running together (0 before the first weights load)",
             value=s.kv_slots_total,
         ),
         GaugeMetricFamily(
             "tidal_inference_kv_usage_ratio",
-            "Fraction of the KV cache holding running sequences' tokens (paged cache: of "
-            "its blocks)",
+            "Fraction of the KV cache's blocks held by running sequences",
             value=s.kv_usage,
         ),
         GaugeMetricFamily(
@@ -70,7 +69,7 @@ def engine_families(engine: Engine) -> list[Metric]:
             value=s.policy_version,
         ),
     ]
-    blocks = getattr(engine, "block_counts", None)  # a property of the paged engine
+    blocks = getattr(engine, "block_counts", None)  # the native engine's paged cache
     if blocks is not None:
         families += [
             GaugeMetricFamily(
@@ -92,19 +91,17 @@ def engine_families(engine: Engine) -> list[Metric]:
                 value=getattr(engine, "preemptions", 0),
             ),
         ]
-        batcher = getattr(engine, "paged", None)
-        if batcher is not None and blocks.total:
-            capacity = batcher.paged.k.nbytes + batcher.paged.v.nbytes  # keys and values
+        if blocks.total:
             families += [
                 GaugeMetricFamily(
                     "tidal_inference_kv_cache_bytes_capacity",
                     "Bytes of the paged KV cache's keys and values",
-                    value=capacity,
+                    value=blocks.cache_bytes,
                 ),
                 GaugeMetricFamily(
                     "tidal_inference_kv_cache_bytes_used",
                     "Bytes of the paged KV cache in blocks held by sequences",
-                    value=capacity * blocks.held // blocks.total,
+                    value=blocks.cache_bytes * blocks.held // blocks.total,
                 ),
             ]
     return families

@@ -1,32 +1,24 @@
-"""One sequence being generated: its slot, its tokens so far, and when it has to stop.
+"""A request queued in the native engine, and one of its samples from admission to its end.
 
-Decisions:
-- A sequence is one of the n samples of a request. It knows nothing of batches: the
-  engine puts it into whichever step runs next, and its tokens depend only on its own
-  seed (a fixed vector of uniforms) and its logits.
-- A sequence's budget is min(max_tokens, max_seq_len - prompt length): prompt plus
-  completion never exceeds the model's context, which is also what the trainer can
-  train on.
-- Stop tokens and stop strings end a sequence at the token that produced them, and that
-  token is kept (with its logprob), so the tokens, logprobs and version tags always line
-  up and the trainer sees exactly what was sampled. Stop strings are matched on the
-  completion's text as it grows (`completion_text.CompletionText`: incremental
-  detokenization, O(1) amortized per token), so a stop string spanning several tokens,
-  a BPE merge or a character split over tokens is found at the token completing it.
-- EOS is not special here: the servicer adds the tokenizer's EOS ids to
-  `stop_token_ids` unless the request sets `ignore_eos`.
+A sequence knows nothing of batches: its tokens depend only on its own seed (a vector of
+uniforms drawn up front) and its logits, so it gives the same tokens alone, in a busy
+batch, or recomputed after preemption. Its budget keeps prompt plus completion within the
+served length. A stop token or stop string ends it at the token that produced it, and
+that token is kept, so tokens, logprobs and version tags line up with what was sampled.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
+from opentelemetry import trace
 
 from tidal.inference.completion_text import CompletionText
-from tidal.inference.engine import FinishReason
-from tidal.inference.sampling import SamplingParams
+from tidal.inference.engine import Completion, FinishReason
+from tidal.inference.sampling import SamplingParams, draw_uniforms, row_seed
+from tidal.text.tokenizer import Tokenizer
 
 
 def sequence_budget(prompt_len: int, max_tokens: int, max_seq_len: int) -> int:
@@ -35,11 +27,25 @@ def sequence_budget(prompt_len: int, max_tokens: int, max_seq_len: int) -> int:
 
 
 @dataclass(eq=False)
+class Request:
+    """One `generate` call: its prompt, sampling, seed, and the queue its completions go to."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    seed: int
+    span: trace.SpanContext
+    stream: bool
+    out: asyncio.Queue[Completion | BaseException] = field(default_factory=asyncio.Queue)
+    started: int = 0
+    """Samples admitted so far."""
+    cancelled: bool = False
+
+
+@dataclass(eq=False)
 class Sequence:
     """One sample of one request, from admission until it finishes."""
 
-    owner: Any
-    """The engine's request this sample belongs to."""
+    owner: Request
     index: int
     """Which of the request's n samples this is."""
     prompt_ids: list[int]
@@ -48,14 +54,13 @@ class Sequence:
     budget: int
     text: CompletionText | None = None
     """The completion's text; None for an engine without a tokenizer (ids only)."""
-    slot: int = -1
     blocks: list[int] = field(default_factory=list)
-    """Block table in the paged KV cache (empty with the slot cache)."""
+    """Block table in the KV cache."""
     computed: int = 0
-    """Paged cache only: positions whose keys and values are cached."""
+    """Positions whose keys and values are cached."""
     prefix_cacheable: bool = True
-    """Paged cache only: whether its full blocks may enter the prefix cache (False once
-    new weights arrive mid-sequence: its keys mix versions)."""
+    """Whether its full blocks may enter the prefix cache (False once new weights arrive
+    mid-sequence: its keys mix versions)."""
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     model_logprobs: list[float] = field(default_factory=list)
@@ -63,6 +68,19 @@ class Sequence:
     finish_reason: FinishReason | None = None
     sent: int = 0
     """Tokens already streamed to the caller."""
+
+    @classmethod
+    def start(
+        cls, request: Request, index: int, budget: int, tokenizer: Tokenizer | None
+    ) -> Sequence:
+        """Sample `index` of `request`, with its seeded uniforms and (given a tokenizer) text."""
+        params = request.params
+        if params.greedy:
+            uniforms = torch.zeros(budget, dtype=torch.float64)
+        else:
+            uniforms = draw_uniforms(row_seed(request.seed, index), budget)
+        text = None if tokenizer is None else CompletionText(tokenizer, params.stop)
+        return cls(request, index, request.prompt_ids, params, uniforms, budget, text=text)
 
     @property
     def done(self) -> bool:
@@ -92,6 +110,21 @@ class Sequence:
             self.finish_reason = "length"
         if self.done and self.text is not None:
             self.text.finish()
+
+    def piece(self, *, stream: bool) -> Completion:
+        """What to deliver now: the tokens since the last piece when streaming, else all."""
+        start = self.sent if stream else 0
+        self.sent = len(self.token_ids)
+        return Completion(
+            index=self.index,
+            prompt_ids=self.prompt_ids,
+            token_ids=self.token_ids[start:],
+            logprobs=self.logprobs[start:],
+            policy_versions=self.policy_versions[start:],
+            finish_reason=self.finish_reason,
+            model_logprobs=self.model_logprobs[start:],
+            text=self.take_text(),
+        )
 
     def take_text(self) -> str:
         """The text since the previous call ("" without a tokenizer)."""

@@ -1,5 +1,6 @@
-"""The paged KV cache gives the slot cache's tokens and logprobs, with memory that follows
-the tokens held, prefix reuse across requests, chunked prefill and preemption.
+"""The engine's scheduling over the paged KV cache gives the tokens and logprobs of a full
+recomputation, with memory that follows the tokens held, prefix reuse across requests,
+chunked prefill and preemption.
 
 The tiny peaked model of conftest.py (fp32): batch composition and float rounding cannot
 flip a token, so tokens compare exactly and logprobs closely.
@@ -15,10 +16,9 @@ import pytest
 import torch
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from tidal.inference.block_manager import BlockManager, blocks_for
+from tidal.inference.block_manager import blocks_for
 from tidal.inference.engine import Completion
-from tidal.inference.paged_engine import PagedEngine
-from tidal.inference.paged_kv import block_bytes
+from tidal.inference.kv_cache import block_bytes
 from tidal.inference.sampling import SamplingParams
 
 PROMPTS = [[1, 2, 3], [5, 9, 13, 17, 21, 25, 29], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50]]
@@ -33,32 +33,36 @@ def assert_same(a: list[Completion], b: list[Completion]) -> None:
         torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs))
 
 
+def seeded(params: SamplingParams, i: int) -> SamplingParams:
+    """The parameters of the i-th prompt: its own seed offset."""
+    return replace(params, seed=None if params.seed is None else params.seed + i)
+
+
 async def run_all(engine: Any, tiny: Any, params: SamplingParams) -> list[list[Completion]]:
     """Every prompt of PROMPTS at once (each with its own seed offset)."""
-    jobs = [
-        tiny.collect(
-            engine, p, replace(params, seed=None if params.seed is None else params.seed + i)
-        )
-        for i, p in enumerate(PROMPTS)
-    ]
+    jobs = [tiny.collect(engine, p, seeded(params, i)) for i, p in enumerate(PROMPTS)]
     return list(await asyncio.gather(*jobs))
 
 
+def reference_all(tiny: Any, params: SamplingParams) -> list[list[Completion]]:
+    """What `run_all` must give: every completion from full recomputations, no cache."""
+    model = tiny.model(0)
+    return [tiny.reference_completions(model, p, seeded(params, i)) for i, p in enumerate(PROMPTS)]
+
+
 @pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
-async def test_paged_cache_gives_the_slot_caches_tokens_and_logprobs(
+async def test_the_cache_gives_the_tokens_and_logprobs_of_a_full_recomputation(
     tiny: Any, params: SamplingParams
 ) -> None:
-    async with tiny.serving(0) as slots:
-        expected = await run_all(slots, tiny, params)
-    async with tiny.serving(0, kv_cache="paged", block_size=BLOCK) as paged:
-        got = await run_all(paged, tiny, params)
+    expected = reference_all(tiny, params)
+    async with tiny.serving(0, block_size=BLOCK) as engine:
+        got = await run_all(engine, tiny, params)
     for a, b in zip(expected, got, strict=True):
         assert_same(a, b)
 
 
 async def test_a_prefix_cache_hit_gives_what_a_miss_gives(tiny: Any) -> None:
-    async with tiny.serving(0, kv_cache="paged", block_size=BLOCK) as engine:
-        assert isinstance(engine, PagedEngine)
+    async with tiny.serving(0, block_size=BLOCK) as engine:
         miss = await tiny.collect(engine, PROMPTS[2], SAMPLED)
         hits_before = engine.block_counts.prefix_hits
         hit = await tiny.collect(engine, PROMPTS[2], SAMPLED)
@@ -68,7 +72,7 @@ async def test_a_prefix_cache_hit_gives_what_a_miss_gives(tiny: Any) -> None:
 
 async def test_a_multi_turn_episode_reuses_the_previous_turns_blocks(tiny: Any) -> None:
     turn = SamplingParams(max_tokens=10, temperature=0.0)
-    async with tiny.serving(0, kv_cache="paged", block_size=BLOCK) as engine:
+    async with tiny.serving(0, block_size=BLOCK) as engine:
         (first,) = await tiny.collect(engine, PROMPTS[1], turn)
         second_prompt = PROMPTS[1] + first.token_ids + [7, 8]
         hits_before = engine.block_counts.prefix_hits
@@ -76,8 +80,7 @@ async def test_a_multi_turn_episode_reuses_the_previous_turns_blocks(tiny: Any) 
         # Every full block of turn 1 (prompt and completion but its last, unfed token) is reused.
         reused = engine.block_counts.prefix_hits - hits_before
         assert reused == (len(PROMPTS[1]) + len(first.token_ids) - 1) // BLOCK
-    async with tiny.serving(0) as slots:
-        (fresh,) = await tiny.collect(slots, second_prompt, turn)
+    (fresh,) = tiny.reference_completions(tiny.model(0), second_prompt, turn)
     assert_same([second], [fresh])
 
 
@@ -91,9 +94,8 @@ async def test_preemption_under_a_tiny_block_budget_finishes_every_request_corre
         * block_bytes(tiny.args, torch.float32, BLOCK)
         / 2**20
     )
-    async with tiny.serving(0) as slots:
-        expected = await run_all(slots, tiny, long)
-    async with tiny.serving(0, kv_cache="paged", block_size=BLOCK, kv_cache_mb=budget_mb) as engine:
+    expected = reference_all(tiny, long)
+    async with tiny.serving(0, block_size=BLOCK, kv_cache_mb=budget_mb) as engine:
         got = await run_all(engine, tiny, long)
         assert engine.preemptions > 0
         assert engine.block_counts.held == 0  # everything released at the end
@@ -102,18 +104,16 @@ async def test_preemption_under_a_tiny_block_budget_finishes_every_request_corre
 
 
 async def test_chunked_prefill_gives_the_tokens_of_a_whole_prefill(tiny: Any) -> None:
-    async with tiny.serving(0) as slots:
-        expected = await run_all(slots, tiny, SAMPLED)
-    async with tiny.serving(0, kv_cache="paged", block_size=BLOCK, max_step_tokens=3) as paged:
-        got = await run_all(paged, tiny, SAMPLED)
+    expected = reference_all(tiny, SAMPLED)
+    async with tiny.serving(0, block_size=BLOCK, max_step_tokens=3) as engine:
+        got = await run_all(engine, tiny, SAMPLED)
     for a, b in zip(expected, got, strict=True):
         assert_same(a, b)
 
 
 async def test_blocks_held_follow_the_tokens_held(tiny: Any) -> None:
     params = SamplingParams(max_tokens=20, temperature=0.0)
-    async with tiny.serving(0, kv_cache="paged", block_size=BLOCK) as engine:
-        assert isinstance(engine, PagedEngine)
+    async with tiny.serving(0, block_size=BLOCK) as engine:
         seen = 0
         async for piece in engine.generate(PROMPTS[0], params, stream=True):
             seen += len(piece.token_ids)
@@ -138,10 +138,8 @@ async def test_group_samples_share_their_prompts_blocks_without_copies(tiny: Any
         * block_bytes(tiny.args, torch.float32, BLOCK)
         / 2**20
     )
-    async with tiny.serving(0) as slots:
-        expected = await tiny.collect(slots, prompt, params)
-    async with tiny.serving(0, kv_cache="paged", block_size=BLOCK, kv_cache_mb=budget_mb) as engine:
-        assert isinstance(engine, PagedEngine)
+    expected = tiny.reference_completions(tiny.model(0), prompt, params)
+    async with tiny.serving(0, block_size=BLOCK, kv_cache_mb=budget_mb) as engine:
         got = await tiny.collect(engine, prompt, params)
         # Both samples ran on one prefill of the prompt: neither computed nor looked it up again.
         assert engine.block_counts.prefix_hits == 0
@@ -149,24 +147,8 @@ async def test_group_samples_share_their_prompts_blocks_without_copies(tiny: Any
     assert_same(expected, got)
 
 
-def test_block_manager_evicts_least_recently_released_cached_blocks() -> None:
-    manager = BlockManager(num_blocks=4, block_size=2)
-    first, second = [0, 1, 2, 3], [4, 5, 6, 7]
-    a = [manager.allocate(), manager.allocate()]
-    manager.register(a, first, 0, 2)
-    b = [manager.allocate(), manager.allocate()]
-    manager.register(b, second, 0, 2)
-    manager.release(a)
-    manager.release(b)
-    assert (manager.used, manager.available, manager.cached) == (0, 4, 4)
-    manager.allocate()  # takes one of `first`'s blocks, released earliest
-    assert manager.lookup(second, 2) == b
-    assert len(manager.lookup(first, 2)) < 2
-
-
 async def test_without_prefix_caching_every_prompt_is_computed(tiny: Any) -> None:
-    async with tiny.serving(0, kv_cache="paged", block_size=BLOCK, prefix_caching=False) as engine:
-        assert isinstance(engine, PagedEngine)
+    async with tiny.serving(0, block_size=BLOCK, prefix_caching=False) as engine:
         first = await tiny.collect(engine, PROMPTS[2], SAMPLED)
         again = await tiny.collect(engine, PROMPTS[2], SAMPLED)
         assert engine.block_counts.prefix_hits == 0
@@ -176,7 +158,7 @@ async def test_without_prefix_caching_every_prompt_is_computed(tiny: Any) -> Non
 
 async def test_max_model_len_caps_prompt_plus_completion(tiny: Any) -> None:
     params = SamplingParams(max_tokens=30, temperature=0.0)
-    async with tiny.serving(0, kv_cache="paged", block_size=BLOCK, max_model_len=16) as engine:
+    async with tiny.serving(0, block_size=BLOCK, max_model_len=16) as engine:
         (completion,) = await tiny.collect(engine, PROMPTS[2], params)
         assert engine.status().max_seq_len == 16  # the context served, what callers validate on
     assert len(PROMPTS[2]) + len(completion.token_ids) == 16
@@ -184,7 +166,7 @@ async def test_max_model_len_caps_prompt_plus_completion(tiny: Any) -> None:
 
 
 async def test_a_budget_below_one_full_sequence_is_refused_naming_the_sizes(tiny: Any) -> None:
-    engine = tiny.make_engine(kv_cache="paged", block_size=BLOCK, kv_cache_mb=0.001)
+    engine = tiny.make_engine(block_size=BLOCK, kv_cache_mb=0.001)
     await engine.start()
     try:
         with pytest.raises(ValueError, match="max_model_len = 48 needs 12"):
@@ -194,8 +176,7 @@ async def test_a_budget_below_one_full_sequence_is_refused_naming_the_sizes(tiny
 
 
 async def test_new_weights_clear_the_prefix_cache(tiny: Any) -> None:
-    async with tiny.serving(0, kv_cache="paged", block_size=BLOCK) as engine:
-        assert isinstance(engine, PagedEngine)
+    async with tiny.serving(0, block_size=BLOCK) as engine:
         await tiny.collect(engine, PROMPTS[2], SAMPLED)
         await engine.update_weights(1, tiny.args.to_hf_config(), tiny.published(1))
         assert engine.block_counts.cached == 0
@@ -219,8 +200,7 @@ async def test_cancelled_requests_under_preemption_release_every_block(tiny: Any
         async for _ in engine.generate(prompt, long, stream=True):
             return  # the caller goes away after one piece
 
-    async with tiny.serving(0, kv_cache="paged", block_size=BLOCK, kv_cache_mb=budget_mb) as engine:
-        assert isinstance(engine, PagedEngine)
+    async with tiny.serving(0, block_size=BLOCK, kv_cache_mb=budget_mb) as engine:
         kept = asyncio.create_task(tiny.collect(engine, PROMPTS[1], long))
         await asyncio.gather(*(first_piece(p) for p in (PROMPTS[0], PROMPTS[2])))
         assert [len(c.token_ids) for c in await kept] == [30] * 3
@@ -235,19 +215,17 @@ async def test_a_long_prompt_is_prefilled_in_chunks_within_the_step_budget(
     span_exporter.clear()
     prompt = [(5 * i) % 64 for i in range(30)]
     params = SamplingParams(max_tokens=4, temperature=0.0)
-    async with tiny.serving(0, kv_cache="paged", block_size=BLOCK, max_step_tokens=8) as engine:
+    async with tiny.serving(0, block_size=BLOCK, max_step_tokens=8) as engine:
         (chunked,) = await tiny.collect(engine, prompt, params)
     prefills = [s for s in span_exporter.get_finished_spans() if s.name == "inference.prefill"]
     assert [s.attributes["prefill.tokens"] for s in prefills] == [8, 8, 8, 6]
-    async with tiny.serving(0) as slots:
-        (whole,) = await tiny.collect(slots, prompt, params)
+    (whole,) = tiny.reference_completions(tiny.model(0), prompt, params)
     assert_same([whole], [chunked])
 
 
 async def test_a_sequence_running_across_new_weights_caches_no_more_blocks(tiny: Any) -> None:
     params = SamplingParams(max_tokens=30, temperature=0.0)
-    async with tiny.serving(0, kv_cache="paged", block_size=BLOCK) as engine:
-        assert isinstance(engine, PagedEngine)
+    async with tiny.serving(0, block_size=BLOCK) as engine:
         pieces = engine.generate(PROMPTS[0], params, stream=True)
         await anext(pieces)
         await engine.update_weights(1, tiny.args.to_hf_config(), tiny.published(1))

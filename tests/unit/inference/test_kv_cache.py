@@ -1,0 +1,120 @@
+"""The KV cache's storage and attention backends: zeros paid for as they are touched, and
+what plain attention computes.
+
+- Storage: `lazy_zeros` are torch's zeros in every cache dtype, writable, page-aligned.
+- Decode: the GQA group folded into the query axis equals SDPA with `enable_gqa`.
+- Extend: prompts packed into one row equal each prompt run alone, and land in their blocks;
+  a prompt computed on top of its cached prefix equals it computed whole.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tidal.inference.kv_cache import PagedKVCache, grouped_decode_attention, lazy_zeros, rows_of
+from tidal.models.args import DecoderArgs
+from tidal.models.layers import DecoderLM
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_lazy_zeros_are_zeros_like_torch_zeros(dtype: torch.dtype) -> None:
+    shape = (2, 64, 3, 8)
+    lazy = lazy_zeros(shape, dtype=dtype, device="cpu")
+    assert lazy.dtype == dtype and lazy.shape == shape and lazy.is_contiguous()
+    assert torch.equal(lazy, torch.zeros(shape, dtype=dtype))
+    assert lazy.data_ptr() % 4096 == 0  # a fresh mapping: page-aligned
+    lazy[1, 63, 2, 7] = 3.0
+    assert lazy.sum().item() == 3.0
+
+
+def test_lazy_zeros_of_an_empty_shape() -> None:
+    assert lazy_zeros((0, 4), dtype=torch.float32, device="cpu").shape == (0, 4)
+
+
+@pytest.mark.parametrize(("dtype", "atol"), [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize(("n_heads", "n_kv_heads"), [(8, 4), (6, 2), (4, 4)])
+def test_grouped_decode_attention_equals_gqa_sdpa_with_a_bool_mask(
+    dtype: torch.dtype, atol: float, n_heads: int, n_kv_heads: int
+) -> None:
+    torch.manual_seed(0)
+    b, s, d = 5, 23, 16
+    q = torch.randn(b, n_heads, 1, d, dtype=dtype)
+    cache_k = torch.randn(b, n_kv_heads, 40, d, dtype=dtype)  # read through a view, as decode does
+    cache_v = torch.randn(b, n_kv_heads, 40, d, dtype=dtype)
+    k, v = cache_k[:, :, :s], cache_v[:, :, :s]
+    positions = torch.tensor([22, 0, 7, 15, 22])  # (B,): each row sees keys [0, position]
+    visible = torch.arange(s)[None, :] <= positions[:, None]  # (B, S)
+    additive = torch.zeros(b, s, dtype=dtype).masked_fill(~visible, float("-inf"))
+
+    got = grouped_decode_attention(q, k, v, additive[:, None, None, :])  # (B, H, 1, D)
+    want = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=visible[:, None, None, :], enable_gqa=n_heads != n_kv_heads
+    )
+    assert got.shape == (b, n_heads, 1, d)
+    torch.testing.assert_close(got.float(), want.float(), atol=atol, rtol=0)
+    # The row that sees only key 0 returns value 0 of its kv head exactly (no mask leak).
+    group = n_heads // n_kv_heads
+    torch.testing.assert_close(got[1, :, 0], v[1, :, 0].repeat_interleave(group, 0))
+
+
+def tiny_model() -> DecoderLM:
+    args = DecoderArgs(
+        vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=16
+    )
+    torch.manual_seed(0)
+    return DecoderLM(args).eval()
+
+
+def cache_of(model: DecoderLM, num_blocks: int) -> PagedKVCache:
+    return PagedKVCache(
+        model.args, num_blocks=num_blocks, block_size=BLOCK, dtype=torch.float32, device="cpu"
+    )
+
+
+BLOCK = 4
+
+
+def test_packed_prefill_equals_each_prompt_alone_and_caches_its_keys() -> None:
+    model = tiny_model()
+    prompts = [torch.randint(0, 64, (n,)) for n in (5, 1, 9)]
+    cache = cache_of(model, 8)
+    tables = [[5, 2], [0], [7, 3, 6]]  # out of order: each prompt goes to its own blocks
+    with torch.inference_mode():
+        packed = model.hidden_states(
+            torch.cat(prompts)[None],
+            torch.cat([torch.arange(len(p)) for p in prompts])[None],
+            attention=cache.extend(tables, [0, 0, 0], [len(p) for p in prompts]),
+        )  # (1, 15, dim)
+        start = 0
+        for prompt, table in zip(prompts, tables, strict=True):
+            n = len(prompt)
+            alone = cache_of(model, len(table))
+            own = list(range(len(table)))
+            model.hidden_states(
+                prompt[None], torch.arange(n)[None], attention=alone.extend([own], [0], [n])
+            )
+            want = model.hidden_states(prompt[None], torch.arange(n)[None])  # plain causal
+            torch.testing.assert_close(packed[:, start : start + n], want)
+            rows = rows_of([table], n, BLOCK, "cpu")[0]  # (n,)
+            torch.testing.assert_close(cache.k[:, rows], alone.k[:, :n])
+            torch.testing.assert_close(cache.v[:, rows], alone.v[:, :n])
+            start += n
+    unused = rows_of([[1, 4]], 2 * BLOCK, BLOCK, "cpu")[0]
+    assert not cache.k[:, unused].any()  # blocks no prompt holds were never written
+
+
+def test_an_extend_over_a_cached_prefix_equals_the_whole_prompt() -> None:
+    model = tiny_model()
+    prompt = torch.randint(0, 64, (11,))
+    cache, table = cache_of(model, 3), [2, 0, 1]
+    with torch.inference_mode():
+        want = model.hidden_states(prompt[None], torch.arange(11)[None])  # (1, 11, dim)
+        model.hidden_states(
+            prompt[None, :8], torch.arange(8)[None], attention=cache.extend([table], [0], [8])
+        )
+        rest = model.hidden_states(
+            prompt[None, 8:], torch.arange(8, 11)[None], attention=cache.extend([table], [8], [3])
+        )
+    torch.testing.assert_close(rest, want[:, 8:])
