@@ -11,8 +11,10 @@ batched and reference forwards (or batch composition) cannot flip a token.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,6 +33,7 @@ from tidal.inference.sampling import (
 )
 from tidal.models.args import DecoderArgs
 from tidal.models.layers import DecoderLM, token_logprobs
+from tidal.text.hf_tokenizer import HFTokenizer
 
 from ...hf_folders import qwen3_folder
 
@@ -82,11 +85,25 @@ class TinyLlama:
 
     @staticmethod
     async def collect(
-        engine: NativeEngine, prompt: list[int], params: SamplingParams
+        engine: NativeEngine, prompt: list[int], params: SamplingParams, *, stream: bool = False
     ) -> list[Completion]:
-        """Every completion of one request, in sample order."""
-        out = [c async for c in engine.generate(prompt, params)]
+        """Every completion (streaming: every piece, each sample's in order) of one request,
+        in sample order."""
+        out = [c async for c in engine.generate(prompt, params, stream=stream)]
         return sorted(out, key=lambda c: c.index)
+
+    @staticmethod
+    async def wait_for_tokens(engine: NativeEngine, count: int) -> None:
+        """Until the engine has generated `count` tokens in all."""
+        while engine.status().generated_tokens < count:
+            await asyncio.sleep(0.001)
+
+    @staticmethod
+    def assert_same(a: list[Completion], b: list[Completion]) -> None:
+        """The same tokens, and logprobs equal to float rounding, sample by sample."""
+        assert [c.token_ids for c in a] == [c.token_ids for c in b]
+        for x, y in zip(a, b, strict=True):
+            torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs))
 
     @staticmethod
     @torch.no_grad()
@@ -143,6 +160,12 @@ class TinyLlama:
             finish = "stop" if tokens[-1] in params.stop_token_ids else "length"
             out.append(Completion(index, prompt, tokens, logprobs, [0] * len(tokens), finish))
         return out
+
+
+@pytest.fixture(scope="module")
+def tok(qwen3_folder: Path) -> HFTokenizer:
+    """The Qwen3-style folder's own BPE tokenizer."""
+    return HFTokenizer.from_folder(qwen3_folder)
 
 
 @pytest.fixture(scope="session")

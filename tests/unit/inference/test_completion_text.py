@@ -5,8 +5,6 @@ across BPE merges and characters split over tokens."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -16,11 +14,6 @@ from tidal.inference.sequence import Sequence
 from tidal.text.hf_tokenizer import HFTokenizer
 
 REPLACEMENT = "\ufffd"
-
-
-@pytest.fixture(scope="module")
-def tok(qwen3_folder: Path) -> HFTokenizer:
-    return HFTokenizer.from_folder(qwen3_folder)
 
 
 def run_sequence(tok: HFTokenizer, ids: list[int], params: SamplingParams) -> Sequence:

@@ -24,11 +24,6 @@ from tidal.models.layers import token_logprobs
 PROMPTS = [[1, 2, 3], [5, 9, 13, 17, 21, 25, 29], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49]]
 
 
-async def wait_for_tokens(engine: NativeEngine, count: int) -> None:
-    while engine.status().generated_tokens < count:
-        await asyncio.sleep(0.001)
-
-
 SEEDED = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, min_p=0.01, n=3, seed=21)
 
 
@@ -39,13 +34,11 @@ async def test_request_joining_a_busy_batch_gets_the_same_tokens_as_alone(
     alone = await tiny.collect(engine, PROMPTS[0], SEEDED)
     busy = SamplingParams(max_tokens=40, temperature=0.9, top_k=6, n=4, seed=5)
     others = [asyncio.create_task(tiny.collect(engine, p, busy)) for p in (PROMPTS[1], [7, 8])]
-    await wait_for_tokens(engine, alone[0].token_ids.__len__() * 3 + 8 * 5)
+    await tiny.wait_for_tokens(engine, alone[0].token_ids.__len__() * 3 + 8 * 5)
     assert engine.status().running == 8  # the batch is mid-flight when the request joins
     joined = await tiny.collect(engine, PROMPTS[0], SEEDED)
     assert not any(t.done() for t in others)  # it joined and left while they kept running
-    assert [c.token_ids for c in joined] == [c.token_ids for c in alone]
-    for a, b in zip(alone, joined, strict=True):
-        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs))
+    tiny.assert_same(alone, joined)
     for task in others:
         assert [len(c.token_ids) for c in await task] == [40] * 4
 
@@ -62,10 +55,8 @@ async def test_prefix_sharing_gives_what_separate_prefills_give(
     assert prefill.attributes["prefill.sequences"] == 3
     async with tiny.serving(max_batch_size=1) as single:  # every sample prefilled on its own
         separate = await tiny.collect(single, PROMPTS[2], SEEDED)
-    assert [c.token_ids for c in shared] == [c.token_ids for c in separate]
+    tiny.assert_same(shared, separate)
     assert len({tuple(c.token_ids) for c in shared}) > 1
-    for a, b in zip(shared, separate, strict=True):
-        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs))
 
 
 async def test_logprobs_match_the_trainers_recomputation(engine: NativeEngine, tiny: Any) -> None:
@@ -102,7 +93,7 @@ async def test_reload_mid_generation_loses_nothing_and_tags_versions(
     greedy = SamplingParams(max_tokens=30, temperature=0.0)
     before = [asyncio.create_task(tiny.collect(engine, p, params)) for p in PROMPTS]
     greedy_task = asyncio.create_task(tiny.collect(engine, PROMPTS[0], greedy))
-    await wait_for_tokens(engine, 7 * 5)
+    await tiny.wait_for_tokens(engine, 7 * 5)
     await engine.update_weights(1, tiny.args.to_hf_config(), tiny.published(1))
     after = asyncio.create_task(tiny.collect(engine, PROMPTS[1], params))
     results = [*(await asyncio.gather(*before)), await greedy_task]
@@ -139,7 +130,7 @@ async def test_kv_cache_memory_bound_limits_running_sequences_not_service(tiny: 
     async with tiny.serving(kv_cache_mb=budget_mb) as engine:
         params = SamplingParams(20, n=5, seed=2)
         task = asyncio.create_task(tiny.collect(engine, PROMPTS[1], params))
-        await wait_for_tokens(engine, 4)
+        await tiny.wait_for_tokens(engine, 4)
         status = engine.status()
         assert status.kv_slots_used == status.running <= 5
         assert 0 < status.kv_usage <= 1

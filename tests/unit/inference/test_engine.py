@@ -93,8 +93,7 @@ async def test_weight_swap_mid_generation_tags_later_tokens_with_new_version(
 ) -> None:
     params = SamplingParams(max_tokens=40, temperature=0.0)
     task = asyncio.create_task(tiny.collect(engine, PROMPTS[0], params))
-    while engine.status().generated_tokens < 2:  # the batch is decoding
-        await asyncio.sleep(0)
+    await tiny.wait_for_tokens(engine, 2)  # the batch is decoding
     await engine.update_weights(1, tiny.args.to_hf_config(), tiny.published(1))
     (completion,) = await task
     versions = completion.policy_versions
@@ -150,8 +149,7 @@ async def test_cancelled_caller_does_not_disturb_others(engine: NativeEngine, ti
     params = SamplingParams(max_tokens=30, temperature=0.0, n=4)
     victim = asyncio.create_task(tiny.collect(engine, PROMPTS[1], params))
     survivor = asyncio.create_task(tiny.collect(engine, PROMPTS[0], params))
-    while engine.status().generated_tokens == 0:
-        await asyncio.sleep(0)
+    await tiny.wait_for_tokens(engine, 1)
     victim.cancel()
     out = await survivor
     assert [len(c.token_ids) for c in out] == [30] * 4
@@ -165,9 +163,7 @@ async def test_packed_and_plain_linears_generate_the_same_tokens(tiny: Any) -> N
     for packed in (True, False):
         async with tiny.serving(packed_weights=packed) as engine:
             results.append(await tiny.collect(engine, PROMPTS[1], params))
-    assert [c.token_ids for c in results[0]] == [c.token_ids for c in results[1]]
-    for a, b in zip(*results, strict=True):
-        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs))
+    tiny.assert_same(results[0], results[1])
 
 
 async def test_bf16_engine_serves_on_each_kernel_path_and_says_which(

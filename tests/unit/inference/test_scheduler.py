@@ -27,12 +27,6 @@ SAMPLED = SamplingParams(max_tokens=14, temperature=1.0, top_p=0.9, min_p=0.01, 
 BLOCK = 4
 
 
-def assert_same(a: list[Completion], b: list[Completion]) -> None:
-    assert [c.token_ids for c in a] == [c.token_ids for c in b]
-    for x, y in zip(a, b, strict=True):
-        torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs))
-
-
 def seeded(params: SamplingParams, i: int) -> SamplingParams:
     """The parameters of the i-th prompt: its own seed offset."""
     return replace(params, seed=None if params.seed is None else params.seed + i)
@@ -58,7 +52,7 @@ async def test_the_cache_gives_the_tokens_and_logprobs_of_a_full_recomputation(
     async with tiny.serving(0, block_size=BLOCK) as engine:
         got = await run_all(engine, tiny, params)
     for a, b in zip(expected, got, strict=True):
-        assert_same(a, b)
+        tiny.assert_same(a, b)
 
 
 async def test_a_prefix_cache_hit_gives_what_a_miss_gives(tiny: Any) -> None:
@@ -67,7 +61,7 @@ async def test_a_prefix_cache_hit_gives_what_a_miss_gives(tiny: Any) -> None:
         hits_before = engine.block_counts.prefix_hits
         hit = await tiny.collect(engine, PROMPTS[2], SAMPLED)
         assert engine.block_counts.prefix_hits - hits_before == (len(PROMPTS[2]) - 1) // BLOCK
-    assert_same(miss, hit)
+    tiny.assert_same(miss, hit)
 
 
 async def test_a_multi_turn_episode_reuses_the_previous_turns_blocks(tiny: Any) -> None:
@@ -81,7 +75,7 @@ async def test_a_multi_turn_episode_reuses_the_previous_turns_blocks(tiny: Any) 
         reused = engine.block_counts.prefix_hits - hits_before
         assert reused == (len(PROMPTS[1]) + len(first.token_ids) - 1) // BLOCK
     (fresh,) = tiny.reference_completions(tiny.model(0), second_prompt, turn)
-    assert_same([second], [fresh])
+    tiny.assert_same([second], [fresh])
 
 
 async def test_preemption_under_a_tiny_block_budget_finishes_every_request_correctly(
@@ -100,7 +94,7 @@ async def test_preemption_under_a_tiny_block_budget_finishes_every_request_corre
         assert engine.preemptions > 0
         assert engine.block_counts.held == 0  # everything released at the end
     for a, b in zip(expected, got, strict=True):
-        assert_same(a, b)
+        tiny.assert_same(a, b)
 
 
 async def test_chunked_prefill_gives_the_tokens_of_a_whole_prefill(tiny: Any) -> None:
@@ -108,7 +102,7 @@ async def test_chunked_prefill_gives_the_tokens_of_a_whole_prefill(tiny: Any) ->
     async with tiny.serving(0, block_size=BLOCK, max_step_tokens=3) as engine:
         got = await run_all(engine, tiny, SAMPLED)
     for a, b in zip(expected, got, strict=True):
-        assert_same(a, b)
+        tiny.assert_same(a, b)
 
 
 async def test_blocks_held_follow_the_tokens_held(tiny: Any) -> None:
@@ -144,7 +138,7 @@ async def test_group_samples_share_their_prompts_blocks_without_copies(tiny: Any
         # Both samples ran on one prefill of the prompt: neither computed nor looked it up again.
         assert engine.block_counts.prefix_hits == 0
         assert engine.preemptions == 0
-    assert_same(expected, got)
+    tiny.assert_same(expected, got)
 
 
 async def test_without_prefix_caching_every_prompt_is_computed(tiny: Any) -> None:
@@ -153,7 +147,7 @@ async def test_without_prefix_caching_every_prompt_is_computed(tiny: Any) -> Non
         again = await tiny.collect(engine, PROMPTS[2], SAMPLED)
         assert engine.block_counts.prefix_hits == 0
         assert engine.block_counts.cached == 0
-    assert_same(first, again)
+    tiny.assert_same(first, again)
 
 
 async def test_max_model_len_caps_prompt_plus_completion(tiny: Any) -> None:
@@ -185,7 +179,7 @@ async def test_new_weights_clear_the_prefix_cache(tiny: Any) -> None:
         assert engine.block_counts.prefix_hits == hits_before  # old keys were not reused
     async with tiny.serving(1) as fresh:
         expected = await tiny.collect(fresh, PROMPTS[2], SAMPLED)
-    assert_same(expected, after)
+    tiny.assert_same(expected, after)
 
 
 async def test_cancelled_requests_under_preemption_release_every_block(tiny: Any) -> None:
@@ -220,7 +214,7 @@ async def test_a_long_prompt_is_prefilled_in_chunks_within_the_step_budget(
     prefills = [s for s in span_exporter.get_finished_spans() if s.name == "inference.prefill"]
     assert [s.attributes["prefill.tokens"] for s in prefills] == [8, 8, 8, 6]
     (whole,) = tiny.reference_completions(tiny.model(0), prompt, params)
-    assert_same([whole], [chunked])
+    tiny.assert_same([whole], [chunked])
 
 
 async def test_a_sequence_running_across_new_weights_caches_no_more_blocks(tiny: Any) -> None:

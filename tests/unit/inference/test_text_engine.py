@@ -22,19 +22,10 @@ from tidal.text.hf_tokenizer import HFTokenizer
 
 
 @pytest.fixture(scope="module")
-def tok(qwen3_folder: Path) -> HFTokenizer:
-    return HFTokenizer.from_folder(qwen3_folder)
-
-
-@pytest.fixture(scope="module")
 def folder_model(qwen3_folder: Path) -> tuple[dict[str, Any], DecoderLM]:
     model = load_hf_folder(qwen3_folder, impl="custom")
     assert isinstance(model, DecoderLM)
     return json.loads((qwen3_folder / "config.json").read_text()), model.eval()
-
-
-async def collect(engine: NativeEngine, prompt: list[int], params: Any, **kw: Any) -> list[Any]:
-    return [c async for c in engine.generate(prompt, params, **kw)]
 
 
 def joined(pieces: list[Completion], index: int) -> tuple[list[int], str]:
@@ -52,8 +43,8 @@ async def test_text_prompt_streamed_and_whole_text_equal_the_full_decode(
     await engine.start()
     try:
         await engine.update_weights(0, config, publishable_state_dict(model))
-        whole = sorted(await collect(engine, prompt, params), key=lambda c: c.index)
-        streamed = await collect(engine, prompt, params, stream=True)
+        whole = await tiny.collect(engine, prompt, params)
+        streamed = await tiny.collect(engine, prompt, params, stream=True)
         status = engine.status()
     finally:
         await engine.close()
@@ -87,8 +78,8 @@ async def test_eos_from_generation_config_ends_a_completion_unless_ignored(
     await engine.start()
     try:
         await engine.update_weights(0, config, state)
-        (stopped,) = await collect(engine, prompt, stopping)
-        (ran_on,) = await collect(engine, prompt, ignoring)
+        (stopped,) = await tiny.collect(engine, prompt, stopping)
+        (ran_on,) = await tiny.collect(engine, prompt, ignoring)
     finally:
         await engine.close()
     assert stopped.token_ids == [eos] and stopped.finish_reason == "stop"
@@ -117,6 +108,6 @@ async def test_a_tokenizer_larger_than_the_embedding_is_refused_naming_both_size
     assert served.policy_version == 1 and served.load_error == ""
 
 
-async def test_stop_strings_need_a_tokenizer(engine: NativeEngine) -> None:
+async def test_stop_strings_need_a_tokenizer(engine: NativeEngine, tiny: Any) -> None:
     with pytest.raises(ValueError, match="stop strings need a tokenizer"):
-        await collect(engine, [1, 2, 3], SamplingParams(max_tokens=4, stop=("x",)))
+        await tiny.collect(engine, [1, 2, 3], SamplingParams(max_tokens=4, stop=("x",)))
