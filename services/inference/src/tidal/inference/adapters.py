@@ -1,32 +1,12 @@
 """Serving published LoRA adapters: merged onto a kept copy of their base version's weights.
 
-A LoRA run with `lora.publish = "adapters"` publishes the full weights once (version 0)
-and after that only the adapters, PEFT-named (`base_model.model.<layer>.lora_A.weight`,
-A (r, in), B (out, r)), with `adapter_config` (r, lora_alpha, target_modules,
-base_version) in config.json; the manifest says format "lora-adapters" and base_version.
-
-Decisions:
-- Merge at load, not in the forward: each adapter version becomes plain full weights
-  W' = W + (alpha / r) · B A before the engine sees it. The expression is the trainer's
-  own (`tidal.models.lora.merge_update`) in the base tensor's dtype, so a replica
-  serves exactly the weights a "merged" publish would have sent, decoding costs nothing
-  extra, and every engine (native, vLLM) takes them through its ordinary
-  `update_weights` with no LoRA code of its own.
-- The cost: the base version's state dict is kept in host memory (one extra base-sized
-  copy, held only once adapters arrive), and each reload copies the full model into the
-  engine as a merged version would. Only the wire carries less (adapters only).
-- The base is fetched on demand: the first adapter version whose base the merger does
-  not hold makes the watcher read that base version again by the run's path. A replica
-  that never saw version 0 (it joined late or restarted) thus catches up too, and a run
-  without LoRA keeps no copy at all. Weightsync's retention keeps every base in use.
-- Refused with ValueError (the watcher logs it, skips the version and keeps serving):
-  adapters whose stated base disagrees with their manifest, a base that holds adapters
-  itself, a base of another architecture, tensors whose names or shapes do not fit the
-  base's weights, or a rank other than `adapter_config.r`.
-- Alternative: unmerged adapters in the forward (a LoRA linear in the served model): no
-  base copy and a cheaper swap, but every decode step pays the two low-rank matmuls, and
-  vLLM would need its own LoRA path. Worth it when many adapters share one base, which a
-  single-policy RL run does not.
+With `lora.publish = "adapters"` the trainer publishes full weights once and then only
+PEFT-named adapters (manifest format "lora-adapters", `adapter_config` in config.json).
+Each adapter version is merged at load, W' = W + (alpha / r) · B A with the trainer's own
+`merge_update`, so a replica serves exactly what a merged publish would have sent, decoding
+costs nothing extra, and every engine takes it through its ordinary `update_weights`. The
+base is fetched on demand and kept in host memory once adapters arrive. Adapters that do
+not fit their base are refused with ValueError (the watcher skips the version).
 """
 
 from __future__ import annotations

@@ -1,33 +1,12 @@
 """A completion's text as its tokens arrive, and whether a stop string has ended it.
 
-Decisions:
-- One `IncrementalDetokenizer` (`tidal.text`) and one stop-string scan per completion,
-  fed one token at a time: each token costs a decode of a window of a few ids, not of
-  the whole completion (the engine used to decode everything generated so far at every
-  step to look for stop strings, quadratic in the completion's length).
-- The text is the decode of the completion's ids alone (not in the prompt's context),
-  special tokens skipped, so the concatenated pieces always equal
-  `tokenizer.decode(token_ids)`: the same text whether streamed or not, and whether or
-  not a byte-level token split a character (the detokenizer holds an incomplete UTF-8
-  character back until the token that completes it, and `finish` releases whatever is
-  left at the end).
-- Stop strings are looked for in the new text of each token plus the last
-  (longest stop - 1) characters before it, so the cost per token is bounded by the stop
-  strings' length, and a stop string is found at the token that completes it, across
-  BPE merges and characters split over tokens: exactly the first token at which
-  `decode(ids so far)` contains it. That includes a token whose text completes the stop
-  string and then starts a character it does not finish (byte-level BPE merges across
-  character boundaries: one token may decode to "で" plus the first byte of "す"). The
-  detokenizer holds such a token's whole text back until the character completes, so
-  the new text checked for a held token is its tentative decode in the context of the
-  ids emitted before it, U+FFFD for the unfinished character included, just as the full
-  decode has it (so even a stop string holding U+FFFD, from invalid bytes, is found at
-  the same token). A matcher over the detokenizer's emitted deltas alone would find
-  such a stop string one token late, which is why the scan lives here.
-- The completion then ends with the token that completed the stop string, kept with
-  everything its text holds: the returned text stays the decode of the returned ids
-  (the trainer sees what was sampled). A caller wanting the text cut before the stop
-  string cuts at its first occurrence.
+One incremental detokenizer and one stop-string scan per completion: each token costs a
+decode of a few ids, not of the whole completion. The text is the decode of the
+completion's ids alone (special tokens skipped), so streamed pieces concatenate to
+`tokenizer.decode(token_ids)`. A stop string is found at exactly the first token at which
+the decode of the ids so far contains it, across BPE merges and characters split over
+tokens (a held-back token's tentative text is scanned), and that token is kept: the
+returned text stays the decode of the returned ids.
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
 """Build the served model from a published HF config and load published weights into it.
 
-Decisions:
-- The model is built once, from the first version's `config.json` (any family the trainer
-  implements, through `model_from_hf_config`),
-  and later versions are copied into its parameters in place: no reallocation, and the
-  KV cache and rope tables stay valid. A later version whose config describes another
-  architecture is refused (ValueError), not half-loaded.
-- Keys are checked strictly, with one exception: the trainer publishes tied embeddings
-  the Hugging Face way, without `lm_head.weight`. The constructor tied the head to the
-  embedding, so loading the embedding loads both; the tie is re-asserted after every
-  load so no load path can leave an untied head serving stale weights.
-- Every name and shape is checked before the first copy, so a bad version leaves the
-  served weights untouched (`load_state_dict` would copy the good tensors before failing).
-- Rope tables stay fp32 under a bfloat16 model, matching the trainer's positions exactly.
-- The tokenizer must fit the model: every id it can produce needs an embedding row
-  (`tidal.text.loader.check_vocab`). It is checked against each version's config before
-  anything is built or copied; a misfit is a ValueError naming both sizes, like any
-  other version that does not fit, so the weight watcher logs and skips it and the
-  engine reports it (`EngineStatus.load_error`). The model may be larger (padded
-  embeddings).
-- `describe_model` names what is served for logs and GetStatus: family, layers × width
-  and the parameter count (tied weights counted once).
+The model is built once, from the first version's `config.json`; later versions are
+copied into its parameters in place, so the KV cache and rope tables stay valid, and a
+version of another architecture is refused. Every name and shape, and the tokenizer's fit
+to the embedding, is checked before the first copy, so a bad version leaves the served
+weights untouched (a ValueError the watcher logs and the engine reports). Tied heads are
+published without `lm_head.weight`; the tie is re-asserted after every load.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """Run the inference service: `tidal inference @ cfg.toml` or `python -m tidal.inference`.
 
-`start_inference` builds and starts everything (engine, gRPC server, weight watcher) and
-returns the running parts, so contract tests run exactly what `serve` runs; with
-`[inference.http] enabled` that includes the OpenAI-compatible HTTP endpoint
-(`openai_http`), on the same loop and engine as gRPC. Health is
-NOT_SERVING until the first weights are loaded, then SERVING; Generate answers
-UNAVAILABLE until then.
-
-The tokenizer is `run.tokenizer` loaded by `tidal.text.loader.load_tokenizer` ("auto":
-the model folder's, `config.model_folder()`, when the run starts from one, else bytes),
-the same spec every service resolves, so they agree on ids. It is loaded before the
-server starts: a missing or misfitting tokenizer (the folder's own config.json
-vocab_size) is a config error at start. Each version's config is checked against it
-again when loaded (`loading.check_tokenizer_fits`); a refused version is logged and
-shown in GetStatus's `load_error`, and health stays NOT_SERVING until a version loads.
+`start_inference` builds and starts the engine, the gRPC server, the weight watcher and,
+with `[inference.http] enabled`, the OpenAI-compatible endpoint on the same loop, and
+returns the running parts, so contract tests run exactly what `serve` runs. Health is
+NOT_SERVING until the first weights load. The tokenizer (`run.tokenizer`, resolved as
+every service resolves it) is loaded before the server starts, so a missing or
+misfitting one is a config error at start.
 """
 
 from __future__ import annotations

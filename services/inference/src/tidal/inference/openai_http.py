@@ -1,27 +1,12 @@
 """The OpenAI-compatible HTTP endpoint of an inference replica (`[inference.http]`).
 
-Routes: `GET /v1/models`, `POST /v1/completions`, `POST /v1/chat/completions` (both with
-`stream`: server-sent events, `data: {chunk}` lines ending with `data: [DONE]`). Each choice
-carries the documented extension `"tidal": {"token_ids", "policy_versions"}`, the policy
-version of every token, so an evaluation harness or environment library written against the
-OpenAI client gets what the trainer would (docs/inference.md).
-
-Decisions:
-- aiohttp's web server: it runs on the service's own asyncio loop beside `grpc.aio`, so
-  handlers call the same `Engine` object the gRPC servicer calls, with no thread hop and no
-  second process; it streams responses natively and is long maintained. (An ASGI stack,
-  FastAPI on uvicorn, would bring its own server loop and three more dependencies for
-  routing and schemas we write in ~300 lines; the OpenAI bodies are parsed by hand in
-  `openai_protocol` so errors name the OpenAI parameter exactly.)
-- Same validation and limits as gRPC (`request_checks`), and the engine's errors map to
-  OpenAI-style bodies `{"error": {"message", "type", "param", "code"}}`: InvalidArgument →
-  400 naming the param, an unknown model → 404, ResourceExhausted (queue full) → 429,
-  Unavailable (no weights yet) → 503.
-- A streamed request pulls the engine's first piece before sending headers, so a refusal
-  is still an HTTP error rather than a broken stream. The engine generator is closed when
-  the handler ends for any reason (client disconnected, which cancels the handler; a write
-  failed), which cancels the request in the engine, as a cancelled gRPC call does.
-- Loopback only (see `OpenAIHttpConfig.host`): there is no TLS or auth yet.
+`GET /v1/models`, `POST /v1/completions` and `POST /v1/chat/completions` (streamed as
+server-sent events), each choice carrying the `"tidal"` extension: the token ids and the
+policy version of each. aiohttp runs on the service's own loop, so handlers call the same
+engine as gRPC with no thread hop; the same request checks apply, and engine errors map to
+OpenAI-style error bodies (400, 404, 429, 503). A streamed request pulls the first piece
+before sending headers, so a refusal is an HTTP error, not a broken stream; a handler that
+ends cancels its request in the engine. Loopback only: no TLS or auth yet.
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
 """OpenAI request bodies → domain requests, and domain completions → OpenAI choices.
 
 No HTTP here (that is `openai_http`): plain dicts in, `SamplingParams` and dicts out, so
-the mapping reads as one table and errors are the domain's `InvalidArgument` naming the
-OpenAI parameter (the HTTP layer turns them into OpenAI-style 400s).
-
-Decisions:
-- The limits are the gRPC side's: the parsed `SamplingParams` go through
-  `request_checks.check_sampling`, and the model checks run in the handler.
-- A field of the wrong JSON type is a 400 naming it; a field this engine does not implement
-  but that changes the result (`echo`, `best_of` > n, `logit_bias`, penalties, tools,
-  top-k alternatives) is refused with a 400 rather than silently ignored. Fields that only
-  describe the caller (`user`, `metadata`) are ignored.
-- Logprobs: the engine computes the logprob of each sampled token under the distribution
-  it was sampled from (the model's own at temperature 1 with no filters), not a top-k list,
-  so `logprobs` (completions) must be 0 and `top_logprobs` (chat) 0 or unset; the
-  sampled token's logprob is returned either way.
-- Stop strings end a completion at the token that completes one (the engine keeps that
-  token, since the trainer must see what was sampled); OpenAI's text stops before the stop
-  string, so `StopTrim` cuts the text at the first occurrence, streamed pieces included.
-  `tidal.token_ids` keeps every generated id.
-- Chat messages are rendered by the served tokenizer's template with the generation
-  prompt (`encode_chat`), as the orchestrator renders its episodes.
+the mapping reads as one table and errors are `InvalidArgument` naming the OpenAI
+parameter. A field this engine does not implement but that would change the result is
+refused, never ignored. Logprobs are of the sampled token only (no top-k alternatives).
+OpenAI's text stops before a stop string, so `StopTrim` cuts it there, streamed pieces
+included, while `tidal.token_ids` keeps every generated id.
 """
 
 from __future__ import annotations

@@ -1,32 +1,12 @@
-"""CPU linear layers served from oneDNN-prepacked weights: the decode step's matmuls, faster.
+"""CPU linear layers served from oneDNN-prepacked weights, for the decode step's matmuls.
 
-Decisions:
-- Profiled at batch 32 on CPU, a decode step is ~75% `aten::mm` (the layers' projections
-  and the LM head), and `F.linear` re-lays the weight out for the GEMM kernel on every
-  call. oneDNN can reorder a weight once into its blocked layout and then run each call on
-  it; measured on this machine's AVX-512 cores that makes the `(32, 512) @ (512, N)`
-  matmuls of the benchmark model 1.3-2x faster in fp32 (the 32000-wide LM head most) and
-  ~1.4x in bf16. It is the same kernel `torch.compile` uses for frozen CPU linears
-  (`torch.ops.mkldnn._linear_pointwise`), called directly, so there is no compile time and
-  no recompile on a new weight version or a new batch size.
-- The modules swap in place of `nn.Linear` and keep its parameters (same objects, same
-  names), so loading weights, the tied LM head and the state dict are untouched. The
-  packed copy is rebuilt lazily when the weight changed: a different tensor, or an
-  in-place copy (its version counter moved, which every `load_state_dict` does). No
-  caller has to remember to repack after a hot reload.
-- Cost: one packed copy of every linear weight (about the model's size again). Results
-  differ from `F.linear` by float rounding only (another summation order): the engine's
-  equivalence tests (tokens alone vs batched, logprobs vs the trainer's recompute) hold.
-- bf16 weights on a CPU without native bf16 (`tidal.models.cpu_features`): oneDNN's bf16
-  prepack raises there and a plain bf16 matmul runs ~50-100x slower than fp32, so the
-  packed copy is the weight upcast to fp32 and the call computes in fp32, casting its
-  input up and its output back to bf16. The model, its KV cache and every other op stay
-  bf16; only the linears' arithmetic is wider (more exact than native bf16, not less).
-  The kernel is chosen once per engine (`choose_linear_kernel`), logged and reported in
-  `GetStatus`, never re-decided per call.
-- Anything else (CUDA, autograd, weights created under inference mode, which have no
-  version counter, a torch without oneDNN) takes plain `F.linear`, and
-  `inference.packed_weights = false` turns the swap off.
+A decode step is mostly matmuls, and `F.linear` hands oneDNN a plain weight to re-lay out
+on every call; these modules keep a copy reordered once into oneDNN's blocked layout and
+call `torch.ops.mkldnn._linear_pointwise` (the kernel `torch.compile` uses for frozen CPU
+linears) with no compile step. They replace `nn.Linear` in place, keeping its parameters,
+and repack lazily when the weight changed, so hot reload needs nothing. On a CPU without
+native bf16 the packed copy is fp32 and the call computes in fp32. The kernel is chosen
+once per engine (`choose_linear_kernel`); anything else takes plain `F.linear`.
 """
 
 from __future__ import annotations

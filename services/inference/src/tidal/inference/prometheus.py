@@ -1,15 +1,11 @@
 """Inference's Prometheus metrics (docs/operations.md#metrics), on its `ServiceMetrics`.
 
-Decisions:
-- Queue depth, KV-cache occupancy, the served version and the generated-token count
-  already live in the engine (`Engine.status()`, what GetStatus answers). They are read at
-  scrape time on the event loop (`LoopCollector`), so the decode loop does no metrics
-  work at all, and a scrape sees the same numbers GetStatus would.
-- Weight loads are timed by the watcher (reload.py), once per version: the load itself
-  (fetch, verify, install) and the delay from weightsync registering the version
-  (`published_unix_ms`, weightsync's wall clock) to this replica serving it. The latter
-  compares two hosts' clocks when they differ, and is not observed for the first version
-  a process loads (that measures its start-up, not weight sync).
+Queue depth, KV-cache occupancy, the served version and token counts are read from the
+engine at scrape time on the event loop (`LoopCollector`), so the decode loop does no
+metrics work and a scrape sees what GetStatus would. Weight loads are timed by the
+watcher, once per version: the load itself, and the delay from weightsync registering the
+version to this replica serving it (two hosts' clocks; not observed for a process's first
+load, which would time its start-up).
 """
 
 from __future__ import annotations

@@ -1,45 +1,13 @@
 """The weight reloader: watch weight-sync's versions and hot-load each into the engine.
 
-Decisions:
-- First `JoinSync` tells the replica the run's data path, and `make_receiver` picks that
-  path's receiver once (`tidal.weights.transports`). Then one long-lived `Watch` stream
-  (which also registers this replica) announces every version, and the receiver fetches
-  it (read from the shared folder, or streamed from weightsync; both verify every sha256
-  before a byte is used). This module keeps only the version policy and the
-  acknowledgements below; docs/weightsync.md describes each path.
-- Pushed versions (broadcast: the receiver's `run`) are loaded at once; the `Watch`
-  event for such a version, which arrives once the trainer has also written it to the
-  shared folder, is then only acknowledged. The pushed tensors view the receiver's
-  buffer, reused by the next version: each is installed (the engine copies it) before
-  the receiver confirms it and receives the next.
-- Before reading a version's files the replica calls `BeginLoad`, so retention keeps
-  them until it acknowledges; a version already removed (superseded while queued) is
-  skipped in favour of the newer one that caused its removal.
-- Loads are serialized by a lock and never go backwards, so a version arriving by both
-  paths is loaded once. `AckLoaded` is sent once the engine serves the version *and* the
-  version is registered (the broadcast can beat the registration), so weight-sync's
-  `loaded_by` means "serving". A failed ack is logged, not fatal.
-- A version that fails verification or does not fit the model is logged and skipped;
-  the engine keeps serving the previous one, and the next version is tried normally. A
-  fresh replica, which serves nothing yet, instead falls back to the older versions
-  weight-sync holds (newest first) until one loads, rather than wait NOT_SERVING for
-  the next publish (which may never come: the trainer may be the one waiting). So
-  is a version whose load fails in a way nobody foresaw (logged with its traceback): one
-  bad version must not end the task that follows all later ones. The service also
-  watches the task itself: should it ever end, health turns NOT_SERVING
-  (`service.py`), since a replica that no longer follows versions would otherwise keep
-  answering with ever staler weights while the orchestrator waits for a load.
-- Each load is a span whose parent is the publish span carried in the event.
-- A replica starting (or joining late) watches from the newest version on: older ones
-  would only be loaded to be replaced.
-- LoRA adapter versions (format "lora-adapters") are merged onto their base version's
-  full weights before the engine sees them (`tidal.inference.adapters`); the base is
-  fetched by the run's path the first time it is needed, into buffers of its own
-  (`fetch(reuse=False)`): the stream path otherwise receives each version into the
-  previous one's buffers (already mapped; the engine copied that version before the next
-  is fetched).
-- A broken stream (weight-sync restarting) is reopened after an exponential backoff,
-  resuming after the newest version seen, so nothing is loaded twice.
+`JoinSync` gives the run's data path and `make_receiver` its receiver; one long-lived
+`Watch` stream announces every version, which the receiver fetches and verifies. This
+module keeps the version policy: loads are serialized and never go backwards, so a
+version arriving by both paths (a broadcast push and its Watch event) loads once;
+`BeginLoad` pins a version's files, and `AckLoaded` follows once the engine serves it. A
+version that fails to verify or fit is logged and skipped (a fresh replica falls back to
+older versions); LoRA adapter versions are merged onto their base first (`adapters`). A
+broken stream is reopened after a backoff, resuming after the newest version seen.
 """
 
 from __future__ import annotations

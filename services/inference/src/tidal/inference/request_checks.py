@@ -1,20 +1,11 @@
 """Checks of a generation request, shared by the gRPC servicer and the OpenAI HTTP endpoint.
 
-Decisions:
-- Both front ends build domain `SamplingParams` first and then run the same checks, so a
-  request refused over gRPC is refused over HTTP with the same limit and message; only the
-  field names differ (`sampling.max_tokens` over gRPC, `max_tokens` over HTTP), which is
-  why every check takes the name of each field as its front end spells it (`names`).
-- Checks that need no model (`check_sampling`) run before anything else; checks that need
-  the model (`check_against_model`: ids within the vocabulary, prompt and max_tokens within
-  the context) run after the "no weights yet" check, because the model defines them.
-- A prompt plus max_tokens longer than the context is accepted: the completion ends at the
-  context ("length"), which lets a caller use one max_tokens for prompts of any length.
-- Cheap checks first, and every size before the work it would cost: a text prompt's
-  length (`check_prompt_text`) before it is tokenized, a prompt's token count before any
-  id is looked at, counts of stop strings before their lengths. Limits come from
-  `[inference.limits]` (`RequestLimits`; docs/operations.md#limits); the front ends pass
-  their configured ones, `DEFAULT_LIMITS` otherwise.
+Both front ends build domain `SamplingParams` and run the same checks, so a request is
+refused with the same limit and message either way; each check takes the field names as
+its front end spells them. Checks needing no model run first, those needing the model
+(vocabulary, context) after the "no weights yet" check, and every size before the work it
+would cost. A prompt plus max_tokens beyond the context is accepted: the completion ends
+at the context ("length"). Limits come from `[inference.limits]` (`RequestLimits`).
 """
 
 from __future__ import annotations

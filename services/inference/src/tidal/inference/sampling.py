@@ -1,26 +1,11 @@
-"""Sampling: per-row temperature, top-k, top-p, min-p and seeded draws, vectorised.
+"""Sampling: per-row temperature, min-p, top-k, top-p and seeded draws, vectorised.
 
-Decisions:
-- Filters apply in this order: temperature scaling; min-p, which drops tokens less likely
-  than `min_p` times the most likely one; top-k; then top-p on the distribution
-  renormalized after the earlier filters. top-p keeps the smallest set of most probable
-  tokens whose probability sums to at least p (the most probable token is always kept).
-- The logprob reported for a token is its log-probability under exactly the distribution
-  it was drawn from: log-softmax of the temperature-scaled logits with filtered tokens at
-  -inf. On request the unmodified model logprob (log-softmax of the raw logits, what the
-  trainer recomputes) is returned beside it. A greedy row (temperature 0) reports the
-  unscaled, unfiltered model logprob of its argmax, since "the distribution" of argmax
-  is a point mass and the model's own probability is what an importance ratio needs.
-- Reproducibility: every row owns a `torch.Generator` seeded from (request seed, sample
-  index). Its uniforms for the whole completion are drawn up front and the token is the
-  inverse CDF at the step's uniform, so a row's tokens depend only on its seed and its
-  logits, never on which other rows share the batch. Unseeded requests get a seed from
-  the engine's own RNG.
-- Everything except drawing the uniforms is batched tensor code, one sort per step at
-  most (and none when no row filters). A step whose rows are all greedy skips building
-  the per-row parameter tensors and the uniforms: log-softmax, argmax, gather. (A
-  `max` + `logsumexp` pair, which avoids the `(B, V)` log-softmax, measured ~3x slower
-  on CPU: `logsumexp` makes several passes; `log_softmax` is one fused kernel.)
+Filters apply in that order, top-p on the distribution renormalized after the earlier
+ones. A token's logprob is under exactly the distribution it was drawn from (the model's
+own for a greedy row); the unmodified model logprob can be returned beside it. Each row's
+uniforms for the whole completion come from a generator seeded by (request seed, sample
+index) and a token is the inverse CDF at the step's uniform, so a row's tokens depend on
+its seed and logits only, never on the batch. All-greedy steps skip the draws.
 """
 
 from __future__ import annotations

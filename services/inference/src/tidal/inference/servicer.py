@@ -1,26 +1,11 @@
 """InferenceService: proto ⇄ engine. Errors are raised; the interceptor maps them.
 
-Validation happens here, before anything is queued, and names the offending field; the
-checks themselves live in `request_checks`, shared with the OpenAI HTTP endpoint
-(`openai_http`) so both front ends apply the same limits (`[inference.limits]`). Sizes
-are checked before the work they cost: a text prompt's byte length before it is
-tokenized, counts of ids and stop strings before the lists are built. A long text prompt
-is tokenized in a worker thread, so it cannot stall health checks and other calls.
-Cancellation needs no code here: when the client goes away grpc cancels this handler,
-which closes the engine's generator, which marks the request cancelled.
-
-Text and ids: a text prompt is encoded by the served tokenizer with
-`add_special_tokens=True` (its own BOS, as Hugging Face does; none for Qwen); a chat
-should be rendered by the caller (the orchestrator owns templates) and sent as ids,
-which pass through untouched. A response's `text` is the engine's incremental decode of
-its ids (special tokens skipped); streamed pieces concatenate to the full decode.
-
-EOS: generation ends at the tokenizer's `eos_ids` (its EOS, generation_config.json's
-`eos_token_id` list, the chat template's end of turn) unless the request sets
-`ignore_eos`; they are appended to the request's `stop_token_ids`, so an EOS ends a
-completion exactly like a listed stop token (kept, finish reason STOP). Stopping by
-default is what a real model needs (vLLM's default too); a caller listing EOS ids
-itself is harmless. `ignore_eos` is for benchmarks and tests of fixed length.
+Requests are validated here, before anything is queued, by the checks shared with the
+OpenAI endpoint (`request_checks`), sizes before the work they cost; a long text prompt is
+tokenized in a worker thread. A text prompt is encoded with the tokenizer's own special
+tokens; ids pass through untouched. The tokenizer's EOS ids are added to `stop_token_ids`
+unless the request sets `ignore_eos`. Cancellation needs no code: grpc cancels the
+handler, which closes the engine's generator, which cancels the request.
 """
 
 from __future__ import annotations

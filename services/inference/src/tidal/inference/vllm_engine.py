@@ -1,39 +1,12 @@
 """The vLLM backend (`inference.engine = "vllm"`, extra `tidal-inference[vllm]`, GPU only).
 
-Decisions:
-- The same `Engine` interface as the native engine, over vLLM's async engine (`AsyncLLM`),
-  so the servicer, the weight watcher and the orchestrator cannot tell them apart.
-- vLLM is imported only when this engine is built: without the extra, nothing else in
-  Tidal imports it, and choosing it fails with a message saying what to install.
-- Startup needs no checkpoint: the first version's `config.json` is written to a scratch
-  folder and vLLM starts with dummy weights (`load_format="dummy"`, no tokenizer; prompts
-  are token ids), then every version, the first included, arrives through
-  `update_weights`. A worker extension (`VllmWeightLoader`) runs in each vLLM worker and
-  loads the state dict (HF names, which ours are) with the worker's `reload_weights`;
-  the state dict crosses to the engine-core process through `collective_rpc`, whose
-  msgpack encoder carries tensors.
-- Written against vLLM 0.32.0, the release whose torch pin is ours (`torch==2.13.0`;
-  the extra pins it exactly, tests/unit/inference/test_vllm_pin.py). Checked against that
-  release's source, without a GPU: `AsyncEngineArgs` fields, `AsyncLLM.generate/abort/
-  collective_rpc`, `RequestOutputKind.DELTA`, worker extensions mixed into the worker
-  class, `Worker.reload_weights(weights_iterator=...)`. Nothing here has run on vLLM yet.
-- Stop strings are scanned here (see `_sampling`), so an ended sample's later tokens are
-  dropped and the request is aborted once every sample has ended.
-- Logprobs: the engine runs with `logprobs_mode="processed_logprobs"`, so the logprob of a
-  sampled token is under the distribution it was sampled from (after temperature and
-  filters), matching the native engine. vLLM 0.32 fixes the mode per engine (an
-  `AsyncEngineArgs` field, not a `SamplingParams` one), so the model's own logprobs
-  (`model_logprobs`) are returned where they equal the processed ones, a request that
-  samples from the unfiltered distribution at temperature 1 (what RL rollouts do); any
-  other request asking for them is refused with INVALID_ARGUMENT saying why.
-- Context: `max_model_len` (the native engine's cap, `kv_cache.served_length`) and prefix
-  caching are passed to vLLM's engine arguments, so both backends serve the same length.
-- Version tags: vLLM's engine core runs a weight update between two scheduler steps and
-  answers it on the same ordered output stream as the tokens, so tokens that arrive
-  before the update's answer came from the old weights and later ones from the new.
-- Text: vLLM runs without a tokenizer; our `Tokenizer` decodes each completion
-  incrementally (`completion_text.CompletionText`), as the native engine does, and is
-  checked against every version's vocabulary before it is loaded.
+The same `Engine` interface over vLLM's `AsyncLLM`, imported only when chosen. vLLM starts
+with dummy weights from the first version's config, and every version arrives through
+`update_weights`, loaded in each worker by `VllmWeightLoader` (`Worker.reload_weights`).
+Written against vLLM 0.32.0 and checked against its source, not yet run on a GPU. Logprobs
+are vLLM's processed ones (the sampled distribution); model logprobs are served only where
+they equal those. Stop strings are scanned here with our tokenizer, and tokens are tagged
+with the version loaded before them on vLLM's ordered output stream.
 """
 
 from __future__ import annotations
