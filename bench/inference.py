@@ -14,26 +14,21 @@ the same 32 prompts of mixed lengths, as one batch, in two scenarios:
   mean length is reported beside the rate.
 - `rl`: the RL shape: 4 prompts, n = 8 samples each (one request per prompt natively,
   `num_return_sequences=8` in transformers), temperature 1, the same stop tokens.
-  `summary.speedup_vs_hf_rl` is the native engine's rate (slot cache, as every
-  `speedup_vs_hf*` key, comparable with earlier runs) over transformers'.
+  `summary.speedup_vs_hf_rl` is the native engine's rate over transformers'.
 
-The native engine runs twice: with the slot KV cache and with the paged one
-(`inference.kv_cache`), so every scenario also gives `paged_vs_slots_<scenario>`.
-
-Then `inference_kv.py` (same process, after the above): the paged cache against slots on
-a smaller long-context model, GRPO-group and 3-turn episode latency with and without
-prefix caching (`summary.prefix_cache_speedup_multiturn`, `..._grpo`), and the bytes per
-cached token. `summary.kv_bytes_per_token_paged` and `kv_bytes_per_sequence_*` are for
-this benchmark's main model in fp32 (the paged figure is the rl scenario's mean sequence,
-rounded up to blocks; the slot figure is a full-context slot).
+Then `inference_kv.py` (same process, after the above): GRPO-group and 3-turn episode
+latency with and without prefix caching on a smaller long-context model
+(`summary.prefix_cache_speedup_multiturn`, `..._grpo`). `summary.kv_bytes_per_token`
+and `kv_bytes_per_sequence_rl` are for this benchmark's main model in fp32 (the latter
+is the rl scenario's mean sequence, rounded up to blocks).
 
 Runs alternate between systems and the medians are compared, so drift on a shared
 machine hits both alike.
 
 Then one decode step of the engine at batch 32 (fixed scenario, after 40 steps), in each
-dtype, is timed in three variants, interleaved, medians: the engine now; the previous
-engine (prepacked linears, SDPA with `enable_gqa` and a bool mask); and plain
-`F.linear`. The current step is profiled:
+dtype, is timed in three variants, interleaved, medians: the engine as it is; the same
+with decode attention as SDPA with `enable_gqa` and a bool mask instead of the folded GQA
+group; and plain `F.linear` instead of prepacked linears. The engine's step is profiled:
 `summary.decode_step_profile_<dtype>` is the share of its time per kind of work.
 
 On a CPU without native bf16 (`tidal.models.cpu_features`; AVX2-only, or capped with
@@ -67,13 +62,12 @@ from inference_kv import measure_kv
 from tidal.inference.batching import Batcher
 from tidal.inference.block_manager import blocks_for
 from tidal.inference.config import InferenceConfig
-from tidal.inference.kv_cache import DecodeAttention, SlotKVCache, slot_bytes
+from tidal.inference.kv_cache import DecodeAttention, PagedKVCache, block_bytes
 from tidal.inference.loading import build_model, load_weights
 from tidal.inference.native import NativeEngine
 from tidal.inference.packed_linear import pack_linears
-from tidal.inference.paged_engine import PagedEngine
-from tidal.inference.paged_kv import block_bytes
 from tidal.inference.sampling import SamplingParams
+from tidal.inference.scheduler import Extend
 from tidal.inference.sequence import Sequence
 from tidal.models.args import DecoderArgs
 from tidal.models.attention import sdpa
@@ -119,11 +113,10 @@ def until_stop(tokens: list[int]) -> list[int]:
 class Native:
     """The engine on its own event loop, fed all prompts at once (as concurrent requests)."""
 
-    def __init__(self, state: dict[str, torch.Tensor], dtype: torch.dtype, kind: str) -> None:
+    def __init__(self, state: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
         self.loop = asyncio.new_event_loop()
         cfg = InferenceConfig()
-        engine_class = PagedEngine if kind == "paged" else NativeEngine
-        self.engine = engine_class(
+        self.engine = NativeEngine(
             device=torch.device("cpu"),
             dtype=dtype,
             max_batch_size=BATCH,
@@ -192,26 +185,28 @@ class HuggingFace:
 
 
 class _GqaSdpaDecode(DecodeAttention):
-    """The previous decode attention: SDPA with `enable_gqa` and a bool mask, one query row."""
+    """Decode attention as SDPA with `enable_gqa` and a bool mask: one query row per head."""
 
-    def __init__(self, cache: SlotKVCache, slots: torch.Tensor, positions: torch.Tensor) -> None:
-        super().__init__(cache, slots, positions)
+    def __init__(
+        self, cache: PagedKVCache, tables: list[list[int]], positions: torch.Tensor
+    ) -> None:
+        super().__init__(cache, tables, positions)
         self.visible = torch.isfinite(self.mask)  # (B, 1, 1, S) bool, True = attend
 
     def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         return sdpa(q, keys, values, mask=self.visible, causal=False)
 
 
-class _PreviousCache(SlotKVCache):
-    def decode(self, slots: torch.Tensor, positions: torch.Tensor) -> DecodeAttention:
-        return _GqaSdpaDecode(self, slots, positions)
+class _GqaSdpaCache(PagedKVCache):
+    def decode(self, tables: list[list[int]], positions: torch.Tensor) -> DecodeAttention:
+        return _GqaSdpaDecode(self, tables, positions)
 
 
-# Decode-step variants: (linears, folded-GQA attention).
+# Decode-step variants: (linears, folded-GQA attention); the engine's own is last.
 VARIANTS = {
     "plain F.linear": ("plain", True),
-    "previous (packed, GQA SDPA)": ("packed", False),
-    "now (packed, folded GQA)": ("packed", True),
+    "GQA SDPA, bool mask": ("packed", False),
+    "engine (packed, folded GQA)": ("packed", True),
 }
 
 
@@ -229,16 +224,25 @@ def running_batch(
     if linears == "packed":
         pack_linears(model, batch_hint=BATCH)
     load_weights(model, state)
-    cache_type = SlotKVCache if folded else _PreviousCache
-    cache = cache_type(model.args, slots=BATCH, dtype=dtype, device="cpu")
-    batcher = Batcher(model, cache)
+    per_sequence = blocks_for(max(len(p) for p in prompts) + NEW_TOKENS, KV_BLOCK)
+    cache_type = PagedKVCache if folded else _GqaSdpaCache
+    cache = cache_type(
+        model.args, num_blocks=BATCH * per_sequence, block_size=KV_BLOCK, dtype=dtype, device="cpu"
+    )
+    batcher = Batcher(model, cache, max_seq_len=ARGS.max_seq_len)
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
     sequences = []
     for prompt in prompts:
-        s = Sequence(None, 0, prompt, params, torch.zeros(NEW_TOKENS), NEW_TOKENS)
-        s.slot = cache.allocate()
+        s = Sequence(None, 0, prompt, params, torch.zeros(NEW_TOKENS), NEW_TOKENS)  # type: ignore[arg-type]
+        s.blocks = [cache.blocks.allocate() for _ in range(per_sequence)]
         sequences.append(s)
-    batcher.prefill([[s] for s in sequences], 0)
+    batcher.extend(
+        [
+            Extend(s, 0, len(prompt), sample=True)
+            for s, prompt in zip(sequences, prompts, strict=True)
+        ],
+        0,
+    )
     for _ in range(steps):
         batcher.decode(sequences, 0)
     return batcher, sequences
@@ -266,7 +270,7 @@ def slow_on_this_cpu(dtype: torch.dtype) -> bool:
 def decode_step_study(
     state: dict[str, torch.Tensor], prompts: list[list[int]], dtype: torch.dtype, steps: int = 12
 ) -> tuple[dict[str, float], dict[str, float]]:
-    """(median ms of one decode step per variant; the current step's share of time per kind)."""
+    """(median ms of one decode step per variant; the engine's step's share of time per kind)."""
     from torch.profiler import ProfilerActivity, profile
 
     state = {k: v.to(dtype) for k, v in state.items()}
@@ -282,7 +286,7 @@ def decode_step_study(
             batcher.decode(sequences, 0)
             times[name].append(time.perf_counter() - started)
     step_ms = {k: 1000 * statistics.median(v) for k, v in times.items()}
-    batcher, sequences = variants[list(VARIANTS)[-1]]  # the current engine
+    batcher, sequences = variants[list(VARIANTS)[-1]]  # the engine's own
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(5):
             batcher.decode(sequences, 0)
@@ -298,20 +302,19 @@ def decode_step_study(
 
 
 def kv_summary(runs: dict[Any, Any], cli: argparse.Namespace) -> dict[str, Any]:
-    """Memory per sequence (paged vs slot) for this model, then `inference_kv.py`'s figures
-    (paged vs slots on a long-context model, prefix caching on GRPO groups and turns)."""
+    """KV-cache memory per token and per rl sequence for this model, then `inference_kv.py`'s
+    figures (prefix caching on GRPO groups and turns, on a long-context model)."""
     out: dict[str, Any] = {}
     per_token = block_bytes(ARGS, torch.float32, KV_BLOCK) / KV_BLOCK
-    out["kv_bytes_per_token_paged"] = per_token
-    out["kv_bytes_per_sequence_slots"] = slot_bytes(ARGS, torch.float32)
-    if ("native_paged", "float32", "rl") in runs:
+    out["kv_bytes_per_token"] = per_token
+    if ("native", "float32", "rl") in runs:
         prompts = rl_prompts(make_prompts(), "rl")
-        tokens = runs["native_paged", "float32", "rl"][2]
+        tokens = runs["native", "float32", "rl"][2]
         held = [len(prompts[i // RL_N]) + len(t) for i, t in enumerate(tokens)]
         blocks = statistics.mean(blocks_for(n, KV_BLOCK) for n in held)
-        out["kv_bytes_per_sequence_paged_rl"] = round(blocks * KV_BLOCK * per_token)
+        out["kv_bytes_per_sequence_rl"] = round(blocks * KV_BLOCK * per_token)
     kv_rows, kv = asyncio.run(measure_kv(cli.kv_repeats))
-    print_table("paged vs slot KV cache, prefix caching (inference_kv.py, medians)", kv_rows)
+    print_table("prefix caching on and off (inference_kv.py, medians)", kv_rows)
     out["kv_cache"] = kv | {"medians": {r["measure"]: r["median"] for r in kv_rows}}
     out["prefix_cache_speedup_multiturn"] = round(kv["prefix_cache_speedup_multiturn"], 3)
     out["prefix_cache_speedup_grpo"] = round(kv["prefix_cache_speedup_grpo"], 3)
@@ -366,21 +369,16 @@ def main() -> None:
             skipped += [f"transformers generate() {dtype}", f"decode step plain F.linear {dtype}"]
         else:
             systems["hf", dtype] = HuggingFace(state, DTYPES[dtype])
-        systems["native", dtype] = Native(state, DTYPES[dtype], "slots")
-        systems["native_paged", dtype] = Native(state, DTYPES[dtype], "paged")
+        systems["native", dtype] = Native(state, DTYPES[dtype])
     for system in systems.values():
         system.generate(prompts[:4], "fixed")  # warm-up: allocator, thread pool, kernels
     runs = measure(systems, prompts, cli.repeats, cli.scenarios)
     kernels = {}
     for (name, dtype), system in systems.items():
-        if name.startswith("native"):
+        if name == "native":
             kernels[dtype] = system.engine.status().kernels
             system.close()
-    labels = {
-        "hf": "transformers generate()",
-        "native": "tidal native engine (slots)",
-        "native_paged": "tidal native engine (paged)",
-    }
+    labels = {"hf": "transformers generate()", "native": "tidal native engine"}
     rows, rate = [], {}
     for (name, dtype, scenario), (times, counts, tokens) in runs.items():
         rate[name, dtype, scenario] = statistics.median(
@@ -402,9 +400,6 @@ def main() -> None:
     summary: dict[str, Any] = {"skipped": skipped}
     for dtype in cli.dtypes:
         summary[f"kernels_{dtype}"] = kernels[dtype]
-        for scenario in cli.scenarios:
-            ratio = rate["native_paged", dtype, scenario] / rate["native", dtype, scenario]
-            summary[f"paged_vs_slots_{scenario}_{dtype}"] = round(ratio, 3)
         if ("hf", dtype) not in systems:
             continue
         for scenario in cli.scenarios:
@@ -425,7 +420,7 @@ def main() -> None:
         step_ms, step_shares[dtype] = decode_step_study(state, prompts, DTYPES[dtype])
         now = step_ms[list(VARIANTS)[-1]]
         for name, ms in step_ms.items():
-            step_rows.append({"dtype": dtype, "decode step": name, "ms": ms, "x current": ms / now})
+            step_rows.append({"dtype": dtype, "decode step": name, "ms": ms, "x engine": ms / now})
         summary[f"decode_step_ms_{dtype}"] = {k: round(v, 1) for k, v in step_ms.items()}
         summary[f"decode_step_profile_{dtype}"] = step_shares[dtype]
     summary["decode_step_profile"] = step_shares[cli.dtypes[0]]
@@ -433,7 +428,7 @@ def main() -> None:
     print_table(f"One decode step, batch {BATCH}, after 40 tokens (interleaved)", step_rows)
     for dtype, shares in step_shares.items():
         print_table(
-            f"Current decode step, batch {BATCH}, {dtype}: share of time",
+            f"The engine's decode step, batch {BATCH}, {dtype}: share of time",
             [{"kind": k, "share": f"{v:.1%}"} for k, v in shares.items()],
         )
     print(summary)
