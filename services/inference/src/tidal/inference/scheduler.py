@@ -103,13 +103,13 @@ class Scheduler:
         """This step's extend work: prefills in progress first, then newly admitted units,
         within `budget` tokens (the first item always gets at least one)."""
         work: list[Extend] = []
-        for unit in dict.fromkeys(self._units.values()):
-            taken = self._take_chunk(unit, work, budget)
+        for in_progress in dict.fromkeys(self._units.values()):
+            taken = self._take_chunk(in_progress, work, budget)
             if taken is None:
                 return work
             budget -= taken
-        while (unit := self._admit_next()) is not None:
-            taken = self._take_chunk(unit, work, budget)
+        while (admitted := self._admit_next()) is not None:
+            taken = self._take_chunk(admitted, work, budget)
             if taken is None:
                 break
             budget -= taken
