@@ -31,7 +31,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tidal.batch.tensor_codec import encode_array
 from tidal.common.config.shared import Endpoints, GrpcConfig, RunSection, TelemetryConfig
 from tidal.common.grpc.server import GrpcServer, ServiceBinding
 from tidal.common.security.config import SecurityConfig
@@ -49,6 +48,8 @@ from tidal.trainer.main import RunningTrainer, start_trainer
 from tidal.weightsync.config import StreamTransport
 from tidal.weightsync.registry import VersionRegistry
 from tidal.weightsync.servicer import WeightSyncServicer
+
+from ..helpers.micro_batches import wire_micro_batch
 
 TINY_MODEL = {"dim": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 64}
 MAX_SEQ_LEN = 32
@@ -364,22 +365,6 @@ WIRE = {
 }
 
 
-def good_micro_batch() -> tpb.MicroBatch:
-    lengths = [5, 4]
-    positions = np.concatenate([np.arange(n) for n in lengths])
-    arrays = {
-        "input_ids": np.arange(9) + 3,
-        "position_ids": positions,
-        "sample_lengths": np.array(lengths),
-        "loss_mask": (positions >= 2).astype(np.float32),
-        "advantages": np.ones(9),
-        "behaviour_logprobs": -np.ones(9),
-    }
-    return tpb.MicroBatch(
-        **{k: encode_array(np.asarray(v, dtype=WIRE[k])) for k, v in arrays.items()}
-    )
-
-
 TENSORS = st.sampled_from(sorted(WIRE))
 BAD_TENSOR = st.one_of(
     st.tuples(st.just("shape"), st.lists(st.integers(1 << 40, 1 << 62), min_size=1, max_size=3)),
@@ -405,7 +390,7 @@ BAD_TENSOR = st.one_of(
 @example(name="advantages", bad=("wrapping shape", [1 << 62, 4]))
 def test_train_refuses_every_bad_tensor(stack: Stack, name: str, bad: tuple[str, Any]) -> None:
     part, value = bad
-    batch = good_micro_batch()
+    batch = wire_micro_batch([5, 4])
     tensor = getattr(batch, name)
     if part in ("shape", "wrapping shape"):
         del tensor.shape[:]
@@ -436,7 +421,7 @@ BAD_TRAIN = st.one_of(
 def test_train_refuses_every_bad_field(stack: Stack, bad: tuple[str, Any]) -> None:
     field, value = bad
     fields: dict[str, Any] = {"step": 1, "loss": tpb.LOSS_KIND_POLICY_GRADIENT}
-    batch = good_micro_batch()
+    batch = wire_micro_batch([5, 4])
     if field == "micro_batches":  # a step claiming more tokens than the budget, no data
         del batch.input_ids.shape[:]
         batch.input_ids.shape.append(value)
@@ -455,10 +440,10 @@ def test_train_refuses_every_bad_field(stack: Stack, bad: tuple[str, Any]) -> No
 @given(rank=st.one_of(st.integers(I32_MIN, -1), st.integers(1, I32_MAX)))
 def test_train_refuses_a_rank_outside_the_data_parallel_degree(stack: Stack, rank: int) -> None:
     """A one-process trainer has one data-parallel rank: 0 (also what an unset rank reads)."""
-    batch = good_micro_batch()
+    batch = wire_micro_batch([5, 4])
     batch.rank = rank
     request = tpb.TrainRequest(
-        step=1, micro_batches=[good_micro_batch(), batch], loss=tpb.LOSS_KIND_POLICY_GRADIENT
+        step=1, micro_batches=[wire_micro_batch([5, 4]), batch], loss=tpb.LOSS_KIND_POLICY_GRADIENT
     )
     err = stack.refused(lambda: stack.trainer.Train(request))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -470,7 +455,7 @@ def test_a_step_over_the_token_budget_is_refused_whole(stack: Stack) -> None:
     """Micro-batches each within the budget, together over it: refused naming the field."""
     count = TOKEN_BUDGET // 9 + 1  # 9 tokens each
     request = tpb.TrainRequest(
-        step=1, micro_batches=[good_micro_batch()] * count, loss=tpb.LOSS_KIND_POLICY_GRADIENT
+        step=1, micro_batches=[wire_micro_batch([5, 4])] * count, loss=tpb.LOSS_KIND_POLICY_GRADIENT
     )
     err = stack.refused(lambda: stack.trainer.Train(request))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,7 +15,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from tidal.batch.tensor_codec import encode_array
 from tidal.batch.wire import micro_batch_from_proto, payload_sha256
 from tidal.common.errors import FailedPrecondition
 from tidal.common.grpc.channel import make_channel
@@ -34,6 +32,9 @@ from tidal.trainer.main import RunningTrainer, start_trainer
 from tidal.trainer.persistence import state_file
 from tidal.trainer.persistence.checkpoint import CheckpointManager
 from tidal.weights.folder import load_version
+
+from ..helpers.micro_batches import wire_micro_batch
+from ..helpers.waiting import until
 
 if TYPE_CHECKING:
     from conftest import RunningWeightSync  # the shared fixture's type (tests/conftest.py)
@@ -90,33 +91,10 @@ async def stub(trainer: RunningTrainer) -> AsyncIterator[pb_grpc.TrainerServiceS
         yield pb_grpc.TrainerServiceStub(channel)
 
 
-def micro_batch(lengths: list[int], *, seed: int = 0, **override: np.ndarray) -> pb.MicroBatch:
-    rng = np.random.default_rng(seed)
-    total = sum(lengths)
-    starts = np.cumsum(lengths) - lengths
-    positions = np.arange(total) - np.repeat(starts, lengths)
-    mask = (positions >= 2).astype(np.float32)  # two prompt tokens per sample
-    arrays = {
-        "input_ids": rng.integers(0, 259, total).astype(np.int32),
-        "position_ids": positions.astype(np.int32),
-        "sample_lengths": np.array(lengths, dtype=np.int32),
-        "loss_mask": mask,
-        "advantages": (np.repeat(rng.standard_normal(len(lengths)), lengths) * mask).astype(
-            np.float32
-        ),
-        "behaviour_logprobs": (-5.6 * mask).astype(np.float32),
-        **override,
-    }
-    return pb.MicroBatch(**{name: encode_array(a) for name, a in arrays.items()})
-
-
-def on_rank(batch: pb.MicroBatch, rank: int) -> pb.MicroBatch:
-    batch.rank = rank
-    return batch
-
-
 def request(step: int, *batches: pb.MicroBatch, loss: int = PG) -> pb.TrainRequest:
-    return pb.TrainRequest(step=step, micro_batches=batches or [micro_batch([6, 9])], loss=loss)
+    return pb.TrainRequest(
+        step=step, micro_batches=batches or [wire_micro_batch([6, 9])], loss=loss
+    )
 
 
 async def status(stub: pb_grpc.TrainerServiceStub) -> pb.TrainerStatus:
@@ -143,7 +121,7 @@ async def test_startup_publishes_version_0_and_serves(
 async def test_train_trains_and_publishes_version_equal_to_step(
     weightsync_server: RunningWeightSync, stub: pb_grpc.TrainerServiceStub
 ) -> None:
-    first = await stub.Train(request(1, micro_batch([6, 9]), micro_batch([12], seed=1)))
+    first = await stub.Train(request(1, wire_micro_batch([6, 9]), wire_micro_batch([12], seed=1)))
     assert (first.step, first.policy_version, first.duplicate) == (1, 1, False)
     assert {"loss", "grad_norm", "tokens", "entropy", "clip_frac", "mismatch_kl"} <= set(
         first.metrics
@@ -179,9 +157,9 @@ async def test_duplicate_step_is_answered_not_trained_again(
 async def test_repeated_step_with_other_data_is_refused_naming_the_step(
     weightsync_server: RunningWeightSync, stub: pb_grpc.TrainerServiceStub
 ) -> None:
-    await stub.Train(request(1, micro_batch([6, 9])))
+    await stub.Train(request(1, wire_micro_batch([6, 9])))
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        await stub.Train(request(1, micro_batch([6, 9], seed=7)))
+        await stub.Train(request(1, wire_micro_batch([6, 9], seed=7)))
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "step 1 was already trained with other data" in err.value.details()
     s = await status(stub)
@@ -193,7 +171,9 @@ async def test_payload_sha256_that_does_not_match_the_data_is_invalid_argument(
     stub: pb_grpc.TrainerServiceStub,
 ) -> None:
     sent = request(1)
-    sent.payload_sha256 = payload_sha256(sent.loss, request(1, micro_batch([12])).micro_batches)
+    sent.payload_sha256 = payload_sha256(
+        sent.loss, request(1, wire_micro_batch([12])).micro_batches
+    )
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await stub.Train(sent)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -206,13 +186,13 @@ async def test_orchestrator_client_fails_when_its_step_was_trained_with_foreign_
 ) -> None:
     """Another client trains step 1 first (the trainer cannot tell clients apart before
     authentication exists); the run's own Train(1) must then fail, not pass as a retry."""
-    await stub.Train(request(1, micro_batch([6, 9], seed=3)))
-    own = micro_batch_from_proto(micro_batch([6, 9]), field="own")
+    await stub.Train(request(1, wire_micro_batch([6, 9], seed=3)))
+    own = micro_batch_from_proto(wire_micro_batch([6, 9]), field="own")
     client = TrainerClient(f"127.0.0.1:{trainer.server.port}", security=PLAINTEXT_LOOPBACK)
     try:
         with pytest.raises(PeerError, match="step 1 was already trained with other data"):
             await client.train(1, [own], sft=False, timeout=30)
-        same = micro_batch_from_proto(micro_batch([6, 9], seed=3), field="same")
+        same = micro_batch_from_proto(wire_micro_batch([6, 9], seed=3), field="same")
         retry = await client.train(1, [same], sft=False, timeout=30)  # the same data: a retry
         assert retry.duplicate and retry.policy_version == 1
     finally:
@@ -244,28 +224,28 @@ async def test_out_of_order_step_is_failed_precondition(stub: pb_grpc.TrainerSer
         (
             lambda: request(
                 1,
-                micro_batch([6, 9]),
-                micro_batch([4], input_ids=np.array([256, 1, 999, 2], dtype=np.int32)),
+                wire_micro_batch([6, 9]),
+                wire_micro_batch([4], input_ids=np.array([256, 1, 999, 2], dtype=np.int32)),
             ),
             "micro_batches[1].input_ids",
         ),
         (
-            lambda: request(1, micro_batch([6, 9], advantages=np.zeros(14, dtype=np.float32))),
+            lambda: request(1, wire_micro_batch([6, 9], advantages=np.zeros(14, dtype=np.float32))),
             "micro_batches[0].advantages",
         ),
         (
-            lambda: request(1, micro_batch([6, 9], sample_lengths=np.array([6, 8], np.int32))),
+            lambda: request(1, wire_micro_batch([6, 9], sample_lengths=np.array([6, 8], np.int32))),
             "micro_batches[0].sample_lengths",
         ),
         (
-            lambda: request(1, micro_batch([4], input_ids=np.array([1, 2, 3, 4], np.int64))),
+            lambda: request(1, wire_micro_batch([4], input_ids=np.array([1, 2, 3, 4], np.int64))),
             "micro_batches[0].input_ids.dtype",
         ),
-        (lambda: request(1, micro_batch([40])), "micro_batches[0].sample_lengths"),
+        (lambda: request(1, wire_micro_batch([40])), "micro_batches[0].sample_lengths"),
         (lambda: request(1, pb.MicroBatch()), "micro_batches[0].input_ids"),
         # one process trains on data-parallel rank 0 only
         (
-            lambda: request(1, micro_batch([6, 9]), on_rank(micro_batch([4]), 1)),
+            lambda: request(1, wire_micro_batch([6, 9]), wire_micro_batch([4], rank=1)),
             "micro_batches[1].rank",
         ),
     ],
@@ -412,7 +392,7 @@ async def test_resume_replays_the_journaled_steps_after_the_checkpoint_bitwise(
             retry = await stub.Train(request(5))
             assert retry.duplicate and retry.metrics["loss"] == answered[4].metrics["loss"]
             with pytest.raises(grpc.aio.AioRpcError) as other:
-                await stub.Train(request(4, micro_batch([5, 7])))
+                await stub.Train(request(4, wire_micro_batch([5, 7])))
             assert other.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             sixth = await stub.Train(request(6))
         assert sixth.policy_version == 6 and weightsync_server.registry.newest == 6
@@ -454,13 +434,6 @@ async def test_a_stopping_trainer_checkpoints_its_last_step(
     ckpts = tmp_path / "contract" / "checkpoints"
     assert sorted(p.name for p in ckpts.glob("step_*")) == ["step_00000003", "step_00000004"]
     assert list((ckpts / "journal").iterdir()) == []  # all covered by the checkpoint of 4
-
-
-async def until(condition: object, what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.005)
 
 
 def checkpointed_weights(root: Path, step: int) -> dict[str, torch.Tensor]:
@@ -612,7 +585,9 @@ async def test_delivery_re_sends_the_steps_a_trainer_that_came_back_behind_lost(
     address = f"127.0.0.1:{first.server.port}"
     client = TrainerClient(address, security=PLAINTEXT_LOOPBACK)
     delivery = TrainDelivery(client, RecoveryConfig(), timeout_s=30)
-    batches = [micro_batch_from_proto(micro_batch([6, 9], seed=s), field="b") for s in range(4)]
+    batches = [
+        micro_batch_from_proto(wire_micro_batch([6, 9], seed=s), field="b") for s in range(4)
+    ]
     try:
         for step in (1, 2):
             await delivery.train(step, [batches[step]], sft=False)

@@ -9,7 +9,6 @@ replica keeps serving the previous one; a replica started late converges to the 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,8 @@ from tidal.weights.client import WeightSyncClient
 from tidal.weights.folder import write_version
 from tidal.weightsync.config import FilesystemTransport, StreamTransport
 
+from ..helpers.waiting import until
+
 ARGS = DecoderArgs(
     vocab_size=264, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=64
 )
@@ -37,13 +38,6 @@ def weights(version: int) -> dict[str, torch.Tensor]:
     model = DecoderLM(ARGS)
     model.init_weights(std=0.3)
     return {k: v.clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
-
-
-async def until(check: Any, what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.02)
 
 
 @pytest.fixture(params=["filesystem", "stream"])

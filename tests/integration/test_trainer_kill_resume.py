@@ -20,12 +20,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
-import numpy as np
 import pytest
 import tomli_w
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tidal.batch.tensor_codec import encode_array
 from tidal.cli.ports import free_port
 from tidal.common.security.credentials import ensure_certificates
 from tidal.rpc.v1 import common_pb2
@@ -34,32 +32,18 @@ from tidal.rpc.v1 import trainer_pb2_grpc as pb_grpc
 from tidal.weights.folder import version_dir
 from tidal.weights.manifest import MANIFEST_FILE
 
+from ..helpers.micro_batches import wire_micro_batch
 from ..tls_fixtures import role_channel
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 TINY_MODEL = {"dim": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 64}
 
 
-def micro_batch(seed: int) -> pb.MicroBatch:
-    rng = np.random.default_rng(seed)
-    lengths = [6, 9]
-    positions = np.concatenate([np.arange(n) for n in lengths])
-    mask = (positions >= 2).astype(np.float32)
-    advantages = np.repeat(rng.standard_normal(len(lengths)), lengths) * mask
-    arrays = {
-        "input_ids": rng.integers(0, 259, sum(lengths)).astype(np.int32),
-        "position_ids": positions.astype(np.int32),
-        "sample_lengths": np.array(lengths, dtype=np.int32),
-        "loss_mask": mask,
-        "advantages": advantages.astype(np.float32),
-        "behaviour_logprobs": (-5.6 * mask).astype(np.float32),
-    }
-    return pb.MicroBatch(**{name: encode_array(a) for name, a in arrays.items()})
-
-
 def train_request(step: int) -> pb.TrainRequest:
     return pb.TrainRequest(
-        step=step, micro_batches=[micro_batch(step)], loss=pb.LOSS_KIND_POLICY_GRADIENT
+        step=step,
+        micro_batches=[wire_micro_batch([6, 9], seed=step)],
+        loss=pb.LOSS_KIND_POLICY_GRADIENT,
     )
 
 
@@ -175,7 +159,7 @@ def test_trainer_killed_right_after_publishing_resumes_without_refusal(
     again = stack.train(2)
     assert (again.step, again.policy_version, again.duplicate) == (2, 2, True)
     other = train_request(2)
-    other.micro_batches[0].CopyFrom(micro_batch(99))
+    other.micro_batches[0].CopyFrom(wire_micro_batch([6, 9], seed=99))
     with stack.channel("orchestrator") as channel, pytest.raises(grpc.RpcError) as e:
         pb_grpc.TrainerServiceStub(channel).Train(other, timeout=120)
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -187,7 +171,9 @@ def test_trainer_killed_right_after_publishing_resumes_without_refusal(
 def long_request(step: int, micro_batches: int) -> pb.TrainRequest:
     return pb.TrainRequest(
         step=step,
-        micro_batches=[micro_batch(step * 10_000 + i) for i in range(micro_batches)],
+        micro_batches=[
+            wire_micro_batch([6, 9], seed=step * 10_000 + i) for i in range(micro_batches)
+        ],
         loss=pb.LOSS_KIND_POLICY_GRADIENT,
     )
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,8 @@ from tidal.weights.manifest import LORA_ADAPTERS
 from tidal.weights.transports.filesystem import FilesystemSender
 from tidal.weightsync.config import FilesystemTransport, StreamTransport
 from tidal.weightsync.registry import VersionRegistry
+
+from ...helpers.waiting import until
 
 TINY: dict[str, Any] = dict(
     dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=32, tie_embeddings=False
@@ -78,13 +79,6 @@ def trainer_targets(trainer: Trainer) -> list[str]:
 
 def positions(input_ids: torch.Tensor) -> torch.Tensor:
     return torch.arange(input_ids.shape[1]).expand_as(input_ids)  # (B, T)
-
-
-async def until(check: Any, what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.02)
 
 
 @pytest.fixture(params=["filesystem", "stream"])
