@@ -24,6 +24,9 @@ from tidal.inference.config import InferenceConfig, InferenceRunConfig
 from tidal.inference.main import RunningInference, start_inference
 from tidal.orchestrator.inference_pool import InferencePool
 from tidal.orchestrator.peers import PeerError
+from tidal.orchestrator.version_feed import VersionFeed
+from tidal.weights.client import WeightSyncClient
+from tidal.weights.manifest import LoadedVersions
 
 from .test_inference_service import publish
 
@@ -58,6 +61,17 @@ async def replicas(weightsync_server: Any, tmp_path: Path) -> AsyncIterator[list
     yield started
     for running in started:
         await stop_replica(running)
+
+
+@pytest.fixture
+async def versions(weightsync_server: Any) -> AsyncIterator[VersionFeed]:
+    """The orchestrator's feed of loaded versions, following the real weight-sync service."""
+    client = WeightSyncClient(weightsync_server.address, security=PLAINTEXT_LOOPBACK)
+    feed = VersionFeed()
+    following = asyncio.create_task(feed.follow(client))
+    yield feed
+    following.cancel()
+    await client.close()
 
 
 async def generate(pool: InferencePool, seed: int = 1, n: int = 2, affinity: str = "") -> list[Any]:
@@ -106,11 +120,29 @@ async def test_affinity_keeps_a_key_on_its_replica_while_it_serves() -> None:
     await pool.close()
 
 
+async def test_the_version_gate_is_the_oldest_pushed_version_of_the_serving_replicas() -> None:
+    # grpc.aio channels (never connected here) need the running loop
+    feed = VersionFeed()
+    pool = InferencePool(["127.0.0.1:1", "127.0.0.1:2"], security=PLAINTEXT_LOOPBACK, versions=feed)
+    a, b = pool.replicas
+    a.replica_id, b.replica_id = "inference-0", "inference-1"
+    feed.apply(LoadedVersions(1, {"inference-0": 1, "inference-1": 0}))
+    waiting = asyncio.create_task(pool.wait_loaded(1))
+    await asyncio.sleep(0.05)
+    assert pool.loaded_version() == 0 and not waiting.done()  # inference-1 lags
+    await pool._lost(b, "killed")  # a replica that is down does not hold the run back
+    assert await asyncio.wait_for(waiting, 5) == 1
+    await pool.close()
+
+
 async def test_requests_spread_over_both_replicas_and_versions_gate_on_the_oldest(
-    replicas: list[RunningInference],
+    replicas: list[RunningInference], versions: VersionFeed
 ) -> None:
     pool = InferencePool(
-        [f"127.0.0.1:{r.port}" for r in replicas], security=PLAINTEXT_LOOPBACK, probe_s=0.1
+        [f"127.0.0.1:{r.port}" for r in replicas],
+        security=PLAINTEXT_LOOPBACK,
+        probe_s=0.1,
+        versions=versions,
     )
     try:
         await pool.wait_serving(30)

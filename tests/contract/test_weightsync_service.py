@@ -67,6 +67,39 @@ async def test_watch_streams_new_versions_in_order(weightsync_server) -> None:  
     await client.close()
 
 
+async def test_watch_loaded_replays_the_state_then_pushes_each_change(weightsync_server) -> None:  # type: ignore[no-untyped-def]
+    client = WeightSyncClient(weightsync_server.address, security=PLAINTEXT_LOOPBACK)
+    await client.publish(publish_files(weightsync_server.root, 0))
+    replica = client.watch("replica-a", after_version=-1)
+    await anext(replica)  # registered
+    states = client.watch_loaded()
+    first = await asyncio.wait_for(anext(states), 10)
+    assert (first.published, first.replicas) == (0, {"replica-a": -1})
+    await client.ack_loaded("replica-a", 0)
+    acked = await asyncio.wait_for(anext(states), 10)
+    assert acked.replicas == {"replica-a": 0}
+    await client.publish(publish_files(weightsync_server.root, 1))
+    published = await asyncio.wait_for(anext(states), 10)
+    assert (published.published, published.replicas) == (1, {"replica-a": 0})
+    await client.close()
+
+
+async def test_a_watch_naming_its_loaded_version_counts_as_acknowledged(weightsync_server) -> None:  # type: ignore[no-untyped-def]
+    client = WeightSyncClient(weightsync_server.address, security=PLAINTEXT_LOOPBACK)
+    await client.publish(publish_files(weightsync_server.root, 0))
+    await client.publish(publish_files(weightsync_server.root, 1))
+    # a replica reconnecting to a restarted weightsync: it serves version 1 already
+    stream = client.watch("replica-a", after_version=1, loaded_version=1)
+    pending = asyncio.create_task(anext(stream))
+    states = client.watch_loaded()
+    state = await asyncio.wait_for(anext(s async for s in states if "replica-a" in s.replicas), 10)
+    assert state.replicas == {"replica-a": 1}
+    listed = await client.list_versions()
+    assert [v.loaded_by for v in listed] == [(), ("replica-a",)]
+    pending.cancel()
+    await client.close()
+
+
 async def test_version_not_greater_is_refused_and_nothing_lost(weightsync_server) -> None:  # type: ignore[no-untyped-def]
     client = WeightSyncClient(weightsync_server.address, security=PLAINTEXT_LOOPBACK)
     m1 = publish_files(weightsync_server.root, 1)

@@ -11,25 +11,33 @@ from tidal.orchestrator.completions import Completion, ScoredSample
 from tidal.orchestrator.config import StalenessConfig
 from tidal.orchestrator.staleness import AsyncWindow, PolicyVersionTimeout, sample_staleness
 from tidal.orchestrator.tasks.base import Problem
+from tidal.orchestrator.version_feed import VersionFeed
+from tidal.weights.manifest import LoadedVersions
 
 
-class LoadedVersions:
-    """Inference's GetStatus as the window sees it: the loaded version, call after call."""
+class OneReplica:
+    """The window's source over a real VersionFeed that one replica's pushes update."""
 
-    def __init__(self, *versions: int) -> None:
-        self.versions = list(versions)
-        self.calls = 0
+    def __init__(self, version: int) -> None:
+        self.feed = VersionFeed()
+        self.push(version)
 
-    async def policy_version(self) -> int:
-        self.calls += 1
-        return self.versions[min(self.calls, len(self.versions)) - 1]
+    def push(self, version: int) -> None:
+        self.feed.apply(LoadedVersions(version, {"replica": version}))
+
+    def loaded_version(self) -> int:
+        return self.feed.loaded("replica")
+
+    async def wait_loaded(self, version: int) -> int:
+        await self.feed.wait_until(lambda: self.loaded_version() >= version)
+        return self.loaded_version()
 
 
 def _window(
-    max_async: int, *loaded: int, bound: int | None = None, wait_s: float = 5.0
+    max_async: int, loaded: int = 0, bound: int | None = None, wait_s: float = 5.0
 ) -> AsyncWindow:
     config = StalenessConfig(max_async=max_async, max_off_policy_steps=bound)
-    return AsyncWindow(config, LoadedVersions(*(loaded or (0,))), wait_timeout_s=wait_s)
+    return AsyncWindow(config, OneReplica(loaded), wait_timeout_s=wait_s)
 
 
 def _sample(versions: tuple[int, ...], step: int) -> ScoredSample:
@@ -113,11 +121,16 @@ async def test_waiting_for_a_loaded_version_returns_at_once_when_it_is_there() -
     assert window.loaded == 3
 
 
-async def test_waiting_polls_until_inference_has_loaded_the_needed_version() -> None:
-    inference = LoadedVersions(1, 1, 2, 3)
+async def test_waiting_wakes_when_the_needed_version_is_pushed() -> None:
+    inference = OneReplica(1)
     window = AsyncWindow(StalenessConfig(max_async=0), inference, wait_timeout_s=5.0)
-    assert await window.wait_for_step(4) == 3  # version 3 needed; seen on the fourth poll
-    assert inference.calls == 4
+    waiting = asyncio.create_task(window.wait_for_step(4))  # version 3 needed
+    for version in (1, 2):
+        inference.push(version)
+        await asyncio.sleep(0)
+        assert not waiting.done()
+    inference.push(3)
+    assert await asyncio.wait_for(waiting, 5) == 3
 
 
 async def test_a_version_never_loaded_times_out_naming_both_versions() -> None:
@@ -126,9 +139,9 @@ async def test_a_version_never_loaded_times_out_naming_both_versions() -> None:
         await window.wait_for_step(6)
 
 
-async def test_a_version_seen_loaded_is_not_asked_for_again() -> None:
-    inference = LoadedVersions(2)
+async def test_a_version_seen_loaded_is_not_waited_for_again() -> None:
+    inference = OneReplica(2)
     window = AsyncWindow(StalenessConfig(max_async=0), inference, wait_timeout_s=5.0)
     await window.wait_loaded(2)
-    await asyncio.gather(window.wait_loaded(0), window.wait_loaded(1))
-    assert inference.calls == 1
+    inference.feed = VersionFeed()  # the pool forgot it (a replaced replica): none known
+    assert await asyncio.wait_for(window.wait_loaded(1), 1) == 2

@@ -19,10 +19,11 @@ from tidal.common.grpc.channel import make_channel
 from tidal.common.security.transport import TransportSecurity
 from tidal.rpc.v1 import weightsync_pb2 as pb
 from tidal.rpc.v1 import weightsync_pb2_grpc as pb_grpc
-from tidal.weights.manifest import VersionEvent, WeightManifest, verify_digests
+from tidal.weights.manifest import LoadedVersions, VersionEvent, WeightManifest, verify_digests
 from tidal.weights.transport_choice import TransportChoice
 from tidal.weights.wire import (
     event_from_proto,
+    loaded_versions_from_proto,
     manifest_to_proto,
     role_to_proto,
     transport_choice_from_proto,
@@ -69,12 +70,28 @@ class WeightSyncClient:
         reply = await self.stub.ListVersions(pb.ListVersionsRequest(), timeout=timeout)
         return [event_from_proto(v) for v in reply.versions]
 
-    async def watch(self, replica_id: str, after_version: int = -1) -> AsyncIterator[VersionEvent]:
-        call = self.stub.Watch(pb.WatchRequest(replica_id=replica_id, after_version=after_version))
+    async def watch(
+        self, replica_id: str, after_version: int = -1, *, loaded_version: int = -1
+    ) -> AsyncIterator[VersionEvent]:
+        """Versions newer than `after_version`; `loaded_version` (>= 0) tells weightsync
+        which version this replica serves, as an acknowledgement would."""
+        request = pb.WatchRequest(replica_id=replica_id, after_version=after_version)
+        if loaded_version >= 0:
+            request.loaded_version = loaded_version
+        call = self.stub.Watch(request)
         try:
             async for reply in call:
                 yield event_from_proto(reply)
         finally:  # closing the iterator ends the stream, so weightsync's lease runs out
+            call.cancel()
+
+    async def watch_loaded(self) -> AsyncIterator[LoadedVersions]:
+        """The published version and every replica's loaded version: now, then on change."""
+        call = self.stub.WatchLoaded(pb.WatchLoadedRequest())
+        try:
+            async for reply in call:
+                yield loaded_versions_from_proto(reply)
+        finally:
             call.cancel()
 
     async def begin_load(self, replica_id: str, version: int, *, timeout: float = 30.0) -> None:

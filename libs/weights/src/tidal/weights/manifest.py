@@ -81,6 +81,15 @@ class VersionEvent:
     published_unix_ms: int = 0
 
 
+@dataclass(frozen=True)
+class LoadedVersions:
+    """What weightsync's WatchLoaded pushes: the newest published version and, per
+    replica id, the newest version that replica acknowledged (-1: none yet)."""
+
+    published: int
+    replicas: dict[str, int] = field(default_factory=dict)
+
+
 class CorruptWeights(FailedPrecondition):
     """A version's files are missing, truncated or do not match their sha256."""
 

@@ -14,6 +14,7 @@ from tidal.rpc.v1 import weightsync_pb2 as pb
 from tidal.weights.manifest import (
     FORMATS,
     LORA_ADAPTERS,
+    LoadedVersions,
     VersionEvent,
     WeightFile,
     WeightManifest,
@@ -85,6 +86,14 @@ def event_from_proto(v: pb.WeightVersion) -> VersionEvent:
         loaded_by=tuple(v.loaded_by),
         published_unix_ms=v.published_unix_ms,
     )
+
+
+def loaded_versions_to_proto(v: LoadedVersions) -> pb.LoadedVersions:
+    return pb.LoadedVersions(published=v.published, replicas=v.replicas)
+
+
+def loaded_versions_from_proto(v: pb.LoadedVersions) -> LoadedVersions:
+    return LoadedVersions(v.published, dict(v.replicas))
 
 
 def transport_choice_to_proto(p: TransportChoice) -> pb.SyncPlan:

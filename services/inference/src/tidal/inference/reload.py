@@ -90,7 +90,11 @@ class WeightWatcher:
                     latest = await self.client.latest()
                     if latest is not None:
                         self.seen = latest.manifest.version - 1
-                async for event in self.client.watch(self.replica_id, after_version=self.seen):
+                # Says what this replica serves: a restarted weightsync learns it again.
+                stream = self.client.watch(
+                    self.replica_id, after_version=self.seen, loaded_version=self.loaded
+                )
+                async for event in stream:
                     backoff = BACKOFF_START_S
                     await self.load(event)
                 log.warning("weight-sync closed the watch stream; reconnecting")

@@ -82,9 +82,9 @@ class InferenceClient:
                 common_pb2.StatusRequest(), timeout=timeout, wait_for_ready=False
             )
 
-    async def policy_version(self, *, timeout: float = 10.0) -> int:
-        """Newest version the replica has loaded (-1 before the first)."""
-        return int((await self._status(timeout)).policy_version)
+    async def replica_id(self, *, timeout: float = 10.0) -> str:
+        """The id the replica reports to weightsync (its loaded versions are filed under it)."""
+        return str((await self._status(timeout)).replica_id)
 
     async def pressure(self, *, timeout: float = 10.0) -> tuple[int, float]:
         """(requests waiting in the replica's queue, fraction of its KV cache in use)."""

@@ -54,6 +54,7 @@ from tidal.common.security.transport import TransportSecurity
 from tidal.orchestrator.completions import Completion
 from tidal.orchestrator.inference_client import InferenceClient
 from tidal.orchestrator.peers import PeerError
+from tidal.orchestrator.version_feed import VersionFeed
 
 log = logging.getLogger(__name__)
 LOST_CODES = frozenset(
@@ -77,6 +78,9 @@ class Replica:
     index: int
     client: InferenceClient
     serving: bool = True
+    replica_id: str = ""
+    """Its id at weightsync (GetStatus), read whenever it starts serving: a replica
+    restarted on the same address may carry another."""
     outstanding_tokens: int = 0
     sent: int = 0
     """Generate attempts sent to it."""
@@ -103,6 +107,7 @@ class InferencePool:
         security: TransportSecurity,
         lost_timeout_s: float = 300.0,
         probe_s: float = PROBE_S,
+        versions: VersionFeed | None = None,
     ) -> None:
         if not addresses:
             raise ValueError("an inference pool needs at least one replica address")
@@ -112,6 +117,8 @@ class InferencePool:
         ]
         self.lost_timeout_s = lost_timeout_s
         self.probe_s = probe_s
+        self.versions = versions or VersionFeed()
+        """What weightsync pushes: the version each replica has loaded."""
         self._changed = asyncio.Condition()
         self._probes: list[asyncio.Task[None]] = []
         self._waiting_logged = False
@@ -127,6 +134,9 @@ class InferencePool:
     async def wait_serving(self, timeout: float) -> None:
         """Wait (at start-up) until every replica is SERVING, then start the probes."""
         await asyncio.gather(*(r.client.wait_serving(timeout) for r in self.replicas))
+        for replica in self.replicas:
+            replica.replica_id = await replica.client.replica_id(timeout=STATUS_TIMEOUT_S)
+        self.versions.changed()
         self.start_probes()
 
     def start_probes(self) -> None:
@@ -175,6 +185,7 @@ class InferencePool:
         replica.last_error = reason
         if replica.serving:
             replica.serving = False
+            self.versions.changed()  # it no longer holds the version gate back
             others = sum(r.serving for r in self.replicas)
             log.warning(
                 "inference replica %d at %s lost (%s); %d of %d replicas serving",
@@ -186,10 +197,16 @@ class InferencePool:
             )
 
     async def _returned(self, replica: Replica) -> None:
+        try:
+            replica.replica_id = await replica.client.replica_id(timeout=STATUS_TIMEOUT_S)
+        except PeerError as exc:  # not back after all: the next probe tries again
+            replica.last_error = str(exc)
+            return
         async with self._changed:
             replica.serving = True
             self._waiting_logged = False
             self._changed.notify_all()
+        self.versions.changed()
         log.info(
             "inference replica %d at %s serves again; %d of %d replicas serving",
             replica.index,
@@ -327,14 +344,30 @@ class InferencePool:
             replica.served += 1
             return completions
 
-    async def _statuses(self) -> list[tuple[Replica, int, int, float]]:
-        """(replica, loaded version, queued, kv usage) of every replica that answers;
-        waits for one to serve (bounded) when none does."""
+    def loaded_version(self) -> int:
+        """The oldest version a serving replica has loaded, as weightsync pushed it (-1
+        while one has loaded none or none serves)."""
+        serving = [self.versions.loaded(r.replica_id) for r in self.replicas if r.serving]
+        return min(serving, default=-1)
+
+    async def wait_loaded(self, version: int) -> int:
+        """Wait until every serving replica has loaded `version` or newer; returns the
+        oldest they have loaded."""
+        await self.versions.wait_until(lambda: self.loaded_version() >= version)
+        return self.loaded_version()
+
+    async def policy_version(self) -> int:
+        """The oldest version the serving replicas have loaded, once each has one."""
+        return await self.wait_loaded(0)
+
+    async def pressure(self, *, timeout: float = STATUS_TIMEOUT_S) -> tuple[int, float]:
+        """(longest queue, fullest KV cache) among the serving replicas; waits for one to
+        serve (bounded) when none does."""
         while True:
             await self._acquire()
             serving = [r for r in self.replicas if r.serving]
             replies = await asyncio.gather(
-                *(r.client._status(STATUS_TIMEOUT_S) for r in serving), return_exceptions=True
+                *(r.client.pressure(timeout=timeout) for r in serving), return_exceptions=True
             )
             out = []
             for replica, reply in zip(serving, replies, strict=True):
@@ -345,18 +378,9 @@ class InferencePool:
                         raise reply
                     await self._lost(replica, str(reply) or "status call cancelled")
                     continue
-                out.append((replica, int(reply.policy_version), int(reply.queued), reply.kv_usage))
+                out.append(reply)
             if out:
-                return out
-
-    async def policy_version(self, *, timeout: float = STATUS_TIMEOUT_S) -> int:
-        """The oldest version loaded by a serving replica (-1 before every one loaded)."""
-        return min(v for _, v, _, _ in await self._statuses())
-
-    async def pressure(self, *, timeout: float = STATUS_TIMEOUT_S) -> tuple[int, float]:
-        """(longest queue, fullest KV cache) among the serving replicas."""
-        statuses = await self._statuses()
-        return max(q for _, _, q, _ in statuses), max(k for _, _, _, k in statuses)
+                return max(q for q, _ in out), max(k for _, k in out)
 
     def summary(self) -> list[str]:
         """One line per replica: what it served."""

@@ -54,7 +54,6 @@ from tidal.orchestrator.metrics import METRICS_FILE, MetricsLog, StepMetrics
 from tidal.orchestrator.mixture import TaskMixture
 from tidal.orchestrator.prometheus import OrchestratorMetrics
 from tidal.orchestrator.prompt_rendering import PromptRenderer
-from tidal.orchestrator.published_versions import follow_publishes
 from tidal.orchestrator.report import (
     REPORT_PLOT,
     REWARD_PLOT,
@@ -79,6 +78,7 @@ from tidal.orchestrator.servicer import OrchestratorServicer
 from tidal.orchestrator.staleness import AsyncWindow
 from tidal.orchestrator.tasks import build_tasks
 from tidal.orchestrator.trainer_client import TrainerClient
+from tidal.orchestrator.version_feed import VersionFeed
 from tidal.orchestrator.wandb_sink import WandbSink, import_wandb
 from tidal.rpc.v1 import orchestrator_pb2_grpc as pb_grpc
 from tidal.text.agreement import check_agreement
@@ -88,7 +88,6 @@ from tidal.weights.client import WeightSyncClient
 
 log = logging.getLogger(__name__)
 FULL_NAME = "tidal.rpc.v1.OrchestratorService"
-REPLICA_ID = "orchestrator"
 EXIT_FAILED, EXIT_CONFIG, EXIT_SIGNALLED = 1, 2, 143
 QUEUE_POLL_S = 0.5
 LAUNCHED_AT_ENV = "TIDAL_LAUNCHED_AT"
@@ -179,11 +178,13 @@ async def run_training(
     """Wait for the peers, run every step, then write the report and the summary."""
     orch = config.orchestrator
     security = for_service(config, "orchestrator")
+    versions = VersionFeed(on_published=progress.saw_version)
     inference = InferencePool(
         config.endpoints.inference_addresses(),
         config.grpc,
         security=security,
         lost_timeout_s=orch.recovery.peer_loss_s,
+        versions=versions,
     )
     trainer = TrainerClient(config.endpoints.trainer, config.grpc, security=security)
     weightsync = WeightSyncClient(config.endpoints.weightsync, config.grpc, security=security)
@@ -203,7 +204,9 @@ async def run_training(
         prompts=prompts,
         max_tokens=orch.sampling.max_tokens or mixture.max_completion_chars + 2,
     )
-    background: list[asyncio.Task[None]] = []
+    follow = asyncio.create_task(versions.follow(weightsync, address=config.endpoints.weightsync))
+    follow.add_done_callback(_warn_if_failed)
+    background = [follow]
     launched_at = launched_at_from_env()
     marks: dict[str, float | None] = {"launched_at": launched_at}
     try:
@@ -230,11 +233,7 @@ async def run_training(
         started = time.monotonic()  # the summary's time excludes waiting for peers
         marks["first_step_started_at"] = time.time()
         import_matplotlib_in_background()  # for the report, off the end of the run
-        follow = asyncio.create_task(
-            follow_publishes(weightsync, REPLICA_ID, progress, address=config.endpoints.weightsync)
-        )
-        follow.add_done_callback(_warn_if_failed)
-        background += [follow, asyncio.create_task(follow_inference_queue(inference, limiter))]
+        background.append(asyncio.create_task(follow_inference_queue(inference, limiter)))
         loop = RLLoop(
             orch,
             seed=config.run.seed,
@@ -298,7 +297,7 @@ async def check_peer_tokenizers(
 
 def _warn_if_failed(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
-        log.warning("lost the weightsync version stream: %s", task.exception())
+        log.warning("lost the weightsync loaded-version stream: %s", task.exception())
 
 
 async def serve(

@@ -1,57 +1,28 @@
 """The async window: how far generation may run ahead of training, and what is too stale.
 
-One object, `AsyncWindow`, owns every rule that involves `max_async` or the off-policy
-bound, so the loop asks it questions instead of doing the arithmetic itself.
-
-Decisions:
-- Steps are 1-indexed, versions 0-indexed (version v = the weights after step v), so
-  step n updates version n - 1. Rollouts of step n may start once inference has
-  *loaded* version `max(0, n - 1 - max_async)`; equivalently, with the newest trained
-  step T, generation may start for every step up to `T + 1 + max_async`. With
-  `max_async = 0` step n+1 starts only after Train(n) returned and inference loaded
-  version n: synchronous, on-policy. With `max_async = 1` (the default) step n+1's
-  rollouts are generated while step n trains.
-- The gate is on the version inference has *loaded*, not the one weightsync has
-  published: a published version inference has not loaded yet would make a step's
-  rollouts staler than promised. The v1 contracts push no load events to the
-  orchestrator (weightsync's Watch only announces new publishes), so the window asks
-  the replica's GetStatus, backing off from 20 ms to 100 ms: a tiny model loads in well
-  under a second, and the status call is a few microseconds of server work. A push (e.g.
-  a Watch on inference's status) would remove the poll; that is a contract change, not
-  done here.
-- With several replicas the window reads the pool (inference_pool.py), whose loaded
-  version is the oldest any *serving* replica has loaded: a step starts only when every
-  replica it may be routed to has the version it needs. A replica that is down does not
-  hold the run back.
-- Staleness of a sample trained at step n is `(n - 1) - min(policy_versions)`: how many
-  optimizer steps the oldest policy that wrote any of its tokens lags behind the policy
-  being updated. On-policy samples have staleness 0; the gate keeps it ≤ max_async unless
-  inference is late to load a version. The oldest token's version counts, not the
-  newest: a completion that spans a reload is only as fresh as its stalest part.
-- The bound is `max_off_policy_steps`, by default `max_async + 1`: one version of slack
-  for a reload in the middle of a completion and for late loads, so the default drops
-  nothing in a healthy run. Samples over the bound are dropped after advantages are
-  computed, so the surviving samples keep the baseline of their whole group; the number
-  dropped is returned so the step's metrics count it.
+`AsyncWindow` owns every rule that involves `max_async` or the off-policy bound, so the
+loop asks it questions instead of doing the arithmetic. Steps are 1-indexed and versions
+0-indexed: step n's rollouts start once inference has *loaded* version
+`max(0, n - 1 - max_async)` (loaded, not published: a version not yet served would make
+rollouts staler than promised), and a sample's staleness is `(n - 1) - ` the oldest
+version among its tokens. Loaded versions are pushed (version_feed.py), never polled.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 from typing import Protocol, TypeVar
 
 from tidal.orchestrator.config import StalenessConfig
 
-FIRST_POLL_S = 0.02
-MAX_POLL_S = 0.1
-
 
 class LoadedVersionSource(Protocol):
-    """Where the window reads the version inference has loaded (its GetStatus)."""
+    """The version inference has loaded, as pushed to the orchestrator (the inference pool)."""
 
-    async def policy_version(self) -> int: ...
+    def loaded_version(self) -> int: ...
+
+    async def wait_loaded(self, version: int) -> int: ...
 
 
 class HasStaleness(Protocol):
@@ -113,19 +84,17 @@ class AsyncWindow:
 
         Raises PolicyVersionTimeout after `timeout` (default: the window's wait timeout).
         """
+        self.loaded = max(self.loaded, self.inference.loaded_version())
+        if self.loaded >= version:
+            return self.loaded
         timeout = self.wait_timeout_s if timeout is None else timeout
-        deadline = time.monotonic() + timeout
-        delay = FIRST_POLL_S
-        while self.loaded < version:
-            self.loaded = max(self.loaded, await self.inference.policy_version())
-            if self.loaded >= version:
-                break
-            if time.monotonic() + delay > deadline:
-                raise PolicyVersionTimeout(
-                    f"inference still serves version {self.loaded} after {timeout:.0f}s; "
-                    f"version {version} is needed (is it subscribed to weightsync? "
-                    "orchestrator.timeouts.peer_wait_s sets how long to wait)"
-                )
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, MAX_POLL_S)
+        try:
+            loaded = await asyncio.wait_for(self.inference.wait_loaded(version), timeout)
+        except TimeoutError:
+            raise PolicyVersionTimeout(
+                f"inference still serves version {self.inference.loaded_version()} after "
+                f"{timeout:.0f}s; version {version} is needed (is it subscribed to weightsync? "
+                "orchestrator.timeouts.peer_wait_s sets how long to wait)"
+            ) from None
+        self.loaded = max(self.loaded, loaded)
         return self.loaded

@@ -39,6 +39,7 @@ from tidal.weights.manifest import (
     CONFIG_FILE,
     FULL_WEIGHTS,
     WEIGHTS_FILE,
+    LoadedVersions,
     VersionEvent,
     WeightManifest,
     verify_files,
@@ -70,7 +71,8 @@ class VersionRegistry:
         self._entries: dict[int, _Entry] = {}
         self._replicas: dict[str, int] = {}  # replica id → version it serves (-1: none yet)
         self._loading: dict[str, int] = {}  # replica id → version it is loading
-        self._changed = asyncio.Condition()
+        self._revision = 0  # counts changes subscribers see (publishes, loads, replicas)
+        self._changed = asyncio.Event()  # set and replaced at every change
         self._load_existing()
 
     def _load_existing(self) -> None:
@@ -125,8 +127,7 @@ class VersionRegistry:
         event = VersionEvent(manifest, trace_context, (), int(time.time() * 1000))
         self._entries[manifest.version] = _Entry(event)
         self._retain()
-        async with self._changed:
-            self._changed.notify_all()
+        self._bump()
 
     def already_registered(self, manifest: WeightManifest) -> bool:
         """True when this exact version is registered already (a retried publish).
@@ -172,13 +173,19 @@ class VersionRegistry:
     def register_replica(self, replica_id: str) -> None:
         if not replica_id:
             raise InvalidArgument("replica_id", "must not be empty")
-        self._replicas.setdefault(replica_id, -1)
+        if replica_id not in self._replicas:
+            self._replicas[replica_id] = -1
+            self._bump()
         self.leases.renew(replica_id)
 
-    def watch_opened(self, replica_id: str) -> None:
-        """A Watch stream of `replica_id` is open: its lease holds until it closes."""
+    def watch_opened(self, replica_id: str, loaded_version: int | None = None) -> None:
+        """A Watch stream of `replica_id` is open: its lease holds until it closes.
+        `loaded_version`, the version it says it serves, counts as acknowledged when it
+        is registered (a restarted registry learns it again this way)."""
         self.register_replica(replica_id)
         self.leases.stream_opened(replica_id)
+        if loaded_version is not None and loaded_version in self._entries:
+            self._loaded(replica_id, loaded_version)
 
     def watch_closed(self, replica_id: str) -> None:
         """Its stream is gone; the lease now runs out after `lease_s` unless renewed."""
@@ -201,6 +208,7 @@ class VersionRegistry:
             )
             self._replicas.pop(replica_id, None)
             self._loading.pop(replica_id, None)
+            self._bump()
 
     @property
     def replicas(self) -> dict[str, int]:
@@ -219,18 +227,38 @@ class VersionRegistry:
 
     def ack(self, replica_id: str, version: int) -> None:
         self._known(replica_id)
-        entry = self._entries.get(version)
-        if entry is None:
+        if version not in self._entries:
             raise InvalidArgument("version", f"version {version} is not registered")
-        entry.loaded_by.add(replica_id)
+        self._loaded(replica_id, version)
+
+    def _loaded(self, replica_id: str, version: int) -> None:
+        self._entries[version].loaded_by.add(replica_id)
         self._replicas[replica_id] = max(self._replicas[replica_id], version)
         if self._loading.get(replica_id, -1) <= version:
             self._loading.pop(replica_id, None)
+        self._bump()
+
+    def loaded_versions(self) -> LoadedVersions:
+        """The newest published version and the version each known replica serves."""
+        return LoadedVersions(self.newest, dict(self._replicas))
+
+    def _bump(self) -> None:
+        self._revision += 1
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def wait_changed(self, after_revision: int) -> int:
+        """Wait until something changed after `after_revision`; returns the new revision
+        (0 is before any change: a first call with -1 returns at once)."""
+        while self._revision <= after_revision:
+            await self._changed.wait()
+        return self._revision
 
     async def wait_newer(self, after: int) -> list[VersionEvent]:
         """Versions newer than `after`, waiting until there is at least one."""
-        async with self._changed:
-            await self._changed.wait_for(lambda: self.newest > after)
+        revision = -1
+        while self.newest <= after:
+            revision = await self.wait_changed(revision)
         return [self._entries[v].snapshot() for v in sorted(self._entries) if v > after]
 
     def _retain(self) -> None:

@@ -23,6 +23,7 @@ from tidal.weights.manifest import WeightManifest
 from tidal.weights.transport_choice import TransportChoice
 from tidal.weights.wire import (
     event_to_proto,
+    loaded_versions_to_proto,
     manifest_from_proto,
     role_from_proto,
     transport_choice_to_proto,
@@ -90,7 +91,8 @@ class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
     ) -> AsyncIterator[pb.WeightVersion]:
         if request.after_version < -1:
             raise InvalidArgument("after_version", f"must be >= -1, got {request.after_version}")
-        self.registry.watch_opened(request.replica_id)
+        loaded = request.loaded_version if request.HasField("loaded_version") else None
+        self.registry.watch_opened(request.replica_id, loaded)
         try:
             after = request.after_version
             while True:
@@ -99,6 +101,14 @@ class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
                     after = event.manifest.version
         finally:  # the replica's lease now runs out unless it reconnects (leases.py)
             self.registry.watch_closed(request.replica_id)
+
+    async def WatchLoaded(
+        self, request: pb.WatchLoadedRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.LoadedVersions]:
+        revision = -1
+        while True:  # whole states, so changes that come in a burst are sent as one
+            revision = await self.registry.wait_changed(revision)
+            yield loaded_versions_to_proto(self.registry.loaded_versions())
 
     async def BeginLoad(
         self, request: pb.BeginLoadRequest, context: grpc.aio.ServicerContext

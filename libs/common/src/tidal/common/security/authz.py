@@ -47,12 +47,13 @@ POLICY: Mapping[str, frozenset[str]] = {
     _WS + "GetUploadProgress": frozenset({"trainer"}),
     # The data-path rendezvous: the trainer (source) and replicas (receivers).
     _WS + "JoinSync": frozenset({"trainer", "inference"}),
-    # Replica bookkeeping pins versions on disk: replicas only. Watch registers its
-    # caller as a replica; the orchestrator watches to learn the policy version.
+    # Replica bookkeeping pins versions on disk: replicas only (Watch registers its
+    # caller as a replica). The orchestrator follows loaded versions with WatchLoaded.
     _WS + "BeginLoad": frozenset({"inference"}),
     _WS + "AckLoaded": frozenset({"inference"}),
     _WS + "FetchWeights": frozenset({"inference"}),
-    _WS + "Watch": frozenset({"inference", "orchestrator"}),
+    _WS + "Watch": frozenset({"inference"}),
+    _WS + "WatchLoaded": frozenset({"orchestrator"}),
     _WS + "GetVersion": ANY_ROLE,
     _WS + "ListVersions": ANY_ROLE,
 }

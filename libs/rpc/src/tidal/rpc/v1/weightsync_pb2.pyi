@@ -90,12 +90,33 @@ class ListVersionsResponse(_message.Message):
     def __init__(self, versions: _Optional[_Iterable[_Union[WeightVersion, _Mapping]]] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
-    __slots__ = ("replica_id", "after_version")
+    __slots__ = ("replica_id", "after_version", "loaded_version")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     AFTER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LOADED_VERSION_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     after_version: int
-    def __init__(self, replica_id: _Optional[str] = ..., after_version: _Optional[int] = ...) -> None: ...
+    loaded_version: int
+    def __init__(self, replica_id: _Optional[str] = ..., after_version: _Optional[int] = ..., loaded_version: _Optional[int] = ...) -> None: ...
+
+class WatchLoadedRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class LoadedVersions(_message.Message):
+    __slots__ = ("published", "replicas")
+    class ReplicasEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    PUBLISHED_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    published: int
+    replicas: _containers.ScalarMap[str, int]
+    def __init__(self, published: _Optional[int] = ..., replicas: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class BeginLoadRequest(_message.Message):
     __slots__ = ("replica_id", "version")

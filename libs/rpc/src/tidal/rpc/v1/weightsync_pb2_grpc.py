@@ -54,6 +54,11 @@ class WeightSyncServiceStub:
                 request_serializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.WatchRequest.SerializeToString,
                 response_deserializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.WeightVersion.FromString,
                 _registered_method=True)
+        self.WatchLoaded = channel.unary_stream(
+                '/tidal.rpc.v1.WeightSyncService/WatchLoaded',
+                request_serializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.WatchLoadedRequest.SerializeToString,
+                response_deserializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.LoadedVersions.FromString,
+                _registered_method=True)
         self.BeginLoad = channel.unary_unary(
                 '/tidal.rpc.v1.WeightSyncService/BeginLoad',
                 request_serializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.BeginLoadRequest.SerializeToString,
@@ -112,6 +117,17 @@ class WeightSyncServiceServicer:
 
     def Watch(self, request, context):
         """Streams every version newer than after_version, now and as they are published.
+        Registers the caller as a replica (a lease held while the stream is open).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchLoaded(self, request, context):
+        """Streams which version each replica serves and the newest published one: the current
+        state first, then the new state after every publish, acknowledgement or replica
+        (re)registration. Each message is the whole state, so a subscriber that reconnects
+        loses nothing. For the orchestrator's version gate; it registers no replica.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -192,6 +208,11 @@ def add_WeightSyncServiceServicer_to_server(servicer, server):
                     servicer.Watch,
                     request_deserializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.WatchRequest.FromString,
                     response_serializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.WeightVersion.SerializeToString,
+            ),
+            'WatchLoaded': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchLoaded,
+                    request_deserializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.WatchLoadedRequest.FromString,
+                    response_serializer=tidal_dot_rpc_dot_v1_dot_weightsync__pb2.LoadedVersions.SerializeToString,
             ),
             'BeginLoad': grpc.unary_unary_rpc_method_handler(
                     servicer.BeginLoad,
@@ -332,6 +353,33 @@ class WeightSyncService:
             '/tidal.rpc.v1.WeightSyncService/Watch',
             tidal_dot_rpc_dot_v1_dot_weightsync__pb2.WatchRequest.SerializeToString,
             tidal_dot_rpc_dot_v1_dot_weightsync__pb2.WeightVersion.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchLoaded(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tidal.rpc.v1.WeightSyncService/WatchLoaded',
+            tidal_dot_rpc_dot_v1_dot_weightsync__pb2.WatchLoadedRequest.SerializeToString,
+            tidal_dot_rpc_dot_v1_dot_weightsync__pb2.LoadedVersions.FromString,
             options,
             channel_credentials,
             insecure,
