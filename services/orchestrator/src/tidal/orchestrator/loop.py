@@ -62,6 +62,7 @@ from tidal.orchestrator.step_stats import rl_step_extras
 from tidal.orchestrator.tasks.base import Problem
 from tidal.orchestrator.train_delivery import TrainDelivery
 from tidal.orchestrator.trainer_client import TrainerClient, TrainResult
+from tidal.orchestrator.version_feed import VersionFeed
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("tidal.orchestrator")
@@ -87,6 +88,7 @@ class RLLoop:
         generator: RolloutGenerator,
         trainer: TrainerClient,
         window: AsyncWindow,
+        versions: VersionFeed,
         data_parallel_ranks: int,
         progress: ProgressState,
         metrics: MetricsLog,
@@ -100,6 +102,8 @@ class RLLoop:
         self.delivery = TrainDelivery(trainer, config.recovery, timeout_s=config.timeouts.train_s)
         """Train calls, retried across a trainer restart (train_delivery.py)."""
         self.window = window
+        self.versions = versions
+        """Published versions, pushed by weightsync (the run ends when the last is)."""
         self.data_parallel_ranks = data_parallel_ranks
         """The trainer's data-parallel degree (resolved at start-up; see service.py)."""
         self.progress = progress
@@ -138,7 +142,7 @@ class RLLoop:
                 # Done when the last version is published, not only trained: the trainer
                 # answers Train first (background_publish), and ending sooner would stop
                 # weightsync under that last publish.
-                await self.delivery.wait_published(total)
+                await self.delivery.wait_published(total, self.versions)
             self.progress.state = "done"
         finally:
             for span, task in self._generations.values():

@@ -241,6 +241,7 @@ async def run_training(
             generator=generator,
             trainer=trainer,
             window=window,
+            versions=versions,
             data_parallel_ranks=ranks,
             progress=progress,
             metrics=metrics,

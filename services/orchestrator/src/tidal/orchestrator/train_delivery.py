@@ -30,6 +30,7 @@ Decisions:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import OrderedDict
@@ -41,10 +42,13 @@ from tidal.batch.packing import PackedMicroBatch
 from tidal.orchestrator.config import RecoveryConfig
 from tidal.orchestrator.peers import PeerError
 from tidal.orchestrator.trainer_client import TrainerClient, TrainResult, train_request
+from tidal.orchestrator.version_feed import VersionFeed
 from tidal.rpc.v1 import trainer_pb2 as pb
 
 log = logging.getLogger(__name__)
 RIDE_OUT = {grpc.StatusCode.UNAVAILABLE}
+RECHECK_S = 1.0
+"""While the last version is not published, how often the trainer is asked for its step."""
 
 
 class TrainDelivery:
@@ -67,16 +71,18 @@ class TrainDelivery:
             self._sent.popitem(last=False)
         return await self._deliver(request)
 
-    async def wait_published(self, step: int) -> None:
-        """Wait until the trainer has published version `step` (it answers Train before it
-        publishes: tidal.trainer.persistence.steps). A trainer that restarted meanwhile
-        from an older checkpoint gets the steps it lost re-sent, as for a lost Train."""
+    async def wait_published(self, step: int, versions: VersionFeed) -> None:
+        """Wait until weightsync pushes version `step` as published (the trainer answers
+        Train before it publishes: tidal.trainer.persistence.steps). Only while it has not
+        is the trainer asked, every RECHECK_S, whether it restarted from an older
+        checkpoint and lost the step: the lost steps are re-sent, as for a lost Train."""
         deadline = time.monotonic() + self.timeout_s
         peer_deadline: float | None = None
         while True:
+            published = versions.wait_until(lambda: versions.published >= step)
+            with contextlib.suppress(TimeoutError):
+                return await asyncio.wait_for(published, RECHECK_S)
             try:
-                if await self.trainer.policy_version() >= step:
-                    return
                 trained = await self.trainer.last_step()
                 if trained < step:  # restarted from an older checkpoint
                     await self._resend_lost(step + 1, trained)
@@ -89,10 +95,9 @@ class TrainDelivery:
                 await self._reconcile(step + 1, peer_deadline)
             if time.monotonic() > deadline:
                 raise PeerError(
-                    f"trainer at {self.trainer.address} trained step {step} but did not "
-                    "publish its version within orchestrator.timeouts.train_s"
+                    f"trainer at {self.trainer.address} trained step {step} but weightsync "
+                    "has not registered its version within orchestrator.timeouts.train_s"
                 )
-            await asyncio.sleep(0.02)
 
     async def _deliver(self, request: pb.TrainRequest) -> TrainResult:
         deadline: float | None = None

@@ -71,11 +71,6 @@ class TrainerClient:
         """The last step the trainer has trained (0 before any)."""
         return int((await self._status(timeout)).step)
 
-    async def policy_version(self, *, timeout: float = 10.0) -> int:
-        """The newest version the trainer has published (it may trail the last step: the
-        trainer publishes in the background, tidal.trainer.persistence.steps)."""
-        return int((await self._status(timeout)).policy_version)
-
     async def data_parallel_ranks(self, *, timeout: float = 10.0) -> int:
         """The trainer's data-parallel degree (0 from a trainer that does not report it)."""
         return int((await self._status(timeout)).data_parallel_ranks)
