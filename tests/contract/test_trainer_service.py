@@ -20,8 +20,8 @@ from tidal.common.errors import FailedPrecondition
 from tidal.common.grpc.channel import make_channel
 from tidal.common.security.transport import PLAINTEXT_LOOPBACK
 from tidal.models.hf_checkpoint import hf_to_native_state_dict
+from tidal.orchestrator.client_errors import PeerError
 from tidal.orchestrator.config import RecoveryConfig
-from tidal.orchestrator.peers import PeerError
 from tidal.orchestrator.train_delivery import TrainDelivery
 from tidal.orchestrator.trainer_client import TrainerClient
 from tidal.rpc.v1 import common_pb2

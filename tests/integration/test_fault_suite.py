@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tidal.orchestrator.metrics import metrics_steps
+from tidal.orchestrator.run_log import run_log_steps
 
 SERVICES = ("trainer", "weightsync", "inference", "orchestrator")
 STEPS, WARMUP = 10, 2
@@ -43,7 +43,7 @@ REPLAYED = re.compile(r"tidal\.trainer\.runner: replayed step (\d+) from the ste
 
 
 def _metrics_steps(run_dir: Path) -> list[int]:
-    return metrics_steps(run_dir / "metrics.jsonl")
+    return run_log_steps(run_dir / "metrics.jsonl")
 
 
 def _service_pid(run_dir: Path, service: str) -> int | None:

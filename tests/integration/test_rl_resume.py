@@ -19,14 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from tidal.orchestrator.metrics import metrics_steps
+from tidal.orchestrator.run_log import run_log_steps
 
 STEPS, WARMUP = 8, 2
 KILL_AT_STEP = 4
 
 
 def _steps_logged(run_dir: Path) -> list[int]:
-    return metrics_steps(run_dir / "metrics.jsonl")
+    return run_log_steps(run_dir / "metrics.jsonl")
 
 
 @pytest.mark.slow

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from tidal.orchestrator.contained_verifier import ContainedVerifier
 from tidal.orchestrator.task_config import DatasetTaskConfig
 from tidal.orchestrator.tasks import Verdict, build_task
 from tidal.orchestrator.tasks.dataset import DatasetTask
 from tidal.orchestrator.tasks.math_answers import MathVerifier
+from tidal.orchestrator.verifier_pool import VerifierPool
 
 GSM8K_SOLUTION = (
     "Janet's ducks lay 16 eggs per day. She eats 3 and bakes 4, so she sells "
@@ -121,15 +121,15 @@ def test_scores_in_a_worker_thread_without_math_verify_signal_errors(
     assert results == [RIGHT]
 
 
-def test_contained_verifier_scores_math_with_sub_scores(gsm8k: DatasetTask) -> None:
+def test_verifier_pool_scores_math_with_sub_scores(gsm8k: DatasetTask) -> None:
     task = build_task(gsm8k.config, seed=0)
-    contained = ContainedVerifier({task.name: task}, timeout_s=30)
+    verifiers = VerifierPool({task.name: task}, timeout_s=30)
     try:
         outcomes = asyncio.run(
-            contained.verify_all([(task.problem(0), "#### 18"), (task.problem(0), "what?")])
+            verifiers.verify_all([(task.problem(0), "#### 18"), (task.problem(0), "what?")])
         )
     finally:
-        contained.close()
+        verifiers.close()
     assert [(o.reward, o.scores, o.failure) for o in outcomes] == [
         (1.0, {"format": 1.0, "answer": 1.0}, None),
         (0.0, {"format": 0.0, "answer": 0.0}, None),

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from tidal.orchestrator.metrics import MetricsLog, StepMetrics
 from tidal.orchestrator.report import print_live_table, summarize, write_report
+from tidal.orchestrator.run_log import RunLog, StepRecord
 
 
-def _record(step: int, phase: str, reward: float | None, **extra: float) -> StepMetrics:
-    return StepMetrics(
+def _record(step: int, phase: str, reward: float | None, **extra: float) -> StepRecord:
+    return StepRecord(
         step=step,
         phase=phase,
         reward_mean=reward,
@@ -37,7 +37,7 @@ def _record(step: int, phase: str, reward: float | None, **extra: float) -> Step
     )
 
 
-def _records() -> list[StepMetrics]:
+def _records() -> list[StepRecord]:
     records = [_record(1, "warmup", None), _record(2, "warmup", None)]
     for step in range(3, 15):
         extra = {"wait/trainer_s": 0.25, "wait/policy_s": 0.5, "dropped/zero_variance_groups": 2}
@@ -71,7 +71,7 @@ def test_live_table_shows_recent_steps() -> None:
 
 
 def test_metrics_jsonl_flattens_extras_and_nulls_non_finite(tmp_path: Path) -> None:
-    log = MetricsLog(tmp_path / "metrics.jsonl", tensorboard=False)
+    log = RunLog(tmp_path / "metrics.jsonl", tensorboard=False)
     record = _record(3, "rl", float("nan"), **{"task/reversal/reward_mean": 0.5})
     log.append(record)
     line = (tmp_path / "metrics.jsonl").read_text()

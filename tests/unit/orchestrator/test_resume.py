@@ -63,13 +63,13 @@ def test_previous_before_chains_saves_across_a_resume() -> None:
 
 
 def test_the_metrics_lines_of_lost_steps_are_removed(tmp_path: Path) -> None:
-    from tidal.orchestrator.metrics import metrics_steps
     from tidal.orchestrator.resume import drop_lost_lines
+    from tidal.orchestrator.run_log import run_log_steps
 
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text('{"step": 1}\n{"step": 2}\n{"step": 3}\n{"ste')
     assert drop_lost_lines(metrics, trainer_step=1) == [2, 3]
-    assert metrics_steps(metrics) == [1]
+    assert run_log_steps(metrics) == [1]
     assert metrics.read_text() == '{"step": 1}\n'
     assert drop_lost_lines(metrics, trainer_step=1) == []
     assert drop_lost_lines(tmp_path / "none.jsonl", trainer_step=0) == []
@@ -88,8 +88,8 @@ def test_a_foreign_file_is_rejected(tmp_path: Path) -> None:
 
 
 def test_a_trained_step_whose_reply_was_lost_gets_its_saved_metrics_line(tmp_path: Path) -> None:
-    from tidal.orchestrator.metrics import logged_steps
     from tidal.orchestrator.resume import recover_metrics_line
+    from tidal.orchestrator.run_log import logged_steps
 
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text('{"step": 1}\n{"step": 2}\n{"ste')  # killed while writing step 3's line
@@ -111,15 +111,15 @@ def test_a_trained_step_whose_answer_was_lost_still_gets_its_metrics_line(
 ) -> None:
     """Issue 17: on --resume the step the trainer holds but the orchestrator never logged
     gets a line (phase "lost"), so metrics.jsonl keeps one line per step."""
-    from tidal.orchestrator.metrics import MetricsLog, StepMetrics
+    from tidal.orchestrator.run_log import RunLog, StepRecord
 
     path = tmp_path / "metrics.jsonl"
-    MetricsLog(path, tensorboard=False).append(StepMetrics.lost(1))
+    RunLog(path, tensorboard=False).append(StepRecord.lost(1))
     with path.open("a") as f:
         f.write('{"step": 2, "pha')  # a line torn by the crash
-    log = MetricsLog(path, tensorboard=False)  # the resumed orchestrator's
+    log = RunLog(path, tensorboard=False)  # the resumed orchestrator's
     assert log.logged_steps() == {1}
-    log.append(StepMetrics.lost(2))
+    log.append(StepRecord.lost(2))
     lines = [json.loads(x) for x in log.path.read_text().splitlines()[-1:]]
     assert lines[0]["step"] == 2 and lines[0]["resume/metrics_lost"] == 1
     assert lines[0]["phase"] == "lost"

@@ -20,7 +20,7 @@ import pytest
 from tidal.cli.main import main
 from tidal.common.errors import ConfigError
 from tidal.orchestrator.config import WandbConfig
-from tidal.orchestrator.metrics import StepMetrics
+from tidal.orchestrator.run_log import StepRecord
 from tidal.orchestrator.wandb_sink import RUN_ID_FILE, WandbSink, import_wandb
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -79,7 +79,7 @@ def test_sink_logs_each_step_to_one_run_kept_across_restarts(
     monkeypatch.setitem(sys.modules, "wandb", _stand_in(inits))
     config = WandbConfig(enabled=True, project="p", mode="offline", tags=["cpu"])
     sink = WandbSink.start(config, run_name="demo", run_dir=tmp_path, settings={"seed": 0})
-    step = StepMetrics.lost(7)
+    step = StepRecord.lost(7)
     step.reward_mean, step.generated_tokens = 0.5, 12
     sink(step)
     sink.finish()

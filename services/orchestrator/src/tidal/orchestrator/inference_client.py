@@ -13,8 +13,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tidal.common.config.shared import GrpcConfig
 from tidal.common.grpc.channel import make_channel
 from tidal.common.security.transport import TransportSecurity
+from tidal.orchestrator.client_errors import PeerError, peer_call, wait_serving
 from tidal.orchestrator.completions import Completion
-from tidal.orchestrator.peers import PeerError, peer_call, wait_serving
 from tidal.rpc.v1 import common_pb2
 from tidal.rpc.v1 import inference_pb2 as pb
 from tidal.rpc.v1 import inference_pb2_grpc as pb_grpc

@@ -51,9 +51,9 @@ import grpc
 
 from tidal.common.config.shared import GrpcConfig
 from tidal.common.security.transport import TransportSecurity
+from tidal.orchestrator.client_errors import PeerError
 from tidal.orchestrator.completions import Completion
 from tidal.orchestrator.inference_client import InferenceClient
-from tidal.orchestrator.peers import PeerError
 from tidal.orchestrator.version_feed import VersionFeed
 
 log = logging.getLogger(__name__)

@@ -45,7 +45,6 @@ from tidal.common.errors import ConfigError
 from tidal.orchestrator.completions import ScoredSample
 from tidal.orchestrator.config import OrchestratorConfig
 from tidal.orchestrator.evaluation import evaluate
-from tidal.orchestrator.metrics import MetricsLog, StepMetrics
 from tidal.orchestrator.mixture import TaskMixture
 from tidal.orchestrator.report import print_live_table
 from tidal.orchestrator.resume import (
@@ -56,6 +55,7 @@ from tidal.orchestrator.resume import (
     save_progress,
 )
 from tidal.orchestrator.rollout_generator import Generation, RolloutGenerator
+from tidal.orchestrator.run_log import RunLog, StepRecord
 from tidal.orchestrator.run_status import ProgressState, StepSummary
 from tidal.orchestrator.staleness import AsyncWindow
 from tidal.orchestrator.step_stats import rl_step_extras
@@ -91,7 +91,7 @@ class RLLoop:
         versions: VersionFeed,
         data_parallel_ranks: int,
         progress: ProgressState,
-        metrics: MetricsLog,
+        run_log: RunLog,
         run_dir: Path,
     ) -> None:
         self.config = config
@@ -107,7 +107,7 @@ class RLLoop:
         self.data_parallel_ranks = data_parallel_ranks
         """The trainer's data-parallel degree (resolved at start-up; see service.py)."""
         self.progress = progress
-        self.metrics = metrics
+        self.run_log = run_log
         self.run_dir = run_dir
         self._last_finish = time.monotonic()
         self._last_train_end = time.monotonic()
@@ -332,7 +332,7 @@ class RLLoop:
         problems: list[Problem],
         before: dict[str, Any],
         after: dict[str, Any],
-        pending: StepMetrics,
+        pending: StepRecord,
     ) -> None:
         """Save the resumable progress and the step's prompts, right before Train(step).
         `pending` is the step's metrics line without the trainer's reply: a restarted
@@ -386,8 +386,8 @@ class RLLoop:
         generation: Generation | None = None,
         extra: dict[str, Any] | None = None,
         log_it: bool = True,
-    ) -> StepMetrics:
-        """The step's metrics; with `log_it`, also appended, shown and counted."""
+    ) -> StepRecord:
+        """The step's run-log record; with `log_it`, also appended, shown and counted."""
         now = time.monotonic()
         seconds = now - self._last_finish
         rewards = np.asarray([s.reward for s in scored or []], dtype=np.float64)
@@ -396,7 +396,7 @@ class RLLoop:
         generated = sum(lengths)
         versions = [v for s in kept or [] for v in s.completion.policy_versions]
         span_context = trace.get_current_span().get_span_context()
-        metrics = StepMetrics(
+        record = StepRecord(
             step=step,
             phase=phase,
             reward_mean=float(rewards.mean()) if rewards.size else None,
@@ -420,23 +420,23 @@ class RLLoop:
             extra=dict(extra or {}),
         )
         if not log_it:
-            return metrics
+            return record
         self._last_finish = now
-        self.metrics.append(metrics)
+        self.run_log.append(record)
         every = self.config.report.table_every
         if every and (step % every == 0 or step == self.config.total_steps):
-            print_live_table(self.metrics.records[-every:])
-        self.progress.finish_step(StepSummary(step, phase, metrics.reward_mean, version, seconds))
+            print_live_table(self.run_log.records[-every:])
+        self.progress.finish_step(StepSummary(step, phase, record.reward_mean, version, seconds))
         log.info(
             "step %d/%d %s reward %s version %d samples %d (%d stale) %.2fs %.0f tok/s",
             step,
             self.config.total_steps,
             phase,
-            "-" if metrics.reward_mean is None else f"{metrics.reward_mean:.3f}",
+            "-" if record.reward_mean is None else f"{record.reward_mean:.3f}",
             version,
             samples,
             dropped,
             seconds,
-            metrics.tokens_per_s,
+            record.tokens_per_s,
         )
-        return metrics
+        return record

@@ -45,12 +45,10 @@ from tidal.common.observability.tracing import setup_telemetry
 from tidal.common.process.launcher_watch import watch_launcher
 from tidal.common.security.transport import check_or_exit, for_service
 from tidal.orchestrator.config import OrchestratorRunConfig
-from tidal.orchestrator.contained_verifier import ContainedVerifier
 from tidal.orchestrator.data_parallel import resolve_data_parallel_ranks
 from tidal.orchestrator.inference_pool import InferencePool
 from tidal.orchestrator.inflight import InflightLimiter
 from tidal.orchestrator.loop import RLLoop
-from tidal.orchestrator.metrics import METRICS_FILE, MetricsLog, StepMetrics
 from tidal.orchestrator.mixture import TaskMixture
 from tidal.orchestrator.prometheus import OrchestratorMetrics
 from tidal.orchestrator.prompt_rendering import PromptRenderer
@@ -73,11 +71,13 @@ from tidal.orchestrator.resume import (
     resume_point,
 )
 from tidal.orchestrator.rollout_generator import RolloutGenerator
+from tidal.orchestrator.run_log import RUN_LOG_FILE, RunLog, StepRecord
 from tidal.orchestrator.run_status import ProgressState
 from tidal.orchestrator.servicer import OrchestratorServicer
 from tidal.orchestrator.staleness import AsyncWindow
 from tidal.orchestrator.tasks import build_tasks
 from tidal.orchestrator.trainer_client import TrainerClient
+from tidal.orchestrator.verifier_pool import VerifierPool
 from tidal.orchestrator.version_feed import VersionFeed
 from tidal.orchestrator.wandb_sink import WandbSink, import_wandb
 from tidal.rpc.v1 import orchestrator_pb2_grpc as pb_grpc
@@ -140,13 +140,13 @@ async def first_step_and_cursors(
         return 1
     first_step, state = resume_point(saved, trainer_step)
     mixture.load_state_dict(state)
-    if lost := drop_lost_lines(config.run.dir / METRICS_FILE, trainer_step):
+    if lost := drop_lost_lines(config.run.dir / RUN_LOG_FILE, trainer_step):
         log.warning(
             "resume: step(s) %s were trained but lost with the trainer before they were "
             "durable; their metrics lines are removed and the steps trained again",
             ", ".join(map(str, lost)),
         )
-    if recover_metrics_line(saved, trainer_step, config.run.dir / METRICS_FILE):
+    if recover_metrics_line(saved, trainer_step, config.run.dir / RUN_LOG_FILE):
         log.warning(
             "resume: step %d was trained but its reply was lost; its metrics line is written "
             "from what was saved before Train (marked recovered, no train/* values)",
@@ -170,7 +170,7 @@ async def follow_inference_queue(
 async def run_training(
     config: OrchestratorRunConfig,
     progress: ProgressState,
-    metrics: MetricsLog,
+    run_log: RunLog,
     mixture: TaskMixture,
     prompts: PromptRenderer,
     prom: OrchestratorMetrics | None = None,
@@ -194,7 +194,7 @@ async def run_training(
         queue_target=orch.inflight.queue_target,
         kv_usage_target=orch.inflight.kv_usage_target,
     )
-    verifier = ContainedVerifier(mixture.tasks, timeout_s=orch.timeouts.verifier_s)
+    verifier = VerifierPool(mixture.tasks, timeout_s=orch.timeouts.verifier_s)
     generator = RolloutGenerator(
         orch,
         seed=config.run.seed,
@@ -227,9 +227,9 @@ async def run_training(
         await window.wait_loaded(0)
         first_step = await first_step_and_cursors(config, trainer, mixture)
         trained = first_step - 1  # trained, but its Train answer may have been lost
-        if config.orchestrator.resume and trained >= 1 and trained not in metrics.logged_steps():
+        if config.orchestrator.resume and trained >= 1 and trained not in run_log.logged_steps():
             log.warning("resume: step %d was trained but never logged; writing its line", trained)
-            metrics.append(StepMetrics.lost(trained))
+            run_log.append(StepRecord.lost(trained))
         started = time.monotonic()  # the summary's time excludes waiting for peers
         marks["first_step_started_at"] = time.time()
         import_matplotlib_in_background()  # for the report, off the end of the run
@@ -244,7 +244,7 @@ async def run_training(
             versions=versions,
             data_parallel_ranks=ranks,
             progress=progress,
-            metrics=metrics,
+            run_log=run_log,
             run_dir=config.run.dir,
         )
         if prom is not None:
@@ -257,17 +257,17 @@ async def run_training(
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         verifier.close()
-        metrics.close()
+        run_log.close()
         for client in (inference, trainer, weightsync):
             await client.close()
         for line in inference.summary():
             log.info("%s", line)
-    summary = summarize(metrics.records, time.monotonic() - started)
+    summary = summarize(run_log.records, time.monotonic() - started)
     if launched_at is not None:
         startup_s = (marks["first_step_started_at"] or 0.0) - launched_at
         summary = dataclasses.replace(summary, startup_s=startup_s)
-    await asyncio.to_thread(write_report, metrics.records, config.run.dir / REPORT_PLOT)
-    await asyncio.to_thread(write_reward_plot, metrics.records, config.run.dir / REWARD_PLOT)
+    await asyncio.to_thread(write_report, run_log.records, config.run.dir / REPORT_PLOT)
+    await asyncio.to_thread(write_reward_plot, run_log.records, config.run.dir / REWARD_PLOT)
     write_summary(summary, config.run.dir / SUMMARY_FILE, **marks)
     if launched_at is None:  # under `tidal rl` the launcher prints it, with the shutdown
         print_summary(summary)
@@ -308,10 +308,10 @@ async def serve(
     provider = setup_telemetry("orchestrator", config.telemetry, config.run.dir)
     orch = config.orchestrator
     progress = ProgressState(total_steps=orch.total_steps, recent_limit=orch.report.recent_steps)
-    metrics = MetricsLog(config.run.dir / METRICS_FILE)
+    run_log = RunLog(config.run.dir / RUN_LOG_FILE)
     service_metrics = ServiceMetrics("orchestrator", config.metrics)
     prom = OrchestratorMetrics(service_metrics)
-    metrics.sinks.append(prom.step_finished)
+    run_log.sinks.append(prom.step_finished)
     wandb_sink = None
     if orch.wandb.enabled:
         wandb_sink = WandbSink.start(
@@ -320,7 +320,7 @@ async def serve(
             run_dir=config.run.dir,
             settings=config.model_dump(mode="json"),
         )
-        metrics.sinks.append(wandb_sink)
+        run_log.sinks.append(wandb_sink)
     binding = ServiceBinding(
         OrchestratorServicer(progress), pb_grpc.add_OrchestratorServiceServicer_to_server, FULL_NAME
     )
@@ -353,7 +353,7 @@ async def serve(
         if error is not None or orch.exit_when_done:
             server.request_stop()
 
-    run = asyncio.create_task(run_training(config, progress, metrics, mixture, prompts, prom))
+    run = asyncio.create_task(run_training(config, progress, run_log, mixture, prompts, prom))
     run.add_done_callback(finished)
     await server.serve_forever()
     if not run.done():

@@ -1,8 +1,8 @@
 """The orchestrator's Prometheus metrics (docs/operations.md#metrics), on its `ServiceMetrics`.
 
 Decisions:
-- Per-step numbers come from the same `StepMetrics` record that metrics.jsonl gets
-  (`MetricsLog` hands each appended step to `step_finished`), so Prometheus, the JSONL
+- Per-step numbers come from the same `StepRecord` record that metrics.jsonl gets
+  (`RunLog` hands each appended step to `step_finished`), so Prometheus, the JSONL
   file, TensorBoard and W&B never disagree about a step.
 - Token counts are counters (`rate()` gives tokens/s); the step's wall time a histogram
   labelled by phase ("warmup", "rl"); sample staleness a histogram with one observation
@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 
 from tidal.common.observability.prometheus import ServiceMetrics
 from tidal.orchestrator.inflight import InflightLimiter
-from tidal.orchestrator.metrics import StepMetrics
+from tidal.orchestrator.run_log import StepRecord
 
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 16)
 STALENESS_PREFIX = "staleness/"
@@ -64,8 +64,8 @@ class OrchestratorMetrics:
         )
         self.last_step = metrics.gauge("tidal_orchestrator_last_step", "The newest finished step")
 
-    def step_finished(self, step: StepMetrics) -> None:
-        """Count one finished step (called by MetricsLog.append)."""
+    def step_finished(self, step: StepRecord) -> None:
+        """Count one finished step (called by RunLog.append)."""
         if step.phase == "lost":
             return
         self.steps.labels(phase=step.phase).inc()

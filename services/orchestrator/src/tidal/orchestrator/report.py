@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tidal.common.files.durable import write_atomic
-from tidal.orchestrator.metrics import StepMetrics
+from tidal.orchestrator.run_log import StepRecord
 
 REWARD_PLOT = "reward.png"
 REPORT_PLOT = "report.png"
@@ -62,7 +62,7 @@ def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def summarize(records: Sequence[StepMetrics], total_seconds: float) -> RunSummary:
+def summarize(records: Sequence[StepRecord], total_seconds: float) -> RunSummary:
     rl = [r for r in records if r.phase == "rl" and r.reward_mean is not None]
     rewards = [r.reward_mean for r in rl if r.reward_mean is not None]
     tokens = sum(r.generated_tokens + r.trained_tokens for r in records)
@@ -100,7 +100,7 @@ def write_summary(summary: RunSummary, path: Path, **marks: float | None) -> Non
     write_atomic(path, json.dumps(record, indent=2) + "\n")
 
 
-def write_reward_plot(records: Sequence[StepMetrics], path: Path) -> None:
+def write_reward_plot(records: Sequence[StepRecord], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -120,7 +120,7 @@ def write_reward_plot(records: Sequence[StepMetrics], path: Path) -> None:
     plt.close(fig)
 
 
-def write_report(records: Sequence[StepMetrics], path: Path) -> None:
+def write_report(records: Sequence[StepRecord], path: Path) -> None:
     """Four panels over RL steps: reward, eval accuracy, completion length, staleness."""
     import matplotlib
 
@@ -171,7 +171,7 @@ LIVE_COLUMNS = {
 }
 
 
-def print_live_table(records: Sequence[StepMetrics], console: Console | None = None) -> None:
+def print_live_table(records: Sequence[StepRecord], console: Console | None = None) -> None:
     """The most recent steps as a table (printed every `table_every` steps)."""
     table = Table(
         title="recent steps",

@@ -29,7 +29,7 @@ from typing import Any
 from tidal.common.errors import ConfigError
 from tidal.common.files.durable import write_atomic
 from tidal.common.files.step_jsonl import cut_torn_tail, drop_lines_after
-from tidal.orchestrator.metrics import logged_steps
+from tidal.orchestrator.run_log import logged_steps
 
 PROGRESS_FILE = "progress.json"
 FORMAT_VERSION = 1

@@ -34,7 +34,6 @@ import numpy as np
 from tidal.orchestrator.advantages import compute_advantages, has_signal, shape_reward
 from tidal.orchestrator.completions import Completion
 from tidal.orchestrator.config import OrchestratorConfig
-from tidal.orchestrator.contained_verifier import ContainedVerifier, VerifyOutcome
 from tidal.orchestrator.dynamic_sampling import fill_batch
 from tidal.orchestrator.episodes import run_episode
 from tidal.orchestrator.inference_pool import InferencePool
@@ -43,6 +42,7 @@ from tidal.orchestrator.mixture import TaskMixture
 from tidal.orchestrator.prompt_rendering import PromptRenderer
 from tidal.orchestrator.seeds import derive_seed
 from tidal.orchestrator.tasks.base import Problem
+from tidal.orchestrator.verifier_pool import VerifierPool, VerifyOutcome
 
 
 @dataclass
@@ -88,7 +88,7 @@ class RolloutGenerator:
         *,
         seed: int,
         inference: InferencePool,
-        verifier: ContainedVerifier,
+        verifier: VerifierPool,
         limiter: InflightLimiter,
         prompts: PromptRenderer,
         max_tokens: int,

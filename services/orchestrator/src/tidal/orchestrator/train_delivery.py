@@ -39,8 +39,8 @@ from collections.abc import Sequence
 import grpc
 
 from tidal.batch.packing import PackedMicroBatch
+from tidal.orchestrator.client_errors import PeerError
 from tidal.orchestrator.config import RecoveryConfig
-from tidal.orchestrator.peers import PeerError
 from tidal.orchestrator.trainer_client import TrainerClient, TrainResult, train_request
 from tidal.orchestrator.version_feed import VersionFeed
 from tidal.rpc.v1 import trainer_pb2 as pb

@@ -19,7 +19,7 @@ from tidal.batch.wire import micro_batch_to_proto, payload_sha256
 from tidal.common.config.shared import GrpcConfig
 from tidal.common.grpc.channel import make_channel
 from tidal.common.security.transport import TransportSecurity
-from tidal.orchestrator.peers import peer_call, wait_serving
+from tidal.orchestrator.client_errors import peer_call, wait_serving
 from tidal.rpc.v1 import common_pb2
 from tidal.rpc.v1 import trainer_pb2 as pb
 from tidal.rpc.v1 import trainer_pb2_grpc as pb_grpc

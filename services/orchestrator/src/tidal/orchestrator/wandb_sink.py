@@ -1,15 +1,15 @@
 """Optional Weights & Biases logging of the per-step metrics (`[orchestrator.wandb]`).
 
 Decisions:
-- A `MetricsLog` sink: W&B gets exactly the numbers metrics.jsonl and TensorBoard get
-  (`StepMetrics.flat()`, numeric fields only), at the step's id.
+- A `RunLog` sink: W&B gets exactly the numbers metrics.jsonl and TensorBoard get
+  (`StepRecord.flat()`, numeric fields only), at the step's id.
 - `wandb` is an optional extra (`tidal-orchestrator[wandb]`), imported only when enabled,
   and checked before the orchestrator serves: enabled without it installed is a
   configuration error (exit 2) naming the key and the extra.
 - One W&B run per Tidal run, across orchestrator restarts and `--resume`: its id is
   made once and kept in `<run dir>/wandb-run-id`, and `wandb.init(resume="allow")`
   continues it. W&B's own files go under `<run dir>/wandb/`.
-- A failing `log` is reported by `MetricsLog` and never stops training.
+- A failing `log` is reported by `RunLog` and never stops training.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 from tidal.common.errors import ConfigError
 from tidal.orchestrator.config import WandbConfig
-from tidal.orchestrator.metrics import StepMetrics
+from tidal.orchestrator.run_log import StepRecord
 
 RUN_ID_FILE = "wandb-run-id"
 
@@ -74,7 +74,7 @@ class WandbSink:
         )
         return cls(run)
 
-    def __call__(self, metrics: StepMetrics) -> None:
+    def __call__(self, metrics: StepRecord) -> None:
         numbers = {
             name: value
             for name, value in metrics.flat().items()

@@ -10,12 +10,12 @@ Decisions:
   simplification), so `\\boxed{\\frac{1}{2}}` = `0.5` and `2\\sqrt{2}` = `\\sqrt{8}`.
 - Sub-scores: `format` (an answer could be extracted) and `answer` (it is correct);
   reward = (1 - format_weight) * answer + format_weight * format. A reference with no
-  readable answer raises, so the contained verifier counts and logs it as a verifier
+  readable answer raises, so the verifier pool counts and logs it as a verifier
   error instead of every completion silently scoring 0.
 - Threads: math-verify's own timeouts use `signal.alarm`, which only works in the main
   thread; in our verifier threads every call would raise ValueError and score as a
   verifier error. Both of its timeouts are therefore off (`parsing_timeout=None`,
-  `timeout_seconds=None`) and the contained verifier's deadline is the timeout (its
+  `timeout_seconds=None`) and the verifier pool's deadline is the timeout (its
   "timeout disabled" warning is filtered, it is not true here). A deadline cannot stop
   a thread, and sympy evaluating a power tower (`9^{9^{9^{9}}}`) never ends while
   holding the GIL, which would freeze the whole orchestrator; so expressions with a

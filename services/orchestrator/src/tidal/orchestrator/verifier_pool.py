@@ -41,7 +41,7 @@ def _as_verdict(value: Verdict | float) -> Verdict:
     return Verdict(float(value))
 
 
-class ContainedVerifier:
+class VerifierPool:
     def __init__(
         self, tasks: Mapping[str, Task], *, timeout_s: float, max_workers: int = 4
     ) -> None:

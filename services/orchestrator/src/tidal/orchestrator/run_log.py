@@ -27,7 +27,7 @@ from typing import Any
 from tidal.common.files.step_jsonl import line_step
 
 log = logging.getLogger(__name__)
-METRICS_FILE = "metrics.jsonl"
+RUN_LOG_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 
 
@@ -51,7 +51,7 @@ def import_summary_writer() -> Any:
 
 
 @dataclass
-class StepMetrics:
+class StepRecord:
     step: int
     phase: str
     reward_mean: float | None
@@ -82,7 +82,7 @@ class StepMetrics:
     """Open-ended metrics (already named with their prefix, e.g. `task/reversal/reward`)."""
 
     @classmethod
-    def lost(cls, step: int) -> StepMetrics:
+    def lost(cls, step: int) -> StepRecord:
         """The line of a step the trainer trained whose answer the orchestrator never got
         (it or the trainer died in between; found on `--resume`): every step keeps one
         line, with `resume/metrics_lost` = 1 and no measurements."""
@@ -104,16 +104,16 @@ class StepMetrics:
         return json.dumps(self.flat())
 
 
-class MetricsLog:
-    """Appends step metrics to a JSONL file (and TensorBoard), keeps them for the report."""
+class RunLog:
+    """Appends step records to a JSONL file (and TensorBoard), keeps them for the report."""
 
     def __init__(self, path: Path, *, tensorboard: bool = True) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.records: list[StepMetrics] = []
+        self.records: list[StepRecord] = []
         self._checked_tail = False
         self._writer: Any = None
-        self.sinks: list[Callable[[StepMetrics], None]] = []
+        self.sinks: list[Callable[[StepRecord], None]] = []
         """Called with every appended step, after it is written (Prometheus, W&B)."""
         if tensorboard:
             writer_class = import_summary_writer()
@@ -127,8 +127,8 @@ class MetricsLog:
         """Whether TensorBoard events are written beside the JSONL file."""
         return self._writer is not None
 
-    def append(self, metrics: StepMetrics) -> None:
-        self.records.append(metrics)
+    def append(self, record: StepRecord) -> None:
+        self.records.append(record)
         if not self._checked_tail:  # a line torn by a crash must not swallow this one
             self._checked_tail = True
             if self.path.is_file() and self.path.stat().st_size:
@@ -137,17 +137,17 @@ class MetricsLog:
                     if f.read(1) != b"\n":
                         f.write(b"\n")
         with self.path.open("a") as f:
-            f.write(metrics.to_json() + "\n")
+            f.write(record.to_json() + "\n")
         if self._writer is not None:
-            for name, value in metrics.flat().items():
+            for name, value in record.flat().items():
                 if isinstance(value, int | float) and not isinstance(value, bool):
-                    self._writer.add_scalar(name, value, metrics.step)
+                    self._writer.add_scalar(name, value, record.step)
             self._writer.flush()
         for sink in self.sinks:
             try:
-                sink(metrics)
+                sink(record)
             except Exception:
-                log.exception("step %d: a metrics sink failed", metrics.step)
+                log.exception("step %d: a run-log sink failed", record.step)
 
     def logged_steps(self) -> set[int]:
         """Steps that already have a line in the file (a torn last line is ignored)."""
@@ -158,15 +158,15 @@ class MetricsLog:
             self._writer.close()
 
 
-def metrics_steps(metrics_path: Path) -> list[int]:
-    """The step of every line of a metrics.jsonl file, in file order (repeats kept, so a
-    caller can check one line per step); a torn or unreadable line is skipped."""
-    if not metrics_path.is_file():
+def run_log_steps(path: Path) -> list[int]:
+    """The step of every line of a run log (metrics.jsonl), in file order (repeats kept,
+    so a caller can check one line per step); a torn or unreadable line is skipped."""
+    if not path.is_file():
         return []
-    lines = metrics_path.read_text().splitlines()
+    lines = path.read_text().splitlines()
     return [step for step in map(line_step, lines) if step is not None]
 
 
-def logged_steps(metrics_path: Path) -> set[int]:
-    """The steps that have a line in a metrics.jsonl file."""
-    return set(metrics_steps(metrics_path))
+def logged_steps(path: Path) -> set[int]:
+    """The steps that have a line in a run log (metrics.jsonl)."""
+    return set(run_log_steps(path))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from tidal.orchestrator.contained_verifier import ContainedVerifier
 from tidal.orchestrator.tasks.base import Problem, Task, Verdict
+from tidal.orchestrator.verifier_pool import VerifierPool
 
 
 class MoodyTask(Task):
@@ -35,7 +35,7 @@ class MoodyTask(Task):
 async def test_failures_are_contained_and_counted_by_kind() -> None:
     task = MoodyTask()
     task.bind(name="moody", seed=0)
-    verifier = ContainedVerifier({"moody": task}, timeout_s=0.2)
+    verifier = VerifierPool({"moody": task}, timeout_s=0.2)
     problem = task.problem(0)
     completions = ["ok", "raise", "hang", "big", "nan", "text", "meh"]
     started = time.monotonic()
