@@ -1,20 +1,10 @@
 """Advantage estimators over one prompt's group of completions, and reward shaping.
 
-Decisions:
-- No value model: every estimator takes a baseline from the same prompt.
-  - grpo: A_i = (r_i - mean(r)) / (std(r) + eps) with `normalize` (population std);
-    without it, plain mean-centring.
-  - dr_grpo: A_i = r_i - mean(r). Dr.GRPO's other half, no per-sequence length
-    normalization, is already how the trainer's loss works (token mean over the step).
-  - rloo: A_i = r_i - mean_{j≠i} r_j = G/(G-1) · (r_i - mean(r)), unbiased for G ≥ 2.
-  - remax: A_i = r_i - r_greedy, the reward of a greedy completion of the same prompt.
-- A group whose rewards are all equal carries no learning signal and gets exact zeros
-  (not eps-amplified noise) in grpo, dr_grpo and rloo; remax keeps its greedy baseline.
-  DAPO dynamic sampling drops exactly those groups (`has_signal`).
-- Shaping happens before advantages, on the reward: DAPO's overlong penalty grows
-  linearly from 0 to `overlong_penalty` over the last `overlong_buffer_tokens` tokens
-  before max_tokens; the length penalty is linear in length / max_tokens. Metrics report
-  the verifier's raw reward, so shaping never hides whether answers got better.
+No value model: every estimator (grpo, dr_grpo, rloo, remax) takes its baseline from the
+same prompt's group. A group whose rewards are all equal gets exact zeros (remax keeps its
+greedy baseline), which is what dynamic sampling drops (`has_signal`). Shaping (overlong
+and length penalties) changes the reward before advantages are computed; metrics keep the
+verifier's raw reward. The formulas are in docs/orchestrator.md.
 """
 
 from __future__ import annotations

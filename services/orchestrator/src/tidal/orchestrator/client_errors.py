@@ -1,7 +1,8 @@
-"""Client-side helpers shared by the inference and trainer clients: health and errors.
+"""How calls to peers fail: a `PeerError` naming the peer, its address and the method.
 
-A failed call to a peer becomes a `PeerError` naming the peer, its address and the
-method, so the orchestrator's exit message says which service to look at.
+`peer_call` turns a failed gRPC call into one, and `wait_serving` (the start-up wait for a
+peer's health) fails the same way, so the orchestrator's exit message says which service
+to look at.
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ async def wait_serving(
     Each health Check waits for the channel to connect (wait-for-ready) within the
     remaining deadline; a server that is up but NOT_SERVING yet (still loading) is asked
     again after a short back-off, capped at `CHECK_INTERVAL_MAX_S`: the wait is on the run's
-    start-up path, and a longer cap (it was 1 s) let a peer that became SERVING sit
-    unnoticed for most of a second, while a loopback Check costs about a millisecond.
+    start-up path, where a longer cap lets a peer that became SERVING sit unnoticed, while
+    a loopback Check costs about a millisecond.
     Check rather than Watch: tidal's error-mapping server
     interceptor does not pass grpc_health's Watch through (see the orchestrator report).
     """

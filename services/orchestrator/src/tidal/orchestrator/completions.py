@@ -1,11 +1,9 @@
 """Completions as the orchestrator sees them: what inference returned, then scored.
 
-Decisions:
-- Plain frozen dataclasses with no protobuf in them: the inference client converts each
-  GenerateResponse into a `Completion`, and everything after it (episodes, verification,
-  advantages, the staleness filter, packing) works on these types.
-- Every token carries the policy version that produced it, so a sample's staleness can
-  be judged by its oldest token (the rule lives in staleness.py).
+Frozen dataclasses with no protobuf in them: the inference client converts each
+GenerateResponse into a `Completion`, and everything after it works on these types. Every
+token carries the policy version that produced it, so a sample's staleness is judged by
+its oldest token (staleness.py).
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """Configuration of the orchestrator service (`[orchestrator]`).
 
-pydantic only (no torch), like every service config, so the umbrella CLI validates a whole
-run config instantly. The defaults are the embedded CPU run: string reversal over a
-four-letter alphabet, which a 2-layer dim-128 byte-level Llama learns in a few minutes
-(~15 supervised warm-start steps, then ~60 RL steps of 8 prompts × 8 completions;
-measured offline: the RL reward rises by ~0.4 from the first to the last five steps).
-Task configs live in `task_config.py`; `task` (one task) and `tasks` (a weighted
-mixture) are two spellings of the same list: a non-empty `tasks` replaces `task`, so a
-mixture can be layered over a base file (like configs/default.toml) that names one task.
-
-The section is grouped by concern (advantages, rewards, packing, staleness, inflight,
-timeouts, report, sampling, eval, chat); what a step is made of stays at the top. The flat keys
-of the earlier layout are listed in `MOVED_KEYS`: setting one fails with the error naming
-its new place, rather than being silently ignored or quietly accepted under two spellings.
+pydantic only (no torch), so the CLI validates a whole run config at once. The defaults
+are the embedded CPU run: string reversal, which a tiny byte-level model learns in
+minutes. The section is grouped by concern; `task` (one task) and `tasks` (a weighted
+mixture) are two spellings of one list, so a mixture can be layered over a file naming one
+task. Keys that moved into a group (`MOVED_KEYS`) fail with an error naming their place.
 """
 
 from __future__ import annotations
@@ -210,9 +202,8 @@ class RecoveryConfig(BaseConfig):
 
     peer_loss_s: float = Field(default=300.0, gt=0)
     """How long a Train call keeps being retried while the trainer is unreachable (and how
-    long the weightsync version stream keeps reconnecting, and generation waits for an
-    inference replica to serve again when none does) before the run fails naming the
-    peer and its address."""
+    long generation waits for an inference replica to serve again when none does) before
+    the run fails naming the peer and its address."""
     keep_sent_steps: int = Field(default=16, ge=1)
     """Train requests kept after they were answered, so that a trainer restarted from a
     checkpoint older than the orchestrator's last step gets the steps it lost re-sent

@@ -1,16 +1,10 @@
 """The trainer's data-parallel degree, as the orchestrator packs for it.
 
-Decisions:
-- The degree belongs to the trainer (`trainer.world_size` and `trainer.parallel.*`:
-  dp_replicate × dp_shard, context-parallel ranks sharing a batch), so the orchestrator
-  reads it from the trainer's GetStatus (`data_parallel_ranks`) once at start-up, after
-  the trainer is healthy, instead of asking the user to restate it.
-  `orchestrator.packing.data_parallel_ranks` stays as an optional assertion: unset, the
-  trainer's degree is used; set and different, the orchestrator fails before the first
-  step with an error naming both settings and the fix. Later a mismatch would surface
-  only halfway: a rank the trainer lacks is refused at the first Train, too few ranks
-  leave the trainer's other ranks idle, silently.
-- A trainer that reports 0 predates the field; then the configured value (else 1) is used.
+The degree is the trainer's, read from its GetStatus once at start-up.
+`orchestrator.packing.data_parallel_ranks` only restates it: a mismatch fails before the
+first step naming both settings, rather than halfway (a rank the trainer lacks refused at
+the first Train, or too few ranks leaving the trainer's others idle, silently). A trainer
+that reports 0 gets the configured value (else 1).
 """
 
 from __future__ import annotations

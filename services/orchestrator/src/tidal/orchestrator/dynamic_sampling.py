@@ -1,15 +1,10 @@
 """Fill a step's batch with groups, in rounds: DAPO dynamic sampling when `keep` is given.
 
-Decisions:
-- Generic over the group type and free of I/O: `draw(n)` supplies problems, `generate`
-  turns a round's problems into groups, `keep` says whether a group carries a learning
-  signal. The rollout generator plugs inference in; tests plug in plain functions.
-- Each round draws exactly the number of groups still missing, so the batch never
-  overshoots and every drawn prompt is accounted for (kept, or dropped and counted).
-- Without `keep` there is one round and every group is kept (plain GRPO batches).
-- When `max_rounds` rounds leave the batch empty, the last round is kept as it is (its
-  advantages are zeros) so the step sequence continues; a partly filled batch trains
-  with what it has. Both show in the step's metrics.
+Generic over the group type and free of I/O (`draw`, `generate` and `keep` are plugged
+in), so tests use plain functions. Each round draws exactly the groups still missing, so
+every drawn prompt is kept or counted as dropped; without `keep` there is one round. When
+`max_rounds` rounds leave the batch empty, the last round is kept (zero advantages) so the
+step sequence goes on.
 """
 
 from __future__ import annotations

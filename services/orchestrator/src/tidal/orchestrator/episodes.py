@@ -1,22 +1,10 @@
 """Multi-turn episodes: model turn → environment reply → model turn, up to the last turn.
 
-Decisions:
-- One Generate call per model turn, with the whole episode so far as the prompt (the
-  v1 inference contract has no session state). The n episodes of a group diverge after
-  their first token, so each is its own chain of n=1 calls, and the chains run
-  concurrently.
-- The episode becomes one Completion: model and environment tokens in order, loss mask
-  1 on model tokens and 0 on environment tokens, behaviour logprob 0 on environment
-  tokens, and `policy_versions` of the model tokens only (staleness is about the model).
-- A turn cut by max_tokens (no stop token) ends the episode: the environment would be
-  answering half a turn.
-- How an environment reply becomes ids is an `EpisodeTurns` object, one per episode,
-  made by the prompt renderer: `PlainTurns` appends the reply text's ids (the plain-text
-  prompts of the byte default, unchanged), `ChatTurns` keeps a `tidal.text.Episode`:
-  the reply becomes a user (or tool) message, the chat is re-rendered and only the new
-  turns' ids are appended. Either way the context sent for the next turn is the
-  previous context plus the policy's ids verbatim plus the new ids, so the ids the
-  trainer gets are exactly the ones the policy saw.
+One Generate call per model turn, with the whole episode so far as the prompt (inference
+keeps no session); a group's n episodes are separate chains run concurrently. An episode
+becomes one Completion whose environment tokens have loss mask 0 and logprob 0. Replies
+become ids through the prompt renderer's `EpisodeTurns`, which only appends, so the
+trainer gets exactly the ids the policy saw. A turn cut by max_tokens ends the episode.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Held-out evaluation: greedy accuracy and pass@k per task, on the current policy.
 
-Decisions:
-- Held-out problems are each task's eval split (a separate seed stream for generated
-  tasks, `eval_fraction` of the records for datasets), the same problems every time, so
-  evaluations over a run are comparable.
-- "Correct" means reward 1.0 (the verifier's full marks). Greedy accuracy is the fraction
-  of problems whose greedy completion is correct; pass@k is the fraction with at least
-  one correct completion among k samples at the training temperature (with exactly k
-  samples the unbiased pass@k estimator is this indicator).
-- Evaluation runs between steps, after Train(n) returned, on whatever version inference
-  has loaded then (recorded as `eval/policy_version`).
+The held-out problems are the same at every evaluation (each task's eval split), so
+evaluations over a run compare. Correct means reward 1.0; pass@k is the fraction of
+problems with a correct completion among k samples at the training temperature. It runs
+between steps, on whatever version inference has loaded then (`eval/policy_version`).
 """
 
 from __future__ import annotations

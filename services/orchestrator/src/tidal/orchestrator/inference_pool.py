@@ -1,40 +1,11 @@
 """Several inference replicas behind one client: least outstanding work, retry, ride-out.
 
-Decisions:
-- The pool has the `InferenceClient` interface the rest of the orchestrator uses
-  (`generate`, `policy_version`, `pressure`), so one replica and many are the same code.
-- Routing: each Generate goes to the serving replica with the least outstanding work,
-  counted as requested tokens in flight (`n × (prompt + max_tokens)`, what the call can
-  cost the replica), ties broken by fewest requests sent, then replica order. Requested
-  rather than produced tokens: the orchestrator knows them at once, without polling.
-- Affinity: a call may name an affinity key (the rollout generator uses the group's
-  tag for multi-turn episodes); while the replica that was last sent that key serves,
-  the call goes there (the choice is recorded when made, so a group's concurrent first
-  turns already go together), so a group's episodes and each episode's next turn find their prefix
-  in that replica's cache. The key's first call is placed by least outstanding work, so
-  groups still spread. Keys are forgotten least-recently-used beyond AFFINITY_KEYS.
-- Retry: a call that fails with UNAVAILABLE, CANCELLED or ABORTED (replica stopped,
-  connection reset, replica killed mid-stream) marks that replica lost and runs again on
-  another, whole: completions are collected per attempt and only a complete attempt is
-  returned, so a partial stream is discarded and nothing is counted twice. The retry
-  keeps the request's seed. RESOURCE_EXHAUSTED (a full queue) is retried after a short
-  back-off without marking the replica lost. Other codes (INVALID_ARGUMENT,
-  DEADLINE_EXCEEDED, INTERNAL) are the request's or the run's fault and fail it.
-- Ride-out: while no replica serves, a call waits (logging once which replicas are down
-  and why) for one to serve again, for at most `recovery.peer_loss_s`; then it
-  fails naming the replicas, their last errors and that key. One replica is the case
-  N = 1: an inference restart is waited out, not fatal.
-- Return: a probe task per replica asks health (fail-fast Check) every `probe_s` (two
-  failed probes in a row mark a replica lost, a failed call at once); a lost replica
-  that answers SERVING again (restarted by the launcher, or reachable again) is
-  used again. A lost replica's channel is replaced while it is in TRANSIENT_FAILURE, so
-  a restarted replica is seen at the next probe, not after gRPC's reconnect back-off.
-- Policy version: the version the window gates on is the *oldest* loaded by the replicas
-  that serve: a step must not start while a serving replica would still generate it
-  with an older policy than the window promises. Staleness stays exact per token anyway
-  (every token carries the version of the replica that produced it).
-- Pressure for the in-flight limiter: the largest queue and KV usage of any serving
-  replica (the router keeps them level, so the fullest one is the signal).
+The pool has the client interface the rest of the orchestrator uses, so one replica is
+the case N = 1. A call goes to the replica that last took its affinity key, else to the
+serving replica with the fewest requested tokens in flight; it is retried whole on another
+when its replica is lost, and waits up to `recovery.peer_loss_s` while none serves. Health
+probes bring a lost replica back. The version gate is the oldest version the serving
+replicas have loaded, as weightsync pushes it (version_feed.py). docs/orchestrator.md.
 """
 
 from __future__ import annotations

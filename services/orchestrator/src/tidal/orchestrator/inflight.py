@@ -1,13 +1,9 @@
 """An adaptive bound on concurrent Generate calls (additive increase, multiplicative decrease).
 
-Decisions:
-- Generation is bounded so a burst (a step's prompts, the next step's prompts, eval)
-  cannot flood the inference queue, which would only add latency to every request.
-- The bound adapts to what inference reports (GetStatus `queued` and `kv_usage`, polled
-  twice a second by the loop): above `queue_target` queued requests, or with the KV
-  cache fuller than `kv_usage_target`, it halves; otherwise it grows by one, between 1
-  and `max_inflight`. A full cache is the earlier signal: new samples stop fitting
-  before a queue builds.
+A burst (a step's prompts, the next step's, an evaluation) must not flood inference's
+queue, which would only add latency. The bound halves while inference reports more than
+`queue_target` queued requests or a KV cache fuller than `kv_usage_target` (the earlier
+signal), and otherwise grows by one, between 1 and `max_inflight`.
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
 """The RL loop: warm-start SFT steps, then generate → verify → advantages → pack → Train.
 
-Decisions:
-- Step ids are contiguous: warm-up steps are 1..W (LOSS_KIND_SFT on the tasks'
-  reference answers), RL steps W+1..W+S. Version v is the weights after step v.
-- Asynchrony is a bounded pipeline whose window (which version a step waits for, how
-  far ahead generation may start, which samples are too stale) is one object,
-  `staleness.AsyncWindow`; the loop does none of that arithmetic. Right before Train(n)
-  is sent, the loop starts generation of every later step the window allows, so with
-  max_async ≥ 1 step n+1's rollouts are produced while step n trains; with max_async = 0
-  step n+1 starts only after Train(n) returned (synchronous, on-policy).
-- If every sample of a step is too stale (inference was late to load), the step's
-  problems are generated again with the newest loaded policy, up to MAX_REGENERATIONS
-  times, rather than sending the trainer an empty step.
-- Generations are chained: step n+1 draws its prompts only after step n's generation
-  (all its dynamic-sampling rounds) finished. Prompts are therefore drawn in step order
-  whatever the timing, and the task-mixture state before and after each step is a
-  well-defined snapshot: that is what `progress.json` saves (see resume.py)
-  right before Train(n), together with the step's prompts in `prompts.jsonl`.
-- Train goes through `TrainDelivery`: a trainer lost mid-call is waited for, and the
-  steps a restarted trainer lost are re-sent, so every step id is trained once.
-- Each step has one `rl_step` span that opens when its generation starts and closes when
-  its Train returns; every Generate and Train call shares the step's trace id.
+Step ids are contiguous (warm-up 1..W, then RL) and version v is the weights after step
+v. The loop does no window arithmetic: `AsyncWindow` says which steps may generate, and
+right before Train(n) the loop starts every later step it allows. Generations are
+chained, so prompts are drawn in step order whatever the timing and the mixture state
+saved before Train(n) is exact (resume.py). A step whose samples are all stale is
+regenerated; Train goes through `TrainDelivery`. Each step is one `rl_step` trace.
 """
 
 from __future__ import annotations

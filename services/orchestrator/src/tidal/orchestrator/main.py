@@ -1,28 +1,10 @@
 """Run the orchestrator: `tidal orchestrator @ cfg.toml` or `python -m tidal.orchestrator`.
 
-Decisions:
-- The gRPC server (GetProgress, health) starts first, so progress is visible while the
-  orchestrator waits for its peers.
-- Peers are awaited with health Check (wait-for-ready, `timeouts.peer_wait_s` deadline):
-  every inference replica (`endpoints.inference_replicas`, inference_pool.py; after
-  start-up the pool rides out the loss of any or all of them), then inference must have
-  loaded a policy version (≥ 0) before the first step, and the
-  trainer's data-parallel degree is read once and checked against the config
-  (data_parallel.py).
-- With `resume`, the saved progress (`progress.json`) and the trainer's last step decide
-  where to continue and from which task cursors (see resume.py). Without it, if
-  the trainer has already trained steps, the loop continues at the trainer's next step
-  (with fresh cursors) instead of failing on a step-order error.
-- Tasks are built (and plug-in import paths resolved), and the tokenizer and chat
-  rendering resolved, before waiting for any peer, so a bad task, tokenizer or
-  `[orchestrator.chat]` config fails at once (exit code 2).
-- The end of a run writes `report.png`, `reward.png` and `summary.json` (report.py);
-  under `tidal rl` (`TIDAL_LAUNCHED_AT` set) the launcher prints the summary table once
-  every service has exited, with the start-up and shutdown seconds
-  (tidal.cli.run_timing); run alone, the orchestrator prints it.
-- Exit codes: 0 after the last step (with `exit_when_done`, after a graceful server
-  stop); 1 with a message naming the failed peer and call; 143 when stopped by a
-  signal before the run finished.
+A bad task, tokenizer or chat config fails before any peer is awaited (exit 2). The gRPC
+server starts first, so progress is visible while the orchestrator waits for every
+inference replica, the trainer and a loaded version 0; the loop then runs from the
+trainer's next step (or the saved progress with `resume`), and the run ends with the
+report and summary. Exit codes: 0 done, 1 a failed peer or call, 143 signalled.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """The task mixture: which task each prompt comes from, and a cursor into every task.
 
-Decisions:
-- The state is small and JSON-serializable: one cursor per task (problems drawn so far)
-  plus the mixture RNG's state. Saving it after a step and loading it on resume makes the
-  resumed run draw exactly the prompts the uninterrupted run would have drawn next.
-- The task for each prompt is drawn with `random.Random.choices` by weight; problems come
-  from the task by cursor (`Task.problem(cursor)`), so a file dataset is walked epoch by
-  epoch without repeats within an epoch.
+The state is one cursor per task plus the mixture RNG's state, small and JSON-serializable:
+saved after a step and loaded on resume, it makes the run draw exactly the prompts it
+would have drawn next. The task of each prompt is drawn by weight and its problem taken
+by cursor, so a file dataset is walked epoch by epoch without repeats within an epoch.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """The orchestrator's Prometheus metrics (docs/operations.md#metrics), on its `ServiceMetrics`.
 
-Decisions:
-- Per-step numbers come from the same `StepRecord` record that metrics.jsonl gets
-  (`RunLog` hands each appended step to `step_finished`), so Prometheus, the JSONL
-  file, TensorBoard and W&B never disagree about a step.
-- Token counts are counters (`rate()` gives tokens/s); the step's wall time a histogram
-  labelled by phase ("warmup", "rl"); sample staleness a histogram with one observation
-  per trained sample (the step record's `staleness/<age>` counts).
-- The in-flight count and bound and the steps generating ahead are read at scrape time
-  (an int attribute or a len(): no lock needed). The served version is inference's own
-  `tidal_inference_policy_version`; the orchestrator's view of it lags between polls.
+Per-step numbers come from the `StepRecord` the run log writes (this is a `RunLog` sink),
+so Prometheus, metrics.jsonl, TensorBoard and W&B never disagree about a step. The
+in-flight count and bound and the steps generating ahead are read at scrape time; the
+served version is inference's own `tidal_inference_policy_version`.
 """
 
 from __future__ import annotations

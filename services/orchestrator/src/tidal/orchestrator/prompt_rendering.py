@@ -1,23 +1,10 @@
 """Problems → prompt ids, episode turns and warm-up targets, with or without the chat template.
 
-Decisions:
-- One object, built once at start-up from the tokenizer and `[orchestrator.chat]`, owns
-  every place a problem's text becomes ids: the prompt of a rollout or an evaluation,
-  the environment turns of a multi-turn episode, and the reference completion of a
-  warm-up (SFT) step. They cannot then disagree about the format.
-- Template off (the byte default): `encode(prompt)` with the tokenizer's own specials,
-  references as their ids + EOS, environment replies as their text's ids: exactly the
-  ids of the runs before chat templates.
-- Template on: a problem's `messages`, or its `prompt` as one user message, rendered
-  with the generation prompt (`tidal.text.ChatRendering`). The warm-up target is the
-  conversation built as a multi-turn episode would be (assistant turns through their
-  end-of-turn token under mask 1, environment turns under 0), so SFT warm-up trains
-  on the very sequences RL later samples.
-- The resolution of "auto" and every inconsistency (template "on" without a template, a
-  system prompt or template kwargs with the template off) is a `ConfigError` raised by
-  `from_config`, which the service calls before it waits for any peer.
-- Stop ids sent to inference are all of `tokenizer.eos_ids` (EOS, generation_config's
-  ids, the template's end-of-turn token), so a chat model stops at the end of its turn.
+One object, built at start-up from the tokenizer and `[orchestrator.chat]`, owns every
+place a problem's text becomes ids (rollout and evaluation prompts, episode turns, warm-up
+targets), so they cannot disagree. With the template on, a warm-up target is built the way
+an episode is, so SFT trains on the sequences RL later samples. Inconsistent settings are
+a `ConfigError` from `from_config`, raised before any peer is awaited.
 """
 
 from __future__ import annotations

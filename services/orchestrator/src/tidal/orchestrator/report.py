@@ -1,16 +1,9 @@
-"""End-of-run report: `report.png` (reward, eval, lengths, staleness), the reward curve,
-a rich summary table (also written as `summary.json`), and the live table of recent
-steps printed during the run.
+"""End-of-run report: `report.png`, the reward curve, the summary table (`summary.json`),
+and the live table of recent steps printed during the run.
 
-matplotlib is imported inside the functions with the Agg backend, so the orchestrator
-never needs a display and its start-up does not pay matplotlib's import. The import
-(~0.5 s of CPU) is started on a daemon thread when the first step begins
-(`import_matplotlib_in_background`), while the orchestrator mostly waits on its peers,
-so the end of the run only draws: it was most of the run's shutdown.
-
-`summary.json` holds the table's figures plus the run's timing marks (Unix seconds):
-`first_step_started_at`, `last_step_ended_at`, and under `tidal rl` `launched_at` and
-`startup_s`; the launcher adds `shutdown_s` (tidal.cli.run_timing has the definitions).
+matplotlib (Agg backend) is imported inside the functions, on a daemon thread started
+when the first step begins, so neither start-up nor the end of the run waits for its
+import. `summary.json` also holds the run's timing marks (tidal.cli.run_timing).
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """The orchestrator's resumable progress: `<run dir>/progress.json`, replaced atomically.
 
-Decisions:
-- Written right before Train(n) is sent, with the task-mixture state both before and
-  after step n drew its prompts, and the state before step n-1 drew its own. On resume
-  the trainer's last step T decides which one applies: T = n means step n was trained
-  (continue at n+1 from the `after` state); T = n-1 means Train(n) never arrived, or
-  was trained but lost (redo step n from the `before` state, drawing the same prompts
-  again); T = n-2 means step n-1, answered as trained, was lost too: without its step
-  journal (`trainer.ckpt.journal = false`) the trainer answers Train(k) before step k is
-  durable and makes it durable before its next update (tidal.trainer.persistence.steps),
-  so a trainer killed during step n's update resumes at n-2 (redo step n-1 from
-  `previous_before`). Anything else is an error naming both
-  steps. So a kill at any point neither repeats nor skips a prompt, and the metrics lines
-  of lost steps are removed (`drop_lost_lines`) before they are trained again.
-- Pending samples policy: rollouts generated ahead for steps > n are discarded on a
-  restart and regenerated from the saved cursors (same prompts, the policy of the time).
-- Atomic replace: write a temp file in the same folder, fsync it, `os.replace` it over the
-  old file, fsync the folder. A crash leaves either the old or the new file, never half.
+Written right before Train(n), with the mixture state before and after step n drew its
+prompts and before step n-1 drew its own. On resume the trainer's last step T picks one:
+T = n continues from `after`, n-1 redoes step n from `before`, n-2 redoes step n-1 from
+`previous_before`, anything else is an error; so a kill never repeats or skips a prompt.
+The file is replaced by temp file, fsync, rename and fsync of the folder.
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """One step's rollouts: draw prompts, generate groups, verify, shape rewards, advantages.
 
-Decisions:
-- A group is one prompt's `group_size` completions; everything that needs the group
-  (baseline, dynamic sampling) happens here, so the loop only sees finished groups.
-- Dynamic sampling (DAPO): groups whose shaped rewards are all equal are dropped (and
-  counted), and more prompts are drawn and generated until the step has
-  `prompts_per_step` groups or `max_sampling_rounds` rounds ran. A step that ends up
-  with no group at all keeps the last round's groups (all-zero advantages) so the step
-  sequence continues; metrics show it.
-- ReMax asks inference for one greedy completion per prompt alongside the sampled ones;
-  its reward is the group's baseline.
-- Request seeds derive from (run seed, step, round, prompt index), so a step's rollouts
-  do not depend on how the pipeline interleaved steps.
-- Every Generate call passes through the adaptive in-flight limiter.
-- With several inference replicas, a multi-turn group's calls name the group as their
-  affinity, so all its episodes and turns go to one replica (prefix cache reuse).
-- Multi-turn problems (with followups) are rolled out as episodes (episodes.py).
-- Problems become ids only through the `PromptRenderer` (chat template or plain text),
-  and generation stops at any of the tokenizer's `eos_ids`.
+A group is one prompt's `group_size` completions; everything that needs the group (the
+baseline, dynamic sampling, ReMax's greedy completion) happens here, so the loop sees
+finished groups. Request seeds derive from (run seed, step, round, prompt), so rollouts do
+not depend on how steps interleaved. Every call passes the in-flight limiter; a multi-turn
+group's calls share an affinity key, so its turns find their prefix on one replica.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
-"""Per-step run metrics: `<run dir>/metrics.jsonl`, TensorBoard events, a live table.
+"""The run log: one JSON line per step in `<run dir>/metrics.jsonl`, and TensorBoard scalars.
 
-Decisions:
-- JSON lines because they are appended as steps finish, survive a crash up to the last
-  complete step, and load with one line of pandas or jq. Non-finite floats are written as
-  null (JSON has no NaN).
-- The fixed fields are what every step has; `extra` holds the open-ended ones (per-task
-  rewards, eval results, staleness histogram, drop reasons), flattened with `/` in their
-  names, and `train` what the trainer returned, written with a `train/` prefix.
-- TensorBoard via tensorboardX (no TensorFlow; torch hidden from it at import): every
-  numeric field becomes a scalar at its step. Without tensorboardX no events are written.
-- Other consumers of finished steps (Prometheus, W&B) are `sinks`, called with each
-  appended record after it is written; a failing sink is logged, never fails the run.
+JSON lines are appended as steps finish, survive a crash up to the last complete step and
+load with pandas or jq (non-finite floats become null). `extra` holds the open-ended fields
+and `train` the trainer's, flattened with `/`. Other consumers (Prometheus, W&B) are sinks
+called after each line is written; a failing sink never fails the run. tensorboardX is
+imported with torch hidden: the orchestrator never imports torch.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Task configs: a discriminated union on `type`, one class per built-in task plus plug-ins.
 
-Decisions:
-- Every task config carries `weight` (its share of a mixture) and `name` (the label used
-  in metrics; defaults to the type), so a mixture is simply a list of task configs.
-- A plug-in task is named by import path (`type = "import"`, `path = "pkg.mod:Class"`)
-  with free-form `options` passed to its constructor. The path is resolved when the
-  orchestrator starts, so a typo fails before any step (see `tasks/registry.py`).
-- Held-out evaluation data comes from the same task: generated tasks draw it from a
-  separate seed stream, file datasets hold back `eval_fraction` of their records unless
-  an eval file or split is named (`eval_path`, `eval_split`), which then replaces it.
-- Dataset field names are configuration (`prompt_field`, `answer_field`, ...), not a
-  required schema, so GSM8K-, MATH- or chat-style files load without a conversion step.
+Every config carries `weight` and `name`, so a mixture is a list of task configs. A plug-in
+is an import path with free-form `options`, resolved at start so a typo fails before any
+step. Held-out data comes from the same task (another seed stream, or `eval_fraction` of a
+dataset unless `eval_path`/`eval_split` names other records), and dataset field names are
+configuration, so GSM8K-, MATH- or chat-style files load as they are.
 """
 
 from __future__ import annotations

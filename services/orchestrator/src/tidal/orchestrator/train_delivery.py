@@ -1,30 +1,10 @@
 """Deliver every Train step exactly once, riding out a trainer that died and came back.
 
-Decisions:
-- A Train call that fails because the trainer is unreachable (UNAVAILABLE: refused,
-  reset, or the trainer still starting) is not the end of the run: the orchestrator
-  waits for the trainer to be SERVING again (it may be restarted by `tidal rl`), for at
-  most `orchestrator.recovery.peer_loss_s` counted from the first failure, logging the
-  peer and its address while it waits, and then reconciles with the trainer's step.
-  A trainer restarted so fast that the channel's own retries (channel.py) reached the
-  new process never shows UNAVAILABLE: it refuses step n with FAILED_PRECONDITION (out
-  of order); when its last step is then behind n-1, that is the same loss and is
-  reconciled the same way, once. Any other status (a refused step, a bad request, a
-  deadline) still fails the step.
-- Reconciling reads the trainer's last trained step T (GetStatus). T ≥ n: step n was
-  trained before the reply was lost; it is sent again anyway and the trainer answers
-  it from its record (duplicate), which checks that the data are the same (payload
-  sha256). T < n-1: the trainer restarted from a checkpoint older than steps the
-  orchestrator saw trained; those steps (T+1..n-1) are re-sent first, the very same
-  requests (same ids, same data), so every step id is trained exactly once in the
-  lineage that survives. Then step n is sent again.
-- The requests of the last `keep_sent_steps` steps are kept for that (in memory: a
-  restarted orchestrator resumes after the trainer's step instead, resume.py). A
-  trainer behind the oldest kept request fails the run, naming the key to raise.
-- A retry is the same `TrainRequest` object: same step id, same payload fingerprint.
-- The trainer answers Train(n) once step n is trained and publishes version n afterwards
-  (tidal.trainer.persistence.steps), so the run's end waits for the last version
-  (`wait_published`), re-sending the steps of a trainer that restarted meanwhile.
+A Train that fails UNAVAILABLE (or, from a trainer restarted within the channel's own
+retries, FAILED_PRECONDITION) waits up to `recovery.peer_loss_s` for the trainer, reads its
+last step T, and re-sends the very same requests of the steps it lost (kept for the last
+`keep_sent_steps`) before step n; a step it had trained is answered as a duplicate. The
+run's end waits for weightsync to push the last version as published.
 """
 
 from __future__ import annotations

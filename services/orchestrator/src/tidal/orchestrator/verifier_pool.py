@@ -1,14 +1,9 @@
-"""Contained verification: a verifier that raises, hangs or returns garbage costs one reward.
+"""Runs verifiers in a thread pool with a per-call deadline; a failure costs one reward.
 
-Decisions:
-- Verifiers run in a small thread pool with a per-call deadline (`timeouts.verifier_s`).
-  A verifier that raises, times out, or returns a reward that is not a finite number in
-  [0, 1] yields reward 0 and is counted by kind (`error`, `timeout`, `invalid`) in the
-  step's metrics; the run goes on. Threads, not processes: plug-in tasks need not be
-  picklable and most verifiers take microseconds. The cost: a verifier stuck forever
-  keeps its thread, so with all workers stuck later calls time out too (still counted).
-- The first failure of each kind per task is logged with its traceback; later ones are
-  only counted, so a broken verifier does not flood the log.
+A verifier that raises, times out or returns a reward outside [0, 1] scores 0 and is
+counted by kind (`error`, `timeout`, `invalid`); the first failure of each kind per task is
+logged. Threads rather than processes, so plug-in tasks need not be picklable; a verifier
+stuck forever keeps its thread (docs/tasks.md).
 """
 
 from __future__ import annotations

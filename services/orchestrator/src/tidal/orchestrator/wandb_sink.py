@@ -1,15 +1,9 @@
-"""Optional Weights & Biases logging of the per-step metrics (`[orchestrator.wandb]`).
+"""Optional Weights & Biases logging of each step's run-log record (`[orchestrator.wandb]`).
 
-Decisions:
-- A `RunLog` sink: W&B gets exactly the numbers metrics.jsonl and TensorBoard get
-  (`StepRecord.flat()`, numeric fields only), at the step's id.
-- `wandb` is an optional extra (`tidal-orchestrator[wandb]`), imported only when enabled,
-  and checked before the orchestrator serves: enabled without it installed is a
-  configuration error (exit 2) naming the key and the extra.
-- One W&B run per Tidal run, across orchestrator restarts and `--resume`: its id is
-  made once and kept in `<run dir>/wandb-run-id`, and `wandb.init(resume="allow")`
-  continues it. W&B's own files go under `<run dir>/wandb/`.
-- A failing `log` is reported by `RunLog` and never stops training.
+A `RunLog` sink, so W&B gets exactly what metrics.jsonl gets (`StepRecord.flat()`, numeric
+fields). `wandb` is an optional extra, checked before the orchestrator serves (exit 2
+naming it). One W&B run per Tidal run: its id is kept in `<run dir>/wandb-run-id` and
+resumed across restarts. A failing `log` never stops training.
 """
 
 from __future__ import annotations

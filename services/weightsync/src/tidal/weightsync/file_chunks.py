@@ -1,11 +1,8 @@
 """Reading a version's file in chunks without blocking the event loop (`FetchWeights`).
 
-Every `open`, `seek` and `read` runs in a worker thread (`asyncio.to_thread`), one chunk
-at a time, so the server keeps answering other RPCs (health checks, `Watch`, `GetVersion`)
-however slow the disk is: a read from a cold network filesystem can take seconds, and
-it used to run on the event loop. The alternative, one reader thread per stream filling
-a queue ahead of the consumer, would read ahead faster than gRPC sends and hold more
-chunks in memory; one read per chunk sent keeps memory at one chunk per stream.
+Every open, seek and read runs in a worker thread, one chunk at a time, so the server keeps
+answering other RPCs however slow the disk is, and memory stays at one chunk per stream (a
+read-ahead thread would run ahead of what gRPC sends and hold more).
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """Replica leases: a replica pins versions on disk only while it is alive.
 
-Decisions:
-- A replica holds a lease while it has a `Watch` stream open (every replica keeps one
-  for its whole life) and for `lease_s` seconds after its last sign of life: opening or
-  closing a stream, `BeginLoad`, `AckLoaded`. A replica that was killed (its stream is
-  gone: the connection's keepalive notices) or stopped renewing thus stops pinning the
-  version it served and the one it was loading after `lease_s`, and retention may
-  delete them. A replica restarted under a new id therefore does not pin one more
-  version per restart.
-- Expiry is evaluated when it matters, at retention time (`expired()` is called by the
-  registry before it decides what to keep) and when a replica calls in; there is no
-  timer task. An expired replica that comes back (reconnects its stream) registers
-  again, as a new replica would.
-- Time comes from a monotonic clock, injectable for tests.
+A lease holds while the replica has a `Watch` stream open and for `lease_s` after its last
+sign of life, so a killed replica, or one restarted under a new id, stops pinning versions.
+Expiry is evaluated when it matters (at retention, when a replica calls in), with no timer
+task; time comes from an injectable monotonic clock.
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """Rebuilding the registry from disk after a restart: adopt only versions that verify.
 
-Decisions:
-- A version folder is adopted only when its manifest parses, names its own version,
-  lists every required file, and every file's size and sha256 match the manifest. A
-  folder that fails any of these (a half-written or corrupted version, a stray
-  `v<N>` folder without a manifest) is never served: it is deleted, strictly inside the
-  weights root (`tidal.common.files.safe_remove.remove_inside`), and the reason is logged. Deleting
-  rather than quarantining keeps the weights folder bounded by `keep_last`; the log line
-  names the file and both digests, which is what an operator needs.
-- Verification reads every byte of every kept version, once, at start-up: with the
-  default `keep_last` = 3 that is three versions. The service reports SERVING only after
-  it, so no client ever sees an unverified version. Folders are hashed in a worker
-  thread, newest first, so the logs show the version that matters first.
-- Only names of the form `v<digits>` are considered; temp folders are swept as before
-  (`tidal.weights.folder.sweep_partial`); anything else in the root is left alone.
-- A manifest written before locations were checked may name another location: the
-  version is registered at its own folder, so retention can only delete that.
+A `v<N>` folder is adopted only when its manifest parses, names its own version, lists every
+required file, and every file matches its size and sha256; any other version folder is
+deleted inside the weights root, with the reason logged. It runs before the service
+serves, newest first, so no client ever sees an unverified version.
 """
 
 from __future__ import annotations

@@ -1,27 +1,10 @@
-"""The version registry: which versions exist, who loaded them, who is waiting for news.
+"""The version registry: which versions exist, which replica serves which, who is waiting.
 
-Rules it enforces: versions only grow; a version is registered only after its files
-verify against their sha256; retention keeps the newest `keep_last` versions plus any
-version a known replica still serves or has begun loading (`begin_load`, until it
-acknowledges that version or a later one: it may be reading those files), and the base
-version of every LoRA adapter version it keeps (replicas merge adapters onto it). Subscribers
-wait on an asyncio.Condition, so a Watch stream wakes exactly when something is
-published. On start the registry is rebuilt from the manifests already on disk, so a
-restarted service loses nothing.
-
-Every version holds `REQUIRED_FILES` (a manifest without config.json would register and
-then fail every replica's load): a manifest lacking one is INVALID_ARGUMENT naming the
-file, for Publish and uploads alike. Retention deletes a version's folder only when it
-lies strictly inside the weights root (`tidal.common.files.safe_remove`); Publish requires the
-location to be exactly `<root>/v<version>` besides.
-
-Durability (docs/weightsync.md, "Restarts"): on start only versions whose every file
-verifies against its manifest are adopted (`recovery.py`; the others are removed inside
-the root). Publish is idempotent: the same version with the same manifest (files, sizes,
-digests, format, base) is answered OK again, so a trainer whose Publish was cut by a
-weightsync restart retries and succeeds; the same version with another manifest stays
-FAILED_PRECONDITION. Replica registrations are leases (`leases.py`): a replica without a
-Watch stream that has not called in for `lease_s` no longer pins a version.
+Versions only grow and register only after their files verify. Retention keeps the newest
+`keep_last`, every version a live replica serves or is loading (leases.py) and the bases of
+kept adapters, deleting only inside the root. Every change (a publish, an acknowledgement,
+a replica registering or expiring) bumps one revision that the Watch and WatchLoaded
+streams wait on. A restart rebuilds it from disk (recovery.py), and Publish is idempotent.
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
 """Rendezvous of broadcast groups: who is rank 0, where its TCP store listens, who is rank r.
 
-Decisions:
-- The trainer (rank 0) hosts the group's `torch.distributed.TCPStore` and reports its
-  address here; weightsync hands that address and a rank to each replica. Weightsync
-  itself stays torch-free: it only hands out the rendezvous information.
-- A torch.distributed group has a fixed world size, so replicas get ranks 1..N in the
-  order they join, and a replica arriving once the group is full is told it is not a
-  member (with the reason). It then follows versions through the filesystem path,
-  which every broadcast version is also written to. A replica rejoining under the same
-  id gets its old rank back.
-- Each trainer join starts a new *generation* (a restarted trainer's old group is dead,
-  or the trainer re-forms a group that broke because a replica died); replicas of an
-  older generation must rejoin, naming the generation they leave (`after_generation`),
-  and wait for a newer one.
-- The first generation waits for all `replicas`. A later one is formed by whoever
-  rejoins within `reform_window_s` of its opening (the dead replica will not), or closes
-  at once when all seats are taken; its world size is 1 + those replicas, so every seat
-  (the trainer's too) is answered only when the window closes.
-- A replica's join waits (asyncio.Condition) until a trainer has joined, bounded by the
-  caller's deadline, so services may start in any order.
+Weightsync only hands out addresses and ranks, so it stays torch-free. Replicas get ranks
+1..N in join order, a replica joining a full group is told it is not a member, and a
+rejoining id gets its rank back. Each trainer join starts a generation; a later one is
+whoever rejoins within `reform_window_s`. A replica's join waits for the trainer, so the
+services start in any order.
 """
 
 from __future__ import annotations

@@ -1,35 +1,10 @@
 """Receiving an uploaded version (the "stream" path) into the root: atomic, verified, resumable.
 
-Decisions:
-- The same on-disk contract as the filesystem path: files go into a hidden temp folder,
-  each is hashed *while* it is written (no second read), sizes and sha256 must match the
-  manifest the uploader sent first, then the manifest is written, everything fsynced and
-  the folder renamed to `v<version>`.
-- Resumable by offset: an upload is a *session* keyed by its manifest (location aside).
-  When the stream is cut (the uploader cancelled, the connection dropped) the session
-  keeps its open files and their running sha256 objects in memory, so a new stream with
-  the same manifest continues at `progress()` (bytes received per file) without
-  re-reading or re-hashing anything. The alternative, re-hashing the partial file on
-  resume, costs a read of everything received; keeping the hash state costs nothing.
-  A restarted weightsync loses its sessions (their temp folders are swept) and the
-  upload starts over, which is correct, only slower.
-- A stream that is *wrong* (a chunk not in the manifest, a gap before a chunk's offset, a
-  file that does not verify) discards its session at once: nothing of it is kept or
-  visible. A chunk may start *before* the bytes received (an uploader that retries from
-  zero, or that asked for progress just before the old stream wrote one more chunk):
-  the part already held is skipped, and the final sha256 covers every byte anyway.
-- One pending session at a time (one trainer uploads): a new manifest replaces the old
-  session and deletes its folder. A new stream for the same manifest takes the session
-  over even while an old stream still holds it (the server may notice a cut late, or
-  never for a half-open connection); the old stream's next chunk then fails UNAVAILABLE.
-- Finishing (verify, fsync, rename, register) is shielded from cancellation: a stream cut
-  after its last chunk either registers the version or leaves nothing, never a renamed
-  but unregistered folder.
-- File writes and hashing run in a worker thread per chunk, keeping the event loop free,
-  and overlap the next chunk's arrival: a chunk's write is awaited only when the next
-  chunk (or the finish) needs its offset, so the network and the disk work at once.
-  `progress()` may lag by the chunk being written; a resumed upload that re-sends part
-  of it is skipped as above.
+Files go into a temp folder, hashed while written, and become `v<version>` only once sizes
+and sha256 match. A cut stream keeps its session (open files, running hashes), so a stream
+with the same manifest resumes without re-reading anything; a wrong stream discards its
+session at once. Finishing is shielded from cancellation, and each write overlaps the next
+chunk's arrival. The rules are in docs/weightsync.md.
 """
 
 from __future__ import annotations

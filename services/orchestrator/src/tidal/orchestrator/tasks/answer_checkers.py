@@ -1,14 +1,8 @@
 """Answer checkers shared by tasks: exact match, numeric match, regex match, extraction.
 
-Decisions:
-- Each checker is a pure function `(completion, answer) -> bool`; tasks turn that into a
-  reward. Keeping them free of task state makes them reusable by plug-in tasks.
-- Numeric matching compares exact rationals (`fractions.Fraction` from a decimal string),
-  not floats, after removing formatting people use: thousands separators, spaces,
-  underscores, a leading '+', a currency sign, a trailing '.'. So "1,000" == "1000.0" and
-  "0.1" == ".10", while "0.30000000000000004" != "0.3".
-- Regex matching uses the record's answer as the pattern and requires a full match of
-  the stripped completion, so "\\d+" does not accept "12 apples".
+Each is a pure `(completion, answer) -> bool`, reusable by plug-in tasks. Numbers compare as
+exact rationals after removing formatting ("1,000" == "1000.0", "0.1" == ".10", but
+"0.30000000000000004" != "0.3"); a regex answer must fully match the stripped completion.
 """
 
 from __future__ import annotations

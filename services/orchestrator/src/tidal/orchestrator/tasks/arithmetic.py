@@ -1,9 +1,7 @@
 """Integer arithmetic: "12+7=" → "19", scored by the numeric verifier (0 or 1).
 
-Decisions:
-- One binary operation per problem: the smallest arithmetic a tiny model can learn, and
-  the operand range and operator set scale it up.
-- The numeric verifier accepts any formatting of the right value ("19", "19.0", " 19").
+One binary operation per problem, the smallest arithmetic a tiny model learns; the operand
+range and the operator set scale it up. Any formatting of the right value scores.
 """
 
 from __future__ import annotations

@@ -1,27 +1,10 @@
 """The task interface: problems by index, prompts as text, verdicts with named sub-scores.
 
-Decisions:
-- A task is addressed by `(split, index)`: `problem(i, split="train")` is the i-th problem
-  of that split and always the same one. The orchestrator keeps a cursor per task, so the
-  run's progress (and resume) is a handful of integers, not a copy of the data.
-- Generated tasks (`GeneratedTask`) only implement `sample(rng)`: problem i draws from an
-  RNG seeded by (run seed, task name, split, i). Train and eval use different streams, so
-  evaluation is held out (up to coincidental collisions in tiny problem spaces).
-- A task works on text, not tokens: the orchestrator tokenizes, so a task never depends
-  on a tokenizer. `verify` sees the decoded completion with special tokens removed and
-  returns a reward in [0, 1] (a float, or a `Verdict` with named sub-scores).
-- Multi-turn: a problem may carry `followups`, (environment text, reference answer)
-  pairs. After each model turn the environment (`env_step`) replies with the next
-  followup text, up to the last; the episode is scored by `verify_turns`, by default
-  the mean of `verify` over the turns (a missing turn scores 0). Tasks with other
-  environments override `env_step` and `verify_turns`. Only model tokens are trained.
-- A problem may carry chat `messages` besides its `prompt` text, and `metadata` for its
-  verifier. With the chat template on (`[orchestrator.chat]`) the messages, or the
-  prompt as one user message, are rendered by the template; with plain-text prompts
-  `prompt` is tokenized, so tasks with messages also fill it with a plain rendering
-  (`tasks.records.render_messages`). An `EnvReply` says which role (user or tool) its
-  text takes in a chat.
-- Plug-ins subclass `Task` or `GeneratedTask`; see docs/tasks.md.
+`problem(i, split)` is always the same problem, so a run's progress is a cursor per task;
+generated tasks implement `sample(rng)` with an RNG seeded by (run seed, task, split, i). A
+task works on text, never tokens, and `verify` returns a reward in [0, 1] or a `Verdict`.
+Multi-turn problems carry `followups`, answered by `env_step` and scored by
+`verify_turns`; chat `messages` are rendered by the template when it is on. docs/tasks.md.
 """
 
 from __future__ import annotations

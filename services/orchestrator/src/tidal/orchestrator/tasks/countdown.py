@@ -1,14 +1,9 @@
 """Countdown: reach a target with given numbers, "3 5 7=22>" → "3*5+7".
 
-Decisions:
-- Every problem is solvable by construction: the numbers are combined left to right with
-  random operators (+, -, *) and the value of that expression is the target; the
-  expression is the reference (used for warm start), but any correct one scores.
-- The checker is exact and safe: the completion is parsed with `ast` and only integer
-  literals, + - * / and parentheses are accepted (no names, calls or powers, so nothing
-  can run or blow up); values are exact `Fraction`s; each given number may be used at
-  most once (a sub-multiset of the numbers).
-- Reward is 0/1; sub-scores `valid_expression` and `uses_given_numbers` show what failed.
+Solvable by construction: the target is the value of a random left-to-right expression,
+which is also the warm-start reference. The checker parses with `ast` and accepts only
+integer literals, + - * / and parentheses, computes with exact `Fraction`s and lets each
+given number be used at most once; sub-scores show what failed.
 """
 
 from __future__ import annotations

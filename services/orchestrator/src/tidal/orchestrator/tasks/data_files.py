@@ -1,19 +1,8 @@
 """Rows of a local dataset: a JSONL file line by line, everything else through `datasets`.
 
-Decisions:
-- JSONL keeps its own line reader: a malformed line, a row that is not an object or a
-  field whose type changes between lines (`"answer": 2` then `"answer": "6"`) is skipped
-  with its line number. `datasets`' Arrow JSON reader would reject the whole file for
-  any of these.
-- `.json`, `.parquet` and `.arrow` files, `save_to_disk` folders (a Dataset or a
-  DatasetDict) and folders of data files go through the `datasets` library, local only:
-  `HF_HUB_OFFLINE` / `HF_DATASETS_OFFLINE` are set before it is imported, so a path
-  typo is an error here, never a download attempt.
-- `datasets` is imported where a dataset is read, not at module import: it is large
-  (~1 s) and only dataset tasks need it. It does not import torch (checked by
-  tests/unit/orchestrator/test_real_task_imports.py: the orchestrator stays torch-free).
-- A folder of data files is read with `load_dataset(folder)`, which infers the format
-  from the extensions and the split names from the file names.
+JSONL keeps its own reader so a bad line is skipped with its number (the Arrow JSON reader
+rejects the whole file). Other files and folders go through `datasets`, offline only (a
+path typo is an error, never a download) and imported only when a dataset is read.
 """
 
 from __future__ import annotations

@@ -1,22 +1,9 @@
 """A task from local records (JSONL, JSON, parquet, Arrow, `datasets` folders) and a verifier.
 
-Decisions:
-- Reading is `tasks/data_files.py` (JSONL line by line, the rest through `datasets`),
-  field mapping is `tasks/records.py`; this module owns splits, order and scoring.
-- Bad records never stop a run: a record without a usable prompt or answer (or, for the
-  regex verifier, an answer that is not a valid pattern) is logged with file and line
-  number, skipped and counted (`skipped_records`, reported in the run's metrics). A field
-  that no record has is a mapping mistake: a `ConfigError` naming the field, the file
-  and the fields that exist. A source with no usable record is a `ConfigError` too.
-- Held-out split: `eval_fraction` of the records, chosen by a permutation seeded by the
-  run seed, is kept for evaluation only, unless `eval_path`/`eval_split` names separate
-  evaluation records, which are then used in their stored order.
-- Training order: epoch e visits the training records in a permutation seeded by (run
-  seed, task, e), so problem i is a pure function of i and a cursor is enough to resume
-  without repeating or skipping a record.
-- An optional reference field is the warm-start target; it defaults to the answer.
-- Records are materialized once at start (a few hundred bytes each), which keeps problem
-  lookup O(1) and the order logic independent of the storage format.
+Reading is data_files.py and field mapping records.py; this module owns splits, order and
+scoring. A bad record is logged and counted and never stops a run; a field no record has is
+a `ConfigError`. Epoch e visits the training records in a permutation seeded by (run seed,
+task, e), so problem i is a pure function of i and resume needs only a cursor.
 """
 
 from __future__ import annotations

@@ -1,32 +1,10 @@
 """The math verifier: extract a final answer, compare it symbolically with `math-verify`.
 
-Decisions:
-- Extraction: a GSM8K `#### 42` marker wins (the text after the last one), then
-  `\\boxed{...}`, then an "answer: ..." phrase, then the last LaTeX expression or number
-  (math-verify's own priorities with boxed raised to first). The reference goes through
-  the same marker rule and, when it is a bare answer ("\\frac{1}{2}", "2\\sqrt{2}",
-  "1,000"), is parsed as if boxed, so it is read as one LaTeX expression.
-- Comparison is math-verify's `verify` (numeric within its precision, then symbolic
-  simplification), so `\\boxed{\\frac{1}{2}}` = `0.5` and `2\\sqrt{2}` = `\\sqrt{8}`.
-- Sub-scores: `format` (an answer could be extracted) and `answer` (it is correct);
-  reward = (1 - format_weight) * answer + format_weight * format. A reference with no
-  readable answer raises, so the verifier pool counts and logs it as a verifier
-  error instead of every completion silently scoring 0.
-- Threads: math-verify's own timeouts use `signal.alarm`, which only works in the main
-  thread; in our verifier threads every call would raise ValueError and score as a
-  verifier error. Both of its timeouts are therefore off (`parsing_timeout=None`,
-  `timeout_seconds=None`) and the verifier pool's deadline is the timeout (its
-  "timeout disabled" warning is filtered, it is not true here). A deadline cannot stop
-  a thread, and sympy evaluating a power tower (`9^{9^{9^{9}}}`) never ends while
-  holding the GIL, which would freeze the whole orchestrator; so expressions with a
-  nested or huge exponent, or a factorial, binomial or gamma of a large number, are
-  refused before comparison (`format` 1, `answer` 0). Residual risk: latex2sympy
-  evaluates some of these while parsing (`\\binom{1000000}{500000}` runs for minutes); such
-  a call keeps its verifier thread (counted as a timeout) but, being many short big-int
-  steps, does not hold the GIL. Isolating math-verify in killable worker processes
-  would close that too.
-- `math_verify` is imported when the verifier is built: it pulls in sympy and an ANTLR
-  runtime (~0.7 s), which only math tasks need.
+The final answer is a GSM8K `####` marker's text, else a boxed answer, an "answer:" phrase
+or the last expression; comparison is math-verify's, so 0.5 equals one half in LaTeX. It
+runs in verifier threads, where math-verify's signal-based timeouts cannot work, so they
+are off and the pool's deadline applies; expressions that could evaluate forever (huge
+exponents, factorials) are refused before comparison. docs/tasks.md has the rules.
 """
 
 from __future__ import annotations

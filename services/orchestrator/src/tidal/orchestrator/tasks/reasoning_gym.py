@@ -1,23 +1,9 @@
 """Procedural `reasoning-gym` datasets as tasks, scored by the dataset's own `score_answer`.
 
-Decisions:
-- One reasoning-gym dataset object per split, with its own seed derived from (run seed,
-  task name, split). reasoning-gym generates item i from `Random(seed + i)`, so problem
-  i of a split is a pure function of (run seed, name, split, i) and resume is exact.
-  With 62-bit derived seeds the train and eval index ranges never meet in practice, so
-  evaluation is held out.
-- Training is unbounded (`size` None, like generated tasks); the eval split has
-  `eval_size` problems. The train object is built with a huge virtual size because
-  reasoning-gym datasets generate per index and never materialize `size` items.
-- The item's `metadata` travels on `Problem.metadata`: `score_answer` needs the full
-  entry ({question, answer, metadata}) and a problem is all a verifier receives.
-- Reward is `score_answer` (which may give partial credit); sub-scores `score` (the same
-  number, under its own name in metrics), `correct` (full credit) and, with an
-  `extract` pattern, `extracted`.
-- The prompt is the question text; `messages` carries it as one user message for chat
-  templates. reasoning-gym is an optional extra (it pulls in a dozen puzzle and
-  solver libraries), imported when the task is built, with an error naming the extra
-  when it is missing. It generates offline and does not import torch.
+One dataset object per split, seeded from (run seed, task, split): item i is a pure
+function of its index, so resume is exact and evaluation is held out. The item's metadata
+travels on `Problem.metadata`, which `score_answer` needs. reasoning-gym is an optional
+extra, imported when the task is built, with an error naming the extra when it is missing.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """One dataset record → prompt, chat messages, answer, reference and verifier metadata.
 
-Decisions:
-- Field names come from the task config (`prompt_field`, `messages_field`,
-  `answer_field`, `reference_field`, `metadata_fields`), so GSM8K (`question`/`answer`),
-  MATH (`problem`/`solution`) or chat files (`messages`) load as they are.
-- A record that is unusable raises `ValueError` naming the field and the record's fields;
-  the caller logs it with its file and line and skips it. Whether a field is missing from
-  the whole source (a mapping mistake, not a bad record) is decided by the caller, which
-  sees all the records' fields.
-- Chat messages are kept as given on `Problem.messages` (what the chat template renders,
-  `[orchestrator.chat]`); `render_messages` makes the plain prompt text used when
-  prompts are plain text (the byte default): one `role: content` line per message, then
-  `assistant: `. That keeps plain-text runs working without pretending to be any
-  model's format.
+Field names come from the task config. An unusable record raises `ValueError` naming the
+field, and the caller skips it; whether a field is missing from the whole source is the
+caller's decision, which sees every record. Chat messages are kept as given;
+`render_messages` makes the plain prompt of plain-text runs.
 """
 
 from __future__ import annotations

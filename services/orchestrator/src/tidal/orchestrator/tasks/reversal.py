@@ -1,14 +1,8 @@
 """String reversal: "abc>" → "cba". Verifiable, tiny, and learnable by a 2-layer model.
 
-Decisions:
-- Prompt is the string followed by '>', the separator the model learns to answer after;
-  the reference answer is the reversed string (the EOS token is the orchestrator's job).
-- Partial credit: the fraction of positions that match the target, divided by
-  max(len(prediction), len(target)), so both missing and extra characters cost. An exact
-  answer scores 1.0. Dense credit gives GRPO groups reward variance early in training,
-  when exact answers are rare; a 0/1 reward would leave most groups with zero advantage.
-- Multi-turn (`turns > 1`): the environment replies to each answer with the next
-  string ("\nabd>"); the episode's reward is the mean over turns (Task.verify_turns).
+Partial credit (matching positions over the longer length) gives GRPO groups reward
+variance early, when exact answers are rare. With `turns > 1` the environment answers each
+reversal with the next string, and the reward is the mean over turns.
 """
 
 from __future__ import annotations
