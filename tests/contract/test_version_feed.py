@@ -30,7 +30,8 @@ from tidal.weightsync.servicer import WeightSyncServicer
 from .test_weightsync_service import publish_files
 
 
-async def until(feed: VersionFeed, ready: Callable[[], bool]) -> None:
+async def pushed(feed: VersionFeed, ready: Callable[[], bool]) -> None:
+    """Wait (bounded) until the feed has received a state in which `ready()` holds."""
     await asyncio.wait_for(feed.wait_until(ready), 15)
 
 
@@ -53,10 +54,10 @@ async def test_the_feed_learns_a_loaded_version_from_the_pushed_event(
     await client.publish(publish_files(weightsync_server.root, 0))
     replica = client.watch("replica-a", after_version=-1)
     await anext(replica)
-    await until(feed, lambda: feed.published == 0)
+    await pushed(feed, lambda: feed.published == 0)
     assert feed.loaded("replica-a") == -1  # registered, nothing loaded yet
     await client.ack_loaded("replica-a", 0)
-    await until(feed, lambda: feed.loaded("replica-a") == 0)
+    await pushed(feed, lambda: feed.loaded("replica-a") == 0)
     assert feed.loaded("another-replica") == -1
 
 
@@ -72,7 +73,7 @@ async def test_the_window_opens_when_the_replica_it_routes_to_acknowledges(
     replica = client.watch("replica-a", after_version=-1)
     await anext(replica)
     waiting = asyncio.create_task(window.wait_for_step(1))  # step 1 needs version 0
-    await until(feed, lambda: feed.published == 0)
+    await pushed(feed, lambda: feed.published == 0)
     assert not waiting.done()
     await client.ack_loaded("replica-a", 0)
     assert await asyncio.wait_for(waiting, 15) == 0
@@ -108,18 +109,18 @@ async def test_a_restarted_weightsync_replays_its_state_and_the_feed_keeps_what_
         replica = client.watch("replica-a", after_version=-1)
         await anext(replica)
         await client.ack_loaded("replica-a", 0)
-        await until(feed, lambda: feed.loaded("replica-a") == 0)
+        await pushed(feed, lambda: feed.loaded("replica-a") == 0)
         await replica.aclose()
         await server.stop()
         server = await start_weightsync_on(root, address)  # knows no replica yet
         await client.publish(publish_files(root, 1))
-        await until(feed, lambda: feed.published == 1)
+        await pushed(feed, lambda: feed.published == 1)
         assert feed.loaded("replica-a") == 0  # not taken back by the restart's empty state
         # the replica reconnects saying what it serves, then loads and acknowledges 1
         replica = client.watch("replica-a", after_version=0, loaded_version=0)
         assert (await anext(replica)).manifest.version == 1
         await client.ack_loaded("replica-a", 1)
-        await until(feed, lambda: feed.loaded("replica-a") == 1)
+        await pushed(feed, lambda: feed.loaded("replica-a") == 1)
         await replica.aclose()
     finally:
         following.cancel()
