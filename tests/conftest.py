@@ -9,6 +9,7 @@ versions rather than a fake. `bf16_path` runs a test once on each bf16 kernel pa
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,16 @@ from tidal.rpc.v1 import weightsync_pb2_grpc
 from tidal.weightsync.config import Transport
 from tidal.weightsync.registry import VersionRegistry
 from tidal.weightsync.servicer import WeightSyncServicer
+
+
+@pytest.fixture(autouse=True)
+def _keep_umask() -> Iterator[None]:
+    """Entry points set the run's file policy as the process umask
+    (tidal.common.files.modes); a test that runs one in-process leaves the umask as it was."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    yield
+    os.umask(mask)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -2,13 +2,15 @@
 
 Also drives `tidal client` (the people's client) against a running stack, since both are
 what a newcomer types first, and scrapes every service's Prometheus endpoint there (the
-addresses `tidal rl` lists in prometheus_targets.json).
+addresses `tidal rl` lists in prometheus_targets.json), and checks that everything the
+run wrote is its user's only.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -172,3 +174,17 @@ def test_client_reports_status_versions_progress_and_generates(launch) -> None: 
     assert _client("status", config=config).returncode == 0  # still serving
 
     assert run.stop() == 130
+    _check_private(run.run_dir)
+
+
+def _check_private(run_dir: Path) -> None:
+    """What a run writes is its user's only by default (run.shared_readable off): weights,
+    checkpoints, logs, traces, credentials, whichever process or library made them."""
+    paths = [run_dir, *run_dir.rglob("*")]
+    assert any(p.is_file() and p.parent.name.startswith("v") for p in paths)  # a version
+    wrong = {
+        str(p.relative_to(run_dir)): oct(stat.S_IMODE(p.lstat().st_mode))
+        for p in paths
+        if stat.S_IMODE(p.lstat().st_mode) != (0o700 if p.is_dir() else 0o600)
+    }
+    assert not wrong, wrong

@@ -28,6 +28,7 @@ from tidal.cli.slurm import SlurmConfig, submit, write_job
 from tidal.cli.supervision import ChildSpec, Supervisor
 from tidal.common.config.loading import load_or_exit, to_toml
 from tidal.common.errors import ConfigError
+from tidal.common.files.modes import apply_file_policy
 from tidal.common.files.safe_remove import remove_inside
 from tidal.orchestrator.wandb_sink import import_wandb
 from tidal.trainer.parallel.config import check_parallel
@@ -59,6 +60,7 @@ def prepare_run_dir(config: RunConfig, *, overwrite: bool = False, resume: bool 
     elif run_dir.exists():
         print(f"tidal: {OVERWRITE}: deleting previous outputs in {run_dir}", file=sys.stderr)
         remove_inside(run_dir, config.run.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)  # as the file policy says, before tls/ in it
     # --- transport security: the run's CA and per-role certificates (reused on resume) ---
     created = ensure_run_credentials(config)
     if created:
@@ -257,6 +259,7 @@ def main(argv: Sequence[str]) -> None:
         [a for a in argv if a not in flags],
         usage=f"tidal rl @ config.toml [--section.key value ...] [{OVERWRITE} | {RESUME}]",
     )
+    apply_file_policy(shared_readable=config.run.shared_readable)  # children inherit it
     try:
         if config.orchestrator.wandb.enabled:
             import_wandb()  # fail before anything starts when the extra is missing

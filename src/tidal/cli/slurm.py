@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -215,7 +216,7 @@ def write_job(config: Any, slurm: SlurmConfig, services_toml: str) -> Path:
             http_port=http.port if http.enabled and http.port else None,
         )
     )
-    script.chmod(0o755)
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)  # read bits: the run's file policy
     return script
 
 

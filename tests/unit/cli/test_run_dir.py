@@ -4,6 +4,7 @@ ever touched (issue 17's regressions)."""
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from tidal.cli.launcher import prepare_run_dir
 from tidal.cli.main import main
 from tidal.common.config.loading import load_config
 from tidal.common.errors import ConfigError
+from tidal.common.files.modes import apply_file_policy
 
 ROOT = Path(__file__).resolve().parents[3]
 DEFAULT = ["@", str(ROOT / "configs" / "default.toml")]
@@ -99,3 +101,21 @@ def test_a_run_name_that_is_not_a_plain_folder_name_is_refused(
     assert "run.name" in capsys.readouterr().err
     assert sentinel.read_text() == "outside outputs"
     assert list(outputs.iterdir()) == []
+
+
+def test_a_shared_readable_run_folder_is_readable_but_its_keys_are_not(tmp_path: Path) -> None:
+    config = run_config(tmp_path, "--run.shared-readable", "true")
+    apply_file_policy(shared_readable=config.run.shared_readable)  # as `tidal rl` does first
+    run_dir = prepare_run_dir(config)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in [run_dir, *run_dir.rglob("*")]}
+    assert modes["r"] == modes["logs"] == 0o755
+    assert modes["config.toml"] == modes["ca.pem"] == 0o644
+    assert modes["tls"] == 0o700 and modes["trainer.key"] == 0o600
+
+
+def test_a_private_run_folder_is_its_users_only(tmp_path: Path) -> None:
+    config = run_config(tmp_path)
+    apply_file_policy(shared_readable=config.run.shared_readable)
+    run_dir = prepare_run_dir(config)
+    for path in [run_dir, *run_dir.rglob("*")]:
+        assert stat.S_IMODE(path.stat().st_mode) == (0o700 if path.is_dir() else 0o600), path

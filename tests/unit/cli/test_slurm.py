@@ -3,6 +3,7 @@ config; the script wires nodes, ports and the trainer's rendezvous."""
 
 from __future__ import annotations
 
+import stat
 import subprocess
 import sys
 import tomllib
@@ -81,3 +82,19 @@ def test_a_template_naming_an_unknown_value_fails_with_its_path(tmp_path: Path) 
         render(
             SlurmConfig(template=template), run_name="r", run_dir=tmp_path, endpoints=Endpoints()
         )
+
+
+@pytest.mark.parametrize(
+    ("flags", "folder", "file", "script"),
+    [((), 0o700, 0o600, 0o700), (("--run.shared-readable", "true"), 0o755, 0o644, 0o744)],
+)
+def test_the_job_folder_follows_the_runs_file_policy(
+    tmp_path: Path, flags: tuple[str, ...], folder: int, file: int, script: int
+) -> None:
+    done = dry_run(tmp_path, "--slurm.trainer-nodes", "1", *flags)
+    assert done.returncode == 0, done.stderr
+    job = tmp_path / "job"
+    assert stat.S_IMODE(job.stat().st_mode) == stat.S_IMODE((job / "logs").stat().st_mode) == folder
+    for name in ("config.toml", "launch.toml"):
+        assert stat.S_IMODE((job / name).stat().st_mode) == file, name
+    assert stat.S_IMODE((job / "tidal.sbatch").stat().st_mode) == script

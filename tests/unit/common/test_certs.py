@@ -12,6 +12,7 @@ import pytest
 from cryptography import x509
 
 from tidal.cli.launcher import prepare_run_dir
+from tidal.common.files.modes import apply_file_policy
 from tidal.common.security.credentials import (
     ROLES,
     VERIFIERS_FILE,
@@ -66,3 +67,34 @@ def test_tidal_rl_makes_the_run_certificates_and_resume_keeps_them(tmp_path: Pat
     prepare_run_dir(run_config(tmp_path), resume=True)
     assert (run_dir / "tls" / "trainer.pem").read_bytes() == trainer_pem
     assert stat.S_IMODE((run_dir / "tls").stat().st_mode) == 0o700
+
+
+def test_certs_leave_an_existing_shared_folder_mode_unchanged(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    ensure_certificates(shared)
+    ensure_tokens(shared)
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
+    assert stat.S_IMODE((shared / "ca.key").stat().st_mode) == 0o600
+
+
+def test_certs_create_missing_folders_0700(tmp_path: Path) -> None:
+    apply_file_policy(shared_readable=True)  # the key folder is private whatever the policy
+    ensure_certificates(tmp_path / "new" / "tls")
+    ensure_tokens(tmp_path / "new" / "tls")
+    assert stat.S_IMODE((tmp_path / "new").stat().st_mode) == 0o700
+    assert stat.S_IMODE((tmp_path / "new" / "tls").stat().st_mode) == 0o700
+    assert stat.S_IMODE((tmp_path / "new" / "tls" / "trainer.key").stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "new" / "tls" / "trainer.token").stat().st_mode) == 0o600
+
+
+def test_certificates_and_token_digests_follow_the_file_policy(tmp_path: Path) -> None:
+    for shared_readable, public in ((False, 0o600), (True, 0o644)):
+        apply_file_policy(shared_readable=shared_readable)
+        folder = tmp_path / str(shared_readable)
+        ensure_certificates(folder)
+        ensure_tokens(folder)
+        for name in ("ca.pem", "trainer.pem", VERIFIERS_FILE):
+            assert stat.S_IMODE((folder / name).stat().st_mode) == public, name
+        assert stat.S_IMODE((folder / "ca.key").stat().st_mode) == 0o600

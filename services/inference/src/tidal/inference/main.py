@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tidal.common.config.loading import load_or_exit
+from tidal.common.files.modes import apply_file_policy
 from tidal.common.grpc.server import GrpcServer, ServiceBinding
 from tidal.common.observability.logging import setup_logging
 from tidal.common.observability.prometheus import ServiceMetrics
@@ -208,6 +209,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.argv[1:] if argv is None else argv,
         usage="tidal inference @ cfg.toml",
     )
+    apply_file_policy(shared_readable=config.run.shared_readable)
     setup_logging("inference", level=config.telemetry.log_level)
     check_or_exit(config, "inference")
     watch_launcher()  # no-op unless started by `tidal rl`

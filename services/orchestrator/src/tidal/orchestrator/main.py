@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 from tidal.common.config.loading import load_or_exit
 from tidal.common.errors import ConfigError
+from tidal.common.files.modes import apply_file_policy
 from tidal.common.grpc.server import GrpcServer, ServiceBinding
 from tidal.common.observability.logging import setup_logging
 from tidal.common.observability.prometheus import ServiceMetrics
@@ -355,6 +356,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.argv[1:] if argv is None else argv,
         usage="tidal orchestrator @ cfg.toml",
     )
+    apply_file_policy(shared_readable=config.run.shared_readable)
     setup_logging("orchestrator", level=config.telemetry.log_level)
     watch_launcher()  # no-op unless started by `tidal rl`
     try:

@@ -22,6 +22,7 @@ from tidal.batch.packing import TrainSample
 from tidal.common.config.loading import load_or_exit
 from tidal.common.config.shared import trainer_model_folder
 from tidal.common.errors import ConfigError
+from tidal.common.files.modes import apply_file_policy
 from tidal.common.files.step_jsonl import drop_lines_after
 from tidal.common.observability.logging import setup_logging
 from tidal.text.conversation import ChatRendering, uses_template
@@ -140,6 +141,7 @@ def export_final(trainer: Trainer, config: SftRunConfig) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     config = load_or_exit(SftRunConfig, sys.argv[1:] if argv is None else argv, usage=USAGE)
+    apply_file_policy(shared_readable=config.run.shared_readable)
     setup_logging("sft", level=config.telemetry.log_level)
     try:
         run_sft(config)

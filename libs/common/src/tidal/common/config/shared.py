@@ -39,6 +39,13 @@ class RunSection(BaseConfig):
     folder when it is set, else "byte"), "byte" (bytes plus BOS/EOS/PAD; needs no files),
     "model" (the model folder's, required), or the path of a Hugging Face model folder
     holding tokenizer.json (docs/tokenizers.md)."""
+    shared_readable: bool = False
+    """Whether other local users may read what the run writes. Off: every process of the
+    run sets umask 077, so folders it creates are 0700 and files 0600 (weights,
+    checkpoints with optimizer state, prompts, traces and logs are the run's user's
+    only). On: umask 022 (0755 / 0644), e.g. for a team's shared output folder or a
+    Prometheus running as another user that reads `prometheus_targets.json`. Keys and
+    tokens stay 0600 in a 0700 folder either way (docs/operations.md, "File modes")."""
 
     @field_validator("name")
     @classmethod

@@ -2,8 +2,9 @@
 
 Every process proves its role with a certificate the run's CA signed, the role carried as
 the SAN URI `tidal://role/<role>`; leaves cannot sign. Keys are written 0600 and
-atomically, and existing files are reused, so a resumed run keeps its identities
-(docs/operations.md, "Certificates").
+atomically into a folder made 0700 (an existing folder keeps its mode), and existing
+files are reused, so a resumed run keeps its identities (docs/operations.md,
+"Certificates").
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import json
 import os
 import secrets
 import sys
-import tempfile
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,6 +25,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from tidal.common.files.modes import make_private_dirs
 
 ROLES = ("orchestrator", "inference", "trainer", "weightsync", "operator")
 """Every identity in a run: the four services and `operator` (`tidal client`, people)."""
@@ -43,18 +45,19 @@ def key_path(folder: Path, role: str) -> Path:
 
 
 def write_private(path: Path, data: bytes, mode: int = 0o600) -> None:
-    """Write `data` to `path` atomically with permissions `mode` from the start."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    """Write `data` to `path` atomically, created with `mode` less the process's umask (so
+    the run's file policy applies to public files; a key's 0600 is never widened)."""
+    make_private_dirs(path.parent)
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
-        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as out:
             out.write(data)
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
@@ -173,8 +176,7 @@ def ensure_certificates(
     ]
     if not missing:
         return []
-    folder.mkdir(parents=True, exist_ok=True)
-    os.chmod(folder, 0o700)
+    make_private_dirs(folder)
     if (folder / CA_CERT).exists():
         if not (folder / CA_KEY).exists():
             raise ValueError(

@@ -27,6 +27,7 @@ import sys
 from collections.abc import Sequence
 
 from tidal.common.config.loading import load_or_exit
+from tidal.common.files.modes import apply_file_policy
 from tidal.common.observability.logging import setup_logging
 from tidal.common.process.launcher_watch import watch_launcher
 from tidal.common.security.transport import check_or_exit
@@ -56,6 +57,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     its own launcher (that was an import cycle)."""
     args = sys.argv[1:] if argv is None else list(argv)
     config = load_or_exit(TrainerRunConfig, args, usage="tidal trainer @ cfg.toml")
+    apply_file_policy(shared_readable=config.run.shared_readable)
     setup_logging("trainer", level=config.telemetry.log_level)
     check_or_exit(config, "trainer")
     watch_launcher()  # no-op unless started by `tidal rl`
