@@ -18,7 +18,8 @@ and a tiny model with random weights, in the Qwen3 and Llama 3 styles.
   as is (its Qwen2Tokenizer would rebuild the pre-tokenizer from its own defaults).
 
 Use the session fixtures `qwen3_folder` / `llama_folder` (import them into a conftest),
-or `build_model_folder(path, family)` for a folder a test may modify.
+or `build_model_folder(path, family)` for a folder a test may modify;
+`declare_token_ids(folder)` makes its config files name special-token ids as Qwen3's do.
 `sentencepiece_style_folder` is a tokenizer-only Llama 2-style folder (byte fallback,
 `▁` spaces) for what byte-level BPE does not exercise.
 """
@@ -237,6 +238,26 @@ def build_model_folder(
         write_weights(folder, family, vocab_size, dim=dim, ffn_dim=ffn_dim)
     write_tokenizer(folder, family, spec)
     return folder
+
+
+def declare_token_ids(folder: Path) -> dict[str, dict[str, Any]]:
+    """Make a Qwen3-style `folder`'s config.json and generation_config.json declare
+    special-token ids as Qwen3's own files do (a BOS the tokenizer does not add, an int EOS
+    in config.json, an EOS list in generation_config.json), each distinct from the
+    tokenizer's own, plus a `*_token_id` of no known meaning; returns what each declares."""
+    vocab = json.loads((folder / "tokenizer.json").read_text())["added_tokens"]
+    ids = {t["content"]: t["id"] for t in vocab}
+    start, end, text_end = ids["<|im_start|>"], ids["<|im_end|>"], ids["<|endoftext|>"]
+    declared = {
+        "config.json": {"bos_token_id": start, "eos_token_id": text_end,
+                        "pad_token_id": text_end, "sep_token_id": end},
+        "generation_config.json": {"bos_token_id": start, "eos_token_id": [text_end, end],
+                                   "pad_token_id": text_end, "decoder_start_token_id": start},
+    }  # fmt: skip
+    for name, ids_ in declared.items():
+        settings = json.loads((folder / name).read_text())
+        (folder / name).write_text(json.dumps({**settings, **ids_}, indent=2))
+    return declared
 
 
 def build_sentencepiece_style_folder(folder: Path) -> Path:

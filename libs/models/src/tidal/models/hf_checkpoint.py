@@ -89,9 +89,9 @@ def export_hf_folder(
 ) -> None:
     """Write `model` as an HF folder that `transformers.AutoModelForCausalLM` loads.
 
-    `config` replaces the model's own config.json (e.g. with the tokenizer's token ids,
-    `hf_config.with_token_ids`); `extra_files` (tokenizer files, generation_config.json)
-    are written into the folder before it is renamed into place."""
+    `config` replaces the model's own config.json (e.g. with the folder's special-token
+    ids); `extra_files` (tokenizer files, generation_config.json) are written into the
+    folder before it is renamed into place."""
     write_folder(
         folder,
         model.args.to_hf_config() if config is None else config,

@@ -13,8 +13,8 @@ Decisions:
   torch for the weights), so pydantic configs read a model folder's architecture at
   validation without importing torch.
 - Token ids (`bos_token_id`, `eos_token_id`, `pad_token_id`) are not architecture: the
-  exporter adds them from the run's tokenizer (`with_token_ids`), so a written folder
-  says which ids end generation, as Hugging Face folders do.
+  writers of a model folder add the source folder's and the tokenizer's (the trainer's
+  `persistence/hf_folder_files.py`), so a written folder says which ids end generation.
 """
 
 from __future__ import annotations
@@ -45,14 +45,6 @@ def read_config(folder: Path) -> dict[str, Any]:
         raise ModelFolderError(f"{path} not found: a model folder needs config.json")
     config: dict[str, Any] = json.loads(path.read_text())
     return config
-
-
-def with_token_ids(
-    config: dict[str, Any], *, bos: int | None, eos: int | list[int], pad: int | None
-) -> dict[str, Any]:
-    """`config` with the tokenizer's special ids, as Hugging Face folders carry them
-    (`None` is written as null: the tokenizer has no such token)."""
-    return {**config, "bos_token_id": bos, "eos_token_id": eos, "pad_token_id": pad}
 
 
 def require(config: dict[str, Any], key: str) -> Any:
