@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tidal.inference.loading import build_model, check_compatible, load_weights
+from tidal.inference.loading import build_model, check_compatible, describe_model, load_weights
 from tidal.models.args import DecoderArgs
 from tidal.models.layers import DecoderLM
 
@@ -27,6 +27,16 @@ def test_tied_head_may_be_omitted_and_follows_the_embedding() -> None:
     load_weights(model, state)
     assert torch.equal(model.model.embed_tokens.weight, state["model.embed_tokens.weight"])
     assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
+def test_the_description_tells_apart_folders_of_one_family_and_shape() -> None:
+    """Two Qwen3 2x64 folders, a Qwen tokenizer's vocabulary or another, tied or not."""
+    shape = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=16,
+                 family="qwen3", head_dim=16, qk_norm=True)  # fmt: skip
+    qwen = DecoderLM(DecoderArgs(vocab_size=151_936, tie_embeddings=True, **shape))
+    assert describe_model(qwen) == "qwen3-2x64 vocab 151,936 tied (9.8M params)"
+    other = DecoderLM(DecoderArgs(vocab_size=32_000, tie_embeddings=False, **shape))
+    assert describe_model(other) == "qwen3-2x64 vocab 32,000 untied (4.17M params)"
 
 
 def test_bad_state_dict_changes_nothing() -> None:

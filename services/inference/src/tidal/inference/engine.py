@@ -55,7 +55,8 @@ class EngineStatus:
     tokens_per_s: float
     """Generated tokens per second over the last few seconds."""
     model: str
-    """The served architecture: family, shape, size, e.g. "qwen3-28x1024 (596M params)"."""
+    """The served architecture: family, shape, vocabulary, tied head, size, e.g.
+    "qwen3-28x1024 vocab 151,936 tied (596M params)" (`loading.describe_model`)."""
     vocab_size: int
     max_seq_len: int
     kv_slots_used: int = 0

@@ -24,7 +24,7 @@ from tidal.common.errors import InvalidArgument, ResourceExhausted, Unavailable
 from tidal.inference.completion_text import CompletionText
 from tidal.inference.engine import Completion, Engine, EngineStatus, FinishReason
 from tidal.inference.kv_cache import DEFAULT_MAX_MODEL_LEN, served_length
-from tidal.inference.loading import check_tokenizer_fits
+from tidal.inference.loading import check_tokenizer_fits, describe_shape
 from tidal.inference.sampling import SamplingParams
 from tidal.inference.sequence import sequence_budget
 from tidal.text.tokenizer import Tokenizer
@@ -254,7 +254,18 @@ class VllmEngine(Engine):
             queued=0,
             generated_tokens=self._generated,
             tokens_per_s=0.0,
-            model=f"vllm {config.get('model_type', '')}".strip() if config else "",
+            model=f"vllm {_describe(config)}" if config else "",
             vocab_size=config.get("vocab_size", 0),
             max_seq_len=self._served_len,
         )
+
+
+def _describe(hf_config: dict[str, Any]) -> str:
+    """The served folder's family, shape, vocabulary and head, from its `config.json`."""
+    return describe_shape(
+        hf_config.get("model_type", "?"),
+        hf_config.get("num_hidden_layers", 0),
+        hf_config.get("hidden_size", 0),
+        hf_config.get("vocab_size", 0),
+        tied=bool(hf_config.get("tie_word_embeddings")),
+    )
