@@ -1,10 +1,11 @@
 """The whole run's configuration: shared sections plus every service's own section.
 
-`tidal rl` validates this strictly before anything starts (an unknown key anywhere fails
-with its path and a suggestion), then writes the resolved file that every child reads.
-Service config modules are pydantic-only (no torch), so importing this stays fast.
-`[deployment]`, `[slurm]` and `[supervision]` are the launcher's own: they are applied
-(devices, trainer world size, restarts) and left out of the file the services read.
+`tidal rl` validates this strictly before anything starts (an unknown key in a section it
+reads fails with its path and a suggestion; `[sft]` and `[export]` pass through), then
+writes the resolved file that every child reads. Service config modules are pydantic-only
+(no torch), so importing this stays fast. `[deployment]`, `[slurm]` and `[supervision]`
+are the launcher's own: they are applied (devices, trainer world size, restarts) and left
+out of the file the services read.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pydantic import model_validator
 from tidal.cli.placement import DeploymentConfig
 from tidal.cli.slurm import SlurmConfig
 from tidal.cli.supervision import SupervisionConfig
-from tidal.common.config.shared import SharedConfig
+from tidal.common.config.shared import ServiceRunConfig
 from tidal.inference.config import InferenceConfig
 from tidal.orchestrator.config import OrchestratorConfig
 from tidal.trainer.config import TrainerConfig
@@ -22,16 +23,16 @@ from tidal.trainer.model_folder import check_tokenizer_fits
 from tidal.weightsync.config import BroadcastTransport, WeightSyncConfig
 
 
-class RunConfig(SharedConfig):
-    orchestrator: OrchestratorConfig = OrchestratorConfig()
-    inference: InferenceConfig = InferenceConfig()
-    trainer: TrainerConfig = TrainerConfig()
-    weightsync: WeightSyncConfig = WeightSyncConfig()
-    deployment: DeploymentConfig = DeploymentConfig()
+class RunConfig(ServiceRunConfig):
+    orchestrator: OrchestratorConfig = OrchestratorConfig()  # type: ignore[assignment]
+    inference: InferenceConfig = InferenceConfig()  # type: ignore[assignment]
+    trainer: TrainerConfig = TrainerConfig()  # type: ignore[assignment]
+    weightsync: WeightSyncConfig = WeightSyncConfig()  # type: ignore[assignment]
+    deployment: DeploymentConfig = DeploymentConfig()  # type: ignore[assignment]
     """Which visible GPUs inference and the trainer get (local `tidal rl`)."""
-    slurm: SlurmConfig | None = None
+    slurm: SlurmConfig | None = None  # type: ignore[assignment]
     """Set to write (and submit) a multi-node sbatch script instead of running locally."""
-    supervision: SupervisionConfig = SupervisionConfig()
+    supervision: SupervisionConfig = SupervisionConfig()  # type: ignore[assignment]
     """How `tidal rl` restarts a service that died (backoff, restart budget)."""
 
     @model_validator(mode="after")

@@ -69,10 +69,17 @@ def reference() -> str:
         ("sft", SftRunConfig),
         ("export", ExportRunConfig),
     ]
+    listed = [(command, entries(cls)) for command, cls in commands]
+    # A section one command reads is a key the others carry unchecked: listed as the section.
+    sections = {e.path for _, items in listed for e in items if isinstance(e, Heading)}
     seen: set[str] = set()
     lines: list[str] = []
-    for command, cls in commands:
-        items = [e for e in entries(cls) if e.path not in seen]
+    for command, all_items in listed:
+        items = [
+            e
+            for e in all_items
+            if e.path not in seen and not (isinstance(e, Key) and e.path in sections)
+        ]
         seen |= {e.path for e in items}
         if command != "rl":
             lines += ["", f"# Only `tidal {command}`"]

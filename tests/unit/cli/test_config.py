@@ -7,6 +7,7 @@ from pathlib import Path
 from tidal.cli.config import RunConfig
 from tidal.common.config.loading import load_config
 from tidal.orchestrator.config import ArithmeticTaskConfig, CountdownTaskConfig
+from tidal.trainer.config import TrainerRunConfig
 from tidal.weightsync.config import StreamTransport
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -32,3 +33,12 @@ def test_weight_transport_type_flag_replaces_the_transport_section(tmp_path: Pat
     argv = [*DEFAULT, "@", str(broadcast), "--weightsync.transport.type", "stream"]
     config, _ = load_config(RunConfig, argv, environ={})
     assert config.weightsync.transport == StreamTransport()
+
+
+def test_the_rl_run_carries_the_sft_and_export_sections_and_a_service_every_other() -> None:
+    argv = [*DEFAULT, "--sft.steps", "3", "--export.version", "2"]
+    config, _ = load_config(RunConfig, argv, environ={})
+    assert config.sft == {"steps": 3} and config.export == {"version": 2}
+    launcher = ["--deployment.num-train-gpus", "1", "--supervision.max-restarts", "0"]
+    trainer, _ = load_config(TrainerRunConfig, [*argv, *launcher], environ={})
+    assert trainer.sft == {"steps": 3} and trainer.supervision == {"max_restarts": 0}

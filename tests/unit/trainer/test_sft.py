@@ -279,3 +279,24 @@ if __name__ == "__main__":  # the process the slow test kills after three steps
     run_sft(run_config, max_steps=3)
     print("READY", flush=True)
     signal.pause()  # alive, with checkpoint step 2 and step 3's line on disk, until SIGKILL
+
+
+ROOT = Path(__file__).resolve().parents[3]
+RUN_FILE = ["@", str(ROOT / "configs" / "default.toml"), "--sft.data.path", "data.jsonl"]
+
+
+def test_the_rl_run_file_drives_sft_carrying_the_sections_sft_does_not_read() -> None:
+    argv = [*RUN_FILE, "--deployment.num-infer-gpus", "1", "--sft.steps", "3"]
+    config, _ = load_config(SftRunConfig, argv, environ={})
+    assert config.sft.steps == 3 and config.sft.data.path == Path("data.jsonl")
+    assert config.orchestrator is not None and "task" in config.orchestrator
+    assert config.deployment == {"num_infer_gpus": 1}
+
+
+@pytest.mark.parametrize(
+    ("flag", "suggestion"),
+    [("--sft.stepz", "sft.steps"), ("--trainer.optim.lrr", "trainer.optim.lr"), ("--sfft", "sft")],
+)
+def test_an_unknown_key_sft_would_read_names_the_closest(flag: str, suggestion: str) -> None:
+    with pytest.raises(ConfigError, match=f"did you mean '{suggestion}'"):
+        load_config(SftRunConfig, [*RUN_FILE, flag, "3"], environ={})

@@ -15,7 +15,7 @@ from pydantic import Field, model_validator
 
 from tidal.common.config.loading import BaseConfig
 from tidal.common.config.schema import FIRST
-from tidal.common.config.shared import ServiceRunConfig, SharedConfig
+from tidal.common.config.shared import ServiceRunConfig
 from tidal.common.errors import ConfigError
 from tidal.models.attention_kind import FLASH_ATTN_INSTALL, PackedKind
 from tidal.models.families import MOE_FAMILIES, FamilyName
@@ -451,22 +451,9 @@ class SftConfig(BaseConfig):
     """Token budget of one packed micro-batch (at least the longest sample)."""
 
 
-class SftRunConfig(SharedConfig):
-    """`tidal sft @ cfg.toml`: supervised fine-tuning with the trainer's model and losses."""
+class SftRunConfig(TrainerRunConfig):
+    """`tidal sft @ cfg.toml`: supervised fine-tuning with the trainer's model and losses
+    (the same `[trainer]` section, and run file, as RL runs)."""
 
-    trainer: TrainerConfig = TrainerConfig()
-    """Model, optimizer, precision and checkpoint settings (the same section as RL runs)."""
-    sft: SftConfig = SftConfig()
+    sft: SftConfig = SftConfig()  # type: ignore[assignment]
     """Data and length of the SFT run."""
-    resume: bool = False
-    """Continue from the newest complete checkpoint in `trainer.ckpt.dir` (`--resume`)."""
-
-    @model_validator(mode="after")
-    def _check_vocab(self) -> SftRunConfig:
-        model = self.trainer.model
-        check_tokenizer_fits(self.run.tokenizer, model.path, model.vocab_size)
-        return self
-
-    @property
-    def checkpoint_dir(self) -> Path:
-        return self.trainer.ckpt.dir or self.run.dir / "checkpoints"

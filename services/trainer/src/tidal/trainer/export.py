@@ -47,10 +47,8 @@ class ExportOptions(BaseConfig):
 class ExportRunConfig(TrainerRunConfig):
     """A run's config (as `tidal rl` or `tidal sft` read it) plus what to export."""
 
-    export: ExportOptions = ExportOptions()
+    export: ExportOptions = ExportOptions()  # type: ignore[assignment]
     """Which weights to export, and where to."""
-    sft: dict[str, Any] = Field(default_factory=dict)
-    """`tidal sft`'s section, carried through unchecked."""
 
     @property
     def out_dir(self) -> Path:

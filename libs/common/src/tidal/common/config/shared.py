@@ -1,9 +1,10 @@
 """Config sections every service reads: the run, endpoints, gRPC limits, telemetry, metrics.
 
-Each service composes them with its own section (`ServiceRunConfig`), the CLI with every
-service's (`tidal.cli.config.RunConfig`). A service deployed alone still accepts a whole
-run file: the other services' sections are carried through for them to validate, while
-any other unknown top-level key is still an error.
+Each command composes them with its own sections (`ServiceRunConfig`), `tidal rl` with
+every service's (`tidal.cli.config.RunConfig`). One run file drives every command: a
+section another command reads is carried through unchecked, for that command to
+validate, while any other unknown top-level key, and every unknown key inside a section
+the command reads, is still an error.
 """
 
 from __future__ import annotations
@@ -185,7 +186,7 @@ class SharedConfig(BaseConfig):
 
 
 class ServiceRunConfig(SharedConfig):
-    """A run config as one service sees it: other services' sections pass through."""
+    """A run config as one command sees it: other commands' sections pass through."""
 
     orchestrator: dict[str, Any] = Field(default_factory=dict)
     """The orchestrator's section, carried through unchecked (`tidal orchestrator --help`)."""
@@ -195,6 +196,17 @@ class ServiceRunConfig(SharedConfig):
     """The trainer's section, carried through unchecked (`tidal trainer --help`)."""
     weightsync: dict[str, Any] = Field(default_factory=dict)
     """The weight-sync section, carried through unchecked (`tidal weightsync --help`)."""
+    # Sections no service reads: unset unless given, so a resolved file leaves them out.
+    sft: dict[str, Any] | None = None
+    """`tidal sft`'s section, carried through unchecked (`tidal sft --help`)."""
+    export: dict[str, Any] | None = None
+    """`tidal export`'s section, carried through unchecked (`tidal export --help`)."""
+    deployment: dict[str, Any] | None = None
+    """A `tidal rl` launcher section, carried through unchecked (`tidal rl --help`)."""
+    slurm: dict[str, Any] | None = None
+    """A `tidal rl` launcher section, carried through unchecked (`tidal rl --help`)."""
+    supervision: dict[str, Any] | None = None
+    """A `tidal rl` launcher section, carried through unchecked (`tidal rl --help`)."""
 
     def model_folder(self) -> Path | None:
         """`trainer.model.path`: the Hugging Face folder the run starts from, if any.
