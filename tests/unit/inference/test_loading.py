@@ -34,9 +34,9 @@ def test_the_description_tells_apart_folders_of_one_family_and_shape() -> None:
     shape = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=16,
                  family="qwen3", head_dim=16, qk_norm=True)  # fmt: skip
     qwen = DecoderLM(DecoderArgs(vocab_size=151_936, tie_embeddings=True, **shape))
-    assert describe_model(qwen) == "qwen3-2x64 vocab 151,936 tied (9.8M params)"
+    assert describe_model(qwen) == "qwen3-2x64 (vocab 151,936, tied, 9.8M params)"
     other = DecoderLM(DecoderArgs(vocab_size=32_000, tie_embeddings=False, **shape))
-    assert describe_model(other) == "qwen3-2x64 vocab 32,000 untied (4.17M params)"
+    assert describe_model(other) == "qwen3-2x64 (vocab 32,000, untied, 4.17M params)"
 
 
 def test_bad_state_dict_changes_nothing() -> None:

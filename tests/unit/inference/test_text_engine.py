@@ -52,7 +52,7 @@ async def test_text_prompt_streamed_and_whole_text_equal_the_full_decode(
         assert c.text == tok.decode(c.token_ids)
         ids, text = joined(streamed, c.index)
         assert ids == c.token_ids and text == c.text
-    assert status.model == "qwen3-2x32 vocab 485 tied (37.2K params)"  # 2 layers, 485 x 32
+    assert status.model == "qwen3-2x32 (vocab 485, tied, 37.2K params)"  # 2 layers, 485 x 32
     assert status.vocab_size == tok.vocab_size
 
 

@@ -56,7 +56,7 @@ class EngineStatus:
     """Generated tokens per second over the last few seconds."""
     model: str
     """The served architecture: family, shape, vocabulary, tied head, size, e.g.
-    "qwen3-28x1024 vocab 151,936 tied (596M params)" (`loading.describe_model`)."""
+    "qwen3-28x1024 (vocab 151,936, tied, 596M params)" (`loading.describe_model`)."""
     vocab_size: int
     max_seq_len: int
     kv_slots_used: int = 0

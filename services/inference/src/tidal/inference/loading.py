@@ -45,17 +45,22 @@ def check_tokenizer_fits(tokenizer: Tokenizer, hf_config: dict[str, Any]) -> Non
 
 
 def describe_model(model: DecoderLM) -> str:
-    """E.g. "qwen3-28x1024 vocab 151,936 tied (596M params)": family, layers x width,
-    embedding rows and whether the head shares them (what tells two folders of one
-    family and shape apart), parameter count."""
+    """E.g. "qwen3-28x1024 (vocab 151,936, tied, 596M params)": family, layers x width,
+    embedding rows and whether the head shares them (what tells two folders of one family
+    and shape apart), parameter count."""
     a = model.args
     params = sum(p.numel() for p in model.parameters())  # shared (tied) tensors once
-    shape = describe_shape(a.family, a.n_layers, a.dim, a.vocab_size, tied=a.tie_embeddings)
-    return f"{shape} ({_count(params)} params)"
+    return describe_shape(
+        a.family, a.n_layers, a.dim, a.vocab_size, tied=a.tie_embeddings, params=params
+    )
 
 
-def describe_shape(family: str, layers: int, dim: int, vocab: int, *, tied: bool) -> str:
-    return f"{family}-{layers}x{dim} vocab {vocab:,} {'tied' if tied else 'untied'}"
+def describe_shape(
+    family: str, layers: int, dim: int, vocab: int, *, tied: bool, params: int | None = None
+) -> str:
+    details = [f"vocab {vocab:,}", "tied" if tied else "untied"]
+    details += [] if params is None else [f"{_count(params)} params"]
+    return f"{family}-{layers}x{dim} ({', '.join(details)})"
 
 
 def _count(n: int) -> str:
