@@ -35,7 +35,7 @@ from tidal.trainer.config import TrainerConfig
 from tidal.trainer.memory_planner.estimate import Workload, plan_memory
 from tidal.trainer.memory_planner.levers import Levers
 from tidal.trainer.memory_planner.measure import measure
-from tidal.trainer.memory_planner.model_size import decoder_args, param_counts
+from tidal.trainer.memory_planner.model_size import param_counts
 
 TOKENS = 4096
 PEAK_TARGET = 0.3
@@ -100,7 +100,9 @@ def _rows(configs: dict[str, TrainerConfig], runs: dict[str, list[dict]]) -> lis
     for name, config in configs.items():
         mine = runs[name]
         peak = statistics.median(r["peak_bytes"] for r in mine)
-        plan = plan_memory(decoder_args(config.model), Levers.from_config(config), Workload(TOKENS))
+        plan = plan_memory(
+            config.model.decoder_args(), Levers.from_config(config), Workload(TOKENS)
+        )
         ratios = [b["step_seconds"] / m["step_seconds"] for b, m in zip(base, mine, strict=True)]
         rows.append(
             {
@@ -186,7 +188,7 @@ def _write(
     }
     config = {
         "model": MODEL,
-        "parameters": param_counts(decoder_args(configs["vanilla"].model)).total,
+        "parameters": param_counts(configs["vanilla"].model.decoder_args()).total,
         "tokens_per_micro_batch": TOKENS,
         "steps_per_run": meta["steps_per_run"],
         "precision": "fp32",

@@ -28,7 +28,7 @@ from tidal.trainer.memory_planner.estimate import (
 )
 from tidal.trainer.memory_planner.fit import fit
 from tidal.trainer.memory_planner.levers import Levers
-from tidal.trainer.memory_planner.model_size import decoder_args, param_counts
+from tidal.trainer.memory_planner.model_size import param_counts
 
 USAGE = "tidal plan @ cfg.toml --memory 80GiB [--world-size N] [--tokens N] [--fit] [--json]"
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
@@ -144,7 +144,7 @@ def run(argv: Sequence[str]) -> tuple[str, int]:
         error = exc.errors()[0]
         raise ConfigError(f"plan option {error['loc'][0]}: {error['msg']}") from None
     config, _ = load_config(RunConfig, rest)
-    args = decoder_args(config.trainer.model)
+    args = config.trainer.model.decoder_args()
     tokens = options.tokens or config.orchestrator.packing.micro_batch_tokens
     world_size = options.world_size or config.trainer.world_size
     workload = Workload(tokens, world_size, options.device, config.trainer.precision)

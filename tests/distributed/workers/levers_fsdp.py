@@ -18,13 +18,13 @@ import torch
 import torch.distributed as dist
 from fsdp_step import TINY, full, global_batch, main
 
+from tidal.trainer.memory.activation_offload import activation_offloading
 from tidal.trainer.memory.config import (
     ActivationCheckpointConfig,
     ActivationOffloadingConfig,
     CompileConfig,
 )
 from tidal.trainer.memory.lm_head import chunked_logprobs_entropy
-from tidal.trainer.memory.offload import offloading
 from tidal.trainer.model_factory import build_model
 from tidal.trainer.parallel.ac import apply_ac
 from tidal.trainer.parallel.compile import apply_compile
@@ -82,7 +82,7 @@ def grads(mode: str) -> dict[str, torch.Tensor]:
     samples = global_batch()
     total = sum(len(s) - 1 for s in samples)
     config = ActivationOffloadingConfig(min_offload_bytes=0) if mode == "ac-offloading" else None
-    with offloading(config, model, copy_on_cpu=True) as offloader:
+    with activation_offloading(config, model, copy_on_cpu=True) as offloader:
         loss = loss_of(model, samples[rank::world], total, mode)
     assert config is None or offloader.handles, "activation offloading copied nothing"
     (loss * factor).backward()

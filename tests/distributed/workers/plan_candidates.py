@@ -27,7 +27,7 @@ from tidal.common.config.loading import load_config
 from tidal.trainer.memory_planner.estimate import Workload
 from tidal.trainer.memory_planner.fit import candidates
 from tidal.trainer.memory_planner.levers import Levers
-from tidal.trainer.optim_offload import OffloadedOptimizer
+from tidal.trainer.optim_state_offload import OffloadedStateOptimizer
 from tidal.trainer.parallel.assign import shares_by_rank
 from tidal.trainer.parallel.runtime import TorchrunRanks
 from tidal.trainer.train_step import Trainer
@@ -70,7 +70,7 @@ def main() -> None:
         first = first or weights
         drift = max(float((weights[k] - first[k]).abs().max()) for k in first)
         results.append({"levers": candidate.names(), "weight_drift": drift, **metrics})
-        if isinstance(trainer.optimizer, OffloadedOptimizer):
+        if isinstance(trainer.optimizer, OffloadedStateOptimizer):
             trainer.optimizer.close()
     if ranks.rank == 0:
         torch.save(results, args.out)

@@ -7,7 +7,7 @@ import functools
 import pytest
 
 import tidal.trainer.train_step as train_step
-from tidal.trainer.memory.offload import offloading
+from tidal.trainer.memory.activation_offload import activation_offloading
 
 from .conftest import FULL_LOSS, assert_same, loss_and_grads, make_trainer
 from .test_lora import LORA, randomise_adapters
@@ -16,7 +16,11 @@ from .test_lora import LORA, randomise_adapters
 def test_lora_with_checkpointing_offloading_and_the_chunked_head(
     batches, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(train_step, "offloading", functools.partial(offloading, copy_on_cpu=True))
+    monkeypatch.setattr(
+        train_step,
+        "activation_offloading",
+        functools.partial(activation_offloading, copy_on_cpu=True),
+    )
     alone = make_trainer(FULL_LOSS, lora=LORA)
     combined = make_trainer(
         FULL_LOSS,

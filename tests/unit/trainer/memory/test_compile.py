@@ -9,7 +9,7 @@ import pytest
 
 import tidal.trainer.train_step as train_step
 from tidal.trainer.config import ModelConfig
-from tidal.trainer.memory.offload import offloading
+from tidal.trainer.memory.activation_offload import activation_offloading
 
 from .conftest import FULL_LOSS, assert_same, loss_and_grads, make_trainer
 
@@ -30,7 +30,11 @@ def test_the_memory_tight_combination_gives_the_same_loss_and_gradients(
     batches, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Checkpointing (every other block) → compile, offloading, chunked head, together."""
-    monkeypatch.setattr(train_step, "offloading", functools.partial(offloading, copy_on_cpu=True))
+    monkeypatch.setattr(
+        train_step,
+        "activation_offloading",
+        functools.partial(activation_offloading, copy_on_cpu=True),
+    )
     off = loss_and_grads(make_trainer(FULL_LOSS), batches)
     on = loss_and_grads(
         make_trainer(

@@ -29,7 +29,7 @@ from tidal.trainer.memory.config import check_levers_at_start
 from tidal.trainer.memory_planner.estimate import Workload
 from tidal.trainer.memory_planner.fit import candidates
 from tidal.trainer.memory_planner.levers import Levers
-from tidal.trainer.optim_offload import OffloadedOptimizer
+from tidal.trainer.optim_state_offload import OffloadedStateOptimizer
 from tidal.trainer.train_step import Trainer
 
 DEFAULT = Path(__file__).resolve().parents[4] / "configs" / "default.toml"
@@ -107,6 +107,6 @@ def test_every_one_rank_candidate_builds_a_trainer_that_trains(
         trainer = Trainer(config.trainer, seed=0, device=torch.device("cpu"))
         metrics = trainer.train_step(1, step_batches(1), "pg")
         assert metrics["skipped"] == 0.0 and metrics["loss_tokens"] > 0, candidate.names()
-        if isinstance(trainer.optimizer, OffloadedOptimizer):
+        if isinstance(trainer.optimizer, OffloadedStateOptimizer):
             trainer.optimizer.close()
     assert tried

@@ -7,7 +7,7 @@ import torch
 
 from tidal.trainer.config import ModelConfig
 from tidal.trainer.memory_planner.estimate import GB, zero_model_states
-from tidal.trainer.memory_planner.model_size import decoder_args, param_counts
+from tidal.trainer.memory_planner.model_size import param_counts
 from tidal.trainer.model_factory import build_model
 
 FAMILIES = [
@@ -24,7 +24,7 @@ FAMILIES = [
 def test_parameter_count_equals_the_built_model(arch: dict) -> None:
     config = ModelConfig.model_validate({"dim": 64, "n_layers": 2, "ffn_dim": 96, **arch})
     model = build_model(config, seed=0, device=torch.device("cpu"))
-    assert param_counts(decoder_args(config)).total == sum(p.numel() for p in model.parameters())
+    assert param_counts(config.decoder_args()).total == sum(p.numel() for p in model.parameters())
 
 
 def test_zero_paper_example_per_device_model_states() -> None:

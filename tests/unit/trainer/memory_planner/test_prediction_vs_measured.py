@@ -14,7 +14,6 @@ from tidal.trainer.config import TrainerConfig
 from tidal.trainer.memory_planner.estimate import Workload, plan_memory
 from tidal.trainer.memory_planner.levers import Levers
 from tidal.trainer.memory_planner.measure import measure
-from tidal.trainer.memory_planner.model_size import decoder_args
 
 SMALL = {"dim": 128, "n_heads": 4, "n_kv_heads": 2, "max_seq_len": 256}
 # Activations and logits both matter here, so each lever moves the peak.
@@ -85,7 +84,7 @@ def test_predicted_peak_is_within_15_percent_of_measured(name: str) -> None:
     raw, tokens = CASES[name]
     config = TrainerConfig.model_validate({**raw, "device": "cpu"})
     predicted = plan_memory(
-        decoder_args(config.model), Levers.from_config(config), Workload(tokens=tokens)
+        config.model.decoder_args(), Levers.from_config(config), Workload(tokens=tokens)
     ).peak
     measured = measure(config.model_dump_json(), tokens=tokens)["peak_bytes"]
     ratio = predicted / measured

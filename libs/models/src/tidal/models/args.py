@@ -1,19 +1,10 @@
 """`DecoderArgs`: the one shape description every decoder family is built from.
 
-Decisions:
-- Llama, Qwen2, Qwen3 and the MoE variants differ by a handful of switches (attention
-  biases, QK-norm, an explicit head dim, RoPE scaling, a mixture-of-experts feed-forward),
-  so one frozen dataclass carries them all and the shared blocks (`layers.py`, `moe.py`)
-  read the switches. A family module only maps its Hugging Face `config.json` to and
-  from these args and names what it supports; no block code is copied per family.
-- Positional construction of the first fields (`DecoderArgs(264, 48, 1, 4, 2, 64, 64)`)
-  is supported: vocab, dim, layers, heads, kv heads, ffn dim, max sequence length.
-- `head_dim = 0` means `dim // n_heads` (Llama, Qwen2); Qwen3 configs state it explicitly.
-- The family's HF config mapping lives on its registry record (`families.py`), which
-  works on field dicts and imports nothing above it: `to_hf_config`/`from_hf_config`
-  here delegate to it without an import cycle.
-- Equality compares every field, which is what "same architecture" means to callers that
-  hot-swap weights (inference refuses a version whose args differ).
+Llama, Qwen2, Qwen3 and the MoE variants differ by a handful of switches, so one frozen
+dataclass carries them all and the shared blocks (`layers.py`, `moe.py`) read them; no
+block code is copied per family. The HF `config.json` mapping is the family record's
+(`families.py`). Equality compares every field: "same architecture" to callers that
+hot-swap weights (inference refuses a version whose args differ).
 """
 
 from __future__ import annotations
@@ -29,6 +20,7 @@ __all__ = ["ROPE_TYPES", "DecoderArgs", "RopeScaling"]
 
 @dataclass(frozen=True)
 class DecoderArgs:
+    # The first seven fields may be given positionally: DecoderArgs(264, 48, 1, 4, 2, 64, 64).
     vocab_size: int
     dim: int
     n_layers: int
@@ -40,7 +32,7 @@ class DecoderArgs:
     norm_eps: float = 1e-5
     tie_embeddings: bool = True
     family: str = "llama"
-    head_dim: int = 0  # 0: dim // n_heads
+    head_dim: int = 0  # 0: dim // n_heads (Llama, Qwen2); Qwen3 configs state it
     rope_scaling: RopeScaling | None = None
     attention_bias: bool = False  # biases on q/k/v projections (Qwen2)
     qk_norm: bool = False  # RMSNorm over each head of q and k before RoPE (Qwen3)
@@ -90,9 +82,9 @@ class DecoderArgs:
 
     def to_hf_config(self) -> dict[str, Any]:
         """The Hugging Face `config.json` of this architecture (its family's mapping)."""
-        return family_of(self.family).to_hf_config(self.as_dict())
+        return family_of(self.family).hf_config(self.as_dict())
 
     @classmethod
     def from_hf_config(cls, config: dict[str, Any]) -> DecoderArgs:
         """Args from a Hugging Face `config.json` of any supported architecture."""
-        return cls(**family_for_hf_config(config).from_hf_config(config))
+        return cls(**family_for_hf_config(config).args_fields(config))

@@ -1,32 +1,12 @@
 """Attention backends: the one seam between the model code and how tokens see each other.
 
-Decisions:
-- A decoder layer computes q, k, v and applies RoPE; *which keys each query sees, and
-  where keys come from* is the backend's job. Training passes a packed (block-diagonal
-  causal) backend, inference passes a backend that owns its KV cache, context
-  parallelism can pass a ring/Ulysses backend. The model never learns about caches,
-  masks or communication, so one model implementation serves trainer and inference.
-- A backend is a callable `(layer, q, k, v) -> out` with q `(B, H, T, D)` and k, v
-  `(B, Hkv, T, D)` *after* RoPE; it returns `(B, H, T, D)`. GQA expansion is the
-  backend's choice (SDPA's `enable_gqa` does it without a copy).
-- The default is plain causal attention over the given tokens; `PackedCausalAttention`
-  isolates samples concatenated along one `[1, T]` row (padding-free packing) by causal
-  SDPA per sample (equal to one SDPA call with a block-diagonal causal mask, which it
-  also offers as `.mask`, and faster); SDPA has a backward on CPU and GPU.
-- `PaddedCausalAttention` (the CPU/GPU default for `model.attn = "sdpa"`) gets the same
-  result from a few batched SDPA calls instead of one call per sample: RL steps pack
-  dozens of short samples (issue 19: 64 samples of 6-15 tokens), where the per-sample
-  loop's ~2·S kernel launches per layer, forward and backward, cost more than the
-  attention arithmetic. Samples are sorted by length and bucketed (padding at most
-  doubles a bucket's tokens), each bucket gathered into `(n, H, m, D)` right-padded
-  rows and run through causal SDPA. Right padding needs no mask: under the causal rule a
-  real query never sees a later (padded) key, padded queries are dropped on the way
-  back, so values and gradients equal the per-sample loop's (parity test in
-  tests/unit/models/test_model_packing.py).
-- `FlashVarlenAttention` does the same with flash-attn's `flash_attn_varlen_func` over
-  cumulative sample offsets (no T×T mask; CUDA only). `model.attn` picks between them
-  through `packed_attention`; asking for flash-attn without the package or without CUDA
-  is an error, never a silent fallback to SDPA.
+A layer computes q, k, v and applies RoPE; which keys each query sees, and where keys
+come from, is the backend's: packed rows in training, a KV cache in inference, ring or
+Ulysses attention under context parallelism. So one model serves trainer and inference.
+A backend is `(layer, q (B, H, T, D), k, v (B, Hkv, T, D)) -> (B, H, T, D)`. Packed rows
+run `PaddedCausalAttention` (length buckets of right-padded samples, a few SDPA calls)
+or flash-attn's varlen kernel, by `model.attn`; `PackedCausalAttention`, one SDPA call
+per sample, is the plain reference both are tested against. No silent fallback.
 """
 
 from __future__ import annotations
@@ -57,11 +37,9 @@ def sdpa(
     """SDPA with GQA; `mask` is bool (True = attend), broadcastable to (B, H, T, S).
 
     bf16 inputs on CPU that will be differentiated run in fp32 (autocast off) and come
-    back as bf16: torch's CPU flash-attention backward in bf16 is an order of magnitude
-    slower than in fp32 (measured on AMX Xeon, torch 2.13: 63 ms against 5 ms per RL step
-    of the 4.3M model, 252 against 22 at 33.6M; bench/trainer_profile.py --precision bf16),
-    while the upcast costs a copy of q, k, v. Results stay within bf16 rounding of the
-    plain bf16 call (test_attention_bf16.py). Inference (no grad) keeps the bf16 kernel.
+    back as bf16: torch's CPU flash-attention backward is much slower in bf16 than in
+    fp32 (docs/models.md), while the upcast costs only a copy of q, k, v. Results stay
+    within bf16 rounding of the plain bf16 call. Inference (no grad) keeps the bf16 kernel.
     """
     if q.device.type == "cpu" and q.requires_grad and _bf16_compute(q):
         with torch.autocast("cpu", enabled=False):
@@ -114,10 +92,9 @@ def packed_causal_mask(sample_lengths: torch.Tensor, total: int) -> torch.Tensor
 class PackedCausalAttention:
     """Samples of lengths `sample_lengths` concatenated along one `[1, T]` row.
 
-    Computed per segment (causal SDPA over each sample's slice), which does Σ Lᵢ² work
-    instead of T², needs no `T×T` mask and runs the fast `is_causal` kernels; measured on
-    CPU at 1.2-3× faster forward+backward than one SDPA call with the block-diagonal mask
-    (which stays available as `.mask` for callers that need a mask).
+    Computed per segment (causal SDPA over each sample's slice): Σ Lᵢ² work instead of
+    T², no `T×T` mask, the `is_causal` kernels. The block-diagonal mask it equals stays
+    available as `.mask` for callers that need a mask (transformers' models).
     """
 
     def __init__(self, sample_lengths: torch.Tensor, total: int) -> None:
@@ -178,7 +155,9 @@ def length_buckets(lengths: list[int], pad_factor: float = PAD_FACTOR) -> list[l
 
 class PaddedCausalAttention(PackedCausalAttention):
     """Packed samples as right-padded batches in length buckets: a few SDPA calls per
-    layer instead of one per sample (see the module docstring)."""
+    layer instead of one per sample. Right padding needs no mask: under the causal rule
+    a real query never sees a later (padded) key, and padded queries are dropped on the
+    way back, so values and gradients equal the per-sample loop's."""
 
     def __init__(
         self, sample_lengths: torch.Tensor, total: int, *, pad_factor: float = PAD_FACTOR

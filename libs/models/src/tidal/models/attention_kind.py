@@ -1,7 +1,7 @@
 """The packed-attention kernels a model can run (`model.attn`), without importing torch.
 
-Torch-free so the trainer's pydantic config can validate `model.attn` and name the
-flash-attn install instruction without loading torch; `attention.py` builds the kernels.
+Torch-free so the trainer's config validates `model.attn` without torch;
+`attention.py` builds the kernels.
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
 """What this machine's CPU computes natively: the one probe every bf16 kernel choice reads.
 
-Decisions:
-- "Native bf16" means oneDNN's bf16 kernels run here (AVX-512 BW/VL/DQ, or AVX-NE-CONVERT
-  / AMX). Without them torch's plain bf16 matmul falls back to a reference loop: measured
-  on a 2-core AVX2 EPYC, ~1.3-2 GFLOP/s against ~75-125 in fp32, about 50-100x slower,
-  and oneDNN's bf16 weight prepacking raises outright. So the trainer warns on a bf16
-  request and the inference engine's linears compute in fp32 from an upcast copy
-  (`tidal.inference.packed_linear`).
-- The probe runs the kernel rather than trusting one flag:
-  `torch.ops.mkldnn._is_mkldnn_bf16_supported()` reads the hardware and ignores
-  `ONEDNN_MAX_CPU_ISA`, so an AVX-512 machine capped to AVX2 (how tests reproduce the
-  AVX2 machines) would still claim bf16. Order: the cap in the environment, torch's
-  hardware check, then one tiny bf16 prepack + packed linear actually executed.
-- One switch for tests and operators: `TIDAL_CPU_BF16=fallback` forces the no-native
-  path on any machine, so every path runs on every machine (the native one where the
-  hardware has it). It is an environment variable, not a config key, so it reaches
-  every service process of a launched stack and every torchrun rank alike.
-- The result is cached per process (`functools.cache`); `bf16_support.cache_clear()`
-  re-probes (tests that change the environment). The measured cost
-  (`bf16_matmul_slowdown`) is taken only when a warning needs it: ~20-60 ms.
-- torch is imported lazily: this module lives in `tidal.common`, which the torch-free
-  orchestrator imports too.
+"Native bf16" means oneDNN's bf16 kernels run here; without them bf16 matmuls fall back
+to a reference loop, so the trainer warns on a bf16 request and inference computes its
+linears in fp32. The probe runs the kernel rather than trusting torch's hardware flag,
+which ignores an `ONEDNN_MAX_CPU_ISA` cap. `TIDAL_CPU_BF16=fallback` forces the no-native
+path everywhere (an environment variable, so it reaches every process and rank). Cached
+per process; torch is imported lazily, for torch-free importers.
 """
 
 from __future__ import annotations

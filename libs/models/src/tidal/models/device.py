@@ -1,19 +1,10 @@
 """Where a service's model runs and in which dtype: one answer for trainer and inference.
 
-Decisions:
-- `DTYPES` maps the config spelling of a dtype ("float32", "bfloat16") to torch's; the
-  trainer's FSDP mixed precision and inference's served dtype read the same table.
-- `resolve_device` turns a `<service>.device` setting ("auto", "cuda", "cpu") into the
-  device type for a process that is one of `local_ranks` on its host. Each rank takes its
-  own GPU (`LOCAL_RANK`), so CUDA needs a GPU per local rank: "auto" falls back to the
-  CPU when there are fewer, saying so, rather than letting rank 1 die on a one-GPU
-  machine with "invalid device ordinal"; an explicit "cuda" is a `ConfigError`.
-- `pick_device` is the same decision with the GPU count given, so it is testable without
-  GPUs. The orchestrator is torch-free and never imports this module.
-- `native_bf16` answers the "auto" dtype settings (`trainer.precision`,
-  `inference.dtype`): bf16 where the device computes it natively (a CUDA GPU with bf16,
-  a CPU whose oneDNN bf16 kernels run: `tidal.models.cpu_features`), fp32 elsewhere, so
-  one config is fast on an AMX Xeon and still correct, at fp32 speed, on an AVX2 EPYC.
+`resolve_device` makes a `<service>.device` setting concrete for a process that is one of
+`local_ranks` on its host: each rank takes its own GPU, so with fewer GPUs than ranks
+"auto" falls back to the CPU (saying so) and "cuda" is a `ConfigError`, instead of a rank
+dying with "invalid device ordinal". `native_bf16` answers the "auto" dtype settings.
+The torch-free orchestrator never imports this module.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
-"""Build a model from an HF config dict or an HF folder, and move its weights to and from
-the Hugging Face checkpoint layout (loading, exporting, publishing).
+"""Build a model from an HF config or folder, and move its weights to and from the Hugging
+Face checkpoint layout (loading, exporting, publishing); shared by trainer and inference.
 
-Decisions:
-- Shared by the trainer (export, publishing) and inference (hot weight loads); building
-  the policy from the trainer's `ModelConfig` is the trainer's (`tidal.trainer.model_factory`).
-- Building never depends on or disturbs the process-wide RNG (`torch.random.fork_rng`).
-- `impl`: "custom" is ours (`DecoderLM`), "hf" wraps transformers'
-  `AutoModelForCausalLM` behind the same forward (`hf_model.py`), "auto" is ours when the
-  architecture is one we implement, else transformers'.
-- Published / exported state dicts use HF *checkpoint* names (experts one tensor each,
-  through the family's adapter) and follow HF's convention for tied embeddings: when
-  tied, `lm_head.weight` is not saved. Loading goes back through the adapter, checks
-  names and shapes before the first copy (all or nothing) and relies on the tie the
-  constructor made.
+`impl`: "custom" is ours (`DecoderLM`), "hf" is transformers' behind the same forward
+(`hf_model.py`), "auto" is ours where we implement the architecture. Written state dicts
+use HF checkpoint names (experts one tensor each, through the family's adapter) and omit
+a tied `lm_head.weight`; loading goes back through the adapter and checks every name and
+shape before the first copy (all or nothing). Building never touches the global RNG.
 """
 
 from __future__ import annotations
@@ -26,7 +19,7 @@ import torch
 from torch import nn
 
 from tidal.models.args import DecoderArgs
-from tidal.models.dtensor_check import is_dtensor
+from tidal.models.dtensors import whole
 from tidal.models.families import UnsupportedArchitecture, family_for_hf_config
 from tidal.models.hf_folder import check_weights, read_config, read_weights, write_folder
 from tidal.models.hf_model import HFCausalLM
@@ -106,17 +99,12 @@ def _adapter_args(model: nn.Module) -> tuple[StateDictAdapter, DecoderArgs]:
     return adapter_for(args.family), args
 
 
-def _whole(tensor: torch.Tensor) -> torch.Tensor:
-    """`tensor`, gathered whole if it is an FSDP-sharded DTensor (dtensor_check.py)."""
-    return tensor.full_tensor() if is_dtensor(tensor) else tensor  # type: ignore[attr-defined]
-
-
 def publishable_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -> StateDict:
     """Detached CPU copies of the weights in HF checkpoint naming (no tied `lm_head.weight`);
     floating-point ones cast to `dtype` in the same copy when given."""
     state = merged_state_dict(model)  # LoRA adapters folded in (plain state dict without)
     # FSDP-sharded weights are gathered whole (a collective: every rank calls this).
-    state = {n: _whole(t) for n, t in state.items()}
+    state = {n: whole(t) for n, t in state.items()}
     if model.args.tie_embeddings:
         state.pop(TIED_HEAD, None)
     adapter, args = _adapter_args(model)

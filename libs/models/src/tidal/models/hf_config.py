@@ -1,20 +1,11 @@
 """Mapping between Hugging Face `config.json` keys and `DecoderArgs` fields, shared by the families.
 
-Decisions:
-- Read both RoPE spellings: transformers 5's `rope_parameters` (theta inside) and the
-  older `rope_theta` + `rope_scaling`. Write `rope_parameters` plus a top-level
-  `rope_theta`, which transformers 5 and older readers both understand.
-- Features a family's config can switch on that our blocks do not implement (sliding
-  window, other activations, MLP biases, partial rotary, other RoPE types) are refused
-  with an error naming the key, never silently ignored.
-- Both directions work on `DecoderArgs` field dicts (`Fields`), not on `DecoderArgs`:
-  this module sits below `args.py` in the import order (see `family.py`).
-- Reading a folder's `config.json` lives here, not in `hf_folder.py` (which imports
-  torch for the weights), so pydantic configs read a model folder's architecture at
-  validation without importing torch.
-- Token ids (`bos_token_id`, `eos_token_id`, `pad_token_id`) are not architecture: the
-  writers of a model folder add the source folder's and the tokenizer's (the trainer's
-  `persistence/hf_folder_files.py`), so a written folder says which ids end generation.
+Both directions work on field dicts (`Fields`), not on `DecoderArgs`, so this module sits
+below `args.py` and the family registry. A feature our blocks do not implement (sliding
+window, other activations, MLP biases, partial rotary, other RoPE types) is refused with
+an error naming the key, never ignored. Reading a folder's `config.json` lives here, not
+in torch-importing `hf_folder.py`, so configs read a model's architecture without torch. Token ids are not architecture: the trainer's
+`persistence/hf_folder_files.py` writes them from the source folder and the tokenizer.
 """
 
 from __future__ import annotations
@@ -24,10 +15,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from tidal.models.family import Fields
 from tidal.models.rope_scaling import ROPE_TYPES, RopeScaling
 
 CONFIG = "config.json"
+Fields = dict[str, Any]  # DecoderArgs fields by name (`DecoderArgs.as_dict()`)
 
 
 class UnsupportedConfig(ValueError):
@@ -61,6 +52,8 @@ def refuse(config: dict[str, Any], key: str, allowed: Any, why: str) -> None:
 
 
 def rope_from_hf(config: dict[str, Any]) -> tuple[float, RopeScaling | None]:
+    """(theta, scaling) from transformers 5's `rope_parameters` (theta inside) or the
+    older top-level `rope_theta` + `rope_scaling`."""
     params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
     theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
     kind = params.get("rope_type", params.get("type", "default"))
@@ -88,6 +81,8 @@ def rope_from_hf(config: dict[str, Any]) -> tuple[float, RopeScaling | None]:
 
 
 def rope_to_hf(args: Fields) -> dict[str, Any]:
+    """`rope_parameters` plus a top-level `rope_theta`: transformers 5 and older readers
+    both understand it."""
     theta = args["rope_theta"]
     params: dict[str, Any] = {"rope_type": "default", "rope_theta": theta}
     s = args["rope_scaling"]

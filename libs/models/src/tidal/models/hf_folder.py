@@ -1,18 +1,10 @@
 """Reading and writing Hugging Face model folders (config.json + safetensors).
 
-Decisions:
-- Read: `model.safetensors.index.json` (sharded; its `weight_map` names each tensor's
-  file) wins over a single `model.safetensors`. Every error names the file or tensor at
-  fault: a missing config.json, no weights file, a shard the index names but the folder
-  lacks, a tensor the index promises but its shard does not hold.
-- Write: one `model.safetensors`, or `model-0000i-of-0000n.safetensors` shards of at
-  most `max_shard_bytes` plus the index, so the folder is what `from_pretrained` reads.
-  Files go to a temporary sibling folder that is renamed into place at the end, so a
-  crash never leaves a folder that looks complete. An existing folder is replaced only
-  when it looks like one this module wrote (empty, or `config.json` and files, no
-  subfolders): `--export.out ~` must fail, not delete a home directory.
-- Tensors are written contiguous and unshared (safetensors refuses aliased storage;
-  experts split from one stacked tensor are views).
+Reads a sharded folder (`model.safetensors.index.json`) or a single file, naming the file
+or tensor at fault in every error. Writes what `from_pretrained` reads, into a temporary
+sibling folder renamed into place, so a crash never leaves a folder that looks complete;
+an existing folder is replaced only when it looks like one this module wrote, so a
+mistyped output path fails instead of deleting a home directory.
 """
 
 from __future__ import annotations

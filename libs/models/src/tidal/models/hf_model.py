@@ -1,19 +1,11 @@
-"""`model.impl = "hf"`: transformers' implementation behind our model interface.
+"""`model.impl = "hf"`: transformers' implementation behind our model's forward contract.
 
-Decisions:
-- The wrapper registers the transformers model's own `model` and `lm_head` children, so
-  parameter names are exactly HF's (`model.layers.0...`) and publishing, exporting and
-  optimizers see the same names as with our implementation; the transformers object is
-  held unregistered and called for the forward.
-- Same forward contract: `(input_ids, position_ids, *, sample_lengths, attention)` →
-  fp32 logits. Packed rows pass transformers a ready 4D block-diagonal causal mask (it
-  takes a 4D mask as-is). Other attention backends (an inference KV cache, context
-  parallelism) cannot be injected into transformers' attention: that is an error.
-- `args` is our `DecoderArgs` when we know the architecture (so the family's state-dict
-  adapter applies: transformers 5 also keeps experts stacked in memory), else a small
-  record of the shape fields other code reads (`vocab_size`, `n_layers`, `n_kv_heads`,
-  `head_dim`, `max_seq_len`, `tie_embeddings`, `family`) plus `to_hf_config()` returning
-  the config the model was built from.
+The wrapper registers the transformers model's `model` and `lm_head` as its children, so
+parameter names are exactly HF's and publishing, optimizers and checkpoints see the same
+names as with ours. Packed rows get a 4D block-diagonal causal mask (transformers takes
+it as is); other attention backends (a KV cache, context parallelism) cannot be injected
+and are refused. `args` is our `DecoderArgs` where we know the architecture (so the
+family's state-dict adapter applies), else `HFArgs`, the shape fields other code reads.
 """
 
 from __future__ import annotations

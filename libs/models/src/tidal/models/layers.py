@@ -1,19 +1,11 @@
-"""Blocks shared by every decoder family: attention, SwiGLU MLP, decoder block, base LM.
+"""Blocks shared by every decoder family: attention, decoder block, the `DecoderLM`.
 
-Decisions:
-- Parameter names equal Hugging Face's in-memory names (`model.layers.0.self_attn.q_proj`,
-  ...), so dense families need no renaming and a family's state-dict adapter only deals
-  with what really differs (stacked experts).
-- Family differences are switches on `DecoderArgs` read here (q/k/v biases, per-head
-  QK-norm, explicit head dim, MoE feed-forward), never copies of these classes.
-- One forward serves every caller: which keys each query sees is decided by the
-  `AttentionBackend` passed in (packed training, plain causal attention, an inference
-  KV cache). The model knows nothing of caches or masks.
-- A caller may pass `head` to `DecoderLM.forward` to replace the dense LM head (the
-  chunked-head lever): it runs inside the root module's forward, so under FSDP the root
-  unit's parameters (final norm, head) are gathered for it like for the dense head.
-- Norms are `nn.RMSNorm` (fused kernel); parity with HF's fp32-upcast RMSNorm holds to
-  fp32 rounding in fp32, which is what the parity tests pin.
+Parameter names equal Hugging Face's in-memory names, so dense families need no renaming.
+Family differences are `DecoderArgs` switches read here, never copies of these classes.
+One forward serves every caller: which keys a query sees is the `AttentionBackend`
+passed in (packed training, plain causal, an inference KV cache). A caller may pass
+`head` to replace the dense LM head inside the root forward, so FSDP gathers the root
+unit's parameters for it as for the dense head.
 """
 
 from __future__ import annotations

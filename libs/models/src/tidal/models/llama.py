@@ -1,34 +1,21 @@
-"""Llama (2/3/3.1): GQA, RoPE with Llama 3's frequency scaling, RMSNorm, SwiGLU, tied or not.
+"""Llama (2/3/3.1): the shared decoder as it is (GQA, RoPE with Llama 3's frequency scaling,
+RMSNorm, SwiGLU, tied or untied head).
 
-The blocks are the shared ones in `layers.py`; this module is Llama's mapping to and from
-Hugging Face's `LlamaForCausalLM` config. Dense: checkpoint names are our parameter names.
+Its `config.json` (`LlamaForCausalLM`) needs no key beyond the shared mapping; attention
+biases are refused. Dense: checkpoint names are our parameter names.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tidal.models.family import Family, Fields
-from tidal.models.hf_config import common_from_hf, common_to_hf, refuse
+from tidal.models.hf_config import Fields, refuse
 
 
-def from_hf_config(config: dict[str, Any]) -> Fields:
+def from_hf(config: dict[str, Any]) -> Fields:
     refuse(config, "attention_bias", False, "Llama attention biases are not implemented")
-    return {"family": "llama", **common_from_hf(config)}
+    return {}
 
 
-def to_hf_config(args: Fields) -> dict[str, Any]:
-    return {
-        **common_to_hf(args, model_type="llama", architecture="LlamaForCausalLM"),
-        "attention_bias": False,
-        "mlp_bias": False,
-    }
-
-
-FAMILY = Family(
-    name="llama",
-    model_type="llama",
-    architecture="LlamaForCausalLM",
-    from_hf_config=from_hf_config,
-    to_hf_config=to_hf_config,
-)
+def to_hf(args: Fields) -> dict[str, Any]:
+    return {"attention_bias": False, "mlp_bias": False}

@@ -1,25 +1,10 @@
 """LoRA layers and merging: what a model with adapters is, and its merged / PEFT state dicts.
 
-Where: the layer and the merge live with the model (the trainer publishes merged weights,
-inference merges published adapters with the same expression); choosing targets from
-`[trainer.model.lora]` and freezing the rest is the trainer's lever
-(`tidal.trainer.memory.lora.apply_lora`).
-
-Decisions:
-- `LoRALinear` subclasses `nn.Linear` and takes over the original layer's weight and
-  bias Parameters (same objects, same names), adding `lora_A` (r, in) and `lora_B`
-  (out, r). Parameter names of the base model are unchanged, so loading, FSDP and the
-  state-dict adapters see the model they know; the adapters appear as
-  `<layer>.lora_A` / `<layer>.lora_B`.
-- y = x Wᵀ + b + (alpha / r) · dropout(x) Aᵀ Bᵀ. A is Kaiming-uniform, B is zero, so the
-  adapted model starts equal to the base (the LoRA paper's initialization).
-- Export and "merged" publishing fold the update in: W' = W + (alpha / r) · B A, and the
-  adapter tensors are dropped, so exported folders are plain HF checkpoints.
-- Adapter publishing names tensors like PEFT (`base_model.model.<layer>.lora_A.weight`)
-  (the trainer adds `adapter_config`: r, lora_alpha, target_modules): docs/memory.md.
-- Alternative: PEFT itself; it would add a dependency and wrap the model in its own
-  classes (renaming every parameter), which our loaders, FSDP and publishing would then
-  have to see through.
+Here, with the model, because the trainer publishes merged weights and inference merges
+published adapters with the same expression (`merge_update`); choosing targets is the
+trainer's lever (`tidal.trainer.memory.lora`). `LoRALinear` takes over the original
+layer's weight and bias Parameters, so base parameter names are unchanged for loading,
+FSDP and the adapters. B starts at zero: the adapted model starts equal to the base.
 """
 
 from __future__ import annotations

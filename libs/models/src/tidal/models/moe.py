@@ -1,26 +1,12 @@
 """Mixture-of-experts feed-forward (Qwen3-MoE style) with grouped expert compute.
 
-Decisions:
-- Router: softmax over all experts in fp32, top-k, optionally renormalized over the k
-  chosen (`norm_topk_prob`), exactly Qwen3-MoE's rule. An optional shared expert (a plain
-  SwiGLU MLP scaled by a sigmoid gate, Qwen2-MoE's) is added for every token.
-- Experts are stored stacked, in transformers' in-memory layout: `experts.gate_up_proj`
-  `(E, 2I, H)` and `experts.down_proj` `(E, H, I)`. The checkpoint layout (one tensor per
-  expert) is the state-dict adapter's business, not the block's.
-- Grouped compute: the N·k (token, expert) pairs are sorted by expert so each expert's
-  tokens are one contiguous slice; the two projections are then one `torch._grouped_mm`
-  each (CPU and GPU, with autograd) over offsets. Where the grouped kernel cannot take the
-  shapes (strides not 16-byte multiples) the fallback is one matmul per *expert* over its
-  slice: E small matmuls, never a loop over tokens. Outputs go back by `index_add`.
-- The block records `RouterStats` of its last forward (assignment counts, summed router
-  probabilities, graph-attached), from which the model computes the load-balancing loss
-  (Switch Transformer's E·Σ f_e·P_e, over all MoE layers together as HF does) and
-  per-expert load metrics. Recording on the module keeps the forward's return type (fp32
-  logits) the same for dense and MoE models.
-- Expert parallelism is installed from outside (`tidal.trainer.parallel.ep.shard_experts`):
-  it leaves each rank only its experts (as DTensor shards) and sets `dispatch`, which
-  moves the routed tokens to their experts' ranks and back. The block itself stays free
-  of torch.distributed, and with `dispatch` unset (one process) its path is unchanged.
+The router is Qwen3-MoE's (fp32 softmax, top-k, optional renormalization), with
+Qwen2-MoE's optional sigmoid-gated shared expert. Experts are stacked in transformers'
+in-memory layout (the checkpoint layout is the state-dict adapter's) and computed as one
+grouped matmul per projection over tokens sorted by expert, never a loop over tokens.
+The block records `RouterStats` of its last forward for the load-balancing loss, so the
+forward returns the same logits for dense and MoE models. Expert parallelism installs
+`dispatch` from outside; the block itself never touches torch.distributed.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """Rotary position embeddings: inverse frequencies (plain, linear- or Llama-3-scaled) and tables.
 
-Decisions:
-- Tables `cos, sin: (max_seq_len, head_dim)` are computed once in fp32 and indexed by
-  `position_ids`, so packed rows (positions restarting per sample) cost a gather, and a
-  bf16 model still rotates with fp32-exact angles.
-- Llama 3.1's scaling leaves high frequencies alone, divides low frequencies by `factor`
-  and interpolates smoothly in between (wavelength thresholds from
-  `original_max_position_embeddings / {low,high}_freq_factor`); "linear" divides every
-  frequency by `factor` (the same as dividing positions). Both only change `inv_freq`.
-- HF's rotate-half layout (first half / second half of the head dim), so weights need no
-  permutation between the two.
+Tables `(max_seq_len, head_dim)` are computed once in fp32 and indexed by `position_ids`,
+so packed rows (positions restarting per sample) cost a gather and a bf16 model still
+rotates with fp32-exact angles. HF's rotate-half layout, so weights need no permutation.
 """
 
 from __future__ import annotations

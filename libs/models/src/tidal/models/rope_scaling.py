@@ -1,7 +1,6 @@
 """`RopeScaling`: RoPE frequency scaling settings, shared by `DecoderArgs` and the HF mapping.
 
-Its own torch-free module with no imports of ours, so both `args.py` and `hf_config.py`
-(which sits below `args.py` in the import order) can use it.
+Torch-free with no imports of ours, so `args.py` and `hf_config.py` (below it) both use it.
 """
 
 from __future__ import annotations

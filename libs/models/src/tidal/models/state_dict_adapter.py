@@ -1,21 +1,11 @@
 """State-dict adapters: our state dict (HF in-memory names, experts stacked) ⇄ the HF
 *checkpoint* layout (what safetensors files on disk hold).
 
-Decisions:
-- Dense families use the identity (our parameter names are HF's); MoE families split and
-  stack experts. `adapter_for` picks by the family's registry record (`Family.moe`), so
-  there is no per-family adapter list to keep in step with the registry. An architecture
-  we do not implement (transformers' model behind `model.impl = "hf"`) gets the identity.
-- Adapters check every tensor they touch and raise `WeightMismatch` naming it.
-
-MoE experts: ours (and transformers' in memory) are `mlp.experts.gate_up_proj`
-`(E, 2I, H)` (gate rows first, then up) and `mlp.experts.down_proj` `(E, H, I)`.
-Checkpoints on disk, which vLLM, older transformers and the Hub use:
-`mlp.experts.{e}.{gate,up,down}_proj.weight` with shapes `(I, H)`, `(I, H)`, `(H, I)`.
-Everything else is passed through unchanged.
-
-`from_hf` also accepts the stacked names (a transformers 5 in-memory state dict), and
-checks every expert tensor's presence and shape, naming the tensor when one is wrong.
+Dense families use the identity (our parameter names are HF's); MoE families split and
+stack experts: ours are `mlp.experts.gate_up_proj` `(E, 2I, H)` (gate rows first) and
+`mlp.experts.down_proj` `(E, H, I)`, checkpoints hold `mlp.experts.{e}.{gate,up,down}_proj.weight`.
+`adapter_for` picks by the family record's `moe`. Every tensor touched is checked and a
+wrong one raises `WeightMismatch` naming it; `from_hf` also accepts stacked names.
 """
 
 from __future__ import annotations

@@ -17,8 +17,10 @@ from tidal.common.config.loading import BaseConfig
 from tidal.common.config.schema import FIRST
 from tidal.common.config.shared import ServiceRunConfig
 from tidal.common.errors import ConfigError
+from tidal.models.args import DecoderArgs, RopeScaling
 from tidal.models.attention_kind import FLASH_ATTN_INSTALL, PackedKind
-from tidal.models.families import MOE_FAMILIES, FamilyName
+from tidal.models.families import MOE_FAMILIES, FamilyName, family_of
+from tidal.models.hf_config import read_config
 from tidal.trainer.memory.config import (
     ActivationCheckpointConfig,
     ActivationOffloadingConfig,
@@ -156,6 +158,39 @@ class ModelConfig(BaseConfig):
             raise ValueError('family "qwen2_moe" needs shared_expert_ffn_dim > 0')
         check_lever_combination(self)
         return self
+
+    def decoder_args(self) -> DecoderArgs:
+        """The architecture this section builds: its folder's config.json when `path` is
+        set (with keys this section has no field for, e.g. `mlp_only_layers`)."""
+        if self.path is not None:
+            return DecoderArgs.from_hf_config(read_config(self.path))
+        family = family_of(self.family)
+        moe = family.moe
+        scaling = self.rope_scaling
+        return DecoderArgs(
+            vocab_size=self.vocab_size,
+            dim=self.dim,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            n_kv_heads=self.n_kv_heads,
+            ffn_dim=self.ffn_dim,
+            max_seq_len=self.max_seq_len,
+            rope_theta=self.rope_theta,
+            norm_eps=self.norm_eps,
+            tie_embeddings=self.tie_embeddings,
+            family=self.family,
+            head_dim=self.head_dim or 0,
+            rope_scaling=RopeScaling(**scaling.model_dump()) if scaling is not None else None,
+            attention_bias=family.attention_bias,
+            qk_norm=family.qk_norm,
+            n_experts=self.n_experts if moe else 0,
+            n_experts_per_tok=self.n_experts_per_tok if moe else 0,
+            moe_ffn_dim=self.moe_ffn_dim if moe else 0,
+            norm_topk_prob=self.norm_topk_prob,
+            shared_expert_ffn_dim=self.shared_expert_ffn_dim if moe else 0,
+            decoder_sparse_step=self.decoder_sparse_step,
+            router_aux_loss_coef=self.router_aux_loss_coef,
+        )
 
     def _take_folder_architecture(self, path: Path) -> None:
         """Fill the architecture fields in from the folder's config.json (model_folder.py);

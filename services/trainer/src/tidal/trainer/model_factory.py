@@ -21,7 +21,6 @@ from tidal.models.hf_checkpoint import load_hf_folder
 from tidal.models.hf_model import HFCausalLM
 from tidal.models.layers import DecoderLM
 from tidal.trainer.config import ModelConfig
-from tidal.trainer.model_args import args_from_config
 
 
 def build_model(config: ModelConfig, *, seed: int, device: Any = "cpu") -> nn.Module:
@@ -33,7 +32,7 @@ def build_model(config: ModelConfig, *, seed: int, device: Any = "cpu") -> nn.Mo
     if config.path is not None:
         model = load_hf_folder(config.path, impl=config.impl, device=device)
         return with_packed_kind(model, config.attn)
-    args = args_from_config(config)
+    args = config.decoder_args()
     if config.impl == "hf":
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)

@@ -1,25 +1,10 @@
 """Optimizer and learning-rate schedule from `OptimConfig`.
 
-Decisions:
-- torch's own AdamW and SGD, over two parameter groups: weight decay on matrices only,
-  never on 1-D parameters (norm scales, biases), as is usual for transformers.
-- The schedule is a pure function `lr_factor(k)` of the number of steps already taken
-  (k = 0 at step 1), wrapped in torch's `LambdaLR` so its position is part of the
-  optimizer-side state that checkpoints save and restore. Warmup is linear from
-  1/warmup_steps up to 1 (never 0: a zero-lr first step would waste the batch); after
-  warmup the factor stays 1 (constant) or decays over `decay_steps` to `min_lr_ratio`
-  (cosine or linear), then holds the floor.
-- SFT steps of an RL run (`sft_lr`) use the same factor with a different peak: the
-  trainer scales the group lr for that one step; `LambdaLR.step()` recomputes it from
-  the base lr afterwards, so the override never leaks into the next step.
-- AdamW runs torch's fused kernel (`fused=True`) whenever every parameter is a plain
-  (unsharded) floating tensor on CPU or CUDA: one kernel over all parameters instead of
-  ~10 element-wise ops per parameter; measured 3.2x faster on the 4.2M-parameter RL
-  shape on one AVX2 core (26 ms against 83 ms a step, issue 19). The update is the same
-  formula (parity test: tests/unit/trainer/test_optim.py); sharded (DTensor) parameters
-  keep the default implementation.
-- `optim_cpu_offload` / `optim_offload = "disk"` swap in `OffloadedOptimizer`
-  (`optim_offload.py`): the same update, states in host memory or memory-mapped files.
+torch's own AdamW and SGD, weight decay on matrices only (never on norms and biases),
+or the same update with states off the device (`optim_state_offload.py`). AdamW runs
+torch's fused kernel whenever every parameter is a plain tensor on one CPU or CUDA
+device. The schedule is a pure function of the steps already taken, wrapped in
+`LambdaLR` so its position is part of the optimizer state checkpoints save.
 """
 
 from __future__ import annotations
@@ -30,11 +15,13 @@ from collections.abc import Iterable
 import torch
 
 from tidal.trainer.config import OptimConfig, ScheduleConfig
-from tidal.trainer.optim_offload import OffloadedOptimizer, optimizer_store
+from tidal.trainer.optim_state_offload import OffloadedStateOptimizer, optimizer_state_store
 
 
 def lr_factor(k: int, schedule: ScheduleConfig) -> float:
-    """Multiplier of the peak lr after `k` completed steps."""
+    """Multiplier of the peak lr after `k` completed steps: linear warmup from
+    1/warmup_steps (never 0: a zero-lr first step would waste its batch), then constant
+    or a cosine/linear decay over `decay_steps` to `min_lr_ratio`, which it then holds."""
     if k < schedule.warmup_steps:
         return (k + 1) / schedule.warmup_steps
     if schedule.decay == "constant" or schedule.decay_steps is None:
@@ -67,9 +54,9 @@ def build_optimizer(
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": config.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    store = optimizer_store(config.optim_cpu_offload, config.optim_offload)
+    store = optimizer_state_store(config.optim_cpu_offload, config.optim_offload)
     if store is not None:
-        return OffloadedOptimizer(
+        return OffloadedStateOptimizer(
             groups,
             kind=config.type,
             store=store,

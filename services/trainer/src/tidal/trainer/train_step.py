@@ -65,11 +65,11 @@ from tidal.models.lora import adapter_state_dict
 from tidal.trainer.config import TrainerConfig
 from tidal.trainer.loss import TokenInputs, rl_loss, sft_loss, token_entropy
 from tidal.trainer.loss_normalization import StepCounts, segment_ids, step_counts, token_weights
+from tidal.trainer.memory.activation_offload import activation_offloading
 from tidal.trainer.memory.apply import apply_model_levers
 from tidal.trainer.memory.config import check_levers_at_start
 from tidal.trainer.memory.lm_head import chunked_logprobs_entropy, resolve_chunk_size
 from tidal.trainer.memory.lora import adapter_config
-from tidal.trainer.memory.offload import offloading
 from tidal.trainer.memory.truncation import truncate_micro_batch, truncation_enabled
 from tidal.trainer.model_factory import build_model
 from tidal.trainer.optim import build_optimizer, build_scheduler, lr_factor
@@ -322,9 +322,7 @@ class Trainer:
         # `scored`: which tokens the logprobs score: all but the first, or under context
         # parallelism this rank's share (tidal.trainer.parallel.cp_batch).
         scored: slice | torch.Tensor = slice(1, None)
-        with offloading(
-            self.config.model.ac_offloading, self.model
-        ):  # saved tensors → host until backward
+        with activation_offloading(self.config.model.ac_offloading, self.model):
             if self.ranks.cp > 1:
                 logprobs_all, logprobs, scored, valid = self.ranks.cp_logprobs(
                     self.model, batch, self._autocast

@@ -10,12 +10,9 @@ Decisions:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from tidal.models.args import DecoderArgs
-from tidal.trainer.config import ModelConfig
-from tidal.trainer.model_args import args_from_config
 
 
 @dataclass(frozen=True)
@@ -30,13 +27,6 @@ class ParamCounts:
     @property
     def total(self) -> int:
         return self.embedding + self.lm_head + sum(self.per_layer) + self.final_norm
-
-
-def decoder_args(config: ModelConfig) -> DecoderArgs:
-    """The architecture of `config` (its folder's config.json when `path` is set)."""
-    if config.path is not None:
-        return DecoderArgs.from_hf_config(json.loads((config.path / "config.json").read_text()))
-    return args_from_config(config)
 
 
 def _attention(a: DecoderArgs) -> int:

@@ -28,11 +28,11 @@ TOL = 1e-6
 
 @pytest.fixture(scope="module")
 def runs(worker, tmp_path_factory: pytest.TempPathFactory) -> dict:  # type: ignore[no-untyped-def,type-arg]
-    out = tmp_path_factory.mktemp("optim_offload_ranks")
+    out = tmp_path_factory.mktemp("optim_state_offload_ranks")
     ckpt, kinds = str(out / "ckpt"), ",".join(OFFLOADS)
-    worker("optim_offload_ranks.py", "--mode", "ranks", "--offloads", kinds,
+    worker("optim_state_offload_ranks.py", "--mode", "ranks", "--offloads", kinds,
            "--ckpt", ckpt, "--out", str(out / "ranks.pt"))  # fmt: skip
-    worker("optim_offload_ranks.py", "--mode", "single", "--offloads", f"none,{kinds}",
+    worker("optim_state_offload_ranks.py", "--mode", "single", "--offloads", f"none,{kinds}",
            "--ckpt", ckpt, "--out", str(out / "single.pt"), nproc=1)  # fmt: skip
     return {"ranks": torch.load(out / "ranks.pt"), "single": torch.load(out / "single.pt")}
 

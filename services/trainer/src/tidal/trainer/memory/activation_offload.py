@@ -1,27 +1,11 @@
 """Activation offloading: tensors autograd saves in forward live in host memory until backward.
 
-Decisions:
-- `torch.autograd.graph.saved_tensors_hooks`: pack copies a saved activation to host
-  memory and returns a handle; unpack returns the device tensor. Parameters and views of
-  them (a linear layer saves its transposed weight), recognised by storage, and tensors
-  under `min_offload_bytes` are kept as they are: parameters are resident anyway, and
-  tiny copies cost more than they save.
-- On CUDA the copies run on a side stream into pinned host buffers, so they overlap
-  compute. Forward: at most `max_inflight` device→host copies are outstanding; before
-  issuing another, the oldest is waited for, which also frees its device tensor.
-  Backward runs the saved tensors in reverse order, so when tensor k is unpacked the
-  next `max_inflight` handles below k are brought back on the side stream ahead of use
-  (bounded prefetch); the compute stream waits on the copy's event before using it.
-- On a CPU device the activations already are in host memory: pack keeps them (no copy),
-  so the lever is a no-op there. `copy_on_cpu` runs the same handle/prefetch bookkeeping
-  with plain copies, which is how CPU tests exercise it; the streams need CUDA.
-- Combines with checkpointing: a checkpointed block saves only its inputs outside its
-  own hooks, so offloading then moves what the non-checkpointed parts save.
-- Under FSDP2 the model's parameters are DTensor shards (whose own storage cannot be
-  read: the resident set takes their local tensors'), and a block computes with the
-  unsharded parameters FSDP all-gathers for it, which are `nn.Parameter`s whose storage
-  FSDP frees after forward and refills before backward. Those and their views (`_base`
-  a parameter) are kept, never copied, so FSDP's resharding works as without the lever.
+`saved_tensors_hooks`: pack copies a saved activation to host memory on a CUDA side
+stream (at most `max_inflight` copies outstanding), unpack brings it back with a bounded
+prefetch of the next ones backward will ask for. Parameters, views of them (FSDP's
+gathered weights included) and tiny tensors are kept as they are, so FSDP frees and
+regathers its parameters as without the lever. On a CPU device activations already are
+in host memory: the lever keeps them (`copy_on_cpu` runs the bookkeeping for tests).
 """
 
 from __future__ import annotations
@@ -34,11 +18,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from tidal.models.dtensor_check import is_dtensor
+from tidal.models.dtensors import is_dtensor, local_shard
 
 
 @dataclass
-class _Offloaded:
+class _OffloadedActivation:
     host: torch.Tensor
     device: torch.device
     copied: Any = None  # CUDA event: device→host copy done
@@ -54,9 +38,9 @@ class ActivationOffloader:
     min_bytes: int = 1024
     copy_on_cpu: bool = False  # CPU device: copy anyway (tests the mechanism; saves nothing)
     resident: set[int] = field(default_factory=set)  # storages never offloaded (parameters)
-    handles: list[_Offloaded] = field(default_factory=list)
+    handles: list[_OffloadedActivation] = field(default_factory=list)
     offloaded_bytes: int = 0
-    _pending: list[tuple[_Offloaded, torch.Tensor]] = field(default_factory=list)
+    _pending: list[tuple[_OffloadedActivation, torch.Tensor]] = field(default_factory=list)
     _stream: Any = None
 
     def __post_init__(self) -> None:
@@ -91,14 +75,14 @@ class ActivationOffloader:
         if cuda:
             handle = self._copy_out_cuda(tensor)
         else:
-            handle = _Offloaded(host=tensor.detach().clone(), device=tensor.device)
+            handle = _OffloadedActivation(host=tensor.detach().clone(), device=tensor.device)
         # Keep the device tensor alive until its copy is done (then it can be freed).
         self._pending.append((handle, tensor))
         self.handles.append(handle)
         self.offloaded_bytes += handle.host.numel() * handle.host.element_size()
         return len(self.handles) - 1
 
-    def _copy_out_cuda(self, tensor: torch.Tensor) -> _Offloaded:
+    def _copy_out_cuda(self, tensor: torch.Tensor) -> _OffloadedActivation:
         stream = self._side_stream(tensor.device)
         stream.wait_stream(torch.cuda.current_stream(tensor.device))
         host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
@@ -107,7 +91,7 @@ class ActivationOffloader:
             tensor.record_stream(stream)  # its memory is not reused before the copy is done
             event = torch.cuda.Event()
             event.record(stream)
-        return _Offloaded(host=host, device=tensor.device, copied=event)
+        return _OffloadedActivation(host=host, device=tensor.device, copied=event)
 
     def _wait_oldest(self) -> None:
         handle, _ = self._pending.pop(0)
@@ -153,7 +137,7 @@ class ActivationOffloader:
         self._pending.clear()  # device tensors whose copies are in flight may be freed later
 
 
-def offloading(
+def activation_offloading(
     config: Any, model: nn.Module, *, copy_on_cpu: bool = False
 ) -> contextlib.AbstractContextManager[Any]:
     """A fresh offloader's hooks for `config` (`ActivationOffloadingConfig`), or a no-op.
@@ -167,11 +151,6 @@ def offloading(
         max_inflight=config.max_inflight_activations,
         min_bytes=config.min_offload_bytes,
         copy_on_cpu=copy_on_cpu,
-        resident={_local(p).untyped_storage().data_ptr() for p in model.parameters()},
+        resident={local_shard(p).untyped_storage().data_ptr() for p in model.parameters()},
     )
     return offloader.hooks()
-
-
-def _local(p: torch.Tensor) -> torch.Tensor:
-    """This rank's shard of a DTensor parameter (FSDP2, EP); a plain tensor as is."""
-    return p.to_local() if is_dtensor(p) else p  # type: ignore[no-any-return]

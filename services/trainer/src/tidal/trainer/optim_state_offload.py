@@ -1,46 +1,12 @@
 """Optimizer-state offload: AdamW/SGD whose states live off the device, in host memory
 (`optim_cpu_offload`) or in memory-mapped files (`optim_offload = "disk"`).
 
-Decisions:
-- One update engine, two state stores. The update walks every parameter in fixed-size
-  slices of its flattened elements; for each slice it copies the states from the store
-  into a small reused buffer pool on the parameter's device, applies the update there and
-  copies the states back (on a CPU run the store already is host memory, so the slice is
-  updated where it lies: no copy in or out). AdamW and SGD are elementwise, so a
-  slice-wise update is exactly the whole-tensor update, and device/host memory for
-  states is bounded by the pool (`optim_offload_buffer_mb`), whatever the model size
-  (the ZeRO-Offload / ZeRO-Infinity idea, MemAscend's bounded pool, without their C++
-  kernels).
-- Host store: one flat fp32 tensor per state kind (pinned when CUDA is present, so the
-  copies can overlap). Disk store: one file per state kind, mapped with `mmap`; every
-  parameter's region starts on a page boundary, and after a slice is written back its
-  pages are dropped from the process (`madvise(MADV_DONTNEED)`), so resident
-  memory never holds more than the pool plus the slice being copied. Reads and writes
-  go through the page cache; the kernel decides when to write back.
-- The math is torch's single-tensor AdamW / SGD (same operation order), so the result
-  equals `torch.optim.AdamW` / `SGD` to fp32 rounding; the parity tests pin that. The step
-  count is per parameter in `self.state[p]["step"]` (as torch keeps it), and parameters
-  without a gradient are skipped (as torch does).
-- `state_dict()` returns torch's own format (states materialized for the checkpoint), so a
-  checkpoint of an offloaded optimizer loads into a plain one and back. Alternatives not
-  taken: subclassing torch's AdamW and swapping `state` tensors per step (touches private
-  fused/foreach paths), or numpy memmaps (no page dropping, so RSS grows to the full
-  state size).
-- Sharded parameters (FSDP2's DTensors, the expert weights of EP): every rank offloads
-  only its own local shard. Stores, slices and the update see `p.to_local()` and
-  `p.grad.to_local()` (AdamW and SGD are elementwise, so updating each shard alone is
-  the sharded update; replicated dimensions, as in HSDP, see the same gradient on every
-  replica and stay equal). Doing the arithmetic on the DTensors instead would mix them
-  with the store's plain tensors, which DTensor refuses (`got mixed torch.Tensor and
-  DTensor`), and would route every slice op through DTensor dispatch. `state_dict()`
-  wraps each rank's states in a DTensor with the parameter's own spec (mesh, placements,
-  global shape), as torch's AdamW states are under FSDP2, so DCP saves and reshards
-  them like any optimizer state. The wrap is FSDP2's own `DTensor(local, spec)`
-  construction, not `DTensor.from_local`, which would copy host states onto a CUDA mesh's
-  device and so hold every state on the GPU during a save.
-- Disk store under torchrun: a given `optim_offload_dir` gets one `rank-<r>` subfolder
-  per global rank, so ranks sharing a node (or a shared filesystem) never map the same
-  files.
+One update engine, two state stores: every parameter is updated in fixed-size slices,
+each slice's states copied from the store into a small reused device buffer pool and
+back, so device (and, for disk, resident) memory for states is bounded by the pool
+whatever the model size. AdamW and SGD are elementwise, so the slice-wise update is the
+whole-tensor one; the math is torch's single-tensor update in the same order, and
+`state_dict()` is torch's format. Sharded parameters: each rank offloads only its shard.
 """
 
 from __future__ import annotations
@@ -57,7 +23,7 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
-from tidal.models.dtensor_check import is_dtensor
+from tidal.models.dtensors import is_dtensor, local_shard
 
 PAGE = mmap.PAGESIZE
 FP32 = 4  # bytes per state element; states are fp32 like the master weights
@@ -68,14 +34,11 @@ def _align(n_bytes: int) -> int:
     return -(-n_bytes // PAGE) * PAGE
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """This rank's shard of a DTensor (a view sharing its storage); a plain tensor as is."""
-    return t.to_local() if is_dtensor(t) else t  # type: ignore[no-any-return]
-
-
 def _like_param(state: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """`state` (this rank's shard, shaped like `_local(p)`) as `p` is: a DTensor with the
-    parameter's spec, or the plain tensor itself."""
+    """`state` (this rank's shard, shaped like `local_shard(p)`) as `p` is: a DTensor with
+    the parameter's spec, or the plain tensor itself. FSDP2's own `DTensor(local, spec)`
+    construction, not `DTensor.from_local`, which would copy host states onto a CUDA
+    mesh's device and hold every state on the GPU during a save."""
     if not is_dtensor(p):
         return state
     from torch.distributed.tensor import DTensor  # imported already: `p` is one
@@ -84,7 +47,8 @@ def _like_param(state: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
 
 
 def rank_directory(directory: Path | None) -> Path | None:
-    """`directory/rank-<r>` under a multi-rank process group, else `directory`."""
+    """`directory/rank-<r>` under a multi-rank process group, else `directory`: ranks
+    sharing a node or a filesystem never map the same files."""
     if directory is None or not dist.is_initialized() or dist.get_world_size() == 1:
         return directory
     return directory / f"rank-{dist.get_rank()}"
@@ -157,7 +121,7 @@ class DiskStateStore:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
-class OffloadedOptimizer(torch.optim.Optimizer):
+class OffloadedStateOptimizer(torch.optim.Optimizer):
     """AdamW or SGD over param groups, with states in a host or disk store."""
 
     def __init__(
@@ -180,13 +144,13 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         self.kinds = STATE_KINDS[kind] if kind == "adamw" or momentum > 0 else ()
         all_params = [p for g in self.param_groups for p in g["params"]]
         for p in all_params:
-            if p.dtype != torch.float32 or not _local(p).is_contiguous():
+            if p.dtype != torch.float32 or not local_shard(p).is_contiguous():
                 raise ValueError("optimizer offload needs contiguous fp32 parameters")
         self._index = {id(p): i for i, p in enumerate(all_params)}
         offsets, total = [], 0
         for p in all_params:  # page-aligned regions, so a parameter's pages are its own
             offsets.append(total)
-            total += _align(_local(p).numel() * FP32) // FP32  # this rank's shard only
+            total += _align(local_shard(p).numel() * FP32) // FP32  # this rank's shard only
         per_kind = int(buffer_mb * 2**20) // FP32 // max(1, len(self.kinds))
         self.slice_numel = max(PAGE // FP32, per_kind)  # elements per slice and buffer
         self.store: HostStateStore | DiskStateStore = (
@@ -203,7 +167,7 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         return self._pool[key][:n]  # (n,) reused across slices and steps
 
     def _slices(self, p: torch.Tensor) -> Iterator[Slice]:
-        i, n = self._index[id(p)], _local(p).numel()
+        i, n = self._index[id(p)], local_shard(p).numel()
         for start in range(0, n, self.slice_numel):
             yield Slice(i, start, min(n, start + self.slice_numel))
 
@@ -227,9 +191,9 @@ class OffloadedOptimizer(torch.optim.Optimizer):
 
     def _update_slice(self, p: torch.Tensor, s: Slice, group: dict[str, Any], step: int) -> None:
         assert p.grad is not None
-        local = _local(p)  # this rank's shard: plain tensors only from here on
+        local = local_shard(p)  # this rank's shard: plain tensors only from here on
         param = local.view(-1)[s.start : s.stop]  # (n,) view into the parameter (shard)
-        grad = _local(p.grad).view(-1)[s.start : s.stop]  # (n,)
+        grad = local_shard(p.grad).view(-1)[s.start : s.stop]  # (n,)
         in_place = local.device.type == "cpu"  # the store is host memory: update it there
         bufs = {}
         for kind in self.kinds:  # store → device buffer
@@ -255,7 +219,7 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         for i, p in enumerate(params):
             if i not in sd["state"]:
                 continue
-            local = _local(p)
+            local = local_shard(p)
             for kind in self.kinds:
                 full = torch.empty(local.numel(), dtype=torch.float32)  # (n_local,)
                 for s in self._slices(p):
@@ -274,11 +238,11 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         for i, entry in state_dict["state"].items():
             p = by_id[i]
             for kind in self.kinds:
-                saved = _local(entry[kind].detach())  # this rank's shard
-                if saved.numel() != _local(p).numel():
+                saved = local_shard(entry[kind].detach())  # this rank's shard
+                if saved.numel() != local_shard(p).numel():
                     raise ValueError(
                         f"optimizer state {kind!r} of parameter {i!r} has {saved.numel()} "
-                        f"elements here, its parameter {_local(p).numel()}: load a sharded "
+                        f"elements here, its parameter {local_shard(p).numel()}: load a sharded "
                         "state through DCP (`set_state_dict`), which reshards it"
                     )
                 flat = saved.reshape(-1).to("cpu", torch.float32)  # (n_local,)
@@ -338,7 +302,9 @@ def _sgd(
     param.add_(grad, alpha=-group["lr"])
 
 
-def optimizer_store(optim_cpu_offload: bool, optim_offload: str) -> Literal["host", "disk"] | None:
+def optimizer_state_store(
+    optim_cpu_offload: bool, optim_offload: str
+) -> Literal["host", "disk"] | None:
     """Which store the config asks for (None: a plain torch optimizer)."""
     if optim_offload == "disk":
         return "disk"

@@ -13,7 +13,11 @@ from pydantic import ValidationError
 from tidal.trainer.config import ModelConfig, OptimConfig, TrainerConfig
 from tidal.trainer.model_factory import build_model
 from tidal.trainer.optim import build_optimizer
-from tidal.trainer.optim_offload import DiskStateStore, HostStateStore, OffloadedOptimizer
+from tidal.trainer.optim_state_offload import (
+    DiskStateStore,
+    HostStateStore,
+    OffloadedStateOptimizer,
+)
 
 TINY = ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=32)
 
@@ -59,8 +63,8 @@ def test_build_optimizer_picks_the_store_from_config() -> None:
     model = build_model(TINY, seed=0, device=torch.device("cpu"))
     host = build_optimizer(model.parameters(), OptimConfig(optim_cpu_offload=True))
     disk = build_optimizer(model.parameters(), OptimConfig(optim_offload="disk"))
-    assert isinstance(host, OffloadedOptimizer) and isinstance(host.store, HostStateStore)
-    assert isinstance(disk, OffloadedOptimizer) and isinstance(disk.store, DiskStateStore)
+    assert isinstance(host, OffloadedStateOptimizer) and isinstance(host.store, HostStateStore)
+    assert isinstance(disk, OffloadedStateOptimizer) and isinstance(disk.store, DiskStateStore)
     disk.close()
 
 
@@ -80,14 +84,14 @@ def test_state_dict_round_trips_through_a_plain_adamw() -> None:
     torch.manual_seed(0)
     w = torch.nn.Parameter(torch.randn(40, 50))
     grads = [torch.randn(40, 50) for _ in range(4)]
-    offloaded = OffloadedOptimizer([w], kind="adamw", store="disk", lr=0.01, buffer_mb=1 / 128)
+    offloaded = OffloadedStateOptimizer([w], kind="adamw", store="disk", lr=0.01, buffer_mb=1 / 128)
     for grad in grads[:2]:
         w.grad = grad.clone()
         offloaded.step()
     reference = torch.nn.Parameter(w.detach().clone())
     plain = torch.optim.AdamW([reference], lr=0.01, weight_decay=0.0)
     plain.load_state_dict(offloaded.state_dict())
-    resumed = OffloadedOptimizer([w], kind="adamw", store="host", lr=0.01, buffer_mb=1 / 128)
+    resumed = OffloadedStateOptimizer([w], kind="adamw", store="host", lr=0.01, buffer_mb=1 / 128)
     resumed.load_state_dict(plain.state_dict())
     for grad in grads[2:]:
         w.grad, reference.grad = grad.clone(), grad.clone()
@@ -99,7 +103,7 @@ def test_state_dict_round_trips_through_a_plain_adamw() -> None:
 
 def test_parameters_without_gradient_are_not_updated() -> None:
     a, b = torch.nn.Parameter(torch.ones(10)), torch.nn.Parameter(torch.ones(10))
-    optimizer = OffloadedOptimizer([a, b], kind="adamw", store="host", lr=0.1)
+    optimizer = OffloadedStateOptimizer([a, b], kind="adamw", store="host", lr=0.1)
     a.grad = torch.ones(10)
     optimizer.step()
     assert torch.equal(b.detach(), torch.ones(10)) and b not in optimizer.state

@@ -1,7 +1,8 @@
 """Optimizer-state offload under FSDP2 (run by torchrun) vs one process.
 
-    python optim_offload_ranks.py --mode single --offloads none,cpu,disk --ckpt DIR --out ref.pt
-    torchrun --nproc-per-node 2 optim_offload_ranks.py --mode ranks --offloads cpu,disk \
+    python optim_state_offload_ranks.py --mode single --offloads none,cpu,disk \
+        --ckpt DIR --out ref.pt
+    torchrun --nproc-per-node 2 optim_state_offload_ranks.py --mode ranks --offloads cpu,disk \
         --ckpt DIR --out x.pt
 
 ranks: for each offload kind, the real `Trainer` on 2 gloo ranks led by rank 0
@@ -26,7 +27,7 @@ import torch.distributed as dist
 from trainer_ranks import MODEL, step_batches
 
 from tidal.trainer.config import TrainerConfig
-from tidal.trainer.optim_offload import DiskStateStore, OffloadedOptimizer
+from tidal.trainer.optim_state_offload import DiskStateStore, OffloadedStateOptimizer
 from tidal.trainer.persistence.checkpoint import CheckpointManager
 from tidal.trainer.train_step import Trainer
 
@@ -57,7 +58,7 @@ def store_report(trainer: Trainer) -> dict[str, Any]:
     """Parameter elements this process updates, the fp32 elements its store holds per
     state kind (page-aligned regions), and its files if on disk."""
     optimizer = trainer.optimizer
-    assert isinstance(optimizer, OffloadedOptimizer)
+    assert isinstance(optimizer, OffloadedStateOptimizer)
     store = optimizer.store
     params = [p for g in optimizer.param_groups for p in g["params"]]
     elements = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in params)

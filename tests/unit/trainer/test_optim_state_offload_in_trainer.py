@@ -1,4 +1,4 @@
-"""Optimizer offload inside the real trainer step: same training, and checkpoints resume."""
+"""Optimizer-state offload inside the real trainer step: same training, and checkpoints resume."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import tidal.trainer.train_step as train_step
-from tidal.trainer.memory.offload import ActivationOffloader, offloading
+from tidal.trainer.memory.activation_offload import ActivationOffloader, activation_offloading
 
 from .conftest import FULL_LOSS, assert_same, loss_and_grads, make_trainer
 
@@ -16,7 +16,11 @@ from .conftest import FULL_LOSS, assert_same, loss_and_grads, make_trainer
 @pytest.fixture
 def copy_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the trainer's offloader really copy on CPU (on a CPU device it keeps tensors)."""
-    monkeypatch.setattr(train_step, "offloading", functools.partial(offloading, copy_on_cpu=True))
+    monkeypatch.setattr(
+        train_step,
+        "activation_offloading",
+        functools.partial(activation_offloading, copy_on_cpu=True),
+    )
 
 
 @pytest.mark.parametrize("inflight", [1, 3])
