@@ -123,7 +123,8 @@ def _head_table(repeats: int) -> list[dict]:
     """Head only (forward + backward over 4096 tokens): dense vs chunk sizes, interleaved."""
     import torch
 
-    from tidal.trainer.memory.lm_head import chunked_logprobs_entropy, resolve_chunk_size
+    from tidal.trainer.memory.config import resolve_chunk_size
+    from tidal.trainer.memory.lm_head import chunked_logprobs_entropy
 
     torch.set_num_threads(2)
     g = torch.Generator().manual_seed(0)

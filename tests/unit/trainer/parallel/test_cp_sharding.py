@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tidal.trainer.parallel.cp import block_mask, segment_ids, shard_indices
+from tidal.trainer.loss_normalization import segment_ids
+from tidal.trainer.parallel.cp import block_mask, shard_indices
 
 
 @pytest.mark.parametrize("cp", [1, 2, 4])

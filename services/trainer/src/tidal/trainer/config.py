@@ -19,7 +19,7 @@ from tidal.common.config.shared import ServiceRunConfig
 from tidal.common.errors import ConfigError
 from tidal.models.args import DecoderArgs, RopeScaling
 from tidal.models.attention_kind import FLASH_ATTN_INSTALL, PackedKind
-from tidal.models.families import MOE_FAMILIES, FamilyName, family_of
+from tidal.models.families import FamilyName, family_of
 from tidal.models.hf_config import read_config
 from tidal.trainer.memory.config import (
     ActivationCheckpointConfig,
@@ -141,19 +141,8 @@ class ModelConfig(BaseConfig):
                 'model.attn = "flash_attention_2" needs the flash-attn package, which is not '
                 f'installed ({FLASH_ATTN_INSTALL}); use "sdpa"'
             )
-        head_dim = self.head_dim or self.dim // self.n_heads
-        if self.head_dim is None and self.dim % self.n_heads:
-            raise ValueError(f"dim {self.dim} is not divisible by n_heads {self.n_heads}")
-        if head_dim % 2:
-            raise ValueError(f"head dim {head_dim} must be even for RoPE")
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(
-                f"n_heads {self.n_heads} is not divisible by n_kv_heads {self.n_kv_heads}"
-            )
-        if self.family in MOE_FAMILIES and self.n_experts_per_tok > self.n_experts:
-            raise ValueError(
-                f"n_experts_per_tok {self.n_experts_per_tok} exceeds n_experts {self.n_experts}"
-            )
+        if self.path is None:
+            self.decoder_args()  # DecoderArgs' shape rules: head dim, head groups, top-k
         if self.family == "qwen2_moe" and not self.shared_expert_ffn_dim:
             raise ValueError('family "qwen2_moe" needs shared_expert_ffn_dim > 0')
         check_lever_combination(self)
@@ -245,7 +234,7 @@ class OptimConfig(BaseConfig):
     """Decoupled (AdamW) or L2 (SGD) weight decay; never applied to 1-D params (norms)."""
     fused_adamw: bool = True
     """Use torch's fused AdamW kernel where it applies (every parameter a plain tensor on
-    one CPU/CUDA device, i.e. one process; ~3x faster update on the RL shape). Sharded
+    one CPU/CUDA device, i.e. one process; one kernel over all parameters). Sharded
     parameters always use torch's default kernel. false: the default kernel everywhere,
     which is what makes one process bitwise comparable with a sharded run (the fused
     kernel rounds differently, ~1 ulp per step)."""
@@ -381,10 +370,9 @@ class TrainerConfig(BaseConfig):
     """Compute dtype: bf16 runs the forward under autocast; weights and optimizer stay fp32.
     "auto": bf16 where the device computes it natively (CUDA with bf16; a CPU whose oneDNN
     bf16 kernels run, e.g. AVX-512 bf16 / AMX) and the model has at least 2M parameters
-    (below that autocast's casts cost more than they save), else fp32.
-    On an AMX Xeon bf16 trains issue 19's 4.3M model ~1.45x and its 33.6M one ~1.9x
-    faster per step than fp32 (docs/benchmarks/trainer_profile.md); on a CPU without
-    native bf16 it would be 50-100x slower, which "auto" never picks."""
+    (below that autocast's casts cost more than they save), else fp32. On a CPU without
+    native bf16 a bf16 step is many times slower, which "auto" never picks
+    (docs/benchmarks/trainer_profile.md)."""
     publish_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """dtype of the published weight versions (checkpoints and exports keep the fp32 master
     weights). "auto": bfloat16 when the step computes in bf16 (`precision`), so inference
@@ -395,12 +383,10 @@ class TrainerConfig(BaseConfig):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to train; "auto" picks CUDA when available, else CPU."""
     num_threads: int = Field(default=1, ge=1)
-    """torch intra-op CPU threads (the local stack shares 2 cores among four services).
-    1 stays the default after issue 19's measurement: with `max_async` 1 generation (1
-    inference thread) runs while the trainer trains, and 2 trainer threads on 2 cores
-    gave no steady gain on the reversal task (small shape 0.61 vs 0.58 s/step, large 5.8
-    vs 5.3, one interleaved run each, load 4-10, docs/benchmarks/trainer_profile.md)
-    while slowing generation; on a machine with cores to spare, raise it."""
+    """torch intra-op CPU threads. 1 by default: the local stack shares 2 cores among four
+    services and generation runs while the trainer trains, where a second trainer thread
+    gave no steady gain and slowed generation (docs/benchmarks/trainer_profile.md);
+    on a machine with cores to spare, raise it."""
     background_publish: bool = True
     """When Train answers: true, as soon as the step is trained, its checkpoint (when due)
     and weight version then written during the next step's forward and backward (whose

@@ -1,27 +1,11 @@
 """Losses of one training step: the RL objective (clipped policy gradient, KL, entropy) and SFT.
 
-Decisions:
-- Pure functions over flat per-token tensors `(N,)` that are already aligned: entry i is
-  the logprob of one target token, its behaviour logprob, its advantage and its mask.
-  Aligning targets (logits at t-1 predict token t) is the caller's job (`train_step`).
-- Every term is a weighted sum Σ w_t ℓ_t with the step-level weights of
-  `loss_normalization.py` (token-mean, sequence-mean or constant), so micro-batch losses add
-  up to the step loss whatever the split. Metrics are token means over the step
-  (`metric_weights` = mask / step loss tokens), so they add up the same way.
-- Importance ratio: token-level exp(logp - logp_behaviour), or GSPO's sequence-level
-  exp(mean over the sample's loss tokens of the log-ratio), broadcast to its tokens (with
-  sequence normalization this is exactly GSPO's per-sequence objective). Either ratio
-  goes through PPO's pessimistic surrogate min(r·A, clip(r, 1-ε_low, 1+ε_high)·A) with
-  separate low/high epsilons (clip-higher).
-- Trust-region masking (an off-policy guard) drops a token's surrogate term when its
-  *token* ratio π/μ leaves [ratio_low, ratio_high] or |π - μ| exceeds max_prob_diff. The
-  mask is computed without gradient and never changes the normalizer (see
-  loss_normalization.py), so it only removes terms.
-- KL to a frozen reference model uses the k1/k2/k3 estimators of KL(π ‖ π_ref) on the
-  sampled tokens (k3 = e^{ref-logp} - (ref-logp) - 1: unbiased, non-negative); the
-  entropy bonus subtracts coef · H of each position's full next-token distribution.
-- Mismatch KL is the k3 estimator of KL(behaviour ‖ trainer) on the sampled tokens: it
-  measures how far the trainer's logprobs are from inference's, cheaply.
+Pure functions over flat, already aligned per-token tensors `(N,)`; aligning targets is
+the caller's (`train_step`). Every term is a weighted sum Σ w_t ℓ_t with the step-level
+weights of `loss_normalization.py`, so micro-batch losses add up to the step loss
+whatever the split; metrics are token means over the step and add up the same way. The
+ratio is per token or GSPO's per sequence, through PPO's surrogate with separate low and
+high clips; trust-region masking only removes terms, never changes the normalizer.
 """
 
 from __future__ import annotations
@@ -70,12 +54,17 @@ def kl_estimate(
     raise ValueError(f"unknown KL estimator {estimator!r}; supported: k1, k2, k3")
 
 
+def token_log_ratio(inputs: TokenInputs) -> torch.Tensor:
+    """(N,) log π/μ of each loss token, 0 elsewhere: masked positions carry behaviour
+    logprob 0 by contract, and a very negative trainer logprob there must not overflow
+    exp() into inf * 0 = nan."""
+    return torch.where(inputs.loss_mask > 0, inputs.logprobs - inputs.behaviour_logprobs, 0.0)
+
+
 def importance_log_ratio(inputs: TokenInputs, level: Literal["token", "sequence"]) -> torch.Tensor:
     """(N,) log of the importance ratio at each token (token- or sequence-level)."""
     mask = inputs.loss_mask
-    # Masked positions carry behaviour logprob 0 by contract; zero their log-ratio so a
-    # very negative trainer logprob there cannot overflow exp() into inf * 0 = nan.
-    token = torch.where(mask > 0, inputs.logprobs - inputs.behaviour_logprobs, 0.0)  # (N,)
+    token = token_log_ratio(inputs)  # (N,)
     if level == "token":
         return token
     per_sample = segment_sum(token, inputs.segments, inputs.num_segments)  # (S,)
@@ -88,8 +77,7 @@ def trust_region_keep(inputs: TokenInputs, config: LossConfig) -> torch.Tensor:
     region = config.trust_region
     with torch.no_grad():
         keep = inputs.loss_mask > 0  # (N,) bool
-        log_ratio = torch.where(keep, inputs.logprobs - inputs.behaviour_logprobs, 0.0)
-        ratio = torch.exp(log_ratio)  # (N,)
+        ratio = torch.exp(token_log_ratio(inputs))  # (N,)
         if region.ratio_low is not None:
             keep &= ratio >= region.ratio_low
         if region.ratio_high is not None:
@@ -128,17 +116,14 @@ def rl_loss(
     with torch.no_grad():
         # The clipped branch is active (and passes no gradient) where it is strictly lower.
         active = (clipped < unclipped) & (keep > 0)  # (N,)
-        token_log_ratio = torch.where(
-            inputs.loss_mask > 0, inputs.logprobs - inputs.behaviour_logprobs, 0.0
-        )
+        token = token_log_ratio(inputs)  # (N,)
         metrics = {
             "clip_frac": weighted_sum(active.float(), metric_weights),
             "clip_low_frac": weighted_sum((active & (ratio < 1.0)).float(), metric_weights),
             "clip_high_frac": weighted_sum((active & (ratio > 1.0)).float(), metric_weights),
             "mask_frac": weighted_sum(1.0 - keep, metric_weights),
-            "mismatch_kl": weighted_sum(
-                token_log_ratio.exp() - 1.0 - token_log_ratio, metric_weights
-            ),
+            # k3 estimate of KL(behaviour ‖ trainer): how far the trainer is from inference.
+            "mismatch_kl": weighted_sum(token.exp() - 1.0 - token, metric_weights),
             "ratio": weighted_sum(ratio, metric_weights),
         }
         if inputs.ref_logprobs is not None:

@@ -1,23 +1,11 @@
-"""How a step's per-token losses are summed: per-token weights from global counts.
+"""How a step's per-token losses are summed: per-token weights from the step's global counts.
 
-Decisions:
-- Every loss is written as a weighted sum Σ_t w_t · ℓ_t over the loss tokens of a
-  micro-batch, with weights that depend only on the *step's* data (never on which
-  micro-batch or rank holds a token). Summing the micro-batch losses (gradient
-  accumulation) then gives the step loss exactly, however the samples were split.
-- The three normalizations:
-  * "token": w = 1 / (loss tokens in the step), the token mean over the global batch;
-  * "sequence": w = 1 / (n_i · S), the mean over sequences of each sequence's token mean
-    (n_i loss tokens in sequence i, S sequences with at least one loss token);
-  * "constant": w = 1 / C (Dr.GRPO: a fixed constant such as the generation budget, so
-    neither sequence length nor batch composition rescales the gradient).
-- The step counts are computed once per step from all micro-batches *before* any
-  forward pass; with several data-parallel ranks each rank sums its own micro-batches
-  and `reduce` (e.g. an all-reduce SUM over the group) makes them global. This module
-  needs no process group itself: the trainer passes its rank context's `reduce`
-  (ranks.py; the identity for one process).
-- The denominators come from the data (loss_mask), not from trust-region masking, which
-  depends on the current weights: masking a token removes its term, not its share.
+Every loss is Σ_t w_t · ℓ_t with weights that depend only on the step's data, never on
+which micro-batch or rank holds a token, so summing micro-batch losses (gradient
+accumulation) gives the step loss exactly however the samples were split. The counts
+are taken once per step before any forward; across ranks the caller's `reduce` sums
+them (this module needs no process group). They come from `loss_mask`, not from
+trust-region masking, which depends on the current weights.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Build the policy model from `[trainer.model]`: a local HF folder, or fresh from the config.
 
-Decisions:
-- Weights are built from the config under a fixed seed (`run.seed`), in fp32: the trainer
-  keeps fp32 master weights; lower-precision compute is a memory lever applied later.
-- The seed is applied inside `torch.random.fork_rng`, so building a model neither depends
-  on nor disturbs the process-wide RNG state.
-- The model itself, HF loading/export and the state-dict adapters live in `tidal.models`
-  (inference uses them too); this module only maps the trainer's config onto them.
+Fresh weights are drawn under a fixed seed inside `fork_rng` (neither depending on nor
+disturbing the global RNG), in fp32: the trainer keeps fp32 master weights and lower
+precision is applied later. The model, HF loading and adapters are `tidal.models`'
+(inference uses them too); this module only maps the trainer's config onto them.
 """
 
 from __future__ import annotations

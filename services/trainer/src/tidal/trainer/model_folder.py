@@ -1,26 +1,11 @@
 """A run that starts from a Hugging Face folder: its architecture as `[trainer.model]`
 values, and the check that the run's tokenizer fits the model's embedding.
 
-Decisions:
-- The folder's `config.json` is the architecture. `ModelConfig` takes it at validation
-  and *fills its fields in* (family, dim, layers, heads, vocab, ...), instead of refusing
-  every architecture key: the launcher writes the resolved config with every field set,
-  so refusing set keys made its own `config.toml` (and `--trainer.model.path` over any
-  file) unusable, and leaving the defaults in place made `--dry-run`, the written config
-  and the logs describe a 2-layer Llama that was never built.
-- A key set explicitly to the folder's value is accepted (that is how the written config
-  re-runs); one set to another value is an error naming the key, both values and the
-  fix. Keys the folder's family has no use for (MoE fields of a dense model) must keep
-  their default, so a typed `n_experts = 16` on a dense folder is not silently dropped.
-- Torch-free (json + the families' HF mapping in `tidal.models`), so configs, `--dry-run`
-  and `tidal plan` read real models instantly. Architectures we do not implement (run by
-  transformers with `impl = "auto" | "hf"`) are not mapped: their fields keep the config's
-  values, and logs name the model transformers built.
-- The vocabulary check compares the *run's* tokenizer (`run.tokenizer` with the model
-  folder: 259 ids for "byte", the folder tokenizer's count otherwise) with the model's
-  `vocab_size`. It needs both `run` and `trainer`, so the run-level configs call it; a
-  model smaller than its tokenizer used to die inside the first forward pass with an
-  IndexError.
+The folder's `config.json` is the architecture: `ModelConfig` fills its fields in from it
+(so `--dry-run`, the written config and the logs name the real model), accepts a key set
+to the folder's value and refuses one set to another, naming both. Architectures only
+transformers runs are not mapped. Torch-free, so configs and `tidal plan` read real
+models instantly.
 """
 
 from __future__ import annotations

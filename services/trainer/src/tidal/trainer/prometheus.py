@@ -1,7 +1,7 @@
 """The trainer's Prometheus metrics (docs/operations.md#metrics), on its `ServiceMetrics`.
 
-Updated once per step by the runner (runner.py), from values it measures anyway: nothing
-runs per micro-batch or per token.
+Updated once per step from values the step measures anyway: nothing runs per
+micro-batch or per token.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """What the `Trainer` asks of the ranks it trains with: one interface, one or many ranks.
 
-Decisions:
-- The `Trainer` always has a `RankContext`, so train_step.py has one code path (as
-  torchtitan's trainer always has its `ParallelDims`, world size 1 included). The
-  context owns every place where ranks differ: wrapping the model (`parallelize`), the
-  sum of the step's token counts (`reduce`) and metric sums (`sum_over_ranks`), the loss
-  factor that turns a gradient average into the sum (`loss_scale`), the gradient work
-  after the last backward (`finish_gradients`) and clipping (`clip_grad_norm`).
-- `SingleProcess` is world size 1 and needs no process group: identity reduces, loss
-  scale 1, the model unwrapped, torch's `clip_grad_norm_`. The torchrun implementation is
-  `parallel/runtime.py`'s `TorchrunRanks` (FSDP, expert and context parallelism).
-- A micro-batch without loss tokens adds nothing to the gradient. One process skips it;
-  sharded ranks must run it anyway, because every forward and backward is a collective
-  that all ranks of the mesh join. That is the context's `runs_empty_micro_batches`.
-- `SingleProcess(reduce=...)` takes a hand-written count reduce, so a test can split a
-  step over plain gloo ranks (no FSDP) and check the loss does not depend on the split.
-- Context parallelism changes how logprobs are computed (each rank scores its zigzag
-  share of the row), so that path is the context's `cp_logprobs`, taken when `cp > 1`.
+The `Trainer` always has a `RankContext`, so train_step.py has one code path. The context
+owns every place where ranks differ: wrapping the model, summing the step's counts and
+metrics, the loss factor that turns a gradient average into the sum, the gradient work
+after the last backward, clipping, and context-parallel logprobs. `SingleProcess` is
+world size 1 (no process group); `parallel/runtime.py`'s `TorchrunRanks` is many ranks.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """The MoE router's load-balancing loss as its own term of a micro-batch's loss.
 
-Decisions:
-- The term and its metrics are returned as a `RouterTerms` value beside the loss, never
-  inside the metrics dict: the metrics are detached numbers to report, the term carries
-  gradient into the router and is added to the loss once.
-- A model routes tokens if it has the `RoutedModel` methods (the native `DecoderLM`; a
-  dense model's `router_stats()` is empty); Hugging Face wrapped models have none and
-  add no term. Typed through the Protocol, so no attribute is reached blindly.
-- The term is `router_aux_loss_coef × aux_loss` weighted by the micro-batch's `share` of
-  the step's loss tokens, so the step adds a token-weighted mean. Under context
-  parallelism each CP rank routes its part of the row, so the caller divides the share
-  by cp (their sum would count the row cp times).
+The term comes back as `RouterTerms` beside the loss, never inside the metrics dict:
+metrics are detached numbers, the term carries gradient into the router. A model routes
+tokens if it has the `RoutedModel` methods (our `DecoderLM`; transformers' wrapper adds
+no term). The term is `router_aux_loss_coef × aux_loss` weighted by the micro-batch's
+share of the step's loss tokens, so a step adds a token-weighted mean.
 """
 
 from __future__ import annotations

@@ -1,47 +1,11 @@
 """The `Trainer`: one optimizer step over a step's packed micro-batches.
 
-Decisions:
-- fp32 master weights always; `precision = "bf16"` runs forward (and so backward) under
-  `torch.autocast` on CPU or CUDA, and logits are cast back to fp32 before log-softmax,
-  so losses and optimizer state stay fp32. Parallelism wraps this later without
-  changing the step's shape.
-- Gradient accumulation over micro-batches, each loss already weighted by step-level
-  counts (`loss_normalization.py`, summed over all micro-batches first), so packing never
-  changes the result. The rank context's `reduce` makes those counts global.
-- One code path for one or many ranks: the `Trainer` always has a `RankContext`
-  (ranks.py). `SingleProcess` (the default) changes nothing; under torchrun
-  `TorchrunRanks` (parallel/runtime.py) wraps the model (FSDP), all-reduces the counts
-  and metric sums, and scales each loss so FSDP's gradient average is the global sum;
-  its ranks run every micro-batch they were given, zero-loss ones too, so the
-  collectives of all ranks stay in step (`runs_empty_micro_batches`).
-- The MoE load-balancing term comes back beside the loss (`router_loss.py`), not
-  inside the metrics dict.
-- Packed forward: one `[1, T]` row per micro-batch with `sample_lengths` (block-diagonal
-  causal mask, positions restarting per sample). Logits at t-1 score input_ids[t]; the
-  pair across a sample boundary is scored too but always masked (loss_mask is 0 at every
-  sample's first token), which is cheaper than cutting the row apart.
-- The KL reference is a second, frozen copy of the initial weights (same config and
-  seed), built only when `loss.kl.coef > 0`.
-- A non-finite gradient norm skips the optimizer step (metric `skipped` = 1) instead of
-  writing NaNs into the weights; the step still counts as trained, so the run goes on.
-- This class is synchronous and knows nothing about gRPC or publishing; the service runs
-  it in a worker thread.
-- Memory levers (docs/memory.md): LoRA → activation checkpointing → compile are applied
-  to the model once (`memory/apply.py`); truncation cuts the micro-batches before the
-  step's counts; offloading wraps each forward; the chunked LM head replaces the
-  `[T, V]` logits path. The optimizer only gets parameters that require grad (LoRA).
-- The optimizer and its LR schedule are built on first use (`build_optimizer_now`), not
-  in `__init__`: torch.optim's first optimizer imports torch._dynamo (~0.9 s of CPU,
-  sympy included), and the trainer needs only the model to publish version 0 and serve.
-  The service builds them on a background thread once it serves (service.py), while it
-  waits for its first batch; a step that comes first builds them itself (a lock makes
-  it one build). Building later changes nothing: AdamW's state starts at its first
-  step, and nothing reads the schedule's learning rate before.
-- Shutdown (one process): `request_stop` (the SIGTERM handler) makes the running step
-  raise `StepAbandoned` (UNAVAILABLE) at its next micro-batch boundary, before any
-  optimizer step: nothing is committed or published, and the step's retry trains it on
-  the restarted trainer. Checking between micro-batches bounds the delay by one
-  micro-batch's forward/backward.
+Reads top to bottom: truncate, count the step's loss tokens, forward and backward every
+micro-batch (each loss already weighted by step-level counts, so packing never changes
+the result), clip, step. fp32 master weights always; bf16 runs the forward under
+autocast. Ranks differ only through the `RankContext` (ranks.py). A non-finite gradient
+norm skips the update instead of writing NaNs. Synchronous and gRPC-free: the service
+runs it on a worker thread. The optimizer is built on first use (its first import is slow).
 """
 
 from __future__ import annotations
@@ -67,8 +31,8 @@ from tidal.trainer.loss import TokenInputs, rl_loss, sft_loss, token_entropy
 from tidal.trainer.loss_normalization import StepCounts, segment_ids, step_counts, token_weights
 from tidal.trainer.memory.activation_offload import activation_offloading
 from tidal.trainer.memory.apply import apply_model_levers
-from tidal.trainer.memory.config import check_levers_at_start
-from tidal.trainer.memory.lm_head import chunked_logprobs_entropy, resolve_chunk_size
+from tidal.trainer.memory.config import check_levers_at_start, resolve_chunk_size
+from tidal.trainer.memory.lm_head import chunked_logprobs_entropy
 from tidal.trainer.memory.lora import adapter_config
 from tidal.trainer.memory.truncation import truncate_micro_batch, truncation_enabled
 from tidal.trainer.model_factory import build_model
@@ -122,7 +86,7 @@ class Trainer:
         self._trainable = [p for p in self.model.parameters() if p.requires_grad]  # LoRA
         self._optim_lock = threading.Lock()
         self._optim: tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler] | None
-        self._optim = None  # built on first use (`build_optimizer_now`; module docstring)
+        self._optim = None  # built on first use (`build_optimizer_now`)
         self.trained_step = 0  # last step whose optimizer step ran (0 = initial weights)
         self._stop_requested = threading.Event()  # set by request_stop (SIGTERM)
         self.update_gate: Callable[[], None] | None = None
@@ -141,7 +105,12 @@ class Trainer:
     def build_optimizer_now(
         self,
     ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
-        """The optimizer and its LR schedule, built by the first caller (any thread)."""
+        """The optimizer and its LR schedule, built by the first caller (any thread).
+
+        Not in `__init__`: torch.optim's first optimizer imports torch._dynamo, and the
+        trainer needs only the model to publish version 0 and serve, so the service
+        builds them on a background thread meanwhile. Building later changes nothing:
+        AdamW's state starts at its first step, and nothing reads the lr before."""
         with self._optim_lock:
             if self._optim is None:
                 optimizer = build_optimizer(self._trainable, self.config.optim)
@@ -290,7 +259,10 @@ class Trainer:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(T-1,) fp32 logprob of each next token and (T-1,) entropy of each position.
 
-        The entropy carries gradient only with `entropy_grad`. With the chunked LM head
+        Logits at t-1 score input_ids[t]; the pair across a sample boundary is scored too
+        but always masked (a sample's first token is never a loss token), which is
+        cheaper than cutting the row apart. The entropy carries gradient only with
+        `entropy_grad`. With the chunked LM head
         lever the `(T-1, V)` logits are never materialized (`memory/lm_head.py`).
         """
         ids, positions = batch.input_ids[None], batch.position_ids[None]
@@ -385,9 +357,8 @@ class Trainer:
 
 AUTO_BF16_MIN_PARAMS = 2_000_000
 """`precision = "auto"` keeps fp32 below this many parameters even where bf16 is native:
-autocast's per-step weight casts cost more than its matmuls save on tiny models (CPU,
-AMX Xeon: the 0.4M default model's RL step 0.097 s in bf16 against 0.078 s in fp32; the
-4.3M reversal model's trainer step 1.45x faster in bf16, the 33.6M one 1.9x)."""
+autocast's per-step weight casts cost more than its matmuls save on tiny models
+(docs/benchmarks/trainer_profile.md)."""
 
 
 def _resolve_precision(precision: str, device: torch.device, params: int) -> bool:

@@ -1,9 +1,9 @@
 """Apply the model-side memory levers of `[trainer.model]` in their fixed order.
 
-Order: LoRA (swaps linear layers, so it must precede anything that wraps or traces
-them) → activation checkpointing → torch.compile. Sharding (`parallel/fsdp.py`) comes
-after all of them and is the caller's. Activation offloading and the chunked LM head act
-in the training step, not on the module tree (`memory/offload.py`, `memory/lm_head.py`).
+LoRA (swaps linear layers, so it precedes anything that wraps or traces them), then
+activation checkpointing, then torch.compile; sharding (`parallel/fsdp.py`) comes after
+all of them and is the caller's. Activation offloading and the chunked LM head act in
+the training step, not on the module tree.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """Configuration of the memory levers under `[trainer.model]` (pydantic only, no torch).
 
-Decisions:
-- Every lever is off by default: a section left unset (`ac`, `ac_offloading`, `lora`,
-  `compile`) means the lever is not applied, and `fused_lm_head_token_chunk_size`
-  defaults to "disabled". Setting a section turns the lever on with its defaults.
-- What can be checked without a model is checked here (chunk size > 0, known selective
-  targets, frequency ≥ 1); what needs the model (LoRA targets that match no module) is
-  checked when the lever is applied and raises `ConfigError` naming the field.
-- The appliers live in `tidal.trainer.memory.*`; the memory planner reads these same
-  classes, so these field names are the contract with it.
-- What depends on how the trainer was started is checked when it starts
-  (`check_levers_at_start`, called by the `Trainer`): whether FSDP wraps the model is
-  known only then, because the launcher may set `trainer.world_size` after the config
-  was validated (`deployment.num_train_gpus`). The planner's test calls the same check.
+Every lever is off by default; setting its section turns it on with its defaults. What
+can be checked without a model is checked here, what needs the model when the lever is
+applied, and what depends on how the trainer started (FSDP or not: the launcher may set
+`trainer.world_size` after validation) by `check_levers_at_start`. The memory planner
+reads these same classes, so their field names are its contract.
 """
 
 from __future__ import annotations
@@ -108,6 +100,21 @@ class TruncationConfig(BaseConfig):
 
 
 ChunkSize = Literal["auto", "disabled"] | int
+AUTO_CHUNK_BYTES = 64 * 2**20
+"""`fused_lm_head_token_chunk_size = "auto"`: one chunk's fp32 logits take about this much."""
+
+
+def resolve_chunk_size(setting: ChunkSize, vocab_size: int) -> int | None:
+    """Tokens per chunk for a `fused_lm_head_token_chunk_size` setting; None = disabled."""
+    if setting == "disabled":
+        return None
+    if setting == "auto":
+        return max(1, AUTO_CHUNK_BYTES // (4 * vocab_size))
+    if isinstance(setting, int) and setting > 0:
+        return setting
+    raise ValueError(
+        f"fused_lm_head_token_chunk_size must be > 0, 'auto' or 'disabled'; got {setting!r}"
+    )
 
 
 def check_lever_combination(model: Any) -> None:

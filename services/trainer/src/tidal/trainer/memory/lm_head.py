@@ -1,27 +1,10 @@
 """Chunked LM head: next-token logprobs and entropy without `[tokens, vocab]` logits.
 
-Decisions:
-- One custom `torch.autograd.Function` takes the final hidden states `(N, D)`, the head
-  weight `(V, D)` and the targets `(N,)`, and returns logprobs `(N,)` and entropies
-  `(N,)`. Forward computes logits for `chunk` tokens at a time (`(chunk, V)` in fp32),
-  keeps only each row's log-sum-exp and entropy, and discards the logits. Backward
-  recomputes each chunk's logits, so the saved state is O(N) besides the inputs.
-- Gradient of the logits of row i (z, p = softmax z, t the target, H the entropy):
-  d logp_t / dz = onehot(t) - p;  dH / dz = -p · (log p + H).
-  Both are combined with the incoming gradients and pushed through the matmul chunk by
-  chunk: grad_h[chunk] = g_z @ W, grad_W += g_zᵀ @ h[chunk].
-- Cost: the matmuls (forward, recompute, two gradients: one more than the dense head)
-  are most of the head's time, so the rest is kept lean. Forward: one `exp` of the
-  max-shifted logits gives the log-sum-exp, the target's logprob and the entropy
-  (H = log Σe − Σ e·(z − max) / Σe). Backward: two `(chunk, V)` buffers updated in
-  place, and the weight gradient accumulates with `addmm_` (no `(V, D)` product per
-  chunk). The first version (a `logsumexp` plus a second `exp`, a fresh tensor per
-  elementwise op) made the head ~20% slower (docs/benchmarks/memory.md).
-- The matmul runs in the hidden states' dtype (bf16 under autocast, like the unchunked
-  head), the softmax arithmetic in fp32, as `train_step` does for full logits.
-- "auto" sizes chunks so one chunk's fp32 logits take about `AUTO_CHUNK_BYTES`.
-- Alternatives: Liger's fused linear cross-entropy fuses the same way but in Triton
-  (GPU only) and returns a loss, not per-token logprobs and entropies the RL losses need.
+One autograd Function over hidden states `(N, D)`, the head weight `(V, D)` and targets:
+forward computes `(chunk, V)` fp32 logits at a time and keeps only each row's
+log-sum-exp and entropy; backward recomputes each chunk's logits, so the saved state is
+O(N) besides the inputs. Per row, d logp_t/dz = onehot(t) − p and dH/dz = −p·(log p + H).
+The matmul runs in the hidden states' dtype, the softmax arithmetic in fp32.
 """
 
 from __future__ import annotations
@@ -29,21 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-
-AUTO_CHUNK_BYTES = 64 * 2**20
-
-
-def resolve_chunk_size(setting: int | str, vocab_size: int) -> int | None:
-    """Tokens per chunk for a `fused_lm_head_token_chunk_size` setting; None = disabled."""
-    if setting == "disabled":
-        return None
-    if setting == "auto":
-        return max(1, AUTO_CHUNK_BYTES // (4 * vocab_size))
-    if isinstance(setting, int) and setting > 0:
-        return setting
-    raise ValueError(
-        f"fused_lm_head_token_chunk_size must be > 0, 'auto' or 'disabled'; got {setting!r}"
-    )
 
 
 def _accumulate_dtype(hidden: torch.Tensor) -> torch.dtype:

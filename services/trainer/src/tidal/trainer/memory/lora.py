@@ -1,12 +1,8 @@
 """The LoRA lever: adapters on the targeted linears, the rest frozen (`[trainer.model.lora]`).
 
-Decisions:
-- The layer (`LoRALinear`) and merging live in the model library (`tidal.models.lora`),
-  shared with inference; choosing targets and freezing is training policy, here.
-- Targets are matched on the last component of the module name; a target matching no
-  `nn.Linear` is a `ConfigError` naming `trainer.model.lora.target_modules`.
-- Only adapters train: every other parameter gets `requires_grad = False`, and the
-  trainer gives the optimizer only parameters that require grad.
+The layer and merging live in the model library (`tidal.models.lora`), shared with
+inference; choosing targets and freezing is training policy, here. Targets match the
+last component of a module name; one matching no `nn.Linear` is a `ConfigError`.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """Truncation of trained samples: caps on prompt, completion and total length per sample.
 
-Decisions:
-- Applied by the trainer to each packed micro-batch before the step's token counts are
-  taken, so normalization sees exactly the tokens that are trained.
-- A sample's prompt is its tokens before the first loss token (all of it when it has
-  none). The prompt keeps its *last* `max_prompt_tokens` (the context nearest the
-  completion), the completion its *first* `max_completion_tokens`; then, over
-  `max_total_tokens`, the completion's tail goes first and the prompt's head after it.
-- A truncated sample is a new sequence: positions restart at 0 and its first kept token
-  is never a loss token (nothing inside the sample predicts it), as the micro-batch
-  contract requires. Samples left with no token are dropped.
-- Behaviour logprobs were computed with the full context; truncating a prompt makes
-  them stale for the kept tokens, which the importance ratio then accounts for. It is a
-  memory lever to use knowingly, off by default.
+Applied to each packed micro-batch before the step's token counts, so normalization sees
+exactly the trained tokens. A prompt keeps its last tokens, a completion its first; over
+the total cap the completion's tail goes first. A truncated sample is a new sequence:
+positions restart and its first kept token is never a loss token.
 """
 
 from __future__ import annotations

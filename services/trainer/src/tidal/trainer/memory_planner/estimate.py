@@ -1,35 +1,11 @@
 """Peak memory per rank of one training step, itemised, from the config alone.
 
-Decisions:
-- Model states follow the ZeRO paper's accounting (Rajbhandari et al. 2020, §3 and
-  Figure 1): Ψ parameters cost `param_bytes·Ψ + grad_bytes·Ψ + optim_bytes·Ψ`, and stage
-  1 / 2 / 3 (P_os, P_os+g, P_os+g+p) divide the optimizer states / + gradients / +
-  parameters by the data-parallel degree Nd. `zero_model_states` is that formula alone,
-  so a test can hold it to the paper's published example. Tidal's own trainer keeps fp32
-  master weights and fp32 gradients (4 + 4 bytes), AdamW 8 bytes (SGD with momentum 4),
-  and FSDP (world size > 1) shards all three, i.e. stage 3.
-- Activations are counted tensor by tensor from what our blocks save for backward
-  (`models/layers.py`: the block input, for each RMSNorm its normalized input x·rstd
-  and its output, rotated q and k, v, the attention output and its reshaped copy, the
-  MLP's gate, silu(gate), up and their product), in elements per token. Checkpointing
-  keeps only the block input of a checkpointed block and adds one block's worth back
-  while it is recomputed; selective checkpointing removes only the tensors its targets
-  recompute; activation offloading leaves `max_inflight_activations` saved tensors on a
-  CUDA device (on CPU the host *is* the device, so nothing is saved).
-- Logits: the unchunked head keeps four `[tokens, vocab]` fp32 tensors alive at its
-  peak (the logits themselves, their log-softmax, and in the forward exp() of it and
-  the product for the entropy; in backward the saved log-softmax and two gradients;
-  measured against the trainer's step, which the planner tests pin); the chunked
-  head (issue 7a) keeps five `[chunk, vocab]` tensors in its backward (the recomputed
-  logits, log p, p, the logits' gradient and one product temporary).
-- Peak = model states + the larger of the backward phase (all saved activations, the
-  head's weight gradient, and the larger of the logits peak and one block's backward:
-  its recomputed activations plus activation gradients; the head's backward is over
-  before the first block recomputes) and the update phase (all gradients and the
-  optimizer's temporaries), then a fragmentation margin on top (the CUDA caching
-  allocator wastes some; glibc with a low mmap threshold hardly any).
-- LoRA: frozen projections that no adapter reads need not keep their inputs, so those
-  (the norms' outputs, the MLP product) leave the saved activations.
+Model states follow the ZeRO paper's accounting (`zero_model_states`, held to its
+published example); the trainer keeps fp32 weights and gradients and FSDP shards all
+three (stage 3). Activations are counted tensor by tensor from what our blocks save for
+backward, minus what checkpointing, offloading or LoRA leave unsaved. The peak is model
+states plus the larger of the backward phase and the update phase, plus a fragmentation
+margin. docs/memory-planner.md walks through every term.
 """
 
 from __future__ import annotations

@@ -1,26 +1,9 @@
 """`--fit`: the cheapest combination of memory levers whose predicted peak fits a budget.
 
-Decisions:
-- Exhaustive search over the memory levers (checkpointing none/selective/full,
-  chunked LM head, activation offloading, optimizer offload host/disk, FSDP CPU offload):
-  at most 72 combinations, each priced by `plan_memory`, so no heuristic ordering is
-  needed. Skipped: what saves nothing on this device (host offloads on CPU), and every
-  combination the trainer would refuse or cannot give (`candidates`, each rule naming
-  the check it mirrors): FSDP CPU offload with optimizer offload (config validation) or
-  at world size 1 (the trainer applies FSDP only with more than one rank and refuses the
-  lever at start), the chunked head with `model.impl = "hf"` (config validation), and
-  turning off a table lever the config sets (the TOML answer is an overlay of the run
-  config, and an overlay cannot remove a table). `tests/unit/trainer/memory_planner/
-  test_fit_candidates_validate.py` holds every candidate to the trainer's own checks.
-- Cost is the product of each lever's step-time factor (`STEP_TIME_FACTOR`). These are
-  estimates from how much work each lever adds (full checkpointing: one more forward,
-  about a third of a step; selective: the recomputed norms and MLP; the chunked head: a
-  recomputed head matmul; disk offload: streaming 8 bytes per parameter through the page
-  cache). `bench/memory.py` measures them; on the shared 2-core CPU of its first run the
-  step times were too noisy to replace the estimates (docs/benchmarks/memory.md).
-  Ties go to the lower peak.
-- LoRA and compile are not searched: LoRA changes what is trained, and compile is a
-  speed lever; both are kept as the config sets them.
+An exhaustive search (at most 72 combinations, each priced by `plan_memory`) over what
+can help on the device and what the trainer accepts (`candidates`, each rule naming the
+check it mirrors). Cost is the product of each lever's estimated step-time factor; ties
+go to the lower peak. LoRA, compile and the optimizer stay as the config sets them.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """The memory levers as the planner sees them, read from a `TrainerConfig`.
 
-Decisions:
-- The planner predicts from the config, not from the lever code: it reads the field names
-  of `[trainer.model]` (`ac`, `ac_offloading`, `fused_lm_head_token_chunk_size`, `lora`,
-  `compile`, `fsdp_cpu_offload`) and `[trainer.optim]` (`optim_cpu_offload`,
-  `optim_offload`) with `getattr`, so it works on a config whether or not a lever's code
-  is installed, and `--fit` can suggest a lever the config does not set yet.
-- One frozen dataclass with plain values. `to_toml(base)` writes an overlay for the run
-  config: composed over it (`@ run.toml @ fit.toml`, or its keys pasted over the file's)
-  it gives exactly these levers, so `--fit`'s answer round-trips through the config. So
-  every table it writes is complete (`[trainer.model.ac]` names mode, freq and targets:
-  a partial table would merge with the config's, e.g. a "full" table's `freq = 2` under a
-  new `mode = "selective"`, which the config refuses), and a scalar lever `base` (the
-  config's) has on and these turn off is written off explicitly. A table lever cannot be
-  turned off by an overlay (TOML has no "unset"), so `to_toml` refuses that, and the
-  search (`fit.candidates`) never proposes it.
-- `impl` is read too: the chunked head needs our model implementation, which the config
-  refuses with `model.impl = "hf"`.
+The planner predicts from the config's field names, not the lever code, so `--fit` can
+suggest a lever the config does not set yet. `to_toml(base)` writes an overlay that,
+composed over the run config, gives exactly these levers: its tables are complete (a
+partial one would merge with the config's), scalar levers `base` has on are written off
+explicitly, and a table lever cannot be turned off (TOML has no "unset"): refused.
 """
 
 from __future__ import annotations
@@ -25,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tidal.trainer.config import TrainerConfig
+from tidal.trainer.memory.config import resolve_chunk_size
 
-AUTO_CHUNK_BYTES = 64 * 2**20  # "auto" chunks hold about this much fp32 logits (issue 7a)
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
@@ -160,9 +148,9 @@ def _toml_bool(value: bool) -> str:
 
 
 def chunk_tokens(levers: Levers, vocab_size: int, tokens: int) -> int | None:
-    """Tokens per LM-head chunk (None: unchunked), "auto" resolved as issue 7a does."""
+    """Tokens per LM-head chunk (None: unchunked), resolved as the trainer does."""
     if levers.lm_head_chunk is None:
         return None
-    if levers.lm_head_chunk == "auto":
-        return min(tokens, max(1, AUTO_CHUNK_BYTES // (4 * vocab_size)))
-    return min(tokens, levers.lm_head_chunk)
+    chunk = resolve_chunk_size(levers.lm_head_chunk, vocab_size)
+    assert chunk is not None
+    return min(tokens, chunk)

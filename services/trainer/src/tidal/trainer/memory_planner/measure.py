@@ -1,16 +1,10 @@
 """Measure the peak memory and speed of real training steps, to hold the planner to.
 
-Decisions:
-- Each measurement runs in a fresh subprocess (`python -m tidal.trainer.memory_planner.measure`), so
-  one configuration's allocations, caches and loaded kernels do not colour the next.
-- Host peak is the kernel's own high-water mark: after a warm-up step of a tiny model of
-  the same family (which loads the kernels' code pages), `/proc/self/clear_refs` is reset
-  with "5" and the peak is `VmHWM` minus the resident size at that moment. glibc's mmap
-  threshold is pinned low (`MALLOC_MMAP_THRESHOLD_`) so freed tensors go back to the
-  kernel at once and RSS follows live tensors, not allocator caching.
-- On CUDA the same script reports `torch.cuda.max_memory_allocated` as well.
-- The batch is synthetic but real: packed samples of `max_seq_len` tokens with random ids,
-  advantages and behaviour logprobs, through `Trainer.train_step` (the production step).
+Each measurement runs in a fresh subprocess, so one configuration's allocations and
+caches do not colour the next. The host peak is the kernel's high-water mark (`VmHWM`,
+reset after a warm-up step) with glibc's mmap threshold pinned low, so RSS follows live
+tensors; on CUDA `max_memory_allocated` too. The batch is synthetic but goes through
+`Trainer.train_step`, the production step.
 """
 
 from __future__ import annotations

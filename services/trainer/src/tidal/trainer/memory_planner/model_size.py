@@ -1,11 +1,8 @@
 """Parameter counts of a decoder from its `DecoderArgs`, without building it.
 
-Decisions:
-- Counted from the same shape description the model is built from, term by term as the
-  blocks in `models/layers.py` and `models/moe.py` create them, so the planner can size a
-  70B model on a laptop; a unit test checks the count against `sum(p.numel())` of built
-  models of every family.
-- Tied embeddings count once (the output head shares the embedding matrix).
+Counted term by term as `models/layers.py` and `models/moe.py` create the parameters, so
+the planner can size a 70B model on a laptop; a test holds the count to built models of
+every family. Tied embeddings count once.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """Activation checkpointing of decoder blocks: full (every `ac.freq`-th block) or selective.
 
-Decisions:
-- Non-reentrant `torch.utils.checkpoint` (saved-tensor hooks, so it accepts the
-  non-tensor attention backend a block takes, composes with activation offloading and
-  FSDP2, and traces under torch.compile).
-- A checkpointed module keeps its class and its parameter names: its bound `forward`
-  is replaced on the instance by one that runs the original through `checkpoint`. A
-  wrapper module (torch's `checkpoint_wrapper`) would prefix every parameter name with
-  `_checkpoint_wrapped_module.`, which publishing, loading and checkpoints would then
-  have to strip again.
-- "selective" is module-level: inside every block, only the named targets (norms,
-  attention projections, the attention sub-block, the MLP) are recomputed; what the
-  other ops save stays stored. torchtitan's op-level policy (save matmuls, recompute
-  the rest) is the alternative; named modules are what the config can name.
-- Order with the other levers (`apply_ac` → `apply_compile` → `apply_fsdp`) is the
-  caller's; all three operate on `model.model.layers`.
+Non-reentrant `torch.utils.checkpoint`, so it takes the non-tensor attention backend a
+block gets and composes with activation offloading, FSDP2 and torch.compile. A
+checkpointed module keeps its class and parameter names: its bound `forward` is replaced
+on the instance (a wrapper module would prefix every name). "selective" is
+module-level: only the named targets inside each block are recomputed.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """torch.compile per decoder block (`[trainer.model.compile]`).
 
-Decisions:
-- Each block is compiled on its own (`nn.Module.compile`, which keeps parameter names and
-  the module tree): every block has the same structure, so one compiled graph serves all
-  of them, compile time does not grow with depth, and FSDP can still wrap block by block.
-  Compiling the whole model would trace the packed-attention mask and the LM head too.
-- Applied after activation checkpointing (the checkpointed forward is traced, with its
-  recomputation) and before sharding.
+Each block is compiled on its own (`nn.Module.compile` keeps names and the module tree):
+the blocks share one structure, so one graph serves all, compile time does not grow with
+depth and FSDP still wraps block by block. Applied after checkpointing, before sharding.
 """
 
 from __future__ import annotations

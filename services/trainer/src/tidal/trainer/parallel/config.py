@@ -1,14 +1,10 @@
 """`[trainer.parallel]`: how the trainer's torchrun ranks divide the model and the batch.
 
-Decisions:
-- pydantic only (no torch), like every config module, so `tidal trainer --help` and
-  `--dry-run` stay instant. The factors are checked against `trainer.world_size` by
-  `ParallelDims` (which shows the arithmetic) from `check_parallel`, called by the
-  trainer config's validator, so a bad product fails before torchrun starts anything.
-- Checks that need the model (experts, heads, attention kernel) live here as well, in
-  `check_parallel`, because they relate fields of two sections: the error names both.
-- Mixed precision is FSDP's: parameters gathered in `param_dtype`, gradients reduced in
-  `reduce_dtype`; master weights and optimizer state stay fp32 in both cases.
+pydantic only (no torch), so `--help` and `--dry-run` stay instant. `check_parallel`,
+called by the trainer config's validator, resolves the factors against
+`trainer.world_size` (`ParallelDims`, which shows the arithmetic) and checks what relates
+them to `[trainer.model]` and `[trainer.loss]`, so a bad combination fails, naming both
+sections' fields, before torchrun starts anything.
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
 """Context parallelism: one packed sequence split along tokens over the CP ranks.
 
-Decisions:
-- Load balance for causal attention: the `[1, T]` row is cut into 2·cp equal chunks and
-  rank r keeps chunks r and 2·cp-1-r ("zigzag"), so every rank holds early and late
-  tokens and does the same amount of causal work. `shard_indices` gives each rank the
-  global indices of its tokens; everything a rank needs (input ids, positions, loss
-  tensors) is gathered with them, so packing and positions work unchanged.
-- Which keys a query may see is decided from global indices and sample (segment) ids:
-  same sample and not in the future. This is the packed block-diagonal causal mask,
-  evaluated block by block, so padding-free packing works with both styles.
-- Both styles are `AttentionBackend`s (see `tidal.models.attention`), so the
-  model code does not change:
-  * `UlyssesAttention`: all-to-all turns (all heads, my tokens) into (my heads, all
-    tokens), attends over the full sequence, and turns the result back. Differentiable
-    through torch.distributed.nn's all_to_all_single. Needs heads divisible by cp.
-  * `RingAttention`: each rank keeps its queries and passes key/value blocks around the
-    ring with point-to-point send/recv; partial results are merged exactly with their
-    log-sum-exp. A custom autograd function recomputes block probabilities in backward
-    and sends dK/dV around the ring with their blocks, so they arrive home summed.
-- The attention math in the ring is written out (matmuls + softmax statistics) rather
-  than SDPA, because merging blocks needs each block's log-sum-exp, which SDPA does not
-  return on CPU. torch's own `context_parallel` ring attention does not run on CPU.
+Rank r keeps the zigzag chunks r and 2·cp-1-r of the row, so every rank does the same
+causal work. Which keys a query sees follows from global indices and sample ids (the
+packed block-diagonal causal mask, evaluated block by block). Both styles are
+`AttentionBackend`s, so the model does not change: `UlyssesAttention` all-to-alls heads
+for tokens; `RingAttention` passes key/value blocks round the ring and merges partial
+results by their log-sum-exp, which CPU SDPA does not return, hence written-out math.
 """
 
 from __future__ import annotations
@@ -46,11 +31,6 @@ def shard_indices(total: int, cp: int, rank: int) -> torch.Tensor:
     last_chunk = 2 * cp - 1 - rank
     second = torch.arange(last_chunk * size, (last_chunk + 1) * size)
     return torch.cat([first, second])
-
-
-def segment_ids(sample_lengths: torch.Tensor) -> torch.Tensor:
-    """Sample id of every token of a packed row: `(T,)`."""
-    return torch.repeat_interleave(torch.arange(len(sample_lengths)), sample_lengths)
 
 
 def block_mask(

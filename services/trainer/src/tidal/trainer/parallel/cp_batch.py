@@ -1,17 +1,9 @@
 """A packed micro-batch as one context-parallel rank sees it: its zigzag share of tokens.
 
-Decisions:
-- The `[1, T]` row is padded to a multiple of 2·cp with an extra "sample" of pad tokens
-  (its own segment id, so no real token attends to it and it scores nothing), then split
-  with `cp.shard_indices` (rank r keeps chunks r and 2·cp-1-r: equal causal work).
-- The model runs on the rank's tokens only, with the ring or Ulysses backend built from
-  the global indices and segment ids of every rank's tokens, so packed samples stay
-  isolated exactly as in the single-process forward.
-- Next-token targets cross shard boundaries, so they are addressed by global index: the
-  rank's token at global index g scores token g+1 of the unpadded row. `target_index`
-  holds g+1 (clamped) and `valid` says whether g+1 is a real token; the trainer gathers
-  loss_mask, advantages and behaviour logprobs with it and multiplies the mask by
-  `valid`. Without CP the same gather with `arange(1, T)` is the usual `[1:]`.
+The row is padded to a multiple of 2·cp with a pad "sample" (its own segment id, so no
+real token attends to it), then split with `cp.shard_indices`. Next-token targets cross
+shard boundaries, so they are addressed by global index: `target_index` says which token
+each of the rank's tokens predicts and `valid` whether that is a real token.
 """
 
 from __future__ import annotations

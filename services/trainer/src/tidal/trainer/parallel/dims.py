@@ -1,22 +1,10 @@
 """How the trainer's ranks divide the work: `ParallelDims`, validated once, meshes built once.
 
-Decisions:
-- World = dp_replicate × dp_shard × cp. Expert parallelism borrows its ranks from the
-  data-parallel shard dimension (`ep` must divide `dp_shard`), as in torchtitan: experts
-  are sharded across EP ranks while dense weights stay FSDP-sharded over the same ranks,
-  so EP costs no extra GPUs. With `ep < dp_shard` the shard ranks form dp_shard / ep EP
-  groups of `ep` neighbouring ranks ("dp_shard_mod_ep" × "ep"), each holding all experts.
-- `dp_shard = -1` means "whatever is left": world_size / (dp_replicate × cp).
-- Violations are found before any process group exists, and the message shows the
-  arithmetic and the fields to change, because a wrong product is the most common
-  launch mistake.
-- The device mesh is built once, with named dimensions ("dp_replicate",
-  "dp_shard_mod_ep", "ep", "cp") and flattened views the rest of the code asks for by
-  purpose: "dp" (all data-parallel ranks: batches are split over it), "dp_shard_cp"
-  (FSDP shards parameters over data shards and CP ranks together, since CP ranks hold
-  the same weights), "edp" (expert data parallel: the ranks holding the same experts,
-  whose expert gradients are summed). Without EP, "dp_shard_mod_ep" is dp_shard and
-  "ep" has size 1.
+World = dp_replicate × dp_shard × cp; expert parallelism borrows its ranks from
+dp_shard, so it costs no extra GPUs. A wrong product is the most common launch mistake,
+so violations are found before any process group exists, with the arithmetic in the
+message. The mesh is built once with named dimensions and flattened views the rest of
+the code asks for by purpose ("dp", "dp_shard_cp", "edp").
 """
 
 from __future__ import annotations

@@ -1,41 +1,11 @@
 """Expert parallelism: experts sharded over the EP group, tokens moved by all-to-all.
 
-Decisions:
-- The router stays replicated (every rank routes its own tokens); only experts are
-  sharded: rank j of the EP group owns experts `[j·E/ep, (j+1)·E/ep)`.
-- One dispatch/combine pair, independent of how experts compute: tokens are sorted by
-  expert, token counts are exchanged first (a small integer all-to-all) so every rank
-  knows its split sizes, the tokens travel with a differentiable all-to-all
-  (`torch.distributed.nn.functional.all_to_all_single`, whose backward is the reverse
-  all-to-all), are regrouped by local expert, computed, and travel back the same way.
-  The combine weights by the router's weights and sums the top-k outputs per token.
-- The local experts are any callable `(tokens (M, D), counts (E_local,)) -> (M, D)` over
-  tokens grouped by expert, so the model's grouped expert computation is reused as is.
-
-In the trainer (`shard_experts`, called by `TorchrunRanks.parallelize` before FSDP):
-- Layout: the dp_shard ranks are split into dp_shard / ep EP groups of `ep` neighbouring
-  ranks (mesh dims "dp_shard_mod_ep" × "ep", dims.py). Within an EP group the stacked
-  expert weights `(E, ...)` are sharded (`Shard(0)` over "ep"); across EP groups and
-  HSDP replicas (the "expert data-parallel" ranks, "edp") they are replicated. They are
-  DTensors on the mesh (dp_replicate, dp_shard_mod_ep, ep), so the optimizer (its state
-  follows the DTensor: sharded over ep, replicated over edp), publishing (`full_tensor`)
-  and DCP checkpoints (global shapes: they reshard to any world size) treat them like
-  every other parameter. FSDP is told to ignore them: they are never all-gathered, the
-  all-to-all brings the tokens to them instead. `ep = dp_shard` is the special case of
-  one EP group.
-- Gradients: each rank's loss is multiplied by the FSDP mesh size S so that FSDP's
-  average becomes a sum (fsdp.py). An expert's gradient on its owner already sums the
-  tokens of its EP group, so `finish_expert_grads` sums it over the edp ranks (the other
-  EP groups and replicas, which own the same experts and saw other tokens) and divides
-  by S: the gradient of the global loss, identical on every holder, so the replicated
-  copies stay equal after the optimizer step.
-- The expert weights live on a different mesh from the dense ones, so one
-  `clip_grad_norm_` over all parameters cannot stack their norms: grad_norm.py sums the
-  squared norms per mesh.
-- Alternatives not taken: torchtitan additionally FSDP-shards the experts over edp
-  (less memory per rank, an all-gather of experts per block and step); worth it only
-  when one rank cannot hold E/ep experts, which is not a case this trainer meets yet.
-  EP across CP ranks (cp > 1) is refused by config validation.
+The router stays replicated; rank j of an EP group owns experts `[j·E/ep, (j+1)·E/ep)`
+as DTensor shards, so the optimizer, publishing and DCP treat them like every other
+parameter, and FSDP ignores them. One dispatch/combine pair moves routed tokens to their
+experts' ranks and back through differentiable all-to-alls and reuses the model's
+grouped expert compute. `finish_expert_grads` sums expert gradients over the ranks
+holding the same experts, so replicated copies stay equal (docs/distributed.md).
 """
 
 from __future__ import annotations

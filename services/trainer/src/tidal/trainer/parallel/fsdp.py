@@ -1,28 +1,11 @@
 """FSDP2 (`fully_shard`) for the policy model: per block, then the root; HSDP on a 2-D mesh.
 
-Decisions:
-- Each decoder block is its own FSDP unit, so only one block's full parameters exist at a
-  time in forward and backward; the root unit (embeddings, final norm, head) is wrapped
-  last. Tied embeddings stay tied: the shared parameter belongs to the root unit.
-- The mesh picks the flavour: 1-D ("dp_shard_cp") is FSDP; 2-D ("dp_replicate",
-  "dp_shard_cp") is HSDP, shards within a group and replicas (all-reduce) across groups.
-- Mixed precision is FSDP's `MixedPrecisionPolicy`: parameters are gathered in
-  `param_dtype` for compute, gradients are reduced in `reduce_dtype` (fp32 by default)
-  and the sharded master weights stay fp32.
-- FSDP averages gradients over the ranks of its mesh (data shards, replicas and CP ranks,
-  which all hold parts of the same global batch). Our losses are normalized by the
-  *global* token count, so each rank's loss must be multiplied by `grad_sum_factor(mesh)`
-  to turn that average back into the sum, i.e. the gradient of the global loss whatever
-  the split. (A divide factor of 1 would say the same, but gloo has no PREMUL_SUM.)
-- CPU offload (`CPUOffloadPolicy`) keeps parameters, gradients and optimizer states in
-  host memory; without CUDA memory cannot be pinned, so `pin_memory` follows CUDA.
-- Order with the other levers is fixed by the caller: activation checkpointing, then
-  torch.compile, then this (sharding wraps the compiled, checkpointed blocks).
-- On gloo the gradient reduce-scatter is an all-reduce of FSDP's reduce-scatter input
-  followed by a copy of this rank's chunk (`AllReduceScatter`): gloo's own
-  `reduce_scatter_tensor` took 1.5-1.7× as long as that on a block-sized (11.8 MB) buffer
-  over 2 ranks here (docs/benchmarks/scaling.md). Same sum, same result; NCCL keeps the
-  real reduce-scatter.
+Each decoder block is its own unit, so only one block's full parameters exist at a time;
+the root (embeddings, final norm, head, tied weights) is wrapped last. FSDP averages
+gradients over its mesh while our losses are normalized by the global token count, so
+each rank's loss is scaled by `grad_sum_factor` (gloo has no PREMUL_SUM). On gloo the
+reduce-scatter is an all-reduce plus a copy of this rank's chunk (`AllReduceScatter`):
+the same sum, cheaper there.
 """
 
 from __future__ import annotations

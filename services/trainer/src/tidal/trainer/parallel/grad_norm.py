@@ -1,17 +1,9 @@
 """Gradient-norm clipping over parameters that live on different device meshes.
 
-Decisions:
-- Under expert parallelism the expert weights are DTensors on the expert mesh
-  (dp_replicate, dp_shard_mod_ep, ep) and every other weight is a DTensor on FSDP's mesh;
-  DTensor refuses to stack norms from two meshes, so `torch.nn.utils.clip_grad_norm_`
-  over all parameters fails. Here the gradients are grouped by mesh, each group's norm is
-  torch's `get_total_norm` made a plain tensor (`full_tensor`: the reduction over that
-  mesh), the groups combine as the root of the summed squares, and torch's
-  `clip_grads_with_norm_` scales each group's gradients by the one coefficient (torchtitan does
-  the same for its EP meshes).
-- With one group (no EP, or one process) the norm is that group's, unchanged, so plain
-  FSDP keeps exactly the number `clip_grad_norm_` gave.
-- L2 norm only (the trainer's `optim.max_grad_norm` is an L2 bound).
+Under expert parallelism expert and dense gradients are DTensors on two meshes, whose
+norms DTensor refuses to stack. Gradients are grouped by mesh, each group's L2 norm is
+reduced over its mesh, the groups combine as the root of summed squares, and every group
+is scaled by the one coefficient. With one group the norm is `clip_grad_norm_`'s exactly.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """`python -m tidal.trainer` (`tidal trainer`): one process, or with `--trainer.world-size N`
 one torchrun job on this node.
 
-Decisions:
-- `main` is the trainer's entry point and imports `service` (never the reverse), so the
-  service module stays free of the launcher.
-- The command re-executes itself under `python -m torch.distributed.run --standalone`
-  (torchrun's own launcher: rendezvous on a free local port, one process per rank, and
-  when one rank dies the others are stopped, so no rank is left waiting). `exec` keeps
-  the PID, so whoever started `tidal trainer` (e.g. `tidal rl`) still signals the right
-  process: torchrun forwards SIGTERM to the ranks.
-- Inside torchrun (`LOCAL_RANK` is set) every rank parses the same arguments, starts its
-  process group, and builds its shard of the trainer. Rank 0 serves gRPC and leads
-  (parallel/leader.py); the other ranks follow until rank 0 says stop.
-- Shutdown: SIGTERM reaches every rank (torchrun forwards it); followers ignore it and
-  leave when rank 0, after its graceful gRPC shutdown, commands `stop`.
-- Telemetry (traces) is rank 0's: it is the rank that answers RPCs.
+The command re-executes itself under torchrun's own launcher (`exec` keeps the PID, so
+whoever started it still signals the right process). Inside torchrun every rank builds
+its shard of the trainer; rank 0 serves gRPC and leads (`leader.py`), the others follow
+until rank 0 says stop, so followers ignore SIGTERM and leave on rank 0's `stop`.
 """
 
 from __future__ import annotations
@@ -53,8 +43,8 @@ def torchrun_command(world_size: int, argv: Sequence[str]) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> None:
     """`python -m tidal.trainer`: one process, or (`world_size` > 1) one torchrun job.
 
-    The entry point lives here, not in service.py, so the service module never imports
-    its own launcher (that was an import cycle)."""
+    The entry point lives here, not in main.py, so the service never imports its own
+    launcher."""
     args = sys.argv[1:] if argv is None else list(argv)
     config = load_or_exit(TrainerRunConfig, args, usage="tidal trainer @ cfg.toml")
     apply_file_policy(shared_readable=config.run.shared_readable)

@@ -1,37 +1,10 @@
 """One torchrun rank's view of the job: process groups, mesh, and how the model is wrapped.
 
-Decisions:
-- `TorchrunRanks` is the many-rank `RankContext` (ranks.py; `SingleProcess` is the
-  world-size-1 one), so the `Trainer` runs the same code on one rank or many.
-- `TorchrunRanks.init` is called once per torchrun rank, after the config was validated:
-  it starts the process group (NCCL on CUDA, gloo on CPU: `parallel.backend = "auto"`),
-  builds the named mesh once (`ParallelDims.build_mesh`) and a second, gloo group over
-  all ranks for control traffic (rank 0's commands, step counts, metrics), which stays
-  on the host whatever the compute backend is and never times out while the trainer
-  waits for the next step.
-- The `Trainer` asks the context to wrap the model (`parallelize`: the levers' AC →
-  compile, then FSDP, in that fixed order), for the loss factor that turns FSDP's
-  gradient average into the sum (`loss_scale`), and for the all-reduces of the step's
-  token counts (`reduce`) and metric sums (`sum_over_ranks`). Its ranks run every
-  micro-batch, empty ones too (`runs_empty_micro_batches`): forward and backward are
-  collectives over the mesh. So train_step.py stays one process's story.
-- Context parallelism: the CP ranks of a data-parallel group get the same micro-batches;
-  `cp_logprobs` runs the model on this rank's zigzag share (cp_batch.py) with the ring or
-  Ulysses backend. Token counts are then summed over data-parallel ranks only (`reduce`
-  divides the all-rank sum by cp), metric sums over all ranks (each CP rank holds part
-  of every sample). The "sequence" normalization and GSPO's sequence ratio need whole
-  samples on one rank, so config validation refuses them with cp > 1.
-- Leaving: every rank meets the others at a barrier before `destroy_process_group`
-  (`leave_process_group`). Without it gloo sometimes aborts the process that tears its
-  connections down first ("terminate called without an active exception": 2 runs in 15
-  of a two-rank job on this machine, none in 30 with the barrier). The barrier is a
-  `monitored_barrier` on a gloo group, so a peer that already died costs a logged
-  timeout, not a hang.
-- Expert parallelism (`ep > 1`): `parallelize` shards the MoE blocks' experts over the
-  mesh's "ep" groups before FSDP wraps the rest (ep.py), `finish_gradients`, called
-  by the Trainer after the step's last backward, makes their gradients the global sum
-  like FSDP's reduce-scatter does for every other parameter, and `clip_grad_norm` takes
-  the norm over both meshes (grad_norm.py).
+`TorchrunRanks` is the many-rank `RankContext` (ranks.py): it starts the process group,
+builds the mesh once and a gloo control group (host traffic that never times out while
+waiting for a step), shards experts then the model with FSDP, all-reduces counts and
+metric sums, and runs context-parallel forwards. Every rank meets the others at a
+monitored barrier before tearing the process groups down, since gloo may otherwise abort.
 """
 
 from __future__ import annotations
@@ -140,7 +113,7 @@ class TorchrunRanks:
             param_dtype=p.param_dtype,
             reduce_dtype=p.reduce_dtype,
             reshard_after_forward=p.reshard_after_forward,
-            cpu_offload=self.config.model.fsdp_cpu_offload,  # the memory lever (issue 7)
+            cpu_offload=self.config.model.fsdp_cpu_offload,
         )
 
     def finish_gradients(self, model: nn.Module) -> None:
