@@ -59,7 +59,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 # Memory-tight candidates (offloads to the host save nothing on a CPU run, where the host
 # is the device, so they stay out). `optim_cpu_offload` is not measured for that reason
-# (its parity and resume are tested in tests/unit/trainer/offload).
+# (its parity and resume are tested in tests/unit/trainer/test_optim_state_offload*.py).
 TIGHT_RECIPES: dict[str, tuple[str, ...]] = {
     "tight: ac full + chunked head + optimizer on disk": (
         "ac full",
