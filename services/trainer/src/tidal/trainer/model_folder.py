@@ -50,22 +50,10 @@ def folder_architecture(path: Path) -> dict[str, Any] | None:
         args = DecoderArgs.from_hf_config(config)
     except (UnsupportedConfig, ValueError, TypeError) as exc:
         raise ValueError(f"trainer.model.path {path}: {exc}") from None
-    fields = {
-        "family": args.family,
-        "dim": args.dim,
-        "n_layers": args.n_layers,
-        "n_heads": args.n_heads,
-        "n_kv_heads": args.n_kv_heads,
-        # Stated only when config.json states it (Qwen3); else dim / n_heads, as ours.
-        "head_dim": args.head_dim if config.get("head_dim") else None,
-        "ffn_dim": args.ffn_dim,
-        "vocab_size": args.vocab_size,
-        "max_seq_len": args.max_seq_len,
-        "rope_theta": args.rope_theta,
-        "rope_scaling": None if args.rope_scaling is None else asdict(args.rope_scaling),
-        "norm_eps": args.norm_eps,
-        "tie_embeddings": args.tie_embeddings,
-    }
+    fields = {name: getattr(args, name) for name in DENSE_FIELDS}
+    # Stated only when config.json states it (Qwen3); else dim / n_heads, as ours.
+    fields["head_dim"] = args.head_dim if config.get("head_dim") else None
+    fields["rope_scaling"] = None if args.rope_scaling is None else asdict(args.rope_scaling)
     if family.moe:
         fields.update({name: getattr(args, name) for name in MOE_FIELDS})
     return fields

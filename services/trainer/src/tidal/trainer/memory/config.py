@@ -16,8 +16,6 @@ from pydantic import Field, model_validator
 from tidal.common.config.loading import BaseConfig
 from tidal.common.errors import ConfigError
 
-SELECTIVE_TARGETS = ("norm", "attn_proj", "attention", "mlp")
-
 
 class ActivationCheckpointConfig(BaseConfig):
     """`[trainer.model.ac]`: recompute activations in the backward pass instead of keeping them."""
