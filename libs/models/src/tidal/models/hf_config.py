@@ -4,8 +4,9 @@ Both directions work on field dicts (`Fields`), not on `DecoderArgs`, so this mo
 below `args.py` and the family registry. A feature our blocks do not implement (sliding
 window, other activations, MLP biases, partial rotary, other RoPE types) is refused with
 an error naming the key, never ignored. Reading a folder's `config.json` lives here, not
-in torch-importing `hf_folder.py`, so configs read a model's architecture without torch. Token ids are not architecture: the trainer's
-`persistence/hf_folder_files.py` writes them from the source folder and the tokenizer.
+in torch-importing `hf_folder.py`, so configs read a model's architecture without torch.
+Token ids are not architecture: the trainer's `persistence/hf_folder_files.py` writes them
+from the source folder and the tokenizer.
 """
 
 from __future__ import annotations
