@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Awaitable, Callable, Iterator
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +35,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tidal.common.config.shared import Endpoints, GrpcConfig, RunSection, TelemetryConfig
+from tidal.common.grpc.channel import make_channel
 from tidal.common.grpc.server import GrpcServer, ServiceBinding
 from tidal.common.security.config import SecurityConfig
 from tidal.common.security.transport import PLAINTEXT_LOOPBACK
@@ -50,6 +54,7 @@ from tidal.weightsync.registry import VersionRegistry
 from tidal.weightsync.servicer import WeightSyncServicer
 
 from ..helpers.micro_batches import wire_micro_batch
+from ..tls_fixtures import role_security
 
 TINY_MODEL = {"dim": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 64}
 MAX_SEQ_LEN = 32
@@ -57,6 +62,7 @@ VOCAB = 264
 LIMITS = RequestLimits(max_prompt_bytes=4096, max_prompt_tokens=1000)
 TOKEN_BUDGET = 4096
 RSS_GROWTH_LIMIT = 400 * 1024 * 1024
+DENIED = grpc.StatusCode.PERMISSION_DENIED
 FEW = settings(
     max_examples=25,
     deadline=None,
@@ -573,3 +579,109 @@ def test_replica_rpcs_refuse_unknown_replicas_versions_and_roles(
         assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert_names(err, "role")
     stack.assert_serving()
+
+
+# --- bulk requests from callers that may not make them --------------------------------
+
+SERVED_TRAINER = Path(__file__).parents[1] / "helpers" / "served_trainer.py"
+ATTACK_BYTES = 128 * 1024 * 1024
+ATTACKERS = 4
+ATTACK_RSS_LIMIT = 64 * 1024 * 1024
+
+
+def proc_kib(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{key}:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {key} in /proc/{pid}/status")
+
+
+def bulk_requests() -> tuple[bytes, bytes]:
+    """A well-formed Train request and UploadWeights message of ~ATTACK_BYTES (zeros)."""
+    ids = common_pb2.Tensor(dtype="int32", shape=[ATTACK_BYTES // 4], data=bytes(ATTACK_BYTES))
+    train = tpb.TrainRequest(step=1, micro_batches=[tpb.MicroBatch(input_ids=ids)])
+    chunk = wpb.WeightChunk(path="model.safetensors", data=bytes(ATTACK_BYTES))
+    upload = wpb.UploadWeightsRequest(chunk=chunk)
+    return train.SerializeToString(), upload.SerializeToString()
+
+
+def attacker_channel(mode: str, tls: Path, address: str) -> grpc.aio.Channel:
+    """Token mode: TLS and no token; mTLS: the operator's certificate (a run identity)."""
+    options = [("grpc.max_send_message_length", 2 * ATTACK_BYTES)]
+    if mode == "token":
+        ca = grpc.ssl_channel_credentials((tls / "ca.pem").read_bytes())
+        return grpc.aio.secure_channel(address, ca, options=options)
+    credentials = role_security(tls, "operator", mode).channel_credentials()
+    assert credentials is not None
+    return grpc.aio.secure_channel(address, credentials, options=options)
+
+
+async def codes_of(calls: Iterable[Awaitable[Any]]) -> list[grpc.StatusCode]:
+    async def code(call: Awaitable[Any]) -> grpc.StatusCode:
+        try:
+            await call
+        except grpc.aio.AioRpcError as err:
+            return err.code()
+        return grpc.StatusCode.OK
+
+    return list(await asyncio.gather(*map(code, calls)))
+
+
+async def refused_bulk_calls(
+    mode: str, tls: Path, trainer: str, weightsync: str
+) -> list[list[grpc.StatusCode]]:
+    """The codes of ATTACKERS concurrent Train calls, then of as many UploadWeights."""
+    train, chunk = bulk_requests()
+    async with attacker_channel(mode, tls, trainer) as channel:
+        call = channel.unary_unary("/tidal.rpc.v1.TrainerService/Train", request_serializer=bytes)
+        trains = await codes_of(call(train, timeout=20) for _ in range(ATTACKERS))
+    async with attacker_channel(mode, tls, weightsync) as channel:
+        upload = channel.stream_unary(
+            "/tidal.rpc.v1.WeightSyncService/UploadWeights", request_serializer=bytes
+        )
+        uploads = await codes_of(upload(iter([chunk]), timeout=20) for _ in range(ATTACKERS))
+    return [trains, uploads]
+
+
+async def trains_step_one(mode: str, tls: Path, address: str) -> int:
+    async with make_channel(address, security=role_security(tls, "orchestrator", mode)) as ch:
+        stub = tpb_grpc.TrainerServiceStub(ch)
+        reply = await stub.Train(
+            tpb.TrainRequest(
+                step=1, micro_batches=[wire_micro_batch([6, 9])], loss=tpb.LOSS_KIND_POLICY_GRADIENT
+            )
+        )
+        return int(reply.policy_version)
+
+
+@pytest.mark.parametrize("mode", ["token", "mtls"])
+def test_bulk_requests_of_unauthorized_callers_are_refused_before_their_body(
+    mode: str, tmp_path: Path, tls_folder: Path
+) -> None:
+    """Concurrent 128 MB Train and UploadWeights calls from an identity that may not make
+    them are refused, and the server's memory does not grow by their bodies; then the
+    orchestrator still trains."""
+    server = subprocess.Popen(
+        [sys.executable, str(SERVED_TRAINER), mode, str(tls_folder), str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    loop = asyncio.new_event_loop()
+    try:
+        assert server.stdout is not None
+        trainer, weightsync = (f"127.0.0.1:{port}" for port in server.stdout.readline().split())
+        rss_before = proc_kib(server.pid, "VmRSS") * 1024
+        Path(f"/proc/{server.pid}/clear_refs").write_text("5")  # VmHWM := VmRSS
+        started = time.monotonic()
+        attack = refused_bulk_calls(mode, tls_folder, trainer, weightsync)
+        codes = loop.run_until_complete(attack)
+        expected = grpc.StatusCode.UNAUTHENTICATED if mode == "token" else DENIED
+        assert codes == [[expected] * ATTACKERS] * 2
+        assert time.monotonic() - started < 20
+        growth = proc_kib(server.pid, "VmHWM") * 1024 - rss_before
+        assert growth < ATTACK_RSS_LIMIT, f"server RSS grew {growth >> 20} MiB"
+        assert loop.run_until_complete(trains_step_one(mode, tls_folder, trainer)) == 1
+    finally:
+        loop.close()
+        server.communicate(timeout=30)  # closes its stdin: it stops

@@ -3,7 +3,9 @@
 `ErrorMappingInterceptor` is the one place exceptions become statuses: a `TidalError` keeps
 its code and message; anything else is answered `internal error <id>` with the traceback
 logged under the id, so a bug neither stops the server nor shows the caller its text. It
-also applies `tidal.common.grpc.limits`. Tracing is opentelemetry's own interceptors'.
+also applies `tidal.common.grpc.limits`, and serves each single-request method as a client
+stream of one message read only inside the handler: what runs before (authorization, the
+concurrency limit) then costs the caller's body nothing. Tracing is opentelemetry's.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 import grpc
 from tidal.common.config.shared import GrpcConfig
-from tidal.common.errors import TidalError
+from tidal.common.errors import InvalidArgument, TidalError
 from tidal.common.grpc.limits import Oversize, RpcSlots, counted, request_limit, sized_deserializer
 from tidal.common.observability.logging import request_id_var
 
@@ -64,29 +66,37 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
             return handler
         full_method = handler_call_details.method
         method = full_method.rsplit("/", 1)[-1]
-        slots = self.slots if counted(full_method) else None
-        deserializer = self._deserializer(handler, full_method)
+        # Probes keep their shapes: they are open, so nothing runs before their read.
+        read_one = counted(full_method)
+        slots = self.slots if read_one else None
+        options: dict[str, Any] = {
+            "request_deserializer": self._deserializer(handler, full_method),
+            "response_serializer": handler.response_serializer,
+        }
         if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                _wrap_unary(handler.unary_unary, method, slots),
-                request_deserializer=deserializer,
-                response_serializer=handler.response_serializer,
+            # On the wire a unary request is one message then half-close, as a client
+            # stream of one is: the handler starts before the body is received, and
+            # HTTP/2 flow control keeps the unread body with the caller.
+            make = (
+                grpc.stream_unary_rpc_method_handler
+                if read_one
+                else grpc.unary_unary_rpc_method_handler
             )
+            return make(_wrap_unary(handler.unary_unary, method, slots, read_one), **options)
         if handler.unary_stream is not None:
             # A server-streaming handler either yields its responses (async generator) or
             # is a coroutine that writes them with `context.write` (grpc_health's Watch).
             stream = handler.unary_stream
             wrap = _wrap_stream if inspect.isasyncgenfunction(stream) else _wrap_unary
-            return grpc.unary_stream_rpc_method_handler(
-                wrap(stream, method, slots),
-                request_deserializer=deserializer,
-                response_serializer=handler.response_serializer,
+            make = (
+                grpc.stream_stream_rpc_method_handler
+                if read_one
+                else grpc.unary_stream_rpc_method_handler
             )
+            return make(wrap(stream, method, slots, read_one), **options)
         if handler.stream_unary is not None:  # client streaming (weight uploads)
             return grpc.stream_unary_rpc_method_handler(
-                _wrap_unary(handler.stream_unary, method, slots),
-                request_deserializer=deserializer,
-                response_serializer=handler.response_serializer,
+                _wrap_unary(handler.stream_unary, method, slots), **options
             )
         return handler  # bidi streaming: none in the v1 contracts
 
@@ -130,22 +140,37 @@ def _checked(request: Any) -> Any:
     return request
 
 
+async def _request(request: Any, read_one: bool) -> Any:
+    """The handler's request: for a single-request method, its one message, read now."""
+    if not read_one:
+        return _checked(request)
+    async for message in request:
+        return _checked(message)
+    raise InvalidArgument("request", "the call carried no request message")
+
+
 def _wrap_unary(
-    behaviour: Callable[..., Any], method: str, slots: RpcSlots | None = None
+    behaviour: Callable[..., Any],
+    method: str,
+    slots: RpcSlots | None = None,
+    read_one: bool = False,
 ) -> Callable[..., Any]:
     async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with _mapped_errors(context, method, slots):
-            return await behaviour(_checked(request), context)
+            return await behaviour(await _request(request, read_one), context)
 
     return wrapped
 
 
 def _wrap_stream(
-    behaviour: Callable[..., Any], method: str, slots: RpcSlots | None = None
+    behaviour: Callable[..., Any],
+    method: str,
+    slots: RpcSlots | None = None,
+    read_one: bool = False,
 ) -> Callable[..., Any]:
     async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         async with _mapped_errors(context, method, slots):
-            async for response in behaviour(_checked(request), context):
+            async for response in behaviour(await _request(request, read_one), context):
                 yield response
 
     return wrapped

@@ -1,0 +1,69 @@
+"""A real trainer and the weight-sync service it publishes to, in a process of their own,
+so a test can measure what a caller costs the server (its RSS) apart from the client.
+
+`python served_trainer.py MODE TLS_DIR RUN_DIR` serves both in security mode MODE with
+the certificates and tokens of TLS_DIR, prints the trainer's port and the weight-sync
+service's, and serves until its stdin closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+from pathlib import Path
+
+from tidal.common.config.shared import GrpcConfig
+from tidal.common.grpc.server import GrpcServer, ServiceBinding
+from tidal.common.security.config import SecurityConfig
+from tidal.common.security.transport import TransportSecurity
+from tidal.rpc.v1 import weightsync_pb2_grpc
+from tidal.trainer.config import TrainerRunConfig
+from tidal.trainer.main import start_trainer
+from tidal.weightsync.registry import VersionRegistry
+from tidal.weightsync.servicer import WeightSyncServicer
+
+TINY_MODEL = {"dim": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 64}
+
+
+async def serve(mode: str, tls_dir: Path, run_dir: Path) -> None:
+    security = SecurityConfig.model_validate({"mode": mode, "tls_dir": str(tls_dir)})
+    root = run_dir / "weights"
+    root.mkdir(parents=True, exist_ok=True)
+    binding = ServiceBinding(
+        WeightSyncServicer(VersionRegistry(root, keep_last=2), chunk_bytes=1 << 16),
+        weightsync_pb2_grpc.add_WeightSyncServiceServicer_to_server,
+        "tidal.rpc.v1.WeightSyncService",
+    )
+    weightsync = GrpcServer(
+        "127.0.0.1:0",
+        [binding],
+        GrpcConfig(shutdown_grace_s=0.2),
+        security=TransportSecurity.from_config(security, "weightsync", tls_dir),
+    )
+    await weightsync.start()
+    config = TrainerRunConfig.model_validate(
+        {
+            "run": {"output_dir": str(run_dir), "name": "served"},
+            "endpoints": {"trainer": "127.0.0.1:0", "weightsync": f"127.0.0.1:{weightsync.port}"},
+            "grpc": {"shutdown_grace_s": 0.2},
+            "security": security.model_dump(),
+            "trainer": {
+                "model": {**TINY_MODEL, "max_seq_len": 32},
+                "device": "cpu",
+                "publish_dir": str(root),
+            },
+        }
+    )
+    trainer = await start_trainer(config)
+    for thread in threading.enumerate():  # settle start-up's memory before it is measured
+        if thread.name == "prepare-first-step":
+            thread.join()
+    print(trainer.server.port, weightsync.port, flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    await trainer.stop()
+    await weightsync.stop()
+
+
+if __name__ == "__main__":
+    asyncio.run(serve(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])))
