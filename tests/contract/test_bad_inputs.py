@@ -1,18 +1,14 @@
 """Bad-input suite: every RPC's fields driven with boundary and absurd values (Hypothesis).
 
-One real stack per module, built the way the other contract tests build theirs:
-weightsync, the trainer (which publishes version 0 to it) and inference (which loads that
-version), each a real servicer on an in-process grpc.aio server on a free loopback port.
-The servers live on one event loop owned by the module fixture; the tests are plain
-functions (Hypothesis drives them) that run each call on that loop. Every generated
-request is invalid by construction, so every answer must be an error that:
-- is not INTERNAL (and not OK),
-- names the field (its message starts with or contains the field's name),
-and afterwards each service still answers health SERVING and the process's RSS stays
-within a bound. Requests larger than an RPC's size limit are RESOURCE_EXHAUSTED.
-
-The orchestrator's only RPC (GetProgress) takes no fields; the server limits it shares
-with every service are tested in tests/unit/common/test_server.py.
+One real stack per module (weightsync, the trainer publishing version 0 to it, inference
+loading it), each a real servicer on an in-process grpc.aio server on a free loopback port,
+on one event loop owned by the module fixture. Every generated request is invalid by
+construction, so every answer must be an error that is neither INTERNAL nor OK and names
+the field; afterwards each service still answers health SERVING and the process's RSS
+stays within a bound. Requests over an RPC's size limit are RESOURCE_EXHAUSTED. Bulk
+requests from a caller that may not make them are refused before their body costs the
+server memory (a trainer in a process of its own, token mode and mTLS). The server limits
+every service shares are tested in tests/unit/common/test_server.py.
 """
 
 from __future__ import annotations

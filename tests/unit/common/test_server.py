@@ -150,6 +150,21 @@ async def test_request_over_the_rpc_limit_is_refused_unparsed(server: GrpcServer
     assert (await _call(server, **{"x-request-id": "after"})).state == "after"
 
 
+async def test_single_request_rpc_without_its_message_is_invalid(server: GrpcServer) -> None:
+    """A unary RPC is read as a stream of one message (after the gates that run first):
+    a call that half-closes without one is INVALID_ARGUMENT naming the request."""
+    async with make_channel(f"127.0.0.1:{server.port}", security=PLAINTEXT_LOOPBACK) as channel:
+        call = channel.stream_unary(
+            "/tidal.rpc.v1.OrchestratorService/GetProgress",
+            response_deserializer=orchestrator_pb2.Progress.FromString,
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call(iter([]), timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (err.value.details() or "").startswith("request:"), err.value.details()
+    assert (await _call(server, **{"x-request-id": "after"})).state == "after"
+
+
 async def test_request_id_comes_from_metadata_or_is_made(server: GrpcServer) -> None:
     assert (await _call(server, **{"x-request-id": "abc123"})).state == "abc123"
     made = (await _call(server)).state

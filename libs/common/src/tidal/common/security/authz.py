@@ -3,7 +3,9 @@
 One table (`POLICY`) maps every method to the roles that call it; a method missing from it
 is denied (fail closed). The role comes from the verified peer certificate (mTLS) or the
 bearer token. grpc.aio server interceptors see no peer identity, so the check wraps each
-method's handler (docs/operations.md, "Security model").
+method's handler; `tidal.common.grpc.interceptors` serves every Tidal request as a stream,
+so that handler starts, and refuses, before the request body is received
+(docs/operations.md, "Security model" and "Limits").
 """
 
 from __future__ import annotations
