@@ -8,12 +8,16 @@ the field; afterwards each service still answers health SERVING and the process'
 stays within a bound. Requests over an RPC's size limit are RESOURCE_EXHAUSTED. Bulk
 requests from a caller that may not make them are refused before their body costs the
 server memory (a trainer in a process of its own, token mode and mTLS). The server limits
-every service shares are tested in tests/unit/common/test_server.py.
+every service shares are tested in tests/unit/common/test_server.py. Inference also
+serves its OpenAI endpoint, whose bodies must each be answered below 500 with an
+OpenAI-style error, logging nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import math
 import subprocess
 import sys
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import grpc
 import numpy as np
 import pytest
@@ -35,7 +40,12 @@ from tidal.common.grpc.channel import make_channel
 from tidal.common.grpc.server import GrpcServer, ServiceBinding
 from tidal.common.security.config import SecurityConfig
 from tidal.common.security.transport import PLAINTEXT_LOOPBACK
-from tidal.inference.config import InferenceConfig, InferenceRunConfig, RequestLimits
+from tidal.inference.config import (
+    InferenceConfig,
+    InferenceRunConfig,
+    OpenAIHttpConfig,
+    RequestLimits,
+)
 from tidal.inference.main import RunningInference, start_inference
 from tidal.rpc.v1 import common_pb2, weightsync_pb2_grpc
 from tidal.rpc.v1 import inference_pb2 as ipb
@@ -59,6 +69,7 @@ LIMITS = RequestLimits(max_prompt_bytes=4096, max_prompt_tokens=1000)
 TOKEN_BUDGET = 4096
 RSS_GROWTH_LIMIT = 400 * 1024 * 1024
 DENIED = grpc.StatusCode.PERMISSION_DENIED
+MAX_BODY = 64 * 1024
 FEW = settings(
     max_examples=25,
     deadline=None,
@@ -82,6 +93,7 @@ class Stack:
     weightsync: weightsync_pb2_grpc.WeightSyncServiceStub
     version0: wpb.WeightVersion
     rss_start: int
+    openai_url: str
 
     def __repr__(self) -> str:  # Hypothesis prints it with every failing example
         return "Stack()"
@@ -104,6 +116,22 @@ class Stack:
             assert err.code() != grpc.StatusCode.INTERNAL, err.details()
             return err
         raise AssertionError(f"an invalid request was answered OK: {answer!r:.200}")
+
+    def post(
+        self, path: str, body: bytes, content_type: str = "application/json"
+    ) -> tuple[int, bytes]:
+        """POST raw bytes to the OpenAI endpoint; (status, body)."""
+
+        async def go() -> tuple[int, bytes]:
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(
+                    self.openai_url + path, data=body, headers={"Content-Type": content_type}
+                ) as reply,
+            ):
+                return reply.status, await reply.read()
+
+        return self.run(go())
 
     def assert_serving(self) -> None:
         for name, channel in self.channels.items():
@@ -172,6 +200,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                     max_batch_size=4,
                     kv_cache_mb=16,
                     limits=LIMITS,
+                    http=OpenAIHttpConfig(enabled=True, max_body_bytes=MAX_BODY),
                 ),
             )
         )
@@ -204,6 +233,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         ws_stub,
         version0,
         rss_bytes(),
+        inference.http.url if inference.http is not None else "",
     )
 
     async def stop() -> None:
@@ -681,3 +711,103 @@ def test_bulk_requests_of_unauthorized_callers_are_refused_before_their_body(
     finally:
         loop.close()
         server.communicate(timeout=30)  # closes its stdin: it stops
+
+
+# --- inference: the OpenAI endpoint's bodies ----------------------------------------
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=40),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=12,
+)
+OPENAI_FIELDS = (  # noqa: SIM905
+    "prompt messages max_tokens max_completion_tokens n temperature top_p top_k min_p seed "
+    "stop stop_token_ids logprobs top_logprobs stream stream_options ignore_eos best_of echo "
+    "chat_template_kwargs"
+).split()
+openai_bodies = st.fixed_dictionaries(
+    {"model": st.sampled_from(["tidal", "other"])},
+    optional=dict.fromkeys(OPENAI_FIELDS, json_values),
+)
+CHARSETS = ["utf-8", "UTF8", "ascii", "latin-1", "utf-16", "x-no-such", "zlib", "rot13", ""]
+PATHS = ["/completions", "/chat/completions"]
+
+
+def assert_openai_error(status: int, reply: bytes) -> None:
+    """Below 500, and a refusal is OpenAI's error shape with a message."""
+    assert status < 500, (status, reply[:300])
+    if status >= 400:
+        error = json.loads(reply)["error"]
+        assert set(error) == {"message", "type", "param", "code"} and error["message"]
+        assert "internal" not in error["message"], error
+
+
+@pytest.fixture
+def no_tracebacks(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    with caplog.at_level(logging.ERROR, logger="tidal.inference"):
+        yield
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+@FEW
+@given(body=openai_bodies, path=st.sampled_from(PATHS))
+@example(body={"model": "tidal", "temperature": 10**400, "prompt": "a"}, path=PATHS[0])
+@example(
+    body={"model": "tidal", "messages": [{"role": "user", "content": [{"type": "text"}]}]},
+    path=PATHS[1],
+)
+def test_openai_bodies_of_any_shape_are_never_a_server_error(
+    stack: Stack, no_tracebacks: None, body: dict[str, Any], path: str
+) -> None:
+    if body.get("model") == "tidal" and "max_tokens" not in body:
+        body["max_tokens"] = 2  # a valid body generates: keep it short
+    assert_openai_error(*stack.post(path, json.dumps(body).encode()))
+
+
+@FEW
+@given(
+    raw=st.one_of(
+        st.binary(max_size=256),
+        st.text(max_size=256).map(str.encode),
+        st.integers(1, MAX_BODY // 2 - 8).map(lambda d: b"[" * d + b"]" * d),
+        st.integers(1, MAX_BODY // 2 - 8).map(lambda d: b'{"a":' * d + b"1" + b"}" * d),
+        st.integers(0, 2 * MAX_BODY).map(
+            lambda n: json.dumps({"model": "tidal", "prompt": "x" * n, "max_tokens": 1}).encode()
+        ),
+    ),
+    charset=st.sampled_from(CHARSETS) | st.text(st.characters(min_codepoint=33, max_codepoint=126)),
+    path=st.sampled_from(PATHS),
+)
+@example(raw=b"[" * 30_000 + b"]" * 30_000, charset="utf-8", path=PATHS[0])
+@example(raw=b'{"model": "tidal", "prompt": "a"}', charset="x-no-such", path=PATHS[0])
+@example(raw=b'{"model": "tidal", "prompt": "\\ud800"}', charset="utf-8", path=PATHS[0])
+@example(raw=b'{"model": "tidal", "n": 1' + b"0" * 5000 + b"}", charset="utf-8", path=PATHS[0])
+@example(raw=b'{"model": "tidal", "top_p": NaN}', charset="utf-8", path=PATHS[0])
+def test_openai_raw_bodies_depths_charsets_and_sizes_are_never_a_server_error(
+    stack: Stack, no_tracebacks: None, raw: bytes, charset: str, path: str
+) -> None:
+    content_type = f"application/json; charset={charset}" if charset else "application/json"
+    assert_openai_error(*stack.post(path, raw, content_type))
+
+
+@pytest.mark.parametrize(
+    ("raw", "content_type", "status", "says"),
+    [
+        (b"[" * 30_000 + b"]" * 30_000, "application/json", 400, "nested too deeply"),
+        (b'{"model": "tidal"}', "application/json; charset=x-no-such", 415, "charset"),
+        (b'{"model": "tidal", "prompt": "\\udc00"}', "application/json", 400, "surrogate"),
+        (
+            b'{"model": "tidal", "prompt": "' + b"x" * MAX_BODY + b'"}',
+            "application/json",
+            413,
+            "inference.http.max_body_bytes",
+        ),
+    ],
+)
+def test_openai_attacks_are_refused_by_name_without_a_traceback(
+    stack: Stack, no_tracebacks: None, raw: bytes, content_type: str, status: int, says: str
+) -> None:
+    got, reply = stack.post("/completions", raw, content_type)
+    assert_openai_error(got, reply)
+    assert got == status and says in json.loads(reply)["error"]["message"], reply[:300]
+    stack.assert_serving()

@@ -4,20 +4,26 @@ A real weight-sync publishes version 0 of the Qwen3-style folder (its own BPE to
 ChatML template), and the real inference service (`start_inference`, with
 `[inference.http] enabled` on a free loopback port) serves it over gRPC and HTTP on one
 loop, as `tidal inference` does. The client is `AsyncOpenAI` because the server runs on
-the test's own event loop.
+the test's own event loop. With an API key and TLS (the run CA's inference certificate)
+the same client round trips work, and the endpoint may listen beyond loopback.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import openai
 import pytest
 
+from tidal.common.security.config import SecurityConfig
+from tidal.common.security.credentials import CA_CERT, ensure_certificates
 from tidal.inference.config import OpenAIHttpConfig
 from tidal.text.hf_tokenizer import HFTokenizer
 
@@ -37,24 +43,54 @@ PROMPT = "東京は"
 CHAT = [{"role": "user", "content": "What is 12 + 30?"}]
 
 
+KEY = "sk-tidal-test-key"
+
+
 @contextlib.asynccontextmanager
 async def openai_replica(
-    weightsync: Any, tmp_path: Path, folder: Path, *, publish: bool = True, **inference: Any
+    weightsync: Any,
+    tmp_path: Path,
+    folder: Path,
+    *,
+    publish: bool = True,
+    http: dict[str, Any] | None = None,
+    **inference: Any,
 ) -> AsyncIterator[tuple[Inference, openai.AsyncOpenAI]]:
-    """The service with the HTTP endpoint on; `inference` overrides `[inference]` keys."""
+    """The service with the HTTP endpoint on; `inference` overrides `[inference]` keys and
+    `http` `[inference.http]` keys. With `api_key_file` set the client sends its key;
+    with `tls` it trusts the run's CA (`<run dir>/tls`, created here)."""
     config = inference_config(weightsync, tmp_path, str(folder))
     config.inference = config.inference.model_copy(update=inference)
-    config.inference.http = OpenAIHttpConfig(enabled=True, served_model_name=MODEL)
+    config.inference.http = OpenAIHttpConfig(enabled=True, served_model_name=MODEL, **(http or {}))
+    api_key, trust = "unused", None
+    if config.inference.http.api_key_file is not None:
+        config.inference.http.api_key_file.write_text(KEY + "\n")
+        api_key = KEY
+    if config.inference.http.tls:
+        tls_dir = tmp_path / "tls"
+        ensure_certificates(tls_dir)
+        config.security = SecurityConfig(mode="plaintext", tls_dir=tls_dir)
+        trust = ssl.create_default_context(cafile=tls_dir / CA_CERT)
     async with serving_inference(config) as inference:
         if publish:
             await publish_folder(weightsync, folder)
             await inference.at_version(0)
         assert inference.running.http is not None
         client = openai.AsyncOpenAI(
-            base_url=inference.running.http.url, api_key="unused", max_retries=0
+            base_url=base_url(inference),
+            api_key=api_key,
+            max_retries=0,
+            http_client=None if trust is None else openai.DefaultAsyncHttpxClient(verify=trust),
         )
         yield inference, client
         await client.close()
+
+
+def base_url(inference: Inference) -> str:
+    """The endpoint's URL as a client on this host dials it (loopback, whatever it binds)."""
+    assert inference.running.http is not None
+    http = inference.running.http
+    return http.config.model_copy(update={"host": "127.0.0.1"}).url(http.port)
 
 
 @pytest.fixture
@@ -262,3 +298,77 @@ async def test_a_client_that_disconnects_frees_its_sequence(
     assert before.running == 1
     # cancelled in the engine: far fewer than the 100 tokens asked for were generated
     assert after.generated_tokens - before.generated_tokens < 50
+
+
+async def post_raw(url: str, body: bytes, content_type: str) -> tuple[int, dict[str, Any]]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url, data=body, headers={"Content-Type": content_type}) as reply,
+    ):
+        return reply.status, json.loads(await reply.read())
+
+
+async def test_a_body_nested_100000_deep_or_in_an_unknown_charset_is_a_4xx(
+    weightsync_server: Any, tmp_path: Path, qwen3_folder: Path
+) -> None:
+    replica = openai_replica(weightsync_server, tmp_path, qwen3_folder, publish=False)
+    async with replica as (inference, _):
+        url = base_url(inference) + "/completions"
+        deep = await post_raw(url, b"[" * 100_000 + b"]" * 100_000, "application/json")
+        charset = await post_raw(
+            url, b'{"model": "tiny-qwen3"}', "application/json; charset=x-no-such"
+        )
+    assert deep[0] == 400 and "nested too deeply" in deep[1]["error"]["message"]
+    assert charset[0] == 415 and "x-no-such" in charset[1]["error"]["message"]
+    for _, reply in (deep, charset):
+        assert reply["error"]["type"] == "invalid_request_error"
+
+
+async def test_with_an_api_key_requests_without_it_or_with_another_are_401(
+    weightsync_server: Any, tmp_path: Path, qwen3_folder: Path
+) -> None:
+    http = {"api_key_file": tmp_path / "openai.key"}
+    replica = openai_replica(weightsync_server, tmp_path, qwen3_folder, http=http)
+    async with replica as (inference, client):
+        served = await client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2)
+        wrong = openai.AsyncOpenAI(base_url=base_url(inference), api_key="sk-other", max_retries=0)
+        with pytest.raises(openai.AuthenticationError) as refused:
+            await wrong.models.list()
+        await wrong.close()
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(base_url(inference) + "/models") as missing,
+        ):
+            missing_body = await missing.json()
+    assert extension(served.choices[0])["policy_versions"] == [0, 0]
+    assert refused.value.status_code == 401 and refused.value.code == "invalid_api_key"
+    assert missing.status == 401 and "Bearer" in missing_body["error"]["message"]
+
+
+async def test_tls_serves_the_run_ca_certificate_and_a_client_without_the_ca_is_refused(
+    weightsync_server: Any, tmp_path: Path, qwen3_folder: Path
+) -> None:
+    http = {"api_key_file": tmp_path / "openai.key", "tls": True}
+    replica = openai_replica(weightsync_server, tmp_path, qwen3_folder, http=http)
+    async with replica as (inference, client):
+        assert base_url(inference).startswith("https://127.0.0.1:")
+        reply = await client.chat.completions.create(
+            model=MODEL, messages=CHAT, max_completion_tokens=3
+        )
+        untrusting = openai.AsyncOpenAI(base_url=base_url(inference), api_key=KEY, max_retries=0)
+        with pytest.raises(openai.APIConnectionError):
+            await untrusting.models.list()
+        await untrusting.close()
+    assert len(extension(reply.choices[0])["token_ids"]) == 3
+
+
+async def test_beyond_loopback_with_a_key_and_tls_it_listens_on_every_address(
+    weightsync_server: Any, tmp_path: Path, qwen3_folder: Path
+) -> None:
+    http = {"host": "0.0.0.0", "api_key_file": tmp_path / "openai.key", "tls": True}
+    replica = openai_replica(weightsync_server, tmp_path, qwen3_folder, http=http)
+    async with replica as (inference, client):
+        assert inference.running.http is not None
+        assert inference.running.http.url.startswith("https://0.0.0.0:")
+        models = await client.models.list()
+    assert [m.id for m in models.data] == [MODEL]

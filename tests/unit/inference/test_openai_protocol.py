@@ -2,19 +2,108 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
-from tidal.common.errors import InvalidArgument
-from tidal.inference.config import InferenceConfig, OpenAIHttpConfig
-from tidal.inference.openai_protocol import StopTrim, parse_completion, sampling_from_body
+from tidal.common.errors import ConfigError, InvalidArgument
+from tidal.common.security.config import SecurityConfig
+from tidal.inference.config import InferenceConfig, InferenceRunConfig, OpenAIHttpConfig
+from tidal.inference.main import openai_http_credentials
+from tidal.inference.openai_body import BadBody, decode_text, parse_object
+from tidal.inference.openai_protocol import (
+    StopTrim,
+    parse_chat,
+    parse_completion,
+    sampling_from_body,
+)
 from tidal.text.byte import ByteTokenizer
 
 
-@pytest.mark.parametrize("host", ["0.0.0.0", "10.1.2.3", "example.com"])
+@pytest.mark.parametrize(
+    "host", ["0.0.0.0", "10.1.2.3", "example.com", "127.attacker.example", "127.0.0.1.nip.io"]
+)
 def test_a_non_loopback_http_host_is_a_config_error(host: str) -> None:
     with pytest.raises(ValidationError, match="not a loopback address: the OpenAI endpoint"):
         InferenceConfig.model_validate({"http": {"enabled": True, "host": host}})
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.9.8.7", "::1", "localhost"])
+def test_loopback_addresses_and_localhost_resolved_to_loopback_are_accepted(host: str) -> None:
+    assert OpenAIHttpConfig(enabled=True, host=host).host == host
+
+
+@pytest.mark.parametrize(
+    ("secured", "missing"),
+    [
+        ({}, "set inference.http.api_key_file and inference.http.tls"),
+        ({"tls": True}, "set inference.http.api_key_file, or"),
+        ({"api_key_file": "k"}, "set inference.http.tls, or"),
+    ],
+)
+def test_beyond_loopback_needs_both_an_api_key_and_tls(
+    secured: dict[str, object], missing: str
+) -> None:
+    with pytest.raises(ValidationError, match=missing):
+        OpenAIHttpConfig(enabled=True, host="0.0.0.0", **secured)
+    both = OpenAIHttpConfig(enabled=True, host="0.0.0.0", api_key_file=Path("k"), tls=True)
+    assert both.url(8000) == "https://0.0.0.0:8000/v1"
+
+
+def test_an_unreadable_key_or_missing_certificate_is_a_config_error_naming_the_key(
+    tmp_path: Path,
+) -> None:
+    config = InferenceRunConfig(
+        run={"output_dir": tmp_path},
+        security=SecurityConfig(mode="plaintext"),
+        inference={"http": {"enabled": True, "api_key_file": tmp_path / "none.key"}},
+    )
+    with pytest.raises(ConfigError, match=r"^inference.http.api_key_file: cannot read"):
+        openai_http_credentials(config)
+    (tmp_path / "empty.key").write_text("\n")
+    config.inference.http.api_key_file = tmp_path / "empty.key"
+    with pytest.raises(ConfigError, match=r"^inference.http.api_key_file: .* is empty"):
+        openai_http_credentials(config)
+    (tmp_path / "ok.key").write_text("sk-1\n")
+    config.inference.http.api_key_file = tmp_path / "ok.key"
+    config.inference.http.tls = True
+    with pytest.raises(ConfigError, match=r"^inference.http.tls: cannot load .*inference.pem"):
+        openai_http_credentials(config)
+
+
+@pytest.mark.parametrize(
+    ("raw", "charset", "status", "says"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, None, 400, "nested too deeply"),
+        (b"{}", "x-no-such", 415, "'x-no-such' is not supported"),
+        (b"{}", "zlib", 415, "send JSON as UTF-8"),
+        (b'{"a": "\xff"}', "utf-8", 400, "not valid utf-8"),
+        (b'{"a": "\\ud800"}', None, 400, "lone surrogate"),
+        (b'{"a": NaN}', None, 400, "NaN is not a JSON value"),
+        (b'{"a": 1' + b"0" * 5000 + b"}", None, 400, "not valid JSON"),
+        (b"[1]", None, 400, "must be a JSON object"),
+    ],
+)
+def test_malformed_bodies_are_refused_with_a_4xx_saying_why(
+    raw: bytes, charset: str | None, status: int, says: str
+) -> None:
+    with pytest.raises(BadBody, match=says) as refused:
+        parse_object(decode_text(raw, charset))
+    assert refused.value.status == status
+
+
+def test_a_surrogate_pair_and_an_escaped_backslash_are_valid_text() -> None:
+    body = parse_object(decode_text(b'{"a": "\\ud83d\\ude00", "b": "\\\\ud800"}', "UTF8"))
+    assert body == {"a": "\U0001f600", "b": "\\ud800"}
+
+
+def test_a_number_no_float_holds_and_a_text_part_without_text_are_refused() -> None:
+    tok = ByteTokenizer()
+    with pytest.raises(InvalidArgument, match=r"^temperature: is out of range"):
+        sampling_from_body({"temperature": 10**400}, eos_ids=())
+    with pytest.raises(InvalidArgument, match=r"^messages\[0\].content: only text parts"):
+        parse_chat({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, tok)
 
 
 def test_the_endpoint_is_off_and_on_loopback_by_default() -> None:

@@ -7,9 +7,12 @@ because the local stack's four services share two cores.
 
 from __future__ import annotations
 
+import ipaddress
+import socket
+from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, model_validator
 
 from tidal.common.config.loading import BaseConfig
 from tidal.common.config.schema import FIRST
@@ -18,36 +21,72 @@ from tidal.common.config.shared import ServiceRunConfig
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
+def is_loopback_host(host: str) -> bool:
+    """An IP address on loopback, or `localhost` when every address it resolves to is.
+    Any other name is not loopback here: what it resolves to is not ours to trust."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    if host.lower() != "localhost":
+        return False
+    try:
+        found = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except OSError:
+        return False
+    return bool(found) and all(
+        ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]).is_loopback for info in found
+    )
+
+
 class OpenAIHttpConfig(BaseConfig):
     """`[inference.http]`: the OpenAI-compatible HTTP endpoint (docs/inference.md)."""
 
     enabled: bool = False
     """Serve `/v1/models`, `/v1/completions` and `/v1/chat/completions` beside gRPC."""
     host: str = "127.0.0.1"
-    """Address the HTTP server listens on. Loopback only until the endpoint has TLS:
-    `grpc.bind_host` ("0.0.0.0" in containers) does not apply to it, and a non-loopback
-    host is refused here."""
+    """Address the HTTP server listens on. A loopback IP address (or `localhost`, when it
+    resolves to loopback only) unless both `api_key_file` and `tls` are set; any other
+    host without both is refused here. `grpc.bind_host` does not apply to it."""
     port: int = Field(default=0, ge=0, le=65535)
     """TCP port; 0 picks a free one (`tidal rl` writes the one it picked into the run's
     config.toml and prints the URL; a standalone service logs it)."""
     served_model_name: str = Field(default="tidal", min_length=1)
     """The `model` name `/v1/models` lists and requests must name (else 404)."""
+    api_key_file: Path | None = None
+    """File holding the API key every request must send as `Authorization: Bearer <key>`
+    (else 401). The server reads it at start and keeps only its sha256 digest. None: no
+    key, allowed on loopback only."""
+    tls: bool = False
+    """Serve HTTPS with the inference role's certificate and key (`security.cert` and
+    `security.key`, default `<tls_dir>/inference.pem` and `.key`), which clients verify
+    with the run's CA (`<tls_dir>/ca.pem`). Needed, with `api_key_file`, to listen
+    beyond loopback."""
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    """Largest request body; a larger one is refused 413 before it is parsed. It bounds
+    the memory and JSON-parsing time one request costs; keep it above a few times
+    `inference.limits.max_prompt_bytes`, since JSON escapes can be 6 bytes a character."""
 
-    @field_validator("host")
-    @classmethod
-    def _loopback_only(cls, host: str) -> str:
-        if host not in LOOPBACK_HOSTS and not host.startswith("127."):
-            raise ValueError(
-                f"{host!r} is not a loopback address: the OpenAI endpoint has no TLS yet, so it "
-                f"listens on loopback only ({', '.join(LOOPBACK_HOSTS)}); reach it through an "
-                "SSH tunnel or a TLS-terminating proxy on the same machine"
-            )
-        return host
+    @model_validator(mode="after")
+    def _loopback_unless_secured(self) -> OpenAIHttpConfig:
+        if is_loopback_host(self.host) or (self.api_key_file is not None and self.tls):
+            return self
+        missing = [
+            f"inference.http.{key}"
+            for key, unset in (("api_key_file", self.api_key_file is None), ("tls", not self.tls))
+            if unset
+        ]
+        raise ValueError(
+            f"{self.host!r} is not a loopback address: the OpenAI endpoint listens beyond "
+            f"loopback only with an API key and TLS; set {' and '.join(missing)}, or use a "
+            f"loopback address ({', '.join(LOOPBACK_HOSTS)})"
+        )
 
     def url(self, port: int | None = None) -> str:
         """Base URL an OpenAI client takes (`base_url`), e.g. http://127.0.0.1:8000/v1."""
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port if port is None else port}/v1"
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://{host}:{self.port if port is None else port}/v1"
 
 
 class RequestLimits(BaseConfig):

@@ -15,18 +15,21 @@ import contextlib
 import logging
 import os
 import socket
+import ssl
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tidal.common.config.loading import load_or_exit
+from tidal.common.errors import ConfigError
 from tidal.common.files.modes import apply_file_policy
 from tidal.common.grpc.server import GrpcServer, ServiceBinding
 from tidal.common.observability.logging import setup_logging
 from tidal.common.observability.prometheus import ServiceMetrics
 from tidal.common.observability.tracing import setup_telemetry
 from tidal.common.process.launcher_watch import watch_launcher
+from tidal.common.security.credentials import cert_path, key_path
 from tidal.common.security.transport import check_or_exit, for_service
 from tidal.inference.config import InferenceRunConfig
 from tidal.models.cpu_features import bf16_cost_warning
@@ -134,13 +137,37 @@ async def start_openai_http(
     from tidal.inference.openai_http import OpenAIEndpoint, OpenAIServer
 
     http = config.inference.http
+    digest, tls = openai_http_credentials(config)
     endpoint = OpenAIEndpoint(
-        engine, tokenizer, model_name=http.served_model_name, limits=config.inference.limits
+        engine,
+        tokenizer,
+        model_name=http.served_model_name,
+        limits=config.inference.limits,
+        key_digest=digest,
+        max_body_bytes=http.max_body_bytes,
     )
-    server = OpenAIServer(endpoint, http)
+    server = OpenAIServer(endpoint, http, tls=tls)
     await server.start()
-    log.info("OpenAI-compatible endpoint at %s (model %r)", server.url, http.served_model_name)
+    log.info(
+        "OpenAI-compatible endpoint at %s (model %r, %s)",
+        server.url,
+        http.served_model_name,
+        "API key required" if digest else "no API key",
+    )
     return server
+
+
+def openai_http_credentials(config: InferenceRunConfig) -> tuple[str | None, ssl.SSLContext | None]:
+    """The endpoint's API key digest and TLS context, as `[inference.http]` asks (ConfigError)."""
+    from tidal.inference.openai_http import api_key_digest, server_tls
+
+    http, security = config.inference.http, config.security
+    digest = None if http.api_key_file is None else api_key_digest(http.api_key_file)
+    if not http.tls:
+        return digest, None
+    folder = security.folder(config.run.dir)
+    cert = security.cert or cert_path(folder, "inference")
+    return digest, server_tls(cert, security.key or key_path(folder, "inference"))
 
 
 def build_engine(config: InferenceRunConfig, tokenizer: Tokenizer) -> Engine:
@@ -212,5 +239,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     apply_file_policy(shared_readable=config.run.shared_readable)
     setup_logging("inference", level=config.telemetry.log_level)
     check_or_exit(config, "inference")
+    if config.inference.http.enabled:
+        try:
+            openai_http_credentials(config)
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
     watch_launcher()  # no-op unless started by `tidal rl`
     asyncio.run(serve(config))

@@ -6,30 +6,39 @@ policy version of each. aiohttp runs on the service's own loop, so handlers call
 engine as gRPC with no thread hop; the same request checks apply, and engine errors map to
 OpenAI-style error bodies (400, 404, 429, 503). A streamed request pulls the first piece
 before sending headers, so a refusal is an HTTP error, not a broken stream; a handler that
-ends cancels its request in the engine. Loopback only: no TLS or auth yet.
+ends cancels its request in the engine. With an API key, every request is checked before
+its body is read (only the key's sha256 is held, compared in constant time); with TLS it
+serves the inference role's certificate; beyond loopback both are required (config.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hmac
 import json
 import logging
+import ssl
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from tidal.common.errors import (
+    ConfigError,
     InvalidArgument,
     NotFound,
     ResourceExhausted,
     TidalError,
     Unavailable,
 )
+from tidal.common.security.credentials import token_digest
+from tidal.common.security.transport import TOKEN_PREFIX
 from tidal.inference.config import OpenAIHttpConfig, RequestLimits
 from tidal.inference.engine import Completion, Engine
+from tidal.inference.openai_body import BadBody, read_object
 from tidal.inference.openai_protocol import (
     ParsedRequest,
     StopTrim,
@@ -46,7 +55,12 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _STATUS = {InvalidArgument: 400, NotFound: 404, ResourceExhausted: 429, Unavailable: 503}
-_TYPE = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error"}
+_TYPE = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+}
 
 
 def error_response(
@@ -64,15 +78,63 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
         return await handler(request)
     except web.HTTPException as e:  # aiohttp's own 404/405 for unknown routes
         return error_response(e.status, e.reason, param=None, code=None)
+    except BadBody as e:
+        return error_response(e.status, str(e), param=None, code=e.code)
     except TidalError as e:
         status = next((s for cls, s in _STATUS.items() if isinstance(e, cls)), 500)
         field = e.field if isinstance(e, InvalidArgument) else None
         return error_response(status, str(e), param=field, code=type(e).__name__)
     except ConnectionError:  # the client went away mid-stream: nothing left to answer
         raise
-    except Exception as e:  # a bug: still an OpenAI-shaped 500, and logged with its trace
+    except Exception:  # a bug: an OpenAI-shaped 500 that tells the caller nothing inside
         log.exception("%s %s failed", request.method, request.path)
-        return error_response(500, f"internal error: {e}", param=None, code=None)
+        return error_response(500, "internal error (logged by the server)", param=None, code=None)
+
+
+def bearer_key(digest: str) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    """Middleware: 401 unless `Authorization: Bearer <key>` hashes to `digest`."""
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        header = request.headers.get("Authorization", "")
+        key = header[len(TOKEN_PREFIX) :].strip() if header.startswith(TOKEN_PREFIX) else ""
+        if key and hmac.compare_digest(digest, token_digest(key)):
+            return await handler(request)
+        reply = error_response(
+            401,
+            "invalid API key" if key else "an API key is required (Authorization: Bearer <key>)",
+            param=None,
+            code="invalid_api_key",
+        )
+        reply.headers["WWW-Authenticate"] = "Bearer"
+        return reply
+
+    return check
+
+
+def api_key_digest(path: Path) -> str:
+    """The sha256 of the key in `path` (the key itself is not kept); ConfigError."""
+    try:
+        key = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"inference.http.api_key_file: cannot read {path} ({e})") from None
+    if not key:
+        raise ConfigError(f"inference.http.api_key_file: {path} is empty")
+    return token_digest(key)
+
+
+def server_tls(cert: Path, key: Path) -> ssl.SSLContext:
+    """The HTTPS context of the inference role's certificate; ConfigError naming keys."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as e:
+        raise ConfigError(
+            f"inference.http.tls: cannot load {cert} / {key} ({e}); set security.tls_dir "
+            "(or security.cert and security.key), or create them with `tidal certs --out DIR`"
+        ) from None
+    return context
 
 
 class OpenAIEndpoint:
@@ -85,11 +147,14 @@ class OpenAIEndpoint:
         *,
         model_name: str,
         limits: RequestLimits = DEFAULT_LIMITS,
+        key_digest: str | None = None,
+        max_body_bytes: int = OpenAIHttpConfig().max_body_bytes,
     ) -> None:
         self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
-        self.limits = limits
+        self.limits, self.max_body_bytes = limits, max_body_bytes
         self.created = int(time.time())
-        self.app = web.Application(middlewares=[openai_errors])
+        middlewares = [openai_errors] + ([] if key_digest is None else [bearer_key(key_digest)])
+        self.app = web.Application(middlewares=middlewares, client_max_size=max_body_bytes)
         self.app.router.add_get("/v1/models", self.models)
         self.app.router.add_post("/v1/completions", self.completions)
         self.app.router.add_post("/v1/chat/completions", self.chat)
@@ -113,16 +178,12 @@ class OpenAIEndpoint:
         return await self._serve(request, chat=True)
 
     async def _body(self, request: web.Request) -> dict[str, Any]:
-        try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise InvalidArgument("body", f"not valid JSON: {e}") from e
-        if not isinstance(body, dict):
-            raise InvalidArgument("body", "must be a JSON object")
-        if body.get("model") != self.model_name:
+        body = await read_object(request, self.max_body_bytes)
+        model = body.get("model")
+        if model != self.model_name:
+            named = repr(model[:100]) if isinstance(model, str) else type(model).__name__
             raise NotFound(
-                f"The model {body.get('model')!r} does not exist; this replica serves "
-                f"{self.model_name!r}"
+                f"The model {named} does not exist; this replica serves {self.model_name!r}"
             )
         return body
 
@@ -225,8 +286,14 @@ class _Reply:
 class OpenAIServer:
     """The endpoint's HTTP server: `start` binds (port 0 picks one), `close` stops it."""
 
-    def __init__(self, endpoint: OpenAIEndpoint, config: OpenAIHttpConfig) -> None:
-        self.endpoint, self.config = endpoint, config
+    def __init__(
+        self,
+        endpoint: OpenAIEndpoint,
+        config: OpenAIHttpConfig,
+        *,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
+        self.endpoint, self.config, self.tls = endpoint, config, tls
         # handler_cancellation: a client that disconnects cancels its handler, whose
         # `aclosing` then cancels the request in the engine (aiohttp's default lets it run).
         self._runner = web.AppRunner(endpoint.app, access_log=None, handler_cancellation=True)
@@ -238,7 +305,8 @@ class OpenAIServer:
 
     async def start(self) -> None:
         await self._runner.setup()
-        await web.TCPSite(self._runner, self.config.host, self.config.port).start()
+        site = web.TCPSite(self._runner, self.config.host, self.config.port, ssl_context=self.tls)
+        await site.start()
         self.port = int(self._runner.addresses[0][1])  # the bound port, when 0 asked for any
 
     async def close(self) -> None:

@@ -60,6 +60,14 @@ def _typed(body: dict[str, Any], name: str, kind: type | tuple[type, ...], defau
     return value
 
 
+def _number(body: dict[str, Any], name: str, default: float) -> float:
+    value = _typed(body, name, (int, float), default)
+    try:
+        return float(value)
+    except OverflowError:  # an integer JSON allows but a float cannot hold
+        raise InvalidArgument(name, "is out of range") from None
+
+
 def _refuse_unsupported(body: dict[str, Any]) -> None:
     for name in _REFUSED:
         if body.get(name) not in (None, False, {}, []):
@@ -100,13 +108,13 @@ def sampling_from_body(
         raise InvalidArgument("stop_token_ids", "must be a list of token ids")
     params = SamplingParams(
         max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
-        temperature=float(_typed(body, "temperature", (int, float), 1.0)),
-        top_p=float(_typed(body, "top_p", (int, float), 1.0)),
+        temperature=_number(body, "temperature", 1.0),
+        top_p=_number(body, "top_p", 1.0),
         top_k=max(0, _typed(body, "top_k", int, 0)),  # vLLM's -1 "off" is our 0
         n=_typed(body, "n", int, 1),
         seed=_typed(body, "seed", int, None),
         stop_token_ids=tuple(dict.fromkeys([*stop_token_ids, *(() if ignore_eos else eos_ids)])),
-        min_p=float(_typed(body, "min_p", (int, float), 0.0)),
+        min_p=_number(body, "min_p", 0.0),
         stop=_stops(body),
     )
     check_sampling(params, lambda name: max_tokens_key if name == "max_tokens" else name, limits)
@@ -128,6 +136,8 @@ def parse_completion(
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, list):
+        check_prompt_count(len(prompt), "prompt", limits)  # before any id is looked at
     if isinstance(prompt, str) and prompt:
         check_prompt_text(prompt, "prompt", limits)
         prompt_ids = tokenizer.encode(prompt, add_special_tokens=True)
@@ -136,7 +146,6 @@ def parse_completion(
         and prompt
         and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
     ):
-        check_prompt_count(len(prompt), "prompt", limits)
         prompt_ids = list(prompt)
     else:
         raise InvalidArgument(
@@ -169,9 +178,12 @@ def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
             raise InvalidArgument(f"messages[{i}]", "must be an object with a string role")
         content = message.get("content") or ""
         if isinstance(content, list):  # content parts: text only
-            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+            if not all(
+                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                for p in content
+            ):
                 raise InvalidArgument(f"messages[{i}].content", "only text parts are supported")
-            content = "".join(str(p.get("text", "")) for p in content)
+            content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise InvalidArgument(f"messages[{i}].content", "must be a string or text parts")
         rendered.append({"role": message["role"], "content": content})

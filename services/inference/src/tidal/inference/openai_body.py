@@ -1,0 +1,96 @@
+"""A request body of the OpenAI endpoint → one JSON object, or a 4xx saying what is wrong.
+
+Every way a body can be malformed is refused here, before any field is read: too large
+(413, from Content-Length before reading when it is sent), a charset other than UTF-8
+(415), bytes that are not UTF-8, text that is not JSON (NaN and Infinity included),
+nesting deeper than the decoder recurses, integers beyond Python's digit limit, strings
+holding lone surrogate escapes, a top level that is not an object (400). So the
+parameter parsing after it only meets values that strict JSON and Python's text
+handling agree on.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import re
+from typing import Any, NoReturn
+
+from aiohttp import web
+
+_UTF8 = ("utf-8", "ascii")  # codec names after codecs.lookup; ASCII is a subset of UTF-8
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+class BadBody(Exception):
+    """A body refused before parsing its parameters: an HTTP status and a message."""
+
+    def __init__(self, status: int, message: str, code: str) -> None:
+        super().__init__(message)
+        self.status, self.code = status, code
+
+
+def _not_json(constant: str) -> NoReturn:
+    raise ValueError(f"{constant} is not a JSON value")
+
+
+def decode_text(raw: bytes, charset: str | None) -> str:
+    """The body's text: UTF-8 (or ASCII) only, as RFC 8259 asks of JSON on the wire."""
+    name = "utf-8"
+    if charset is not None:
+        try:
+            name = codecs.lookup(charset).name
+        except (LookupError, ValueError):
+            name = ""
+        if name not in _UTF8:
+            raise BadBody(
+                415,
+                f"charset {charset[:64]!r} is not supported: send JSON as UTF-8",
+                "unsupported_charset",
+            ) from None
+    try:
+        return raw.decode(name)
+    except UnicodeDecodeError as e:
+        raise BadBody(
+            400, f"the body is not valid {name} (at byte {e.start})", "invalid_body"
+        ) from None
+
+
+def parse_object(text: str) -> dict[str, Any]:
+    """The JSON object `text` holds; BadBody (400) for anything else."""
+    try:
+        body = json.loads(text, parse_constant=_not_json)
+    except RecursionError:
+        raise BadBody(
+            400, "the body is not valid JSON: nested too deeply", "invalid_json"
+        ) from None
+    except ValueError as e:  # JSONDecodeError, NaN/Infinity, an integer over the digit limit
+        raise BadBody(400, f"the body is not valid JSON: {str(e)[:200]}", "invalid_json") from None
+    if not isinstance(body, dict):
+        raise BadBody(400, "the body must be a JSON object", "invalid_json")
+    if _SURROGATE_ESCAPE.search(text) is not None:
+        try:  # a pair is fine; a lone half cannot become UTF-8 (a prompt, a stop string)
+            json.dumps(body, ensure_ascii=False).encode()
+        except (UnicodeEncodeError, RecursionError):
+            raise BadBody(
+                400,
+                "the body holds a string with a lone surrogate escape (\\ud800-\\udfff)",
+                "invalid_json",
+            ) from None
+    return body
+
+
+async def read_object(request: web.Request, max_bytes: int) -> dict[str, Any]:
+    """The request's JSON object, read only when its size is within `max_bytes`."""
+    too_large = BadBody(
+        413,
+        f"the body is larger than {max_bytes} bytes (inference.http.max_body_bytes)",
+        "body_too_large",
+    )
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise too_large
+    try:
+        raw = await request.read()  # aiohttp stops reading past the app's client_max_size
+    except web.HTTPRequestEntityTooLarge:
+        raise too_large from None
+    return parse_object(decode_text(raw, request.charset))
