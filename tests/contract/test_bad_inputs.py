@@ -16,13 +16,14 @@ OpenAI-style error, logging nothing.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import logging
 import math
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,15 +119,27 @@ class Stack:
         raise AssertionError(f"an invalid request was answered OK: {answer!r:.200}")
 
     def post(
-        self, path: str, body: bytes, content_type: str = "application/json"
+        self,
+        path: str,
+        body: bytes,
+        headers: dict[str, str] | None = None,
+        *,
+        chunked: bool = False,
     ) -> tuple[int, bytes]:
-        """POST raw bytes to the OpenAI endpoint; (status, body)."""
+        """POST raw bytes (as JSON unless `headers` say otherwise, chunked without a
+        Content-Length when asked) to the OpenAI endpoint; (status, body)."""
+
+        async def pieces() -> AsyncIterator[bytes]:
+            for start in range(0, len(body), 4096):
+                yield body[start : start + 4096]
 
         async def go() -> tuple[int, bytes]:
             async with (
                 aiohttp.ClientSession() as session,
                 session.post(
-                    self.openai_url + path, data=body, headers={"Content-Type": content_type}
+                    self.openai_url + path,
+                    data=pieces() if chunked else body,
+                    headers={"Content-Type": "application/json", **(headers or {})},
                 ) as reply,
             ):
                 return reply.status, await reply.read()
@@ -776,38 +789,91 @@ def test_openai_bodies_of_any_shape_are_never_a_server_error(
         ),
     ),
     charset=st.sampled_from(CHARSETS) | st.text(st.characters(min_codepoint=33, max_codepoint=126)),
+    encoding=st.sampled_from(["", "identity", "gzip", "deflate", "br"]),
+    chunked=st.booleans(),
     path=st.sampled_from(PATHS),
 )
-@example(raw=b"[" * 30_000 + b"]" * 30_000, charset="utf-8", path=PATHS[0])
-@example(raw=b'{"model": "tidal", "prompt": "a"}', charset="x-no-such", path=PATHS[0])
-@example(raw=b'{"model": "tidal", "prompt": "\\ud800"}', charset="utf-8", path=PATHS[0])
-@example(raw=b'{"model": "tidal", "n": 1' + b"0" * 5000 + b"}", charset="utf-8", path=PATHS[0])
-@example(raw=b'{"model": "tidal", "top_p": NaN}', charset="utf-8", path=PATHS[0])
+@example(
+    raw=b"[" * 30_000 + b"]" * 30_000, charset="utf-8", encoding="", chunked=True, path=PATHS[0]
+)
+@example(raw=b"not gzip", charset="", encoding="gzip", chunked=False, path=PATHS[0])
+@example(
+    raw=b'{"model": "tidal", "prompt": "a"}',
+    charset="x-no-such",
+    encoding="",
+    chunked=False,
+    path=PATHS[0],
+)
+@example(
+    raw=b'{"model": "tidal", "prompt": "\\ud800"}',
+    charset="utf-8",
+    encoding="",
+    chunked=False,
+    path=PATHS[0],
+)
+@example(
+    raw=b'{"model": "tidal", "n": 1' + b"0" * 5000 + b"}",
+    charset="utf-8",
+    encoding="",
+    chunked=False,
+    path=PATHS[0],
+)
+@example(
+    raw=b'{"model": "tidal", "top_p": NaN}',
+    charset="utf-8",
+    encoding="",
+    chunked=False,
+    path=PATHS[0],
+)
 def test_openai_raw_bodies_depths_charsets_and_sizes_are_never_a_server_error(
-    stack: Stack, no_tracebacks: None, raw: bytes, charset: str, path: str
+    stack: Stack,
+    no_tracebacks: None,
+    raw: bytes,
+    charset: str,
+    encoding: str,
+    chunked: bool,
+    path: str,
 ) -> None:
-    content_type = f"application/json; charset={charset}" if charset else "application/json"
-    assert_openai_error(*stack.post(path, raw, content_type))
+    headers = {"Content-Type": "application/json" + (f"; charset={charset}" if charset else "")}
+    if encoding:
+        headers["Content-Encoding"] = encoding
+    assert_openai_error(*stack.post(path, raw, headers, chunked=chunked))
+
+
+ZIP_BOMB = gzip.compress(b'{"model": "tidal", "prompt": "' + b"x" * (16 << 20) + b'"}')
 
 
 @pytest.mark.parametrize(
-    ("raw", "content_type", "status", "says"),
+    ("raw", "headers", "status", "says"),
     [
-        (b"[" * 30_000 + b"]" * 30_000, "application/json", 400, "nested too deeply"),
-        (b'{"model": "tidal"}', "application/json; charset=x-no-such", 415, "charset"),
-        (b'{"model": "tidal", "prompt": "\\udc00"}', "application/json", 400, "surrogate"),
+        (b"[" * 30_000 + b"]" * 30_000, {}, 400, "nested too deeply"),
+        (
+            b'{"model": "tidal"}',
+            {"Content-Type": "application/json; charset=x-no-such"},
+            415,
+            "charset",
+        ),
+        (b'{"model": "tidal", "prompt": "\\udc00"}', {}, 400, "surrogate"),
         (
             b'{"model": "tidal", "prompt": "' + b"x" * MAX_BODY + b'"}',
-            "application/json",
+            {},
             413,
             "inference.http.max_body_bytes",
         ),
+        (ZIP_BOMB, {"Content-Encoding": "gzip"}, 415, "send the body uncompressed"),
     ],
 )
+@pytest.mark.parametrize("chunked", [False, True])
 def test_openai_attacks_are_refused_by_name_without_a_traceback(
-    stack: Stack, no_tracebacks: None, raw: bytes, content_type: str, status: int, says: str
+    stack: Stack,
+    no_tracebacks: None,
+    raw: bytes,
+    headers: dict[str, str],
+    status: int,
+    says: str,
+    chunked: bool,
 ) -> None:
-    got, reply = stack.post("/completions", raw, content_type)
+    got, reply = stack.post("/completions", raw, headers, chunked=chunked)
     assert_openai_error(got, reply)
     assert got == status and says in json.loads(reply)["error"]["message"], reply[:300]
     stack.assert_serving()

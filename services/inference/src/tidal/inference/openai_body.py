@@ -1,12 +1,11 @@
 """A request body of the OpenAI endpoint → one JSON object, or a 4xx saying what is wrong.
 
 Every way a body can be malformed is refused here, before any field is read: too large
-(413, from Content-Length before reading when it is sent), a charset other than UTF-8
-(415), bytes that are not UTF-8, text that is not JSON (NaN and Infinity included),
-nesting deeper than the decoder recurses, integers beyond Python's digit limit, strings
-holding lone surrogate escapes, a top level that is not an object (400). So the
-parameter parsing after it only meets values that strict JSON and Python's text
-handling agree on.
+(413, by Content-Length before reading when it is sent), compressed or in a charset
+other than UTF-8 (415), cut short, not UTF-8, not strict JSON (NaN and Infinity are
+not), nested deeper than the decoder recurses, integers beyond Python's digit limit,
+strings with lone surrogate escapes, a top level that is not an object (400). So the
+parameter parsing after it only meets values JSON and Python's text handling agree on.
 """
 
 from __future__ import annotations
@@ -89,8 +88,17 @@ async def read_object(request: web.Request, max_bytes: int) -> dict[str, Any]:
     )
     if request.content_length is not None and request.content_length > max_bytes:
         raise too_large
+    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise BadBody(
+            415,
+            f"Content-Encoding {encoding[:64]!r} is not supported: send the body uncompressed",
+            "unsupported_encoding",
+        )
     try:
         raw = await request.read()  # aiohttp stops reading past the app's client_max_size
     except web.HTTPRequestEntityTooLarge:
         raise too_large from None
+    except web.RequestPayloadError as e:  # the connection ended or framing broke mid-body
+        raise BadBody(400, f"the body could not be read ({e})", "invalid_body") from None
     return parse_object(decode_text(raw, request.charset))

@@ -296,7 +296,11 @@ class OpenAIServer:
         self.endpoint, self.config, self.tls = endpoint, config, tls
         # handler_cancellation: a client that disconnects cancels its handler, whose
         # `aclosing` then cancels the request in the engine (aiohttp's default lets it run).
-        self._runner = web.AppRunner(endpoint.app, access_log=None, handler_cancellation=True)
+        # auto_decompress off: a compressed body is refused unread (openai_body), never
+        # inflated past max_body_bytes nor failed inside aiohttp's parser.
+        self._runner = web.AppRunner(
+            endpoint.app, access_log=None, handler_cancellation=True, auto_decompress=False
+        )
         self.port = config.port
 
     @property
