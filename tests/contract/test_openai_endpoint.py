@@ -340,9 +340,18 @@ async def test_with_an_api_key_requests_without_it_or_with_another_are_401(
             session.get(base_url(inference) + "/models") as missing,
         ):
             missing_body = await missing.json()
+        assert inference.running.http is not None
+        reader, writer = await asyncio.open_connection("127.0.0.1", inference.running.http.port)
+        writer.write(  # a key that is not UTF-8, which no HTTP client library sends
+            b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\r\n"
+            b"Connection: close\r\n\r\n"
+        )
+        not_utf8 = await reader.read()
+        writer.close()
     assert extension(served.choices[0])["policy_versions"] == [0, 0]
     assert refused.value.status_code == 401 and refused.value.code == "invalid_api_key"
     assert missing.status == 401 and "Bearer" in missing_body["error"]["message"]
+    assert not_utf8.startswith(b"HTTP/1.1 401 ") and b"invalid_api_key" in not_utf8
 
 
 async def test_tls_serves_the_run_ca_certificate_and_a_client_without_the_ca_is_refused(

@@ -14,6 +14,7 @@ serves the inference role's certificate; beyond loopback both are required (conf
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import hmac
 import json
 import logging
@@ -98,7 +99,9 @@ def bearer_key(digest: str) -> Callable[[web.Request, Handler], Awaitable[web.St
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         header = request.headers.get("Authorization", "")
         key = header[len(TOKEN_PREFIX) :].strip() if header.startswith(TOKEN_PREFIX) else ""
-        if key and hmac.compare_digest(digest, token_digest(key)):
+        # surrogateescape: aiohttp keeps a header's non-UTF-8 bytes as lone surrogates
+        presented = hashlib.sha256(key.encode(errors="surrogateescape")).hexdigest()
+        if key and hmac.compare_digest(digest, presented):
             return await handler(request)
         reply = error_response(
             401,
