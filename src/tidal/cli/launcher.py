@@ -26,6 +26,7 @@ from tidal.cli.ports import free_port
 from tidal.cli.run_timing import finish_summary, launch_env, print_final_summary, process_start_time
 from tidal.cli.slurm import SlurmConfig, submit, write_job
 from tidal.cli.supervision import ChildSpec, Supervisor
+from tidal.cli.trainer_resume import resume_point
 from tidal.common.config.loading import load_or_exit, to_toml
 from tidal.common.errors import ConfigError
 from tidal.common.files.modes import apply_file_policy
@@ -90,34 +91,35 @@ def prepare_run_dir(config: RunConfig, *, overwrite: bool = False, resume: bool 
     return run_dir
 
 
-def checkpoint_dir(config: RunConfig) -> Path:
-    return config.trainer.ckpt.dir or config.run.dir / "checkpoints"
-
-
-def has_resume_point(ckpt_dir: Path) -> bool:
-    """Whether `ckpt_dir` holds what a trainer resumes from: a complete checkpoint (the
-    `step_*/.metadata` (DCP) or `step_*/state.<sha256>.safetensors` (one process) layout
-    of tidal.trainer.persistence) or a step journal starting at step 1 (a run killed
-    before its first checkpoint). Read here without torch."""
+def trainer_dirs(config: RunConfig) -> tuple[Path, Path]:
+    """The trainer's checkpoint folder and the folder its versions are published to."""
+    run_dir = config.run.dir
     return (
-        any(ckpt_dir.glob("step_*/.metadata"))
-        or any(ckpt_dir.glob("step_*/state.*.safetensors"))
-        or any(ckpt_dir.glob("journal/step_00000001/state.*.safetensors"))
+        config.trainer.ckpt.dir or run_dir / "checkpoints",
+        config.trainer.publish_dir or run_dir / "weights",
     )
 
 
 def check_resumable(config: RunConfig) -> None:
-    """`--resume` needs the run folder and a trainer resume point (`has_resume_point`) in it."""
+    """`--resume` needs the run folder, a trained step to continue from (a checkpoint or
+    the step journal from step 1), and no published version beyond it."""
     run_dir = config.run.dir
     if not run_dir.is_dir():
         raise ConfigError(f"{RESUME}: there is no run folder {run_dir} to continue")
-    ckpt_dir = checkpoint_dir(config)
-    if not has_resume_point(ckpt_dir):
+    ckpt_dir, weights_dir = trainer_dirs(config)
+    point = resume_point(ckpt_dir, weights_dir)
+    refusal = point.refusal(ckpt_dir, weights_dir)
+    if refusal:
         raise ConfigError(
-            f"{RESUME}: {run_dir} holds no complete trainer checkpoint in {ckpt_dir}, so the "
-            "trainer cannot continue it (the run was started with trainer.ckpt.interval = 0, "
-            "or with trainer.ckpt.journal off and stopped before its first checkpoint). Start "
-            f"it again with {OVERWRITE}, and set trainer.ckpt.interval to make a run resumable"
+            f"{RESUME}: the trainer cannot continue {run_dir}: {refusal}. Start it again "
+            f"with {OVERWRITE}"
+        )
+    if not point.reached:
+        raise ConfigError(
+            f"{RESUME}: {run_dir} holds no complete trainer checkpoint in {ckpt_dir} and no "
+            "journaled step, so there is nothing to continue (the run stopped before its "
+            f"first step, or was started with trainer.ckpt.interval = 0). Start it again with "
+            f"{OVERWRITE}"
         )
 
 
@@ -198,15 +200,11 @@ def always_restartable() -> str | None:
 
 def trainer_cannot_resume(config: RunConfig) -> str | None:
     """Why a restarted trainer could not continue the run (None: it can): it resumes from
-    its newest complete checkpoint, and without one it would start over under the run's
-    published versions, which it refuses."""
-    ckpt_dir = checkpoint_dir(config)
-    if has_resume_point(ckpt_dir):
-        return None
-    return (
-        f"a restarted trainer resumes from its newest checkpoint and {ckpt_dir} holds none "
-        "(set trainer.ckpt.interval > 0 to make the trainer restartable)"
-    )
+    its newest checkpoint (or its initial weights) and replays the journal after it, and
+    refuses to continue under a published version it cannot reach."""
+    ckpt_dir, weights_dir = trainer_dirs(config)
+    refusal = resume_point(ckpt_dir, weights_dir).refusal(ckpt_dir, weights_dir)
+    return f"a restarted trainer cannot continue the run: {refusal}" if refusal else None
 
 
 def run_ports(config: RunConfig) -> set[int]:

@@ -11,7 +11,7 @@ import torch
 
 from tidal.batch.tensors import MicroBatchData
 from tidal.trainer.config import JOURNALED_INTERVAL, CheckpointConfig
-from tidal.trainer.persistence.journal import StepJournal, first_journaled_step
+from tidal.trainer.persistence.journal import StepJournal
 from tidal.trainer.persistence.state_file import CorruptCheckpoint, state_file
 
 SHA = bytes(range(32))
@@ -34,7 +34,7 @@ def test_an_entry_round_trips_every_field_exactly(
         for name in vars(sent).keys() - {"rank"}:
             assert torch.equal(getattr(sent, name), getattr(read, name))
             assert getattr(sent, name).dtype == getattr(read, name).dtype
-    assert first_journaled_step(tmp_path) == 3
+    assert steps(journal) == [3]
 
 
 def test_replay_runs_in_order_and_stops_at_a_gap(
@@ -64,7 +64,7 @@ def test_covered_entries_and_torn_writes_are_pruned_on_the_next_append(
     journal.discard(4)
     assert steps(journal) == [3]
     journal.truncate(0)  # a fresh start in a reused checkpoint folder
-    assert steps(journal) == [] and first_journaled_step(tmp_path) is None
+    assert steps(journal) == []
 
 
 def test_a_damaged_entry_is_refused_naming_its_file(

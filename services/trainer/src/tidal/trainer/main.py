@@ -31,7 +31,7 @@ from tidal.text.loader import load_tokenizer
 from tidal.trainer.config import TrainerRunConfig
 from tidal.trainer.persistence.checkpoint import DCP_MODULE, CheckpointManager
 from tidal.trainer.persistence.hf_folder_files import hf_folder_files
-from tidal.trainer.persistence.journal import StepJournal, first_journaled_step, journal_dir
+from tidal.trainer.persistence.journal import StepJournal, journal_dir
 from tidal.trainer.persistence.publisher import WeightPublisher
 from tidal.trainer.persistence.steps import StepPersistence
 from tidal.trainer.prometheus import TrainerMetrics
@@ -77,8 +77,9 @@ def build_trainer(
     *,
     ranks: TorchrunRanks | None = None,
     channel: ControlChannel | None = None,
-) -> tuple[Trainer, CheckpointManager, bool]:
-    """The trainer (restored with `--resume`), its checkpoints and whether it resumed.
+) -> tuple[Trainer, CheckpointManager]:
+    """The trainer (restored with `--resume`: its newest checkpoint, else its initial
+    weights, the journal after either replayed by the runner) and its checkpoints.
     Under torchrun every rank calls this (the restore is collective); `channel` makes
     rank 0's checkpoint manager command the other ranks' saves."""
     torch.set_num_threads(config.trainer.num_threads)
@@ -99,17 +100,12 @@ def build_trainer(
         checkpoints = CheckpointManager(config.checkpoint_dir, keep_last=ckpt.keep_last)
     if ranks is not None:  # every rank builds its optimizer before the first collective
         trainer.build_optimizer_now()
-    has_checkpoint = checkpoints.latest() is not None
-    from_journal = journals(config, ranks) and first_journaled_step(config.checkpoint_dir) == 1
-    resumed = config.resume and (has_checkpoint or from_journal)
-    if resumed and has_checkpoint:
+    if config.resume and checkpoints.latest() is not None:
         checkpoints.load(trainer)  # every rank loads its shards (DCP reshards)
-    elif resumed:
+    elif config.resume:  # nothing checkpointed: the initial weights, then the journal
         where = journal_dir(config.checkpoint_dir)
         log.info("resumed from %s (step 0): no checkpoint yet, the journal is replayed", where)
-    elif config.resume:
-        log.warning("--resume: no checkpoint under %s; starting fresh", checkpoints.root)
-    return trainer, checkpoints, resumed
+    return trainer, checkpoints
 
 
 async def start_trainer(
@@ -123,7 +119,7 @@ async def start_trainer(
         from tidal.trainer.parallel.leader import ControlChannel
 
         channel = ControlChannel(ranks)
-    local, checkpoints, resumed = build_trainer(config, ranks=ranks, channel=channel)
+    local, checkpoints = build_trainer(config, ranks=ranks, channel=channel)
     trainer: ServiceTrainer = local
     if channel is not None:
         from tidal.trainer.parallel.leader import TorchrunLeader
@@ -174,7 +170,7 @@ async def start_trainer(
     await running.server.start(serving=False)
     log.info("model %s on %s; publishing to %s", trainer.describe(), device, config.publish_dir)
     try:
-        await (runner.resume() if resumed else runner.start())
+        await (runner.resume() if config.resume else runner.start())
     except BaseException:
         await running.stop()
         raise

@@ -81,7 +81,7 @@ def run_rank(config: TrainerRunConfig, argv: Sequence[str]) -> None:
             # torchrun passes SIGTERM to every rank at once; a follower waits for rank 0's
             # `stop` (sent after its graceful gRPC shutdown) instead of dying mid-collective.
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            trainer, checkpoints, _ = build_trainer(config, ranks=ranks)
+            trainer, checkpoints = build_trainer(config, ranks=ranks)
             log.info("rank %d of %d follows rank 0", ranks.rank, ranks.world_size)
             follow(trainer, checkpoints, ControlChannel(ranks))
     finally:

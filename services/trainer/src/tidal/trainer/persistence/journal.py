@@ -38,12 +38,6 @@ def journal_dir(checkpoint_dir: Path) -> Path:
     return checkpoint_dir / FOLDER
 
 
-def first_journaled_step(checkpoint_dir: Path) -> int | None:
-    """The lowest complete entry's step under `checkpoint_dir`, or None."""
-    entries = StepJournal(checkpoint_dir).entries()
-    return entries[0][0] if entries else None
-
-
 class StepJournal:
     def __init__(self, checkpoint_dir: Path) -> None:
         self.root = journal_dir(checkpoint_dir)

@@ -90,17 +90,23 @@ class WeightPublisher:
     async def check_resumable(self, step: int) -> bool:
         """For a trainer resumed at `step`: True if weightsync already holds version `step`.
 
-        Raises FailedPrecondition when it holds a newer version than the checkpoint.
+        Raises FailedPrecondition when it holds a newer version (a trained step lost).
         """
         latest = await self._while_down("resume", lambda: self.client.latest(timeout=PROBE_S))
         if latest is None:
             return False
         newest = latest.manifest.version
         if newest > step:
+            held = (
+                f"the checkpoint of step {step} and the journal after it"
+                if step
+                else "the initial weights (no checkpoint or journaled step)"
+            )
             raise FailedPrecondition(
-                f"weightsync already has version {newest}, newer than the checkpoint of step "
-                f"{step}; steps {step + 1}..{newest} are not in any checkpoint. Resume a new run, "
-                "or save checkpoints more often (trainer.ckpt.interval)."
+                f"weightsync already has version {newest}, newer than {held}; steps "
+                f"{step + 1}..{newest} are in no checkpoint or journal entry, so they would "
+                "be lost. Start a new run, or keep trainer.ckpt.journal on (with "
+                "trainer.ckpt.interval > 0)."
             )
         if newest == step:
             self.newest = step
