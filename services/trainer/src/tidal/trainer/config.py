@@ -334,21 +334,21 @@ class CheckpointConfig(BaseConfig):
     interval: Annotated[int | None, FIRST] = Field(default=None, ge=0)
     """Save a full checkpoint (weights, optimizer, scheduler, RNG) every this many steps
     (0: never, except the end of `tidal sft`; an RL trainer is then not resumable).
-    Unset (the default): 20 where the trainer journals its steps (`journal`, one RL
-    trainer process), else 1. With the journal a trainer killed at any point resumes
+    Unset (the default): 20 where the trainer journals its steps (`journal`, every RL
+    trainer), else 1. With the journal a trainer killed at any point resumes
     (`tidal rl --resume`) losing no trained step, replaying at most `interval - 1`
     journaled steps, so there `interval` trades the checkpoint's cost (on issue 19's 33.6M
     CPU shape ~1.2 s for ~400 MB, against a ~0.9 s step) for replay time after a crash,
-    not durability. Without it (`journal = false`, several trainer ranks), the versions
+    not durability. Without it (`journal = false`), the versions
     published after the last checkpoint are lost with a crashed trainer and `--resume`
     refuses to continue under them, hence 1 (docs/training.md, "Durability"). `tidal sft`
     has no journal: an interrupted SFT run resumes from its newest checkpoint and trains
     the steps after it again, to the same weights (its data order is in the checkpoint)."""
     journal: bool = True
-    """RL, one trainer process: write every step's batch durably (a few KB-MB,
-    `<checkpoint dir>/journal/`) before its update runs, so `--resume` replays the steps
+    """RL: write every step's batch durably (a few KB-MB, `<checkpoint dir>/journal/`,
+    rank 0 for a torchrun trainer) before its update runs, so `--resume` replays the steps
     after the newest checkpoint (bitwise the same steps on the same machine and thread
-    count). A multi-rank trainer does not journal: it checkpoints every `interval` steps."""
+    count and ranks)."""
     keep_last: int = Field(default=2, ge=1)
     """Complete checkpoints kept; older ones are deleted after a newer one is complete."""
 

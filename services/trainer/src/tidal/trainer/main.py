@@ -65,11 +65,12 @@ class RunningTrainer:
         await self.client.close()
 
 
-def journals(config: TrainerRunConfig, ranks: TorchrunRanks | None) -> bool:
-    """Whether this trainer journals its steps: one process, with checkpoints on and
+def journals(config: TrainerRunConfig) -> bool:
+    """Whether this trainer journals its steps (rank 0, for a torchrun job: its leader
+    drives every rank through the same steps, replay included): with checkpoints on and
     `trainer.ckpt.journal`."""
     ckpt = config.trainer.ckpt
-    return ckpt.journal and ckpt.interval != 0 and ranks is None
+    return ckpt.journal and ckpt.interval != 0
 
 
 def build_trainer(
@@ -146,7 +147,7 @@ async def start_trainer(
     )
     metrics = ServiceMetrics("trainer", config.metrics)
     trainer_metrics = TrainerMetrics.on(metrics)
-    journaled = journals(config, ranks)
+    journaled = journals(config)
     persistence = StepPersistence(
         trainer,
         publisher,

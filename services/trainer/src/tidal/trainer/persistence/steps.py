@@ -68,8 +68,8 @@ class StepPersistence:
         background: bool = False,
         metrics: TrainerMetrics | None = None,
     ) -> None:
-        if (background or journal is not None) and not isinstance(trainer, Trainer):
-            raise ValueError("only one trainer process journals and writes in the background")
+        if background and not isinstance(trainer, Trainer):
+            raise ValueError("only one trainer process writes in the background")
         self.trainer = trainer
         self.publisher = publisher
         self.checkpoints = checkpoints
