@@ -21,16 +21,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tidal.common.config.loading import load_or_exit
 from tidal.common.errors import ConfigError
-from tidal.common.files.modes import apply_file_policy
 from tidal.common.grpc.server import GrpcServer, ServiceBinding
-from tidal.common.observability.logging import setup_logging
 from tidal.common.observability.prometheus import ServiceMetrics
 from tidal.common.observability.tracing import setup_telemetry
-from tidal.common.process.launcher_watch import watch_launcher
+from tidal.common.process.service_start import start_service
 from tidal.common.security.credentials import cert_path, key_path
-from tidal.common.security.transport import check_or_exit, for_service
+from tidal.common.security.transport import for_service
 from tidal.inference.config import InferenceRunConfig
 from tidal.models.cpu_features import bf16_cost_warning
 from tidal.weights.client import WeightSyncClient
@@ -231,19 +228,11 @@ async def serve(config: InferenceRunConfig) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    config = load_or_exit(
-        InferenceRunConfig,
-        sys.argv[1:] if argv is None else argv,
-        usage="tidal inference @ cfg.toml",
-    )
-    apply_file_policy(shared_readable=config.run.shared_readable)
-    setup_logging("inference", level=config.telemetry.log_level)
-    check_or_exit(config, "inference")
+    config = start_service(InferenceRunConfig, "inference", argv)
     if config.inference.http.enabled:
         try:
             openai_http_credentials(config)
         except ConfigError as exc:
             print(f"error: {exc}", file=sys.stderr)
             raise SystemExit(2) from None
-    watch_launcher()  # no-op unless started by `tidal rl`
     asyncio.run(serve(config))

@@ -18,14 +18,11 @@ import sys
 import time
 from collections.abc import Sequence
 
-from tidal.common.config.loading import load_or_exit
 from tidal.common.errors import ConfigError
-from tidal.common.files.modes import apply_file_policy
 from tidal.common.grpc.server import GrpcServer, ServiceBinding
-from tidal.common.observability.logging import setup_logging
 from tidal.common.observability.prometheus import ServiceMetrics
 from tidal.common.observability.tracing import setup_telemetry
-from tidal.common.process.launcher_watch import watch_launcher
+from tidal.common.process.service_start import start_service
 from tidal.common.security.transport import check_or_exit, for_service
 from tidal.orchestrator.config import OrchestratorRunConfig
 from tidal.orchestrator.data_parallel import resolve_data_parallel_ranks
@@ -351,14 +348,8 @@ async def serve(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    config = load_or_exit(
-        OrchestratorRunConfig,
-        sys.argv[1:] if argv is None else argv,
-        usage="tidal orchestrator @ cfg.toml",
-    )
-    apply_file_policy(shared_readable=config.run.shared_readable)
-    setup_logging("orchestrator", level=config.telemetry.log_level)
-    watch_launcher()  # no-op unless started by `tidal rl`
+    # Tasks are checked before credentials: a bad task path is the likelier mistake.
+    config = start_service(OrchestratorRunConfig, "orchestrator", argv, check_credentials=False)
     try:
         mixture = build_mixture(config)
         prompts = build_prompt_renderer(config)

@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 from collections.abc import Sequence
 
-from tidal.common.config.loading import load_or_exit
-from tidal.common.files.modes import apply_file_policy
 from tidal.common.grpc.server import GrpcServer, ServiceBinding
-from tidal.common.observability.logging import setup_logging
 from tidal.common.observability.prometheus import ServiceMetrics
 from tidal.common.observability.tracing import setup_telemetry
-from tidal.common.process.launcher_watch import watch_launcher
-from tidal.common.security.transport import check_or_exit, for_service
+from tidal.common.process.service_start import start_service
+from tidal.common.security.transport import for_service
 from tidal.rpc.v1 import weightsync_pb2_grpc as pb_grpc
 from tidal.weightsync.config import WeightSyncRunConfig
 from tidal.weightsync.leases import Leases
@@ -58,13 +54,5 @@ async def serve(config: WeightSyncRunConfig) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    config = load_or_exit(
-        WeightSyncRunConfig,
-        sys.argv[1:] if argv is None else argv,
-        usage="tidal weightsync @ cfg.toml",
-    )
-    apply_file_policy(shared_readable=config.run.shared_readable)
-    setup_logging("weightsync", level=config.telemetry.log_level)
-    check_or_exit(config, "weightsync")
-    watch_launcher()  # no-op unless started by `tidal rl`
+    config = start_service(WeightSyncRunConfig, "weightsync", argv)
     asyncio.run(serve(config))

@@ -16,11 +16,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from tidal.common.config.loading import load_or_exit
-from tidal.common.files.modes import apply_file_policy
-from tidal.common.observability.logging import setup_logging
-from tidal.common.process.launcher_watch import watch_launcher
-from tidal.common.security.transport import check_or_exit
+from tidal.common.process.service_start import start_service
 from tidal.trainer.config import TrainerRunConfig
 
 log = logging.getLogger(__name__)
@@ -46,11 +42,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     The entry point lives here, not in main.py, so the service never imports its own
     launcher."""
     args = sys.argv[1:] if argv is None else list(argv)
-    config = load_or_exit(TrainerRunConfig, args, usage="tidal trainer @ cfg.toml")
-    apply_file_policy(shared_readable=config.run.shared_readable)
-    setup_logging("trainer", level=config.telemetry.log_level)
-    check_or_exit(config, "trainer")
-    watch_launcher()  # no-op unless started by `tidal rl`
+    config = start_service(TrainerRunConfig, "trainer", args)
     if config.trainer.world_size > 1:
         run_rank(config, args)
         return
