@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import time
+
+import pytest
 
 from tidal.orchestrator.tasks.base import Problem, Task, Verdict
 from tidal.orchestrator.verifier_pool import VerifierPool
@@ -53,3 +56,39 @@ async def test_failures_are_contained_and_counted_by_kind() -> None:
         None,
     ]
     assert outcomes[0].scores == {"sub": 1.0}
+
+
+class StuckTask(MoodyTask):
+    """Hangs forever, or takes its process down, on request."""
+
+    def verify(self, problem: Problem, completion: str) -> Verdict | float:
+        if completion == "forever":
+            while True:
+                pass
+        if completion == "die":
+            os._exit(3)
+        return super().verify(problem, completion)
+
+
+async def test_a_hung_verifier_is_killed_and_its_slot_replaced() -> None:
+    task = StuckTask()
+    task.bind(name="stuck", seed=0)
+    verifier = VerifierPool({"stuck": task}, timeout_s=0.3, max_workers=1)
+    problem = task.problem(0)
+    try:
+        first = await verifier.verify(problem, "ok")
+        [stuck_pid] = verifier.worker_pids
+        hung = await verifier.verify(problem, "forever")
+        died = await verifier.verify(problem, "die")
+        after = await verifier.verify(problem, "ok")
+        assert (first.reward, hung.failure, died.failure, after.reward) == (
+            1.0,
+            "timeout",
+            "error",
+            1.0,
+        )
+        with pytest.raises(ProcessLookupError):  # killed and reaped, not left spinning
+            os.kill(stuck_pid, 0)
+        assert len(verifier.worker_pids) == 1 and verifier.worker_pids != [stuck_pid]
+    finally:
+        verifier.close()

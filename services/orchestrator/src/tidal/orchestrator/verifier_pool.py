@@ -1,24 +1,31 @@
-"""Runs verifiers in a thread pool with a per-call deadline; a failure costs one reward.
+"""Runs verifiers in warm worker processes with a per-call deadline; a failure costs one reward.
 
-A verifier that raises, times out or returns a reward outside [0, 1] scores 0 and is
+A verifier that raises, times out, dies or returns a reward outside [0, 1] scores 0 and is
 counted by kind (`error`, `timeout`, `invalid`); the first failure of each kind per task is
-logged. Threads rather than processes, so plug-in tasks need not be picklable; a verifier
-stuck forever keeps its thread (docs/tasks.md).
+logged. Workers are forked from the orchestrator, so plug-in tasks need not be picklable
+and start warm; a worker past its deadline is killed and replaced, so a hung verifier
+costs its slot for `timeout_s`, never the orchestrator (docs/tasks.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import math
+import multiprocessing
+import signal
+import traceback
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
 
 from tidal.orchestrator.tasks.base import Problem, Task, Verdict
 
 log = logging.getLogger(__name__)
 FailureKind = str  # "error" | "timeout" | "invalid"
+PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -36,43 +43,117 @@ def _as_verdict(value: Verdict | float) -> Verdict:
     return Verdict(float(value))
 
 
+def _verify(task: Task, problem: Problem, completion: str | list[str]) -> Verdict:
+    if isinstance(completion, list):  # an episode's model turns
+        return _as_verdict(task.verify_turns(problem, completion))
+    return _as_verdict(task.verify(problem, completion))
+
+
+def _serve(conn: Connection, tasks: Mapping[str, Task]) -> None:
+    """A worker's loop: (problem, completion) in, ("ok", reward, scores) or ("error", why) out."""
+    signal.set_wakeup_fd(-1)  # the parent's event loop owns the inherited one
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    while True:
+        try:
+            problem, completion = conn.recv()
+        except EOFError:
+            return
+        try:
+            verdict = _verify(tasks[problem.task], problem, completion)
+            reply: tuple[Any, ...] = ("ok", verdict.reward, dict(verdict.scores))
+        except Exception as exc:
+            reply = ("error", "".join(traceback.format_exception_only(exc)).strip())
+        conn.send(reply)
+
+
+class _Worker:
+    def __init__(self, tasks: Mapping[str, Task]) -> None:
+        self.conn, child_end = multiprocessing.Pipe()
+        self.process = multiprocessing.get_context("fork").Process(
+            target=_serve, args=(child_end, tasks), name="tidal-verify", daemon=True
+        )
+        self.process.start()
+        child_end.close()
+
+    async def call(self, problem: Problem, completion: str | list[str]) -> tuple[Any, ...]:
+        loop = asyncio.get_running_loop()
+        readable: asyncio.Future[None] = loop.create_future()
+        fd = self.conn.fileno()
+        loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
+        try:
+            self.conn.send((problem, completion))
+            await readable
+            return self.conn.recv()  # type: ignore[no-any-return]
+        finally:
+            loop.remove_reader(fd)
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.join(timeout=5)
+        self.conn.close()
+
+
 class VerifierPool:
     def __init__(
         self, tasks: Mapping[str, Task], *, timeout_s: float, max_workers: int = 4
     ) -> None:
         self.tasks = tasks
         self.timeout_s = timeout_s
-        self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="verify")
+        self.max_workers = max_workers
+        self._idle: asyncio.Queue[_Worker] | None = None
+        self._workers: set[_Worker] = set()
         self._logged: set[tuple[str, str]] = set()
 
-    def _call(self, problem: Problem, completion: str | list[str]) -> Verdict:
-        task = self.tasks[problem.task]
-        if isinstance(completion, list):  # an episode's model turns
-            return _as_verdict(task.verify_turns(problem, completion))
-        return _as_verdict(task.verify(problem, completion))
+    def _pool(self) -> asyncio.Queue[_Worker]:
+        if self._idle is None:  # forked on first use, inside the loop that uses them
+            self._idle = asyncio.Queue()
+            for _ in range(self.max_workers):
+                self._idle.put_nowait(self._spawn())
+        return self._idle
+
+    def _spawn(self) -> _Worker:
+        worker = _Worker(self.tasks)
+        self._workers.add(worker)
+        return worker
+
+    def _replace(self, worker: _Worker) -> _Worker:
+        self._workers.discard(worker)
+        worker.kill()
+        return self._spawn()
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of the live workers."""
+        return [w.process.pid for w in self._workers if w.process.pid is not None]
 
     async def verify(self, problem: Problem, completion: str | list[str]) -> VerifyOutcome:
-        loop = asyncio.get_running_loop()
+        idle = self._pool()
+        worker = await idle.get()
+        answered = False
         try:
-            verdict = await asyncio.wait_for(
-                loop.run_in_executor(self.pool, self._call, problem, completion), self.timeout_s
-            )
+            reply = await asyncio.wait_for(worker.call(problem, completion), self.timeout_s)
+            answered = True
         except TimeoutError:
             return self._failed(problem, "timeout", f"no answer in {self.timeout_s}s")
-        except Exception as exc:
-            return self._failed(problem, "error", repr(exc), exc)
-        if not (math.isfinite(verdict.reward) and 0.0 <= verdict.reward <= 1.0):
-            return self._failed(problem, "invalid", f"reward {verdict.reward} outside [0, 1]")
-        return VerifyOutcome(verdict.reward, dict(verdict.scores))
+        except Exception as exc:  # unpicklable input, or the verifier took its worker down
+            return self._failed(problem, "error", f"worker call failed: {exc!r}")
+        finally:  # a worker that owes an answer (or is stuck) is never reused
+            idle.put_nowait(worker if answered else self._replace(worker))
+        if reply[0] == "error":
+            return self._failed(problem, "error", reply[1])
+        _, reward, scores = reply
+        if not (math.isfinite(reward) and 0.0 <= reward <= 1.0):
+            return self._failed(problem, "invalid", f"reward {reward} outside [0, 1]")
+        return VerifyOutcome(reward, scores)
 
     async def verify_all(
         self, pairs: Sequence[tuple[Problem, str | list[str]]]
     ) -> list[VerifyOutcome]:
         return list(await asyncio.gather(*(self.verify(p, c) for p, c in pairs)))
 
-    def _failed(
-        self, problem: Problem, kind: FailureKind, why: str, exc: BaseException | None = None
-    ) -> VerifyOutcome:
+    def _failed(self, problem: Problem, kind: FailureKind, why: str) -> VerifyOutcome:
         if (problem.task, kind) not in self._logged:
             self._logged.add((problem.task, kind))
             log.warning(
@@ -83,9 +164,10 @@ class VerifierPool:
                 problem.uid or problem.prompt[:40],
                 why,
                 kind,
-                exc_info=exc,
             )
         return VerifyOutcome(0.0, {}, kind)
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        for worker in list(self._workers):
+            worker.kill()
+        self._workers.clear()
