@@ -18,6 +18,7 @@ from tidal.common.config.schema import FIRST
 from tidal.common.config.shared import ServiceRunConfig
 from tidal.orchestrator.task_config import (
     ArithmeticTaskConfig,
+    CodeTaskConfig,
     CountdownTaskConfig,
     DatasetTaskConfig,
     ImportTaskConfig,
@@ -292,6 +293,14 @@ class OrchestratorConfig(BaseConfig):
                 "orchestrator.advantages.algorithm rloo needs orchestrator.group_size >= 2 "
                 "(a leave-one-out baseline needs another completion)"
             )
+        for task in self.task_list:
+            if isinstance(task, CodeTaskConfig) and task.sandbox.wall_s >= self.timeouts.verifier_s:
+                raise ValueError(
+                    f"orchestrator task {task.name or task.type}: sandbox.wall_s "
+                    f"({task.sandbox.wall_s}) must be under orchestrator.timeouts.verifier_s "
+                    f"({self.timeouts.verifier_s}), so the sandbox, not the verifier "
+                    "deadline, ends a slow program"
+                )
         return self
 
     @property

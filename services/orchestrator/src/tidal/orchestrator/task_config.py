@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from tidal.common.config.loading import BaseConfig
+from tidal.orchestrator.sandbox.limits import SandboxLimits
 
 DEFAULT_EVAL_FRACTION = 0.1
 
@@ -163,6 +164,35 @@ class ReasoningGymTaskConfig(TaskCommon):
         return self
 
 
+class CodeTaskConfig(TaskCommon):
+    """Programming problems with unit tests from local records (MBPP- or HumanEval-style),
+    run in the sandbox; reward = the fraction of tests passed (see docs/agents.md)."""
+
+    type: Literal["code"] = "code"
+    """Task kind."""
+    path: Path
+    """Records file or folder, read as by the dataset task (`.jsonl` line by line)."""
+    prompt_field: str = "text"
+    """Field holding the problem statement (MBPP `text`, HumanEval `prompt`)."""
+    tests_field: str = "test_list"
+    """Field holding the tests: a list of snippets (MBPP `assert` lines), each one test, or
+    one string (HumanEval `test`, which defines `check(candidate)`)."""
+    reference_field: str = "code"
+    """Field holding a correct program (the warm-start target)."""
+    setup_field: str | None = None
+    """Optional field with code run before the tests (MBPP `test_setup_code`)."""
+    entry_point_field: str | None = None
+    """HumanEval: the field naming the function under test; the program is then the prompt
+    followed by the completion, and the string test ends with `check(<entry point>)`."""
+    eval_fraction: float = Field(default=DEFAULT_EVAL_FRACTION, ge=0, lt=1)
+    """Fraction of records held out for evaluation (chosen by the run seed)."""
+    max_answer_chars: int = Field(default=512, gt=0)
+    """Bound on completion length (characters) used when sampling.max_tokens is unset."""
+    sandbox: SandboxLimits = SandboxLimits(wall_s=3.0, cpu_s=3)
+    """Limits of one program run (all of a completion's tests run in one process); its
+    wall_s must stay under orchestrator.timeouts.verifier_s."""
+
+
 class ImportTaskConfig(TaskCommon):
     """A plug-in task class named by import path (see docs/tasks.md)."""
 
@@ -180,6 +210,7 @@ TaskConfig = Annotated[
     | CountdownTaskConfig
     | DatasetTaskConfig
     | ReasoningGymTaskConfig
+    | CodeTaskConfig
     | ImportTaskConfig,
     Field(discriminator="type"),
 ]

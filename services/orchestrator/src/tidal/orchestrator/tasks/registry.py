@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from tidal.common.errors import ConfigError
 from tidal.orchestrator.task_config import (
     ArithmeticTaskConfig,
+    CodeTaskConfig,
     CountdownTaskConfig,
     DatasetTaskConfig,
     ImportTaskConfig,
@@ -22,6 +23,7 @@ from tidal.orchestrator.task_config import (
 )
 from tidal.orchestrator.tasks.arithmetic import ArithmeticTask
 from tidal.orchestrator.tasks.base import Task
+from tidal.orchestrator.tasks.code import CodeTask
 from tidal.orchestrator.tasks.countdown import CountdownTask
 from tidal.orchestrator.tasks.dataset import DatasetTask
 from tidal.orchestrator.tasks.reasoning_gym import ReasoningGymTask
@@ -33,6 +35,7 @@ BUILT_IN = {
     "countdown": CountdownTask,
     "dataset": DatasetTask,
     "reasoning_gym": ReasoningGymTask,
+    "code": CodeTask,
 }
 VALID = f'built-in types {sorted(BUILT_IN)}, or type = "import" with path = "pkg.module:Class"'
 
@@ -69,7 +72,8 @@ def build_task(config: TaskConfig, *, seed: int = 0) -> Task:
         | ArithmeticTaskConfig
         | CountdownTaskConfig
         | DatasetTaskConfig
-        | ReasoningGymTaskConfig,
+        | ReasoningGymTaskConfig
+        | CodeTaskConfig,
     ):
         task = BUILT_IN[config.type](config)  # type: ignore[arg-type]
     else:  # unreachable through pydantic, which rejects unknown types with the choices

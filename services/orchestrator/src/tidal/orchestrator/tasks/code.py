@@ -1,0 +1,85 @@
+"""A programming task: problems with unit tests from local records, scored in the sandbox.
+
+Records are read as by the dataset task (same files, splits and order); the tests and the
+optional setup and entry point travel as the problem's metadata. `verify` runs the
+completion's program and all its tests in one sandboxed process and returns the fraction
+passed, so a program that hangs, crashes or attacks the host scores what it passed before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from typing import Any
+
+from tidal.common.errors import ConfigError
+from tidal.orchestrator.sandbox import Sandbox
+from tidal.orchestrator.task_config import CodeTaskConfig, DatasetTaskConfig
+from tidal.orchestrator.tasks.base import Problem, Split, Task, Verdict
+from tidal.orchestrator.tasks.code_harness import HARNESS, extract_program, passed_tests
+from tidal.orchestrator.tasks.dataset import DatasetTask
+
+
+class CodeTask(Task):
+    name = "code"
+
+    def __init__(self, config: CodeTaskConfig) -> None:
+        self.config = config
+        extra = [f for f in (config.setup_field, config.entry_point_field) if f is not None]
+        self.records = DatasetTask(
+            DatasetTaskConfig(
+                path=config.path,
+                prompt_field=config.prompt_field,
+                answer_field=config.reference_field,
+                reference_field=config.reference_field,
+                metadata_fields=[config.tests_field, *extra],
+                eval_fraction=config.eval_fraction,
+                max_answer_chars=config.max_answer_chars,
+            )
+        )
+        for record in self.records.records:
+            self._tests(record.metadata, f"{config.path}:{record.line}")
+        self.sandbox = Sandbox(config.sandbox)
+        self.bind(name=self.name, seed=0)
+
+    def bind(self, *, name: str, seed: int) -> None:
+        super().bind(name=name, seed=seed)
+        self.records.bind(name=name, seed=seed)
+
+    def size(self, split: Split = "train") -> int:
+        return self.records.size(split)
+
+    def problem(self, index: int, *, split: Split = "train") -> Problem:
+        return self.records.problem(index, split=split)
+
+    def _tests(self, metadata: dict[str, Any], where: str) -> list[str]:
+        raw = metadata[self.config.tests_field]
+        if isinstance(raw, str):
+            entry = self.config.entry_point_field
+            return [f"{raw}\ncheck({metadata[entry]})" if entry else raw]
+        if isinstance(raw, list) and raw and all(isinstance(t, str) for t in raw):
+            return list(raw)
+        raise ConfigError(
+            f"orchestrator task {where}: {self.config.tests_field!r} must be a string or a "
+            "non-empty list of strings"
+        )
+
+    def verify(self, problem: Problem, completion: str) -> Verdict:
+        tests = self._tests(problem.metadata, problem.uid)
+        program = extract_program(completion)
+        if self.config.entry_point_field:
+            program = problem.prompt + program
+        setup = problem.metadata.get(self.config.setup_field or "", "") or ""
+        nonce = secrets.token_hex(16)
+        files = {"solution.py": program, "tests.json": json.dumps({"setup": setup, "tests": tests})}
+        result = asyncio.run(self.sandbox.run(HARNESS, stdin=nonce + "\n", files=files))
+        passed = passed_tests(result.stdout, nonce, len(tests))
+        return Verdict(
+            passed / len(tests),
+            {"all_passed": float(passed == len(tests)), "timed_out": float(result.timed_out)},
+        )
+
+    @property
+    def max_completion_chars(self) -> int:
+        return self.config.max_answer_chars

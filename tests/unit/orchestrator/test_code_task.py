@@ -1,0 +1,98 @@
+"""The code task scores correct, wrong, partial and malicious programs by the tests they pass."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tidal.orchestrator.task_config import CodeTaskConfig
+from tidal.orchestrator.tasks import build_task
+from tidal.orchestrator.tasks.base import Problem, Task
+from tidal.orchestrator.tasks.code_harness import extract_program
+
+FIXTURES = Path(__file__).with_name("fixtures")
+
+
+@pytest.fixture(scope="module")
+def mbpp() -> Task:
+    return build_task(
+        CodeTaskConfig(path=FIXTURES / "code_problems.jsonl", setup_field="test_setup_code")
+    )
+
+
+def problem_for(task: Task, function: str) -> Problem:
+    problems = [task.problem(i) for i in range(task.size())]
+    return next(p for p in problems if f"def {function}(" in p.reference)
+
+
+def test_the_reference_program_passes_every_test(mbpp: Task) -> None:
+    for i in range(mbpp.size()):
+        problem = mbpp.problem(i)
+        verdict = mbpp.verify(problem, problem.reference)
+        assert verdict.reward == 1.0, problem.prompt
+        assert verdict.scores == {"all_passed": 1.0, "timed_out": 0.0}
+
+
+def test_reward_is_the_fraction_of_tests_passed(mbpp: Task) -> None:
+    add = problem_for(mbpp, "add")
+    assert mbpp.verify(add, "def add(a, b):\n    return a - b\n").reward == 0.25  # only 0+0
+    assert mbpp.verify(add, "def add(a, b):\n    return a * b + 7\n").reward == 0.0
+    assert mbpp.verify(add, "this is not python").reward == 0.0
+
+
+def test_setup_code_runs_before_the_tests(mbpp: Task) -> None:
+    scale = problem_for(mbpp, "scale")
+    assert mbpp.verify(scale, scale.reference).reward == 1.0
+
+
+def test_a_fenced_block_is_the_program(mbpp: Task) -> None:
+    add = problem_for(mbpp, "add")
+    completion = "Here it is:\n```python\ndef add(a, b):\n    return a + b\n```\nDone."
+    assert extract_program(completion) == "def add(a, b):\n    return a + b\n"
+    assert mbpp.verify(add, completion).reward == 1.0
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        "import os\nos._exit(0)",
+        "import sys\nsys.exit(0)",
+        "print('\\n'.join(f'x {i}' for i in range(10)))\nraise SystemExit(0)",
+        "def add(a, b):\n    raise SystemExit(0)",
+        "import sys\ntoken = sys.stdin.read().strip()\nprint(*(f'{token} {i}' for i in range(4)))",
+    ],
+    ids=["os-exit", "sys-exit", "fake-report", "exit-in-function", "stdin-nonce"],
+)
+def test_programs_that_cheat_pass_nothing(mbpp: Task, program: str) -> None:
+    add = problem_for(mbpp, "add")
+    assert mbpp.verify(add, program).reward == 0.0
+
+
+def test_a_program_that_hangs_scores_what_it_passed_before() -> None:
+    task = build_task(
+        CodeTaskConfig(path=FIXTURES / "code_problems.jsonl", sandbox={"wall_s": 1.0, "cpu_s": 1})
+    )
+    even = problem_for(task, "is_even")
+    program = "def is_even(n):\n    while n == 3:\n        pass\n    return n % 2 == 0\n"
+    verdict = task.verify(even, program)
+    assert verdict.reward == pytest.approx(
+        1 / 3
+    )  # the test of 3 hangs; the one after it never runs
+    assert verdict.scores["all_passed"] == 0.0
+
+
+def test_humaneval_records_complete_the_prompt() -> None:
+    task = build_task(
+        CodeTaskConfig(
+            path=FIXTURES / "code_humaneval.jsonl",
+            prompt_field="prompt",
+            tests_field="test",
+            reference_field="canonical_solution",
+            entry_point_field="entry_point",
+            eval_fraction=0.0,
+        )
+    )
+    problem = task.problem(0)
+    assert task.verify(problem, "    return 2 * x\n").reward == 1.0
+    assert task.verify(problem, "    return x + 1\n").reward == 0.0
