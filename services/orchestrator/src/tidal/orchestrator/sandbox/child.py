@@ -39,8 +39,9 @@ def isolate_network(libc: ctypes.CDLL, mode: str) -> None:
 
 
 def set_limits(spec: dict) -> None:
+    # SIGXCPU at the soft CPU limit says why it ended; SIGKILL a second later if ignored
+    resource.setrlimit(resource.RLIMIT_CPU, (spec["cpu_s"], spec["cpu_s"] + 1))
     limits = {
-        resource.RLIMIT_CPU: spec["cpu_s"],
         resource.RLIMIT_AS: spec["memory_bytes"],
         resource.RLIMIT_FSIZE: spec["file_size_bytes"],
         resource.RLIMIT_NPROC: spec["processes"],

@@ -179,7 +179,7 @@ class Sandbox:
         finally:
             _kill_group(proc.pid)  # also on cancellation: nothing outlives its call
         code = proc.returncode
-        if killed is None and code == -signal.SIGXCPU:
+        if killed is None and code == -signal.SIGXCPU:  # RLIMIT_CPU
             killed = "cpu"
         return SandboxResult(
             stdout=stdout.decode(errors="replace"),
