@@ -153,6 +153,7 @@ async def run_training(
     run_log: RunLog,
     mixture: TaskMixture,
     prompts: PromptRenderer,
+    verifier: VerifierPool,
     prom: OrchestratorMetrics | None = None,
 ) -> None:
     """Wait for the peers, run every step, then write the report and the summary."""
@@ -174,7 +175,6 @@ async def run_training(
         queue_target=orch.inflight.queue_target,
         kv_usage_target=orch.inflight.kv_usage_target,
     )
-    verifier = VerifierPool(mixture.tasks, timeout_s=orch.timeouts.verifier_s)
     generator = RolloutGenerator(
         orch,
         seed=config.run.seed,
@@ -236,7 +236,6 @@ async def run_training(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        verifier.close()
         run_log.close()
         for client in (inference, trainer, weightsync):
             await client.close()
@@ -282,7 +281,10 @@ def _warn_if_failed(task: asyncio.Task[None]) -> None:
 
 
 async def serve(
-    config: OrchestratorRunConfig, mixture: TaskMixture, prompts: PromptRenderer
+    config: OrchestratorRunConfig,
+    mixture: TaskMixture,
+    prompts: PromptRenderer,
+    verifier: VerifierPool,
 ) -> int:
     """Serve GetProgress, run the loop; returns the process exit code."""
     provider = setup_telemetry("orchestrator", config.telemetry, config.run.dir)
@@ -333,7 +335,9 @@ async def serve(
         if error is not None or orch.exit_when_done:
             server.request_stop()
 
-    run = asyncio.create_task(run_training(config, progress, run_log, mixture, prompts, prom))
+    run = asyncio.create_task(
+        run_training(config, progress, run_log, mixture, prompts, verifier, prom)
+    )
     run.add_done_callback(finished)
     await server.serve_forever()
     if not run.done():
@@ -359,4 +363,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"orchestrator: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None
     check_or_exit(config, "orchestrator")
-    raise SystemExit(asyncio.run(serve(config, mixture, prompts)))
+    # verifier workers fork from a process forked here, before gRPC starts threads
+    verifier = VerifierPool(mixture.tasks, timeout_s=config.orchestrator.timeouts.verifier_s)
+    try:
+        code = asyncio.run(serve(config, mixture, prompts, verifier))
+    finally:
+        verifier.close()
+    raise SystemExit(code)

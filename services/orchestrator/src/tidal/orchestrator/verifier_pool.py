@@ -2,21 +2,25 @@
 
 A verifier that raises, times out, dies or returns a reward outside [0, 1] scores 0 and is
 counted by kind (`error`, `timeout`, `invalid`); the first failure of each kind per task is
-logged. Workers are forked from the orchestrator, so plug-in tasks need not be picklable
-and start warm; a worker past its deadline is killed and replaced, so a hung verifier
-costs its slot for `timeout_s`, never the orchestrator (docs/tasks.md).
+logged. Workers are forked (by a zygote forked when the pool is built, before gRPC
+starts), so plug-in tasks need not be picklable and start warm; a worker past its
+deadline is killed and replaced, so a hung verifier costs its slot for `timeout_s`, never
+the orchestrator (docs/tasks.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import logging
 import math
-import multiprocessing
+import os
 import signal
+import socket
+import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -49,12 +53,17 @@ def _verify(task: Task, problem: Problem, completion: str | list[str]) -> Verdic
     return _as_verdict(task.verify(problem, completion))
 
 
-def _serve(conn: Connection, tasks: Mapping[str, Task]) -> None:
-    """A worker's loop: (problem, completion) in, ("ok", reward, scores) or ("error", why) out."""
+def _detach() -> None:
+    """Undo what a forked child inherits from the orchestrator's event loop; die with the parent."""
     signal.set_wakeup_fd(-1)  # the parent's event loop owns the inherited one
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _serve(conn: Connection, tasks: Mapping[str, Task]) -> None:
+    """A worker's loop: (problem, completion) in, ("ok", reward, scores) or ("error", why) out."""
+    _detach()
     while True:
         try:
             problem, completion = conn.recv()
@@ -68,14 +77,67 @@ def _serve(conn: Connection, tasks: Mapping[str, Task]) -> None:
         conn.send(reply)
 
 
-class _Worker:
+def _forked(body: Callable[[], None]) -> int:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            body()
+        finally:
+            os._exit(0)
+    return pid
+
+
+def _zygote(requests: socket.socket, tasks: Mapping[str, Task]) -> None:
+    """Fork one worker per request byte; hand back its pid and its end of a socket pair."""
+    _detach()
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps killed workers
+    while requests.recv(1):
+        ours, theirs = socket.socketpair()
+
+        def work(ours: socket.socket = ours, theirs: socket.socket = theirs) -> None:
+            requests.close()
+            ours.close()
+            _serve(Connection(theirs.detach()), tasks)
+
+        pid = _forked(work)
+        theirs.close()
+        socket.send_fds(requests, [str(pid).encode()], [ours.fileno()])
+        ours.close()
+
+
+class _Zygote:
+    """The process that forks verifier workers, itself forked when the pool is built.
+
+    Build the pool before the service starts gRPC: a process forked while gRPC threads run
+    may crash in gRPC's fork handlers, so workers are never forked from the service."""
+
     def __init__(self, tasks: Mapping[str, Task]) -> None:
-        self.conn, child_end = multiprocessing.Pipe()
-        self.process = multiprocessing.get_context("fork").Process(
-            target=_serve, args=(child_end, tasks), name="tidal-verify", daemon=True
-        )
-        self.process.start()
-        child_end.close()
+        self.requests, theirs = socket.socketpair()
+
+        def zygote() -> None:
+            self.requests.close()
+            _zygote(theirs, tasks)
+
+        self.pid = _forked(zygote)
+        theirs.close()
+
+    def spawn(self) -> _Worker:
+        self.requests.send(b"w")
+        message, fds, _, _ = socket.recv_fds(self.requests, 32, 1)
+        return _Worker(int(message), Connection(fds[0]))
+
+    def close(self) -> None:
+        self.requests.close()  # the zygote exits at end of file
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+
+
+class _Worker:
+    def __init__(self, pid: int, conn: Connection) -> None:
+        self.pid = pid
+        self.conn = conn
 
     async def call(self, problem: Problem, completion: str | list[str]) -> tuple[Any, ...]:
         loop = asyncio.get_running_loop()
@@ -90,9 +152,13 @@ class _Worker:
             loop.remove_reader(fd)
 
     def kill(self) -> None:
-        self.process.kill()
-        self.process.join(timeout=5)
         self.conn.close()
+        deadline = time.monotonic() + 2.0
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+            while time.monotonic() < deadline:  # until the zygote has reaped it
+                os.kill(self.pid, 0)
+                time.sleep(0.005)
 
 
 class VerifierPool:
@@ -102,19 +168,20 @@ class VerifierPool:
         self.tasks = tasks
         self.timeout_s = timeout_s
         self.max_workers = max_workers
+        self._zygote = _Zygote(tasks)
         self._idle: asyncio.Queue[_Worker] | None = None
         self._workers: set[_Worker] = set()
         self._logged: set[tuple[str, str]] = set()
 
     def _pool(self) -> asyncio.Queue[_Worker]:
-        if self._idle is None:  # forked on first use, inside the loop that uses them
+        if self._idle is None:  # a queue belongs to the loop that uses it
             self._idle = asyncio.Queue()
             for _ in range(self.max_workers):
                 self._idle.put_nowait(self._spawn())
         return self._idle
 
     def _spawn(self) -> _Worker:
-        worker = _Worker(self.tasks)
+        worker = self._zygote.spawn()
         self._workers.add(worker)
         return worker
 
@@ -126,7 +193,7 @@ class VerifierPool:
     @property
     def worker_pids(self) -> list[int]:
         """Process ids of the live workers."""
-        return [w.process.pid for w in self._workers if w.process.pid is not None]
+        return [w.pid for w in self._workers]
 
     async def verify(self, problem: Problem, completion: str | list[str]) -> VerifyOutcome:
         idle = self._pool()
@@ -171,3 +238,4 @@ class VerifierPool:
         for worker in list(self._workers):
             worker.kill()
         self._workers.clear()
+        self._zygote.close()
