@@ -1,9 +1,9 @@
 """The math verifier: extract a final answer, compare it symbolically with `math-verify`.
 
 The final answer is a GSM8K `####` marker's text, else a boxed answer, an "answer:" phrase
-or the last expression; comparison is math-verify's, so 0.5 equals one half in LaTeX. It
-runs in verifier threads, where math-verify's signal-based timeouts cannot work, so they
-are off and the pool's deadline applies; expressions that could evaluate forever (huge
+or the last expression; comparison is math-verify's, so 0.5 equals one half in LaTeX.
+math-verify's signal-based timeouts are off (they work only in a main thread) and the
+verifier pool's deadline applies; expressions that could evaluate forever (huge
 exponents, factorials) are refused before comparison. docs/tasks.md has the rules.
 """
 
