@@ -24,7 +24,7 @@ from tidal.orchestrator.verifier_pool import VerifierPool
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 ADD = "\ndef add(a, b):\n    return a + b\n"
 WALL_S = 2.0
-VERIFIER_S = 6.0
+VERIFIER_S = 15.0  # generous: eight attacks share two loaded cores
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="uid separation needs root")
 
 
@@ -111,7 +111,7 @@ async def test_attacks_are_contained_and_score_zero(
     assert [o.failure for o in outcomes] == [None] * len(
         attacks
     )  # the sandbox ended them, not the deadline
-    assert elapsed < WALL_S + 3.0
+    assert elapsed < WALL_S + 8.0
     assert honest.reward == 1.0  # the orchestrator's pool is unaffected
     assert not (run_dir / "pwned").exists()
     assert (run_dir / "victim.txt").read_text() == "keep me"
