@@ -1,9 +1,11 @@
 """How `tidal rl` watches its children: start, restart with backoff and a budget, stop.
 
 One supervising task per child restarts it after a doubling backoff while its budget lasts,
-telling it how to continue (`ChildSpec.restart_args`); a configuration error (exit 2) is
-never restarted. Stopping cancels those tasks first, so nothing restarts meanwhile, then
-stops the children in reverse start order (docs/operations.md, "Supervision and restarts").
+telling it how to continue (`ChildSpec.restart_args`); a configuration error (exit 2) or a
+full disk (exit 74) is never restarted. Stopping cancels those tasks first, so nothing
+restarts meanwhile, then stops the children in reverse start order (docs/operations.md,
+"Supervision and restarts"). A child's output is drained even when its log cannot be
+written, so a full disk never blocks a child on its own stdout.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 from pydantic import Field
 
 from tidal.common.config.loading import BaseConfig
+from tidal.common.errors import EXIT_DISK_FULL
 from tidal.common.observability.prometheus import RESTARTS_ENV
 from tidal.common.process.launcher_watch import launcher_env, parent_death_signal
 
@@ -74,10 +77,15 @@ class Child:
     async def pump(self, echo: bool) -> None:
         """Copy the child's output to its log file (and the terminal), keeping a tail."""
         assert self.process.stdout is not None
-        with self.log_path.open("ab") as log:
+        writable = True
+        with self.log_path.open("ab", buffering=0) as log:
             async for raw in self.process.stdout:
-                log.write(raw)
-                log.flush()
+                try:
+                    if writable:
+                        log.write(raw)
+                except OSError as exc:  # a full disk: keep draining, say so once
+                    writable = False
+                    print(f"tidal: cannot write {self.log_path} ({exc})", file=sys.stderr)
                 line = raw.decode(errors="replace").rstrip("\n")
                 self.tail.append(line)
                 if echo:
@@ -195,6 +203,8 @@ class Supervisor:
             if refusal:
                 if child.pump_task is not None:  # let its last lines reach the tail
                     await asyncio.wait([child.pump_task], timeout=2)
+                if code == EXIT_DISK_FULL:  # its own message says what and where: once
+                    raise RunEnded(EXIT_DISK_FULL, f"tidal: {child.name} {reason}; {refusal}")
                 raise RunEnded(1, self._failure(child, reason, refusal))
             self.restarts[spec.name] = used + 1
             delay = backoff(self.config, used + 1)
@@ -212,6 +222,11 @@ class Supervisor:
         """Why this exit is not restarted (None: restart it)."""
         if code == EXIT_CONFIG:
             return "a configuration error (exit code 2) is not restarted"
+        if code == EXIT_DISK_FULL:
+            return (
+                "the disk is full (see the message above). Free space, then run the same "
+                "command with --resume: every step is done exactly once"
+            )
         if used >= self.config.max_restarts:
             return (
                 f"its restart budget is spent ({used} of supervision.max_restarts = "
@@ -235,7 +250,8 @@ class Supervisor:
 
     def _write_record(self) -> None:
         record = {"restarts": self.restarts, "exits": self.events}
-        (self.run_dir / SUPERVISION_FILE).write_text(json.dumps(record, indent=2) + "\n")
+        with contextlib.suppress(OSError):  # a full disk: the run's exit already says so
+            (self.run_dir / SUPERVISION_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
     async def run(self) -> int:
         """Start every child in order and supervise them; the launcher's exit code."""

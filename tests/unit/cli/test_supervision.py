@@ -25,6 +25,8 @@ CHILD = textwrap.dedent(
     print(f"{name} restarts {os.environ['TIDAL_RESTARTS']}", flush=True)
     plan = os.environ["CHILD_PLAN"].split(",")  # one exit code per life, "run" = keep running
     action = plan[min(life, len(plan)) - 1]
+    for _ in range(int(os.environ.get("CHILD_LINES", "0"))):  # more than a pipe holds
+        print("x" * 1000, flush=True)
     if action == "run":
         time.sleep(60)
     time.sleep(float(os.environ.get("CHILD_DELAY", "0")))
@@ -127,3 +129,27 @@ async def test_a_child_that_cannot_continue_is_not_restarted(
     specs = [spec, _spec(run_dir, "orchestrator", "run")]
     assert await Supervisor(run_dir, specs, FAST).run() == 1
     assert "trainer exited with code 1; no checkpoint to resume" in capsys.readouterr().err
+
+
+async def test_a_full_disk_ends_the_run_once_naming_resume_without_restarts(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    specs = [_spec(run_dir, "helper", "run"), _spec(run_dir, "orchestrator", "74")]
+    assert await Supervisor(run_dir, specs, FAST).run() == 74
+    err = capsys.readouterr().err
+    assert "orchestrator exited with code 74; the disk is full" in err
+    assert "with --resume" in err and "  | " not in err  # its own message, not its tail
+    assert (run_dir / "orchestrator.lives").read_text() == "1"
+    assert (run_dir / "helper.lives").read_text() == "1"  # stopped, not restarted
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
+async def test_a_child_whose_log_cannot_be_written_is_still_drained(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (run_dir / "logs" / "orchestrator.log").symlink_to("/dev/full")
+    spec = _spec(run_dir, "orchestrator", "0")
+    spec.env["CHILD_LINES"] = "500"  # 500 kB: blocks on its stdout unless it is read
+    assert await Supervisor(run_dir, [spec], FAST).run() == 0
+    err = capsys.readouterr().err
+    assert err.count("cannot write") == 1 and "No space left on device" in err

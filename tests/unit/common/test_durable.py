@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from tidal.common.files.durable import commit_dir, fsync_tree, write_atomic
+from tidal.common.errors import DiskFull
+from tidal.common.files.durable import (
+    commit_dir,
+    fsync_tree,
+    removed_on_failure,
+    write_atomic,
+    write_hashed,
+)
 
 
 def test_write_atomic_replaces_the_file_and_leaves_no_temp(tmp_path: Path) -> None:
@@ -56,3 +63,26 @@ def test_write_hashed_raises_what_the_hashing_thread_raised(tmp_path: Path) -> N
 
     with pytest.raises(TypeError):
         write_hashed(tmp_path / "f.bin", [b"ok", "not bytes"])  # type: ignore[list-item]
+
+
+FULL = Path("/dev/full")  # every write(2) to it fails with ENOSPC
+
+
+@pytest.mark.skipif(not FULL.exists(), reason="no /dev/full")
+def test_a_write_to_a_full_disk_raises_disk_full_naming_path_and_size(tmp_path: Path) -> None:
+    path = tmp_path / "state.partial"
+    path.symlink_to(FULL)
+    with pytest.raises(DiskFull, match=r"disk full: .*state.partial could not be written") as err:
+        write_hashed(path, [b"x" * (3 << 20), b"y" * (1 << 20)])
+    assert err.value.needed_bytes == 4 << 20
+    assert "at least 4.0 MiB needed" in str(err.value)
+    assert not path.is_symlink() and FULL.exists()  # the partial file is gone, not its target
+
+
+def test_a_failed_write_leaves_no_temp_file_or_folder(tmp_path: Path) -> None:
+    folder = tmp_path / ".tmp-step_00000003"
+    with pytest.raises(DiskFull), removed_on_failure(folder):
+        folder.mkdir()
+        (folder / "state.partial").write_bytes(b"half")
+        raise DiskFull(folder / "state.partial", 10)
+    assert list(tmp_path.iterdir()) == []

@@ -8,14 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tidal.common.config.shared import GrpcConfig
-from tidal.common.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from tidal.common.errors import (
+    DiskFull,
+    FailedPrecondition,
+    InvalidArgument,
+    ResourceExhausted,
+)
 from tidal.common.grpc.channel import make_channel
+from tidal.common.grpc.interceptors import ERROR_KIND_KEY
 from tidal.common.grpc.server import GrpcServer, ServiceBinding
 from tidal.common.observability.logging import request_id_var
 from tidal.common.security.transport import PLAINTEXT_LOOPBACK
@@ -25,6 +32,7 @@ FAILURES = {
     "invalid": InvalidArgument("sampling.n", "must be > 0"),
     "state": FailedPrecondition("no weights loaded yet"),
     "full": ResourceExhausted("queue is full"),
+    "disk": DiskFull(Path("/run/checkpoints/step_3"), 5 << 20),
     "bug": ZeroDivisionError("division by zero"),
 }
 
@@ -89,6 +97,19 @@ async def test_domain_errors_map_to_their_status_and_server_keeps_serving(
         logged = [r for r in caplog.records if error_id in r.getMessage()]
         assert logged and logged[0].exc_info is not None
     assert (await _call(server, **{"x-request-id": "after"})).state == "after"
+
+
+async def test_a_full_disk_is_resource_exhausted_naming_the_path_and_its_kind(
+    server: GrpcServer,
+) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await _call(server, fail="disk")
+    details = err.value.details() or ""
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "disk full: /run/checkpoints/step_3 could not be written" in details
+    assert "at least 5.0 MiB needed" in details and "free on its filesystem" in details
+    kinds = [v for k, v in err.value.trailing_metadata() or () if k == ERROR_KIND_KEY]
+    assert kinds == ["DiskFull"]
 
 
 class Slow(orchestrator_pb2_grpc.OrchestratorServiceServicer):

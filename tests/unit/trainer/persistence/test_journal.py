@@ -3,6 +3,8 @@ covered entries go, a torn or damaged entry is never replayed silently."""
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import pytest
 import torch
 
 from tidal.batch.tensors import MicroBatchData
+from tidal.common.errors import DiskFull
 from tidal.trainer.config import JOURNALED_INTERVAL, CheckpointConfig
 from tidal.trainer.persistence.journal import StepJournal
 from tidal.trainer.persistence.state_file import CorruptCheckpoint, state_file
@@ -88,3 +91,23 @@ def test_an_unset_interval_is_20_with_the_journal_and_1_without() -> None:
     assert CheckpointConfig().every(journaled=False) == 1
     assert CheckpointConfig(interval=5).every(journaled=True) == 5
     assert CheckpointConfig(interval=0).every(journaled=False) == 0
+
+
+def test_an_entry_on_a_full_disk_raises_disk_full_and_leaks_no_temp_folder(
+    tmp_path: Path,
+    step_batches: Callable[[int], list[MicroBatchData]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    journal = StepJournal(tmp_path)
+    journal.append(1, step_batches(1), "rl", SHA)
+
+    def no_space(fd: int) -> None:  # a filesystem reports ENOSPC at fsync (NFS, quotas)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", no_space)
+    with pytest.raises(DiskFull, match=r"disk full: .*journal.*could not be written") as err:
+        journal.append(2, step_batches(2), "rl", SHA)
+    assert err.value.needed_bytes and err.value.needed_bytes > 0
+    monkeypatch.undo()
+    assert steps(journal) == [1]
+    assert sorted(p.name for p in journal.root.iterdir()) == ["step_00000001"]  # no temp left

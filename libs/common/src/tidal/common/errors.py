@@ -8,6 +8,10 @@ an INVALID_ARGUMENT message must tell the caller which field to fix.
 
 from __future__ import annotations
 
+import contextlib
+import shutil
+from pathlib import Path
+
 import grpc
 
 
@@ -41,6 +45,43 @@ class ResourceExhausted(TidalError):
     """A limit (queue length, memory) is reached; the caller may retry later."""
 
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+EXIT_DISK_FULL = 74
+"""A service's exit code (sysexits' EX_IOERR) when a full disk stopped the run: `tidal rl`
+does not restart it (a restart would fail the same way) and ends the run, naming
+`--resume`."""
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """True for a `DiskFull`, raised here or reported by a peer (its `kind`)."""
+    return isinstance(error, DiskFull) or getattr(error, "kind", None) == DiskFull.__name__
+
+
+class DiskFull(ResourceExhausted):
+    """A write failed for want of space (ENOSPC, EDQUOT): a retry fails the same way until
+    someone frees space, so callers stop rather than retry. Names the path and the space."""
+
+    def __init__(self, path: Path, needed_bytes: int | None) -> None:
+        self.path = path
+        self.needed_bytes = needed_bytes
+        need = f"at least {_mib(needed_bytes)} needed, " if needed_bytes is not None else ""
+        super().__init__(
+            f"disk full: {path} could not be written ({need}{_mib(free_bytes(path))} free "
+            "on its filesystem)"
+        )
+
+
+def free_bytes(path: Path) -> int:
+    """Free bytes on the filesystem holding `path` (or its nearest existing parent)."""
+    for folder in (path, *path.parents):
+        with contextlib.suppress(OSError):
+            return shutil.disk_usage(folder).free
+    return 0
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
 
 
 class Unavailable(TidalError):

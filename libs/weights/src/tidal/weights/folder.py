@@ -17,7 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tidal.common.files.durable import IO_SLICE, commit_dir, fsync_path, write_hashed
+from tidal.common.files.durable import (
+    IO_SLICE,
+    commit_dir,
+    fsync_path,
+    removed_on_failure,
+    space_for,
+    write_hashed,
+)
 from tidal.common.files.safe_remove import remove_inside
 from tidal.weights.manifest import (
     FULL_WEIGHTS,
@@ -107,14 +114,17 @@ def stage_files(
         raise FileExistsError(f"version {version} already exists at {final}")
     sweep_partial(root)
     tmp = root / f"{TMP_PREFIX}v{version:06d}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    entries = tuple(
-        WeightFile(name, len(data), write_hashed(tmp / name, [data]))
-        for name, data in files.items()
-    )
-    manifest = WeightManifest(version, step, str(final), entries, format, base_version)
-    (tmp / MANIFEST_FILE).write_text(manifest.to_json())
-    fsync_path(tmp / MANIFEST_FILE)
+    with removed_on_failure(tmp):  # a failed write (a full disk) leaks no space
+        tmp.mkdir()
+        entries = tuple(
+            WeightFile(name, len(data), write_hashed(tmp / name, [data]))
+            for name, data in files.items()
+        )
+        manifest = WeightManifest(version, step, str(final), entries, format, base_version)
+        text = manifest.to_json().encode()
+        with space_for(tmp / MANIFEST_FILE, len(text)):
+            (tmp / MANIFEST_FILE).write_bytes(text)
+        fsync_path(tmp / MANIFEST_FILE)
     return StagedVersion(tmp, manifest)
 
 

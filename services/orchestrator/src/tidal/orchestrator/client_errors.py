@@ -15,14 +15,20 @@ from contextlib import contextmanager
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tidal.common.grpc.interceptors import ERROR_KIND_KEY
+
 
 class PeerError(RuntimeError):
     """A call to inference, the trainer or weightsync failed (`code`: its gRPC status,
     None when it did not come from a call, e.g. a peer not SERVING in time)."""
 
-    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
+    def __init__(
+        self, message: str, code: grpc.StatusCode | None = None, kind: str | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
+        self.kind = kind
+        """The peer's domain error class (`DiskFull`), when it said."""
 
 
 @contextmanager
@@ -30,9 +36,11 @@ def peer_call(peer: str, address: str, method: str) -> Iterator[None]:
     try:
         yield
     except grpc.aio.AioRpcError as exc:
+        kinds = [v for k, v in exc.trailing_metadata() or () if k == ERROR_KIND_KEY]
         raise PeerError(
             f"{peer} at {address}: {method} failed with {exc.code().name}: {exc.details()}",
             exc.code(),
+            str(kinds[0]) if kinds else None,
         ) from exc
 
 

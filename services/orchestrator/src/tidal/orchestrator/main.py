@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from tidal.common.errors import ConfigError
+from tidal.common.errors import EXIT_DISK_FULL, ConfigError, is_disk_full
 from tidal.common.grpc.server import GrpcServer, ServiceBinding
 from tidal.common.observability.prometheus import ServiceMetrics
 from tidal.common.observability.tracing import setup_telemetry
@@ -325,6 +325,15 @@ async def serve(
         if error is None:
             exit_code = 0
             log.info("run finished: %d steps", progress.step)
+        elif is_disk_full(error):  # every retry would fail the same way: stop, once
+            exit_code = EXIT_DISK_FULL
+            progress.state = "failed"
+            message = (
+                f"run stopped after step {progress.step}: {error}. Steps up to "
+                f"{progress.step} are kept; free space, then continue with the same "
+                "`tidal rl` command plus --resume"
+            )
+            print(f"orchestrator: {message}", file=sys.stderr)  # (also its log: stderr)
         else:
             # A configuration that does not fit its peers fails the same way every time:
             # exit 2, which `tidal rl` does not restart (tidal.cli.supervision).

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tidal.common.files.durable import space_for
 from tidal.common.files.step_jsonl import line_step
 
 log = logging.getLogger(__name__)
@@ -130,8 +131,9 @@ class RunLog:
                     f.seek(-1, 2)
                     if f.read(1) != b"\n":
                         f.write(b"\n")
-        with self.path.open("a") as f:
-            f.write(record.to_json() + "\n")
+        line = (record.to_json() + "\n").encode()
+        with space_for(self.path, len(line)), self.path.open("ab") as f:
+            f.write(line)
         if self._writer is not None:
             for name, value in record.flat().items():
                 if isinstance(value, int | float) and not isinstance(value, bool):

@@ -2,21 +2,53 @@
 
 The POSIX recipe in one place: write under a temporary name in the same folder, fsync,
 rename over the final name, fsync the folder. Checkpoints, weight versions and progress
-files all go through here. `write_hashed` hashes a file on a second thread while it is
-written and fsynced (both release the GIL): a checkpoint and a version are written
-between a trained step and the next generation.
+files all go through here. A write that finds no space raises `DiskFull` (path, bytes
+needed) and its temporary file or folder is deleted (`removed_on_failure`), so a full
+disk leaks nothing. `write_hashed` hashes a file on a second thread while it is written
+and fsynced (both release the GIL): a checkpoint and a version are written between a
+trained step and the next generation.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import os
+import shutil
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+from tidal.common.errors import DiskFull
 
 IO_SLICE = 16 << 20
 """Bytes per write(2) call: large enough to be cheap, small enough to stream."""
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+@contextlib.contextmanager
+def space_for(path: Path, needed_bytes: int | None) -> Iterator[None]:
+    """Raise `DiskFull(path, needed_bytes)` for an ENOSPC/EDQUOT inside the block."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno in DISK_FULL_ERRNOS:
+            raise DiskFull(path, needed_bytes) from exc
+        raise
+
+
+@contextlib.contextmanager
+def removed_on_failure(tmp: Path) -> Iterator[Path]:
+    """Yield `tmp` (a temporary file or folder); delete it if the block raises."""
+    try:
+        yield tmp
+    except BaseException:
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+        elif tmp.is_symlink() or tmp.is_file():  # never a device or other special file
+            tmp.unlink(missing_ok=True)
+        raise
 
 
 def fsync_path(path: Path) -> None:
@@ -49,10 +81,16 @@ def write_hashed(path: Path, chunks: Sequence[bytes | bytearray | memoryview]) -
         except BaseException as exc:  # re-raised on the caller's thread
             failure.append(exc)
 
+    needed = sum(memoryview(chunk).nbytes for chunk in chunks)
     hasher = threading.Thread(target=hash_all, name="sha256", daemon=True)
     hasher.start()
     try:
-        with path.open("wb", buffering=0) as handle:
+        # (removed before `DiskFull` is made, so its free figure counts this file's space)
+        with (
+            space_for(path, needed),
+            removed_on_failure(path),
+            path.open("wb", buffering=0) as handle,
+        ):
             for chunk in chunks:
                 view = memoryview(chunk).cast("B")
                 done = 0
@@ -82,8 +120,9 @@ def write_atomic(path: Path, text: str) -> None:
     """Replace `path` with `text` so that readers see the old or the new file, never a torn one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w") as f:
-        f.write(text)
+    data = text.encode()
+    with space_for(path, len(data)), removed_on_failure(tmp), tmp.open("wb") as f:
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

@@ -1,8 +1,9 @@
 """Server and client interceptors: domain errors to status codes, request ids, limits.
 
 `ErrorMappingInterceptor` is the one place exceptions become statuses: a `TidalError` keeps
-its code and message; anything else is answered `internal error <id>` with the traceback
-logged under the id, so a bug neither stops the server nor shows the caller its text. It
+its code and message (its class in trailing metadata); anything else is answered `internal
+error <id>` with the traceback logged under the id, so a bug neither stops the server nor
+shows the caller its text. It
 also applies `tidal.common.grpc.limits`, and serves each single-request method as a client
 stream of one message read only inside the handler: what runs before (authorization, the
 concurrency limit) then costs the caller's body nothing. Tracing is opentelemetry's.
@@ -26,6 +27,9 @@ from tidal.common.observability.logging import request_id_var
 log = logging.getLogger(__name__)
 
 REQUEST_ID_KEY = "x-request-id"
+ERROR_KIND_KEY = "tidal-error"
+"""Trailing metadata naming a domain error's class (`DiskFull`), for callers whose answer
+depends on more than the status code."""
 
 
 def _request_id(context: grpc.aio.ServicerContext) -> str:
@@ -38,7 +42,8 @@ def _request_id(context: grpc.aio.ServicerContext) -> str:
 async def _abort_for(exc: Exception, context: grpc.aio.ServicerContext, method: str) -> None:
     if isinstance(exc, TidalError):
         log.info("%s failed: %s %s", method, exc.code.name, exc)
-        await context.abort(exc.code, str(exc))
+        kind = ((ERROR_KIND_KEY, type(exc).__name__),)
+        await context.abort(exc.code, str(exc), trailing_metadata=kind)
     error_id = uuid.uuid4().hex[:12]
     log.exception("%s crashed (error id %s)", method, error_id)
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error {error_id}")

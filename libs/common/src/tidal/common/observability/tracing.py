@@ -8,6 +8,7 @@ metadata and weight publishes in a W3C carrier (docs/architecture.md, "Tracing")
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Mapping
@@ -26,17 +27,32 @@ from opentelemetry.sdk.trace.export import (
 from tidal.common.config.shared import TelemetryConfig
 
 TRACES_FILE = "traces.jsonl"
+log = logging.getLogger(__name__)
 
 
-class _AppendLineSink:
-    """File-like sink: each write is one O_APPEND syscall, so lines never interleave."""
+class AppendLineSink:
+    """File-like sink: each write is one O_APPEND syscall, so lines never interleave. A
+    failed write (a full disk) drops its span and is logged once, not once per span."""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.dropped = 0
+        """Spans not written since the last write that succeeded."""
 
     def write(self, text: str) -> int:
-        return os.write(self._fd, text.encode())
+        try:
+            written = os.write(self._fd, text.encode())
+        except OSError as exc:
+            if not self.dropped:
+                log.warning("cannot write %s (%s); dropping spans until it can", self.path, exc)
+            self.dropped += 1
+            return 0
+        if self.dropped:
+            log.info("writing spans to %s again (%d dropped)", self.path, self.dropped)
+            self.dropped = 0
+        return written
 
     def flush(self) -> None:
         pass
@@ -52,7 +68,7 @@ def setup_telemetry(
     """Install the global tracer provider for `service`; call `provider.shutdown()` at exit."""
     provider = TracerProvider(resource=Resource.create({"service.name": f"tidal-{service}"}))
     if config.traces_file and run_dir is not None:
-        sink = _AppendLineSink(run_dir / TRACES_FILE)
+        sink = AppendLineSink(run_dir / TRACES_FILE)
         exporter = ConsoleSpanExporter(out=sink, formatter=_one_line)  # type: ignore[arg-type]
         provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500))
     if config.console:

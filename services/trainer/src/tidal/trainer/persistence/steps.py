@@ -25,7 +25,7 @@ from typing import TypeVar
 import torch
 
 from tidal.batch.tensors import MicroBatchData
-from tidal.common.errors import Unavailable
+from tidal.common.errors import DiskFull, Unavailable
 from tidal.trainer.persistence.checkpoint import CheckpointManager
 from tidal.trainer.persistence.journal import JournalEntry, StepJournal
 from tidal.trainer.persistence.publisher import WeightPublisher
@@ -133,6 +133,8 @@ class StepPersistence:
         if writes is None:
             return
         writes.done.wait()
+        if isinstance(writes.error, DiskFull):  # a retry cannot help: the caller stops
+            raise writes.error
         if writes.error is not None:
             raise Unavailable(
                 f"the checkpoint or weight version of step {writes.step} could not be "
@@ -258,6 +260,8 @@ class StepPersistence:
         writes.error = None
         writes.task = asyncio.create_task(self._write(writes))
         await asyncio.shield(writes.task)
+        if isinstance(writes.error, DiskFull):
+            raise writes.error
         if writes.error is not None:
             raise Unavailable(
                 f"the checkpoint or weight version of step {writes.step} could not be "
