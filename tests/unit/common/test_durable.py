@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 import pytest
 
 from tidal.common.errors import DiskFull
 from tidal.common.files.durable import (
+    as_disk_full,
     commit_dir,
     fsync_tree,
     removed_on_failure,
@@ -86,3 +88,18 @@ def test_a_failed_write_leaves_no_temp_file_or_folder(tmp_path: Path) -> None:
         (folder / "state.partial").write_bytes(b"half")
         raise DiskFull(folder / "state.partial", 10)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_wrapped_enospc_is_a_disk_full_and_other_errors_stay_themselves(
+    tmp_path: Path,
+) -> None:
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "v3"))
+        except OSError as exc:
+            raise RuntimeError("the publish failed") from exc
+    except RuntimeError as wrapped:
+        found = as_disk_full(wrapped, tmp_path)
+    assert isinstance(found, DiskFull) and found.path == tmp_path / "v3"
+    other = OSError(errno.EACCES, "Permission denied")
+    assert as_disk_full(other, tmp_path) is other

@@ -114,7 +114,7 @@ def stage_files(
         raise FileExistsError(f"version {version} already exists at {final}")
     sweep_partial(root)
     tmp = root / f"{TMP_PREFIX}v{version:06d}-{uuid.uuid4().hex[:8]}"
-    with removed_on_failure(tmp):  # a failed write (a full disk) leaks no space
+    with space_for(tmp, None), removed_on_failure(tmp):  # a failed write leaks no space
         tmp.mkdir()
         entries = tuple(
             WeightFile(name, len(data), write_hashed(tmp / name, [data]))

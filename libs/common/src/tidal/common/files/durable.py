@@ -38,6 +38,19 @@ def space_for(path: Path, needed_bytes: int | None) -> Iterator[None]:
         raise
 
 
+def as_disk_full(exc: Exception, where: Path) -> Exception:
+    """`exc` as a `DiskFull` when an ENOSPC/EDQUOT anywhere in its chain caused it (the
+    path its OSError names, else `where`); otherwise `exc` itself."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, DiskFull):
+            return seen
+        if isinstance(seen, OSError) and seen.errno in DISK_FULL_ERRNOS:
+            return DiskFull(Path(seen.filename) if seen.filename else where, None)
+        seen = seen.__cause__ or seen.__context__
+    return exc
+
+
 @contextlib.contextmanager
 def removed_on_failure(tmp: Path) -> Iterator[Path]:
     """Yield `tmp` (a temporary file or folder); delete it if the block raises."""

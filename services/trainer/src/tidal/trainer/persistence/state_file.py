@@ -25,7 +25,7 @@ from safetensors import safe_open
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
-from tidal.common.files.durable import fsync_path, removed_on_failure, write_hashed
+from tidal.common.files.durable import fsync_path, removed_on_failure, space_for, write_hashed
 from tidal.common.files.safe_remove import remove_inside
 
 log = logging.getLogger(__name__)
@@ -209,7 +209,7 @@ def write_step_folder(root: Path, step: int, state: dict[str, Any]) -> Path:
     """Write `state` as step `step`'s folder under `root`, atomically; returns it."""
     root.mkdir(parents=True, exist_ok=True)
     tmp = temp_folder(root, step)
-    with removed_on_failure(tmp):  # a failed write (a full disk) leaks no space
+    with space_for(tmp, None), removed_on_failure(tmp):  # a failed write leaks no space
         tmp.mkdir()
         write_state(tmp, state)  # fsyncs its one file
         fsync_path(tmp)

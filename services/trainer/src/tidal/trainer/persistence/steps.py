@@ -26,6 +26,7 @@ import torch
 
 from tidal.batch.tensors import MicroBatchData
 from tidal.common.errors import DiskFull, Unavailable
+from tidal.common.files.durable import as_disk_full
 from tidal.trainer.persistence.checkpoint import CheckpointManager
 from tidal.trainer.persistence.journal import JournalEntry, StepJournal
 from tidal.trainer.persistence.publisher import WeightPublisher
@@ -235,7 +236,7 @@ class StepPersistence:
                 self.metrics.publish_seconds.observe(time.perf_counter() - started)
         except Exception as exc:  # kept for gate() and persist(); the run goes on
             log.warning("step %d: writing its checkpoint or version failed: %s", writes.step, exc)
-            writes.error = exc
+            writes.error = as_disk_full(exc, self.publisher.root)
         finally:
             if staging is not None and not staging.done():  # the checkpoint failed first:
                 with contextlib.suppress(Exception):  # let the staging thread finish before a
