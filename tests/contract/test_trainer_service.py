@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,7 @@ from opentelemetry.trace import SpanKind
 from tidal.batch.wire import micro_batch_from_proto, payload_sha256
 from tidal.common.errors import FailedPrecondition
 from tidal.common.grpc.channel import make_channel
+from tidal.common.grpc.interceptors import ERROR_KIND_KEY
 from tidal.common.security.transport import PLAINTEXT_LOOPBACK
 from tidal.models.hf_checkpoint import hf_to_native_state_dict
 from tidal.orchestrator.client_errors import PeerError
@@ -534,6 +536,51 @@ async def test_a_failed_background_write_stops_the_next_update_and_its_retry_wri
             await until(lambda: registry.newest == 2, "version 2")
     finally:
         await running.stop()
+
+
+async def test_a_full_disk_refuses_the_next_step_as_disk_full_and_leaks_nothing(
+    tmp_path: Path, weightsync_server: RunningWeightSync
+) -> None:
+    """Step 1's checkpoint meets a full disk (a 64 KiB tmpfs): Train(2) is refused
+    RESOURCE_EXHAUSTED `disk full: <path> …` with the `DiskFull` kind (a retry cannot
+    help, so the caller stops), before its update, and the failed write left no temp
+    folder; once there is space, the retry writes step 1 and trains step 2."""
+    tiny = tmp_path / "tiny"
+    tiny.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(tiny)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    running = await start_trainer(run_config(tmp_path, weightsync_server, background=True))
+    runner = running.runner
+    assert runner.persistence.checkpoints is not None
+    good = runner.persistence.checkpoints.root
+    try:
+        async with make_channel(
+            f"127.0.0.1:{running.server.port}", security=PLAINTEXT_LOOPBACK
+        ) as channel:
+            stub = pb_grpc.TrainerServiceStub(channel)
+            runner.persistence.checkpoints.root = tiny / "checkpoints"
+            assert (await stub.Train(request(1))).policy_version == 1  # answered: trained
+            before = {k: v.clone() for k, v in runner.trainer.model.state_dict().items()}
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.Train(request(2))
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            details = str(refused.value.details())
+            assert f"disk full: {tiny / 'checkpoints'}" in details and "MiB free" in details
+            kinds = [v for k, v in refused.value.trailing_metadata() or () if k == ERROR_KIND_KEY]
+            assert kinds == ["DiskFull"]
+            after = runner.trainer.model.state_dict()
+            assert all(torch.equal(before[k], after[k]) for k in before)  # no update of 2
+            assert list((tiny / "checkpoints").iterdir()) == []  # no temp folder left
+            runner.persistence.checkpoints.root = good
+            second = await stub.Train(request(2))  # the retry: step 1 written, 2 trained
+            assert (second.step, second.policy_version, second.duplicate) == (2, 2, False)
+            assert (good / "step_00000001").is_dir()
+    finally:
+        await running.stop()
+        subprocess.run(["umount", "-l", str(tiny)], check=False)
 
 
 async def test_answering_after_the_publish_a_failed_write_fails_train_and_its_retry_writes_it(
