@@ -333,7 +333,7 @@ async def serve(
                 f"{progress.step} are kept; free space, then continue with the same "
                 "`tidal rl` command plus --resume"
             )
-            print(f"orchestrator: {message}", file=sys.stderr)  # (also its log: stderr)
+            print(f"orchestrator: {message}", file=sys.stderr)  # one line, no traceback
         else:
             # A configuration that does not fit its peers fails the same way every time:
             # exit 2, which `tidal rl` does not restart (tidal.cli.supervision).
