@@ -56,7 +56,7 @@ def test_rl_help_is_short_and_names_the_sections(capsys: pytest.CaptureFixture[s
     assert len(out.splitlines()) < 120
     assert "--trainer.optim.lr " in out and "--orchestrator.task.type " in out
     assert "--trainer.optim.eps " not in out
-    assert "orchestrator: task, sampling" in out and "--help SECTION" in out
+    assert "orchestrator: task, " in out and " sampling, " in out and "--help SECTION" in out
 
 
 def test_rl_help_section_lists_its_keys(capsys: pytest.CaptureFixture[str]) -> None:

@@ -185,7 +185,7 @@ async def test_bf16_engine_serves_on_each_kernel_path_and_says_which(
 async def test_status_names_the_served_family_shape_and_size(tiny: Any) -> None:
     """Tied head counted once: 2 layers of 9,280 parameters, a 64x32 embedding, a norm."""
     async with tiny.serving() as engine:
-        assert engine.status().model == "llama-2x32 (20.6K params)"
+        assert engine.status().model == "llama-2x32 (vocab 64, tied, 20.6K params)"
     qwen3 = DecoderArgs(**{**tiny.args.as_dict(), "family": "qwen3", "qk_norm": True})
     torch.manual_seed(0)
     model = DecoderLM(qwen3)
@@ -195,6 +195,6 @@ async def test_status_names_the_served_family_shape_and_size(tiny: Any) -> None:
     await engine.start()
     try:
         await engine.update_weights(0, qwen3.to_hf_config(), state)
-        assert engine.status().model == "qwen3-2x32 (20.7K params)"  # + q/k norms
+        assert engine.status().model == "qwen3-2x32 (vocab 64, tied, 20.7K params)"  # + q/k norms
     finally:
         await engine.close()
