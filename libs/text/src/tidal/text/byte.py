@@ -4,7 +4,8 @@ Bytes need no trained merges and no model hub, round-trip any text exactly and k
 tiny default model's embedding small. Plain `encode` never treats text as special (a
 typed "<eos>" is five bytes); only chat text maps the template's "<bos>"/"<eos>" markers
 to their ids, so `decode(encode_chat(m), skip_special=False) == apply_chat_template(m)`.
-The built-in template closes every turn with EOS, so EOS also ends an assistant turn.
+The built-in template closes every turn with EOS, so EOS also ends an assistant turn; it
+lists tools as `name: description` lines and writes calls as `<call>name {json}</call>`.
 """
 
 from __future__ import annotations
@@ -18,8 +19,14 @@ BOS_TEXT, EOS_TEXT, PAD_TEXT = "<bos>", "<eos>", "<pad>"
 
 BYTE_CHAT_TEMPLATE = (
     "{{ bos_token }}"
+    "{% if tools %}<|tools|>\n{% for tool in tools %}{% set f = tool.function or tool %}"
+    "{{ f.name }}: {{ f.description }}\n{% endfor %}{{ eos_token }}{% endif %}"
     "{% for message in messages %}"
-    "<|{{ message['role'] }}|>\n{{ message['content'] }}{{ eos_token }}"
+    "<|{{ message['role'] }}|>\n{{ message['content'] }}"
+    "{% for call in message.tool_calls or [] %}{% set f = call.function or call %}"
+    "<call>{{ f.name }} {% if f.arguments is string %}{{ f.arguments }}"
+    "{% else %}{{ f.arguments | tojson }}{% endif %}</call>{% endfor %}"
+    "{{ eos_token }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
