@@ -20,6 +20,7 @@ from tidal.text.episode import Episode, EpisodeRenderError, end_of_turn
 from tidal.text.tokenizer import Message, Tokenizer
 
 TemplateMode = Literal["auto", "on", "off"]
+Tools = Sequence[Mapping[str, Any]] | None
 ASSISTANT = "assistant"
 
 
@@ -59,27 +60,32 @@ class ChatRendering:
     system_prompt: str | None = None
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
-    def episode(self) -> Episode:
-        """An empty episode rendered with these options."""
+    def episode(self, tools: Tools = None) -> Episode:
+        """An empty episode rendered with these options (and `tools`, if any)."""
         return Episode(
             self.tokenizer,
             system_prompt=self.system_prompt,
+            tools=tools or None,
             template_kwargs=dict(self.template_kwargs),
         )
 
-    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
+    def prompt_ids(self, messages: Sequence[Message], tools: Tools = None) -> list[int]:
         """`messages` rendered with the generation prompt (template on only)."""
         return self.tokenizer.encode_chat(
             messages,
             add_generation_prompt=True,
             system_prompt=self.system_prompt,
+            tools=tools or None,
             **self.template_kwargs,
         )
 
-    def assistant_turn_ids(self, history: Sequence[Message], message: Message) -> list[int]:
+    def assistant_turn_ids(
+        self, history: Sequence[Message], message: Message, tools: Tools = None
+    ) -> list[int]:
         """Ids of assistant `message` after `history`'s generation prompt, through the
         end-of-turn token (what a policy emits for it)."""
-        options = {"system_prompt": self.system_prompt, **self.template_kwargs}
+        options = {"system_prompt": self.system_prompt, "tools": tools or None}
+        options.update(self.template_kwargs)
         prompt = self.tokenizer.apply_chat_template(history, add_generation_prompt=True, **options)
         full = self.tokenizer.apply_chat_template(
             [*history, message], add_generation_prompt=False, **options
@@ -95,14 +101,14 @@ class ChatRendering:
             turn = turn[: turn.index(eot[0]) + len(eot[0])]
         return self.tokenizer.encode_template_text(turn)
 
-    def conversation(self, messages: Sequence[Message]) -> Episode:
+    def conversation(self, messages: Sequence[Message], tools: Tools = None) -> Episode:
         """`messages` as one episode: assistant turns under mask 1, the rest under 0."""
         last = max((i for i, m in enumerate(messages) if m.get("role") == ASSISTANT), default=-1)
         if last < 0:
             raise ValueError("a conversation to train on needs an assistant message")
         if messages[0].get("role") == ASSISTANT:
             raise ValueError("a conversation cannot open with an assistant message")
-        episode = self.episode()
+        episode = self.episode(tools)
         pending: list[Message] = []
         for message in messages[: last + 1]:
             if message.get("role") != ASSISTANT:
@@ -113,5 +119,5 @@ class ChatRendering:
             else:  # with no message between two assistant turns: just the next header
                 episode.add_messages(pending)
             pending = []
-            episode.add_assistant(self.assistant_turn_ids(episode.messages, message))
+            episode.add_assistant(self.assistant_turn_ids(episode.messages, message, tools))
         return episode

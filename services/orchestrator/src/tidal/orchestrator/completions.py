@@ -14,6 +14,26 @@ from tidal.orchestrator.tasks.base import Problem
 
 
 @dataclass(frozen=True)
+class ToolStats:
+    """An episode's tool calling: calls answered, calls that could not run (malformed, an
+    unknown tool, arguments off-schema), tools that raised or timed out, and the wall time
+    the episode waited for its tools."""
+
+    calls: int = 0
+    parse_failures: int = 0
+    errors: int = 0
+    seconds: float = 0.0
+
+    def __add__(self, other: ToolStats) -> ToolStats:
+        return ToolStats(
+            self.calls + other.calls,
+            self.parse_failures + other.parse_failures,
+            self.errors + other.errors,
+            self.seconds + other.seconds,
+        )
+
+
+@dataclass(frozen=True)
 class Completion:
     """One completion returned by inference."""
 
@@ -28,6 +48,8 @@ class Completion:
     `logprobs` are 0 at environment tokens; `policy_versions` list model tokens only."""
     turns: tuple[str, ...] = ()
     """Multi-turn: the decoded model turns (empty for single-turn completions)."""
+    tools: ToolStats = ToolStats()
+    """Tool calling in this episode (all zero without tools)."""
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ __all__ = [
     "ReversalTaskConfig",
     "SamplingConfig",
     "StalenessConfig",
+    "ToolsConfig",
     "WandbConfig",
 ]
 
@@ -95,6 +96,24 @@ class ChatConfig(BaseConfig):
     template_kwargs: dict[str, Any] = {}
     """Extra variables for the template, e.g. `{ enable_thinking = false }` for Qwen3
     (template only: setting them with the template off is an error)."""
+
+
+class ToolsConfig(BaseConfig):
+    """Tool calling in the episodes of tasks that offer tools (docs/agents.md)."""
+
+    parser: Literal["auto", "hermes", "llama3_json", "byte"] = "auto"
+    """How tool calls are read from the policy's text: "auto" picks the format of the
+    tokenizer's chat template (the byte tokenizer's `<call>`, Llama 3 JSON, else Hermes/Qwen
+    `<tool_call>`)."""
+    max_turns: int = Field(default=4, gt=0)
+    """Model turns per episode at most; a call in the last one is left unanswered."""
+    max_episode_tokens: int = Field(default=1024, gt=0)
+    """Tokens after the prompt (model turns and tool results) at most: no further turn
+    starts once an episode holds this many."""
+    call_timeout_s: float = Field(default=10.0, gt=0)
+    """Deadline of one tool call; a late call is answered with an error."""
+    max_result_chars: int = Field(default=4096, gt=0)
+    """Longer tool results are cut to this many characters."""
 
 
 class EvalConfig(BaseConfig):
@@ -283,6 +302,8 @@ class OrchestratorConfig(BaseConfig):
     """Held-out evaluation."""
     chat: ChatConfig = ChatConfig()
     """Chat-template rendering of prompts (template, system prompt, template kwargs)."""
+    tools: ToolsConfig = ToolsConfig()
+    """Tool calling in episodes (parser, turn and token budget, call deadline)."""
     wandb: WandbConfig = WandbConfig()
     """Optional Weights & Biases logging of the per-step metrics."""
 

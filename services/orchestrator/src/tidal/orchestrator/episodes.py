@@ -5,16 +5,20 @@ keeps no session); a group's n episodes are separate chains run concurrently. An
 becomes one Completion whose environment tokens have loss mask 0 and logprob 0. Replies
 become ids through the prompt renderer's `EpisodeTurns`, which only appends, so the
 trainer gets exactly the ids the policy saw. A turn cut by max_tokens ends the episode.
+With tools, the reply to a turn is its calls' results, and a turn without calls (or the
+end of the turn or token budget) ends the episode.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
-from tidal.orchestrator.completions import Completion
+from tidal.common.errors import ConfigError
+from tidal.orchestrator.completions import Completion, ToolStats
 from tidal.orchestrator.seeds import derive_seed
 from tidal.orchestrator.tasks.base import EnvReply, Problem, Task
+from tidal.orchestrator.tool_execution import ToolUse, run_calls
 from tidal.text.episode import Episode
 from tidal.text.tokenizer import Tokenizer
 
@@ -32,6 +36,10 @@ class EpisodeTurns(Protocol):
         """Ids of the environment's reply (and the next turn's header), appended."""
         ...
 
+    def add_messages(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        """Ids of environment messages (tool results) and the next turn's header."""
+        ...
+
 
 class PlainTurns:
     """Plain-text episodes: a reply is its text's ids, nothing around it."""
@@ -44,6 +52,12 @@ class PlainTurns:
 
     def add_reply(self, reply: EnvReply) -> list[int]:
         return self.tokenizer.encode(reply.text, add_special_tokens=False)
+
+    def add_messages(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        raise ConfigError(
+            'tool results are chat messages: set orchestrator.chat.template = "on" for a '
+            "task with tools"
+        )
 
 
 class ChatTurns:
@@ -58,6 +72,9 @@ class ChatTurns:
     def add_reply(self, reply: EnvReply) -> list[int]:
         return self.episode.add_messages([{"role": reply.role, "content": reply.text}])
 
+    def add_messages(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        return self.episode.add_messages(messages)
+
 
 async def run_episode(
     complete: CompleteFn,
@@ -71,14 +88,17 @@ async def run_episode(
     temperature: float,
     seed: int,
     request_id: str,
+    tools: ToolUse | None = None,
 ) -> Completion:
-    """Episode `index` of a group: alternate model turns and environment replies."""
+    """Episode `index` of a group: alternate model turns and environment replies (tool
+    results when `tools` is given, else `task.env_step`)."""
     context = list(prompt_ids)
     tokens: list[int] = []
     logprobs: list[float] = []
     versions: list[int] = []
     mask: list[float] = []
     turns: list[str] = []
+    stats = ToolStats()
     stopped = True
     while True:
         (turn,) = await complete(
@@ -96,15 +116,26 @@ async def run_episode(
         episode.add_model_turn(turn.token_ids)
         turns.append(tokenizer.decode(turn.token_ids))
         stopped = turn.stopped
-        reply = task.env_step(problem, turns) if stopped else None
-        if reply is None:
+        if not stopped:
             break
-        env_ids = episode.add_reply(reply)
+        if tools is not None:
+            calls = tools.parser.parse(turns[-1], problem.tools).calls
+            if not calls or len(turns) >= tools.config.max_turns:
+                break
+            messages, spent = await run_calls(calls, tools, problem)
+            stats += spent
+            env_ids = episode.add_messages(messages)
+            done = len(tokens) + len(env_ids) >= tools.config.max_episode_tokens
+        else:
+            reply = task.env_step(problem, turns)
+            if reply is None:
+                break
+            env_ids, done = episode.add_reply(reply), reply.done
         tokens += env_ids
         logprobs += [0.0] * len(env_ids)
         mask += [0.0] * len(env_ids)
         context += env_ids
-        if reply.done:
+        if done:
             break
     return Completion(
         index=index,
@@ -114,4 +145,5 @@ async def run_episode(
         stopped=stopped,
         loss_mask=tuple(mask),
         turns=tuple(turns),
+        tools=stats,
     )

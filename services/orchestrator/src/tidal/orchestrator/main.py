@@ -366,6 +366,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         mixture = build_mixture(config)
         prompts = build_prompt_renderer(config)
+        prompts.check_tasks(list(mixture.tasks.values()))
         if config.orchestrator.wandb.enabled:
             import_wandb()  # installed? (exit 2 naming the extra, before anything starts)
     except ConfigError as exc:

@@ -9,6 +9,7 @@ a `ConfigError` from `from_config`, raised before any peer is awaited.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +17,7 @@ from tidal.batch.packing import TrainSample
 from tidal.common.errors import ConfigError
 from tidal.orchestrator.config import ChatConfig
 from tidal.orchestrator.episodes import ChatTurns, EpisodeTurns, PlainTurns
-from tidal.orchestrator.tasks.base import Problem
+from tidal.orchestrator.tasks.base import Problem, Task
 from tidal.text.conversation import ChatRendering, uses_template
 from tidal.text.tokenizer import Tokenizer
 
@@ -75,14 +76,16 @@ class PromptRenderer:
     def prompt_ids(self, problem: Problem) -> list[int]:
         """The ids a rollout of `problem` starts from."""
         if self.template:
-            return self.rendering.prompt_ids(self.messages(problem))
+            return self.rendering.prompt_ids(self.messages(problem), problem.tools)
+        if problem.tools:
+            raise self._needs_template(problem.task)
         return self.tokenizer.encode(problem.prompt)
 
     def episode_turns(self, problem: Problem) -> EpisodeTurns:
         """A fresh multi-turn episode of `problem` (its prompt is `prompt_ids(problem)`)."""
         if not self.template:
             return PlainTurns(self.tokenizer)
-        episode = self.rendering.episode()
+        episode = self.rendering.episode(problem.tools)
         episode.start(self.messages(problem))
         return ChatTurns(episode)
 
@@ -92,13 +95,26 @@ class PromptRenderer:
         if self.template:
             prompt, completion, mask = self._chat_reference(problem)
         else:
-            prompt = self.tokenizer.encode(problem.prompt)
+            prompt = self.prompt_ids(problem)
             completion, mask = self._plain_reference(problem)
         return TrainSample(
             prompt_ids=tuple(prompt),
             completion_ids=tuple(completion),
             advantage=1.0,
             completion_mask=() if all(m == 1.0 for m in mask) else tuple(mask),
+        )
+
+    def check_tasks(self, tasks: Sequence[Task]) -> None:
+        """ConfigError (at start) if a task offers tools but prompts are plain text."""
+        for task in tasks:
+            if task.tools and not self.template:
+                raise self._needs_template(task.name)
+
+    def _needs_template(self, task: str) -> ConfigError:
+        return ConfigError(
+            f"task {task or '?'} offers tools, whose calls and results are chat "
+            f"messages, but prompts are plain text with tokenizer {self.tokenizer.name}: "
+            f'set {TEMPLATE_KEY} = "on"'
         )
 
     def _plain_reference(self, problem: Problem) -> tuple[list[int], list[float]]:
@@ -113,10 +129,14 @@ class PromptRenderer:
         return tokens, mask
 
     def _chat_reference(self, problem: Problem) -> tuple[list[int], list[int], list[float]]:
-        chat = [*self.messages(problem), {"role": "assistant", "content": problem.reference}]
+        chat = [*self.messages(problem)]
+        if problem.demonstration:
+            chat += [dict(m) for m in problem.demonstration]
+        else:
+            chat.append({"role": "assistant", "content": problem.reference})
         for text, reference in problem.followups:
             chat += [{"role": "user", "content": text}, {"role": "assistant", "content": reference}]
-        episode = self.rendering.conversation(chat)
+        episode = self.rendering.conversation(chat, problem.tools)
         prompt_len = episode.loss_mask.index(1)
         return (
             episode.ids[:prompt_len],

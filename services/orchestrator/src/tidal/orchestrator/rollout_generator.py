@@ -29,7 +29,9 @@ from tidal.orchestrator.mixture import TaskMixture
 from tidal.orchestrator.prompt_rendering import PromptRenderer
 from tidal.orchestrator.seeds import derive_seed
 from tidal.orchestrator.tasks.base import Problem
+from tidal.orchestrator.tool_execution import ToolUse
 from tidal.orchestrator.verifier_pool import VerifierPool, VerifyOutcome
+from tidal.text.tool_calls import tool_call_parser
 
 
 @dataclass
@@ -88,6 +90,7 @@ class RolloutGenerator:
         self.prompts = prompts
         self.tokenizer = prompts.tokenizer
         self.max_tokens = max_tokens
+        self.tool_parser = tool_call_parser(self.tokenizer, config.tools.parser)
 
     async def complete(
         self,
@@ -123,12 +126,15 @@ class RolloutGenerator:
         seed: int,
         request_id: str,
     ) -> list[Completion]:
-        """n completions of a prompt, or n episodes of a multi-turn problem."""
-        if not problem.followups:
+        """n completions of a prompt, or n episodes of a multi-turn or tool problem."""
+        if not problem.followups and not problem.tools:
             return await self.complete(
                 prompt_ids, n=n, temperature=temperature, seed=seed, request_id=request_id
             )
         task = self.verifier.tasks[problem.task]
+        tools = (
+            ToolUse.of(task.tools, self.tool_parser, self.config.tools) if problem.tools else None
+        )
         # one replica per group: its episodes share the prompt's and each other turn's
         # cached prefix there (inference_pool.py, affinity)
         complete = functools.partial(self.complete, affinity=request_id)
@@ -144,6 +150,7 @@ class RolloutGenerator:
                 temperature=temperature,
                 seed=seed,
                 request_id=request_id,
+                tools=tools,
             )
             for i in range(n)
         )

@@ -31,7 +31,8 @@ class ReversalTaskConfig(TaskCommon):
     """The built-in verifiable task: reverse a random string ("abc>" → "cba")."""
 
     type: Literal["reversal"] = "reversal"
-    """Task kind: reversal | arithmetic | countdown | dataset | reasoning_gym | import."""
+    """Task kind: reversal | arithmetic | countdown | dataset | reasoning_gym | lookup |
+    import."""
     alphabet: str = Field(default="abcd", min_length=1)
     """Characters the strings are drawn from (ASCII, no '>')."""
     min_len: int = Field(default=1, ge=1)
@@ -48,6 +49,29 @@ class ReversalTaskConfig(TaskCommon):
             raise ValueError(f"min_len {self.min_len} is larger than max_len {self.max_len}")
         if ">" in self.alphabet or not self.alphabet.isascii():
             raise ValueError(f"alphabet {self.alphabet!r} must be ASCII and must not contain '>'")
+        return self
+
+
+class LookupTaskConfig(TaskCommon):
+    """A tool task: report the value stored under a key, which only `lookup(key)` knows.
+
+    The chat template must be on (`orchestrator.chat.template = "on"`)."""
+
+    type: Literal["lookup"] = "lookup"
+    """Task kind."""
+    alphabet: str = Field(default="abcdefgh", min_length=2)
+    """Characters keys and values are drawn from (ASCII letters)."""
+    key_len: int = Field(default=2, ge=1, le=16)
+    """Length of a key."""
+    value_len: int = Field(default=3, ge=1, le=16)
+    """Length of a value: what the answer must be."""
+    keys: int = Field(default=3, ge=1, le=16)
+    """Keys in each problem's table (the prompt asks for one; the others are decoys)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> LookupTaskConfig:
+        if not (self.alphabet.isascii() and self.alphabet.isalpha()):
+            raise ValueError(f"alphabet {self.alphabet!r} must be ASCII letters")
         return self
 
 
@@ -211,6 +235,7 @@ TaskConfig = Annotated[
     | DatasetTaskConfig
     | ReasoningGymTaskConfig
     | CodeTaskConfig
+    | LookupTaskConfig
     | ImportTaskConfig,
     Field(discriminator="type"),
 ]

@@ -4,13 +4,15 @@
 generated tasks implement `sample(rng)` with an RNG seeded by (run seed, task, split, i). A
 task works on text, never tokens, and `verify` returns a reward in [0, 1] or a `Verdict`.
 Multi-turn problems carry `followups`, answered by `env_step` and scored by
-`verify_turns`; chat `messages` are rendered by the template when it is on. docs/tasks.md.
+`verify_turns`; chat `messages` are rendered by the template when it is on. A task with
+`tools` runs episodes in which the policy calls them (docs/agents.md).
 """
 
 from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -41,6 +43,12 @@ class Problem:
     then holds their plain rendering."""
     metadata: dict[str, Any] = field(default_factory=dict, hash=False)
     """Extra fields of the record for the verifier (e.g. a dataset's `metadata_fields`)."""
+    tools: tuple[Mapping[str, Any], ...] = field(default=(), hash=False)
+    """The tools the prompt offers, as the chat template's `tools=` ({type, function});
+    a problem with tools is an episode of tool calls (its task's `tools` run them)."""
+    demonstration: tuple[Mapping[str, Any], ...] = field(default=(), hash=False)
+    """Tools: the messages after the prompt that solve it (assistant `tool_calls`, tool
+    results, the answer), the warm-up target in place of `reference`."""
 
     def turn_problems(self) -> list[Problem]:
         """One single-turn problem per turn: this one, then each followup."""
@@ -60,6 +68,27 @@ class EnvReply:
 
 
 @dataclass(frozen=True)
+class Tool:
+    """A tool a task offers the policy: what the template shows, and the code that runs it.
+
+    `run(problem, **arguments)` gets arguments its `parameters` schema accepts and returns
+    the text of the tool message; an exception or a timeout becomes an error result.
+    `run` is the seam for sandboxed tools: trusted in-process code here, a call into the
+    sandbox for untrusted code."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+    """JSON schema of the arguments object."""
+    run: Callable[..., Awaitable[str]]
+
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI-style tool description a chat template renders."""
+        function = {"name": self.name, "description": self.description}
+        return {"type": "function", "function": {**function, "parameters": dict(self.parameters)}}
+
+
+@dataclass(frozen=True)
 class Verdict:
     """A verifier's answer: reward in [0, 1] plus named sub-scores for metrics."""
 
@@ -73,6 +102,8 @@ def _reward(value: Verdict | float) -> float:
 
 class Task(ABC):
     name: str = "task"
+    tools: tuple[Tool, ...] = ()
+    """Tools the policy may call in this task's episodes (problems list them in `tools`)."""
 
     def bind(self, *, name: str, seed: int) -> None:
         """Called once by the orchestrator: the task's label and the run seed."""
@@ -98,9 +129,10 @@ class Task(ABC):
         return EnvReply(problem.followups[len(turns) - 1][0])
 
     def verify_turns(self, problem: Problem, turns: list[str]) -> Verdict | float:
-        """Reward of a whole episode: the mean of `verify` over its turns."""
+        """Reward of a whole episode: the mean of `verify` over its turns (with tools and
+        no followups, `verify` of the last turn: the answer after the calls)."""
         if not problem.followups:
-            return self.verify(problem, turns[0])
+            return self.verify(problem, turns[-1])
         per_turn = problem.turn_problems()
         rewards = [_reward(self.verify(p, t)) for p, t in zip(per_turn, turns, strict=False)]
         rewards += [0.0] * (len(per_turn) - len(rewards))
@@ -130,4 +162,5 @@ class GeneratedTask(Task):
     def problem(self, index: int, *, split: Split = "train") -> Problem:
         rng = random.Random(derive_seed(self.seed, text_key(self.name), SPLIT_KEYS[split], index))
         drawn = self.sample(rng)
-        return replace(drawn, task=self.name, uid=f"{self.name}/{split}/{index}")
+        tools = tuple(t.schema() for t in self.tools)
+        return replace(drawn, task=self.name, uid=f"{self.name}/{split}/{index}", tools=tools)

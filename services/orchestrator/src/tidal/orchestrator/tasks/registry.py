@@ -17,6 +17,7 @@ from tidal.orchestrator.task_config import (
     CountdownTaskConfig,
     DatasetTaskConfig,
     ImportTaskConfig,
+    LookupTaskConfig,
     ReasoningGymTaskConfig,
     ReversalTaskConfig,
     TaskConfig,
@@ -26,11 +27,13 @@ from tidal.orchestrator.tasks.base import Task
 from tidal.orchestrator.tasks.code import CodeTask
 from tidal.orchestrator.tasks.countdown import CountdownTask
 from tidal.orchestrator.tasks.dataset import DatasetTask
+from tidal.orchestrator.tasks.lookup import LookupTask
 from tidal.orchestrator.tasks.reasoning_gym import ReasoningGymTask
 from tidal.orchestrator.tasks.reversal import ReversalTask
 
 BUILT_IN = {
     "reversal": ReversalTask,
+    "lookup": LookupTask,
     "arithmetic": ArithmeticTask,
     "countdown": CountdownTask,
     "dataset": DatasetTask,
@@ -69,6 +72,7 @@ def build_task(config: TaskConfig, *, seed: int = 0) -> Task:
     elif isinstance(
         config,
         ReversalTaskConfig
+        | LookupTaskConfig
         | ArithmeticTaskConfig
         | CountdownTaskConfig
         | DatasetTaskConfig
