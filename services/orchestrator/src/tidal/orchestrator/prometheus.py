@@ -20,6 +20,13 @@ from tidal.orchestrator.run_log import StepRecord
 
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 16)
 STALENESS_PREFIX = "staleness/"
+TOOL_COUNTERS = (
+    ("tools/calls", "tool_calls", "Tool calls in episodes (answered or not valid)"),
+    ("tools/parse_failures", "tool_parse_failures",
+     "Tool calls that could not run: malformed, an unknown tool, or arguments off-schema"),
+    ("tools/errors", "tool_errors", "Tool calls that raised or timed out"),
+    ("tools/seconds", "tool_seconds", "Seconds episodes waited for their tool calls"),
+)  # fmt: skip
 
 
 class OrchestratorMetrics:
@@ -57,6 +64,13 @@ class OrchestratorMetrics:
             "tidal_orchestrator_reward_mean", "Mean reward of the last RL step"
         )
         self.last_step = metrics.gauge("tidal_orchestrator_last_step", "The newest finished step")
+        self.tools = {
+            key: metrics.counter(f"tidal_orchestrator_{name}", help_text)
+            for key, name, help_text in TOOL_COUNTERS
+        }
+        self.episode_turns = metrics.gauge(
+            "tidal_orchestrator_episode_turns_mean", "Mean model turns per episode, last RL step"
+        )
 
     def step_finished(self, step: StepRecord) -> None:
         """Count one finished step (called by RunLog.append)."""
@@ -73,6 +87,10 @@ class OrchestratorMetrics:
             self.generate_seconds.observe(step.generate_seconds)
             if step.reward_mean is not None:
                 self.reward.set(step.reward_mean)
+            for key, counter in self.tools.items():
+                counter.inc(step.extra.get(key, 0.0))
+            if "episode/turns_mean" in step.extra:
+                self.episode_turns.set(step.extra["episode/turns_mean"])
             for key, count in step.extra.items():
                 if key.startswith(STALENESS_PREFIX) and key[len(STALENESS_PREFIX) :].isdigit():
                     age = int(key[len(STALENESS_PREFIX) :])

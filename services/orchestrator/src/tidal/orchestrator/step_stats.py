@@ -3,7 +3,7 @@
 Kept apart from the loop so the loop reads as the pipeline and this as the bookkeeping:
 per-task reward, pass rate and verifier sub-scores; advantage and length statistics;
 the staleness histogram; samples dropped or cut and why; the two waits (trainer waiting
-for a batch, generation waiting for a policy version).
+for a batch, generation waiting for a policy version); episodes' turns and tool calls.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tidal.orchestrator.completions import ScoredSample
+from tidal.orchestrator.completions import ScoredSample, ToolStats
 from tidal.orchestrator.rollout_generator import Generation
 from tidal.orchestrator.staleness import version_staleness
 
@@ -49,6 +49,27 @@ def per_task(scored: Sequence[ScoredSample], generation: Generation) -> dict[str
     return out
 
 
+def episode_stats(scored: Sequence[ScoredSample]) -> dict[str, float]:
+    """Turns and tool calling of the step's multi-turn episodes (nothing without any):
+    `tools/calls` etc. are the step's totals, `.../per_episode` their means."""
+    episodes = [s.completion for s in scored if s.completion.turns]
+    if not episodes:
+        return {}
+    total = sum((e.tools for e in episodes), ToolStats())
+    out = {
+        "episode/turns_mean": float(np.mean([len(e.turns) for e in episodes])),
+        "episode/turns_max": float(max(len(e.turns) for e in episodes)),
+        "tools/calls": float(total.calls),
+        "tools/calls_per_episode": total.calls / len(episodes),
+        "tools/parse_failures": float(total.parse_failures),
+        "tools/errors": float(total.errors),
+        "tools/seconds": total.seconds,
+    }
+    if total.calls:
+        out["tools/parse_failure_rate"] = total.parse_failures / total.calls
+    return out
+
+
 def rl_step_extras(
     scored: Sequence[ScoredSample],
     kept: Sequence[ScoredSample],
@@ -77,6 +98,7 @@ def rl_step_extras(
     extras["prompts_drawn"] = float(len(generation.problems))
     for kind, count in sorted(generation.failures.items()):
         extras[f"verifier_failures/{kind}"] = float(count)
+    extras.update(episode_stats(scored))
     extras["wait/trainer_s"] = trainer_wait_s
     extras["wait/policy_s"] = generation.policy_wait_seconds
     return extras
