@@ -1,8 +1,8 @@
 """A tool task: "ab" → call `lookup(key="ab")` → report the value it returns.
 
 The value is drawn at random per problem and appears only in the tool's result, so the
-reward cannot be earned without a well-formed call of the right key. Partial credit
-(matching positions) gives GRPO groups reward variance before answers are exact.
+reward cannot be earned without a well-formed call of the right key. The reward is exact
+match: partial credit would pay a guess without a call nearly as well as a call.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from typing import Any
 
 from tidal.orchestrator.task_config import LookupTaskConfig
 from tidal.orchestrator.tasks.base import GeneratedTask, Problem, Tool
-from tidal.orchestrator.tasks.reversal import reversal_reward
 
 NOT_FOUND = "no such key"
 KEY_SCHEMA = {
@@ -66,7 +65,7 @@ class LookupTask(GeneratedTask):
         )
 
     def verify(self, problem: Problem, completion: str) -> float:
-        return reversal_reward(completion.strip(), problem.reference)
+        return float(completion.strip() == problem.reference)
 
     @property
     def max_completion_chars(self) -> int:
