@@ -76,6 +76,27 @@ class ChatTurns:
         return self.episode.add_messages(messages)
 
 
+async def _environment_reply(
+    task: Task,
+    problem: Problem,
+    turns: list[str],
+    episode: EpisodeTurns,
+    tools: ToolUse | None,
+) -> tuple[list[int], bool, ToolStats] | None:
+    """The ids answering the last turn, whether the episode ends after them, and the tool
+    calls' cost; None ends the episode now (no reply, no calls, or the last turn)."""
+    if tools is None:
+        reply = task.env_step(problem, turns)
+        if reply is None:
+            return None
+        return episode.add_reply(reply), reply.done, ToolStats()
+    calls = tools.parser.parse(turns[-1], problem.tools).calls
+    if not calls or len(turns) >= tools.config.max_turns:
+        return None
+    messages, spent = await run_calls(calls, tools, problem)
+    return episode.add_messages(messages), False, spent
+
+
 async def run_episode(
     complete: CompleteFn,
     task: Task,
@@ -118,24 +139,16 @@ async def run_episode(
         stopped = turn.stopped
         if not stopped:
             break
-        if tools is not None:
-            calls = tools.parser.parse(turns[-1], problem.tools).calls
-            if not calls or len(turns) >= tools.config.max_turns:
-                break
-            messages, spent = await run_calls(calls, tools, problem)
-            stats += spent
-            env_ids = episode.add_messages(messages)
-            done = len(tokens) + len(env_ids) >= tools.config.max_episode_tokens
-        else:
-            reply = task.env_step(problem, turns)
-            if reply is None:
-                break
-            env_ids, done = episode.add_reply(reply), reply.done
+        reply = await _environment_reply(task, problem, turns, episode, tools)
+        if reply is None:
+            break
+        env_ids, done, spent = reply
+        stats += spent
         tokens += env_ids
         logprobs += [0.0] * len(env_ids)
         mask += [0.0] * len(env_ids)
         context += env_ids
-        if done:
+        if done or (tools is not None and len(tokens) >= tools.config.max_episode_tokens):
             break
     return Completion(
         index=index,
