@@ -132,7 +132,7 @@ class Task(ABC):
         """Reward of a whole episode: the mean of `verify` over its turns (with tools and
         no followups, `verify` of the last turn: the answer after the calls)."""
         if not problem.followups:
-            return self.verify(problem, turns[-1])
+            return self.verify(problem, turns[-1] if problem.tools else turns[0])
         per_turn = problem.turn_problems()
         rewards = [_reward(self.verify(p, t)) for p, t in zip(per_turn, turns, strict=False)]
         rewards += [0.0] * (len(per_turn) - len(rewards))
