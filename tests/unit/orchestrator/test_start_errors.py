@@ -31,7 +31,7 @@ def test_unknown_task_import_path_fails_at_start_with_the_valid_choices(tmp_path
     )
     assert done.returncode == 2
     assert "orchestrator task path 'nope_pkg:Task': cannot import" in done.stderr
-    types = "['arithmetic', 'code', 'countdown', 'dataset', 'reasoning_gym', 'reversal']"
+    types = "['arithmetic', 'code', 'countdown', 'dataset', 'lookup', 'reasoning_gym', 'reversal']"
     assert f"built-in types {types}" in done.stderr
 
 
