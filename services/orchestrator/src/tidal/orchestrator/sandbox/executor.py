@@ -72,12 +72,14 @@ def sandbox_uid(slot: int) -> int | None:
 
 
 async def _read_capped(stream: asyncio.StreamReader, cap: int, over: asyncio.Event) -> bytes:
+    """Keep the first `cap` bytes and read the rest to end of file, discarding it: a stream
+    nobody reads pauses its pipe, and asyncio's `wait()` waits for every pipe's end."""
     kept = bytearray()
     while chunk := await stream.read(1 << 16):
-        kept += chunk[: cap - len(kept)]
-        if len(kept) >= cap:
-            over.set()
-            break
+        if len(kept) < cap:
+            kept += chunk[: cap - len(kept)]
+            if len(kept) >= cap:
+                over.set()
     return bytes(kept)
 
 
@@ -208,9 +210,8 @@ class Sandbox:
             )
             killed = None if exited.done() else ("output" if over.is_set() else "wall")
             _kill_group(proc.pid)  # whatever the program left running goes with it
-            await exited
-            # a process that escaped the group may still hold the pipes: stop reading soon
-            await asyncio.wait({out, err}, timeout=1.0)
+            # a process that escaped the group may still hold the pipes: stop waiting soon
+            await asyncio.wait({exited, out, err}, timeout=1.0)
             stdout = out.result() if out.done() else b""
             stderr = err.result() if err.done() else b""
         finally:
