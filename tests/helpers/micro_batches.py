@@ -29,6 +29,7 @@ def wire_micro_batch(
         "loss_mask": mask,
         "advantages": advantages.astype(np.float32),
         "behaviour_logprobs": (-5.6 * mask).astype(np.float32),
+        "policy_versions": np.where(mask > 0, 0, -1).astype(np.int32),  # sampled by version 0
         **override,
     }
     return pb.MicroBatch(rank=rank, **{name: encode_array(a) for name, a in arrays.items()})

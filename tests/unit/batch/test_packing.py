@@ -112,3 +112,10 @@ def test_truncation_keeps_the_prompt_and_the_first_completion_tokens() -> None:
 
 def test_sample_whose_prompt_fills_the_budget_cannot_be_truncated() -> None:
     assert fit_to_budget(TrainSample((1, 2, 3), (4,), advantage=0.0), 3) is None
+
+
+def test_truncating_a_sample_keeps_the_versions_of_the_kept_tokens() -> None:
+    sample = TrainSample((256, 1), (3, 4, 5), advantage=1.0, completion_versions=(4, 5, 6))
+    assert fit_to_budget(sample, 4).completion_versions == (4, 5)  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="2 versions for 3 completion tokens"):
+        TrainSample((256,), (3, 4, 5), advantage=1.0, completion_versions=(1, 2))

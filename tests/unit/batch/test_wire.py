@@ -62,3 +62,22 @@ def test_the_payload_fingerprint_covers_the_rank() -> None:
     on_0 = micro_batch_to_proto(build_micro_batch(SAMPLES, rank=0))
     on_1 = micro_batch_to_proto(build_micro_batch(SAMPLES, rank=1))
     assert payload_sha256(1, [on_0]) != payload_sha256(1, [on_1])
+
+
+def test_policy_versions_round_trip_and_an_unset_field_decodes_as_unknown() -> None:
+    samples = [
+        TrainSample((256, 1), (3, 4, 5), advantage=1.0, completion_versions=(2, 2, 3)),
+        TrainSample((256,), (8, 9), advantage=0.0, completion_versions=(3, -1)),
+    ]
+    packed = build_micro_batch(samples)
+    np.testing.assert_array_equal(packed.policy_versions, [-1, -1, 2, 2, 3, -1, 3, -1])
+    message = micro_batch_to_proto(packed)
+    decoded = micro_batch_from_proto(message, field="micro_batches[0]")
+    np.testing.assert_array_equal(decoded.policy_versions, packed.policy_versions)
+    assert decoded.policy_versions.dtype.name == "int32"
+    digest = payload_sha256(1, [message])
+    message.ClearField("policy_versions")  # a sender that does not know versions
+    assert micro_batch_from_proto(message, field="micro_batches[0]").policy_versions is None
+    assert payload_sha256(1, [message]) != digest
+    packed.policy_versions = None
+    assert not micro_batch_to_proto(packed).HasField("policy_versions")

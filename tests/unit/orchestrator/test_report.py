@@ -63,6 +63,17 @@ def test_report_png_is_written(tmp_path: Path) -> None:
     assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_report_plots_mismatch_staleness_and_corrections(tmp_path: Path) -> None:
+    records = _records()
+    for r in records[2:]:
+        r.train.update(
+            {"mismatch_kl": 0.0, "stale_kl/1": 0.01 * r.step, "clip_frac": 0.1},
+            **{"correction/tis": 0.05, "staleness_share/0": 0.5},
+        )
+    write_report(records, tmp_path / "report.png")
+    assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_live_table_shows_recent_steps() -> None:
     out = io.StringIO()
     print_live_table(_records()[-3:], Console(file=out, width=200))

@@ -117,6 +117,7 @@ def run_loss(
         num_segments=num_segments,
         entropy=ent,
         ref_logprobs=d["ref"],
+        staleness=d.get("staleness", torch.zeros_like(d["seg"])),  # sampled by this version
     )
     loss, metrics = rl_loss(
         inputs, config=cfg, weights=weights, metric_weights=d["mask"] / counts.loss_tokens

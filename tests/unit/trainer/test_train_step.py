@@ -23,8 +23,9 @@ class Sample:
     behaviour: list[float]  # per token; entries before prompt_len are ignored
 
 
-def pack(samples: list[Sample]) -> MicroBatchData:
-    """Concatenate samples padding-free, as the orchestrator does."""
+def pack(samples: list[Sample], version: int | None = None) -> MicroBatchData:
+    """Concatenate samples padding-free, as the orchestrator does; `version` sampled every
+    loss token (None: unknown)."""
     lengths = torch.tensor([len(s.ids) for s in samples])
     mask = torch.cat([(torch.arange(len(s.ids)) >= s.prompt_len).float() for s in samples])
     return MicroBatchData(
@@ -34,6 +35,7 @@ def pack(samples: list[Sample]) -> MicroBatchData:
         loss_mask=mask,
         advantages=torch.cat([torch.full((len(s.ids),), s.advantage) for s in samples]) * mask,
         behaviour_logprobs=torch.tensor([b for s in samples for b in s.behaviour]) * mask,
+        policy_versions=None if version is None else torch.where(mask > 0, version, -1),
     )
 
 
@@ -135,7 +137,10 @@ def test_policy_gradient_steps_raise_logprob_of_positive_advantage_tokens() -> N
             )[0]
             lp = torch.log_softmax(logits[:-1], -1).gather(-1, batch.input_ids[1:, None])[:, 0]
         behaviour = torch.cat([torch.zeros(1), lp]) * batch.loss_mask
-        on_policy = MicroBatchData(**{**batch.__dict__, "behaviour_logprobs": behaviour})
+        versions = torch.where(batch.loss_mask > 0, step - 1, -1)  # sampled by these weights
+        on_policy = MicroBatchData(
+            **{**batch.__dict__, "behaviour_logprobs": behaviour, "policy_versions": versions}
+        )
         metrics = trainer.train_step(step, [on_policy], "pg")
         assert metrics["mismatch_kl"] == pytest.approx(0.0, abs=1e-6)
     after = mean_logprob(good), mean_logprob(bad)
@@ -144,7 +149,7 @@ def test_policy_gradient_steps_raise_logprob_of_positive_advantage_tokens() -> N
 
 def test_step_reports_metrics_and_uses_sft_learning_rate() -> None:
     trainer = make_trainer(lr=1e-3, sft_lr=5e-4)
-    batch = [pack(random_samples(4, seed=3))]
+    batch = [pack(random_samples(4, seed=3), version=1)]
     sft = trainer.train_step(1, batch, "sft")
     pg = trainer.train_step(2, batch, "pg")
     assert (sft["lr"], pg["lr"]) == (5e-4, 1e-3)

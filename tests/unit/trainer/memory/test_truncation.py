@@ -41,6 +41,16 @@ def test_prompt_keeps_its_end_and_completion_its_start() -> None:
     assert cut.loss_mask.tolist() == [0, 0, 0, 1, 1, 0, 0, 1, 1]
 
 
+def test_versions_are_cut_with_their_tokens() -> None:
+    batch = pack([(list(range(10, 20)), 6, 1.0), (list(range(30, 35)), 2, -1.0)])
+    batch = MicroBatchData(**{**batch.__dict__, "policy_versions": batch.input_ids % 3})
+    cut = truncate_micro_batch(
+        batch, TruncationConfig(max_prompt_tokens=3, max_completion_tokens=2)
+    )
+    assert cut.policy_versions is not None
+    assert cut.policy_versions.tolist() == [t % 3 for t in cut.input_ids.tolist()]
+
+
 def test_the_total_cap_cuts_the_completion_tail_first_then_the_prompt_head() -> None:
     batch = pack([(list(range(10, 20)), 6, 1.0), (list(range(30, 35)), 2, -1.0)])
     cut = truncate_micro_batch(batch, TruncationConfig(max_total_tokens=4))

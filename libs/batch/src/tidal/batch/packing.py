@@ -29,6 +29,9 @@ class TrainSample:
     completion_mask: tuple[float, ...] = ()
     """Loss mask of each completion token (0 for environment tokens of a multi-turn
     episode); empty means every completion token is trained."""
+    completion_versions: tuple[int, ...] = ()
+    """Policy version that sampled each completion token (-1 at environment tokens);
+    empty means unknown (SFT samples)."""
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
@@ -41,6 +44,11 @@ class TrainSample:
         if self.completion_mask and len(self.completion_mask) != len(self.completion_ids):
             raise ValueError(
                 f"{len(self.completion_mask)} mask entries for "
+                f"{len(self.completion_ids)} completion tokens"
+            )
+        if self.completion_versions and len(self.completion_versions) != len(self.completion_ids):
+            raise ValueError(
+                f"{len(self.completion_versions)} versions for "
                 f"{len(self.completion_ids)} completion tokens"
             )
 
@@ -59,6 +67,7 @@ class PackedMicroBatch:
     loss_mask: np.ndarray  # float32 [T]
     advantages: np.ndarray  # float32 [T]
     behaviour_logprobs: np.ndarray  # float32 [T]
+    policy_versions: np.ndarray | None = None  # int32 [T], -1 = unknown; None: all unknown
     rank: int = 0
     """The data-parallel rank that trains this micro-batch."""
 
@@ -96,7 +105,7 @@ def assign_bins(lengths: Sequence[int], budget: int) -> list[list[int]]:
 
 def build_micro_batch(samples: Sequence[TrainSample], *, rank: int = 0) -> PackedMicroBatch:
     """Concatenate samples into one padding-free micro-batch for data-parallel `rank`."""
-    ids, pos, mask, adv, logp = [], [], [], [], []
+    ids, pos, mask, adv, logp, versions = [], [], [], [], [], []
     for s in samples:
         n_prompt, n_completion = len(s.prompt_ids), len(s.completion_ids)
         ids.append(np.asarray(s.prompt_ids + s.completion_ids, dtype=np.int32))
@@ -106,6 +115,8 @@ def build_micro_batch(samples: Sequence[TrainSample], *, rank: int = 0) -> Packe
         adv.append(np.full(s.num_tokens, s.advantage, dtype=np.float32))
         completion_logp = s.completion_logprobs or (0.0,) * n_completion
         logp.append(np.asarray((0.0,) * n_prompt + tuple(completion_logp), dtype=np.float32))
+        completion_versions = s.completion_versions or (-1,) * n_completion
+        versions.append(np.asarray((-1,) * n_prompt + completion_versions, dtype=np.int32))
     return PackedMicroBatch(
         input_ids=np.concatenate(ids),
         position_ids=np.concatenate(pos),
@@ -113,6 +124,7 @@ def build_micro_batch(samples: Sequence[TrainSample], *, rank: int = 0) -> Packe
         loss_mask=np.concatenate(mask).astype(np.float32),
         advantages=np.concatenate(adv),
         behaviour_logprobs=np.concatenate(logp),
+        policy_versions=np.concatenate(versions),
         rank=rank,
     )
 
@@ -130,4 +142,5 @@ def fit_to_budget(sample: TrainSample, budget: int) -> TrainSample | None:
         advantage=sample.advantage,
         completion_logprobs=sample.completion_logprobs[:keep],
         completion_mask=sample.completion_mask[:keep],
+        completion_versions=sample.completion_versions[:keep],
     )

@@ -30,6 +30,8 @@ class MicroBatchData:
     loss_mask: torch.Tensor  # (T,) float32, 1 = trained token
     advantages: torch.Tensor  # (T,) float32
     behaviour_logprobs: torch.Tensor  # (T,) float32
+    policy_versions: torch.Tensor | None = None
+    """(T,) int64 version that sampled each token, -1 where unknown; None: all unknown."""
     rank: int = 0
     """The data-parallel rank that trains this micro-batch."""
 
@@ -44,7 +46,11 @@ class MicroBatchData:
     def to(self, device: Any) -> MicroBatchData:
         return replace(
             self,
-            **{name: getattr(self, name).to(device, non_blocking=True) for name in _COMPUTE_DTYPES},
+            **{
+                name: getattr(self, name).to(device, non_blocking=True)
+                for name in _COMPUTE_DTYPES
+                if getattr(self, name) is not None
+            },
         )
 
 
@@ -56,6 +62,7 @@ _COMPUTE_DTYPES: dict[str, np.dtype] = {
     "loss_mask": np.dtype(np.float32),
     "advantages": np.dtype(np.float32),
     "behaviour_logprobs": np.dtype(np.float32),
+    "policy_versions": np.dtype(np.int64),
 }
 
 
@@ -64,10 +71,11 @@ def micro_batch_from_packed(packed: PackedMicroBatch) -> MicroBatchData:
 
     The copy matters: decoded arrays are read-only views of a request's bytes.
     """
+    arrays = {name: getattr(packed, name) for name in _COMPUTE_DTYPES}
     return MicroBatchData(
         **{
-            name: torch.from_numpy(np.array(getattr(packed, name), dtype=dtype))
-            for name, dtype in _COMPUTE_DTYPES.items()
+            name: None if array is None else torch.from_numpy(np.array(array, dtype=dtype))
+            for (name, dtype), array in zip(_COMPUTE_DTYPES.items(), arrays.values(), strict=True)
         },
         rank=packed.rank,
     )
@@ -85,7 +93,7 @@ def validate_micro_batch(
 ) -> None:
     """Raise InvalidArgument(`{field}.<tensor>`, ...) unless `batch` honours the contract."""
     t = batch.num_tokens
-    for name in TOKEN_FIELDS:
+    for name in TOKEN_FIELDS + ("policy_versions",) * (batch.policy_versions is not None):
         shape = tuple(getattr(batch, name).shape)
         if len(shape) != 1:
             raise InvalidArgument(f"{field}.{name}", f"must be 1-D [T], got shape {list(shape)}")

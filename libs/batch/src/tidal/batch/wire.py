@@ -27,6 +27,8 @@ WIRE_DTYPES: dict[str, str] = {
     "advantages": "float32",
     "behaviour_logprobs": "float32",
 }
+OPTIONAL_WIRE_DTYPES: dict[str, str] = {"policy_versions": "int32"}
+"""Tensors a sender may leave unset (decoded as None, left out of the payload hash)."""
 
 
 def micro_batch_to_proto(batch: PackedMicroBatch) -> trainer_pb2.MicroBatch:
@@ -35,22 +37,26 @@ def micro_batch_to_proto(batch: PackedMicroBatch) -> trainer_pb2.MicroBatch:
         rank=batch.rank,
         **{
             name: encode_array(np.asarray(getattr(batch, name), dtype=dtype))
-            for name, dtype in WIRE_DTYPES.items()
+            for name, dtype in (WIRE_DTYPES | OPTIONAL_WIRE_DTYPES).items()
+            if getattr(batch, name) is not None
         },
     )
 
 
 def micro_batch_from_proto(message: trainer_pb2.MicroBatch, *, field: str) -> PackedMicroBatch:
     """Decode; raises InvalidArgument(`{field}.<tensor>...`) for a missing or mistyped tensor."""
-    arrays: dict[str, np.ndarray] = {}
-    for name, dtype in WIRE_DTYPES.items():
+    arrays: dict[str, np.ndarray | None] = {}
+    for name, dtype in (WIRE_DTYPES | OPTIONAL_WIRE_DTYPES).items():
         if not message.HasField(name):
+            if name in OPTIONAL_WIRE_DTYPES:
+                arrays[name] = None
+                continue
             raise InvalidArgument(f"{field}.{name}", "is missing")
         tensor = getattr(message, name)
         if tensor.dtype != dtype:
             raise InvalidArgument(f"{field}.{name}.dtype", f"must be {dtype}, got {tensor.dtype!r}")
         arrays[name] = decode_array(tensor, field=f"{field}.{name}")
-    return PackedMicroBatch(**arrays, rank=message.rank)
+    return PackedMicroBatch(**arrays, rank=message.rank)  # type: ignore[arg-type]
 
 
 def token_counts(messages: Sequence[trainer_pb2.MicroBatch], *, field: str) -> list[int]:
@@ -78,7 +84,9 @@ def payload_sha256(loss: int, micro_batches: Sequence[trainer_pb2.MicroBatch]) -
     digest = hashlib.sha256(f"loss={loss};n={len(micro_batches)}".encode())
     for message in micro_batches:
         digest.update(f";rank={message.rank}".encode())
-        for name in WIRE_DTYPES:
+        for name in WIRE_DTYPES | OPTIONAL_WIRE_DTYPES:
+            if name in OPTIONAL_WIRE_DTYPES and not message.HasField(name):
+                continue
             tensor = getattr(message, name)
             shape = ",".join(str(d) for d in tensor.shape)
             digest.update(f";{name}:{tensor.dtype}:[{shape}]:{len(tensor.data)}:".encode())

@@ -51,6 +51,13 @@ class Completion:
     tools: ToolStats = ToolStats()
     """Tool calling in this episode (all zero without tools)."""
 
+    def token_versions(self) -> tuple[int, ...]:
+        """The version of each completion token: -1 at environment tokens."""
+        if not self.loss_mask:
+            return self.policy_versions
+        model_versions = iter(self.policy_versions)
+        return tuple(next(model_versions, -1) if m > 0 else -1 for m in self.loss_mask)
+
 
 @dataclass(frozen=True)
 class ScoredSample:

@@ -237,6 +237,7 @@ class RLLoop:
                     advantage=s.advantage,
                     completion_logprobs=s.completion.logprobs,
                     completion_mask=s.completion.loss_mask,
+                    completion_versions=s.completion.token_versions(),
                 )
                 for s in kept
             ]

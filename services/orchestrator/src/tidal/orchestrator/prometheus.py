@@ -27,6 +27,11 @@ TOOL_COUNTERS = (
     ("tools/errors", "tool_errors", "Tool calls that raised or timed out"),
     ("tools/seconds", "tool_seconds", "Seconds episodes waited for their tool calls"),
 )  # fmt: skip
+OFF_POLICY_KL = {"0": "mismatch_kl", "1": "stale_kl/1", "2": "stale_kl/2", "3": "stale_kl/3"}
+OFF_POLICY_KL["4+"] = "stale_kl/4+"
+CORRECTIONS = {"ppo_clip": "clip_frac", "any_mask": "mask_frac"}
+"""Trainer metrics of the share of loss tokens each correction touches, beside the
+`correction/<name>` ones the trainer reports for the corrections it runs."""
 
 
 class OrchestratorMetrics:
@@ -71,6 +76,22 @@ class OrchestratorMetrics:
         self.episode_turns = metrics.gauge(
             "tidal_orchestrator_episode_turns_mean", "Mean model turns per episode, last RL step"
         )
+        self.off_policy_kl = metrics.gauge(
+            "tidal_orchestrator_off_policy_kl",
+            "k3 KL(behaviour ‖ trainer) of the last RL step's loss tokens by staleness: "
+            '"0" is the inference/trainer mismatch at the same weights',
+            ["staleness"],
+        )
+        self.staleness_share = metrics.gauge(
+            "tidal_orchestrator_staleness_token_share",
+            "Share of the last RL step's loss tokens at each staleness (or unknown)",
+            ["staleness"],
+        )
+        self.correction_share = metrics.gauge(
+            "tidal_orchestrator_correction_token_share",
+            "Share of the last RL step's loss tokens each off-policy correction touched",
+            ["correction"],
+        )
 
     def step_finished(self, step: StepRecord) -> None:
         """Count one finished step (called by RunLog.append)."""
@@ -96,6 +117,22 @@ class OrchestratorMetrics:
                     age = int(key[len(STALENESS_PREFIX) :])
                     for _ in range(int(count)):
                         self.staleness.observe(age)
+            self._off_policy(step.train)
+
+    def _off_policy(self, train: dict[str, float]) -> None:
+        """The trainer's off-policy measures of the step, by staleness and by correction."""
+        for bucket, name in OFF_POLICY_KL.items():
+            if name in train:
+                self.off_policy_kl.labels(staleness=bucket).set(train[name])
+        corrections = dict(CORRECTIONS)
+        for key, value in train.items():
+            if key.startswith("staleness_share/"):
+                self.staleness_share.labels(staleness=key.split("/", 1)[1]).set(value)
+            if key.startswith("correction/"):
+                corrections[key.split("/", 1)[1]] = key
+        for correction, name in corrections.items():
+            if name in train:
+                self.correction_share.labels(correction=correction).set(train[name])
 
     def watch(self, limiter: InflightLimiter, steps_ahead: Callable[[], int]) -> None:
         """Expose the in-flight bound and the steps generating ahead (`steps_ahead`, a

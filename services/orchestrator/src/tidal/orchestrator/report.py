@@ -14,6 +14,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -114,7 +115,8 @@ def write_reward_plot(records: Sequence[StepRecord], path: Path) -> None:
 
 
 def write_report(records: Sequence[StepRecord], path: Path) -> None:
-    """Four panels over RL steps: reward, eval accuracy, completion length, staleness."""
+    """Six panels over RL steps: reward, eval accuracy, completion length, staleness, the
+    behaviour/trainer KL by staleness and the share of tokens each correction touched."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -122,8 +124,8 @@ def write_report(records: Sequence[StepRecord], path: Path) -> None:
 
     rl = [r for r in records if r.phase == "rl"]
     steps = [r.step for r in rl]
-    fig, axes = plt.subplots(2, 2, figsize=(10, 6.5), dpi=110)
-    (reward, evals), (lengths, stale) = axes
+    fig, axes = plt.subplots(3, 2, figsize=(10, 9.5), dpi=110)
+    (reward, evals), (lengths, stale), (gap, touched) = axes
     reward.plot(steps, [r.reward_mean for r in rl], marker=".", label="reward mean")
     reward.plot(steps, [r.exact_fraction for r in rl], marker=".", label="pass rate")
     reward.set_title("reward")
@@ -139,7 +141,10 @@ def write_report(records: Sequence[StepRecord], path: Path) -> None:
     stale.plot(steps, [r.extra.get("staleness/max") for r in rl], marker=".", label="max")
     stale.plot(steps, [r.dropped_stale for r in rl], marker="x", label="dropped")
     stale.set_title("staleness (steps)")
-    for ax in (reward, evals, lengths, stale):
+    _plot_train_metrics(gap, rl, ["mismatch_kl", "stale_kl/"], "KL(behaviour ‖ trainer)")
+    touched.set_title("tokens touched by corrections")
+    _plot_train_metrics(touched, rl, ["clip_frac", "mask_frac", "correction/"], "")
+    for ax in (reward, evals, lengths, stale, gap, touched):
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
         if ax.lines:
@@ -148,6 +153,18 @@ def write_report(records: Sequence[StepRecord], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     plt.close(fig)
+
+
+def _plot_train_metrics(ax: Any, rl: Sequence[StepRecord], prefixes: list[str], title: str) -> None:
+    """One line per trainer metric starting with one of `prefixes` (log scale for KLs)."""
+    names = sorted({k for r in rl for k in r.train if any(k.startswith(p) for p in prefixes)})
+    for name in names:
+        points = [(r.step, r.train[name]) for r in rl if name in r.train]
+        ax.plot(*zip(*points, strict=True), marker=".", label=name)
+    if title:  # KLs span decades and the mismatch may be exactly 0: linear near 0
+        ax.set_title(title + (" by staleness (mismatch_kl: 0)" if names else " (no data)"))
+        if names:
+            ax.set_yscale("symlog", linthresh=1e-6)
 
 
 LIVE_COLUMNS = {

@@ -267,21 +267,38 @@ class OptimConfig(BaseConfig):
 
 
 class TrustRegionConfig(BaseConfig):
-    """Off-policy guard: tokens outside the region contribute no policy-gradient term."""
+    """Masked importance sampling (MIS): a token, or a whole sequence, whose behaviour
+    weight w = π/μ leaves a band contributes no policy-gradient term (docs/training.md,
+    "Off-policy correction"). Every bound unset: no masking."""
 
     ratio_low: float | None = Field(default=None, gt=0)
-    """Mask tokens whose ratio π/μ is below this (unset: no lower bound)."""
+    """Token MIS: mask tokens whose weight w_t is below this (unset: no lower bound)."""
     ratio_high: float | None = Field(default=None, gt=0)
-    """Mask tokens whose ratio π/μ is above this (unset: no upper bound)."""
+    """Token MIS: mask tokens whose weight w_t is above this (unset: no upper bound)."""
+    sequence_ratio_low: float | None = Field(default=None, gt=0)
+    """Sequence MIS: mask a whole sample whose weight Π_t w_t is below this."""
+    sequence_ratio_high: float | None = Field(default=None, gt=0)
+    """Sequence MIS: mask a whole sample whose weight Π_t w_t is above this."""
+    geo_ratio_low: float | None = Field(default=None, gt=0)
+    """Geometric-mean masking: mask a whole sample whose exp(mean_t log w_t) is below this."""
+    geo_ratio_high: float | None = Field(default=None, gt=0)
+    """Geometric-mean masking: mask a whole sample whose exp(mean_t log w_t) is above this."""
     max_prob_diff: float | None = Field(default=None, gt=0, le=1)
     """Mask tokens whose probability differs from the behaviour one by more than this."""
 
     @model_validator(mode="after")
     def _check_order(self) -> TrustRegionConfig:
-        low, high = self.ratio_low, self.ratio_high
-        if low is not None and high is not None and low >= high:
-            raise ValueError(f"ratio_low {low} must be below ratio_high {high}")
+        for name in ("ratio", "sequence_ratio", "geo_ratio"):
+            low, high = getattr(self, f"{name}_low"), getattr(self, f"{name}_high")
+            if low is not None and high is not None and low >= high:
+                raise ValueError(f"{name}_low {low} must be below {name}_high {high}")
         return self
+
+    @property
+    def per_sequence(self) -> bool:
+        """Whether a bound needs whole samples (sequence MIS or geometric-mean masking)."""
+        bounds = (self.sequence_ratio_low, self.sequence_ratio_high)
+        return any(b is not None for b in (*bounds, self.geo_ratio_low, self.geo_ratio_high))
 
 
 class KLConfig(BaseConfig):
@@ -306,7 +323,18 @@ class LossConfig(BaseConfig):
     clip_high: float = Field(default=0.28, ge=0)
     """Upper clip: the ratio is clipped at 1 + clip_high (asymmetric, DAPO's clip-higher)."""
     trust_region: TrustRegionConfig = TrustRegionConfig()
-    """Masking of tokens that left the trust region (all bounds unset: no masking)."""
+    """Masked importance sampling of tokens or samples whose behaviour weight left a band
+    (all bounds unset: no masking)."""
+    objective: Literal["coupled", "decoupled"] = "coupled"
+    """"coupled": the clipped ratio is π_θ/μ against the behaviour policy μ. "decoupled"
+    (AReaL): the clipped ratio is π_θ/π_prox against the trainer's policy at the step's
+    weights, and each term is weighted by the behaviour weight w = π_prox/μ (capped by
+    `tis_cap`), so clipping bounds the update while staleness and mismatch are corrected
+    by importance weights instead of being clipped away."""
+    tis_cap: float | None = Field(default=None, gt=0)
+    """Truncated importance sampling: the behaviour weight w = π_prox/μ of each token (of
+    each sample with `ratio_level = "sequence"`) is capped at this C, min(w, C), wherever
+    it enters the loss (unset: no cap)."""
     norm: Literal["token", "sequence", "constant"] = "token"
     """Normalization: token mean over the step, mean of per-sequence means, or / norm_constant."""
     norm_constant: float | None = Field(default=None, gt=0)

@@ -5,11 +5,13 @@ the caller's (`train_step`). Every term is a weighted sum Σ w_t ℓ_t with the 
 weights of `loss_normalization.py`, so micro-batch losses add up to the step loss
 whatever the split; metrics are token means over the step and add up the same way. The
 ratio is per token or GSPO's per sequence, through PPO's surrogate with separate low and
-high clips; trust-region masking only removes terms, never changes the normalizer.
+high clips; the off-policy corrections (off_policy.py) weight or remove terms, never
+change the normalizer.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -17,6 +19,7 @@ import torch
 
 from tidal.trainer.config import LossConfig
 from tidal.trainer.loss_normalization import segment_sum
+from tidal.trainer.off_policy import measure, mis_keep
 
 KLEstimator = Literal["k1", "k2", "k3"]
 
@@ -33,6 +36,7 @@ class TokenInputs:
     num_segments: int
     entropy: torch.Tensor | None = None  # (N,) next-token entropy, with grad
     ref_logprobs: torch.Tensor | None = None  # (N,) frozen reference model's logprobs
+    staleness: torch.Tensor | None = None  # (N,) int64 versions behind the trainer, -1 unknown
 
 
 def weighted_sum(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -61,31 +65,16 @@ def token_log_ratio(inputs: TokenInputs) -> torch.Tensor:
     return torch.where(inputs.loss_mask > 0, inputs.logprobs - inputs.behaviour_logprobs, 0.0)
 
 
-def importance_log_ratio(inputs: TokenInputs, level: Literal["token", "sequence"]) -> torch.Tensor:
-    """(N,) log of the importance ratio at each token (token- or sequence-level)."""
-    mask = inputs.loss_mask
-    token = token_log_ratio(inputs)  # (N,)
+def at_level(
+    token: torch.Tensor, inputs: TokenInputs, level: Literal["token", "sequence"]
+) -> torch.Tensor:
+    """(N,) a per-token log-ratio (0 off the mask) as is, or its sample's mean (GSPO)."""
     if level == "token":
         return token
+    mask = inputs.loss_mask
     per_sample = segment_sum(token, inputs.segments, inputs.num_segments)  # (S,)
     tokens = segment_sum(mask, inputs.segments, inputs.num_segments).clamp(min=1.0)  # (S,)
     return (per_sample / tokens)[inputs.segments] * mask  # (N,) the sample's mean log-ratio
-
-
-def trust_region_keep(inputs: TokenInputs, config: LossConfig) -> torch.Tensor:
-    """(N,) 1.0 where the token stays inside the trust region (and is a loss token)."""
-    region = config.trust_region
-    with torch.no_grad():
-        keep = inputs.loss_mask > 0  # (N,) bool
-        ratio = torch.exp(token_log_ratio(inputs))  # (N,)
-        if region.ratio_low is not None:
-            keep &= ratio >= region.ratio_low
-        if region.ratio_high is not None:
-            keep &= ratio <= region.ratio_high
-        if region.max_prob_diff is not None:
-            diff = (inputs.logprobs.exp() - inputs.behaviour_logprobs.exp()).abs()  # (N,)
-            keep &= diff <= region.max_prob_diff
-    return keep.float()
 
 
 def rl_loss(
@@ -95,15 +84,39 @@ def rl_loss(
     weights: torch.Tensor,  # (N,) normalization weights (loss_normalization.token_weights)
     metric_weights: torch.Tensor,  # (N,) loss_mask / step loss tokens
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """This micro-batch's share of the step's RL loss (to minimise) and its metric parts."""
-    log_ratio = importance_log_ratio(inputs, config.ratio_level)  # (N,)
-    ratio = torch.exp(log_ratio)  # (N,)
+    """This micro-batch's share of the step's RL loss (to minimise) and its metric parts.
+
+    π_θ/μ = (π_θ/π_prox)·w with π_prox the trainer's policy at the step's weights (the
+    detached logprobs: one update per step) and w the behaviour weight π_prox/μ. Coupled:
+    the clipped ratio is (π_θ/π_prox)·min(w, C); decoupled: it is π_θ/π_prox and the term
+    is weighted by min(w, C). C is `tis_cap` (unset: ∞)."""
+    log_w_token = token_log_ratio(inputs).detach()  # (N,) log π_prox/μ
+    on = inputs.loss_mask > 0
+    log_rho = at_level(  # (N,) log π_θ/π_prox: 0 in value, ∇ log π_θ in gradient
+        torch.where(on, inputs.logprobs - inputs.logprobs.detach(), 0.0),
+        inputs,
+        config.ratio_level,
+    )
+    log_w = at_level(log_w_token, inputs, config.ratio_level)  # (N,)
+    capped = log_w if config.tis_cap is None else log_w.clamp(max=math.log(config.tis_cap))
+    if config.objective == "coupled":
+        ratio, coef = torch.exp(log_rho + capped), torch.ones_like(log_w)  # (N,), (N,)
+    else:
+        ratio, coef = torch.exp(log_rho), torch.exp(capped)
     adv = inputs.advantages
     unclipped = ratio * adv  # (N,)
     clipped = ratio.clamp(1.0 - config.clip_low, 1.0 + config.clip_high) * adv  # (N,)
     surrogate = torch.minimum(unclipped, clipped)  # (N,) pessimistic bound
-    keep = trust_region_keep(inputs, config)  # (N,)
-    loss = -weighted_sum(surrogate * keep, weights)
+    keep, drops = mis_keep(
+        log_w_token,
+        inputs.logprobs,
+        inputs.behaviour_logprobs,
+        inputs.loss_mask,
+        inputs.segments,
+        inputs.num_segments,
+        config.trust_region,
+    )  # (N,)
+    loss = -weighted_sum(surrogate * coef * keep, weights)
     if config.kl.coef > 0:
         if inputs.ref_logprobs is None:
             raise ValueError("loss.kl.coef > 0 needs reference logprobs")
@@ -116,16 +129,19 @@ def rl_loss(
     with torch.no_grad():
         # The clipped branch is active (and passes no gradient) where it is strictly lower.
         active = (clipped < unclipped) & (keep > 0)  # (N,)
-        token = token_log_ratio(inputs)  # (N,)
         metrics = {
             "clip_frac": weighted_sum(active.float(), metric_weights),
             "clip_low_frac": weighted_sum((active & (ratio < 1.0)).float(), metric_weights),
             "clip_high_frac": weighted_sum((active & (ratio > 1.0)).float(), metric_weights),
             "mask_frac": weighted_sum(1.0 - keep, metric_weights),
-            # k3 estimate of KL(behaviour ‖ trainer): how far the trainer is from inference.
-            "mismatch_kl": weighted_sum(token.exp() - 1.0 - token, metric_weights),
-            "ratio": weighted_sum(ratio, metric_weights),
+            "ratio": weighted_sum(ratio * coef, metric_weights),
+            **measure(log_w_token, inputs.staleness, metric_weights),
         }
+        if config.tis_cap is not None:
+            capped_tokens = (log_w > math.log(config.tis_cap)) & on
+            metrics["correction/tis"] = weighted_sum(capped_tokens.float(), metric_weights)
+        for name, dropped in drops.items():
+            metrics[f"correction/{name}"] = weighted_sum(dropped.float(), metric_weights)
         if inputs.ref_logprobs is not None:
             ref_kl = kl_estimate(inputs.logprobs, inputs.ref_logprobs, "k3")
             metrics["ref_kl"] = weighted_sum(ref_kl, metric_weights)

@@ -36,6 +36,7 @@ from tidal.trainer.memory.lm_head import chunked_logprobs_entropy
 from tidal.trainer.memory.lora import adapter_config
 from tidal.trainer.memory.truncation import truncate_micro_batch, truncation_enabled
 from tidal.trainer.model_factory import build_model
+from tidal.trainer.off_policy import finish_metrics, token_staleness
 from tidal.trainer.optim import build_optimizer, build_scheduler, lr_factor
 from tidal.trainer.ranks import RankContext, SingleProcess
 from tidal.trainer.router_loss import router_terms
@@ -199,7 +200,7 @@ class Trainer:
         self.trained_step = step
         seconds = time.perf_counter() - start
         tokens = sum(b.num_tokens for b in batches)
-        metrics = {name: float(value) for name, value in sums.items()}
+        metrics = finish_metrics({name: float(value) for name, value in sums.items()})
         metrics.update(
             grad_norm=float(grad_norm),
             skipped=0.0 if finite else 1.0,
@@ -328,6 +329,11 @@ class Trainer:
                 num_segments=num_segments,
                 entropy=entropy if bonus else None,
                 ref_logprobs=self._reference_logprobs(batch, scored),
+                staleness=token_staleness(
+                    None if batch.policy_versions is None else batch.policy_versions[scored],
+                    self.trained_step,  # the version this step's forward runs
+                    int(mask.shape[0]),
+                ),
             )
             loss, parts = rl_loss(
                 inputs, config=loss_cfg, weights=weights, metric_weights=metric_weights

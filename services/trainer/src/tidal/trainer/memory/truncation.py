@@ -62,5 +62,6 @@ def truncate_micro_batch(batch: MicroBatchData, config: TruncationConfig) -> Mic
         loss_mask=loss_mask,
         advantages=batch.advantages[keep] * loss_mask,
         behaviour_logprobs=batch.behaviour_logprobs[keep] * loss_mask,
+        policy_versions=None if batch.policy_versions is None else batch.policy_versions[keep],
         rank=batch.rank,
     )

@@ -116,6 +116,12 @@ def check_parallel(
             f"{loss.ratio_level!r} cannot take (they need whole samples on one rank); "
             'use "token" for both, or cp = 1'
         )
+    if dims.cp > 1 and loss is not None and loss.trust_region.per_sequence:
+        raise ConfigError(
+            f"trainer.parallel.cp = {dims.cp} splits samples over ranks, which the "
+            "sequence and geometric-mean bounds of trainer.loss.trust_region cannot take "
+            "(they need whole samples on one rank); unset them, or use cp = 1"
+        )
     if dims.cp > 1:
         if model.attn not in CP_ATTENTION:
             raise ConfigError(
