@@ -31,6 +31,13 @@ NORMS = {
     "token": LossConfig(),
     "sequence": LossConfig(norm="sequence", ratio_level="sequence"),
     "constant": LossConfig(norm="constant", norm_constant=40.0, kl={"coef": 0.1}),  # type: ignore[arg-type]
+    "off-policy": LossConfig.model_validate(
+        {
+            "objective": "decoupled",
+            "tis_cap": 0.05,
+            "trust_region": {"ratio_low": 0.005, "geo_ratio_low": 0.01},
+        }
+    ),
 }
 
 

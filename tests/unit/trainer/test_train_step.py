@@ -78,6 +78,29 @@ LOSS_VARIANTS = {
             "trust_region": {"ratio_low": 0.5, "ratio_high": 2.0},
         },
     ),
+    "decoupled-tis-token-mis-kl": (
+        "pg",
+        {
+            "objective": "decoupled",
+            "tis_cap": 2.0,
+            "trust_region": {"ratio_low": 0.05, "ratio_high": 20.0},
+            "kl": {"coef": 0.1},
+        },
+    ),
+    "gspo-tis-sequence-mis-geo": (
+        "pg",
+        {
+            "ratio_level": "sequence",
+            "norm": "sequence",
+            "tis_cap": 1.5,
+            "trust_region": {
+                "sequence_ratio_low": 0.05,
+                "sequence_ratio_high": 20.0,
+                "geo_ratio_low": 0.2,
+                "geo_ratio_high": 5.0,
+            },
+        },
+    ),
 }
 
 

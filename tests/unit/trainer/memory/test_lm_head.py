@@ -57,6 +57,21 @@ def test_trainer_loss_and_gradients_equal_the_unchunked_head(batches, kind) -> N
     assert_same(on, off)
 
 
+@pytest.mark.parametrize(
+    "correction",
+    [
+        {"objective": "decoupled", "tis_cap": 2.0},
+        {"tis_cap": 1.5, "trust_region": {"ratio_low": 0.1, "ratio_high": 10.0}},
+        {"trust_region": {"sequence_ratio_high": 1e3, "geo_ratio_low": 0.3}},
+    ],
+)
+def test_off_policy_corrections_equal_with_the_unchunked_head(batches, correction) -> None:
+    loss = {**FULL_LOSS, **correction}
+    off = loss_and_grads(make_trainer(loss), batches)
+    on = loss_and_grads(make_trainer(loss, fused_lm_head_token_chunk_size=5), batches)
+    assert_same(on, off)
+
+
 def test_tied_embeddings_get_the_gradient_of_both_uses(batches) -> None:
     off = loss_and_grads(make_trainer(FULL_LOSS, tie_embeddings=True), batches)
     on = loss_and_grads(

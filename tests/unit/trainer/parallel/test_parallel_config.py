@@ -87,6 +87,16 @@ def test_cp_refuses_losses_that_need_whole_samples() -> None:
     assert trainer(2, cp=2).parallel.cp == 2
 
 
+def test_cp_refuses_sequence_masks_and_keeps_token_corrections() -> None:
+    for region in ({"sequence_ratio_high": 10.0}, {"geo_ratio_low": 0.5}):
+        loss = {"trust_region": region}
+        with pytest.raises(ValidationError, match=r"cp = 2 splits samples over ranks, which the"):
+            TrainerConfig.model_validate({"world_size": 2, "parallel": {"cp": 2}, "loss": loss})
+    token = {"tis_cap": 2.0, "objective": "decoupled", "trust_region": {"ratio_high": 5.0}}
+    config = {"world_size": 2, "parallel": {"cp": 2}, "loss": token}
+    assert TrainerConfig.model_validate(config).loss.tis_cap == 2.0
+
+
 def test_ulysses_needs_heads_divisible_by_cp() -> None:
     with pytest.raises(
         ValidationError, match=r"n_heads \(4\) divisible by trainer.parallel.cp \(8\)"

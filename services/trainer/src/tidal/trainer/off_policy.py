@@ -77,29 +77,37 @@ def mis_keep(
     """(N,) 1.0 where no mask of `region` drops the token, and each mask's (N,) drops."""
     with torch.no_grad():
         on = loss_mask > 0  # (N,) bool
-        drops: dict[str, torch.Tensor] = {}
-        drops["mis_token"] = _outside(log_w, region.ratio_low, region.ratio_high)
+        bounds: dict[str, tuple[torch.Tensor, float | None, float | None]] = {
+            "mis_token": (log_w, region.ratio_low, region.ratio_high)
+        }
         if region.per_sequence:
             per_sample = segment_sum(log_w, segments, num_segments)  # (S,) Σ log w
             tokens = segment_sum(loss_mask, segments, num_segments).clamp(min=1.0)  # (S,)
-            seq_bounds = (region.sequence_ratio_low, region.sequence_ratio_high)
-            drops["mis_sequence"] = _outside(per_sample, *seq_bounds)[segments]
-            geo_bounds = (region.geo_ratio_low, region.geo_ratio_high)
-            drops["geo"] = _outside(per_sample / tokens, *geo_bounds)[segments]
+            product = per_sample[segments]  # (N,) log Π w of the token's sample
+            geo = (per_sample / tokens)[segments]  # (N,) its mean log w
+            bounds["mis_sequence"] = (
+                product,
+                region.sequence_ratio_low,
+                region.sequence_ratio_high,
+            )
+            bounds["geo"] = (geo, region.geo_ratio_low, region.geo_ratio_high)
+        drops = {
+            name: _outside(value, low, high)
+            for name, (value, low, high) in bounds.items()
+            if low is not None or high is not None
+        }
         if region.max_prob_diff is not None:
             diff = (logprobs.exp() - behaviour_logprobs.exp()).abs()  # (N,)
             drops["prob_diff"] = diff > region.max_prob_diff
-        drops = {k: v & on for k, v in drops.items() if v is not None}
+        drops = {k: v & on for k, v in drops.items()}
         keep = on.clone()
         for dropped in drops.values():
             keep &= ~dropped
     return keep.float(), drops
 
 
-def _outside(log_value: torch.Tensor, low: float | None, high: float | None) -> torch.Tensor | None:
-    """(N,) bool where exp(log_value) leaves [low, high]; None when both are unset."""
-    if low is None and high is None:
-        return None
+def _outside(log_value: torch.Tensor, low: float | None, high: float | None) -> torch.Tensor:
+    """(N,) bool where exp(log_value) leaves [low, high]."""
     value = log_value.exp()
     out = torch.zeros_like(log_value, dtype=torch.bool)
     if low is not None:
