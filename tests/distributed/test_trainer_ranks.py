@@ -49,6 +49,15 @@ def runs(worker, tmp_path_factory: pytest.TempPathFactory) -> dict:  # type: ign
             "--ckpt", str(out / f"ckpt-{style}"), "--out", str(target),
         )  # fmt: skip
         runs[style] = torch.load(target)
+    # the single run resumes from the checkpoint the 2-rank run saves, so it runs second
+    for mode, cp in (("ranks", "none"), ("single", "none"), ("ranks", "ring")):
+        target = out / f"op-{mode}-{cp}.pt"
+        worker(
+            "trainer_ranks.py", "--mode", mode, "--cp", cp, "--loss", "off-policy",
+            "--ckpt", str(out / f"ckpt-op-{cp}"), "--out", str(target),
+            **({"nproc": 1} if mode == "single" else {}),
+        )  # fmt: skip
+        runs[f"op-{mode}-{cp}"] = torch.load(target)
     return runs
 
 
@@ -79,6 +88,25 @@ def test_checkpoint_saved_at_two_ranks_resumes_at_one_with_identical_parameters(
     assert_same_weights(restored["params"], runs["ranks"]["published"][2], atol=0)
     # Optimizer state came along: the next step matches the 2-rank job's step 3.
     assert_same_weights(restored["after_step_3"], runs["ranks"]["published"][3], TOL)
+
+
+@pytest.mark.parametrize(("run", "tol"), [("op-ranks-none", TOL), ("op-ranks-ring", CP_WEIGHT_TOL)])
+def test_off_policy_corrections_and_measures_match_one_process(
+    runs: dict,  # type: ignore[type-arg]
+    run: str,
+    tol: float,
+) -> None:
+    single = runs["op-single-none"]
+    measures = ("mismatch_kl", "stale_kl/1", "staleness_share/0", "correction/tis")
+    for got, expected in zip(runs[run]["metrics"], single["metrics"], strict=True):
+        for key in (*METRICS, *measures):
+            if key in expected:
+                assert got[key] == pytest.approx(expected[key], rel=CP_METRIC_RTOL, abs=1e-6), key
+    second = single["metrics"][1]
+    assert 0 < second["correction/tis"] < 1  # the correction is at work
+    assert 0 < second["staleness_share/0"] < 1 and "stale_kl/1" in second
+    for step in (1, 2, 3):
+        assert_same_weights(runs[run]["published"][step], single["published"][step], tol)
 
 
 @pytest.mark.parametrize("style", CP_STYLES)

@@ -28,6 +28,15 @@ from tidal.trainer.train_step import Trainer
 MODEL = {"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 64, "max_seq_len": 64}
 
 
+LOSS: dict[str, object] = {}
+"""`--loss off-policy`: token-level corrections on, and micro-batches carry versions."""
+OFF_POLICY = {
+    "objective": "decoupled",
+    "tis_cap": 0.2,
+    "trust_region": {"ratio_low": 0.02, "ratio_high": 5.0},
+}
+
+
 def config(world_size: int, cp: str = "none") -> TrainerConfig:
     """`cp`: "none" (FSDP), "hsdp" (replicas), or a CP style ("ring", "ulysses")."""
     parallel: dict[str, object] = {}
@@ -42,6 +51,7 @@ def config(world_size: int, cp: str = "none") -> TrainerConfig:
             "parallel": parallel,
             # the default kernel in one process too, so the comparison stays bitwise
             "optim": {"lr": 1e-2, "weight_decay": 0.1, "fused_adamw": False},
+            "loss": LOSS,
         }
     )
 
@@ -69,6 +79,11 @@ def step_batches(step: int, dp: int = 1) -> list[MicroBatchData]:
         micro_batch([30], 10 * step + 1),
         micro_batch([5, 9], 10 * step + 2),
     ]
+    if LOSS:  # every other micro-batch one version older: staleness 0 and 1 (-1 unknown)
+        batches = [
+            replace(b, policy_versions=torch.where(b.loss_mask > 0, step - 1 - i % 2, -1))
+            for i, b in enumerate(batches)
+        ]
     return [replace(b, rank=i % dp) for i, b in enumerate(batches)]
 
 
@@ -121,7 +136,10 @@ def main() -> None:
     parser.add_argument("--ckpt", type=Path, required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--cp", choices=["none", "hsdp", "ring", "ulysses"], default="none")
+    parser.add_argument("--loss", choices=["default", "off-policy"], default="default")
     args = parser.parse_args()
+    if args.loss == "off-policy":
+        LOSS.update(OFF_POLICY)
     torch.set_num_threads(1)
     result = run_single(args.ckpt) if args.mode == "single" else run_ranks(args.ckpt, args.cp)
     if result is not None:
