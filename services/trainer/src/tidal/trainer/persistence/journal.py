@@ -108,7 +108,9 @@ class StepJournal:
 
 def _read(path: Path) -> JournalEntry:
     state = state_file.read_state(path)
-    batches = [MicroBatchData(**{name: b[name] for name in _FIELDS}) for b in state["batches"]]
+    batches = [
+        MicroBatchData(**{name: b[name] for name in _FIELDS if name in b}) for b in state["batches"]
+    ]
     return JournalEntry(
         step=int(state["step"]),
         batches=batches,
