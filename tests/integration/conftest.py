@@ -35,7 +35,8 @@ class LaunchedRun:
 
     def children(self) -> list[int]:
         """Pids of live processes whose command line names this run's config: the
-        launcher's children (zombies have an empty command line and do not count)."""
+        launcher's children and what they forked, such as the orchestrator's verifier
+        workers (zombies have an empty command line and do not count)."""
         needle = str(self.run_dir / "config.toml").encode()
         pids = []
         for proc in Path("/proc").iterdir():
@@ -46,6 +47,11 @@ class LaunchedRun:
                 except OSError:
                     continue
         return pids
+
+    def services(self) -> list[int]:
+        """The launcher's own children among `children()`: one process per service."""
+        launcher = self.process.pid
+        return [pid for pid in self.children() if _parent(pid) == launcher]
 
     def output(self) -> str:
         if self.process.poll() is None:
@@ -101,3 +107,10 @@ def launch(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
         for pid in run.children():  # a failed test must not leave services running
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None

@@ -54,7 +54,7 @@ def test_services_die_with_a_sigkilled_launcher_and_free_their_ports(launch) -> 
     while not all(_serving(run.run_dir, endpoints[name]) for name in SERVICES):
         assert time.monotonic() < deadline and run.process.poll() is None, run.output()
         time.sleep(0.2)
-    assert len(run.children()) == len(SERVICES)
+    assert len(run.services()) == len(SERVICES)
 
     run.process.kill()
     run.process.wait(timeout=10)

@@ -107,7 +107,12 @@ def test_unknown_config_key_fails_before_anything_starts(launch) -> None:  # typ
 
 @pytest.mark.slow
 def test_a_dying_child_fails_the_run_with_its_last_log_lines(launch) -> None:  # type: ignore[no-untyped-def]
-    run = launch("--orchestrator.steps", "1000", "--orchestrator.warmup-steps", "0")
+    # No restart budget: a trainer that can restart (nothing lost yet) would otherwise be
+    # restarted; supervision's own tests cover restarts.
+    run = launch(
+        "--orchestrator.steps", "1000", "--orchestrator.warmup-steps", "0",
+        "--supervision.max-restarts", "0",
+    )  # fmt: skip
     endpoints = run.wait_for_config()["endpoints"]
     deadline = time.monotonic() + 120
     while _status(run.run_dir, endpoints["trainer"], trainer_pb2_grpc.TrainerServiceStub) is None:
