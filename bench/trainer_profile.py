@@ -1,36 +1,14 @@
-"""Where one RL trainer step's time goes, on issue 19's small reversal shape.
+"""Where one RL trainer step's time goes, phase by phase, on the small reversal shape.
 
-The shape: a Qwen2-like model (hidden 256, 4 layers, 4 heads, MLP 1024, tied embeddings,
-~4.2M parameters with the byte vocabulary; `--large`: hidden 512 x 8 layers, ~33.6M), one
-step of 8 prompts x 8 completions, prompts of BOS + 3-5 letters + '>', completions of
-1-8 tokens: 64 short samples, ~800 tokens, in one packed micro-batch.
-
-Each step goes through the same code the trainer service runs, phase by phase:
-- orchestrator side: packing the samples and encoding them into the `TrainRequest`;
-- request decode: `TrainerServicer._decode` (proto → numpy → torch, validation) and the
-  payload's sha256;
-- the step journal entry written before the update (`StepJournal.append`: the batch,
-  fsynced and renamed), every step;
-- `Trainer.train_step`, split by timers hooked onto the real code: the model's forward
-  (and the packed attention backend inside it, wrapped), the loss (`token_weights`,
-  `rl_loss` and the log-softmax/gather between forward and loss), backward (the rest of
-  `compute_gradients`), and clip + AdamW + schedule (the rest of `train_step`);
-- the weights copy for publishing (`state_dict_for_publish`), the checkpoint (timed every
-  step here; with the journal it is due every 20th step by default) and writing the
-  version folder (the filesystem sender's `write`: encode, write and sha256 every byte,
-  fsync);
-- the acknowledgement: building and serializing the `TrainResponse`.
-Registration with weightsync and the gRPC round trips are not in this table (they need
-the services; `bench/rl_step.py` times the whole loop). A second table is the profiler's
-own view of the step (top operators by self CPU time), which is where attention's
-backward shows up.
-
-Decisions:
-- Medians over `--steps` steps after warm-up, each phase's share of their sum: on a
-  shared machine the fractions are steadier than the absolute times.
-- `--attention` picks the packed attention kind being profiled (`padded`: one batched
-  SDPA call over the samples padded to a common length, the default; `loop`: one SDPA
-  call per sample), so before/after is one flag, in one process with `--compare`.
+The shape: a Qwen2-like model (hidden 256, 4 layers, ~4.2M parameters with the byte
+vocabulary; `--large`: hidden 512 x 8 layers, ~33.6M), 8 prompts x 8 short completions in
+one packed micro-batch. Each phase runs the code the trainer service runs: packing and
+encoding, request decode, the step journal entry, forward / loss / backward / optimizer
+(timers hooked onto the real code), the publish copy, the checkpoint and the version
+folder, the response. A second table is the profiler's top operators by self CPU time.
+Medians over `--steps` after warm-up, with each phase's share (steadier than absolute
+times on a shared machine); `--attention padded|loop` with `--compare` sets two packed
+attention kinds side by side in one process.
 
 `python bench/trainer_profile.py [--large] [--threads N] [--steps N] [--compare]`
 """

@@ -1,4 +1,4 @@
-"""TRL's `GRPOTrainer` on issue 19's reversal task: the other side of `bench/rl_step.py`.
+"""TRL's `GRPOTrainer` on the small reversal task: the other side of `bench/rl_step.py`.
 
 Runs in the throwaway venv `bench/rl_step.py` makes (trl + torch==2.13.0, never a Tidal
 dependency), so it imports nothing from Tidal. It lives in a subfolder so `make bench`

@@ -1,4 +1,4 @@
-"""GRPO on a Hugging Face model folder learns (issue 15's end-to-end bar): `tidal rl @
+"""GRPO on a Hugging Face model folder learns end to end: `tidal rl @
 configs/default.toml --trainer.model.path DIR` with a Qwen3-style folder (its own BPE
 tokenizer, ChatML template, generation_config.json EOS list, random weights) runs the
 default reversal task through the folder's chat template, and the reward rises.

@@ -1,15 +1,12 @@
 """Weightsync as a real process (`python -m tidal.weightsync`): what survives a restart.
 
 - On start it adopts only versions whose every file verifies against the manifest: a
-  half-written version (a truncated weights file) and a stray `v<N>` folder without a
-  manifest are removed, never served.
-- Publish is idempotent: a trainer whose Publish was cut by a weightsync SIGKILL
-  re-sends the same manifest to the restarted service and gets OK (it used to get
-  FAILED_PRECONDITION: the restarted registry had adopted the version from disk); the
-  same version with other content is still refused.
+  half-written version and a stray `v<N>` folder without a manifest are removed.
+- Publish is idempotent: a trainer whose Publish was cut by a weightsync SIGKILL re-sends
+  the same manifest to the restarted service and gets OK; the same version with other
+  content is refused.
 - Replica registrations are leases: a replica whose Watch stream is gone stops pinning
-  its version once `lease_s` has passed, so replicas restarted under new ids do not pin
-  one more version each.
+  its version once `lease_s` has passed.
 """
 
 from __future__ import annotations

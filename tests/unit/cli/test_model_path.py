@@ -1,6 +1,7 @@
 """`tidal rl` with `trainer.model.path`: the folder's architecture reaches `--dry-run` and
 the config the launcher writes, that file re-runs, and a model smaller than the run's
-tokenizer is refused before anything starts (issue 15's regressions)."""
+tokenizer is refused before anything starts.
+"""
 
 from __future__ import annotations
 

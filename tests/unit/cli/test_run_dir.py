@@ -1,6 +1,7 @@
 """`tidal rl` and the run folder: an existing folder is never replaced silently, only
 `--overwrite` replaces it, `--resume` keeps it, and nothing outside `run.output_dir` is
-ever touched (issue 17's regressions)."""
+ever touched.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Complete exports: `tidal export` of a trained checkpoint (started from a Qwen3-style
 folder) and every published version are Hugging Face folders that `transformers` loads
-with our logits and the source folder's tokenization (issue 15's "done when")."""
+with our logits and the source folder's tokenization.
+"""
 
 from __future__ import annotations
 
