@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
+from tidal.orchestrator.completions import ToolStats
+from tidal.orchestrator.config import ToolsConfig
+from tidal.orchestrator.sandbox import SandboxLimits
 from tidal.orchestrator.task_config import CodeTaskConfig
 from tidal.orchestrator.tasks import build_task
 from tidal.orchestrator.tasks.base import Problem, Task
 from tidal.orchestrator.tasks.code_harness import extract_program
+from tidal.orchestrator.tool_execution import ToolUse, run_calls
+from tidal.text.byte import ByteTokenizer
+from tidal.text.tool_calls import ToolCall, tool_call_parser
 
 FIXTURES = Path(__file__).with_name("fixtures")
 
@@ -96,3 +103,53 @@ def test_humaneval_records_complete_the_prompt() -> None:
     problem = task.problem(0)
     assert task.verify(problem, "    return 2 * x\n").reward == 1.0
     assert task.verify(problem, "    return x + 1\n").reward == 0.0
+
+
+@pytest.fixture(scope="module")
+def mbpp_with_python() -> Task:
+    return build_task(
+        CodeTaskConfig(
+            path=FIXTURES / "code_problems.jsonl",
+            setup_field="test_setup_code",
+            python_tool=True,
+            sandbox=SandboxLimits(wall_s=2.0, cpu_s=2),
+        )
+    )
+
+
+def test_the_python_tool_is_offered_only_when_configured(
+    mbpp: Task, mbpp_with_python: Task
+) -> None:
+    assert mbpp.problem(0).tools == ()
+    (offered,) = mbpp_with_python.problem(0).tools
+    assert offered["function"]["name"] == "python"
+    assert offered["function"]["parameters"]["required"] == ["code"]
+
+
+async def _run_python(task: Task, code: str) -> tuple[str, ToolStats]:
+    use = ToolUse.of(task.tools, tool_call_parser(ByteTokenizer()), ToolsConfig(call_timeout_s=10))
+    (message,), stats = await run_calls([ToolCall("python", {"code": code})], use, task.problem(0))
+    assert message["role"] == "tool" and message["name"] == "python"
+    return message["content"], stats
+
+
+async def test_the_python_tool_runs_the_policys_code_in_the_sandbox(
+    mbpp_with_python: Task,
+) -> None:
+    text, stats = await _run_python(mbpp_with_python, "print(sum(range(10)))")
+    assert text.strip() == "45"
+    assert stats.calls == 1 and stats.errors == 0
+    text, _ = await _run_python(mbpp_with_python, "raise SystemExit(3)")
+    assert text.endswith("[exit code 3]")
+    text, _ = await _run_python(mbpp_with_python, "import sys\nprint('x', file=sys.stderr)")
+    assert text.strip() == "x"
+
+
+async def test_a_hostile_tool_call_is_killed_at_the_wall_and_reported(
+    mbpp_with_python: Task,
+) -> None:
+    started = time.monotonic()
+    text, stats = await _run_python(mbpp_with_python, "while True:\n    pass")
+    assert "[killed:" in text
+    assert stats.errors == 0  # the tool answered: the policy reads why its code stopped
+    assert time.monotonic() - started < 10

@@ -215,6 +215,11 @@ class CodeTaskConfig(TaskCommon):
     sandbox: SandboxLimits = SandboxLimits(wall_s=3.0, cpu_s=3)
     """Limits of one program run (all of a completion's tests run in one process); its
     wall_s must stay under orchestrator.timeouts.verifier_s."""
+    python_tool: bool = False
+    """Offer the policy a `python(code)` tool that runs code in the same sandbox and returns
+    its output, so an episode may try code before it answers (needs the chat template on;
+    the answer is the last turn, and orchestrator.tools.call_timeout_s must exceed the
+    sandbox's wall_s)."""
 
 
 class ImportTaskConfig(TaskCommon):

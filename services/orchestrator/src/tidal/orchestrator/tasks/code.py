@@ -4,6 +4,7 @@ Records are read as by the dataset task (same files, splits and order); the test
 optional setup and entry point travel as the problem's metadata. `verify` runs the
 completion's program and all its tests in one sandboxed process and returns the fraction
 passed, so a program that hangs, crashes or attacks the host scores what it passed before.
+With `python_tool` the policy may also run code in the same sandbox before it answers.
 """
 
 from __future__ import annotations
@@ -11,14 +12,34 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+from dataclasses import replace
 from typing import Any
 
 from tidal.common.errors import ConfigError
-from tidal.orchestrator.sandbox import Sandbox
+from tidal.orchestrator.sandbox import Sandbox, SandboxResult
 from tidal.orchestrator.task_config import CodeTaskConfig, DatasetTaskConfig
-from tidal.orchestrator.tasks.base import Problem, Split, Task, Verdict
+from tidal.orchestrator.tasks.base import Problem, Split, Task, Tool, Verdict
 from tidal.orchestrator.tasks.code_harness import HARNESS, extract_program, passed_tests
 from tidal.orchestrator.tasks.dataset import DatasetTask
+
+CODE_SCHEMA = {
+    "type": "object",
+    "properties": {"code": {"type": "string"}},
+    "required": ["code"],
+    "additionalProperties": False,
+}
+
+
+def tool_result(result: SandboxResult) -> str:
+    """What the policy reads back from a run: its output, and why it stopped if not cleanly."""
+    text = result.stdout
+    if result.stderr:
+        text += ("\n" if text else "") + result.stderr
+    if result.killed_reason is not None:
+        text += f"\n[killed: {result.killed_reason} limit]"
+    elif result.exit_code:
+        text += f"\n[exit code {result.exit_code}]"
+    return text
 
 
 class CodeTask(Task):
@@ -41,7 +62,15 @@ class CodeTask(Task):
         for record in self.records.records:
             self._tests(record.metadata, f"{config.path}:{record.line}")
         self.sandbox = Sandbox(config.sandbox)
+        if config.python_tool:
+            self.tools = (
+                Tool("python", "run Python code; returns its output", CODE_SCHEMA, self._python),
+            )
         self.bind(name=self.name, seed=0)
+
+    async def _python(self, problem: Problem, code: str) -> str:
+        """The `python` tool: the policy's code, run in the task's sandbox."""
+        return tool_result(await self.sandbox.run(code))
 
     def bind(self, *, name: str, seed: int) -> None:
         super().bind(name=name, seed=seed)
@@ -51,7 +80,8 @@ class CodeTask(Task):
         return self.records.size(split)
 
     def problem(self, index: int, *, split: Split = "train") -> Problem:
-        return self.records.problem(index, split=split)
+        problem = self.records.problem(index, split=split)
+        return replace(problem, tools=tuple(t.schema() for t in self.tools))
 
     def _tests(self, metadata: dict[str, Any], where: str) -> list[str]:
         raw = metadata[self.config.tests_field]
