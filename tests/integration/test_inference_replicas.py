@@ -106,6 +106,11 @@ def test_two_replicas_both_serve_and_one_sigkilled_does_not_end_the_run(launch) 
         int(m[1]): int(m[2])
         for m in re.finditer(r"inference replica (\d) at \S+: (\d+) requests served", orchestrator)
     }
-    assert served[0] > 0 and served[1] > 0, served
+    # Both replicas generated before the kill (their own counters, above); a request counts
+    # as served here only once it completed, and on a loaded machine every request replica 1
+    # had taken may still have been in flight when it was killed and then lost.
+    assert served[0] > 0, served
+    if f"inference replica 1 at {replicas[1]} lost" not in orchestrator:
+        assert served[1] > 0, served
     for i in range(2):
         assert (run.run_dir / "logs" / f"inference-{i}.log").stat().st_size > 0
