@@ -12,7 +12,7 @@ PYPROJECTS := pyproject.toml libs/rpc/pyproject.toml libs/common/pyproject.toml 
 	libs/models/pyproject.toml libs/batch/pyproject.toml libs/text/pyproject.toml \
 	$(wildcard services/*/pyproject.toml)
 
-.PHONY: setup proto proto-check config-check lint test test-fast run bench dist wheelhouse images up down test-deploy clean
+.PHONY: setup proto proto-check config-check lint test test-fast run bench gpu-check gpu-wheels dist wheelhouse images up down test-deploy clean
 
 setup: $(STAMP)
 
@@ -56,6 +56,30 @@ run: setup
 
 bench: setup
 	$(BIN)/python bench/run_all.py $(BENCH)
+
+# The GPU stages on a lent GPU machine (docs/benchmarks/README.md). No setup there (no
+# package index): the machine's python3 and its torch, this tree's sources on PYTHONPATH,
+# and the wheels of .whl/ (`make gpu-wheels`, made where an index is) installed offline
+# beside them. DRY_RUN=1 lists and checks the stages on any machine; BENCH_DIR=$$OUT puts
+# the JSON where a device run hands files back (then `bench/gpu_check.py --collect`).
+GPU_PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+GPU_SITE ?= /tmp/tidal-gpu-site
+SPACE := $(subst ,, )
+GPU_PATH := $(subst $(SPACE),:,$(strip $(GPU_SITE) $(CURDIR)/src \
+	$(addprefix $(CURDIR)/,$(wildcard libs/*/src services/*/src))))
+gpu-check:
+	@if [ -z "$(DRY_RUN)" ] && ls .whl/*.whl >/dev/null 2>&1 && \
+	  $(GPU_PY) -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then \
+	  $(GPU_PY) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+	    --target $(GPU_SITE) .whl/*.whl; fi
+	PYTHONPATH=$(GPU_PATH) $(GPU_PY) bench/gpu_check.py $(if $(DRY_RUN),--dry-run) \
+	  $(if $(BENCH_DIR),--bench-dir $(BENCH_DIR))
+
+# Python 3.12 x86-64 wheels of what the GPU machine's image lacks (bench/gpu_wheels.txt).
+gpu-wheels:
+	$(GPU_PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+	  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+	  --platform manylinux2014_x86_64 -d .whl -r bench/gpu_wheels.txt
 
 # One wheel per package of this repo (pip resolves the siblings with --find-links dist).
 PACKAGES := libs/rpc libs/common libs/weights libs/models libs/batch libs/text \

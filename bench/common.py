@@ -100,19 +100,7 @@ def write_result(
     results: Sequence[dict[str, Any]],
     summary: dict[str, Any],
 ) -> Path:
-    """Write `docs/benchmarks/<name>.json` (or `$TIDAL_BENCH_DIR/<name>.json`).
-
-    The result it replaces moves to the end of `<name>.history.json` (a JSON list, oldest
-    first), so the current figures and every earlier run stay in one place per benchmark.
-    """
-    out_dir = Path(os.environ.get("TIDAL_BENCH_DIR", RESULTS_DIR))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{name}.json"
-    if path.exists():
-        history_path = out_dir / f"{name}.history.json"
-        history = json.loads(history_path.read_text()) if history_path.exists() else []
-        history.append(json.loads(path.read_text()))
-        history_path.write_text(json.dumps(history, indent=1) + "\n")
+    """Write `docs/benchmarks/<name>.json` (or `$TIDAL_BENCH_DIR/<name>.json`)."""
     payload = {
         "benchmark": name,
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -121,5 +109,22 @@ def write_result(
         "results": list(results),
         "summary": summary,
     }
+    return store_result(payload, Path(os.environ.get("TIDAL_BENCH_DIR", RESULTS_DIR)))
+
+
+def store_result(payload: dict[str, Any], out_dir: Path) -> Path:
+    """Write `payload` as `<out_dir>/<benchmark>.json`.
+
+    The result it replaces moves to the end of `<name>.history.json` (a JSON list, oldest
+    first), so the current figures and every earlier run stay in one place per benchmark.
+    """
+    name = payload["benchmark"]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.json"
+    if path.exists():
+        history_path = out_dir / f"{name}.history.json"
+        history = json.loads(history_path.read_text()) if history_path.exists() else []
+        history.append(json.loads(path.read_text()))
+        history_path.write_text(json.dumps(history, indent=1) + "\n")
     path.write_text(json.dumps(payload, indent=2) + "\n")
     return path

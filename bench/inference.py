@@ -38,8 +38,11 @@ slower than fp32 there and unable to finish: transformers' bf16 `generate()` and
 plain-`F.linear` decode variant. `summary.skipped` lists them; `summary.kernels_<dtype>`
 is the engine's own account of the path it ran, `machine.cpu_native_bf16` the probe's.
 
+`--device cuda` runs both systems on the GPU and writes `inference.cuda.json`; the decode
+step study and `inference_kv.py` (CPU kernel studies) are left out there.
+
 `python bench/inference.py [--repeats N] [--dtypes float32 bfloat16] [--threads T]
-[--scenarios fixed eos rl] [--kv-repeats N]`
+[--scenarios fixed eos rl] [--kv-repeats N] [--device cpu|cuda]`
 """
 
 from __future__ import annotations
@@ -113,11 +116,13 @@ def until_stop(tokens: list[int]) -> list[int]:
 class Native:
     """The engine on its own event loop, fed all prompts at once (as concurrent requests)."""
 
-    def __init__(self, state: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+    def __init__(
+        self, state: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device
+    ) -> None:
         self.loop = asyncio.new_event_loop()
         cfg = InferenceConfig()
         self.engine = NativeEngine(
-            device=torch.device("cpu"),
+            device=device,
             dtype=dtype,
             max_batch_size=BATCH,
             max_queue=cfg.max_queue,
@@ -151,15 +156,19 @@ class Native:
 
 
 class HuggingFace:
-    def __init__(self, state: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+    def __init__(
+        self, state: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device
+    ) -> None:
         from transformers import LlamaConfig
         from transformers import LlamaForCausalLM as HFLlama
 
         config = LlamaConfig(**ARGS.to_hf_config(), pad_token_id=0)
         self.model = HFLlama(config).to(dtype).eval()
+        self.device = device
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
         self.model.tie_weights()
+        self.model.to(device)
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], scenario: str) -> list[list[int]]:
@@ -178,7 +187,11 @@ class HuggingFace:
         if scenario == "rl":
             options["num_return_sequences"] = RL_N  # each prompt's 8 samples, in order
         out = self.model.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, pad_token_id=0, **options
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            max_new_tokens=NEW_TOKENS,
+            pad_token_id=0,
+            **options,
         )
         completions = out[:, width:].tolist()
         return completions if scenario == "fixed" else [until_stop(c) for c in completions]
@@ -357,7 +370,11 @@ def main() -> None:
     )
     parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
     parser.add_argument("--kv-repeats", type=int, default=3, help="inference_kv.py's rounds")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     cli = parser.parse_args()
+    if cli.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device on this machine")
+    device, on_gpu = torch.device(cli.device), cli.device == "cuda"
     load_before = os.getloadavg()
     if cli.threads is not None:
         torch.set_num_threads(cli.threads)
@@ -365,11 +382,11 @@ def main() -> None:
     systems: dict[tuple[str, str], Any] = {}
     skipped: list[str] = []
     for dtype in cli.dtypes:
-        if slow_on_this_cpu(DTYPES[dtype]):
+        if not on_gpu and slow_on_this_cpu(DTYPES[dtype]):
             skipped += [f"transformers generate() {dtype}", f"decode step plain F.linear {dtype}"]
         else:
-            systems["hf", dtype] = HuggingFace(state, DTYPES[dtype])
-        systems["native", dtype] = Native(state, DTYPES[dtype])
+            systems["hf", dtype] = HuggingFace(state, DTYPES[dtype], device)
+        systems["native", dtype] = Native(state, DTYPES[dtype], device)
     for system in systems.values():
         system.generate(prompts[:4], "fixed")  # warm-up: allocator, thread pool, kernels
     runs = measure(systems, prompts, cli.repeats, cli.scenarios)
@@ -414,16 +431,19 @@ def main() -> None:
     for scenario in cli.scenarios:
         key = "speedup_vs_hf" if scenario == "fixed" else f"speedup_vs_hf_{scenario}"
         summary[key] = summary.get(f"speedup_vs_hf_{scenario}_{cli.dtypes[0]}")
-    summary.update(kv_summary(runs, cli))
+    if on_gpu:
+        summary["skipped"] += ["decode step study (CPU kernels)", "inference_kv.py (CPU)"]
+    else:
+        summary.update(kv_summary(runs, cli))
     step_rows, step_shares = [], {}
-    for dtype in cli.dtypes:
+    for dtype in [] if on_gpu else cli.dtypes:
         step_ms, step_shares[dtype] = decode_step_study(state, prompts, DTYPES[dtype])
         now = step_ms[list(VARIANTS)[-1]]
         for name, ms in step_ms.items():
             step_rows.append({"dtype": dtype, "decode step": name, "ms": ms, "x engine": ms / now})
         summary[f"decode_step_ms_{dtype}"] = {k: round(v, 1) for k, v in step_ms.items()}
         summary[f"decode_step_profile_{dtype}"] = step_shares[dtype]
-    summary["decode_step_profile"] = step_shares[cli.dtypes[0]]
+    summary["decode_step_profile"] = step_shares.get(cli.dtypes[0])
     print_table(f"Generation, batch {BATCH}, up to {NEW_TOKENS} new tokens", rows)
     print_table(f"One decode step, batch {BATCH}, after 40 tokens (interleaved)", step_rows)
     for dtype, shares in step_shares.items():
@@ -434,7 +454,7 @@ def main() -> None:
     print(summary)
     summary["load_average"] = {"before": load_before, "after": os.getloadavg()}
     write_result(
-        "inference",
+        "inference.cuda" if on_gpu else "inference",
         config={
             "model": ARGS.as_dict(),
             "parameters": sum(v.numel() for v in state.values()),
@@ -447,6 +467,7 @@ def main() -> None:
             "kv_repeats": cli.kv_repeats,
             "rl": f"{RL_PROMPTS} prompts x n = {RL_N}, temperature 1, stop tokens",
             "threads": torch.get_num_threads(),
+            "device": torch.cuda.get_device_name(device) if on_gpu else "cpu",
         },
         results=rows,
         summary=summary,

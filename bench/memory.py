@@ -17,6 +17,10 @@ peak is ≤ `PEAK_TARGET` of vanilla's (measured, not assumed).
 
 A second, cheap table times the chunked LM head alone (forward + backward of the head
 for the same 4096 tokens) at several chunk sizes against the dense head, interleaved.
+
+`--device cuda` trains the same variants on the GPU in bf16, takes the peak as
+`torch.cuda.max_memory_allocated` against the planner's CUDA prediction, and writes
+`memory.cuda.json` (the head table is CPU-only).
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ TIGHT_RECIPES: dict[str, tuple[str, ...]] = {
     "tight: ac full + chunked head": ("ac full", "chunked LM head (auto)"),
 }
 HEAD_CHUNKS = (256, "auto", 1024, 2048)
+PRECISION = {"cpu": "fp32", "cuda": "bf16"}
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -78,31 +83,36 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _config(overrides: dict[str, Any]) -> TrainerConfig:
-    base = {"model": MODEL, "device": "cpu", "num_threads": 2}
+def _config(overrides: dict[str, Any], device: str) -> TrainerConfig:
+    base = {"model": MODEL, "device": device, "num_threads": 2, "precision": PRECISION[device]}
     return TrainerConfig.model_validate(_merge(base, overrides))
 
 
-def _configs() -> dict[str, TrainerConfig]:
-    configs = {name: _config(overrides) for name, overrides in VARIANTS.items()}
+def _configs(device: str) -> dict[str, TrainerConfig]:
+    configs = {name: _config(overrides, device) for name, overrides in VARIANTS.items()}
     for name, parts in TIGHT_RECIPES.items():
         overrides: dict[str, Any] = {}
         for part in parts:
             overrides = _merge(overrides, VARIANTS[part])
-        configs[name] = _config(overrides)
+        configs[name] = _config(overrides, device)
     return configs
+
+
+def _peak(run: dict[str, Any]) -> float:
+    """The device's high-water mark: CUDA's allocator on a GPU, else the host's."""
+    return run.get("cuda_max_allocated_bytes", run["peak_bytes"])
 
 
 def _rows(configs: dict[str, TrainerConfig], runs: dict[str, list[dict]]) -> list[dict]:
     base = runs["vanilla"]
-    base_peak = statistics.median(r["peak_bytes"] for r in base)
+    base_peak = statistics.median(_peak(r) for r in base)
     rows = []
     for name, config in configs.items():
         mine = runs[name]
-        peak = statistics.median(r["peak_bytes"] for r in mine)
-        plan = plan_memory(
-            config.model.decoder_args(), Levers.from_config(config), Workload(TOKENS)
-        )
+        peak = statistics.median(_peak(r) for r in mine)
+        device = config.device if config.device == "cuda" else "cpu"
+        workload = Workload(TOKENS, device=device, precision=PRECISION[device])
+        plan = plan_memory(config.model.decoder_args(), Levers.from_config(config), workload)
         ratios = [b["step_seconds"] / m["step_seconds"] for b, m in zip(base, mine, strict=True)]
         rows.append(
             {
@@ -170,10 +180,12 @@ def _write(
     runs: dict[str, list[dict]],
     head_rows: list[dict],
     meta: dict[str, Any],
+    device: str,
 ) -> None:
     """Table and JSON from the rounds completed so far (written after every round)."""
     rows = _rows(configs, runs)
-    print_table(f"memory levers, {TOKENS} tokens per micro-batch (CPU, fp32)", rows)
+    where = f"{device.upper()}, {PRECISION[device]}"
+    print_table(f"memory levers, {TOKENS} tokens per micro-batch ({where})", rows)
     tight = [r for r in rows if r["variant"] in TIGHT_RECIPES]
     fitting = [r for r in tight if r["peak vs vanilla"] <= PEAK_TARGET] or tight
     best = max(fitting, key=lambda r: r["tokens/s vs vanilla"])
@@ -192,10 +204,12 @@ def _write(
         "parameters": param_counts(configs["vanilla"].model.decoder_args()).total,
         "tokens_per_micro_batch": TOKENS,
         "steps_per_run": meta["steps_per_run"],
-        "precision": "fp32",
+        "precision": PRECISION[device],
         "threads": 2,
+        "device": meta.get("device_name", device),
     }
-    path = write_result("memory", config=config, results=rows + head_rows, summary=summary)
+    name = "memory.cuda" if device == "cuda" else "memory"
+    path = write_result(name, config=config, results=rows + head_rows, summary=summary)
     print(f"wrote {path}", flush=True)
 
 
@@ -204,9 +218,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="A B C … repeats")
     parser.add_argument("--steps", type=int, default=3, help="steps per run; the first untimed")
     parser.add_argument("--head-repeats", type=int, default=3, help="0 skips the head table")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args()
-    configs = _configs()
-    head_rows = _head_table(args.head_repeats) if args.head_repeats else []
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device on this machine")
+    configs = _configs(args.device)
+    on_cpu = args.device == "cpu"
+    head_rows = _head_table(args.head_repeats) if args.head_repeats and on_cpu else []
     print_table(f"LM head alone, forward + backward, {TOKENS} tokens", head_rows)
     runs: dict[str, list[dict]] = {name: [] for name in configs}
     loadavg: list[str] = []
@@ -218,7 +238,9 @@ def main() -> None:
             loadavg.append(Path("/proc/loadavg").read_text().split()[0])
             print(f"  {m}", flush=True)
         meta = {"steps_per_run": args.steps, "load_average_1min": loadavg}
-        _write(configs, runs, head_rows, meta)
+        if not on_cpu:
+            meta["device_name"] = torch.cuda.get_device_name(0)
+        _write(configs, runs, head_rows, meta, args.device)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,14 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-NOT_BENCHMARKS = {"run_all", "common", "inference_kv", "rl_same_tokenizer"}  # parts of others
+NOT_BENCHMARKS = {
+    "run_all",
+    "common",
+    "inference_kv",
+    "rl_same_tokenizer",
+    "gpu_check",
+    "gpu_stages",
+}
 
 
 def main(argv: list[str]) -> int:
