@@ -84,7 +84,9 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def _config(overrides: dict[str, Any], device: str) -> TrainerConfig:
-    base = {"model": MODEL, "device": device, "num_threads": 2, "precision": PRECISION[device]}
+    base = {"model": MODEL, "device": device, "num_threads": 2}
+    if device == "cuda":
+        base["precision"] = PRECISION[device]
     return TrainerConfig.model_validate(_merge(base, overrides))
 
 
