@@ -20,6 +20,7 @@ import tomli_w
 from tidal.cli.certs import ensure_run_credentials
 from tidal.cli.config import LAUNCHER_SECTIONS, RunConfig
 from tidal.cli.inference_replicas import inference_replicas
+from tidal.cli.judge_replicas import assign_judge_urls, judge_replicas, served_judges
 from tidal.cli.metrics_targets import with_metrics_ports
 from tidal.cli.placement import place, trainer_world_size, visible_gpus
 from tidal.cli.ports import free_port
@@ -87,6 +88,8 @@ def prepare_run_dir(config: RunConfig, *, overwrite: bool = False, resume: bool 
             url = http.url(http.port + i)
             which = f"replica {i}'s" if replicas > 1 else "inference's"
             print(f"tidal: {which} OpenAI-compatible endpoint: {url}", file=sys.stderr)
+    for folder, url in assign_judge_urls(config).items():
+        print(f"tidal: judge {folder} served at {url}", file=sys.stderr)
     (run_dir / "config.toml").write_text(services_toml(config))
     return run_dir
 
@@ -173,10 +176,11 @@ def child_specs(
     specs = []
     for name in START_ORDER:
         cont = tuple(RESUME_ARGS.get(name, []))
-        if name == "inference":  # one child per replica, the same arguments on a restart
+        if name == "inference":  # one child per replica (and judge), the same on a restart
+            env = (envs or {}).get(name, {})
             specs += [
                 ChildSpec(r.name, "tidal.inference", r.args, r.args, r.env, always_restartable)
-                for r in inference_replicas(config, (envs or {}).get(name, {}))
+                for r in inference_replicas(config, env) + judge_replicas(config, env)
             ]
             continue
         specs.append(
@@ -262,6 +266,11 @@ def main(argv: Sequence[str]) -> None:
         if config.orchestrator.wandb.enabled:
             import_wandb()  # fail before anything starts when the extra is missing
         envs = apply_placement(config, visible_gpus())
+        if config.slurm is not None and served_judges(config):
+            raise ConfigError(
+                "a SLURM job does not start judge replicas: serve the judge yourself and set "
+                "the judge's base_url instead of model_path"
+            )
         if config.slurm is not None:
             run_slurm(config, config.slurm, dry_run=dry_run)
             raise SystemExit(0)

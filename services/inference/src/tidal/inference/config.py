@@ -167,6 +167,10 @@ class InferenceConfig(BaseConfig):
     prefix_caching: bool = True
     """Reuse the cached blocks of equal prompt prefixes across requests (GRPO groups,
     multi-turn episodes); cleared whenever new weights load. Also passed to vLLM."""
+    model_path: Path | None = None
+    """Serve this Hugging Face folder as version 0, with its own tokenizer (or the byte
+    tokenizer when it has none), and never follow weight-sync: a fixed model beside the
+    policy, such as the judge `tidal rl` starts for an `[orchestrator.task.reward]` judge."""
     http: OpenAIHttpConfig = OpenAIHttpConfig()
     """The OpenAI-compatible HTTP endpoint (off by default)."""
     limits: RequestLimits = RequestLimits()

@@ -3,9 +3,10 @@
 `start_inference` builds and starts the engine, the gRPC server, the weight watcher and,
 with `[inference.http] enabled`, the OpenAI-compatible endpoint on the same loop, and
 returns the running parts, so contract tests run exactly what `serve` runs. Health is
-NOT_SERVING until the first weights load. The tokenizer (`run.tokenizer`, resolved as
-every service resolves it) is loaded before the server starts, so a missing or
-misfitting one is a config error at start.
+NOT_SERVING until the first weights load; with `inference.model_path` the replica serves
+that fixed folder (and its tokenizer) and never follows weight-sync (a judge). The
+tokenizer is loaded before the server starts, so a missing or misfitting one is a config
+error at start.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import ssl
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tidal.common.errors import ConfigError
@@ -47,9 +49,10 @@ FULL_NAME = "tidal.rpc.v1.InferenceService"
 class RunningInference:
     server: GrpcServer
     engine: Engine
-    watcher: WeightWatcher
-    client: WeightSyncClient
-    watch_task: asyncio.Task[None]
+    watcher: WeightWatcher | None
+    """None when the replica serves a fixed folder (`inference.model_path`)."""
+    client: WeightSyncClient | None
+    watch_task: asyncio.Task[None] | None
     replica_id: str
     http: OpenAIServer | None = None
     """The OpenAI-compatible endpoint, when `[inference.http]` enables it."""
@@ -62,11 +65,13 @@ class RunningInference:
         """Stop HTTP and watching, stop the engine, close the weight-sync channel."""
         if self.http is not None:
             await self.http.close()
-        self.watch_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.watch_task
+        if self.watch_task is not None:
+            self.watch_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.watch_task
         await self.engine.close()
-        await self.client.close()
+        if self.client is not None:
+            await self.client.close()
 
 
 async def start_inference(config: InferenceRunConfig) -> RunningInference:
@@ -80,7 +85,12 @@ async def start_inference(config: InferenceRunConfig) -> RunningInference:
     cfg = config.inference
     # hostname too: replicas in containers often share a pid (compose scales one image)
     replica_id = cfg.replica_id or f"inference-{socket.gethostname()}-{os.getpid()}"
-    tokenizer = load_tokenizer(config.run.tokenizer, model_path=config.model_folder())
+    fixed = cfg.model_path
+    tokenizer = (
+        load_tokenizer(config.run.tokenizer, model_path=config.model_folder())
+        if fixed is None
+        else load_tokenizer("model" if has_tokenizer(fixed) else "byte", model_path=fixed)
+    )
     log.info(
         "tokenizer %s: %d ids, eos %s", tokenizer.name, tokenizer.vocab_size, tokenizer.eos_ids
     )
@@ -98,6 +108,13 @@ async def start_inference(config: InferenceRunConfig) -> RunningInference:
         metrics=metrics,
     )
     await server.start(serving=False)
+    if fixed is not None:
+        await serve_folder(engine, fixed)
+        await server.set_serving(True)
+        running = RunningInference(server, engine, None, None, None, replica_id)
+        if cfg.http.enabled:
+            running.http = await start_openai_http(config, engine, tokenizer)
+        return running
 
     async def on_loaded(version: int) -> None:
         await server.set_serving(True)
@@ -111,6 +128,24 @@ async def start_inference(config: InferenceRunConfig) -> RunningInference:
     if cfg.http.enabled:
         running.http = await start_openai_http(config, engine, tokenizer)
     return running
+
+
+def has_tokenizer(folder: Path) -> bool:
+    return (folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file()
+
+
+async def serve_folder(engine: Engine, folder: Path) -> None:
+    """Load a Hugging Face folder's weights as version 0 (ConfigError when unreadable)."""
+    from tidal.models.hf_config import read_config
+    from tidal.models.hf_folder import read_weights
+
+    try:
+        hf_config = read_config(folder)
+        state_dict = await asyncio.to_thread(read_weights, folder)
+        await engine.update_weights(0, hf_config, state_dict)
+    except (OSError, ValueError) as exc:  # ModelFolderError, WeightMismatch among them
+        raise ConfigError(f"inference.model_path {folder}: {exc}") from exc
+    log.info("serving the fixed model %s as version 0 (weight-sync is not followed)", folder)
 
 
 def not_serving_if_ended(task: asyncio.Task[None], server: GrpcServer) -> None:
@@ -229,6 +264,10 @@ async def serve(config: InferenceRunConfig) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     config = start_service(InferenceRunConfig, "inference", argv)
+    fixed = config.inference.model_path
+    if fixed is not None and not (fixed / "config.json").is_file():
+        print(f"error: inference.model_path {fixed} has no config.json", file=sys.stderr)
+        raise SystemExit(2)
     if config.inference.http.enabled:
         try:
             openai_http_credentials(config)

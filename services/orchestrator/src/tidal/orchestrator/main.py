@@ -30,6 +30,7 @@ from tidal.orchestrator.inference_pool import InferencePool
 from tidal.orchestrator.inflight import InflightLimiter
 from tidal.orchestrator.loop import RLLoop
 from tidal.orchestrator.mixture import TaskMixture
+from tidal.orchestrator.model_rewards.build import ModelReward, build_model_rewards
 from tidal.orchestrator.prometheus import OrchestratorMetrics
 from tidal.orchestrator.prompt_rendering import PromptRenderer
 from tidal.orchestrator.report import (
@@ -155,8 +156,10 @@ async def run_training(
     prompts: PromptRenderer,
     verifier: VerifierPool,
     prom: OrchestratorMetrics | None = None,
+    model_rewards: dict[str, ModelReward] | None = None,
 ) -> None:
     """Wait for the peers, run every step, then write the report and the summary."""
+    model_rewards = model_rewards or {}
     orch = config.orchestrator
     security = for_service(config, "orchestrator")
     versions = VersionFeed(on_published=progress.saw_version)
@@ -183,6 +186,7 @@ async def run_training(
         limiter=limiter,
         prompts=prompts,
         max_tokens=orch.sampling.max_tokens or mixture.max_completion_chars + 2,
+        model_rewards=model_rewards,
     )
     follow = asyncio.create_task(versions.follow(weightsync, address=config.endpoints.weightsync))
     follow.add_done_callback(_warn_if_failed)
@@ -196,7 +200,11 @@ async def run_training(
             ", ".join(inference.addresses),
             peer_wait,
         )
-        await asyncio.gather(inference.wait_serving(peer_wait), trainer.wait_serving(peer_wait))
+        await asyncio.gather(
+            inference.wait_serving(peer_wait),
+            trainer.wait_serving(peer_wait),
+            *(reward.wait_ready(peer_wait) for reward in unique(model_rewards)),
+        )
         ranks = resolve_data_parallel_ranks(
             orch.packing.data_parallel_ranks,
             await trainer.data_parallel_ranks(),
@@ -239,6 +247,8 @@ async def run_training(
         run_log.close()
         for client in (inference, trainer, weightsync):
             await client.close()
+        for reward in unique(model_rewards):
+            await reward.close()
         for line in inference.summary():
             log.info("%s", line)
     summary = summarize(run_log.records, time.monotonic() - started)
@@ -250,6 +260,11 @@ async def run_training(
     write_summary(summary, config.run.dir / SUMMARY_FILE, **marks)
     if launched_at is None:  # under `tidal rl` the launcher prints it, with the shutdown
         print_summary(summary)
+
+
+def unique(model_rewards: dict[str, ModelReward]) -> list[ModelReward]:
+    """Each judge or reward model once (tasks with equal reward configs share one)."""
+    return list({id(r): r for r in model_rewards.values()}.values())
 
 
 def launched_at_from_env() -> float | None:
@@ -285,6 +300,7 @@ async def serve(
     mixture: TaskMixture,
     prompts: PromptRenderer,
     verifier: VerifierPool,
+    model_rewards: dict[str, ModelReward] | None = None,
 ) -> int:
     """Serve GetProgress, run the loop; returns the process exit code."""
     provider = setup_telemetry("orchestrator", config.telemetry, config.run.dir)
@@ -345,7 +361,7 @@ async def serve(
             server.request_stop()
 
     run = asyncio.create_task(
-        run_training(config, progress, run_log, mixture, prompts, verifier, prom)
+        run_training(config, progress, run_log, mixture, prompts, verifier, prom, model_rewards)
     )
     run.add_done_callback(finished)
     await server.serve_forever()
@@ -376,7 +392,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     # verifier workers fork from a process forked here, before gRPC starts threads
     verifier = VerifierPool(mixture.tasks, timeout_s=config.orchestrator.timeouts.verifier_s)
     try:
-        code = asyncio.run(serve(config, mixture, prompts, verifier))
+        # reward-model workers fork here too; judges only check their settings
+        model_rewards = build_model_rewards(config.orchestrator.task_list, list(mixture.tasks))
+    except ConfigError as exc:
+        verifier.close()
+        print(f"orchestrator: {exc}", file=sys.stderr)
+        raise SystemExit(EXIT_CONFIG) from None
+    try:
+        code = asyncio.run(serve(config, mixture, prompts, verifier, model_rewards))
     finally:
         verifier.close()
     raise SystemExit(code)

@@ -13,6 +13,7 @@ import asyncio
 import functools
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,7 @@ from tidal.orchestrator.episodes import run_episode
 from tidal.orchestrator.inference_pool import InferencePool
 from tidal.orchestrator.inflight import InflightLimiter
 from tidal.orchestrator.mixture import TaskMixture
+from tidal.orchestrator.model_rewards.build import ModelReward
 from tidal.orchestrator.prompt_rendering import PromptRenderer
 from tidal.orchestrator.seeds import derive_seed
 from tidal.orchestrator.tasks.base import Problem
@@ -68,6 +70,8 @@ class Generation:
     """Groups dropped by dynamic sampling."""
     failures: dict[str, int] = field(default_factory=dict)
     """Verifier failures by kind."""
+    counters: dict[str, float] = field(default_factory=dict)
+    """What scoring cost (a judge's calls, cache hits, ...), summed over the step."""
 
 
 class RolloutGenerator:
@@ -81,8 +85,11 @@ class RolloutGenerator:
         limiter: InflightLimiter,
         prompts: PromptRenderer,
         max_tokens: int,
+        model_rewards: Mapping[str, ModelReward] | None = None,
     ) -> None:
         self.config = config
+        self.model_rewards = dict(model_rewards or {})
+        """Task name → the judge or reward model scoring it instead of its verifier."""
         self.seed = seed
         self.inference = inference
         self.verifier = verifier
@@ -162,7 +169,11 @@ class RolloutGenerator:
         texts: list[str | list[str]] = [
             list(c.turns) if c.turns else self.tokenizer.decode(c.token_ids) for c in completions
         ]
-        outcomes = await self.verifier.verify_all([(problem, t) for t in texts])
+        model_reward = self.model_rewards.get(problem.task)
+        if model_reward is not None:
+            outcomes = await model_reward.score(problem, texts)
+        else:
+            outcomes = await self.verifier.verify_all([(problem, t) for t in texts])
         shaped = [
             shape_reward(
                 o.reward,
@@ -233,7 +244,11 @@ class RolloutGenerator:
             else None,
             max_rounds=self.config.advantages.max_sampling_rounds,
         )
-        failures = Counter(o.failure for g in batch.generated for o in g.outcomes if o.failure)
+        outcomes = [o for g in batch.generated for o in g.outcomes]
+        failures = Counter(o.failure for o in outcomes if o.failure)
+        counters: Counter[str] = Counter()
+        for outcome in outcomes:
+            counters.update(outcome.counters)
         return Generation(
             groups=batch.kept,
             problems=batch.drawn,
@@ -245,6 +260,7 @@ class RolloutGenerator:
             rounds=batch.rounds,
             dropped_zero_variance=batch.dropped,
             failures=dict(failures),
+            counters=dict(sorted(counters.items())),
         )
 
     async def regenerate(self, step: int, generation: Generation, attempt: int) -> Generation:

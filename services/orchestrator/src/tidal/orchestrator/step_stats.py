@@ -3,7 +3,8 @@
 Kept apart from the loop so the loop reads as the pipeline and this as the bookkeeping:
 per-task reward, pass rate and verifier sub-scores; advantage and length statistics;
 the staleness histogram; samples dropped or cut and why; the two waits (trainer waiting
-for a batch, generation waiting for a policy version); episodes' turns and tool calls.
+for a batch, generation waiting for a policy version); episodes' turns and tool calls;
+what judges and reward models cost.
 """
 
 from __future__ import annotations
@@ -98,6 +99,7 @@ def rl_step_extras(
     extras["prompts_drawn"] = float(len(generation.problems))
     for kind, count in sorted(generation.failures.items()):
         extras[f"verifier_failures/{kind}"] = float(count)
+    extras.update(generation.counters)  # judge/*, reward_model/*
     extras.update(episode_stats(scored))
     extras["wait/trainer_s"] = trainer_wait_s
     extras["wait/policy_s"] = generation.policy_wait_seconds

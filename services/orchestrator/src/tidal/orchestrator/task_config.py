@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from tidal.common.config.loading import BaseConfig
+from tidal.orchestrator.model_rewards.config import RewardConfig
 from tidal.orchestrator.sandbox.limits import SandboxLimits
 
 DEFAULT_EVAL_FRACTION = 0.1
@@ -25,6 +26,9 @@ class TaskCommon(BaseConfig):
     """Share of this task in a mixture (normalized over all tasks)."""
     name: str = ""
     """Label in metrics; empty means the task's type."""
+    reward: RewardConfig | None = None
+    """Score completions with an LLM judge or a reward model instead of the task's own
+    verifier (`type = "judge"` or `"reward_model"`; docs/agents.md)."""
 
 
 class ReversalTaskConfig(TaskCommon):

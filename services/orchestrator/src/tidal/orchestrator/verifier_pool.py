@@ -37,6 +37,8 @@ class VerifyOutcome:
     reward: float
     scores: dict[str, float] = field(default_factory=dict)
     failure: FailureKind | None = None
+    counters: dict[str, float] = field(default_factory=dict)
+    """What scoring cost, summed over a step into metrics (a judge's `judge/calls`...)."""
 
 
 def _as_verdict(value: Verdict | float) -> Verdict:
@@ -53,7 +55,7 @@ def _verify(task: Task, problem: Problem, completion: str | list[str]) -> Verdic
     return _as_verdict(task.verify(problem, completion))
 
 
-def _detach() -> None:
+def detach_child() -> None:
     """Undo what a forked child inherits from the orchestrator's event loop; die with the parent."""
     signal.set_wakeup_fd(-1)  # the parent's event loop owns the inherited one
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
@@ -63,7 +65,7 @@ def _detach() -> None:
 
 def _serve(conn: Connection, tasks: Mapping[str, Task]) -> None:
     """A worker's loop: (problem, completion) in, ("ok", reward, scores) or ("error", why) out."""
-    _detach()
+    detach_child()
     while True:
         try:
             problem, completion = conn.recv()
@@ -89,7 +91,7 @@ def _forked(body: Callable[[], None]) -> int:
 
 def _zygote(requests: socket.socket, tasks: Mapping[str, Task]) -> None:
     """Fork one worker per request byte; hand back its pid and its end of a socket pair."""
-    _detach()
+    detach_child()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps killed workers
     while requests.recv(1):
         ours, theirs = socket.socketpair()

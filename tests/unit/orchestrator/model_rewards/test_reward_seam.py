@@ -1,0 +1,77 @@
+"""A task with a model reward is scored by it, never by its verifier, with the same reward
+shaping; what scoring cost reaches the step's metrics as summed counters."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tidal.orchestrator.completions import Completion
+from tidal.orchestrator.config import ChatConfig, OrchestratorConfig
+from tidal.orchestrator.prompt_rendering import PromptRenderer
+from tidal.orchestrator.rollout_generator import Generation, RolloutGenerator
+from tidal.orchestrator.step_stats import rl_step_extras
+from tidal.orchestrator.tasks import Problem
+from tidal.orchestrator.verifier_pool import VerifyOutcome
+from tidal.text.byte import ByteTokenizer
+
+
+class LengthReward:
+    """A model reward that scores by length, recording what it was asked."""
+
+    def __init__(self) -> None:
+        self.asked: list[str | list[str]] = []
+
+    async def score(
+        self, problem: Problem, completions: Sequence[str | list[str]]
+    ) -> list[VerifyOutcome]:
+        self.asked += completions
+        return [
+            VerifyOutcome(min(1.0, len(c) / 4), counters={"judge/calls": 1.0}) for c in completions
+        ]
+
+    async def wait_ready(self, timeout_s: float) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+def _completion(tokenizer: ByteTokenizer, text: str) -> Completion:
+    ids = tuple(tokenizer.encode(text, add_special_tokens=False))
+    return Completion(0, ids, (0.0,) * len(ids), (0,) * len(ids), True)
+
+
+async def test_the_model_reward_scores_its_task_instead_of_the_verifier() -> None:
+    tokenizer = ByteTokenizer()
+    reward = LengthReward()
+    generator = RolloutGenerator(
+        OrchestratorConfig(),
+        seed=0,
+        inference=None,  # type: ignore[arg-type]
+        verifier=None,  # type: ignore[arg-type]  # a verifier call would fail
+        limiter=None,  # type: ignore[arg-type]
+        prompts=PromptRenderer.from_config(tokenizer, ChatConfig()),
+        max_tokens=8,
+        model_rewards={"reversal": reward},
+    )
+    problem = Problem("abc>", "cba", task="reversal")
+    outcomes, shaped = await generator.score(
+        problem, [_completion(tokenizer, "cb"), _completion(tokenizer, "cbaa")]
+    )
+    assert reward.asked == ["cb", "cbaa"]
+    assert [o.reward for o in outcomes] == shaped == [0.5, 1.0]
+
+
+def test_counters_reach_the_steps_metrics() -> None:
+    generation = Generation(
+        groups=[],
+        problems=[],
+        mixture_before={},
+        mixture_after={},
+        loaded_version=0,
+        seconds=1.0,
+        policy_wait_seconds=0.0,
+        counters={"judge/calls": 3.0, "judge/cache_hits": 5.0},
+    )
+    extras = rl_step_extras(
+        [], [], generation, step=1, truncated=0, dropped_overlong=0, trainer_wait_s=0.0
+    )
+    assert (extras["judge/calls"], extras["judge/cache_hits"]) == (3.0, 5.0)
