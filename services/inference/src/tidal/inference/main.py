@@ -253,10 +253,12 @@ async def serve(config: InferenceRunConfig) -> None:
     torch.set_num_threads(config.inference.num_threads)
     running = await start_inference(config)
     log.info(
-        "serving on %s as %s; waiting for weights from %s",
+        "serving on %s as %s; %s",
         config.endpoints.inference,
         running.replica_id,
-        config.endpoints.weightsync,
+        f"waiting for weights from {config.endpoints.weightsync}"
+        if running.watcher is not None
+        else "fixed weights",
     )
     await running.server.serve_forever(on_stop=running.close)
     provider.shutdown()

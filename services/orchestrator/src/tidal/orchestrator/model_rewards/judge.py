@@ -195,11 +195,10 @@ class Judge:
         if kind not in self._logged:
             self._logged.add(kind)
             log.warning(
-                "judge %s at %s: %s %s (the pair scores 0; further %s failures are counted "
-                "in judge/* metrics, not logged)",
+                "judge %r at %s: %s; the pair scores 0 (further %s failures are counted in "
+                "judge/* metrics, not logged)",
                 self.config.model,
                 self.url,
-                kind,
                 why,
                 kind,
             )
