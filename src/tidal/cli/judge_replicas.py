@@ -41,6 +41,8 @@ def assign_judge_urls(config: RunConfig) -> dict[Path, str]:
     for judge in judges:
         assert judge.model_path is not None
         folder = judge.model_path.resolve()
+        if not (folder / "config.json").is_file():
+            raise ConfigError(f"judge model_path {folder} is not a model folder (no config.json)")
         if folder not in urls:
             urls[folder] = f"http://127.0.0.1:{free_port()}/v1"
             names[folder] = judge.model

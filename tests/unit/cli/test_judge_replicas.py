@@ -45,6 +45,8 @@ base_url = "{EXTERNAL}"
 api_key_env = "JUDGE_KEY"
 """
     )
+    judge.mkdir(exist_ok=True)
+    (judge / "config.json").write_text("{}")  # what the launcher checks; the child loads it
     argv = ["@", str(ROOT / "configs" / "default.toml"), "@", str(mixture)]
     return load_config(RunConfig, [*argv, "--run.output-dir", str(tmp_path), *flags], environ={})[0]
 
@@ -87,4 +89,11 @@ def test_a_keyed_openai_endpoint_and_a_served_judge_are_refused_together(tmp_pat
     key.write_text("secret")
     config = run_config(tmp_path, "--inference.http.api-key-file", str(key))
     with pytest.raises(ConfigError, match="api_key_file"):
+        prepare_run_dir(config)
+
+
+def test_a_judge_folder_without_config_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    config = run_config(tmp_path)
+    (tmp_path / "judge" / "config.json").unlink()
+    with pytest.raises(ConfigError, match="not a model folder"):
         prepare_run_dir(config)

@@ -48,7 +48,7 @@ class RewardModel:
         self.config = config
         self._conn, theirs = multiprocessing.Pipe()
         self._process = multiprocessing.get_context("fork").Process(
-            target=_serve, args=(theirs, config), daemon=True, name="reward-model"
+            target=_serve, args=(theirs, self._conn, config), daemon=True, name="reward-model"
         )
         self._process.start()
         theirs.close()
@@ -154,9 +154,10 @@ class RewardModel:
             self._process.join(timeout=5)
 
 
-def _serve(conn: Connection, config: RewardModelConfig) -> None:
+def _serve(conn: Connection, parents: Connection, config: RewardModelConfig) -> None:
     """The worker: load the folder, say so, then score batches until the pipe closes."""
     detach_child()
+    parents.close()  # else the pipe would never close while this process lives
     try:
         scorer = _Scorer(config)
     except Exception as exc:
