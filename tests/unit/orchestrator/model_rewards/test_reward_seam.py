@@ -1,14 +1,18 @@
 """A task with a model reward is scored by it, never by its verifier, with the same reward
-shaping; what scoring cost reaches the step's metrics as summed counters."""
+shaping; what scoring cost reaches the step's metrics as summed counters, and Prometheus."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
+from tidal.common.observability.prometheus import ServiceMetrics
 from tidal.orchestrator.completions import Completion
 from tidal.orchestrator.config import ChatConfig, OrchestratorConfig
+from tidal.orchestrator.prometheus import OrchestratorMetrics
 from tidal.orchestrator.prompt_rendering import PromptRenderer
 from tidal.orchestrator.rollout_generator import Generation, RolloutGenerator
+from tidal.orchestrator.run_log import StepRecord
 from tidal.orchestrator.step_stats import rl_step_extras
 from tidal.orchestrator.tasks import Problem
 from tidal.orchestrator.verifier_pool import VerifyOutcome
@@ -75,3 +79,16 @@ def test_counters_reach_the_steps_metrics() -> None:
         [], [], generation, step=1, truncated=0, dropped_overlong=0, trainer_wait_s=0.0
     )
     assert (extras["judge/calls"], extras["judge/cache_hits"]) == (3.0, 5.0)
+
+
+def test_prometheus_counts_judge_and_reward_model_costs_across_steps() -> None:
+    metrics = ServiceMetrics("orchestrator")
+    prom = OrchestratorMetrics(metrics)
+    extra = {"judge/calls": 3.0, "judge/timeouts": 1.0, "reward_model/inputs": 4.0}
+    for step in (1, 2):
+        prom.step_finished(replace(StepRecord.lost(step), phase="rl", extra=extra))
+    value = metrics.registry.get_sample_value
+    assert value("tidal_orchestrator_judge_calls_total") == 6
+    assert value("tidal_orchestrator_judge_timeouts_total") == 2
+    assert value("tidal_orchestrator_judge_cache_hits_total") == 0
+    assert value("tidal_orchestrator_reward_model_inputs_total") == 8

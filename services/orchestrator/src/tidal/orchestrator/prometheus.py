@@ -20,13 +20,22 @@ from tidal.orchestrator.run_log import StepRecord
 
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 16)
 STALENESS_PREFIX = "staleness/"
-TOOL_COUNTERS = (
+STEP_COUNTERS = (
     ("tools/calls", "tool_calls", "Tool calls in episodes (answered or not valid)"),
     ("tools/parse_failures", "tool_parse_failures",
      "Tool calls that could not run: malformed, an unknown tool, or arguments off-schema"),
     ("tools/errors", "tool_errors", "Tool calls that raised or timed out"),
     ("tools/seconds", "tool_seconds", "Seconds episodes waited for their tool calls"),
+    ("judge/calls", "judge_calls", "Requests sent to judges (retries included)"),
+    ("judge/cache_hits", "judge_cache_hits", "Judged pairs answered from the judge's cache"),
+    ("judge/parse_failures", "judge_parse_failures", "Judge replies with no usable score"),
+    ("judge/timeouts", "judge_timeouts", "Judge requests past their deadline"),
+    ("judge/errors", "judge_errors", "Judge requests refused or failed (HTTP, connection)"),
+    ("judge/seconds", "judge_seconds", "Seconds spent in judge requests"),
+    ("reward_model/inputs", "reward_model_inputs", "Completions scored by reward models"),
+    ("reward_model/seconds", "reward_model_seconds", "Seconds completions waited for them"),
 )  # fmt: skip
+"""Per-step totals in a step's extras (step_stats.py) counted across steps."""
 OFF_POLICY_KL = {"0": "mismatch_kl", "1": "stale_kl/1", "2": "stale_kl/2", "3": "stale_kl/3"}
 OFF_POLICY_KL["4+"] = "stale_kl/4+"
 CORRECTIONS = {"ppo_clip": "clip_frac", "any_mask": "mask_frac"}
@@ -69,9 +78,9 @@ class OrchestratorMetrics:
             "tidal_orchestrator_reward_mean", "Mean reward of the last RL step"
         )
         self.last_step = metrics.gauge("tidal_orchestrator_last_step", "The newest finished step")
-        self.tools = {
+        self.counters = {
             key: metrics.counter(f"tidal_orchestrator_{name}", help_text)
-            for key, name, help_text in TOOL_COUNTERS
+            for key, name, help_text in STEP_COUNTERS
         }
         self.episode_turns = metrics.gauge(
             "tidal_orchestrator_episode_turns_mean", "Mean model turns per episode, last RL step"
@@ -108,7 +117,7 @@ class OrchestratorMetrics:
             self.generate_seconds.observe(step.generate_seconds)
             if step.reward_mean is not None:
                 self.reward.set(step.reward_mean)
-            for key, counter in self.tools.items():
+            for key, counter in self.counters.items():
                 counter.inc(step.extra.get(key, 0.0))
             if "episode/turns_mean" in step.extra:
                 self.episode_turns.set(step.extra["episode/turns_mean"])
