@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from ..hf_folders import build_model_folder
 
 STEPS, PROMPTS, GROUP = 2, 2, 4
@@ -44,7 +42,6 @@ timeout_s = 120
     return run_file
 
 
-@pytest.mark.slow
 def test_a_judge_scored_task_runs_with_a_judge_replica(launch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     judge = build_model_folder(tmp_path / "judge", "qwen3")
     run = launch("@", str(_run_file(tmp_path, judge)), "--grpc.shutdown-grace-s", "0.5")
