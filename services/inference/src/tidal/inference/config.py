@@ -66,6 +66,9 @@ class OpenAIHttpConfig(BaseConfig):
     """Largest request body; a larger one is refused 413 before it is parsed. It bounds
     the memory and JSON-parsing time one request costs; keep it above a few times
     `inference.limits.max_prompt_bytes`, since JSON escapes can be 6 bytes a character."""
+    tool_parser: Literal["auto", "hermes", "llama3_json", "byte"] = "auto"
+    """How chat replies are read for the `tools` a request offers (`tidal.text.tool_calls`,
+    as `orchestrator.tools.parser`): "auto" picks the served chat template's format."""
 
     @model_validator(mode="after")
     def _loopback_unless_secured(self) -> OpenAIHttpConfig:

@@ -177,6 +177,7 @@ async def start_openai_http(
         limits=config.inference.limits,
         key_digest=digest,
         max_body_bytes=http.max_body_bytes,
+        tool_parser=http.tool_parser,
     )
     server = OpenAIServer(endpoint, http, tls=tls)
     await server.start()

@@ -49,8 +49,10 @@ from tidal.inference.openai_protocol import (
     parse_completion,
     tidal_extension,
 )
+from tidal.inference.openai_tools import tool_reply
 from tidal.inference.request_checks import DEFAULT_LIMITS, check_against_model
 from tidal.text.tokenizer import Tokenizer
+from tidal.text.tool_calls import ParserName, tool_call_parser
 
 log = logging.getLogger(__name__)
 
@@ -152,8 +154,10 @@ class OpenAIEndpoint:
         limits: RequestLimits = DEFAULT_LIMITS,
         key_digest: str | None = None,
         max_body_bytes: int = OpenAIHttpConfig().max_body_bytes,
+        tool_parser: ParserName = "auto",
     ) -> None:
         self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
+        self.tool_parser = tool_call_parser(tokenizer, tool_parser)
         self.limits, self.max_body_bytes = limits, max_body_bytes
         self.created = int(time.time())
         middlewares = [openai_errors] + ([] if key_digest is None else [bearer_key(key_digest)])
@@ -232,6 +236,7 @@ class _Reply:
         n = parsed.params.n
         self.trims = [StopTrim(parsed.params.stop) for _ in range(n)]
         self.text_len = [0] * n
+        self.tool_streams = [parsed.tools.stream(endpoint.tool_parser) for _ in range(n)]
         self.generated = 0
 
     def _usage(self) -> dict[str, int]:
@@ -248,6 +253,12 @@ class _Reply:
         if self.chat:
             key = "delta" if stream else "message"
             choice[key] = {"role": "assistant", "content": text}
+            calls = self.tool_streams[c.index]
+            if calls is not None:
+                last = c.finish_reason is not None
+                choice[key].update(tool_reply(calls, text, last=last, streamed=stream))
+                if calls.calls and c.finish_reason == "stop":
+                    choice["finish_reason"] = "tool_calls"
             choice["logprobs"] = (
                 chat_logprobs(self.tokenizer, c) if self.parsed.want_logprobs else None
             )

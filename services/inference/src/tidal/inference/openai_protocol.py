@@ -16,6 +16,13 @@ from typing import Any
 from tidal.common.errors import InvalidArgument
 from tidal.inference.config import RequestLimits
 from tidal.inference.engine import Completion
+from tidal.inference.openai_tools import (
+    NO_TOOLS,
+    ChatTools,
+    chat_tools,
+    message_tool_fields,
+    tool_text,
+)
 from tidal.inference.request_checks import (
     DEFAULT_LIMITS,
     check_prompt_count,
@@ -26,7 +33,7 @@ from tidal.inference.sampling import SamplingParams
 from tidal.text.tokenizer import Tokenizer
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
-_REFUSED = ("echo", "logit_bias", "suffix", "tools", "tool_choice", "functions", "response_format")
+_REFUSED = ("echo", "logit_bias", "suffix", "functions", "function_call", "response_format")
 _PENALTIES = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1}
 
 
@@ -42,6 +49,8 @@ class ParsedRequest:
     include_usage: bool
     max_tokens_field: str = "max_tokens"
     """How this endpoint names the completion length (chat: `max_completion_tokens`)."""
+    tools: ChatTools = NO_TOOLS
+    """The chat request's tools, and whether its text is read for calls."""
 
     def field_name(self, name: str) -> str:
         """The OpenAI parameter a `SamplingParams` field came from (for error messages)."""
@@ -168,7 +177,7 @@ def parse_completion(
     )
 
 
-def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
+def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidArgument("messages", "must be a non-empty list of messages")
@@ -186,7 +195,9 @@ def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise InvalidArgument(f"messages[{i}].content", "must be a string or text parts")
-        rendered.append({"role": message["role"], "content": content})
+        rendered.append(
+            {"role": message["role"], "content": content, **message_tool_fields(i, message)}
+        )
     return rendered
 
 
@@ -199,10 +210,14 @@ def parse_chat(
         body, eos_ids=tokenizer.eos_ids, max_tokens_key="max_completion_tokens", limits=limits
     )
     template_kwargs = _typed(body, "chat_template_kwargs", dict, {})
+    tools = chat_tools(body)
     messages = _messages(body)
-    check_prompt_text("".join(m["content"] for m in messages), "messages", limits)
+    text = "".join(m["content"] for m in messages) + tool_text(tools, messages)
+    check_prompt_text(text, "messages", limits)
     try:
-        prompt_ids = tokenizer.encode_chat(messages, add_generation_prompt=True, **template_kwargs)
+        prompt_ids = tokenizer.encode_chat(
+            messages, add_generation_prompt=True, tools=tools.template_tools(), **template_kwargs
+        )
     except Exception as e:  # the template is the model's code: any refusal is the request's
         raise InvalidArgument("messages", f"the chat template refused them: {e}") from e
     want_logprobs = _typed(body, "logprobs", bool, False)
@@ -221,6 +236,7 @@ def parse_chat(
         want_logprobs=want_logprobs,
         include_usage=include_usage,
         max_tokens_field="max_completion_tokens",
+        tools=tools,
     )
 
 
