@@ -102,6 +102,16 @@ def test_malformed_json_is_an_invalid_call_not_an_exception(fmt: str) -> None:
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("depth", [300, 5000])
+def test_deeply_nested_arguments_are_an_invalid_call_not_a_recursion_error(
+    fmt: str, depth: int
+) -> None:
+    args = '{"key": ' + "[" * depth + "]" * depth + "}"
+    (call,) = _parser(fmt).parse(_call(fmt, "lookup", args), TOOLS).calls
+    assert isinstance(call, InvalidCall)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_an_unknown_tool_is_named_in_the_error(fmt: str) -> None:
     (call,) = _parser(fmt).parse(_call(fmt, "search", '{"q": "x"}'), TOOLS).calls
     assert isinstance(call, InvalidCall)

@@ -67,6 +67,8 @@ def check_call(
             arguments = json.loads(arguments) if arguments.strip() else {}
         except json.JSONDecodeError as e:
             return InvalidCall(text, f"arguments of {name} are not JSON: {e.msg}", name)
+        except RecursionError:
+            return InvalidCall(text, f"arguments of {name} are nested too deeply", name)
     if arguments is None:
         arguments = {}
     if not isinstance(arguments, dict):
@@ -81,6 +83,8 @@ def check_call(
     except jsonschema.ValidationError as e:
         where = "/".join(str(p) for p in e.absolute_path) or "arguments"
         return InvalidCall(text, f"{name}: {where}: {e.message}", name)
+    except RecursionError:
+        return InvalidCall(text, f"arguments of {name} are nested too deeply", name)
     return ToolCall(name, arguments)
 
 
@@ -137,6 +141,8 @@ class HermesParser(_TaggedParser):
             value = json.loads(body)
         except json.JSONDecodeError as e:
             return InvalidCall(text, f"tool call is not JSON: {e.msg}")
+        except RecursionError:
+            return InvalidCall(text, "tool call is nested too deeply")
         if not isinstance(value, dict):
             return InvalidCall(text, "tool call must be a JSON object with name and arguments")
         return check_call(value.get("name"), value.get("arguments"), text, tools)
@@ -179,6 +185,9 @@ class Llama3JsonParser(ToolCallParser):
                 value, end = decoder.raw_decode(body, at)
             except json.JSONDecodeError as e:
                 calls.append(InvalidCall(body[at:], f"tool call is not JSON: {e.msg}"))
+                break
+            except RecursionError:
+                calls.append(InvalidCall(body[at:], "tool call is nested too deeply"))
                 break
             piece = body[at:end]
             if not isinstance(value, dict):
