@@ -736,7 +736,7 @@ json_values = st.recursive(
 OPENAI_FIELDS = (  # noqa: SIM905
     "prompt messages max_tokens max_completion_tokens n temperature top_p top_k min_p seed "
     "stop stop_token_ids logprobs top_logprobs stream stream_options ignore_eos best_of echo "
-    "chat_template_kwargs"
+    "chat_template_kwargs tools tool_choice parallel_tool_calls"
 ).split()
 openai_bodies = st.fixed_dictionaries(
     {"model": st.sampled_from(["tidal", "other"])},

@@ -132,6 +132,12 @@ def test_llama3_json_streams_prose_as_soon_as_it_is_not_a_call() -> None:
     assert assert_streams_like_whole(Llama3JsonParser(), "{broken")[0] == "{broken"
 
 
+def test_a_call_whose_schema_cannot_be_resolved_stays_content() -> None:
+    dangling = {"type": "function", "function": {"name": "f", "parameters": {"$ref": "#/nope"}}}
+    text = '<tool_call>{"name": "f", "arguments": {}}</tool_call>'
+    assert ToolCallStream(HERMES, [dangling]).push(text, last=True) == (text, [])
+
+
 def test_each_call_has_its_own_id() -> None:
     stream = ToolCallStream(HERMES, TOOLS)
     call = '<tool_call>{"name": "now", "arguments": {}}</tool_call>'

@@ -43,6 +43,7 @@ class ToolCallStream:
         self._text = ""  # received, not yet sent or resolved
         self._blank = ""  # trailing whitespace of sent content, held back
         self._after_call = False  # whitespace right after a call is dropped
+        self._close_from = 0  # where the open call's close tag may start, at the earliest
         self._whole_turn: bool | None = None
 
     def push(self, piece: str, *, last: bool) -> tuple[str, list[StreamedCall]]:
@@ -59,11 +60,14 @@ class ToolCallStream:
                 content.append(self._content(self._text[: len(self._text) - keep]))
                 self._text = self._text[len(self._text) - keep :]
                 break
-            end = self._text.find(self.close_tag, start + len(self.open_tag))
+            scan = max(start + len(self.open_tag), self._close_from if start == 0 else 0)
+            end = self._text.find(self.close_tag, scan)
             if end < 0 and not last:
                 content.append(self._content(self._text[:start]))
                 self._text = self._text[start:]
+                self._close_from = len(self._text) - len(self.close_tag) + 1
                 break
+            self._close_from = 0
             content.append(self._content(self._text[:start]))
             stop = len(self._text) if end < 0 else end + len(self.close_tag)
             call_text, self._text = self._text[start:stop], self._text[stop:]
@@ -118,7 +122,7 @@ class ToolCallStream:
     def _parse(self, text: str) -> ParsedTurn:
         try:
             return self.parser.parse(text, self.tools)
-        except (SchemaError, Unresolvable, RecursionError) as e:  # the client's schema
+        except (SchemaError, Unresolvable) as e:  # a request's schema the parser cannot use
             return ParsedTurn("", (InvalidCall(text, f"cannot check the call: {e}"),))
 
     def _streamed(self, call: ToolCall) -> StreamedCall:
