@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import openai
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -44,6 +45,7 @@ TOOLS: list[dict[str, Any]] = [
         "function": {
             "name": "lookup",
             "description": "the value of a key",
+            "strict": True,  # what the client's stream helper asks to parse the arguments
             "parameters": {
                 "type": "object",
                 "properties": {"key": {"type": "string"}},
@@ -194,6 +196,18 @@ async def test_streamed_deltas_carry_the_call_and_then_the_answer(
         assert not any(p.tool_calls for p in pieces) and len(pieces) > 1
 
 
+async def test_the_clients_stream_helper_accumulates_the_message(
+    weightsync_server: Any, tmp_path: Path
+) -> None:
+    async with tool_replica(weightsync_server, tmp_path) as client:
+        async with client.chat.completions.stream(messages=[ASK], **REQUEST) as stream:
+            final = (await stream.get_final_completion()).choices[0]
+        assert final.finish_reason == "tool_calls"
+        assert final.message.role == "assistant" and final.message.content is None
+        (call,) = final.message.tool_calls or []
+        assert call.function.name == "lookup" and call.function.parsed_arguments == ARGUMENTS
+
+
 async def test_tool_choice_none_returns_the_call_text_as_content(
     weightsync_server: Any, tmp_path: Path
 ) -> None:
@@ -202,3 +216,13 @@ async def test_tool_choice_none_returns_the_call_text_as_content(
         choice = reply.choices[0]
         assert choice.finish_reason == "stop" and choice.message.tool_calls is None
         assert choice.message.content == '<call>lookup {"key": "alpha"}</call>'
+
+
+async def test_a_tool_choice_that_forces_a_call_is_a_400_naming_it(
+    weightsync_server: Any, tmp_path: Path
+) -> None:
+    async with tool_replica(weightsync_server, tmp_path) as client:
+        for choice in ("required", {"type": "function", "function": {"name": "lookup"}}):
+            with pytest.raises(openai.BadRequestError) as caught:
+                await client.chat.completions.create(messages=[ASK], tool_choice=choice, **REQUEST)
+            assert caught.value.param == "tool_choice" and "tool_choice" in caught.value.message

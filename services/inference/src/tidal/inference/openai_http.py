@@ -236,6 +236,7 @@ class _Reply:
         n = parsed.params.n
         self.trims = [StopTrim(parsed.params.stop) for _ in range(n)]
         self.text_len = [0] * n
+        self.opened: set[int] = set()  # choices whose first chunk went out
         self.tool_streams = [parsed.tools.stream(endpoint.tool_parser) for _ in range(n)]
         self.generated = 0
 
@@ -252,7 +253,10 @@ class _Reply:
         choice: dict[str, Any] = {"index": c.index, "finish_reason": c.finish_reason}
         if self.chat:
             key = "delta" if stream else "message"
-            choice[key] = {"role": "assistant", "content": text}
+            # OpenAI names the role in a choice's first delta only; clients concatenate it
+            first = not stream or c.index not in self.opened
+            choice[key] = {"role": "assistant", "content": text} if first else {"content": text}
+            self.opened.add(c.index)
             calls = self.tool_streams[c.index]
             if calls is not None:
                 last = c.finish_reason is not None

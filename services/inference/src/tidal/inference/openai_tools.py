@@ -2,10 +2,10 @@
 messages in, `tool_calls` out.
 
 Plain dicts in, plain dicts out, errors `InvalidArgument` naming the OpenAI field. Tools
-are checked when the request arrives (names, JSON schemas with local `$ref`s only), so
-checking a generated call against them cannot fail later. A call's `arguments` arrive as
-a JSON string and reach the chat template as an object, as templates read them; calls
-go out with `arguments` as a JSON string again.
+are checked when the request arrives (names, JSON schemas with local `$ref`s only, so
+checking a call never fetches anything). A call's `arguments` arrive as a JSON string and
+reach the chat template as an object, as templates read them; calls go out with
+`arguments` as a JSON string again.
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def tool_reply(stream: ToolCallStream, text: str, *, last: bool, streamed: bool)
     """A message's (or delta's) `content` and `tool_calls` for this piece of its text."""
     content, calls = stream.push(text, last=last)
     if not calls:
-        return {"content": content}
+        return {"content": content or (None if streamed else "")}
     return {"content": content or None, "tool_calls": openai_calls(calls, streamed=streamed)}
 
 
