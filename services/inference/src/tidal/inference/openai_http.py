@@ -257,11 +257,11 @@ class _Reply:
             first = not stream or c.index not in self.opened
             choice[key] = {"role": "assistant", "content": text} if first else {"content": text}
             self.opened.add(c.index)
-            calls = self.tool_streams[c.index]
-            if calls is not None:
+            tools = self.tool_streams[c.index]
+            if tools is not None:
                 last = c.finish_reason is not None
-                choice[key].update(tool_reply(calls, text, last=last, streamed=stream))
-                if calls.calls and c.finish_reason == "stop":
+                choice[key].update(tool_reply(tools, text, last=last, streamed=stream))
+                if tools.calls and c.finish_reason == "stop":
                     choice["finish_reason"] = "tool_calls"
             choice["logprobs"] = (
                 chat_logprobs(self.tokenizer, c) if self.parsed.want_logprobs else None
