@@ -41,6 +41,8 @@ class TokenizerFiles:
     chat_template_origin: str
     generation_eos_ids: tuple[int, ...]
     model_vocab_size: int | None
+    response_template: dict[str, Any] | None = None
+    """tokenizer_config.json's `response_template` (how `transformers` parses a reply)."""
 
 
 def token_string(value: Any, *, where: str) -> str | None:
@@ -140,4 +142,7 @@ def read_tokenizer_files(folder: Path) -> TokenizerFiles:
             eos_source.get("eos_token_id"), where=f"{folder} eos_token_id"
         ),
         model_vocab_size=vocab if isinstance(vocab, int) else None,
+        response_template=response
+        if isinstance(response := config.get("response_template"), dict)
+        else None,
     )
