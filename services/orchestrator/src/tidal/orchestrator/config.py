@@ -34,6 +34,7 @@ __all__ = [
     "ImportTaskConfig",
     "OrchestratorConfig",
     "OrchestratorRunConfig",
+    "ReasoningConfig",
     "ReversalTaskConfig",
     "SamplingConfig",
     "StalenessConfig",
@@ -95,7 +96,27 @@ class ChatConfig(BaseConfig):
     only: setting it with the template off is an error)."""
     template_kwargs: dict[str, Any] = {}
     """Extra variables for the template, e.g. `{ enable_thinking = false }` for Qwen3
-    (template only: setting them with the template off is an error)."""
+    (template only: setting them with the template off is an error). Qwen3 thinks unless
+    told `enable_thinking = false`; `orchestrator.reasoning` splits its thinking off."""
+
+
+class ReasoningConfig(BaseConfig):
+    """Reasoning models: the thinking block split off before verification (docs/agents.md)."""
+
+    parser: Literal["auto", "none", "think"] = "auto"
+    """How a completion's reasoning is found: "auto" uses the tokenizer's own markers (a
+    `response_template`'s reasoning field in tokenizer_config.json, else `<think>`/`</think>`
+    where the vocabulary or the chat template has them; none for the byte tokenizer);
+    "think" always `<think>…</think>`; "none" treats every completion as the answer.
+    Verifiers, tool-call parsing and environments see the answer only; the reasoning tokens
+    stay trained. A completion that does not open with the start marker is all answer (or
+    all reasoning when the template opens the block in the prompt); an unclosed block is
+    all reasoning with an empty answer."""
+    format_weight: float = Field(default=0.0, ge=0, le=1)
+    """Weight w of a format reward: the reward advantages use is (1 - w) × verifier reward
+    + w × format, where format is 1 for a closed reasoning block followed by a non-empty
+    answer (every turn of an episode) and 0 otherwise. 0 disables it. Reported rewards
+    and pass rates stay the verifier's."""
 
 
 class ToolsConfig(BaseConfig):
@@ -305,6 +326,8 @@ class OrchestratorConfig(BaseConfig):
     """Chat-template rendering of prompts (template, system prompt, template kwargs)."""
     tools: ToolsConfig = ToolsConfig()
     """Tool calling in episodes (parser, turn and token budget, call deadline)."""
+    reasoning: ReasoningConfig = ReasoningConfig()
+    """Reasoning models: the reasoning parser and the format reward."""
     wandb: WandbConfig = WandbConfig()
     """Optional Weights & Biases logging of the per-step metrics."""
 

@@ -6,7 +6,8 @@ becomes one Completion whose environment tokens have loss mask 0 and logprob 0. 
 become ids through the prompt renderer's `EpisodeTurns`, which only appends, so the
 trainer gets exactly the ids the policy saw. A turn cut by max_tokens ends the episode.
 With tools, the reply to a turn is its calls' results, and a turn without calls (or the
-end of the turn or token budget) ends the episode.
+end of the turn or token budget) ends the episode. Environments and tool-call parsing see
+each turn's answer (`answer_of`: a reasoning model's thinking split off).
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ async def run_episode(
     seed: int,
     request_id: str,
     tools: ToolUse | None = None,
+    answer_of: Callable[[str], str] | None = None,
 ) -> Completion:
     """Episode `index` of a group: alternate model turns and environment replies (tool
     results when `tools` is given, else `task.env_step`)."""
@@ -139,7 +141,8 @@ async def run_episode(
         stopped = turn.stopped
         if not stopped:
             break
-        reply = await _environment_reply(task, problem, turns, episode, tools)
+        answers = turns if answer_of is None else [answer_of(t) for t in turns]
+        reply = await _environment_reply(task, problem, answers, episode, tools)
         if reply is None:
             break
         env_ids, done, spent = reply

@@ -253,6 +253,7 @@ class RLLoop:
             truncated=truncated,
             dropped_overlong=dropped_overlong,
             trainer_wait_s=trainer_wait,
+            reasoning=self.generator.reasoning.markers is not None,
         )
         record = partial(
             self._record,

@@ -36,6 +36,14 @@ STEP_COUNTERS = (
     ("reward_model/seconds", "reward_model_seconds", "Seconds completions waited for them"),
 )  # fmt: skip
 """Per-step totals in a step's extras (step_stats.py) counted across steps."""
+REASONING_GAUGES = (
+    ("reasoning/reasoning_chars_mean", "reasoning_chars_mean",
+     "Mean reasoning characters per completion, last RL step (reasoning models)"),
+    ("reasoning/answer_chars_mean", "answer_chars_mean",
+     "Mean answer characters per completion (reasoning split off), last RL step"),
+    ("reasoning/well_formed_fraction", "reasoning_well_formed_fraction",
+     "Share of the last RL step's completions with a closed reasoning block then an answer"),
+)  # fmt: skip
 OFF_POLICY_KL = {"0": "mismatch_kl", "1": "stale_kl/1", "2": "stale_kl/2", "3": "stale_kl/3"}
 OFF_POLICY_KL["4+"] = "stale_kl/4+"
 CORRECTIONS = {"ppo_clip": "clip_frac", "any_mask": "mask_frac"}
@@ -85,6 +93,10 @@ class OrchestratorMetrics:
         self.episode_turns = metrics.gauge(
             "tidal_orchestrator_episode_turns_mean", "Mean model turns per episode, last RL step"
         )
+        self.reasoning = {
+            key: metrics.gauge(f"tidal_orchestrator_{name}", help_text)
+            for key, name, help_text in REASONING_GAUGES
+        }
         self.off_policy_kl = metrics.gauge(
             "tidal_orchestrator_off_policy_kl",
             "k3 KL(behaviour ‖ trainer) of the last RL step's loss tokens by staleness: "
@@ -121,6 +133,9 @@ class OrchestratorMetrics:
                 counter.inc(step.extra.get(key, 0.0))
             if "episode/turns_mean" in step.extra:
                 self.episode_turns.set(step.extra["episode/turns_mean"])
+            for key, gauge in self.reasoning.items():
+                if key in step.extra:
+                    gauge.set(step.extra[key])
             for key, count in step.extra.items():
                 if key.startswith(STALENESS_PREFIX) and key[len(STALENESS_PREFIX) :].isdigit():
                     age = int(key[len(STALENESS_PREFIX) :])

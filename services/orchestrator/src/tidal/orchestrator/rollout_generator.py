@@ -5,6 +5,7 @@ baseline, dynamic sampling, ReMax's greedy completion) happens here, so the loop
 finished groups. Request seeds derive from (run seed, step, round, prompt), so rollouts do
 not depend on how steps interleaved. Every call passes the in-flight limiter; a multi-turn
 group's calls share an affinity key, so its turns find their prefix on one replica.
+Verifiers see each completion's answer, its reasoning split off by the run's parser.
 """
 
 from __future__ import annotations
@@ -33,7 +34,16 @@ from tidal.orchestrator.seeds import derive_seed
 from tidal.orchestrator.tasks.base import Problem
 from tidal.orchestrator.tool_execution import ToolUse
 from tidal.orchestrator.verifier_pool import VerifierPool, VerifyOutcome
+from tidal.text.reasoning import Reasoned, generation_opens, reasoning_parser
 from tidal.text.tool_calls import tool_call_parser
+
+Split = tuple[Reasoned, ...]
+"""A completion split into reasoning and answer, per model turn (one for single-turn)."""
+
+
+def format_score(turns: Split) -> float:
+    """1.0 when every turn is reasoning then a closed block then an answer, else 0.0."""
+    return float(all(t.well_formed for t in turns))
 
 
 @dataclass
@@ -45,6 +55,8 @@ class Group:
     shaped: list[float]
     advantages: np.ndarray  # float32 (G,)
     greedy_reward: float | None = None
+    splits: list[Split] = field(default_factory=list)
+    """Each completion's reasoning and answer."""
 
     @property
     def rewards(self) -> list[float]:
@@ -98,6 +110,18 @@ class RolloutGenerator:
         self.tokenizer = prompts.tokenizer
         self.max_tokens = max_tokens
         self.tool_parser = tool_call_parser(self.tokenizer, config.tools.parser)
+        self.reasoning = reasoning_parser(self.tokenizer, config.reasoning.parser)
+        self.reasoning_opened = prompts.template and generation_opens(
+            self.reasoning, self.tokenizer, **prompts.rendering.template_kwargs
+        )
+        """Whether the template's generation prompt opens the reasoning block itself."""
+
+    def split(self, text: str) -> Reasoned:
+        """A completion's (or turn's) text as reasoning and answer."""
+        return self.reasoning.split(text, opened=self.reasoning_opened)
+
+    def answer_of(self, text: str) -> str:
+        return self.split(text).answer
 
     async def complete(
         self,
@@ -158,6 +182,7 @@ class RolloutGenerator:
                 seed=seed,
                 request_id=request_id,
                 tools=tools,
+                answer_of=self.answer_of,
             )
             for i in range(n)
         )
@@ -165,27 +190,35 @@ class RolloutGenerator:
 
     async def score(
         self, problem: Problem, completions: list[Completion]
-    ) -> tuple[list[VerifyOutcome], list[float]]:
+    ) -> tuple[list[VerifyOutcome], list[float], list[Split]]:
+        """Verifier outcomes of the completions' answers, the shaped rewards advantages use
+        (format reward and length penalties), and each completion's split."""
+        splits = [
+            tuple(map(self.split, c.turns or (self.tokenizer.decode(c.token_ids),)))
+            for c in completions
+        ]
         texts: list[str | list[str]] = [
-            list(c.turns) if c.turns else self.tokenizer.decode(c.token_ids) for c in completions
+            [t.answer for t in s] if c.turns else s[0].answer
+            for c, s in zip(completions, splits, strict=True)
         ]
         model_reward = self.model_rewards.get(problem.task)
         if model_reward is not None:
             outcomes = await model_reward.score(problem, texts)
         else:
             outcomes = await self.verifier.verify_all([(problem, t) for t in texts])
+        weight = self.config.reasoning.format_weight
         shaped = [
             shape_reward(
-                o.reward,
+                (1.0 - weight) * o.reward + weight * format_score(s),
                 len(c.policy_versions),  # model tokens (an episode's environment text is free)
                 self.max_tokens,
                 overlong_buffer=self.config.rewards.overlong_buffer_tokens,
                 overlong_max_penalty=self.config.rewards.overlong_penalty,
                 length_penalty=self.config.rewards.length_penalty,
             )
-            for o, c in zip(outcomes, completions, strict=True)
+            for o, c, s in zip(outcomes, completions, splits, strict=True)
         ]
-        return outcomes, shaped
+        return outcomes, shaped, splits
 
     async def group(self, step: int, round_: int, index: int, problem: Problem) -> Group:
         prompt = self.prompts.prompt_ids(problem)
@@ -209,10 +242,10 @@ class RolloutGenerator:
             )
         results = await asyncio.gather(*calls)
         completions = results[0]
-        outcomes, shaped = await self.score(problem, completions)
+        outcomes, shaped, splits = await self.score(problem, completions)
         greedy_reward = None
         if self.config.advantages.algorithm == "remax":
-            _, greedy_shaped = await self.score(problem, results[1])
+            _, greedy_shaped, _ = await self.score(problem, results[1])
             greedy_reward = greedy_shaped[0]
         advantages = compute_advantages(
             self.config.advantages.algorithm,
@@ -221,7 +254,7 @@ class RolloutGenerator:
             greedy_reward=greedy_reward,
         )
         return Group(
-            problem, tuple(prompt), completions, outcomes, shaped, advantages, greedy_reward
+            problem, tuple(prompt), completions, outcomes, shaped, advantages, greedy_reward, splits
         )
 
     async def generate_step(

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from tidal.orchestrator.completions import ScoredSample, ToolStats
-from tidal.orchestrator.rollout_generator import Generation
+from tidal.orchestrator.rollout_generator import Generation, format_score
 from tidal.orchestrator.staleness import version_staleness
 
 
@@ -71,6 +71,24 @@ def episode_stats(scored: Sequence[ScoredSample]) -> dict[str, float]:
     return out
 
 
+def reasoning_stats(generation: Generation, *, parsed: bool) -> dict[str, float]:
+    """Mean reasoning and answer characters per completion (an episode's turns summed) and
+    the share of well-formed ones, over the step's kept groups (nothing when `parsed` is
+    false: the run splits no reasoning)."""
+    splits = [s for g in generation.groups for s in g.splits]
+    if not parsed or not splits:
+        return {}
+    return {
+        "reasoning/reasoning_chars_mean": float(
+            np.mean([sum(len(t.reasoning) for t in s) for s in splits])
+        ),
+        "reasoning/answer_chars_mean": float(
+            np.mean([sum(len(t.answer) for t in s) for s in splits])
+        ),
+        "reasoning/well_formed_fraction": float(np.mean([format_score(s) for s in splits])),
+    }
+
+
 def rl_step_extras(
     scored: Sequence[ScoredSample],
     kept: Sequence[ScoredSample],
@@ -80,6 +98,7 @@ def rl_step_extras(
     truncated: int,
     dropped_overlong: int,
     trainer_wait_s: float,
+    reasoning: bool = False,
 ) -> dict[str, float]:
     extras = per_task(scored, generation)
     extras.update(_stats("advantage", [s.advantage for s in kept]))
@@ -101,6 +120,7 @@ def rl_step_extras(
         extras[f"verifier_failures/{kind}"] = float(count)
     extras.update(generation.counters)  # judge/*, reward_model/*
     extras.update(episode_stats(scored))
+    extras.update(reasoning_stats(generation, parsed=reasoning))
     extras["wait/trainer_s"] = trainer_wait_s
     extras["wait/policy_s"] = generation.policy_wait_seconds
     return extras
