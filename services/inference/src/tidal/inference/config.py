@@ -69,6 +69,12 @@ class OpenAIHttpConfig(BaseConfig):
     tool_parser: Literal["auto", "hermes", "llama3_json", "byte"] = "auto"
     """How chat replies are read for the `tools` a request offers (`tidal.text.tool_calls`,
     as `orchestrator.tools.parser`): "auto" picks the served chat template's format."""
+    reasoning_parser: Literal["auto", "none", "think"] = "auto"
+    """How a chat completion's reasoning is split off into the message's (and the streamed
+    deltas') `reasoning_content`: "auto" uses the tokenizer's own markers (a
+    `response_template`'s reasoning field in tokenizer_config.json, else `<think>`/`</think>`
+    where the vocabulary or chat template has them; none for the byte tokenizer), "think"
+    always `<think>…</think>`, "none" returns all text as `content`."""
 
     @model_validator(mode="after")
     def _loopback_unless_secured(self) -> OpenAIHttpConfig:

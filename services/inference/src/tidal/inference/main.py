@@ -178,6 +178,7 @@ async def start_openai_http(
         key_digest=digest,
         max_body_bytes=http.max_body_bytes,
         tool_parser=http.tool_parser,
+        reasoning=http.reasoning_parser,
     )
     server = OpenAIServer(endpoint, http, tls=tls)
     await server.start()

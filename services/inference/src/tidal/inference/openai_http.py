@@ -2,13 +2,14 @@
 
 `GET /v1/models`, `POST /v1/completions` and `POST /v1/chat/completions` (streamed as
 server-sent events), each choice carrying the `"tidal"` extension: the token ids and the
-policy version of each. aiohttp runs on the service's own loop, so handlers call the same
-engine as gRPC with no thread hop; the same request checks apply, and engine errors map to
-OpenAI-style error bodies (400, 404, 429, 503). A streamed request pulls the first piece
-before sending headers, so a refusal is an HTTP error, not a broken stream; a handler that
-ends cancels its request in the engine. With an API key, every request is checked before
-its body is read (only the key's sha256 is held, compared in constant time); with TLS it
-serves the inference role's certificate; beyond loopback both are required (config.py).
+policy version of each; a chat choice's reasoning is its `reasoning_content`. aiohttp
+runs on the service's own loop, so handlers call the same engine as gRPC with no thread
+hop; the same request checks apply, and engine errors map to OpenAI-style error bodies
+(400, 404, 429, 503). A streamed request pulls the first piece before sending headers, so
+a refusal is an HTTP error, not a broken stream; a handler that ends cancels its request
+in the engine. With an API key, every request is checked before its body is read (only
+the key's sha256 is held, compared in constant time); with TLS it serves the inference
+role's certificate; beyond loopback both are required (config.py).
 """
 
 from __future__ import annotations
@@ -49,8 +50,10 @@ from tidal.inference.openai_protocol import (
     parse_completion,
     tidal_extension,
 )
+from tidal.inference.openai_reasoning import ChoiceReasoning
 from tidal.inference.openai_tools import tool_reply
 from tidal.inference.request_checks import DEFAULT_LIMITS, check_against_model
+from tidal.text.reasoning import ReasoningMode, ReasoningParser, reasoning_parser
 from tidal.text.tokenizer import Tokenizer
 from tidal.text.tool_calls import ParserName, tool_call_parser
 
@@ -155,9 +158,11 @@ class OpenAIEndpoint:
         key_digest: str | None = None,
         max_body_bytes: int = OpenAIHttpConfig().max_body_bytes,
         tool_parser: ParserName = "auto",
+        reasoning: ReasoningMode = "auto",
     ) -> None:
         self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
         self.tool_parser = tool_call_parser(tokenizer, tool_parser)
+        self.reasoning = reasoning_parser(tokenizer, reasoning)
         self.limits, self.max_body_bytes = limits, max_body_bytes
         self.created = int(time.time())
         middlewares = [openai_errors] + ([] if key_digest is None else [bearer_key(key_digest)])
@@ -235,6 +240,8 @@ class _Reply:
         }
         n = parsed.params.n
         self.trims = [StopTrim(parsed.params.stop) for _ in range(n)]
+        parser = endpoint.reasoning if chat else ReasoningParser()  # completions: text only
+        self.reasoning = ChoiceReasoning(parser, self.tokenizer, parsed.prompt_ids, n)
         self.text_len = [0] * n
         self.opened: set[int] = set()  # choices whose first chunk went out
         self.tool_streams = [parsed.tools.stream(endpoint.tool_parser) for _ in range(n)]
@@ -249,18 +256,20 @@ class _Reply:
         }
 
     def _choice(self, c: Completion, *, stream: bool) -> dict[str, Any]:
-        text = self.trims[c.index].push(c.text, last=c.finish_reason is not None)
+        last = c.finish_reason is not None
+        text = self.trims[c.index].push(c.text, last=last)
         choice: dict[str, Any] = {"index": c.index, "finish_reason": c.finish_reason}
         if self.chat:
             key = "delta" if stream else "message"
             # OpenAI names the role in a choice's first delta only; clients concatenate it
             first = not stream or c.index not in self.opened
-            choice[key] = {"role": "assistant", "content": text} if first else {"content": text}
+            message = self.reasoning.message(c.index, text, last=last, stream=stream)
+            choice[key] = {"role": "assistant", **message} if first else message
             self.opened.add(c.index)
             tools = self.tool_streams[c.index]
-            if tools is not None:
-                last = c.finish_reason is not None
-                choice[key].update(tool_reply(tools, text, last=last, streamed=stream))
+            if tools is not None:  # calls are read from the answer, never the reasoning
+                answer = message["content"]
+                choice[key].update(tool_reply(tools, answer, last=last, streamed=stream))
                 if tools.calls and c.finish_reason == "stop":
                     choice["finish_reason"] = "tool_calls"
             choice["logprobs"] = (
