@@ -155,3 +155,21 @@ def test_generation_opens_when_the_template_writes_think_into_the_prompt(
     )
     assert generation_opens(reasoning_parser(r1_style), r1_style)
     assert not generation_opens(ReasoningParser(None), r1_style)
+
+
+def test_markers_that_are_special_tokens_are_named_in_a_warning(
+    qwen3_folder: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = tmp_path / "special-think"
+    shutil.copytree(qwen3_folder, folder)
+    path = folder / "tokenizer.json"
+    data = json.loads(path.read_text())
+    for token in data["added_tokens"]:
+        token["special"] = token["special"] or token["content"] in THINK
+    path.write_text(json.dumps(data))
+    with caplog.at_level("WARNING", logger="tidal.text.reasoning"):
+        reasoning_parser(HFTokenizer.from_folder(qwen3_folder))
+        assert not caplog.records
+        parser = reasoning_parser(HFTokenizer.from_folder(folder))
+    assert parser.markers == THINK
+    assert "['<think>', '</think>']" in caplog.text and "decoding drops" in caplog.text

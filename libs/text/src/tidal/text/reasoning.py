@@ -10,6 +10,7 @@ an unclosed block is all reasoning with an empty answer.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -19,6 +20,7 @@ from tidal.text.byte import ByteTokenizer
 from tidal.text.chat_template import PROBE_CHAT, ChatTemplateError
 from tidal.text.tokenizer import Tokenizer
 
+log = logging.getLogger(__name__)
 ReasoningMode = Literal["auto", "none", "think"]
 THINK = ("<think>", "</think>")
 RESPONSE_TEMPLATE_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -186,14 +188,25 @@ def detect_markers(tokenizer: Tokenizer) -> tuple[str, str] | None:
 
 def reasoning_parser(tokenizer: Tokenizer, mode: ReasoningMode = "auto") -> ReasoningParser:
     """The parser `mode` names: "none" (no reasoning), "think" (`<think>…</think>`), or
-    "auto" (`detect_markers`)."""
-    if mode == "none":
-        return ReasoningParser(None)
-    if mode == "think":
-        return ReasoningParser(THINK)
+    "auto" (`detect_markers`). Markers that are special tokens are logged: decoding drops
+    them, so the split cannot see them."""
     if mode == "auto":
-        return ReasoningParser(detect_markers(tokenizer))
-    raise ConfigError(f"reasoning parser {mode!r}: choose auto, none or think")
+        markers = detect_markers(tokenizer)
+    elif mode in ("none", "think"):
+        markers = THINK if mode == "think" else None
+    else:
+        raise ConfigError(f"reasoning parser {mode!r}: choose auto, none or think")
+    token_to_id = getattr(tokenizer, "token_to_id", None)
+    if markers is not None and token_to_id is not None:
+        dropped = [m for m in markers if token_to_id(m) in tokenizer.special_ids]
+        if dropped:
+            log.warning(
+                "reasoning markers %s of tokenizer %s are special tokens, which decoding "
+                "drops: completions are not split and are scored whole",
+                dropped,
+                tokenizer.name,
+            )
+    return ReasoningParser(markers)
 
 
 def generation_opens(parser: ReasoningParser, tokenizer: Tokenizer, **template_kwargs: Any) -> bool:

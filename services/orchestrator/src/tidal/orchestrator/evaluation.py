@@ -41,8 +41,8 @@ async def _eval_problem(
             problem, prompt, n=k, temperature=temperature, seed=seed, request_id=tag
         ),
     )
-    greedy_outcomes, _, _ = await generator.score(problem, greedy)
-    sampled_outcomes, _, _ = await generator.score(problem, sampled)
+    greedy_outcomes, _ = await generator.score(problem, greedy)
+    sampled_outcomes, _ = await generator.score(problem, sampled)
     return greedy_outcomes[0].reward, [o.reward for o in sampled_outcomes]
 
 

@@ -188,15 +188,20 @@ class RolloutGenerator:
         )
         return list(await asyncio.gather(*episodes))
 
-    async def score(
-        self, problem: Problem, completions: list[Completion]
-    ) -> tuple[list[VerifyOutcome], list[float], list[Split]]:
-        """Verifier outcomes of the completions' answers, the shaped rewards advantages use
-        (format reward and length penalties), and each completion's split."""
-        splits = [
+    def splits(self, completions: list[Completion]) -> list[Split]:
+        """Each completion (each turn of an episode) as reasoning and answer."""
+        return [
             tuple(map(self.split, c.turns or (self.tokenizer.decode(c.token_ids),)))
             for c in completions
         ]
+
+    async def score(
+        self, problem: Problem, completions: list[Completion], splits: list[Split] | None = None
+    ) -> tuple[list[VerifyOutcome], list[float]]:
+        """Verifier outcomes of the completions' answers (`splits`, computed when not
+        given), and the shaped rewards advantages use (format reward, length penalties)."""
+        if splits is None:
+            splits = self.splits(completions)
         texts: list[str | list[str]] = [
             [t.answer for t in s] if c.turns else s[0].answer
             for c, s in zip(completions, splits, strict=True)
@@ -218,7 +223,7 @@ class RolloutGenerator:
             )
             for o, c, s in zip(outcomes, completions, splits, strict=True)
         ]
-        return outcomes, shaped, splits
+        return outcomes, shaped
 
     async def group(self, step: int, round_: int, index: int, problem: Problem) -> Group:
         prompt = self.prompts.prompt_ids(problem)
@@ -242,10 +247,11 @@ class RolloutGenerator:
             )
         results = await asyncio.gather(*calls)
         completions = results[0]
-        outcomes, shaped, splits = await self.score(problem, completions)
+        splits = self.splits(completions)
+        outcomes, shaped = await self.score(problem, completions, splits)
         greedy_reward = None
         if self.config.advantages.algorithm == "remax":
-            _, greedy_shaped, _ = await self.score(problem, results[1])
+            _, greedy_shaped = await self.score(problem, results[1])
             greedy_reward = greedy_shaped[0]
         advantages = compute_advantages(
             self.config.advantages.algorithm,
