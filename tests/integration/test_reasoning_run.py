@@ -20,6 +20,8 @@ def test_a_run_with_a_reasoning_parser_logs_reasoning_and_answer_lengths(launch)
         "--orchestrator.steps", str(STEPS),
     )  # fmt: skip
     assert run.process.wait(timeout=300) == 0, run.output()
+    log = (run.run_dir / "logs" / "orchestrator.log").read_text()
+    assert "reasoning <think>…</think> split off before verification" in log
     lines = (run.run_dir / "metrics.jsonl").read_text().splitlines()
     rl = [m for m in map(json.loads, lines) if m["phase"] == "rl"]
     assert len(rl) == STEPS

@@ -188,6 +188,10 @@ async def run_training(
         max_tokens=orch.sampling.max_tokens or mixture.max_completion_chars + 2,
         model_rewards=model_rewards,
     )
+    if generator.reasoning.markers is not None:
+        start, end = generator.reasoning.markers
+        opened = " (the prompt opens it)" if generator.reasoning_opened else ""
+        log.info("reasoning %s…%s split off before verification%s", start, end, opened)
     follow = asyncio.create_task(versions.follow(weightsync, address=config.endpoints.weightsync))
     follow.add_done_callback(_warn_if_failed)
     background = [follow]
