@@ -1,7 +1,7 @@
 """The reasoning parser: a completion split into reasoning and answer (closed, unclosed,
 opened by the prompt, absent, odd text), the same split streamed piece by piece, and the
 markers found from a tokenizer (its `response_template`, its `<think>` tokens, its chat
-template) or named by config."""
+template) or named by config; the split agrees with `transformers`' `parse_response`."""
 
 from __future__ import annotations
 
@@ -173,3 +173,41 @@ def test_markers_that_are_special_tokens_are_named_in_a_warning(
         parser = reasoning_parser(HFTokenizer.from_folder(folder))
     assert parser.markers == THINK
     assert "['<think>', '</think>']" in caplog.text and "decoding drops" in caplog.text
+
+
+QWEN_RESPONSE_TEMPLATE = {  # the fields of `transformers`' own Qwen3 reply format
+    "defaults": {"role": "assistant"},
+    "start_anchor": "<|im_start|>assistant\n",
+    "fields": {
+        "reasoning_content": {"open": "<think>", "close": "</think>", "content": "text"},
+        "content": {"close_pattern": r"\s*(?:<\|im_end\|>|<\|endoftext\|>)", "content": "text"},
+    },
+}
+
+
+READ_OTHERWISE = {"42 <think>x</think>", "<think>a</think>b<think>c</think>"}
+"""Where `transformers` reads any block as reasoning (one after other text, a second one),
+and only a leading block is reasoning here."""
+
+
+@pytest.mark.parametrize(
+    ("text", "opened"),
+    [(text, opened) for text, opened, _ in CASES if text.strip() and text not in READ_OTHERWISE],
+)
+def test_the_split_agrees_with_transformers_parse_response(
+    qwen3_folder: Path, text: str, opened: bool
+) -> None:
+    transformers = pytest.importorskip("transformers")
+    reference = transformers.AutoTokenizer.from_pretrained(qwen3_folder)
+    chat = [{"role": "user", "content": "What is 12 + 30?"}]
+    prompt = reference.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    prompt += "<think>\n" if opened else ""
+    parsed = reference.parse_response(
+        text + "<|im_end|>", schema=QWEN_RESPONSE_TEMPLATE, prefix=prompt
+    )
+    ours = THINKING.split(text, opened=opened)
+    # there an unclosed block runs to the end of the reply, end-of-turn text included, and
+    # a plain reply is stripped (ours keeps a reply without reasoning verbatim)
+    reasoning = (parsed.get("reasoning_content") or "").removesuffix("<|im_end|>").strip()
+    assert ours.reasoning == reasoning
+    assert ours.answer.strip() == parsed.get("content", "")
