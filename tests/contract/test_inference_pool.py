@@ -33,20 +33,25 @@ from .test_inference_service import publish
 PROMPT = list(b"abc")
 
 
-def replica_config(ws: Any, tmp_path: Path, index: int, address: str) -> InferenceRunConfig:
+def replica_config(
+    ws: Any, tmp_path: Path, index: int, address: str, max_model_len: int | None = None
+) -> InferenceRunConfig:
     return InferenceRunConfig(
         run=RunSection(output_dir=tmp_path, tokenizer="byte"),
         endpoints=Endpoints(weightsync=ws.address, inference=address),
         grpc=GrpcConfig(shutdown_grace_s=0.1),
         telemetry=TelemetryConfig(traces_file=False),
         security=SecurityConfig(mode="plaintext"),
-        inference=InferenceConfig(device="cpu", replica_id=f"inference-{index}"),
+        inference=InferenceConfig(
+            device="cpu", replica_id=f"inference-{index}", max_model_len=max_model_len
+        ),
     )
 
 
-async def start_replica(ws: Any, tmp_path: Path, index: int, address: str) -> RunningInference:
-    running = await start_inference(replica_config(ws, tmp_path, index, address))
-    return running
+async def start_replica(
+    ws: Any, tmp_path: Path, index: int, address: str, max_model_len: int | None = None
+) -> RunningInference:
+    return await start_inference(replica_config(ws, tmp_path, index, address, max_model_len))
 
 
 async def stop_replica(running: RunningInference) -> None:
@@ -231,3 +236,25 @@ async def test_one_replica_lost_is_waited_for_then_fails_clearly(
         assert address in str(err.value)
     finally:
         await pool.close()
+
+
+async def test_the_pool_knows_the_smallest_context_length_of_its_replicas(
+    weightsync_server: Any, tmp_path: Path
+) -> None:
+    await publish(weightsync_server, 0)
+    short = await start_replica(weightsync_server, tmp_path, 0, "127.0.0.1:0", max_model_len=48)
+    full = await start_replica(weightsync_server, tmp_path, 1, "127.0.0.1:0")
+    pool = InferencePool(
+        [f"127.0.0.1:{short.port}", f"127.0.0.1:{full.port}"], security=PLAINTEXT_LOOPBACK
+    )
+    try:
+        assert pool.max_seq_len is None  # nothing read yet
+        await pool.wait_serving(30)
+        assert short.engine.max_seq_len == 48 < full.engine.max_seq_len
+        # an episode's next turn may go to either replica: it must fit the shorter one
+        assert pool.max_seq_len == 48
+        assert [r.max_seq_len for r in pool.replicas] == [48, full.engine.max_seq_len]
+    finally:
+        await pool.close()
+        for running in (short, full):
+            await stop_replica(running)

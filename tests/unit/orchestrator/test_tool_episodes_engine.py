@@ -4,6 +4,7 @@ with the tool messages' ids between them (mask 0), and every turn's context is a
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -17,7 +18,7 @@ from tidal.models.args import DecoderArgs
 from tidal.models.layers import DecoderLM
 from tidal.orchestrator.completions import Completion
 from tidal.orchestrator.config import ChatConfig, ToolsConfig
-from tidal.orchestrator.episodes import run_episode
+from tidal.orchestrator.episodes import CompleteFn, run_episode
 from tidal.orchestrator.prompt_rendering import PromptRenderer
 from tidal.orchestrator.task_config import LookupTaskConfig
 from tidal.orchestrator.tasks import build_task
@@ -46,8 +47,9 @@ class CallsEveryTurn(ToolCallParser):
         return ParsedTurn(text, (ToolCall("lookup", {"key": self.key}),))
 
 
-@pytest.fixture
-async def engine() -> AsyncIterator[NativeEngine]:
+@contextlib.asynccontextmanager
+async def serving(max_model_len: int | None = None) -> AsyncIterator[NativeEngine]:
+    """A native engine serving a random tiny model as version 3."""
     torch.manual_seed(0)
     model = DecoderLM(ARGS)
     model.init_weights(std=0.02)
@@ -60,6 +62,7 @@ async def engine() -> AsyncIterator[NativeEngine]:
         max_queue=8,
         max_step_tokens=defaults.max_step_tokens,
         kv_cache_mb=16,
+        max_model_len=max_model_len,
     )
     await engine.start()
     try:
@@ -69,14 +72,16 @@ async def engine() -> AsyncIterator[NativeEngine]:
         await engine.close()
 
 
-async def test_a_tool_episode_on_a_real_engine_keeps_the_ids_the_policy_saw(
-    engine: NativeEngine,
-) -> None:
-    prompts = PromptRenderer.from_config(TOK, ChatConfig(template="on"))
-    task = build_task(LookupTaskConfig(), seed=0)
-    problem = task.problem(0)
-    sent: list[list[int]] = []
-    generated: list[list[int]] = []
+@pytest.fixture
+async def engine() -> AsyncIterator[NativeEngine]:
+    async with serving() as engine:
+        yield engine
+
+
+def _engine_policy(
+    engine: NativeEngine, sent: list[list[int]], generated: list[list[int]]
+) -> CompleteFn:
+    """Inference for `run_episode`: one sampled turn of at most 12 tokens per call."""
 
     async def complete(context: list[int], **kw: Any) -> list[Completion]:
         sent.append(list(context))
@@ -95,6 +100,18 @@ async def test_a_tool_episode_on_a_real_engine_keeps_the_ids_the_policy_saw(
             )
         ]
 
+    return complete
+
+
+async def test_a_tool_episode_on_a_real_engine_keeps_the_ids_the_policy_saw(
+    engine: NativeEngine,
+) -> None:
+    prompts = PromptRenderer.from_config(TOK, ChatConfig(template="on"))
+    task = build_task(LookupTaskConfig(), seed=0)
+    problem = task.problem(0)
+    sent: list[list[int]] = []
+    generated: list[list[int]] = []
+    complete = _engine_policy(engine, sent, generated)
     prompt = prompts.prompt_ids(problem)
     tools = ToolUse.of(task.tools, CallsEveryTurn(problem.prompt), ToolsConfig(max_turns=3))
     episode = await run_episode(
@@ -114,3 +131,29 @@ async def test_a_tool_episode_on_a_real_engine_keeps_the_ids_the_policy_saw(
         closing = "" if generated[k - 1][-1] == TOK.eos_id else "<eos>"
         expected = f"{closing}<|tool|>\n{problem.reference}<eos><|assistant|>\n"
         assert TOK.decode(between, skip_special=False) == expected
+
+
+async def test_an_episode_ends_before_its_context_outgrows_the_served_model() -> None:
+    prompts = PromptRenderer.from_config(TOK, ChatConfig(template="on"))
+    task = build_task(LookupTaskConfig(), seed=0)
+    problem = task.problem(0)
+    prompt = prompts.prompt_ids(problem)
+    sent: list[list[int]] = []
+    generated: list[list[int]] = []
+    async with serving(max_model_len=len(prompt) + 40) as engine:
+        tools = ToolUse.of(task.tools, CallsEveryTurn(problem.prompt), ToolsConfig(max_turns=50))
+        episode = await run_episode(
+            _engine_policy(engine, sent, generated), task, problem, prompt,
+            prompts.episode_turns(problem), TOK, index=0, temperature=1.0, seed=5,
+            request_id="r", tools=tools, max_context=engine.max_seq_len,
+        )  # fmt: skip
+        context = engine.max_seq_len
+    # the turn budget was far off: the context ended it, before inference had to refuse it
+    assert episode.context_full and 2 <= len(sent) < 50
+    assert all(len(c) < context for c in sent)
+    assert len(prompt) + len(episode.token_ids) < context
+    # it ends with the policy's last turn; that turn's calls ran but their results, which
+    # did not fit, are not in the episode
+    assert episode.loss_mask[-1] == 1.0 and episode.tools.calls == len(sent)
+    trained = [t for t, m in zip(episode.token_ids, episode.loss_mask, strict=True) if m == 1]
+    assert trained == [t for turn in generated for t in turn]

@@ -37,6 +37,14 @@ def test_episode_stats_are_totals_and_per_episode_means() -> None:
     }
 
 
+def test_episodes_the_context_ended_are_counted() -> None:
+    full = _sample(2, ToolStats(calls=1))
+    full = replace(full, completion=replace(full.completion, context_full=True))
+    stats = episode_stats([full, full, _sample(2, ToolStats(calls=1))])
+    assert stats["episode/context_full"] == 2.0
+    assert "episode/context_full" not in episode_stats([_sample(2, ToolStats(calls=1))])
+
+
 def test_single_turn_steps_have_no_episode_metrics() -> None:
     single = ScoredSample(
         Problem("p", "r"), (0,), Completion(0, (1,), (0.0,), (0,), True), 1.0, 0.0, 0

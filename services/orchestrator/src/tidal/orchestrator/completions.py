@@ -50,6 +50,9 @@ class Completion:
     """Multi-turn: the decoded model turns (empty for single-turn completions)."""
     tools: ToolStats = ToolStats()
     """Tool calling in this episode (all zero without tools)."""
+    context_full: bool = False
+    """Multi-turn: the episode ended because its next turn would not fit the model's
+    context (the last reply is not appended)."""
 
     def token_versions(self) -> tuple[int, ...]:
         """The version of each completion token: -1 at environment tokens."""

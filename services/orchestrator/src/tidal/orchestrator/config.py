@@ -130,8 +130,9 @@ class ToolsConfig(BaseConfig):
     """Model turns per episode at most; a call in the last one is left unanswered."""
     max_episode_tokens: int = Field(default=1024, gt=0)
     """Tokens after the prompt (model turns and tool results) at most: no further turn
-    starts once an episode holds this many. Keep the prompt + this + `max_tokens` within
-    the model's max_seq_len: inference refuses a longer context, and the run stops."""
+    starts once an episode holds this many. Apart from it, an episode ends before a reply
+    that would leave the served model's context (inference's max_seq_len) no room for
+    the next turn (counted in `episode/context_full`)."""
     call_timeout_s: float = Field(default=10.0, gt=0)
     """Deadline of one tool call; a late call is answered with an error."""
     max_result_chars: int = Field(default=4096, gt=0)

@@ -4,7 +4,8 @@ One Generate call per model turn, with the whole episode so far as the prompt (i
 keeps no session); a group's n episodes are separate chains run concurrently. An episode
 becomes one Completion whose environment tokens have loss mask 0 and logprob 0. Replies
 become ids through the prompt renderer's `EpisodeTurns`, which only appends, so the
-trainer gets exactly the ids the policy saw. A turn cut by max_tokens ends the episode.
+trainer gets exactly the ids the policy saw. A turn cut by max_tokens ends the episode,
+and so does a reply after which the context would leave the model no room to generate.
 With tools, the reply to a turn is its calls' results, and a turn without calls (or the
 end of the turn or token budget) ends the episode. Environments and tool-call parsing see
 each turn's answer (`answer_of`: a reasoning model's thinking split off).
@@ -112,9 +113,12 @@ async def run_episode(
     request_id: str,
     tools: ToolUse | None = None,
     answer_of: Callable[[str], str] | None = None,
+    max_context: int | None = None,
 ) -> Completion:
     """Episode `index` of a group: alternate model turns and environment replies (tool
-    results when `tools` is given, else `task.env_step`)."""
+    results when `tools` is given, else `task.env_step`). With `max_context` (the served
+    context length), a reply that would leave no room for the next turn is not appended:
+    the episode ends there, marked `context_full`."""
     context = list(prompt_ids)
     tokens: list[int] = []
     logprobs: list[float] = []
@@ -123,6 +127,7 @@ async def run_episode(
     turns: list[str] = []
     stats = ToolStats()
     stopped = True
+    context_full = False
     while True:
         (turn,) = await complete(
             context,
@@ -147,6 +152,9 @@ async def run_episode(
             break
         env_ids, done, spent = reply
         stats += spent
+        if max_context is not None and len(context) + len(env_ids) >= max_context:
+            context_full = True  # inference would refuse the next turn's context
+            break
         tokens += env_ids
         logprobs += [0.0] * len(env_ids)
         mask += [0.0] * len(env_ids)
@@ -162,4 +170,5 @@ async def run_episode(
         loss_mask=tuple(mask),
         turns=tuple(turns),
         tools=stats,
+        context_full=context_full,
     )

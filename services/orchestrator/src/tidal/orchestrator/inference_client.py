@@ -7,6 +7,8 @@ until the call's deadline as wait-for-ready (the channel default) would make it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -20,6 +22,16 @@ from tidal.rpc.v1 import inference_pb2 as pb
 from tidal.rpc.v1 import inference_pb2_grpc as pb_grpc
 
 FULL_NAME = "tidal.rpc.v1.InferenceService"
+
+
+@dataclass(frozen=True)
+class ReplicaInfo:
+    """What the orchestrator reads of a replica whenever it starts serving."""
+
+    replica_id: str
+    """Its id at weightsync (its loaded versions are filed under it)."""
+    max_seq_len: int
+    """The served context length: prompt plus completion, in tokens."""
 
 
 def completion_from_proto(reply: pb.GenerateResponse) -> Completion:
@@ -82,9 +94,10 @@ class InferenceClient:
                 common_pb2.StatusRequest(), timeout=timeout, wait_for_ready=False
             )
 
-    async def replica_id(self, *, timeout: float = 10.0) -> str:
-        """The id the replica reports to weightsync (its loaded versions are filed under it)."""
-        return str((await self._status(timeout)).replica_id)
+    async def info(self, *, timeout: float = 10.0) -> ReplicaInfo:
+        """The replica's id at weightsync and its context length."""
+        status = await self._status(timeout)
+        return ReplicaInfo(str(status.replica_id), int(status.max_seq_len))
 
     async def pressure(self, *, timeout: float = 10.0) -> tuple[int, float]:
         """(requests waiting in the replica's queue, fraction of its KV cache in use)."""

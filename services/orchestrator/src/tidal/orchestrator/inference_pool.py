@@ -24,7 +24,7 @@ from tidal.common.config.shared import GrpcConfig
 from tidal.common.security.transport import TransportSecurity
 from tidal.orchestrator.client_errors import PeerError
 from tidal.orchestrator.completions import Completion
-from tidal.orchestrator.inference_client import InferenceClient
+from tidal.orchestrator.inference_client import InferenceClient, ReplicaInfo
 from tidal.orchestrator.version_feed import VersionFeed
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,8 @@ class Replica:
     replica_id: str = ""
     """Its id at weightsync (GetStatus), read whenever it starts serving: a replica
     restarted on the same address may carry another."""
+    max_seq_len: int = 0
+    """Its context length (GetStatus), read with `replica_id`; 0 until read."""
     outstanding_tokens: int = 0
     sent: int = 0
     """Generate attempts sent to it."""
@@ -67,6 +69,9 @@ class Replica:
     @property
     def address(self) -> str:
         return self.client.address
+
+    def read_info(self, info: ReplicaInfo) -> None:
+        self.replica_id, self.max_seq_len = info.replica_id, info.max_seq_len
 
 
 class InferencePool:
@@ -100,13 +105,20 @@ class InferencePool:
     def addresses(self) -> list[str]:
         return [r.address for r in self.replicas]
 
+    @property
+    def max_seq_len(self) -> int | None:
+        """The smallest context length the replicas reported (None before any did): a
+        multi-turn episode's context must fit whichever replica serves its next turn."""
+        known = [r.max_seq_len for r in self.replicas if r.max_seq_len > 0]
+        return min(known, default=None)
+
     # ---- start-up and health -----------------------------------------------------------
 
     async def wait_serving(self, timeout: float) -> None:
         """Wait (at start-up) until every replica is SERVING, then start the probes."""
         await asyncio.gather(*(r.client.wait_serving(timeout) for r in self.replicas))
         for replica in self.replicas:
-            replica.replica_id = await replica.client.replica_id(timeout=STATUS_TIMEOUT_S)
+            replica.read_info(await replica.client.info(timeout=STATUS_TIMEOUT_S))
         self.versions.changed()
         self.start_probes()
 
@@ -169,7 +181,7 @@ class InferencePool:
 
     async def _returned(self, replica: Replica) -> None:
         try:
-            replica.replica_id = await replica.client.replica_id(timeout=STATUS_TIMEOUT_S)
+            replica.read_info(await replica.client.info(timeout=STATUS_TIMEOUT_S))
         except PeerError as exc:  # not back after all: the next probe tries again
             replica.last_error = str(exc)
             return

@@ -183,6 +183,7 @@ class RolloutGenerator:
                 request_id=request_id,
                 tools=tools,
                 answer_of=self.answer_of,
+                max_context=self.inference.max_seq_len,
             )
             for i in range(n)
         )

@@ -52,7 +52,8 @@ def per_task(scored: Sequence[ScoredSample], generation: Generation) -> dict[str
 
 def episode_stats(scored: Sequence[ScoredSample]) -> dict[str, float]:
     """Turns and tool calling of the step's multi-turn episodes (nothing without any):
-    `tools/calls` etc. are the step's totals, `.../per_episode` their means."""
+    `tools/calls` etc. are the step's totals, `.../per_episode` their means;
+    `episode/context_full` counts episodes the model's context ended, when any did."""
     episodes = [s.completion for s in scored if s.completion.turns]
     if not episodes:
         return {}
@@ -68,6 +69,8 @@ def episode_stats(scored: Sequence[ScoredSample]) -> dict[str, float]:
     }
     if total.calls:
         out["tools/parse_failure_rate"] = total.parse_failures / total.calls
+    if context_full := sum(e.context_full for e in episodes):  # like verifier_failures/*
+        out["episode/context_full"] = float(context_full)
     return out
 
 
