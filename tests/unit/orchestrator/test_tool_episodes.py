@@ -235,6 +235,27 @@ def test_the_warm_up_target_is_the_demonstration_under_the_policy_mask() -> None
     ]
 
 
+def test_guessing_demonstrations_answer_without_a_call_and_keep_the_problems() -> None:
+    config = LookupTaskConfig(key_len=1, value_len=1, guess_fraction=0.5)
+    calling = build_task(config.model_copy(update={"guess_fraction": 0.0}), seed=0)
+    mixed = build_task(config, seed=0)
+    pairs = [(calling.problem(i), mixed.problem(i)) for i in range(200)]
+    # the same problems (key, table, value); only the warm-up target differs
+    assert all(
+        (a.prompt, a.reference, a.metadata) == (b.prompt, b.reference, b.metadata) for a, b in pairs
+    )
+    assert all(len(a.demonstration) == 3 for a, _ in pairs)
+    guesses = [b for _, b in pairs if len(b.demonstration) == 1]
+    assert 70 < len(guesses) < 130  # about half
+    for problem in guesses:
+        (answer,) = problem.demonstration
+        assert answer["role"] == "assistant" and "tool_calls" not in answer
+        assert len(answer["content"]) == 1 and answer["content"] in config.alphabet
+        sample = BYTE_CHAT.reference_sample(problem)  # one answer turn, all trained
+        target = TOK.encode_template_text(answer["content"] + "<eos>")
+        assert list(sample.completion_ids) == target and not sample.completion_mask
+
+
 def test_a_tool_task_with_plain_text_prompts_fails_at_start() -> None:
     plain = PromptRenderer.from_config(TOK, ChatConfig())
     with pytest.raises(ConfigError, match=r'orchestrator\.chat\.template = "on"'):

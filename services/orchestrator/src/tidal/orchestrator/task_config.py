@@ -71,6 +71,10 @@ class LookupTaskConfig(TaskCommon):
     """Length of a value: what the answer must be."""
     keys: int = Field(default=3, ge=1, le=16)
     """Keys in each problem's table (the prompt asks for one; the others are decoys)."""
+    guess_fraction: float = Field(default=0.0, ge=0, le=1)
+    """Share of demonstrations (warm-up targets) that answer a random value without calling
+    the tool: imperfect demonstrations, after which the policy sometimes guesses and RL
+    has the choice to call to learn."""
 
     @model_validator(mode="after")
     def _check(self) -> LookupTaskConfig:

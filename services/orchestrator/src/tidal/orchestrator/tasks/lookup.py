@@ -2,7 +2,9 @@
 
 The value is drawn at random per problem and appears only in the tool's result, so the
 reward cannot be earned without a well-formed call of the right key. The reward is exact
-match: partial credit would pay a guess without a call nearly as well as a call.
+match: partial credit would pay a guess without a call nearly as well as a call. A
+`guess_fraction` of the demonstrations answer a random value without calling: imperfect
+warm-up data, which leaves RL the choice to call to learn.
 """
 
 from __future__ import annotations
@@ -52,11 +54,14 @@ class LookupTask(GeneratedTask):
             table[self._word(rng, self.config.key_len)] = self._word(rng, self.config.value_len)
         key = rng.choice(sorted(table))
         value = table[key]
-        demonstration = (
+        demonstration: tuple[dict[str, Any], ...] = (
             call_message(key),
             {"role": "tool", "name": "lookup", "content": value},
             {"role": "assistant", "content": value},
         )
+        if rng.random() < self.config.guess_fraction:
+            guess = self._word(rng, self.config.value_len)
+            demonstration = ({"role": "assistant", "content": guess},)
         return Problem(
             prompt=key,
             reference=value,
