@@ -10,6 +10,7 @@ import shutil
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -94,7 +95,8 @@ def _generator(
     generator = ScriptedGenerator(
         config,
         seed=0,
-        inference=None,  # type: ignore[arg-type]  # `complete` is scripted
+        # `complete` is scripted; the served context length is unknown
+        inference=SimpleNamespace(max_seq_len=None),  # type: ignore[arg-type]
         verifier=pool,
         limiter=InflightLimiter(4, queue_target=4),
         prompts=PromptRenderer.from_config(tokenizer, chat),
