@@ -1,15 +1,15 @@
 """The OpenAI-compatible HTTP endpoint of an inference replica (`[inference.http]`).
 
-`GET /v1/models`, `POST /v1/completions` and `POST /v1/chat/completions` (streamed as
-server-sent events), each choice carrying the `"tidal"` extension: the token ids and the
+`GET /v1/models`, `POST /v1/completions`, `POST /v1/chat/completions` (streamed as
+server-sent events) and vLLM's token-in/token-out `POST /inference/v1/generate`
+(`generate_protocol`), each choice carrying the `"tidal"` extension: the token ids and the
 policy version of each; a chat choice's reasoning is its `reasoning_content`. aiohttp
-runs on the service's own loop, so handlers call the same engine as gRPC with no thread
-hop; the same request checks apply, and engine errors map to OpenAI-style error bodies
-(400, 404, 429, 503). A streamed request pulls the first piece before sending headers, so
-a refusal is an HTTP error, not a broken stream; a handler that ends cancels its request
-in the engine. With an API key, every request is checked before its body is read (only
-the key's sha256 is held, compared in constant time); with TLS it serves the inference
-role's certificate; beyond loopback both are required (config.py).
+runs on the service's own loop, so handlers call the engine as gRPC does, with the same
+request checks; engine errors map to OpenAI-style bodies (400, 404, 429, 503). A streamed
+request pulls the first piece before sending headers, so a refusal is an HTTP error; a
+handler that ends cancels its request in the engine. With an API key every request is
+checked before its body is read (its sha256, in constant time); with TLS it serves the
+inference role's certificate; beyond loopback both are required (config.py).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from tidal.common.security.credentials import token_digest
 from tidal.common.security.transport import TOKEN_PREFIX
 from tidal.inference.config import OpenAIHttpConfig, RequestLimits
 from tidal.inference.engine import Completion, Engine
+from tidal.inference.generate_protocol import generate_response, parse_generate
 from tidal.inference.openai_body import BadBody, read_object
 from tidal.inference.openai_protocol import (
     ParsedRequest,
@@ -170,6 +171,7 @@ class OpenAIEndpoint:
         self.app.router.add_get("/v1/models", self.models)
         self.app.router.add_post("/v1/completions", self.completions)
         self.app.router.add_post("/v1/chat/completions", self.chat)
+        self.app.router.add_post("/inference/v1/generate", self.generate)
 
     async def models(self, request: web.Request) -> web.Response:
         status = self.engine.status()
@@ -189,9 +191,34 @@ class OpenAIEndpoint:
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, chat=True)
 
-    async def _body(self, request: web.Request) -> dict[str, Any]:
+    async def generate(self, request: web.Request) -> web.Response:
+        """vLLM's token-in/token-out generate: the prompt's ids are served as sent."""
+        body = await self._body(request, model_required=False)
+        status = self.engine.status()
+        parsed = parse_generate(
+            body,
+            eos_ids=self.tokenizer.eos_ids,
+            max_seq_len=status.max_seq_len,
+            limits=self.limits,
+        )
+        check_against_model(
+            status,
+            parsed.prompt_ids,
+            parsed.params,
+            prompt_field="token_ids",
+            names=parsed.field_name,
+        )
+        pieces = self.engine.generate(parsed.prompt_ids, parsed.params, stream=False)
+        async with contextlib.aclosing(pieces):  # type: ignore[type-var]
+            done = [c async for c in pieces]
+        request_id = parsed.request_id or f"gen-{uuid.uuid4().hex}"
+        return web.json_response(generate_response(request_id, parsed, done))
+
+    async def _body(self, request: web.Request, *, model_required: bool = True) -> dict[str, Any]:
         body = await read_object(request, self.max_body_bytes)
         model = body.get("model")
+        if model is None and not model_required:
+            return body
         if model != self.model_name:
             named = repr(model[:100]) if isinstance(model, str) else type(model).__name__
             raise NotFound(
