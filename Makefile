@@ -22,7 +22,7 @@ $(STAMP): $(PYPROJECTS)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e libs/rpc -e libs/common -e libs/weights -e libs/models -e libs/batch -e libs/text -e services/weightsync \
-		-e services/trainer -e services/inference -e 'services/orchestrator[reasoning-gym]' -e '.[dev]'
+		-e services/trainer -e services/inference -e 'services/orchestrator[reasoning-gym,verifiers]' -e '.[dev]'
 	touch $(STAMP)
 
 proto: setup

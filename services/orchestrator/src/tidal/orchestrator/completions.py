@@ -53,6 +53,12 @@ class Completion:
     context_full: bool = False
     """Multi-turn: the episode ended because its next turn would not fit the model's
     context (the last reply is not appended)."""
+    prompt_ids: tuple[int, ...] = ()
+    """An environment that renders its own prompt (verifiers): the ids this episode started
+    from (empty: the group's prompt)."""
+    reward: float | None = None
+    """An environment that scores its own episodes (verifiers): their reward, used in place
+    of the task's verifier."""
 
     def token_versions(self) -> tuple[int, ...]:
         """The version of each completion token: -1 at environment tokens."""

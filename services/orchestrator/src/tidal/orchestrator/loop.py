@@ -207,7 +207,7 @@ class RLLoop:
                 scored.append(
                     ScoredSample(
                         group.problem,
-                        group.prompt_ids,
+                        completion.prompt_ids or group.prompt_ids,
                         completion,
                         outcome.reward,
                         float(advantage),

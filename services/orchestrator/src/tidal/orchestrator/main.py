@@ -57,6 +57,7 @@ from tidal.orchestrator.run_status import ProgressState
 from tidal.orchestrator.servicer import OrchestratorServicer
 from tidal.orchestrator.staleness import AsyncWindow
 from tidal.orchestrator.tasks import build_tasks
+from tidal.orchestrator.tasks.verifiers_env import close_tasks, connect_tasks
 from tidal.orchestrator.trainer_client import TrainerClient
 from tidal.orchestrator.verifier_pool import VerifierPool
 from tidal.orchestrator.version_feed import VersionFeed
@@ -249,6 +250,7 @@ async def run_training(
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         run_log.close()
+        await close_tasks(list(mixture.tasks.values()))
         for client in (inference, trainer, weightsync):
             await client.close()
         for reward in unique(model_rewards):
@@ -385,6 +387,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     config = start_service(OrchestratorRunConfig, "orchestrator", argv, check_credentials=False)
     try:
         mixture = build_mixture(config)
+        connect_tasks(
+            list(mixture.tasks.values()), inference=config.inference, model=config.model_folder()
+        )
         prompts = build_prompt_renderer(config)
         prompts.check_tasks(list(mixture.tasks.values()))
         if config.orchestrator.wandb.enabled:

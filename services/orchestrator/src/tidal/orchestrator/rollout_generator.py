@@ -32,6 +32,7 @@ from tidal.orchestrator.model_rewards.build import ModelReward
 from tidal.orchestrator.prompt_rendering import PromptRenderer
 from tidal.orchestrator.seeds import derive_seed
 from tidal.orchestrator.tasks.base import Problem
+from tidal.orchestrator.tasks.verifiers_env import VerifiersTask
 from tidal.orchestrator.tool_execution import ToolUse
 from tidal.orchestrator.verifier_pool import VerifierPool, VerifyOutcome
 from tidal.text.reasoning import Reasoned, generation_opens, reasoning_parser
@@ -157,12 +158,23 @@ class RolloutGenerator:
         seed: int,
         request_id: str,
     ) -> list[Completion]:
-        """n completions of a prompt, or n episodes of a multi-turn or tool problem."""
+        """n completions of a prompt, or n episodes of a multi-turn, tool or verifiers
+        problem."""
+        task = self.verifier.tasks[problem.task]
+        if isinstance(task, VerifiersTask):
+            async with self.limiter:
+                return await task.rollouts(
+                    problem,
+                    n=n,
+                    temperature=temperature,
+                    top_p=self.config.sampling.top_p if temperature > 0 else 1.0,
+                    seed=seed,
+                    max_tokens=self.max_tokens,
+                )
         if not problem.followups and not problem.tools:
             return await self.complete(
                 prompt_ids, n=n, temperature=temperature, seed=seed, request_id=request_id
             )
-        task = self.verifier.tasks[problem.task]
         tools = (
             ToolUse.of(task.tools, self.tool_parser, self.config.tools) if problem.tools else None
         )
@@ -208,7 +220,9 @@ class RolloutGenerator:
             for c, s in zip(completions, splits, strict=True)
         ]
         model_reward = self.model_rewards.get(problem.task)
-        if model_reward is not None:
+        if all(c.reward is not None for c in completions):  # the environment scored them
+            outcomes = [VerifyOutcome(float(c.reward or 0.0)) for c in completions]
+        elif model_reward is not None:
             outcomes = await model_reward.score(problem, texts)
         else:
             outcomes = await self.verifier.verify_all([(problem, t) for t in texts])

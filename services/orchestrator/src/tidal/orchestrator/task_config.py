@@ -230,6 +230,25 @@ class CodeTaskConfig(TaskCommon):
     sandbox's wall_s)."""
 
 
+class VerifiersTaskConfig(TaskCommon):
+    """An environment of the `verifiers` library, run by verifiers' own train client against
+    inference's `/inference/v1/generate` (needs `inference.http.enabled` and a model folder;
+    see docs/agents.md). Optional extra: `tidal-orchestrator[verifiers]`."""
+
+    type: Literal["verifiers"] = "verifiers"
+    """Task kind."""
+    env: str = Field(min_length=1)
+    """The environment's taskset id: an installed (or importable) module exporting its
+    `Taskset` subclass, and optionally its `Env`, in `__all__` (verifiers' own lookup)."""
+    args: dict[str, Any] = {}
+    """The taskset's config fields (its `TasksetConfig`), as `[orchestrator.task.args]`."""
+    harness: str = "null"
+    """The verifiers harness that plays the policy: `null` is the tool-less chat program,
+    run as a local subprocess with the orchestrator's Python; "" takes the taskset's own."""
+    max_answer_chars: int = Field(default=512, gt=0)
+    """Bound on one model turn's length (characters) used when sampling.max_tokens is unset."""
+
+
 class ImportTaskConfig(TaskCommon):
     """A plug-in task class named by import path (see docs/tasks.md)."""
 
@@ -249,6 +268,7 @@ TaskConfig = Annotated[
     | ReasoningGymTaskConfig
     | CodeTaskConfig
     | LookupTaskConfig
+    | VerifiersTaskConfig
     | ImportTaskConfig,
     Field(discriminator="type"),
 ]

@@ -21,6 +21,7 @@ from tidal.orchestrator.task_config import (
     ReasoningGymTaskConfig,
     ReversalTaskConfig,
     TaskConfig,
+    VerifiersTaskConfig,
 )
 from tidal.orchestrator.tasks.arithmetic import ArithmeticTask
 from tidal.orchestrator.tasks.base import Task
@@ -40,7 +41,11 @@ BUILT_IN = {
     "reasoning_gym": ReasoningGymTask,
     "code": CodeTask,
 }
-VALID = f'built-in types {sorted(BUILT_IN)}, or type = "import" with path = "pkg.module:Class"'
+VALID = (
+    f"built-in types {sorted(BUILT_IN)}, "
+    'type = "verifiers" with env = "<taskset id>", '
+    'or type = "import" with path = "pkg.module:Class"'
+)
 
 
 def import_task_class(path: str) -> type[Task]:
@@ -69,6 +74,10 @@ def build_task(config: TaskConfig, *, seed: int = 0) -> Task:
             task = cls(**config.options)
         except TypeError as exc:
             raise ConfigError(f"orchestrator task {config.path}: options: {exc}") from exc
+    elif isinstance(config, VerifiersTaskConfig):
+        from tidal.orchestrator.tasks.verifiers_env import VerifiersTask  # optional extra
+
+        task = VerifiersTask(config)
     elif isinstance(
         config,
         ReversalTaskConfig
