@@ -18,10 +18,9 @@ import pytest
 from renderers import create_renderer
 from renderers.base import load_tokenizer
 
-from tidal.common.errors import ConfigError
 from tidal.orchestrator.task_config import VerifiersTaskConfig
 from tidal.orchestrator.tasks.registry import build_task
-from tidal.orchestrator.tasks.verifiers_env import VerifiersTask, close_tasks, connect_tasks
+from tidal.orchestrator.tasks.verifiers_env import VerifiersTask, close_tasks
 
 from .test_openai_endpoint import MODEL, base_url, openai_replica, qwen3_folder
 
@@ -82,22 +81,3 @@ async def test_an_episode_whose_turns_do_not_extend_one_sequence_is_refused(
     async with openai_replica(weightsync_server, tmp_path, qwen3_folder) as (inference, _):
         with pytest.raises(ValueError, match="2 trainable branches"):
             await rollouts(task, inference, qwen3_folder, temperature=1.0, max_tokens=3)
-
-
-def test_without_the_http_server_or_a_model_folder_the_config_error_names_the_key(
-    qwen3_folder: Path,
-) -> None:
-    tasks = [vowels_task(turns=1)]
-    cases = [
-        ({}, qwen3_folder, "inference.http.enabled"),
-        ({"http": {"enabled": True, "port": 8000, "tls": True}}, qwen3_folder, "tls"),
-        ({"http": {"enabled": True, "port": 8000}}, None, "trainer.model.path"),
-    ]
-    for inference, model, key in cases:
-        with pytest.raises(ConfigError, match=key):
-            connect_tasks(tasks, inference=inference, model=model)  # type: ignore[arg-type]
-
-
-def test_an_unknown_environment_is_a_config_error_naming_it() -> None:
-    with pytest.raises(ConfigError, match="no_such_env"):
-        build_task(VerifiersTaskConfig(env="no_such_env"), seed=0)
