@@ -3,6 +3,7 @@ calls; the template of each format writes what its parser reads."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from tidal.text.tool_calls import (
     ParsedTurn,
     ToolCall,
     ToolCallParser,
+    schema_validator,
     tool_call_parser,
 )
 
@@ -126,6 +128,14 @@ def test_an_unknown_tool_is_named_in_the_error(fmt: str) -> None:
 def test_arguments_off_the_schema_are_an_invalid_call(fmt: str, args: str, why: str) -> None:
     (call,) = _parser(fmt).parse(_call(fmt, "lookup", args), TOOLS).calls
     assert isinstance(call, InvalidCall) and why in call.error and call.name == "lookup"
+
+
+def test_a_tools_schema_is_compiled_once_for_every_call_that_uses_it() -> None:
+    # compiling (and metaschema-checking) a schema per call stalled the orchestrator's
+    # event loop for every episode's every turn
+    first = schema_validator(LOOKUP["function"]["parameters"])
+    ByteCallParser().parse(_byte('lookup {"key": "ab"}'), [copy.deepcopy(LOOKUP)])
+    assert schema_validator(copy.deepcopy(LOOKUP["function"]["parameters"])) is first
 
 
 @pytest.mark.parametrize("fmt", ["hermes", "byte"])

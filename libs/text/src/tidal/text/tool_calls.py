@@ -9,6 +9,7 @@ assistant message's `tool_calls`, so demonstrations and rollouts agree.
 
 from __future__ import annotations
 
+import functools
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -16,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import jsonschema
+from jsonschema.exceptions import best_match
+from jsonschema.protocols import Validator
 
 from tidal.common.errors import ConfigError
 from tidal.text.byte import ByteTokenizer
@@ -56,6 +59,21 @@ def tool_spec(tool: Mapping[str, Any]) -> Mapping[str, Any]:
     return function if isinstance(function, Mapping) else tool
 
 
+def schema_validator(schema: Mapping[str, Any]) -> Validator:
+    """The validator of a tool's parameters schema, built (and the schema checked against
+    its metaschema) once per distinct schema: that costs far more than a validation, and
+    every turn of every episode checks its calls on the orchestrator's event loop."""
+    return _validator(json.dumps(schema, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=256)
+def _validator(schema_json: str) -> Validator:
+    schema = json.loads(schema_json)
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
 def check_call(
     name: Any, arguments: Any, text: str, tools: Sequence[Mapping[str, Any]]
 ) -> ToolCall | InvalidCall:
@@ -79,12 +97,12 @@ def check_call(
         return InvalidCall(text, f"unknown tool {name!r} (tools: {known})", name)
     schema = specs[name].get("parameters") or {"type": "object"}
     try:
-        jsonschema.validate(arguments, schema)
-    except jsonschema.ValidationError as e:
-        where = "/".join(str(p) for p in e.absolute_path) or "arguments"
-        return InvalidCall(text, f"{name}: {where}: {e.message}", name)
+        error = best_match(schema_validator(schema).iter_errors(arguments))
     except RecursionError:
         return InvalidCall(text, f"arguments of {name} are nested too deeply", name)
+    if error is not None:  # the error `jsonschema.validate` would raise
+        where = "/".join(str(p) for p in error.absolute_path) or "arguments"
+        return InvalidCall(text, f"{name}: {where}: {error.message}", name)
     return ToolCall(name, arguments)
 
 
