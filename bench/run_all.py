@@ -17,6 +17,7 @@ NOT_BENCHMARKS = {
     "common",
     "inference_kv",
     "rl_same_tokenizer",
+    "slow_lookup_task",
     "gpu_check",
     "gpu_stages",
 }
