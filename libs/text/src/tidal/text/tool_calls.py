@@ -63,7 +63,7 @@ def schema_validator(schema: Mapping[str, Any]) -> Validator:
     """The validator of a tool's parameters schema, built (and the schema checked against
     its metaschema) once per distinct schema: that costs far more than a validation, and
     every turn of every episode checks its calls on the orchestrator's event loop."""
-    return _validator(json.dumps(schema, sort_keys=True))
+    return _validator(json.dumps(schema))  # key order kept: it orders equally good errors
 
 
 @functools.lru_cache(maxsize=256)
