@@ -16,7 +16,7 @@ from metrics.jsonl (the first `SKIP` RL steps left out):
 Ratios: pooled medians slow / 0 ms, and "paired": the median over slow steps of the
 step's figure / the mean of its two 0 ms neighbours' (robust to drift within a run).
 
-    python bench/tool_latency.py [--repeats 3] [--steps 20] [--latency-ms 200]
+    python bench/tool_latency.py [--repeats 4] [--steps 16] [--latency-ms 200]
                                  [--warmup-steps 200 | --model WARMED_FOLDER]
 """
 
@@ -184,8 +184,8 @@ def summarize(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--latency-ms", type=int, default=200)
     parser.add_argument("--warmup-steps", type=int, default=200)
     parser.add_argument("--model", type=Path, help="a warmed-up model folder: skip step 1")
