@@ -4,6 +4,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tidal-setup
+TEST_STAMP := $(VENV)/.tidal-test-extras
 PROTO_SRC := protos
 PROTO_OUT := libs/rpc/src
 PROTOS := $(shell find $(PROTO_SRC) -name '*.proto' | sort)
@@ -22,8 +23,14 @@ $(STAMP): $(PYPROJECTS)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e libs/rpc -e libs/common -e libs/weights -e libs/models -e libs/batch -e libs/text -e services/weightsync \
-		-e services/trainer -e services/inference -e 'services/orchestrator[reasoning-gym,verifiers]' -e '.[dev]'
+		-e services/trainer -e services/inference -e 'services/orchestrator[reasoning-gym]' -e '.[dev]'
 	touch $(STAMP)
+
+# Extras only the suite needs (the verifiers environment library is large): `make run`
+# and the checks never wait for them.
+$(TEST_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e 'services/orchestrator[reasoning-gym,verifiers]'
+	touch $(TEST_STAMP)
 
 proto: setup
 	$(BIN)/python -m grpc_tools.protoc -I $(PROTO_SRC) --python_out=$(PROTO_OUT) \
@@ -48,7 +55,7 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: setup proto-check config-check
+test: setup proto-check config-check $(TEST_STAMP)
 	$(BIN)/python -m pytest -m "not gpu and not deploy" $(PYTEST_ARGS)
 
 run: setup
