@@ -63,6 +63,21 @@ def detach_child() -> None:
     ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+async def exchange(conn: Connection, message: object) -> Any:
+    """Send `message` to a worker and await its answer without blocking the event loop
+    (EOFError when the worker is gone)."""
+    loop = asyncio.get_running_loop()
+    readable: asyncio.Future[None] = loop.create_future()
+    fd = conn.fileno()
+    loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
+    try:
+        conn.send(message)
+        await readable
+        return conn.recv()
+    finally:
+        loop.remove_reader(fd)
+
+
 def _serve(conn: Connection, tasks: Mapping[str, Task]) -> None:
     """A worker's loop: (problem, completion) in, ("ok", reward, scores) or ("error", why) out."""
     detach_child()
@@ -142,16 +157,7 @@ class _Worker:
         self.conn = conn
 
     async def call(self, problem: Problem, completion: str | list[str]) -> tuple[Any, ...]:
-        loop = asyncio.get_running_loop()
-        readable: asyncio.Future[None] = loop.create_future()
-        fd = self.conn.fileno()
-        loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
-        try:
-            self.conn.send((problem, completion))
-            await readable
-            return self.conn.recv()  # type: ignore[no-any-return]
-        finally:
-            loop.remove_reader(fd)
+        return await exchange(self.conn, (problem, completion))  # type: ignore[no-any-return]
 
     def kill(self) -> None:
         self.conn.close()

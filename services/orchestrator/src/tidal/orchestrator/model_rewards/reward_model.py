@@ -25,7 +25,7 @@ from tidal.common.errors import ConfigError
 from tidal.orchestrator.model_rewards.config import RewardModelConfig
 from tidal.orchestrator.model_rewards.judge import completion_text
 from tidal.orchestrator.tasks.base import Problem
-from tidal.orchestrator.verifier_pool import VerifyOutcome, detach_child
+from tidal.orchestrator.verifier_pool import VerifyOutcome, detach_child, exchange
 
 log = logging.getLogger(__name__)
 READY_TIMEOUT_S = 600.0
@@ -110,20 +110,11 @@ class RewardModel:
                 start += len(inputs)
 
     async def _call(self, inputs: list[Input]) -> list[float]:
-        loop = asyncio.get_running_loop()
-        readable: asyncio.Future[None] = loop.create_future()
-        fd = self._conn.fileno()
-        loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
         try:
-            self._conn.send(inputs)
-            await readable
-            try:
-                kind, value = self._conn.recv()
-            except EOFError:
-                died = f"reward model {self.config.path}: its worker process died"
-                raise WorkerDied(died) from None
-        finally:
-            loop.remove_reader(fd)
+            kind, value = await exchange(self._conn, inputs)
+        except EOFError:
+            died = f"reward model {self.config.path}: its worker process died"
+            raise WorkerDied(died) from None
         if kind != "ok":
             raise BatchFailed(value)
         return list(value)
