@@ -20,7 +20,9 @@ Then `inference_kv.py` (same process, after the above): GRPO-group and 3-turn ep
 latency with and without prefix caching on a smaller long-context model
 (`summary.prefix_cache_speedup_multiturn`, `..._grpo`). `summary.kv_bytes_per_token`
 and `kv_bytes_per_sequence_rl` are for this benchmark's main model in fp32 (the latter
-is the rl scenario's mean sequence, rounded up to blocks).
+is the rl scenario's mean sequence, rounded up to blocks). Then `inference_step.py`: the
+engine's decode step at `rl_step.py`'s small RL shape (64 sequences of a ~4M model), split
+into the model forward and the work around it (`summary.rl_small_step`).
 
 Runs alternate between systems and the medians are compared, so drift on a shared
 machine hits both alike.
@@ -39,10 +41,10 @@ plain-`F.linear` decode variant. `summary.skipped` lists them; `summary.kernels_
 is the engine's own account of the path it ran, `machine.cpu_native_bf16` the probe's.
 
 `--device cuda` runs both systems on the GPU and writes `inference.cuda.json`; the decode
-step study and `inference_kv.py` (CPU kernel studies) are left out there.
+step study, `inference_kv.py` and `inference_step.py` (CPU studies) are left out there.
 
 `python bench/inference.py [--repeats N] [--dtypes float32 bfloat16] [--threads T]
-[--scenarios fixed eos rl] [--kv-repeats N] [--device cpu|cuda]`
+[--scenarios fixed eos rl] [--kv-repeats N] [--step-rounds N] [--device cpu|cuda]`
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import print_table, write_result
 from inference_kv import measure_kv
+from inference_step import measure_step
 
 from tidal.inference.batching import Batcher
 from tidal.inference.block_manager import blocks_for
@@ -200,9 +203,7 @@ class HuggingFace:
 class _GqaSdpaDecode(DecodeAttention):
     """Decode attention as SDPA with `enable_gqa` and a bool mask: one query row per head."""
 
-    def __init__(
-        self, cache: PagedKVCache, tables: list[list[int]], positions: torch.Tensor
-    ) -> None:
+    def __init__(self, cache: PagedKVCache, tables: list[list[int]], positions: list[int]) -> None:
         super().__init__(cache, tables, positions)
         self.visible = torch.isfinite(self.mask)  # (B, 1, 1, S) bool, True = attend
 
@@ -211,7 +212,7 @@ class _GqaSdpaDecode(DecodeAttention):
 
 
 class _GqaSdpaCache(PagedKVCache):
-    def decode(self, tables: list[list[int]], positions: torch.Tensor) -> DecodeAttention:
+    def decode(self, tables: list[list[int]], positions: list[int]) -> DecodeAttention:
         return _GqaSdpaDecode(self, tables, positions)
 
 
@@ -246,7 +247,7 @@ def running_batch(
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
     sequences = []
     for prompt in prompts:
-        s = Sequence(None, 0, prompt, params, torch.zeros(NEW_TOKENS), NEW_TOKENS)  # type: ignore[arg-type]
+        s = Sequence(None, 0, prompt, params, [0.0] * NEW_TOKENS, NEW_TOKENS)  # type: ignore[arg-type]
         s.blocks = [cache.blocks.allocate() for _ in range(per_sequence)]
         sequences.append(s)
     batcher.extend(
@@ -370,6 +371,7 @@ def main() -> None:
     )
     parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
     parser.add_argument("--kv-repeats", type=int, default=3, help="inference_kv.py's rounds")
+    parser.add_argument("--step-rounds", type=int, default=10, help="inference_step.py's rounds")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     cli = parser.parse_args()
     if cli.device == "cuda" and not torch.cuda.is_available():
@@ -432,9 +434,15 @@ def main() -> None:
         key = "speedup_vs_hf" if scenario == "fixed" else f"speedup_vs_hf_{scenario}"
         summary[key] = summary.get(f"speedup_vs_hf_{scenario}_{cli.dtypes[0]}")
     if on_gpu:
-        summary["skipped"] += ["decode step study (CPU kernels)", "inference_kv.py (CPU)"]
+        summary["skipped"] += [
+            "decode step study (CPU kernels)",
+            "inference_kv.py (CPU)",
+            "inference_step.py (CPU)",
+        ]
     else:
         summary.update(kv_summary(runs, cli))
+        step_table, summary["rl_small_step"] = measure_step(cli.step_rounds)
+        print_table("decode step at the small RL shape (inference_step.py, ms)", step_table)
     step_rows, step_shares = [], {}
     for dtype in [] if on_gpu else cli.dtypes:
         step_ms, step_shares[dtype] = decode_step_study(state, prompts, DTYPES[dtype])

@@ -16,6 +16,7 @@ NOT_BENCHMARKS = {
     "run_all",
     "common",
     "inference_kv",
+    "inference_step",
     "rl_same_tokenizer",
     "slow_lookup_task",
     "gpu_check",

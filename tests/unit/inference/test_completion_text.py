@@ -6,7 +6,6 @@ across BPE merges and characters split over tokens."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from tidal.inference.completion_text import CompletionText
 from tidal.inference.sampling import SamplingParams
@@ -19,7 +18,7 @@ REPLACEMENT = "\ufffd"
 def run_sequence(tok: HFTokenizer, ids: list[int], params: SamplingParams) -> Sequence:
     """Append `ids` as if sampled, one per step, until the sequence stops."""
     text = CompletionText(tok, params.stop)
-    seq = Sequence(None, 0, [1], params, torch.zeros(len(ids)), len(ids), text=text)
+    seq = Sequence(None, 0, [1], params, [0.0] * len(ids), len(ids), text=text)
     for token in ids:
         seq.append(token, -1.0, None, version=0)
         if seq.done:

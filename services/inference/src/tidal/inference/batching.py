@@ -88,16 +88,18 @@ class Batcher:
         for w in work:
             w.leader.computed = w.end
             if w.leader.prefix_cacheable:
-                manager.register(w.leader.blocks, w.leader.all_ids, w.start // bs, w.end // bs)
+                first, end = w.start // bs, w.end // bs
+                manager.register(
+                    w.leader.blocks, w.leader.all_ids, first, end, w.leader.block_hashes
+                )
         sampling = [i for i, w in enumerate(work) if w.sample]
         if not sampling:
             return
         last = (torch.tensor([w.end - w.start for w in work]).cumsum(0) - 1)[sampling]  # (G,)
         # The LM head on the sampled positions only: (T, V) logits would be mostly unused.
         next_logits = self.model.lm_head(hidden[0, last.to(self.device)]).float()  # (G, V)
+        self.cache.copy_blocks([pair for i in sampling for pair in work[i].copies])
         for i in sampling:
-            for source, dest in work[i].copies:
-                self.cache.copy_block(source, dest)
             for f in work[i].followers:
                 f.computed = work[i].end
         groups = [[work[i].leader, *work[i].followers] for i in sampling]
@@ -110,16 +112,16 @@ class Batcher:
     def decode(self, sequences: list[Sequence], version: int) -> None:
         """Feed each sequence's last token (its block already allocated) and sample the next."""
         inputs = torch.tensor([[s.token_ids[-1]] for s in sequences], device=self.device)  # (B, 1)
-        pos = torch.tensor([s.position for s in sequences], device=self.device)  # (B,)
-        attention = self.cache.decode([s.blocks for s in sequences], pos)
-        logits = self.model(inputs, pos[:, None], attention=attention)[:, -1]  # (B, V)
+        positions = [s.position for s in sequences]
+        attention = self.cache.decode([s.blocks for s in sequences], positions)
+        logits = self.model(inputs, attention.positions[:, None], attention=attention)[:, -1]
         manager, bs = self.cache.blocks, self.cache.block_size
-        for s in sequences:
-            s.computed = s.position + 1
+        for s, position in zip(sequences, positions, strict=True):
+            s.computed = position + 1
             if s.computed % bs == 0 and s.prefix_cacheable:  # it just filled its block
                 full = s.computed // bs
-                manager.register(s.blocks, s.all_ids, full - 1, full)
-        self._sample(sequences, logits, version)
+                manager.register(s.blocks, s.all_ids, full - 1, full, s.block_hashes)
+        self._sample(sequences, logits, version)  # logits (B, V)
 
     def _sample(self, sequences: list[Sequence], logits: torch.Tensor, version: int) -> None:
         """One token per sequence from `logits` (B, V), recorded with its logprobs."""
@@ -138,16 +140,27 @@ class Batcher:
     def _draw(
         self, sequences: list[Sequence], logits: torch.Tensor
     ) -> tuple[torch.Tensor, list[float], list[float | None]]:
-        """Filtered, seeded draws: tokens (B,), their logprobs and (on request) model logprobs."""
+        """Filtered, seeded draws: tokens (B,), their logprobs and (on request) model logprobs.
+
+        A parameter no row uses stays None, so the common step (plain temperature-1
+        sampling) builds no per-row tensors beyond the uniforms."""
         params = [s.params for s in sequences]
         device = logits.device
-        temperature = torch.tensor([p.temperature for p in params], device=device)  # (B,)
-        top_k = torch.tensor([p.top_k for p in params], device=device)
-        top_p = torch.tensor([p.top_p for p in params], device=device)
-        min_p = torch.tensor([p.min_p for p in params], device=device)
+
+        def column(values: list[Any], used: bool) -> torch.Tensor | None:
+            return torch.tensor(values, device=device) if used else None
+
+        temperatures = [p.temperature for p in params]
+        temperature = column(temperatures, any(t != 1 for t in temperatures))  # (B,)
+        top_k = column([p.top_k for p in params], any(p.top_k > 0 for p in params))
+        top_p = column([p.top_p for p in params], any(0 < p.top_p < 1 for p in params))
+        min_p = column([p.min_p for p in params], any(p.min_p > 0 for p in params))
         logprobs = filtered_logprobs(logits, temperature, top_k, top_p, min_p)  # (B, V)
-        uniforms = torch.stack([s.uniforms[len(s.token_ids)] for s in sequences])  # (B,)
-        tokens = sample_tokens(logprobs, temperature <= 0, uniforms)  # (B,)
+        uniforms = torch.tensor(
+            [s.uniforms[len(s.token_ids)] for s in sequences], dtype=torch.float64
+        )  # (B,)
+        greedy = None if temperature is None else temperature <= 0
+        tokens = sample_tokens(logprobs, greedy, uniforms)  # (B,)
         chosen = logprobs.gather(-1, tokens[:, None]).squeeze(-1).tolist()
         model_lp: list[float | None] = [None] * len(sequences)
         if any(p.model_logprobs for p in params):

@@ -88,22 +88,31 @@ class BlockManager:
 
     # -- prefix cache -------------------------------------------------------------------------
 
-    def chain_hashes(self, token_ids: list[int], full_blocks: int) -> list[int]:
-        """Content hashes of the first `full_blocks` blocks of `token_ids`."""
-        hashes, parent, bs = [], 0, self.block_size
-        for i in range(full_blocks):
+    def chain_hashes(
+        self, token_ids: list[int], full_blocks: int, known: list[int] | None = None
+    ) -> list[int]:
+        """Content hashes of (at least) the first `full_blocks` blocks of `token_ids`.
+
+        `known` holds the hashes of its leading blocks computed before (a sequence's own
+        list): it is extended in place and returned, so a growing sequence hashes each
+        block once."""
+        hashes = [] if known is None else known
+        parent, bs = (hashes[-1] if hashes else 0), self.block_size
+        for i in range(len(hashes), full_blocks):
             parent = hash((parent, tuple(token_ids[i * bs : (i + 1) * bs])))
             hashes.append(parent)
         return hashes
 
-    def lookup(self, token_ids: list[int], max_blocks: int) -> list[int]:
+    def lookup(
+        self, token_ids: list[int], max_blocks: int, known: list[int] | None = None
+    ) -> list[int]:
         """Cached blocks holding the longest prefix of `token_ids` (at most `max_blocks`),
-        each taken with one more reference."""
+        each taken with one more reference; `known` as in `chain_hashes`."""
         found: list[int] = []
         bs = self.block_size
         if not self.prefix_caching:
             return found
-        for i, h in enumerate(self.chain_hashes(token_ids, max_blocks)):
+        for i, h in enumerate(self.chain_hashes(token_ids, max_blocks, known)[:max_blocks]):
             block = self._by_hash.get(h)
             if block is None or self._tokens_of[block] != tuple(token_ids[i * bs : (i + 1) * bs]):
                 break
@@ -114,14 +123,19 @@ class BlockManager:
         return found
 
     def register(
-        self, table: list[int], token_ids: list[int], start_block: int, end_block: int
+        self,
+        table: list[int],
+        token_ids: list[int],
+        start_block: int,
+        end_block: int,
+        known: list[int] | None = None,
     ) -> None:
         """Register blocks `[start_block, end_block)` of `table`, full and computed, whose
-        tokens are `token_ids[: end_block * block_size]`'s."""
+        tokens are `token_ids[: end_block * block_size]`'s; `known` as in `chain_hashes`."""
         if end_block <= start_block or not self.prefix_caching:
             return
         bs = self.block_size
-        hashes = self.chain_hashes(token_ids, end_block)
+        hashes = self.chain_hashes(token_ids, end_block, known)
         for i in range(start_block, end_block):
             block, h = table[i], hashes[i]
             if block in self._hash_of or h in self._by_hash:

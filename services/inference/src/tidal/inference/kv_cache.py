@@ -136,24 +136,38 @@ class PagedKVCache:
         self.v = lazy_zeros(shape, dtype=dtype, device=device)
         self.block_size = block_size
         self.blocks = BlockManager(num_blocks, block_size, prefix_caching=prefix_caching)
+        # Per-layer views made once: a decode step's layers index them, not the whole cache.
+        self.layers = list(zip(self.k.unbind(0), self.v.unbind(0), strict=True))
+        """(keys, values) of each layer, `(NB * BS, Hkv, D)` each."""
+        self.layer_blocks = [
+            (k.view(num_blocks, -1), v.view(num_blocks, -1)) for k, v in self.layers
+        ]
+        """The same, viewed as `(NB, BS * Hkv * D)`: one row per block."""
 
     @property
     def nbytes(self) -> int:
         """Bytes of keys and values of the whole cache."""
         return self.k.nbytes + self.v.nbytes
 
-    def copy_block(self, source: int, target: int) -> None:
-        """Copy every position of block `source` into block `target` (a sample's own tail)."""
-        bs = self.block_size
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy every position of each `(source, target)` block pair (samples' own tails),
+        all layers and pairs in one indexed copy per cache."""
+        if not pairs:
+            return
+        device = self.k.device
+        sources = torch.tensor([s for s, _ in pairs], device=device)
+        targets = torch.tensor([t for _, t in pairs], device=device)
+        n_layers, n_blocks = self.k.shape[0], self.blocks.num_blocks
         for cache in (self.k, self.v):
-            cache[:, target * bs : (target + 1) * bs] = cache[:, source * bs : (source + 1) * bs]
+            by_block = cache.view(n_layers, n_blocks, -1)  # (L, NB, BS * Hkv * D)
+            by_block.index_copy_(1, targets, by_block.index_select(1, sources))
 
     def extend(
         self, tables: list[list[int]], starts: list[int], lengths: list[int]
     ) -> ExtendAttention:
         return ExtendAttention(self, tables, starts, lengths)
 
-    def decode(self, tables: list[list[int]], positions: torch.Tensor) -> DecodeAttention:
+    def decode(self, tables: list[list[int]], positions: list[int]) -> DecodeAttention:
         return DecodeAttention(self, tables, positions)
 
 
@@ -188,7 +202,7 @@ class ExtendAttention:
     def __call__(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
-        ck, cv = self.cache.k[layer], self.cache.v[layer]  # (NB * BS, Hkv, D)
+        ck, cv = self.cache.layers[layer]  # (NB * BS, Hkv, D)
         outs = []
         for rows, start, off, n, mask in zip(
             self.rows, self.starts, self.offsets, self.lengths, self.masks, strict=True
@@ -214,22 +228,21 @@ class DecodeAttention:
     D)`; positions past a sequence's own are masked by an additive mask built once per step.
     """
 
-    def __init__(
-        self, cache: PagedKVCache, tables: list[list[int]], positions: torch.Tensor
-    ) -> None:
+    def __init__(self, cache: PagedKVCache, tables: list[list[int]], positions: list[int]) -> None:
         self.cache = cache
-        device, bs = positions.device, cache.block_size
-        pos = positions.tolist()
-        width = max(pos) // bs + 1  # blocks read per sequence
+        device, bs = cache.k.device, cache.block_size
+        self.positions = torch.tensor(positions, device=device)  # (B,)
+        width = max(positions) // bs + 1  # blocks read per sequence
         self.batch, self.width = len(tables), width
         self.blocks = torch.tensor(
             [t[:width] + [0] * (width - len(t[:width])) for t in tables], device=device
         ).flatten()  # (B * W,); padding reads block 0, masked below
         self.write_rows = torch.tensor(
-            [t[p // bs] * bs + p % bs for t, p in zip(tables, pos, strict=True)], device=device
+            [t[p // bs] * bs + p % bs for t, p in zip(tables, positions, strict=True)],
+            device=device,
         )  # (B,)
         keys = torch.arange(width * bs, device=device)
-        visible = keys[None, :] <= positions[:, None]  # (B, W * BS)
+        visible = keys[None, :] <= self.positions[:, None]  # (B, W * BS)
         # Additive, in the cache dtype: SDPA's CPU kernel adds a float mask directly
         # instead of converting a bool one in every layer.
         mask = torch.zeros(visible.shape, dtype=cache.k.dtype, device=device)
@@ -239,14 +252,14 @@ class DecodeAttention:
     def __call__(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
-        ck, cv = self.cache.k[layer], self.cache.v[layer]  # (NB * BS, Hkv, D)
+        ck, cv = self.cache.layers[layer]  # (NB * BS, Hkv, D)
         ck.index_copy_(0, self.write_rows, k[:, :, 0])  # k: (B, Hkv, 1, D)
         cv.index_copy_(0, self.write_rows, v[:, :, 0])
         _, n_kv, d = ck.shape
         span = self.width * self.cache.block_size
-        by_block = (self.cache.blocks.num_blocks, -1)
-        keys = ck.view(by_block).index_select(0, self.blocks)  # (B * W, BS * Hkv * D)
-        values = cv.view(by_block).index_select(0, self.blocks)
+        k_blocks, v_blocks = self.cache.layer_blocks[layer]  # (NB, BS * Hkv * D)
+        keys = k_blocks.index_select(0, self.blocks)  # (B * W, BS * Hkv * D)
+        values = v_blocks.index_select(0, self.blocks)
         keys = keys.view(self.batch, span, n_kv, d).transpose(1, 2)  # (B, Hkv, W * BS, D)
         values = values.view(self.batch, span, n_kv, d).transpose(1, 2)
         return self.attend(q, keys, values)  # (B, H, 1, D)

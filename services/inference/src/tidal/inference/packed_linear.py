@@ -105,8 +105,13 @@ class PackedLinear(nn.Linear):
             or self.weight.is_inference()  # no version counter: a reload could go unseen
         ):
             return F.linear(x, self.weight, self.bias)
-        flat = x.reshape(-1, self.in_features).to(self.compute_dtype)  # (M, in)
-        bias = None if self.bias is None else self.bias.to(self.compute_dtype)
+        flat = x.reshape(-1, self.in_features)  # (M, in)
+        bias = self.bias
+        # Casts only where needed: even a no-op `.to` costs a dispatch, and this runs per layer.
+        if flat.dtype != self.compute_dtype:
+            flat = flat.to(self.compute_dtype)
+        if bias is not None and bias.dtype != self.compute_dtype:
+            bias = bias.to(self.compute_dtype)
         out = torch.ops.mkldnn._linear_pointwise(
             flat, self._current_packed(), bias, "none", [], ""
         )  # (M, out)

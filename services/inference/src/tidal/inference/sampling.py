@@ -52,23 +52,39 @@ def draw_uniforms(seed: int, count: int) -> torch.Tensor:
 
 def filtered_logprobs(
     logits: torch.Tensor,  # (B, V) fp32
-    temperature: torch.Tensor,  # (B,) fp32; 0 = greedy
-    top_k: torch.Tensor,  # (B,) long; <= 0 = off
-    top_p: torch.Tensor,  # (B,) fp32; <= 0 or >= 1 = off
-    min_p: torch.Tensor | None = None,  # (B,) fp32; <= 0 = off
+    temperature: torch.Tensor | None,  # (B,) fp32; 0 = greedy; None = 1 for every row
+    top_k: torch.Tensor | None,  # (B,) long; <= 0 = off; None = off for every row
+    top_p: torch.Tensor | None,  # (B,) fp32; <= 0 or >= 1 = off; None = off for every row
+    min_p: torch.Tensor | None = None,  # (B,) fp32; <= 0 = off; None = off for every row
 ) -> torch.Tensor:
-    """Log-probabilities `(B, V)` of the distribution each row samples from (-inf = filtered)."""
+    """Log-probabilities `(B, V)` of the distribution each row samples from (-inf = filtered).
+
+    None for a parameter no row uses skips its checks: the result is the same either way.
+    """
     vocab = logits.shape[-1]
-    greedy = temperature <= 0
-    if bool(greedy.all()):
-        return torch.log_softmax(logits, dim=-1)
-    scale = torch.where(greedy, torch.ones_like(temperature), temperature)
-    scaled = logits / scale[:, None] if bool((scale != 1).any()) else logits  # (B, V)
-    if min_p is not None and bool(((min_p > 0) & ~greedy).any()):
-        # p >= min_p * p_max  <=>  logit >= max logit + log(min_p), on the scaled logits
-        floor = scaled.max(dim=-1).values + torch.log(min_p.clamp(min=1e-30))  # (B,)
-        drop = (scaled < floor[:, None]) & ((min_p > 0) & ~greedy)[:, None]  # (B, V)
-        scaled = scaled.masked_fill(drop, float("-inf"))
+    greedy: torch.Tensor | None = None
+    scaled = logits  # (B, V)
+    if temperature is not None:
+        greedy = temperature <= 0
+        if bool(greedy.all()):
+            return torch.log_softmax(logits, dim=-1)
+        scale = torch.where(greedy, torch.ones_like(temperature), temperature)
+        scaled = logits / scale[:, None] if bool((scale != 1).any()) else logits
+    if min_p is not None:
+        active = min_p > 0 if greedy is None else (min_p > 0) & ~greedy  # (B,)
+        if bool(active.any()):
+            # p >= min_p * p_max  <=>  logit >= max logit + log(min_p), on the scaled logits
+            floor = scaled.max(dim=-1).values + torch.log(min_p.clamp(min=1e-30))  # (B,)
+            scaled = scaled.masked_fill((scaled < floor[:, None]) & active[:, None], float("-inf"))
+    if top_k is None and top_p is None:
+        return torch.log_softmax(scaled, dim=-1)
+    rows = logits.shape[0]
+    if greedy is None:
+        greedy = torch.zeros(rows, dtype=torch.bool, device=logits.device)
+    if top_k is None:
+        top_k = torch.zeros(rows, dtype=torch.long, device=logits.device)
+    if top_p is None:
+        top_p = torch.ones(rows, device=logits.device)
     k = torch.where(greedy | (top_k <= 0) | (top_k >= vocab), vocab, top_k)  # (B,)
     p_off = greedy | (top_p <= 0) | (top_p >= 1)
     if bool((k >= vocab).all()) and bool(p_off.all()):
@@ -85,11 +101,11 @@ def filtered_logprobs(
 
 def sample_tokens(
     logprobs: torch.Tensor,  # (B, V) from filtered_logprobs
-    greedy: torch.Tensor,  # (B,) bool
+    greedy: torch.Tensor | None,  # (B,) bool; None = no greedy row
     uniforms: torch.Tensor,  # (B,) float64 in [0, 1)
 ) -> torch.Tensor:
     """One token per row: argmax for greedy rows, inverse-CDF draw at `uniforms` otherwise."""
-    if bool(greedy.all()):
+    if greedy is not None and bool(greedy.all()):
         return logprobs.argmax(dim=-1)
     # exp in fp32 (only probabilities below ~1e-38 flush to zero), the running sum in fp64
     # so the CDF's tail is not rounded away.
@@ -103,7 +119,7 @@ def sample_tokens(
     # for a target rounded up to the total.
     last = torch.searchsorted(cdf, total, right=False)  # (B, 1)
     drawn = torch.minimum(drawn, last).squeeze(-1)  # (B,)
-    if bool(greedy.any()):
+    if greedy is not None and bool(greedy.any()):
         drawn = torch.where(greedy, logprobs.argmax(dim=-1), drawn)
     return drawn
 

@@ -228,7 +228,7 @@ class Scheduler:
         end = target(leader)
         # A fresh prompt computes at least its last token: its logits are sampled.
         cacheable = end if leader.token_ids else end - 1
-        hits = manager.lookup(leader.all_ids, cacheable // bs)
+        hits = manager.lookup(leader.all_ids, cacheable // bs, leader.block_hashes)
         need = blocks_for(end, bs) - len(hits)
         if manager.available < need:
             manager.release(hits)

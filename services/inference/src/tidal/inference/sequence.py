@@ -5,6 +5,8 @@ uniforms drawn up front) and its logits, so it gives the same tokens alone, in a
 batch, or recomputed after preemption. Its budget keeps prompt plus completion within the
 served length. A stop token or stop string ends it at the token that produced it, and
 that token is kept, so tokens, logprobs and version tags line up with what was sampled.
+Its text is detokenized token by token only where stop strings need it; otherwise when
+the text is read (a streamed piece, the final completion), off the decode step.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-import torch
 from opentelemetry import trace
 
 from tidal.inference.completion_text import CompletionText
@@ -50,7 +51,8 @@ class Sequence:
     """Which of the request's n samples this is."""
     prompt_ids: list[int]
     params: SamplingParams
-    uniforms: torch.Tensor  # (budget,) float64: the draw of each step (unused when greedy)
+    uniforms: list[float]
+    """The draw of each step, float64 values (unused when greedy)."""
     budget: int
     text: CompletionText | None = None
     """The completion's text; None for an engine without a tokenizer (ids only)."""
@@ -68,6 +70,9 @@ class Sequence:
     finish_reason: FinishReason | None = None
     sent: int = 0
     """Tokens already streamed to the caller."""
+    block_hashes: list[int] = field(default_factory=list)
+    """Prefix-cache chain hashes of its leading full blocks, extended as blocks fill."""
+    _texted: int = field(default=0, init=False, repr=False)  # tokens pushed to `text`
 
     @classmethod
     def start(
@@ -76,9 +81,9 @@ class Sequence:
         """Sample `index` of `request`, with its seeded uniforms and (given a tokenizer) text."""
         params = request.params
         if params.greedy:
-            uniforms = torch.zeros(budget, dtype=torch.float64)
+            uniforms = [0.0] * budget
         else:
-            uniforms = draw_uniforms(row_seed(request.seed, index), budget)
+            uniforms = draw_uniforms(row_seed(request.seed, index), budget).tolist()
         text = None if tokenizer is None else CompletionText(tokenizer, params.stop)
         return cls(request, index, request.prompt_ids, params, uniforms, budget, text=text)
 
@@ -103,13 +108,21 @@ class Sequence:
         if model_logprob is not None:
             self.model_logprobs.append(model_logprob)
         self.policy_versions.append(version)
-        hit_stop_string = self.text is not None and self.text.push(token)
+        hit_stop_string = bool(self.params.stop) and self._push_text()
         if token in self.params.stop_token_ids or hit_stop_string:
             self.finish_reason = "stop"
         elif len(self.token_ids) >= self.budget:
             self.finish_reason = "length"
-        if self.done and self.text is not None:
-            self.text.finish()
+
+    def _push_text(self) -> bool:
+        """Detokenize the tokens not yet pushed; True when the newest completed a stop string."""
+        if self.text is None:
+            return False
+        hit = False
+        while self._texted < len(self.token_ids):
+            hit = self.text.push(self.token_ids[self._texted])
+            self._texted += 1
+        return hit
 
     def piece(self, *, stream: bool) -> Completion:
         """What to deliver now: the tokens since the last piece when streaming, else all."""
@@ -128,4 +141,9 @@ class Sequence:
 
     def take_text(self) -> str:
         """The text since the previous call ("" without a tokenizer)."""
-        return "" if self.text is None else self.text.take()
+        if self.text is None:
+            return ""
+        self._push_text()
+        if self.done:
+            self.text.finish()
+        return self.text.take()
