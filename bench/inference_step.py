@@ -3,11 +3,12 @@ the RL rollout shape, and how much of it is the model's forward.
 
 The shape is `rl_step.py`'s small one: a ~4.2M-parameter Qwen2 (dim 256, 4 layers, MLP
 1024, byte vocabulary), 8 prompts x n = 8 = 64 sequences, 8 new tokens, temperature 1,
-fp32. Medians over rounds: `round_ms_per_step`, a 64-sequence round through `generate`
-(scheduling, prefill, 7 decodes, delivery) over its 8 steps; `decode_step_ms` and
-`forward_ms`, one `Batcher.decode` and the model forward alone on inputs built beforehand,
-interleaved; their difference, `outside_forward_ms`, is inputs, block tables, mask,
-sampling and bookkeeping. `python bench/inference_step.py [--rounds N]` runs it alone.
+fp32, at the inference service's default thread count. Medians over rounds:
+`round_ms_per_step`, a 64-sequence round through `generate` (scheduling, prefill, 7
+decodes, delivery) over its 8 steps; `decode_step_ms` and `forward_ms`, one
+`Batcher.decode` and the model forward alone on inputs built beforehand, interleaved;
+their difference, `outside_forward_ms`, is inputs, block tables, mask, sampling and
+bookkeeping. `python bench/inference_step.py [--rounds N]` runs it alone.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 
 from tidal.inference.batching import Batcher
+from tidal.inference.config import InferenceConfig
 from tidal.inference.native import NativeEngine
 from tidal.inference.packed_linear import choose_linear_kernel
 from tidal.inference.sampling import SamplingParams
@@ -115,8 +117,13 @@ def step_split(state: dict[str, torch.Tensor], rounds: int) -> tuple[float, floa
 def measure_step(rounds: int) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """(table rows, summary figures) of the RL-shape decode step."""
     state = build_state()
-    round_ms = asyncio.run(round_ms_per_step(state, rounds))
-    step_ms, forward_ms = step_split(state, rounds)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(InferenceConfig().num_threads)  # the service's own thread count
+    try:
+        round_ms = asyncio.run(round_ms_per_step(state, rounds))
+        step_ms, forward_ms = step_split(state, rounds)
+    finally:
+        torch.set_num_threads(previous)
     summary = {
         "round_ms_per_step": round(round_ms, 2),
         "decode_step_ms": round(step_ms, 2),
