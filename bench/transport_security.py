@@ -34,7 +34,7 @@ from tidal.weights.client import WeightSyncClient
 from tidal.weights.folder import write_version
 from tidal.weightsync.config import StreamTransport
 from tidal.weightsync.registry import VersionRegistry
-from tidal.weightsync.servicer import WeightSyncServicer
+from tidal.weightsync.servicer import WeightSyncServicer, add_to_server
 
 MODES = ("plaintext", "mtls", "token")
 
@@ -48,7 +48,7 @@ async def measure(mode: str, tls: Path, root: Path, calls: int) -> dict[str, flo
     registry = VersionRegistry(root, keep_last=3)
     binding = ServiceBinding(
         WeightSyncServicer(registry, chunk_bytes=1 << 20, transport=StreamTransport()),
-        pb_grpc.add_WeightSyncServiceServicer_to_server,
+        add_to_server,
         "tidal.rpc.v1.WeightSyncService",
     )
     server = GrpcServer(

@@ -26,10 +26,9 @@ from tidal.common.grpc.server import GrpcServer, ServiceBinding
 from tidal.common.security.credentials import ensure_certificates, ensure_tokens
 from tidal.common.security.transport import PLAINTEXT_LOOPBACK, TransportSecurity
 from tidal.models.cpu_features import FORCE_ENV, bf16_support
-from tidal.rpc.v1 import weightsync_pb2_grpc
 from tidal.weightsync.config import Transport
 from tidal.weightsync.registry import VersionRegistry
-from tidal.weightsync.servicer import WeightSyncServicer
+from tidal.weightsync.servicer import WeightSyncServicer, add_to_server
 
 
 @pytest.fixture(autouse=True)
@@ -96,7 +95,7 @@ async def start_weightsync() -> AsyncIterator[StartWeightSync]:
         registry = VersionRegistry(root, keep_last=keep_last)
         binding = ServiceBinding(
             WeightSyncServicer(registry, chunk_bytes=chunk_bytes, transport=transport),
-            weightsync_pb2_grpc.add_WeightSyncServiceServicer_to_server,
+            add_to_server,
             "tidal.rpc.v1.WeightSyncService",
         )
         server = GrpcServer(

@@ -58,7 +58,7 @@ from tidal.trainer.config import TrainerRunConfig
 from tidal.trainer.main import RunningTrainer, start_trainer
 from tidal.weightsync.config import StreamTransport
 from tidal.weightsync.registry import VersionRegistry
-from tidal.weightsync.servicer import WeightSyncServicer
+from tidal.weightsync.servicer import WeightSyncServicer, add_to_server
 
 from ..helpers.micro_batches import wire_micro_batch
 from ..tls_fixtures import role_security
@@ -178,7 +178,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         binding = ServiceBinding(
             # The stream transport, so UploadWeights reaches its manifest checks too.
             WeightSyncServicer(registry, chunk_bytes=1 << 16, transport=StreamTransport()),
-            weightsync_pb2_grpc.add_WeightSyncServiceServicer_to_server,
+            add_to_server,
             "tidal.rpc.v1.WeightSyncService",
         )
         ws = GrpcServer("127.0.0.1:0", [binding], grpc_config, security=PLAINTEXT_LOOPBACK)

@@ -32,7 +32,7 @@ from tidal.models.args import DecoderArgs
 from tidal.models.cpu_features import bf16_support
 from tidal.models.hf_checkpoint import load_hf_folder, publishable_state_dict
 from tidal.models.layers import DecoderLM
-from tidal.rpc.v1 import common_pb2, weightsync_pb2_grpc
+from tidal.rpc.v1 import common_pb2
 from tidal.rpc.v1 import inference_pb2 as pb
 from tidal.rpc.v1 import inference_pb2_grpc as pb_grpc
 from tidal.text.agreement import TokenizerMismatch, check_agreement
@@ -41,7 +41,7 @@ from tidal.text.hf_tokenizer import HFTokenizer
 from tidal.weights.client import WeightSyncClient
 from tidal.weights.folder import write_version
 from tidal.weights.manifest import VersionEvent, WeightManifest
-from tidal.weightsync.servicer import WeightSyncServicer
+from tidal.weightsync.servicer import WeightSyncServicer, add_to_server
 
 from ..hf_folders import qwen3_folder
 
@@ -356,7 +356,7 @@ async def test_watch_reconnects_after_weightsync_restart(
     await asyncio.sleep(0.3)  # the watch stream breaks; the watcher backs off and retries
     binding = ServiceBinding(
         WeightSyncServicer(weightsync_server.registry, chunk_bytes=1 << 16),
-        weightsync_pb2_grpc.add_WeightSyncServiceServicer_to_server,
+        add_to_server,
         "tidal.rpc.v1.WeightSyncService",
     )
     restarted = GrpcServer(

@@ -22,10 +22,9 @@ from tidal.orchestrator.config import StalenessConfig
 from tidal.orchestrator.inference_pool import InferencePool
 from tidal.orchestrator.staleness import AsyncWindow
 from tidal.orchestrator.version_feed import VersionFeed
-from tidal.rpc.v1 import weightsync_pb2_grpc
 from tidal.weights.client import WeightSyncClient
 from tidal.weightsync.registry import VersionRegistry
-from tidal.weightsync.servicer import WeightSyncServicer
+from tidal.weightsync.servicer import WeightSyncServicer, add_to_server
 
 from .test_weightsync_service import publish_files
 
@@ -84,7 +83,7 @@ async def start_weightsync_on(root: Path, address: str) -> GrpcServer:
     servicer = WeightSyncServicer(VersionRegistry(root, keep_last=3), chunk_bytes=1 << 16)
     binding = ServiceBinding(
         servicer,
-        weightsync_pb2_grpc.add_WeightSyncServiceServicer_to_server,
+        add_to_server,
         "tidal.rpc.v1.WeightSyncService",
     )
     server = GrpcServer(

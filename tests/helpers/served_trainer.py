@@ -17,11 +17,10 @@ from tidal.common.config.shared import GrpcConfig
 from tidal.common.grpc.server import GrpcServer, ServiceBinding
 from tidal.common.security.config import SecurityConfig
 from tidal.common.security.transport import TransportSecurity
-from tidal.rpc.v1 import weightsync_pb2_grpc
 from tidal.trainer.config import TrainerRunConfig
 from tidal.trainer.main import start_trainer
 from tidal.weightsync.registry import VersionRegistry
-from tidal.weightsync.servicer import WeightSyncServicer
+from tidal.weightsync.servicer import WeightSyncServicer, add_to_server
 
 TINY_MODEL = {"dim": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 64}
 
@@ -32,7 +31,7 @@ async def serve(mode: str, tls_dir: Path, run_dir: Path) -> None:
     root.mkdir(parents=True, exist_ok=True)
     binding = ServiceBinding(
         WeightSyncServicer(VersionRegistry(root, keep_last=2), chunk_bytes=1 << 16),
-        weightsync_pb2_grpc.add_WeightSyncServiceServicer_to_server,
+        add_to_server,
         "tidal.rpc.v1.WeightSyncService",
     )
     weightsync = GrpcServer(

@@ -19,6 +19,7 @@ from tidal.common.grpc.channel import make_channel
 from tidal.common.security.transport import TransportSecurity
 from tidal.rpc.v1 import weightsync_pb2 as pb
 from tidal.rpc.v1 import weightsync_pb2_grpc as pb_grpc
+from tidal.weights.chunk_wire import decode_chunk, encode_upload_chunk
 from tidal.weights.manifest import LoadedVersions, VersionEvent, WeightManifest, verify_digests
 from tidal.weights.transport_choice import TransportChoice
 from tidal.weights.wire import (
@@ -39,6 +40,7 @@ RETRYABLE = (
 # ("Internal error from Core"). Resuming an upload is always safe (weightsync checks every
 # offset and sha256), so uploads retry that too.
 UPLOAD_RETRYABLE = (*RETRYABLE, grpc.StatusCode.INTERNAL)
+_SERVICE = "/" + pb.DESCRIPTOR.services_by_name["WeightSyncService"].full_name
 
 
 class WeightSyncClient:
@@ -51,6 +53,15 @@ class WeightSyncClient:
     ) -> None:
         self.channel = make_channel(address, grpc_config, security=security)
         self.stub = pb_grpc.WeightSyncServiceStub(self.channel)
+        # The bulk methods' chunks are coded by `chunk_wire` (one copy of each payload).
+        self._upload_chunks = self.channel.stream_unary(
+            f"{_SERVICE}/UploadWeights", response_deserializer=pb.PublishResponse.FromString
+        )
+        self._fetch_chunks = self.channel.unary_stream(
+            f"{_SERVICE}/FetchWeights",
+            request_serializer=pb.FetchWeightsRequest.SerializeToString,
+            response_deserializer=decode_chunk,
+        )
 
     async def publish(self, manifest: WeightManifest, *, timeout: float = 120.0) -> int:
         request = pb.PublishRequest(manifest=manifest_to_proto(manifest))
@@ -156,7 +167,7 @@ class WeightSyncClient:
                 )
             requests = _upload_requests(manifest, files, chunk_bytes, progress)
             try:
-                return (await self.stub.UploadWeights(requests, timeout=timeout)).version
+                return (await self._upload_chunks(requests, timeout=timeout)).version
             except grpc.aio.AioRpcError as exc:
                 attempt += 1
                 if exc.code() not in UPLOAD_RETRYABLE or attempt > retries:
@@ -205,7 +216,7 @@ class WeightSyncClient:
                 )
             request = pb.FetchWeightsRequest(version=manifest.version, path=path, offset=offset)
             try:
-                async for chunk in self.stub.FetchWeights(request, timeout=timeout):
+                async for chunk in self._fetch_chunks(request, timeout=timeout):
                     start = received.get(chunk.path)
                     if start is None:
                         raise ValueError(f"chunk of {chunk.path!r}, which is not in the manifest")
@@ -247,14 +258,11 @@ async def _upload_requests(
     files: Mapping[str, bytes | bytearray],
     chunk_bytes: int,
     progress: Mapping[str, int],
-) -> AsyncIterator[pb.UploadWeightsRequest]:
-    """The manifest, then every file's chunks from its resume offset on."""
-    yield pb.UploadWeightsRequest(manifest=manifest_to_proto(manifest))
+) -> AsyncIterator[bytes]:
+    """The serialized manifest, then every file's chunks from its resume offset on."""
+    yield pb.UploadWeightsRequest(manifest=manifest_to_proto(manifest)).SerializeToString()
     for f in manifest.files:
         data = memoryview(files[f.path])
         # A file received whole sends nothing: its digest is complete on weightsync.
         for offset in range(progress.get(f.path, 0), len(data), chunk_bytes):
-            piece = bytes(data[offset : offset + chunk_bytes])
-            yield pb.UploadWeightsRequest(
-                chunk=pb.WeightChunk(path=f.path, offset=offset, data=piece)
-            )
+            yield encode_upload_chunk(f.path, offset, data[offset : offset + chunk_bytes])

@@ -11,12 +11,11 @@ from tidal.common.observability.prometheus import ServiceMetrics
 from tidal.common.observability.tracing import setup_telemetry
 from tidal.common.process.service_start import start_service
 from tidal.common.security.transport import for_service
-from tidal.rpc.v1 import weightsync_pb2_grpc as pb_grpc
 from tidal.weightsync.config import WeightSyncRunConfig
 from tidal.weightsync.leases import Leases
 from tidal.weightsync.prometheus import WeightSyncMetrics
 from tidal.weightsync.registry import VersionRegistry
-from tidal.weightsync.servicer import WeightSyncServicer
+from tidal.weightsync.servicer import WeightSyncServicer, add_to_server
 
 log = logging.getLogger(__name__)
 FULL_NAME = "tidal.rpc.v1.WeightSyncService"
@@ -38,7 +37,7 @@ async def serve(config: WeightSyncRunConfig) -> None:
         transport=config.weightsync.transport,
         metrics=WeightSyncMetrics.on(metrics, registry),
     )
-    binding = ServiceBinding(servicer, pb_grpc.add_WeightSyncServiceServicer_to_server, FULL_NAME)
+    binding = ServiceBinding(servicer, add_to_server, FULL_NAME)
     address = config.grpc.listen_address(config.endpoints.weightsync)
     security = for_service(config, "weightsync")
     server = GrpcServer(address, [binding], config.grpc, security=security, metrics=metrics)

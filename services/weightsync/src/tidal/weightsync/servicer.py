@@ -5,13 +5,15 @@ INVALID_ARGUMENT naming it (FetchWeights' `offset` against the file's size from 
 manifest, before any file is opened); UploadWeights only when the stream transport is
 in use (FAILED_PRECONDITION otherwise); request sizes are limited by the server
 (`tidal.common.grpc.limits`: UploadWeights chunks up to `grpc.max_message_bytes`, every other
-RPC `grpc.max_request_bytes`)."""
+RPC `grpc.max_request_bytes`). The chunks of FetchWeights and UploadWeights cross as
+bytes coded by `chunk_wire` (`add_to_server` registers them so), not as messages."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -19,6 +21,7 @@ from tidal.common.errors import FailedPrecondition, InvalidArgument
 from tidal.common.observability.tracing import inject_carrier
 from tidal.rpc.v1 import weightsync_pb2 as pb
 from tidal.rpc.v1 import weightsync_pb2_grpc as pb_grpc
+from tidal.weights.chunk_wire import decode_chunk, encode_chunk, upload_item
 from tidal.weights.manifest import WeightManifest
 from tidal.weights.transport_choice import TransportChoice
 from tidal.weights.wire import (
@@ -124,7 +127,7 @@ class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
 
     async def FetchWeights(
         self, request: pb.FetchWeightsRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.WeightChunk]:
+    ) -> AsyncIterator[bytes]:
         manifest = self.registry.get(request.version).manifest
         names = [f.path for f in manifest.files]
         if request.path and request.path not in names:
@@ -143,14 +146,14 @@ class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
             # filesystem) must not stall every other RPC this server answers.
             async with FileChunks(Path(manifest.location) / name, offset, self.chunk_bytes) as f:
                 async for data in f:
-                    yield pb.WeightChunk(path=name, offset=offset, data=data)
+                    yield encode_chunk(name, offset, data)
                     offset += len(data)
                     if self.metrics is not None:
                         self.metrics.fetched_bytes.inc(len(data))
 
     async def UploadWeights(
         self,
-        request_iterator: AsyncIterator[pb.UploadWeightsRequest],
+        request_iterator: AsyncIterator[bytes],
         context: grpc.aio.ServicerContext,
     ) -> pb.PublishResponse:
         if not isinstance(self.transport, StreamTransport):
@@ -161,10 +164,10 @@ class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
                 f"this service uses {self.transport.type!r}: publish with Publish"
             )
         first = await anext(aiter(request_iterator), None)
-        if first is None or first.WhichOneof("item") != "manifest":
+        item, body = upload_item(first) if first is not None else ("", b"")
+        if item != "manifest":
             raise InvalidArgument("item", "the first UploadWeights message must be the manifest")
-        header = pb.WeightManifest()
-        header.CopyFrom(first.manifest)
+        header = pb.WeightManifest.FromString(bytes(body))
         header.location = header.location or "(uploaded)"  # weightsync decides where
         manifest = manifest_from_proto(header)
         self.registry.check_newer(manifest.version)
@@ -172,9 +175,10 @@ class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
 
         async def chunks() -> AsyncIterator[UploadChunk]:
             async for message in request_iterator:
-                if message.WhichOneof("item") != "chunk":
+                item, body = upload_item(message)
+                if item != "chunk":
                     raise InvalidArgument("item", "only the first message may be a manifest")
-                c = message.chunk
+                c = decode_chunk(body)
                 yield UploadChunk(c.path, c.offset, c.data)
 
         async def register(published: WeightManifest) -> None:
@@ -216,3 +220,38 @@ class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
         return transport_choice_to_proto(
             TransportChoice(choice.transport, choice.chunk_bytes, seat)
         )
+
+
+def add_to_server(servicer: WeightSyncServicer, server: grpc.aio.Server) -> None:
+    """Register `servicer` as the generated code does, except that the chunk-carrying
+    sides of FetchWeights and UploadWeights are plain bytes (`chunk_wire`)."""
+    pb_grpc.add_WeightSyncServiceServicer_to_server(servicer, _BytesChunks(server))
+
+
+class _BytesChunks:
+    """The server as the generated registration sees it: it swaps in the bulk methods'
+    byte handlers and registers every handler both ways (registered, then generic)."""
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self.server = server
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        pass  # rebuilt from the registered handlers below, so both ways agree
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: Mapping[str, grpc.RpcMethodHandler]
+    ) -> None:
+        fetch, upload = handlers["FetchWeights"], handlers["UploadWeights"]
+        swapped = {
+            **handlers,
+            "FetchWeights": grpc.unary_stream_rpc_method_handler(
+                fetch.unary_stream, request_deserializer=fetch.request_deserializer
+            ),
+            "UploadWeights": grpc.stream_unary_rpc_method_handler(
+                upload.stream_unary, response_serializer=upload.response_serializer
+            ),
+        }
+        self.server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(service, swapped),)
+        )
+        self.server.add_registered_method_handlers(service, swapped)

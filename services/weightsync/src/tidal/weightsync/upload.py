@@ -29,7 +29,7 @@ from tidal.weights.manifest import MANIFEST_FILE, CorruptWeights, WeightManifest
 class UploadChunk:
     path: str
     offset: int
-    data: bytes
+    data: bytes | memoryview
 
 
 @dataclass
