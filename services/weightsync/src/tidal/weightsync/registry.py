@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -56,6 +57,9 @@ class VersionRegistry:
         self._loading: dict[str, int] = {}  # replica id → version it is loading
         self._revision = 0  # counts changes subscribers see (publishes, loads, replicas)
         self._changed = asyncio.Event()  # set and replaced at every change
+        self.recycle: Callable[[Path], None] | None = None
+        """Called with a retired version's folder before it is removed (the stream path
+        keeps its weights file to write the next upload over)."""
         self._load_existing()
 
     def _load_existing(self) -> None:
@@ -252,6 +256,8 @@ class VersionRegistry:
         keep |= {base for base in bases if base is not None}
         for version in sorted(set(self._entries) - keep):
             folder = Path(self._entries.pop(version).event.manifest.location)
+            if self.recycle is not None and folder.parent.resolve() == self.root.resolve():
+                self.recycle(folder)
             remove_inside(folder, self.root, ignore_errors=True)
             log.info("retention removed version %d", version)
 

@@ -58,6 +58,8 @@ class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
         self.chunk_bytes = chunk_bytes
         self.transport = transport or FilesystemTransport()
         self.uploads = UploadReceiver(registry.root)
+        if isinstance(self.transport, StreamTransport):
+            registry.recycle = self.uploads.recycle
         self.rendezvous = (
             BroadcastRendezvous(self.transport)
             if isinstance(self.transport, BroadcastTransport)

@@ -4,7 +4,9 @@ Files go into a temp folder, hashed while written, and become `v<version>` only 
 and sha256 match. A cut stream keeps its session (open files, running hashes), so a stream
 with the same manifest resumes without re-reading anything; a wrong stream discards its
 session at once. Finishing is shielded from cancellation, and each write overlaps the next
-chunk's arrival. The rules are in docs/weightsync.md.
+chunk's arrival. A retired version's weights file is kept as a spare that the next upload
+writes over in place: its pages are cached, where a new file's are allocated afresh. The
+rules are in docs/weightsync.md.
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ from tidal.common.errors import InvalidArgument, Unavailable
 from tidal.common.files.durable import commit_dir, fsync_path
 from tidal.common.files.safe_remove import remove_inside
 from tidal.weights.folder import TMP_PREFIX, sweep_partial, version_dir
-from tidal.weights.manifest import MANIFEST_FILE, CorruptWeights, WeightManifest
+from tidal.weights.manifest import MANIFEST_FILE, WEIGHTS_FILE, CorruptWeights, WeightManifest
+
+SPARE_DIR = ".spare"
+"""Under the root: the weights file of the newest retired version, for the next upload."""
 
 
 @dataclass(frozen=True)
@@ -83,9 +88,7 @@ class UploadSession:
                 raise InvalidArgument("chunk.path", f"{chunk.path!r} is not in the manifest")
             f = self.files.get(chunk.path)
             if f is None:
-                target = self.folder / chunk.path
-                target.parent.mkdir(parents=True, exist_ok=True)
-                f = self.files[chunk.path] = _OpenFile(target.open("wb"), hashlib.sha256())
+                f = self.files[chunk.path] = _OpenFile(self._open(chunk.path), hashlib.sha256())
             if chunk.offset > f.written or chunk.offset < 0:
                 raise InvalidArgument(
                     "chunk.offset",
@@ -95,6 +98,16 @@ class UploadSession:
             if skip < len(chunk.data):
                 data = memoryview(chunk.data)[skip:]
                 self._appending = asyncio.ensure_future(asyncio.to_thread(f.append, data))
+
+    def _open(self, name: str) -> BinaryIO:
+        """A new file of the upload: the spare, renamed into place, when there is one."""
+        target = self.folder / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        spare = self.root / SPARE_DIR / name
+        if name == WEIGHTS_FILE and spare.is_file():
+            os.replace(spare, target)
+            return target.open("r+b")  # written over in place, truncated in `finish`
+        return target.open("wb")
 
     def finish(self, final: Path) -> WeightManifest:
         """Verify sizes and sha256, fsync, rename into place; CorruptWeights on mismatch."""
@@ -112,6 +125,7 @@ class UploadSession:
             if f is None:
                 (self.folder / name).touch()
         for f in self.files.values():
+            f.handle.truncate(f.written)  # a spare may have been longer
             f.handle.flush()
             os.fsync(f.handle.fileno())
             f.handle.close()
@@ -137,6 +151,13 @@ class UploadReceiver:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._session: UploadSession | None = None
+
+    def recycle(self, folder: Path) -> None:
+        """Keep a retired version's weights file as the spare (replacing an older one)."""
+        source = folder / WEIGHTS_FILE
+        if source.is_file() and not source.is_symlink():
+            (self.root / SPARE_DIR).mkdir(exist_ok=True)
+            os.replace(source, self.root / SPARE_DIR / WEIGHTS_FILE)
 
     def progress(self, manifest: WeightManifest) -> dict[str, int]:
         """Bytes received per file by the pending upload of `manifest`; {} when none."""
