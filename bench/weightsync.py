@@ -251,6 +251,11 @@ class Stack:
         root = self.work / self.path / "weights"
         self.publisher = WeightPublisher(root, self.client, self.args.to_hf_config())
         await self.publish(state)  # warm-up: the replica builds its model, the group forms
+        # warm-up: until retention leaves the spare weights file that every later upload of
+        # a run writes over (only a run's first `keep_last` versions write new files)
+        if self.path == "stream":
+            for _ in range(WeightSyncConfig().keep_last):
+                await self.publish(state)
         if self.path == "broadcast":
             assert await asyncio.wait_for(self.publisher.transport_ready(), 120)
             await self.publish(state)  # warm-up: the replica's receive buffer is mapped

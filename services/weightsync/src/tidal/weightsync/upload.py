@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from tidal.common.errors import InvalidArgument, Unavailable
-from tidal.common.files.durable import commit_dir, fsync_path
+from tidal.common.files.durable import commit_dir, fsync_path, start_writeback
 from tidal.common.files.safe_remove import remove_inside
 from tidal.weights.folder import TMP_PREFIX, sweep_partial, version_dir
 from tidal.weights.manifest import MANIFEST_FILE, WEIGHTS_FILE, CorruptWeights, WeightManifest
@@ -45,6 +45,8 @@ class _OpenFile:
 
     def append(self, data: bytes | memoryview) -> None:
         self.handle.write(data)
+        self.handle.flush()
+        start_writeback(self.handle.fileno(), self.written, len(data))  # overlaps the upload
         self.digest.update(data)
         self.written += len(data)
 
