@@ -3,10 +3,10 @@
 Files go into a temp folder, hashed while written, and become `v<version>` only once sizes
 and sha256 match. A cut stream keeps its session (open files, running hashes), so a stream
 with the same manifest resumes without re-reading anything; a wrong stream discards its
-session at once. Finishing is shielded from cancellation; each chunk is written and hashed
-on two threads while the next arrives. A retired version's weights file is kept as a spare
-that the next upload writes over in place: its pages are cached, where a new file's are
-allocated afresh. The rules are in docs/weightsync.md.
+session at once. Finishing is shielded from cancellation, and each write overlaps the next
+chunk's arrival. A retired version's weights file is kept as a spare that the next upload
+writes over in place: its pages are cached, where a new file's are allocated afresh. The
+rules are in docs/weightsync.md.
 """
 
 from __future__ import annotations
@@ -43,17 +43,12 @@ class _OpenFile:
     digest: hashlib._Hash
     written: int = 0
 
-    async def append(self, data: bytes | memoryview) -> None:
-        """Write and hash `data` on two worker threads at once (both release the GIL)."""
-        await asyncio.gather(
-            asyncio.to_thread(self._write, data), asyncio.to_thread(self.digest.update, data)
-        )
-        self.written += len(data)
-
-    def _write(self, data: bytes | memoryview) -> None:
+    def append(self, data: bytes | memoryview) -> None:
         self.handle.write(data)
         self.handle.flush()
         start_writeback(self.handle.fileno(), self.written, len(data))  # overlaps the upload
+        self.digest.update(data)
+        self.written += len(data)
 
 
 def _key(manifest: WeightManifest) -> WeightManifest:
@@ -104,7 +99,7 @@ class UploadSession:
             skip = f.written - chunk.offset  # bytes of this chunk already received
             if skip < len(chunk.data):
                 data = memoryview(chunk.data)[skip:]
-                self._appending = asyncio.ensure_future(f.append(data))
+                self._appending = asyncio.ensure_future(asyncio.to_thread(f.append, data))
 
     def _open(self, name: str) -> BinaryIO:
         """A new file of the upload: the spare, renamed into place, when there is one."""
