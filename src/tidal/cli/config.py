@@ -20,6 +20,7 @@ from tidal.inference.config import InferenceConfig
 from tidal.orchestrator.config import OrchestratorConfig
 from tidal.trainer.config import TrainerConfig
 from tidal.trainer.model_folder import check_tokenizer_fits
+from tidal.trainer.shared_prompts import TURN_OFF, shared_prompt_conflicts
 from tidal.weightsync.config import BroadcastTransport, WeightSyncConfig
 
 
@@ -40,6 +41,19 @@ class RunConfig(ServiceRunConfig):
         """The run's tokenizer must fit the model's embedding (both sections are needed)."""
         model = self.trainer.model
         check_tokenizer_fits(self.run.tokenizer, model.path, model.vocab_size)
+        return self
+
+    @model_validator(mode="after")
+    def _shared_prompts_fit_the_trainer(self) -> RunConfig:
+        """Refuse at start what the trainer would refuse at the first step."""
+        if not self.orchestrator.packing.share_prompts:
+            return self
+        conflicts = shared_prompt_conflicts(self.trainer, cp=self.trainer.parallel.cp)
+        if conflicts:
+            raise ValueError(
+                "orchestrator.packing.share_prompts = true does not train with "
+                f"{'; '.join(conflicts)}; or set {TURN_OFF}"
+            )
         return self
 
     @model_validator(mode="after")

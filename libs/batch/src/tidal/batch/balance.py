@@ -5,13 +5,21 @@ Samples go longest first onto the cheapest rank, so rank costs differ by at most
 sample's cost. Ranks step in lock-step, so every rank gets the same number of
 micro-batches (bins split or merged within the budget). Each micro-batch is labelled
 with its rank, and the trainer trains it there as labelled; one rank is plain packing.
+With prompt sharing the unit placed is a prompt's group (cut to fit the budget, halved
+when the ranks cannot get equal counts otherwise), so a group's prompt is held once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tidal.batch.packing import PackedMicroBatch, TrainSample, assign_bins, build_micro_batch
+from tidal.batch.packing import (
+    PackedMicroBatch,
+    TrainSample,
+    assign_bins,
+    build_micro_batch,
+    prompt_groups,
+)
 
 QUADRATIC_SCALE = 2048.0  # a small model's length where attention costs what the rest does
 
@@ -61,21 +69,82 @@ def _equalise(bins_per_rank: list[list[list[int]]], lengths: Sequence[int], budg
         bins_per_rank[rank_high].append(smallest[0] + smallest[1])
 
 
-def pack_for_ranks(
-    samples: Sequence[TrainSample], budget: int, ranks: int
-) -> list[list[PackedMicroBatch]]:
-    """Micro-batches per rank, each labelled with its rank: equal counts, rank costs within
-    one sample's, each ≤ budget."""
-    if len(samples) < ranks:
-        raise ValueError(f"{len(samples)} samples cannot feed {ranks} data-parallel ranks")
-    lengths = [s.num_tokens for s in samples]
-    per_rank = split_by_cost([sample_cost(n) for n in lengths], ranks)
+def _unit_tokens(samples: Sequence[TrainSample], unit: list[int]) -> int:
+    """Tokens of a unit: one sample, or a group's prompt once plus its completions."""
+    if len(unit) == 1:
+        return samples[unit[0]].num_tokens
+    return len(samples[unit[0]].prompt_ids) + sum(len(samples[i].completion_ids) for i in unit)
+
+
+def _unit_cost(samples: Sequence[TrainSample], unit: list[int]) -> float:
+    """`sample_cost` of a unit: each completion attends to the prompt and to itself."""
+    prompt = len(samples[unit[0]].prompt_ids)
+    if len(unit) == 1:
+        return sample_cost(samples[unit[0]].num_tokens)
+    pairs = prompt * prompt
+    for i in unit:
+        n = len(samples[i].completion_ids)
+        pairs += n * n + 2 * prompt * n
+    return _unit_tokens(samples, unit) + pairs / QUADRATIC_SCALE
+
+
+def _group_units(samples: Sequence[TrainSample], budget: int) -> list[list[int]]:
+    """Each prompt's samples, cut into runs whose shared layout fits the budget."""
+    units: list[list[int]] = []
+    for group in prompt_groups(samples):
+        run: list[int] = []
+        for i in group:
+            if run and _unit_tokens(samples, [*run, i]) > budget:
+                units.append(run)
+                run = []
+            run.append(i)
+        units.append(run)
+    return units
+
+
+def _pack_units(
+    samples: Sequence[TrainSample], units: list[list[int]], budget: int, ranks: int
+) -> list[list[list[int]]]:
+    """Sample indices of each rank's bins, the units balanced by cost and bin-packed."""
+    lengths = [_unit_tokens(samples, u) for u in units]
+    per_rank = split_by_cost([_unit_cost(samples, u) for u in units], ranks)
     bins_per_rank = [
         [[idx[j] for j in b] for b in assign_bins([lengths[i] for i in idx], budget)]
         for idx in per_rank
     ]
     _equalise(bins_per_rank, lengths, budget)
+    return [[[i for u in sorted(b) for i in units[u]] for b in bins] for bins in bins_per_rank]
+
+
+def _halves(unit: list[int]) -> list[list[int]]:
+    half = (len(unit) + 1) // 2
+    return [u for u in (unit[:half], unit[half:]) if u]
+
+
+def pack_for_ranks(
+    samples: Sequence[TrainSample], budget: int, ranks: int, *, share_prompts: bool = False
+) -> list[list[PackedMicroBatch]]:
+    """Micro-batches per rank, each labelled with its rank: equal counts, rank costs within
+    one sample's (one group's with `share_prompts`), each ≤ budget."""
+    if len(samples) < ranks:
+        raise ValueError(f"{len(samples)} samples cannot feed {ranks} data-parallel ranks")
+    units = _group_units(samples, budget) if share_prompts else [[i] for i in range(len(samples))]
+    while len(units) < ranks:  # every rank needs a unit: halve the largest group
+        largest = max(units, key=len)
+        units.remove(largest)
+        units += _halves(largest)
+    while True:
+        try:
+            bins_per_rank = _pack_units(samples, units, budget, ranks)
+            break
+        except ValueError:
+            if all(len(u) == 1 for u in units):
+                raise
+            units = [half for u in units for half in _halves(u)]
     return [
-        [build_micro_batch([samples[i] for i in sorted(b)], rank=rank) for b in bins]
+        [
+            build_micro_batch([samples[i] for i in b], rank=rank, share_prompts=share_prompts)
+            for b in bins
+        ]
         for rank, bins in enumerate(bins_per_rank)
     ]

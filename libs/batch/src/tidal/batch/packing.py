@@ -3,9 +3,11 @@
 `PackedMicroBatch` is the `MicroBatch` contract (trainer.proto) as numpy arrays, so the
 torch-free orchestrator builds it. Entry t of `loss_mask`, `advantages` and
 `behaviour_logprobs` scores `input_ids[t]` given the tokens before it: prompt tokens
-carry mask 0 and logprob 0. Bins are filled best-fit decreasing (deterministic); which
-rank trains which bin is `balance.py`'s job. Over-long samples are never cut silently:
-`assign_bins` refuses them, `fit_to_budget` truncates one on the caller's request.
+carry mask 0 and logprob 0. With prompt sharing, samples of one prompt hold it once: the
+prompt is a sample of its own, each completion a sample whose parent it is
+(`sample_parents`), positioned after it. Bins are filled best-fit decreasing
+(deterministic); which rank trains which bin is `balance.py`'s job. Over-long samples
+are never cut silently: `assign_bins` refuses them, `fit_to_budget` truncates one.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class PackedMicroBatch:
     advantages: np.ndarray  # float32 [T]
     behaviour_logprobs: np.ndarray  # float32 [T]
     policy_versions: np.ndarray | None = None  # int32 [T], -1 = unknown; None: all unknown
+    sample_parents: np.ndarray | None = None  # int32 [S], -1 = none; None: no sample has one
     rank: int = 0
     """The data-parallel rank that trains this micro-batch."""
 
@@ -103,28 +106,82 @@ def assign_bins(lengths: Sequence[int], budget: int) -> list[list[int]]:
     return bins
 
 
-def build_micro_batch(samples: Sequence[TrainSample], *, rank: int = 0) -> PackedMicroBatch:
-    """Concatenate samples into one padding-free micro-batch for data-parallel `rank`."""
-    ids, pos, mask, adv, logp, versions = [], [], [], [], [], []
-    for s in samples:
-        n_prompt, n_completion = len(s.prompt_ids), len(s.completion_ids)
-        ids.append(np.asarray(s.prompt_ids + s.completion_ids, dtype=np.int32))
-        pos.append(np.arange(s.num_tokens, dtype=np.int32))
-        completion_mask = s.completion_mask or (1.0,) * n_completion
-        mask.append(np.asarray((0.0,) * n_prompt + tuple(completion_mask), dtype=np.float32))
-        adv.append(np.full(s.num_tokens, s.advantage, dtype=np.float32))
-        completion_logp = s.completion_logprobs or (0.0,) * n_completion
-        logp.append(np.asarray((0.0,) * n_prompt + tuple(completion_logp), dtype=np.float32))
-        completion_versions = s.completion_versions or (-1,) * n_completion
-        versions.append(np.asarray((-1,) * n_prompt + completion_versions, dtype=np.int32))
+def prompt_groups(samples: Sequence[TrainSample]) -> list[list[int]]:
+    """Indices of `samples` grouped by identical prompt, in order of first appearance."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, s in enumerate(samples):
+        groups.setdefault(s.prompt_ids, []).append(i)
+    return list(groups.values())
+
+
+Columns = list[np.ndarray]  # input_ids, loss_mask, advantages, behaviour_logprobs, versions
+
+
+def _prompt_columns(prompt_ids: tuple[int, ...], advantage: float) -> Columns:
+    n = len(prompt_ids)
+    return [
+        np.asarray(prompt_ids, dtype=np.int32),
+        np.zeros(n, dtype=np.float32),
+        np.full(n, advantage, dtype=np.float32),
+        np.zeros(n, dtype=np.float32),
+        np.full(n, -1, dtype=np.int32),
+    ]
+
+
+def _completion_columns(s: TrainSample) -> Columns:
+    n = len(s.completion_ids)
+    return [
+        np.asarray(s.completion_ids, dtype=np.int32),
+        np.asarray(s.completion_mask or (1.0,) * n, dtype=np.float32),
+        np.full(n, s.advantage, dtype=np.float32),
+        np.asarray(s.completion_logprobs or (0.0,) * n, dtype=np.float32),
+        np.asarray(s.completion_versions or (-1,) * n, dtype=np.int32),
+    ]
+
+
+def build_micro_batch(
+    samples: Sequence[TrainSample], *, rank: int = 0, share_prompts: bool = False
+) -> PackedMicroBatch:
+    """Concatenate samples into one padding-free micro-batch for data-parallel `rank`;
+    with `share_prompts`, the completions of one prompt follow that prompt held once."""
+    segments: list[Columns] = []
+    positions: list[np.ndarray] = []
+    parents: list[int] = []
+    groups = prompt_groups(samples) if share_prompts else [[i] for i in range(len(samples))]
+    for group in groups:
+        if len(group) == 1 or any(not samples[i].completion_ids for i in group):
+            for s in (samples[i] for i in group):
+                prompt, completion = (
+                    _prompt_columns(s.prompt_ids, s.advantage),
+                    _completion_columns(s),
+                )
+                segments.append(
+                    [np.concatenate(pair) for pair in zip(prompt, completion, strict=True)]
+                )
+                positions.append(np.arange(s.num_tokens, dtype=np.int32))
+                parents.append(-1)
+            continue
+        prompt_ids = samples[group[0]].prompt_ids
+        parent = len(parents)
+        segments.append(_prompt_columns(prompt_ids, 0.0))
+        positions.append(np.arange(len(prompt_ids), dtype=np.int32))
+        parents.append(-1)
+        for s in (samples[i] for i in group):
+            segments.append(_completion_columns(s))
+            positions.append(np.arange(len(s.completion_ids), dtype=np.int32) + len(prompt_ids))
+            parents.append(parent)
+    ids, mask, adv, logp, versions = (
+        np.concatenate(column) for column in zip(*segments, strict=True)
+    )
     return PackedMicroBatch(
-        input_ids=np.concatenate(ids),
-        position_ids=np.concatenate(pos),
-        sample_lengths=np.asarray([s.num_tokens for s in samples], dtype=np.int32),
-        loss_mask=np.concatenate(mask).astype(np.float32),
-        advantages=np.concatenate(adv),
-        behaviour_logprobs=np.concatenate(logp),
-        policy_versions=np.concatenate(versions),
+        input_ids=ids,
+        position_ids=np.concatenate(positions),
+        sample_lengths=np.asarray([len(seg[0]) for seg in segments], dtype=np.int32),
+        loss_mask=mask,
+        advantages=adv,
+        behaviour_logprobs=logp,
+        policy_versions=versions,
+        sample_parents=np.asarray(parents, dtype=np.int32) if max(parents) >= 0 else None,
         rank=rank,
     )
 

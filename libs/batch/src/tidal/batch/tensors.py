@@ -5,7 +5,8 @@ embedding lookups index with), the rest fp32. `micro_batch_from_packed` is the o
 numpy → torch conversion, for RL steps and `tidal sft` alike. Validation raises
 InvalidArgument naming the field, and refuses a loss on a sample's first token (it has
 no prediction inside its sample) rather than drop it: it means the sender's alignment is
-off by one. The only module of `tidal.batch` that imports torch.
+off by one. A sample with a parent continues it, so its first token is predicted at the
+parent's last (`prediction_index`). The only module of `tidal.batch` that imports torch.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ class MicroBatchData:
     behaviour_logprobs: torch.Tensor  # (T,) float32
     policy_versions: torch.Tensor | None = None
     """(T,) int64 version that sampled each token, -1 where unknown; None: all unknown."""
+    sample_parents: torch.Tensor | None = None
+    """(S,) int64 sample each sample continues (its shared prompt), -1: none; None: none."""
     rank: int = 0
     """The data-parallel rank that trains this micro-batch."""
 
@@ -63,6 +66,7 @@ _COMPUTE_DTYPES: dict[str, np.dtype] = {
     "advantages": np.dtype(np.float32),
     "behaviour_logprobs": np.dtype(np.float32),
     "policy_versions": np.dtype(np.int64),
+    "sample_parents": np.dtype(np.int64),
 }
 
 
@@ -81,11 +85,31 @@ def micro_batch_from_packed(packed: PackedMicroBatch) -> MicroBatchData:
     )
 
 
-def positions_for(sample_lengths: torch.Tensor) -> torch.Tensor:
-    """Positions restarting at 0 per sample: (S,) lengths → (T,)."""
+def positions_for(
+    sample_lengths: torch.Tensor, sample_parents: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Positions restarting at 0 per sample, or after its parent's length: (S,) → (T,)."""
     total = int(sample_lengths.sum().item())
     starts = torch.cumsum(sample_lengths, 0) - sample_lengths  # (S,) first index of each sample
-    return torch.arange(total) - torch.repeat_interleave(starts, sample_lengths)
+    first = torch.zeros_like(sample_lengths)  # (S,) position of each sample's first token
+    if sample_parents is not None:
+        has_parent = sample_parents >= 0
+        first[has_parent] = sample_lengths[sample_parents[has_parent]]
+    return torch.arange(total) - torch.repeat_interleave(starts - first, sample_lengths)
+
+
+def prediction_index(
+    sample_lengths: torch.Tensor, sample_parents: torch.Tensor | None
+) -> torch.Tensor | None:
+    """(T-1,) row index whose logits score tokens 1..T-1: the one before, but the parent's
+    last token for a sample's first; None when no sample has a parent (then t-1 for all)."""
+    if sample_parents is None or not bool((sample_parents >= 0).any()):
+        return None
+    ends = torch.cumsum(sample_lengths, 0)  # (S,) one past each sample's last token
+    index = torch.arange(int(ends[-1]), device=sample_lengths.device) - 1  # (T,)
+    children = torch.nonzero(sample_parents >= 0).squeeze(1)  # (C,)
+    index[ends[children] - sample_lengths[children]] = ends[sample_parents[children]] - 1
+    return index[1:]
 
 
 def validate_micro_batch(
@@ -127,11 +151,38 @@ def validate_micro_batch(
         raise InvalidArgument(
             f"{field}.input_ids", f"token id {bad} is outside the vocabulary [0, {vocab_size})"
         )
-    if not torch.equal(batch.position_ids, positions_for(lengths)):
+    _validate_parents(batch, field)
+    if not torch.equal(batch.position_ids, positions_for(lengths, batch.sample_parents)):
         raise InvalidArgument(
-            f"{field}.position_ids", "must count 0, 1, … within each sample of sample_lengths"
+            f"{field}.position_ids",
+            "must count 0, 1, … within each sample of sample_lengths (from its parent's "
+            "length for a sample with a parent)",
         )
     _validate_floats(batch, field)
+
+
+def _validate_parents(batch: MicroBatchData, field: str) -> None:
+    parents = batch.sample_parents
+    if parents is None:
+        return
+    if tuple(parents.shape) != tuple(batch.sample_lengths.shape):
+        raise InvalidArgument(
+            f"{field}.sample_parents",
+            f"must be [S] like sample_lengths, got shape {list(parents.shape)}",
+        )
+    index = torch.arange(parents.shape[0])
+    if bool(((parents < -1) | (parents >= index)).any()):
+        raise InvalidArgument(f"{field}.sample_parents", "a parent must be -1 or an earlier sample")
+    has_parent = parents >= 0
+    if bool((parents[parents[has_parent]] >= 0).any()):
+        raise InvalidArgument(f"{field}.sample_parents", "a parent must not have a parent itself")
+    segments = torch.repeat_interleave(index, batch.sample_lengths)  # (T,)
+    is_parent = torch.zeros_like(has_parent).index_fill_(0, parents[has_parent], True)  # (S,)
+    if bool((batch.loss_mask[is_parent[segments]] != 0).any()):
+        raise InvalidArgument(
+            f"{field}.loss_mask",
+            "is 1 in a parent sample (a shared prompt), whose tokens stand for every child's",
+        )
 
 
 def _validate_floats(batch: MicroBatchData, field: str) -> None:
@@ -142,6 +193,8 @@ def _validate_floats(batch: MicroBatchData, field: str) -> None:
     if not bool(((mask == 0) | (mask == 1)).all()):
         raise InvalidArgument(f"{field}.loss_mask", "values must be 0 or 1")
     starts = torch.cumsum(batch.sample_lengths, 0) - batch.sample_lengths  # (S,)
+    if batch.sample_parents is not None:  # a child's first token is predicted by its parent
+        starts = starts[batch.sample_parents < 0]
     if bool((mask[starts] != 0).any()):
         raise InvalidArgument(
             f"{field}.loss_mask",

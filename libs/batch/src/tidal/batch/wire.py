@@ -27,7 +27,7 @@ WIRE_DTYPES: dict[str, str] = {
     "advantages": "float32",
     "behaviour_logprobs": "float32",
 }
-OPTIONAL_WIRE_DTYPES: dict[str, str] = {"policy_versions": "int32"}
+OPTIONAL_WIRE_DTYPES: dict[str, str] = {"policy_versions": "int32", "sample_parents": "int32"}
 """Tensors a sender may leave unset (decoded as None, left out of the payload hash)."""
 
 

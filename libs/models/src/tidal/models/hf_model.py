@@ -2,10 +2,11 @@
 
 The wrapper registers the transformers model's `model` and `lm_head` as its children, so
 parameter names are exactly HF's and publishing, optimizers and checkpoints see the same
-names as with ours. Packed rows get a 4D block-diagonal causal mask (transformers takes
-it as is); other attention backends (a KV cache, context parallelism) cannot be injected
-and are refused. `args` is our `DecoderArgs` where we know the architecture (so the
-family's state-dict adapter applies), else `HFArgs`, the shape fields other code reads.
+names as with ours. Packed rows get a 4D causal mask, block-diagonal but for shared
+prefixes (transformers takes it as is); other attention backends (a KV cache, context
+parallelism) cannot be injected and are refused. `args` is our `DecoderArgs` where we
+know the architecture (so the family's state-dict adapter applies), else `HFArgs`, the
+shape fields other code reads.
 """
 
 from __future__ import annotations
@@ -108,13 +109,16 @@ class HFCausalLM(nn.Module):
         position_ids: torch.Tensor,  # (B, T)
         *,
         sample_lengths: torch.Tensor | None = None,
+        sample_parents: torch.Tensor | None = None,
         attention: AttentionBackend | None = None,
     ) -> torch.Tensor:
         mask = None
         if isinstance(attention, PackedCausalAttention):
             mask = attention.mask
         elif attention is None and sample_lengths is not None:
-            mask = packed_causal_mask(sample_lengths, input_ids.shape[1])  # (1, 1, T, T)
+            mask = packed_causal_mask(
+                sample_lengths, input_ids.shape[1], sample_parents
+            )  # (1, 1, T, T)
         elif attention is not None and not isinstance(attention, CausalAttention):
             raise ValueError(
                 f'model.impl = "hf" cannot use attention backend {type(attention).__name__}; '

@@ -23,9 +23,10 @@ from tidal.models.attention import (
     CausalAttention,
     PackedKind,
     packed_attention,
+    token_multiplicity,
 )
 from tidal.models.mlp import MLP
-from tidal.models.moe import MoEFeedForward, RouterStats, load_balancing_loss
+from tidal.models.moe import MoEFeedForward, RouterStats, TokenCounts, load_balancing_loss
 from tidal.models.rope import apply_rope, rope_tables
 
 
@@ -92,9 +93,11 @@ class Block(nn.Module):
         sin: torch.Tensor,
         attention: AttentionBackend,
         layer: int,
+        counts: TokenCounts | None = None,
     ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, attention, layer)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        h = self.post_attention_layernorm(x)
+        return x + (self.mlp(h, counts) if isinstance(self.mlp, MoEFeedForward) else self.mlp(h))
 
 
 class DecoderModel(nn.Module):
@@ -147,6 +150,7 @@ class DecoderLM(nn.Module):
         position_ids: torch.Tensor,  # (B, T) long
         *,
         sample_lengths: torch.Tensor | None = None,  # (S,) for packed B == 1
+        sample_parents: torch.Tensor | None = None,  # (S,) with sample_lengths
         attention: AttentionBackend | None = None,
         head: Callable[[torch.Tensor, torch.Tensor], HeadOutput] | None = None,
     ) -> torch.Tensor | HeadOutput:
@@ -154,11 +158,16 @@ class DecoderLM(nn.Module):
         final-norm hidden states `(B, T, dim)` and the head weight `(V, dim)`.
 
         `sample_lengths` is shorthand for the packed backend `model.attn` selects (SDPA
-        with a block-diagonal mask, or flash-attn varlen); with neither, every row is one
-        causal sequence.
+        with a block-diagonal mask, or flash-attn varlen), `sample_parents` the parent
+        each sample continues (-1: none; a group's shared prompt); with neither, every
+        row is one causal sequence.
         """
         hidden = self.hidden_states(
-            input_ids, position_ids, sample_lengths=sample_lengths, attention=attention
+            input_ids,
+            position_ids,
+            sample_lengths=sample_lengths,
+            sample_parents=sample_parents,
+            attention=attention,
         )
         if head is not None:
             return head(hidden, self.lm_head.weight)
@@ -170,20 +179,31 @@ class DecoderLM(nn.Module):
         position_ids: torch.Tensor,  # (B, T) long
         *,
         sample_lengths: torch.Tensor | None = None,  # (S,) for packed B == 1
+        sample_parents: torch.Tensor | None = None,  # (S,) with sample_lengths
         attention: AttentionBackend | None = None,
     ) -> torch.Tensor:
-        """Final-norm hidden states `(B, T, dim)`: the LM head's input (chunked head lever)."""
+        """Final-norm hidden states `(B, T, dim)`: the LM head's input (chunked head lever).
+
+        With `sample_parents`, the routers' statistics count a parent's tokens once per
+        child, as the unshared row would hold them, so the load-balancing loss is the same.
+        """
         if attention is None:
             attention = (
                 CausalAttention()
                 if sample_lengths is None
-                else packed_attention(self.packed_kind, sample_lengths, input_ids.shape[1])
+                else packed_attention(
+                    self.packed_kind, sample_lengths, input_ids.shape[1], sample_parents
+                )
             )
+        counts = None
+        if sample_parents is not None and sample_lengths is not None and self.args.n_experts:
+            per_token = token_multiplicity(sample_lengths, sample_parents)  # (T,)
+            counts = TokenCounts(per_token.to(input_ids.device), int(per_token.sum()))
         x = self.model.embed_tokens(input_ids)  # (B, T, dim)
         cos = self.rope_cos[position_ids].unsqueeze(1).to(x.dtype)  # (B, 1, T, D)
         sin = self.rope_sin[position_ids].unsqueeze(1).to(x.dtype)
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, attention, i)
+            x = layer(x, cos, sin, attention, i, counts)
         return self.model.norm(x)
 
     def router_stats(self) -> list[RouterStats]:

@@ -25,6 +25,15 @@ from tidal.models.mlp import MLP
 Dispatch = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, "GroupedExperts"], torch.Tensor]
 
 
+@dataclass(frozen=True)
+class TokenCounts:
+    """How many training sequences each routed token stands for: a prompt shared by k
+    completions is routed once but counts k times, as in the unshared row."""
+
+    per_token: torch.Tensor  # (N,) float
+    total: int  # Σ per_token
+
+
 @dataclass
 class RouterStats:
     tokens_per_expert: torch.Tensor  # (E,) float: top-k assignments per expert (no grad)
@@ -101,7 +110,9 @@ class MoEFeedForward(nn.Module):
         self.last_stats: RouterStats | None = None
         self.dispatch: Dispatch | None = None  # set by expert parallelism (parallel/ep.py)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, hidden: torch.Tensor, token_counts: TokenCounts | None = None
+    ) -> torch.Tensor:
         shape = hidden.shape
         x = hidden.reshape(-1, shape[-1])  # (N, H)
         probs, top_w, top_i = self.gate(x)  # (N, E), (N, k), (N, k)
@@ -118,12 +129,24 @@ class MoEFeedForward(nn.Module):
             out = torch.zeros_like(x).index_add_(0, token, y)  # (N, H)
         if self.has_shared:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        self.last_stats = RouterStats(
-            tokens_per_expert=counts.detach().float(),
-            prob_per_expert=probs.sum(dim=0),
-            n_tokens=x.shape[0],
-        )
+        self.last_stats = _router_stats(probs, flat_expert, counts, weights=token_counts)
         return out.reshape(shape)
+
+
+def _router_stats(
+    probs: torch.Tensor,  # (N, E)
+    flat_expert: torch.Tensor,  # (N·k,) token-major
+    counts: torch.Tensor,  # (E,) assignments per expert
+    *,
+    weights: TokenCounts | None,
+) -> RouterStats:
+    """This forward's routing statistics, each token counted `weights.per_token` times."""
+    if weights is None:
+        return RouterStats(counts.detach().float(), probs.sum(dim=0), probs.shape[0])
+    w = weights.per_token.to(probs.dtype)  # (N,)
+    pair_w = w.repeat_interleave(flat_expert.shape[0] // w.shape[0])  # (N·k,)
+    per_expert = torch.zeros_like(probs[0]).index_add_(0, flat_expert, pair_w)  # (E,)
+    return RouterStats(per_expert.detach(), (probs * w[:, None]).sum(dim=0), weights.total)
 
 
 def load_balancing_loss(stats: list[RouterStats], *, top_k: int) -> torch.Tensor:

@@ -191,6 +191,12 @@ class PackingConfig(BaseConfig):
     overlong_samples: Literal["truncate", "drop"] = "truncate"
     """A sample longer than micro_batch_tokens: keep its first tokens (truncate) or drop it;
     both are counted."""
+    share_prompts: bool = False
+    """Train each group's prompt once: the completions of one prompt are packed after a
+    single copy of it, each seeing the prompt and itself only, so the prompt's forward and
+    backward run once per micro-batch instead of once per completion (same loss and
+    gradients). Pays most for long prompts and short completions. The trainer refuses it
+    with context parallelism, truncation or flash-attn (docs/training.md)."""
 
 
 class StalenessConfig(BaseConfig):

@@ -308,8 +308,12 @@ class RLLoop:
         return out, truncated, dropped
 
     def _pack(self, samples: list[TrainSample]) -> list[PackedMicroBatch]:
+        packing = self.config.packing
         per_rank = pack_for_ranks(
-            samples, self.config.packing.micro_batch_tokens, self.data_parallel_ranks
+            samples,
+            packing.micro_batch_tokens,
+            self.data_parallel_ranks,
+            share_prompts=packing.share_prompts,
         )
         return [b for rank in per_rank for b in rank]  # each labelled with its rank
 

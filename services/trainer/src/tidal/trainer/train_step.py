@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from tidal.batch.tensors import MicroBatchData
+from tidal.batch.tensors import MicroBatchData, prediction_index
 from tidal.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from tidal.models.cpu_features import bf16_cost_warning
 from tidal.models.device import native_bf16
@@ -41,6 +41,7 @@ from tidal.trainer.optim import build_optimizer, build_scheduler, lr_factor
 from tidal.trainer.ranks import RankContext, SingleProcess
 from tidal.trainer.router_loss import router_terms
 from tidal.trainer.service_trainer import LossKind
+from tidal.trainer.shared_prompts import check_shared_prompts
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +181,7 @@ class Trainer:
             raise FailedPrecondition(f"expected step {self.trained_step + 1}, got step {step}")
         start = time.perf_counter()
         lr = self._set_lr(kind)
-        batches = self._truncate(batches)  # so the token metrics count trained tokens
+        batches = self._prepare(batches)  # so the token metrics count trained tokens
         sums = self.compute_gradients(batches, kind)
         if self.update_gate is not None:
             try:
@@ -216,7 +217,7 @@ class Trainer:
         self, batches: list[MicroBatchData], kind: LossKind
     ) -> dict[str, torch.Tensor]:
         """Fresh `.grad`s of the step's loss; returns step-level metric sums (loss, entropy…)."""
-        batches = self._truncate(batches)
+        batches = self._prepare(batches)
         counts = step_counts(batches, self.ranks.reduce)
         if counts.loss_tokens == 0:
             raise InvalidArgument("micro_batches.loss_mask", "no token of the step has loss_mask 1")
@@ -243,8 +244,10 @@ class Trainer:
         total = self.ranks.sum_over_ranks(torch.stack([sums[n].float() for n in names]))
         return dict(zip(names, total, strict=True))
 
-    def _truncate(self, batches: list[MicroBatchData]) -> list[MicroBatchData]:
-        """The micro-batches cut to `model.truncation` (unchanged without caps; idempotent)."""
+    def _prepare(self, batches: list[MicroBatchData]) -> list[MicroBatchData]:
+        """The micro-batches cut to `model.truncation` (unchanged without caps; idempotent),
+        once checked to be trainable here (shared prompts)."""
+        check_shared_prompts(batches, self.config, cp=self.ranks.cp)
         truncation = self.config.model.truncation
         if not truncation_enabled(truncation):
             return batches
@@ -260,30 +263,33 @@ class Trainer:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(T-1,) fp32 logprob of each next token and (T-1,) entropy of each position.
 
-        Logits at t-1 score input_ids[t]; the pair across a sample boundary is scored too
-        but always masked (a sample's first token is never a loss token), which is
-        cheaper than cutting the row apart. The entropy carries gradient only with
-        `entropy_grad`. With the chunked LM head
+        Logits at t-1 score input_ids[t], and a sample with a parent (a shared prompt)
+        has its first token scored at the parent's last (`prediction_index`); the pair
+        across a sample boundary is scored too but always masked (a sample's first token
+        is never a loss token), which is cheaper than cutting the row apart. The entropy
+        carries gradient only with `entropy_grad`. With the chunked LM head
         lever the `(T-1, V)` logits are never materialized (`memory/lm_head.py`).
         """
         ids, positions = batch.input_ids[None], batch.position_ids[None]
         targets = batch.input_ids[1:]  # (T-1,)
+        rows = prediction_index(batch.sample_lengths, batch.sample_parents)  # (T-1,) | None
+        layout = {"sample_lengths": batch.sample_lengths, "sample_parents": batch.sample_parents}
         if self.lm_head_chunk is not None:
             chunk = self.lm_head_chunk
 
             def head(
                 hidden: torch.Tensor, weight: torch.Tensor
             ) -> tuple[torch.Tensor, torch.Tensor]:  # (1, T, dim), (V, dim) → (T-1,) twice
-                return chunked_logprobs_entropy(hidden[0, :-1], weight, targets, chunk=chunk)
+                scoring = hidden[0, :-1] if rows is None else hidden[0].index_select(0, rows)
+                return chunked_logprobs_entropy(scoring, weight, targets, chunk=chunk)
 
             with self._autocast():  # through forward: FSDP gathers the root unit for it
-                logprobs, entropy = model(
-                    ids, positions, sample_lengths=batch.sample_lengths, head=head
-                )
+                logprobs, entropy = model(ids, positions, **layout, head=head)
             return logprobs, entropy if entropy_grad else entropy.detach()
         with self._autocast():
-            logits = model(ids, positions, sample_lengths=batch.sample_lengths)[0]  # (T, V)
-        logprobs_all = torch.log_softmax(logits[:-1].float(), dim=-1)  # (T-1, V): row t → ids[t+1]
+            logits = model(ids, positions, **layout)[0]  # (T, V)
+        scoring = logits[:-1] if rows is None else logits.index_select(0, rows)  # (T-1, V)
+        logprobs_all = torch.log_softmax(scoring.float(), dim=-1)  # (T-1, V): row → its target
         entropy = token_entropy(logprobs_all if entropy_grad else logprobs_all.detach())
         return logprobs_all.gather(-1, targets[:, None]).squeeze(-1), entropy
 

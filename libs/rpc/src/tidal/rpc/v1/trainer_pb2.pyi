@@ -18,7 +18,7 @@ LOSS_KIND_POLICY_GRADIENT: LossKind
 LOSS_KIND_SFT: LossKind
 
 class MicroBatch(_message.Message):
-    __slots__ = ("input_ids", "position_ids", "sample_lengths", "loss_mask", "advantages", "behaviour_logprobs", "rank", "policy_versions")
+    __slots__ = ("input_ids", "position_ids", "sample_lengths", "loss_mask", "advantages", "behaviour_logprobs", "rank", "policy_versions", "sample_parents")
     INPUT_IDS_FIELD_NUMBER: _ClassVar[int]
     POSITION_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_LENGTHS_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,7 @@ class MicroBatch(_message.Message):
     BEHAVIOUR_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_PARENTS_FIELD_NUMBER: _ClassVar[int]
     input_ids: _common_pb2.Tensor
     position_ids: _common_pb2.Tensor
     sample_lengths: _common_pb2.Tensor
@@ -35,7 +36,8 @@ class MicroBatch(_message.Message):
     behaviour_logprobs: _common_pb2.Tensor
     rank: int
     policy_versions: _common_pb2.Tensor
-    def __init__(self, input_ids: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., position_ids: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., sample_lengths: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., loss_mask: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., advantages: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., behaviour_logprobs: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., rank: _Optional[int] = ..., policy_versions: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ...) -> None: ...
+    sample_parents: _common_pb2.Tensor
+    def __init__(self, input_ids: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., position_ids: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., sample_lengths: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., loss_mask: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., advantages: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., behaviour_logprobs: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., rank: _Optional[int] = ..., policy_versions: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., sample_parents: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ...) -> None: ...
 
 class TrainRequest(_message.Message):
     __slots__ = ("step", "micro_batches", "loss", "payload_sha256")
