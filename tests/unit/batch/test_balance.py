@@ -74,3 +74,46 @@ def test_one_rank_gets_all_samples() -> None:
 def test_fewer_samples_than_ranks_is_an_error() -> None:
     with pytest.raises(ValueError, match="3 samples cannot feed 4"):
         pack_for_ranks(_samples(3), 512, 4)
+
+
+def _groups(prompts: int, per_group: int, seed: int = 0) -> list[TrainSample]:
+    rng = random.Random(seed)
+    out = []
+    for p in range(prompts):
+        prompt = tuple(rng.randrange(256) for _ in range(rng.randint(8, 20)))
+        for i in range(per_group):
+            completion = tuple(rng.randrange(256) for _ in range(rng.randint(1, 10)))
+            out.append(TrainSample(prompt, completion, advantage=float(p * per_group + i)))
+    return out
+
+
+@pytest.mark.parametrize(("prompts", "ranks", "budget"), [(4, 1, 128), (4, 2, 64), (1, 2, 200)])
+def test_shared_prompts_train_every_completion_once_within_budget(
+    prompts: int, ranks: int, budget: int
+) -> None:
+    samples = _groups(prompts, 8)
+    per_rank = pack_for_ranks(samples, budget, ranks, share_prompts=True)
+    assert len({len(batches) for batches in per_rank}) == 1
+    completions = []
+    for rank, batches in enumerate(per_rank):
+        for b in batches:
+            assert b.rank == rank and b.num_tokens <= budget
+            for start, length in zip(
+                np.cumsum(b.sample_lengths) - b.sample_lengths, b.sample_lengths, strict=True
+            ):
+                trained = b.loss_mask[start : start + length] == 1
+                if trained.any():
+                    completions.append(tuple(b.input_ids[start : start + length][trained]))
+    assert any(b.sample_parents is not None for r in per_rank for b in r)
+    assert sorted(completions) == sorted(s.completion_ids for s in samples)
+    unshared = sum(b.num_tokens for r in pack_for_ranks(samples, budget, ranks) for b in r)
+    assert sum(b.num_tokens for r in per_rank for b in r) < unshared
+
+
+def test_shared_prompts_fall_back_to_smaller_groups_to_equalise_ranks() -> None:
+    samples = _groups(3, 8, seed=1)
+    per_rank = pack_for_ranks(samples, 100, 2, share_prompts=True)
+    assert len(per_rank[0]) == len(per_rank[1])
+    assert sum(int(b.loss_mask.sum()) for r in per_rank for b in r) == sum(
+        len(s.completion_ids) for s in samples
+    )

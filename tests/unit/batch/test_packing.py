@@ -119,3 +119,27 @@ def test_truncating_a_sample_keeps_the_versions_of_the_kept_tokens() -> None:
     assert fit_to_budget(sample, 4).completion_versions == (4, 5)  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="2 versions for 3 completion tokens"):
         TrainSample((256,), (3, 4, 5), advantage=1.0, completion_versions=(1, 2))
+
+
+def test_shared_prompts_hold_a_group_prompt_once_before_its_completions() -> None:
+    a = TrainSample((256, 97, 62), (98, 257), advantage=0.5, completion_logprobs=(-0.1, -0.2))
+    b = TrainSample((256, 99), (100,), advantage=-1.0, completion_logprobs=(-0.3,))
+    c = TrainSample((256, 97, 62), (5,), advantage=2.0, completion_logprobs=(-0.4,))
+    mb = build_micro_batch([a, b, c], share_prompts=True)
+    assert mb.input_ids.tolist() == [256, 97, 62, 98, 257, 5, 256, 99, 100]
+    assert mb.sample_lengths.tolist() == [3, 2, 1, 3]
+    assert mb.sample_parents is not None and mb.sample_parents.tolist() == [-1, 0, 0, -1]
+    assert mb.position_ids.tolist() == [0, 1, 2, 3, 4, 3, 0, 1, 2]  # after the prompt
+    assert mb.loss_mask.tolist() == [0, 0, 0, 1, 1, 1, 0, 0, 1]
+    np.testing.assert_allclose(mb.behaviour_logprobs, [0, 0, 0, -0.1, -0.2, -0.4, 0, 0, -0.3])
+    np.testing.assert_allclose(mb.advantages, [0, 0, 0, 0.5, 0.5, 2.0, -1.0, -1.0, -1.0])
+    assert mb.policy_versions is not None and mb.policy_versions.tolist() == [-1] * 9
+
+
+def test_without_a_shared_prompt_the_layout_is_the_unshared_one() -> None:
+    a = TrainSample((256, 97), (98,), advantage=0.5)
+    b = TrainSample((256, 99), (100,), advantage=-1.0)
+    shared, plain = build_micro_batch([a, b], share_prompts=True), build_micro_batch([a, b])
+    assert shared.sample_parents is None
+    for name in ("input_ids", "position_ids", "sample_lengths", "loss_mask", "advantages"):
+        np.testing.assert_array_equal(getattr(shared, name), getattr(plain, name))

@@ -12,6 +12,7 @@ from tidal.batch.tensors import (
     MicroBatchData,
     micro_batch_from_packed,
     positions_for,
+    prediction_index,
     validate_micro_batch,
 )
 from tidal.batch.wire import micro_batch_from_proto, micro_batch_to_proto
@@ -113,3 +114,62 @@ def test_the_rank_survives_conversion_and_moving_to_a_device() -> None:
     batch = micro_batch_from_packed(packed)
     assert batch.rank == 3
     assert batch.to("cpu").rank == 3
+
+
+def shared_batch() -> MicroBatchData:
+    """A prompt of 3 tokens shared by completions of 2 and 1 tokens, then a lone sample."""
+    packed = build_micro_batch(
+        [
+            TrainSample((256, 1, 2), (3, 4), advantage=0.5, completion_logprobs=(-1.0, -2.0)),
+            TrainSample((256, 1, 2), (5,), advantage=1.5, completion_logprobs=(-3.0,)),
+            TrainSample((256, 6), (7,), advantage=1.0, completion_logprobs=(-4.0,)),
+        ],
+        share_prompts=True,
+    )
+    return micro_batch_from_packed(packed)
+
+
+def test_positions_continue_after_the_parent() -> None:
+    batch = shared_batch()
+    assert batch.sample_parents is not None
+    assert positions_for(batch.sample_lengths, batch.sample_parents).tolist() == [
+        0, 1, 2, 3, 4, 3, 0, 1, 2,
+    ]  # fmt: skip
+    check(batch)
+
+
+def test_a_child_first_token_is_predicted_at_its_parent_last() -> None:
+    batch = shared_batch()
+    index = prediction_index(batch.sample_lengths, batch.sample_parents)
+    assert index is not None  # rows scoring tokens 1..8: the 2nd child's first token at 2
+    assert index.tolist() == [0, 1, 2, 3, 2, 5, 6, 7]
+    assert prediction_index(good_batch().sample_lengths, None) is None
+
+
+@pytest.mark.parametrize(
+    ("parents", "message"),
+    [
+        ([-1, 1, 0, -1], "earlier sample"),
+        ([-1, 0, 1, -1], "parent itself"),
+        ([-1, 0, 0], "must be \\[S\\]"),
+    ],
+)
+def test_bad_parents_are_refused_naming_the_field(parents: list[int], message: str) -> None:
+    batch = replace(shared_batch(), sample_parents=torch.tensor(parents))
+    with pytest.raises(InvalidArgument, match=message) as info:
+        check(batch)
+    assert "micro_batches[1].sample_parents" in str(info.value)
+
+
+def test_a_loss_token_in_a_shared_prompt_is_refused() -> None:
+    batch = shared_batch()
+    mask = batch.loss_mask.clone()
+    mask[1] = 1.0
+    with pytest.raises(InvalidArgument, match="parent sample"):
+        check(replace(batch, loss_mask=mask))
+
+
+def test_positions_that_restart_at_a_child_are_refused() -> None:
+    batch = shared_batch()
+    with pytest.raises(InvalidArgument, match="position_ids"):
+        check(replace(batch, position_ids=positions_for(batch.sample_lengths)))

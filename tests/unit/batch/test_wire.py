@@ -81,3 +81,11 @@ def test_policy_versions_round_trip_and_an_unset_field_decodes_as_unknown() -> N
     assert payload_sha256(1, [message]) != digest
     packed.policy_versions = None
     assert not micro_batch_to_proto(packed).HasField("policy_versions")
+
+
+def test_sample_parents_round_trip_and_are_left_out_when_unset() -> None:
+    shared = build_micro_batch([SAMPLES[0], SAMPLES[0], SAMPLES[1]], share_prompts=True)
+    decoded = micro_batch_from_proto(micro_batch_to_proto(shared), field="micro_batches[0]")
+    assert decoded.sample_parents is not None
+    assert decoded.sample_parents.tolist() == [-1, 0, 0, -1]
+    assert not micro_batch_to_proto(build_micro_batch(SAMPLES)).HasField("sample_parents")

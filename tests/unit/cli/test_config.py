@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tidal.cli.config import RunConfig
 from tidal.common.config.loading import load_config
+from tidal.common.errors import ConfigError
 from tidal.orchestrator.config import ArithmeticTaskConfig, CountdownTaskConfig
 from tidal.trainer.config import TrainerRunConfig
 from tidal.weightsync.config import StreamTransport
@@ -42,3 +45,12 @@ def test_the_rl_run_carries_the_sft_and_export_sections_and_a_service_every_othe
     launcher = ["--deployment.num-train-gpus", "1", "--supervision.max-restarts", "0"]
     trainer, _ = load_config(TrainerRunConfig, [*argv, *launcher], environ={})
     assert trainer.sft == {"steps": 3} and trainer.supervision == {"max_restarts": 0}
+
+
+def test_shared_prompts_with_a_setting_that_refuses_them_fail_at_start() -> None:
+    argv = [*DEFAULT, "--orchestrator.packing.share-prompts", "true"]
+    config, _ = load_config(RunConfig, argv, environ={})
+    assert config.orchestrator.packing.share_prompts
+    truncated = [*argv, "--trainer.model.truncation.max-prompt-tokens", "8"]
+    with pytest.raises(ConfigError, match=r"truncation\.max_prompt_tokens = 8"):
+        load_config(RunConfig, truncated, environ={})

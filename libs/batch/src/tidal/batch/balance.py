@@ -5,8 +5,8 @@ Samples go longest first onto the cheapest rank, so rank costs differ by at most
 sample's cost. Ranks step in lock-step, so every rank gets the same number of
 micro-batches (bins split or merged within the budget). Each micro-batch is labelled
 with its rank, and the trainer trains it there as labelled; one rank is plain packing.
-With prompt sharing the unit placed is a prompt's group (cut to fit the budget, halved
-when the ranks cannot get equal counts otherwise), so a group's prompt is held once.
+With prompt sharing the unit placed is a prompt's group (cut to fit the budget; the
+largest halved while the ranks cannot get equal counts), so its prompt is held once.
 """
 
 from __future__ import annotations
@@ -129,18 +129,19 @@ def pack_for_ranks(
     if len(samples) < ranks:
         raise ValueError(f"{len(samples)} samples cannot feed {ranks} data-parallel ranks")
     units = _group_units(samples, budget) if share_prompts else [[i] for i in range(len(samples))]
-    while len(units) < ranks:  # every rank needs a unit: halve the largest group
-        largest = max(units, key=len)
-        units.remove(largest)
-        units += _halves(largest)
     while True:
         try:
+            if len(units) < ranks:  # every rank needs a unit
+                raise ValueError(f"{len(units)} groups cannot feed {ranks} ranks")
             bins_per_rank = _pack_units(samples, units, budget, ranks)
             break
         except ValueError:
-            if all(len(u) == 1 for u in units):
+            splittable = [u for u in units if len(u) > 1]
+            if not splittable:
                 raise
-            units = [half for u in units for half in _halves(u)]
+            largest = max(splittable, key=lambda u: _unit_tokens(samples, u))
+            units.remove(largest)
+            units += _halves(largest)
     return [
         [
             build_micro_batch([samples[i] for i in b], rank=rank, share_prompts=share_prompts)
