@@ -18,6 +18,7 @@ from tidal.batch.tensors import MicroBatchData, micro_batch_from_packed, validat
 from tidal.common.errors import InvalidArgument
 from tidal.trainer.config import ModelConfig, TrainerConfig
 from tidal.trainer.memory.config import TruncationConfig
+from tidal.trainer.ranks import SingleProcess
 from tidal.trainer.shared_prompts import shared_prompt_conflicts
 from tidal.trainer.train_step import Trainer
 
@@ -129,6 +130,11 @@ def test_shared_prompts_give_the_same_step_with_each_lever(lever: str) -> None:
     assert_same_step("qwen3_moe", LEVERS[lever])
 
 
+def test_shared_prompts_give_the_same_step_with_transformers_models() -> None:
+    pytest.importorskip("transformers")
+    assert_same_step("qwen2", {"model": {"impl": "hf"}})
+
+
 def test_shared_prompts_give_the_same_sft_step() -> None:
     assert_same_step("qwen3", {}, kind="sft")
 
@@ -150,6 +156,14 @@ def test_truncation_refuses_shared_prompts_by_name_before_training() -> None:
         t.train_step(1, packed(group_samples(), share=True), "pg")
     assert all(torch.equal(p, before[n]) for n, p in t.model.named_parameters())
     assert t.train_step(1, packed(group_samples(), share=False), "pg")["loss_tokens"] > 0
+
+
+def test_context_parallelism_refuses_shared_prompts_before_any_forward() -> None:
+    config = TrainerConfig(model=ModelConfig(**SHAPE), device="cpu")
+    t = Trainer(config, seed=0, device=torch.device("cpu"), ranks=SingleProcess(cp=2))
+    with pytest.raises(InvalidArgument, match=r"trainer\.parallel\.cp = 2") as info:
+        t.train_step(1, packed(group_samples(), share=True), "pg")
+    assert "share_prompts = false" in str(info.value) and t.trained_step == 0
 
 
 def test_context_parallelism_and_flash_attention_are_named_as_conflicts() -> None:

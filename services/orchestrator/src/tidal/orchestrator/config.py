@@ -196,7 +196,7 @@ class PackingConfig(BaseConfig):
     single copy of it, each seeing the prompt and itself only, so the prompt's forward and
     backward run once per micro-batch instead of once per completion (same loss and
     gradients). Pays most for long prompts and short completions. The trainer refuses it
-    with context parallelism, truncation or flash-attn (docs/training.md)."""
+    with context parallelism, truncation or flash-attn (docs/orchestrator.md)."""
 
 
 class StalenessConfig(BaseConfig):

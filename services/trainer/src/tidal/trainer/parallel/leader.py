@@ -27,6 +27,7 @@ from tidal.trainer.parallel.assign import shares_by_rank
 from tidal.trainer.parallel.runtime import TorchrunRanks
 from tidal.trainer.persistence.checkpoint import CheckpointManager, TrainingState
 from tidal.trainer.service_trainer import LossKind
+from tidal.trainer.shared_prompts import check_shared_prompts
 from tidal.trainer.train_step import Trainer
 
 log = logging.getLogger(__name__)
@@ -120,6 +121,7 @@ class TorchrunLeader:
                 f"expected step {self.trainer.trained_step + 1}, got step {step}"
             )
         ranks = self.channel.ranks
+        check_shared_prompts(batches, self.trainer.config, cp=ranks.cp)  # before any rank runs
         shares = shares_by_rank(batches, ranks.dims.dp)  # CP ranks share their group's
         mine = self.channel.send(
             [
