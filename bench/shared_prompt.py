@@ -1,18 +1,10 @@
 """Training each group's prompt once: one RL step with and without shared prompts.
 
-A group of `--completions` completions of `--completion-len` tokens after one
-`--prompt`-token prompt (default 1,024 + 8 × 128), `--groups` groups per step, packed
-by the orchestrator's packer (`pack_for_ranks`, budget `--budget`) with
-`share_prompts` off and on, each trained by the trainer's own `Trainer.train_step`
-(forward, policy-gradient loss, backward, clip, AdamW) from the same weights, in the
-compute dtype `precision = "auto"` picks. The two variants alternate, `--repeats`
-times each after a warm-up, and s/step is the median. `sample tokens/s` counts every
-sample's prompt and completion (what the unshared step trains), so the two rows compare
-work done; `speedup` is the unshared s/step over the shared one. The loss of each
-variant's first step is printed beside it: equal losses show both trained the same step.
-
-Shapes: `small` and `large` are the Qwen2 shapes of `bench/rl_step.py` (~4.2M, ~33.6M,
-264-id byte vocabulary), here with 2048 positions.
+Groups of one `--prompt`-token prompt and `--completions` × `--completion-len` tokens
+(default 1,024 + 8 × 128), packed by the orchestrator's packer with `share_prompts` off
+and on, each trained by the trainer's own `Trainer.train_step` from the same weights;
+the variants alternate and s/step is the median. Rows, columns and shapes are
+described in the results page beside its JSON (shared_prompt.md).
 
     python bench/shared_prompt.py [--shape small|large|both] [--device cpu|cuda]
                                   [--prompt 1024] [--completions 8] [--completion-len 128]
@@ -43,6 +35,7 @@ SHAPES = {
     "large": {"dim": 512, "n_layers": 8, "n_heads": 8, "ffn_dim": 2048},
 }
 VOCAB = 264
+HIDDEN = ("step_s_all", "params_m", "compute_dtype")  # in the JSON, not the table
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -55,6 +48,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--groups", type=int, default=1)
     parser.add_argument("--budget", type=int, default=2048, help="micro-batch tokens")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (trainer's)")
     return parser.parse_args(argv)
 
 
@@ -110,8 +104,7 @@ def measure_shape(shape: str, args: argparse.Namespace) -> list[dict[str, object
         rows.append(
             {
                 "shape": shape,
-                "prompts": "shared" if share else "per completion",
-                "params_m": round(trainers[share].num_parameters / 1e6, 2),
+                "layout": "shared" if share else "unshared",
                 "micro_batches": len(variants[share]),
                 "trained_tokens": sum(b.num_tokens for b in variants[share]),
                 "s_per_step": seconds,
@@ -119,6 +112,8 @@ def measure_shape(shape: str, args: argparse.Namespace) -> list[dict[str, object
                 "speedup": unshared_s / seconds,
                 "first_loss": first_loss[share],
                 "step_s_all": [round(t, 4) for t in times[share]],
+                "compute_dtype": "bf16" if trainers[share].bf16 else "fp32",
+                "params_m": round(trainers[share].num_parameters / 1e6, 2),
             }
         )
     return rows
@@ -126,18 +121,19 @@ def measure_shape(shape: str, args: argparse.Namespace) -> list[dict[str, object
 
 def main(argv: list[str]) -> None:
     args = parse(argv)
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     shapes = list(SHAPES) if args.shape == "both" else [args.shape]
     rows = [row for shape in shapes for row in measure_shape(shape, args)]
     print_table(
         f"RL step, {args.groups} group(s) of prompt {args.prompt} + {args.completions} × "
         f"{args.completion_len}, {args.device} ({torch.get_num_threads()} threads)",
-        [{k: v for k, v in row.items() if k != "step_s_all"} for row in rows],
+        [{k: v for k, v in row.items() if k not in HIDDEN} for row in rows],
     )
     summary = {
         f"speedup_{row['shape']}": round(float(row["speedup"]), 3)  # type: ignore[arg-type]
         for row in rows
-        if row["prompts"] == "shared"
+        if row["layout"] == "shared"
     }
     name = "shared_prompt" if args.device == "cpu" else "shared_prompt.cuda"
     write_result(name, config=vars(args), results=rows, summary=summary)

@@ -16,7 +16,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from tidal.batch.wire import micro_batch_from_proto, payload_sha256
+from tidal.batch.packing import TrainSample, build_micro_batch
+from tidal.batch.tensor_codec import encode_array
+from tidal.batch.wire import micro_batch_from_proto, micro_batch_to_proto, payload_sha256
 from tidal.common.errors import FailedPrecondition
 from tidal.common.grpc.channel import make_channel
 from tidal.common.grpc.interceptors import ERROR_KIND_KEY
@@ -142,6 +144,31 @@ async def test_train_trains_and_publishes_version_equal_to_step(
     )
     s = await status(stub)
     assert (s.step, s.policy_version, s.steps_trained) == (2, 2, 2)
+
+
+def shared_prompt_micro_batch() -> pb.MicroBatch:
+    """Three completions of one prompt after a single copy of it (sample_parents)."""
+    prompt = (256, 10, 20, 30, 40)
+    samples = [
+        TrainSample(prompt, completion, advantage=a, completion_logprobs=(-5.6,) * 3)
+        for completion, a in (((1, 2, 3), 1.0), ((4, 5, 6), -0.5), ((7, 8, 9), 0.25))
+    ]
+    return micro_batch_to_proto(build_micro_batch(samples, share_prompts=True))
+
+
+async def test_a_shared_prompt_micro_batch_trains_and_a_bad_parent_is_refused(
+    weightsync_server: RunningWeightSync, stub: pb_grpc.TrainerServiceStub
+) -> None:
+    bad = shared_prompt_micro_batch()
+    bad.sample_parents.CopyFrom(encode_array(np.array([-1, 0, 2, 0], dtype=np.int32)))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.Train(request(1, bad))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith("micro_batches[0].sample_parents")
+    reply = await stub.Train(request(1, shared_prompt_micro_batch()))
+    assert reply.policy_version == 1 and weightsync_server.registry.newest == 1
+    # the prompt once (5) and three completions (3 each), all 9 completion tokens trained
+    assert (reply.metrics["tokens"], reply.metrics["loss_tokens"]) == (14, 9)
 
 
 async def test_duplicate_step_is_answered_not_trained_again(
