@@ -173,3 +173,9 @@ def test_positions_that_restart_at_a_child_are_refused() -> None:
     batch = shared_batch()
     with pytest.raises(InvalidArgument, match="position_ids"):
         check(replace(batch, position_ids=positions_for(batch.sample_lengths)))
+
+
+def test_a_child_longer_than_the_model_with_its_parent_is_refused() -> None:
+    batch = shared_batch()  # a 3-token prompt and a 2-token completion: 5 positions
+    with pytest.raises(InvalidArgument, match="max_seq_len 4"):
+        validate_micro_batch(batch, field="mb", vocab_size=VOCAB, max_seq_len=4)

@@ -151,7 +151,7 @@ def validate_micro_batch(
         raise InvalidArgument(
             f"{field}.input_ids", f"token id {bad} is outside the vocabulary [0, {vocab_size})"
         )
-    _validate_parents(batch, field)
+    _validate_parents(batch, field, max_seq_len)
     if not torch.equal(batch.position_ids, positions_for(lengths, batch.sample_parents)):
         raise InvalidArgument(
             f"{field}.position_ids",
@@ -161,7 +161,7 @@ def validate_micro_batch(
     _validate_floats(batch, field)
 
 
-def _validate_parents(batch: MicroBatchData, field: str) -> None:
+def _validate_parents(batch: MicroBatchData, field: str, max_seq_len: int) -> None:
     parents = batch.sample_parents
     if parents is None:
         return
@@ -176,6 +176,14 @@ def _validate_parents(batch: MicroBatchData, field: str) -> None:
     has_parent = parents >= 0
     if bool((parents[parents[has_parent]] >= 0).any()):
         raise InvalidArgument(f"{field}.sample_parents", "a parent must not have a parent itself")
+    lengths = batch.sample_lengths
+    with_parent = lengths[has_parent] + lengths[parents[has_parent]]  # (C,) positions each
+    if with_parent.numel() and int(with_parent.max()) > max_seq_len:
+        raise InvalidArgument(
+            f"{field}.sample_parents",
+            f"a sample and its parent have {int(with_parent.max())} tokens, more than the "
+            f"model's max_seq_len {max_seq_len}",
+        )
     segments = torch.repeat_interleave(index, batch.sample_lengths)  # (T,)
     is_parent = torch.zeros_like(has_parent).index_fill_(0, parents[has_parent], True)  # (S,)
     if bool((batch.loss_mask[is_parent[segments]] != 0).any()):
