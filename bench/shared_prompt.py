@@ -96,6 +96,9 @@ def measure_shape(shape: str, args: argparse.Namespace) -> list[dict[str, object
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             times[share].append(time.perf_counter() - started)
+            print(
+                f"{shape} {'shared' if share else 'unshared'}: {times[share][-1]:.2f} s", flush=True
+            )
     sample_tokens = sum(s.num_tokens for s in samples)
     unshared_s = statistics.median(times[False])
     rows = []
