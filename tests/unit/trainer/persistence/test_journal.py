@@ -11,13 +11,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from tidal.batch.tensors import MicroBatchData
+from tidal.batch.packing import TrainSample, build_micro_batch
+from tidal.batch.tensors import MicroBatchData, micro_batch_from_packed
 from tidal.common.errors import DiskFull
 from tidal.trainer.config import JOURNALED_INTERVAL, CheckpointConfig
 from tidal.trainer.persistence.journal import StepJournal
 from tidal.trainer.persistence.state_file import CorruptCheckpoint, state_file
 
 SHA = bytes(range(32))
+
+
+def shared_prompt_batch() -> MicroBatchData:
+    """Two completions of one prompt packed after it once (`sample_parents` set)."""
+    samples = [
+        TrainSample((256, 1, 2), (3, 4), advantage=0.5, completion_logprobs=(-1.0, -2.0)),
+        TrainSample((256, 1, 2), (5,), advantage=-0.5, completion_logprobs=(-0.5,)),
+    ]
+    return micro_batch_from_packed(build_micro_batch(samples, share_prompts=True))
 
 
 def steps(journal: StepJournal) -> list[int]:
@@ -28,15 +38,21 @@ def test_an_entry_round_trips_every_field_exactly(
     tmp_path: Path, step_batches: Callable[[int], list[MicroBatchData]]
 ) -> None:
     journal = StepJournal(tmp_path)
-    batches = step_batches(3)
+    batches = [*step_batches(3), shared_prompt_batch()]
     journal.append(3, batches, "sft", SHA)
     (entry,) = list(journal.after(2))
     assert (entry.step, entry.kind, entry.payload_sha256) == (3, "sft", SHA)
     for sent, read in zip(batches, entry.batches, strict=True):
         assert read.rank == sent.rank
         for name in vars(sent).keys() - {"rank"}:
-            assert torch.equal(getattr(sent, name), getattr(read, name))
-            assert getattr(sent, name).dtype == getattr(read, name).dtype
+            sent_value, read_value = getattr(sent, name), getattr(read, name)
+            if sent_value is None:  # an optional field left unset stays unset
+                assert read_value is None, name
+                continue
+            assert torch.equal(sent_value, read_value)
+            assert sent_value.dtype == read_value.dtype
+    assert batches[0].sample_parents is None
+    assert entry.batches[-1].sample_parents is not None  # a replayed step keeps its layout
     assert steps(journal) == [3]
 
 
