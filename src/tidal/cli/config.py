@@ -45,16 +45,22 @@ class RunConfig(ServiceRunConfig):
 
     @model_validator(mode="after")
     def _shared_prompts_fit_the_trainer(self) -> RunConfig:
-        """Refuse at start what the trainer would refuse at the first step."""
-        if not self.orchestrator.packing.share_prompts:
+        """Shared prompts are on unless the trainer cannot train them: left unset, they
+        follow the trainer; set to true against such a trainer, the config is refused at
+        start rather than at the first step."""
+        packing = self.orchestrator.packing
+        if not packing.share_prompts:
             return self
         conflicts = shared_prompt_conflicts(self.trainer, cp=self.trainer.parallel.cp)
-        if conflicts:
-            raise ValueError(
-                "orchestrator.packing.share_prompts = true does not train with "
-                f"{'; '.join(conflicts)}; or set {TURN_OFF}"
-            )
-        return self
+        if not conflicts:
+            return self
+        if "share_prompts" not in packing.model_fields_set:
+            packing.share_prompts = False
+            return self
+        raise ValueError(
+            "orchestrator.packing.share_prompts = true does not train with "
+            f"{'; '.join(conflicts)}; or set {TURN_OFF}"
+        )
 
     @model_validator(mode="after")
     def _broadcast_group_follows_replicas(self) -> RunConfig:

@@ -54,3 +54,13 @@ def test_shared_prompts_with_a_setting_that_refuses_them_fail_at_start() -> None
     truncated = [*argv, "--trainer.model.truncation.max-prompt-tokens", "8"]
     with pytest.raises(ConfigError, match=r"truncation\.max_prompt_tokens = 8"):
         load_config(RunConfig, truncated, environ={})
+
+
+def test_shared_prompts_left_unset_follow_the_trainer() -> None:
+    config, _ = load_config(RunConfig, DEFAULT, environ={})
+    assert config.orchestrator.packing.share_prompts  # on by default
+    truncated = [*DEFAULT, "--trainer.model.truncation.max-prompt-tokens", "8"]
+    config, _ = load_config(RunConfig, truncated, environ={})
+    assert not config.orchestrator.packing.share_prompts  # off for a trainer that truncates
+    off = [*DEFAULT, "--orchestrator.packing.share-prompts", "false"]
+    assert not load_config(RunConfig, off, environ={})[0].orchestrator.packing.share_prompts

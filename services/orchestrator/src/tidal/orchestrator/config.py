@@ -191,12 +191,14 @@ class PackingConfig(BaseConfig):
     overlong_samples: Literal["truncate", "drop"] = "truncate"
     """A sample longer than micro_batch_tokens: keep its first tokens (truncate) or drop it;
     both are counted."""
-    share_prompts: bool = False
+    share_prompts: bool = True
     """Train each group's prompt once: the completions of one prompt are packed after a
     single copy of it, each seeing the prompt and itself only, so the prompt's forward and
     backward run once per micro-batch instead of once per completion (same loss and
-    gradients). Pays most for long prompts and short completions. The trainer refuses it
-    with context parallelism, truncation or flash-attn (docs/orchestrator.md)."""
+    gradients). Context parallelism, truncation and flash-attn do not train it: left
+    unset, `tidal rl` turns it off for such a trainer; set to true, `tidal rl` refuses the
+    config, and a trainer deployed apart refuses the step naming this key
+    (docs/orchestrator.md)."""
 
 
 class StalenessConfig(BaseConfig):
