@@ -6,7 +6,8 @@ temperature 1, a Qwen2 shape with tied embeddings: small (hidden 256 x 4 layers,
 MLP 1024, ~4.2M) and large (hidden 512 x 8 layers, 8 heads, MLP 2048, ~33.6M).
 
 Each variant runs as its own process, interleaved (small: TRL, Tidal max_async 0, Tidal
-max_async 1, ...; then large), `--repeats` times:
+max_async 1, Tidal max_async 1 with prompt sharing off, ...; then large), `--repeats`
+times:
 - Tidal: `tidal rl @ configs/default.toml` with the task, shape and optimizer settings
   above and nothing else changed (threads as the config's defaults: 1 for the trainer,
   1 for inference), the real four services on loopback. s/step is the median of the RL
@@ -188,6 +189,14 @@ def variants(shape_name: str) -> list[tuple[str, dict[str, Any]]]:
         ("trl 1 thread", {"kind": "trl", "threads": 1}),
         ("tidal max_async 0", {"kind": "tidal", "max_async": 0, "extra": []}),
         ("tidal max_async 1", {"kind": "tidal", "max_async": 1, "extra": []}),
+        (  # the default's prompt sharing off: what training each prompt once buys
+            "tidal max_async 1, prompts unshared",
+            {
+                "kind": "tidal",
+                "max_async": 1,
+                "extra": ["--orchestrator.packing.share-prompts", "false"],
+            },
+        ),
     ]
     if shape_name == "small":  # the thread plan: the trainer on both cores
         out.append(
