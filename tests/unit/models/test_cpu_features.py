@@ -43,14 +43,28 @@ def test_an_unknown_forcing_value_is_an_error_naming_the_variable(
 
 
 def test_the_probe_agrees_with_what_the_kernel_does_on_this_machine() -> None:
-    """Native means oneDNN's bf16 prepack runs; no native means it raises or is capped."""
+    """Native means oneDNN's bf16 prepack runs on bf16 hardware; otherwise the prepack
+    raises, is capped, or runs by emulation on a CPU without bf16 instructions."""
     support = bf16_support()
     weight = torch.ones(8, 8, dtype=torch.bfloat16)
     if support.native:
         torch.ops.mkldnn._reorder_linear_weight(weight, 1)  # must not raise
+    elif "emulates" in support.reason:
+        assert not torch.cpu._is_avx512_bf16_supported()
+        assert not torch.cpu._is_amx_tile_supported()
     elif "capped" not in support.reason:
         with pytest.raises(RuntimeError):
             torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+
+
+def test_emulated_bf16_is_not_native_and_measures_slower(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU whose oneDNN runs bf16 without bf16 instructions (plain AVX-512) is told apart."""
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        pytest.skip("oneDNN has no bf16 kernels on this CPU at all")
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    support = bf16_support()
+    assert not support.native and "emulates" in support.reason
 
 
 def test_the_warning_states_the_measured_slowdown_only_without_native_bf16(

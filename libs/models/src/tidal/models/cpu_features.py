@@ -1,17 +1,20 @@
 """What this machine's CPU computes natively: the one probe every bf16 kernel choice reads.
 
-"Native bf16" means oneDNN's bf16 kernels run here; without them bf16 matmuls fall back
-to a reference loop, so the trainer warns on a bf16 request and inference computes its
-linears in fp32. The probe runs the kernel rather than trusting torch's hardware flag,
-which ignores an `ONEDNN_MAX_CPU_ISA` cap. `TIDAL_CPU_BF16=fallback` forces the no-native
-path everywhere (an environment variable, so it reaches every process and rank). Cached
-per process; torch is imported lazily, for torch-free importers.
+"Native bf16" means oneDNN's bf16 kernels run here on bf16 hardware (on x86, AVX512-BF16
+or AMX). Without it bf16 matmuls fall back to a reference loop, or to oneDNN's emulation
+on plain AVX-512 (4-10x slower than fp32), so the trainer warns on a bf16 request and
+inference computes its linears in fp32. The probe runs the kernel rather than trusting
+torch's hardware flags alone, which ignore an `ONEDNN_MAX_CPU_ISA` cap.
+`TIDAL_CPU_BF16=fallback` forces the no-native path everywhere (an environment variable,
+so it reaches every process and rank). Cached per process; torch is imported lazily, for
+torch-free importers.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import platform
 import time
 from dataclasses import dataclass
 
@@ -48,6 +51,10 @@ def bf16_support() -> Bf16Support:
         return Bf16Support(False, "torch built without oneDNN")
     if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return Bf16Support(False, "CPU lacks avx512bw/vl/dq and avx_ne_convert")
+    if _x86() and not (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()):
+        # oneDNN runs its bf16 kernels on plain AVX-512 too, by emulation: 4-10x slower
+        # than fp32 there. torch's own flags (private, no public equivalent) tell it apart.
+        return Bf16Support(False, "CPU lacks avx512_bf16 and AMX: oneDNN only emulates bf16")
     try:  # the kernel itself, as the inference engine will call it
         ones = torch.ones(16, 16, dtype=torch.bfloat16)
         weight = torch.ops.mkldnn._reorder_linear_weight(ones, 1)
@@ -55,6 +62,10 @@ def bf16_support() -> Bf16Support:
     except RuntimeError as exc:
         return Bf16Support(False, f"oneDNN bf16 kernel refused: {str(exc).splitlines()[0]}")
     return Bf16Support(True, f"oneDNN bf16 kernels run ({torch.backends.cpu.get_cpu_capability()})")
+
+
+def _x86() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
 
 
 def bf16_matmul_slowdown(n: int = 256, seconds: float = 0.02) -> float:
