@@ -2,7 +2,7 @@
 
 "Native bf16" means oneDNN's bf16 kernels run here on bf16 hardware (on x86, AVX512-BF16
 or AMX). Without it bf16 matmuls fall back to a reference loop, or to oneDNN's emulation
-on plain AVX-512 (4-10x slower than fp32), so the trainer warns on a bf16 request and
+on plain AVX-512 (costlier than fp32), so the trainer warns on a bf16 request and
 inference computes its linears in fp32. The probe runs the kernel rather than trusting
 torch's hardware flags alone, which ignore an `ONEDNN_MAX_CPU_ISA` cap.
 `TIDAL_CPU_BF16=fallback` forces the no-native path everywhere (an environment variable,
@@ -52,7 +52,7 @@ def bf16_support() -> Bf16Support:
     if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return Bf16Support(False, "CPU lacks avx512bw/vl/dq and avx_ne_convert")
     if _x86() and not (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()):
-        # oneDNN runs its bf16 kernels on plain AVX-512 too, by emulation: 4-10x slower
+        # oneDNN runs its bf16 kernels on plain AVX-512 too, by emulation, slower
         # than fp32 there. torch's own flags (private, no public equivalent) tell it apart.
         return Bf16Support(False, "CPU lacks avx512_bf16 and AMX: oneDNN only emulates bf16")
     try:  # the kernel itself, as the inference engine will call it
