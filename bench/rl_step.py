@@ -1,44 +1,15 @@
 """One RL step, end to end, Tidal beside TRL's `GRPOTrainer` on the same task and machine.
 
-The task is issue 19's: reverse 3-5 letters from "abcdefgh", 8 prompts x 8 completions
-per step, <= 8 new tokens, lr 3e-4 with linear decay, no warm-up, clip 0.2/0.2, no KL,
-temperature 1, a Qwen2 shape with tied embeddings: small (hidden 256 x 4 layers, 4 heads,
-MLP 1024, ~4.2M) and large (hidden 512 x 8 layers, 8 heads, MLP 2048, ~33.6M).
+Task: reverse 3-5 letters from "abcdefgh", 8 prompts x 8 completions, <= 8 new tokens,
+Qwen2 shapes `small` (~4.2M) and `large` (~33.6M). Each variant is its own process,
+interleaved per repeat: TRL (in the throwaway `bench/.trl-venv`, never a Tidal
+dependency) at default threads and 1 thread; `tidal rl @ configs/default.toml` plus the
+task, shape and optimizer flags, with max_async 0 and 1, and with prompt sharing off.
+s/step is the median time between step ends after the first `SKIP`. The same-tokenizer
+scenario (`rl_same_tokenizer.py`) measures reward reached per wall-second. Writes
+rl_step.json, whose summary divides TRL's s/step by Tidal's default per shape.
 
-Each variant runs as its own process, interleaved (small: TRL, Tidal max_async 0, Tidal
-max_async 1, Tidal max_async 1 with prompt sharing off, ...; then large), `--repeats`
-times:
-- Tidal: `tidal rl @ configs/default.toml` with the task, shape and optimizer settings
-  above and nothing else changed (threads as the config's defaults: 1 for the trainer,
-  1 for inference), the real four services on loopback. s/step is the median of the RL
-  steps' `seconds` (time between step completions) after the first `SKIP` steps;
-  start-up is from launch to the first step's start (its completion log line minus its
-  seconds); shutdown from the last step's line to the process's exit.
-- TRL: `bench/trl_side/grpo_reversal.py` in a throwaway venv (`bench/.trl-venv`,
-  gitignored; made on first use: `pip install torch==2.13.0 trl`; never a Tidal
-  dependency), at torch's default threads (all cores; the summary's reference) and at
-  1 thread (on a loaded machine multi-threaded torch loses most to oversubscription).
-  s/step is the median time between step ends after the first `SKIP`; start-up is from
-  launch to the trainer being built.
-TRL uses its 12-token character tokenizer, Tidal its 264-id byte vocabulary (the step
-costs differ by the embedding rows only: 3 % of the small model's parameters).
-
-The same-tokenizer scenario (`bench/rl_same_tokenizer.py`, in the default run) trains
-the small shape on both systems from one HF folder (TRL's 12-token tokenizer, weights
-from a seed), with the same reward, and measures reward reached per wall-second over
-`--same-tokenizer-steps` steps; its docstring defines the measure.
-
-Writes docs/benchmarks/rl_step.json: per run, the step times, completion tokens/s,
-start-up and shutdown seconds, the reward curve and the load average around it;
-`summary.step_speedup_vs_trl_small` / `_large` = TRL's median s/step / Tidal's (default
-config: max_async 1), each the median over repeats; `summary.reward_per_second_vs_trl`
-= Tidal's reward per wall-second / TRL's (same tokenizer, medians over repeats). A run
-of some `--scenarios` only keeps the other scenarios' results and summary keys from the
-file it replaces (`config.kept_from` names that run).
-
-    python bench/rl_step.py [--scenarios speed,same-tokenizer] [--repeats 2] [--steps 12]
-                            [--no-large] [--large-steps 6] [--large-repeats 2]
-                            [--same-tokenizer-steps 60] [--same-tokenizer-repeats 2]
+    python bench/rl_step.py [--scenarios speed,same-tokenizer] [--repeats 2] [--no-large]
 """
 
 from __future__ import annotations
