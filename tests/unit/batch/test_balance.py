@@ -117,3 +117,19 @@ def test_shared_prompts_fall_back_to_smaller_groups_to_equalise_ranks() -> None:
     assert sum(int(b.loss_mask.sum()) for r in per_rank for b in r) == sum(
         len(s.completion_ids) for s in samples
     )
+
+
+def test_a_sample_without_completion_tokens_keeps_its_prompt_and_the_budget_holds() -> None:
+    """The group's other completions still share the prompt; the empty one is laid out
+    with its own copy, and the packer counts it so, so no micro-batch passes the budget."""
+    prompt = tuple(range(1, 31))  # 30 tokens
+    samples = [
+        TrainSample(prompt, (), advantage=0.0),
+        *(TrainSample(prompt, (40 + i, 41 + i), advantage=float(i)) for i in range(4)),
+    ]
+    budget = len(prompt) + 4 * 2  # the shared group fits exactly; the empty one does not
+    (batches,) = pack_for_ranks(samples, budget, 1, share_prompts=True)
+    assert all(b.num_tokens <= budget for b in batches)
+    shared = [b for b in batches if b.sample_parents is not None]
+    assert len(shared) == 1 and list(shared[0].sample_parents) == [-1, 0, 0, 0, 0]
+    assert sum(b.num_tokens for b in batches) == budget + len(prompt)

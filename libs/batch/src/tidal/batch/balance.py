@@ -92,13 +92,16 @@ def _group_units(samples: Sequence[TrainSample], budget: int) -> list[list[int]]
     """Each prompt's samples, cut into runs whose shared layout fits the budget."""
     units: list[list[int]] = []
     for group in prompt_groups(samples):
+        # Without completion tokens a sample is laid out with its own prompt (packing.py).
+        units += [[i] for i in group if not samples[i].completion_ids]
         run: list[int] = []
-        for i in group:
+        for i in (i for i in group if samples[i].completion_ids):
             if run and _unit_tokens(samples, [*run, i]) > budget:
                 units.append(run)
                 run = []
             run.append(i)
-        units.append(run)
+        if run:
+            units.append(run)
     return units
 
 

@@ -149,17 +149,20 @@ def build_micro_batch(
     parents: list[int] = []
     groups = prompt_groups(samples) if share_prompts else [[i] for i in range(len(samples))]
     for group in groups:
-        if len(group) == 1 or any(not samples[i].completion_ids for i in group):
-            for s in (samples[i] for i in group):
-                prompt, completion = (
-                    _prompt_columns(s.prompt_ids, s.advantage),
-                    _completion_columns(s),
-                )
-                segments.append(
-                    [np.concatenate(pair) for pair in zip(prompt, completion, strict=True)]
-                )
-                positions.append(np.arange(s.num_tokens, dtype=np.int32))
-                parents.append(-1)
+        # A sample without completion tokens has nothing to share: it keeps its own prompt.
+        alone = [i for i in group if not samples[i].completion_ids]
+        group = [i for i in group if samples[i].completion_ids]
+        if len(group) == 1:
+            alone, group = [*alone, *group], []
+        for s in (samples[i] for i in alone):
+            prompt, completion = (
+                _prompt_columns(s.prompt_ids, s.advantage),
+                _completion_columns(s),
+            )
+            segments.append([np.concatenate(pair) for pair in zip(prompt, completion, strict=True)])
+            positions.append(np.arange(s.num_tokens, dtype=np.int32))
+            parents.append(-1)
+        if not group:
             continue
         prompt_ids = samples[group[0]].prompt_ids
         parent = len(parents)
