@@ -57,7 +57,7 @@ def test_the_probe_agrees_with_what_the_kernel_does_on_this_machine() -> None:
             torch.ops.mkldnn._reorder_linear_weight(weight, 1)
 
 
-def test_emulated_bf16_is_not_native_and_measures_slower(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_cpu_without_bf16_instructions_is_not_native(monkeypatch: pytest.MonkeyPatch) -> None:
     """A CPU whose oneDNN runs bf16 without bf16 instructions (plain AVX-512) is told apart."""
     if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         pytest.skip("oneDNN has no bf16 kernels on this CPU at all")

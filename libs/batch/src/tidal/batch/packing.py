@@ -151,9 +151,9 @@ def build_micro_batch(
     for group in groups:
         # A sample without completion tokens has nothing to share: it keeps its own prompt.
         alone = [i for i in group if not samples[i].completion_ids]
-        group = [i for i in group if samples[i].completion_ids]
-        if len(group) == 1:
-            alone, group = [*alone, *group], []
+        shared = [i for i in group if samples[i].completion_ids]
+        if len(shared) == 1:
+            alone, shared = [*alone, *shared], []
         for s in (samples[i] for i in alone):
             prompt, completion = (
                 _prompt_columns(s.prompt_ids, s.advantage),
@@ -162,14 +162,14 @@ def build_micro_batch(
             segments.append([np.concatenate(pair) for pair in zip(prompt, completion, strict=True)])
             positions.append(np.arange(s.num_tokens, dtype=np.int32))
             parents.append(-1)
-        if not group:
+        if not shared:
             continue
-        prompt_ids = samples[group[0]].prompt_ids
+        prompt_ids = samples[shared[0]].prompt_ids
         parent = len(parents)
         segments.append(_prompt_columns(prompt_ids, 0.0))
         positions.append(np.arange(len(prompt_ids), dtype=np.int32))
         parents.append(-1)
-        for s in (samples[i] for i in group):
+        for s in (samples[i] for i in shared):
             segments.append(_completion_columns(s))
             positions.append(np.arange(len(s.completion_ids), dtype=np.int32) + len(prompt_ids))
             parents.append(parent)
