@@ -1,14 +1,21 @@
-"""`[orchestrator]` is grouped into sections; the old flat keys fail naming the new ones."""
+"""`[orchestrator]` is grouped into sections; the old flat keys fail naming the new ones
+and the date after which they are plain unknown keys."""
 
 from __future__ import annotations
 
+from datetime import date
 from pathlib import Path
 
 import pytest
 
 from tidal.cli.config import RunConfig
 from tidal.common.config.loading import ConfigError, load_config
-from tidal.orchestrator.config import MOVED_KEYS, OrchestratorConfig, OrchestratorRunConfig
+from tidal.orchestrator.config import (
+    MOVED_KEYS,
+    MOVED_KEYS_UNTIL,
+    OrchestratorConfig,
+    OrchestratorRunConfig,
+)
 
 
 def _error(cls: type, args: list[str]) -> str:
@@ -39,6 +46,17 @@ def test_an_old_flat_key_in_a_toml_file_fails_naming_the_new_key(tmp_path: Path)
 def test_the_orchestrator_alone_names_the_new_key_too() -> None:
     message = _error(OrchestratorRunConfig, ["--orchestrator.peer-wait-s", "5"])
     assert "replaced by 'orchestrator.timeouts.peer_wait_s'" in message
+
+
+def test_a_moved_key_error_says_the_key_moved_and_when_the_pointer_goes() -> None:
+    message = _error(RunConfig, ["--orchestrator.table-every", "3"])
+    assert "the key moved, it was replaced by 'orchestrator.report.table_every'" in message
+    assert f"(this pointer is removed after {MOVED_KEYS_UNTIL})" in message
+
+
+def test_the_moved_keys_have_a_removal_date() -> None:
+    assert date.fromisoformat(MOVED_KEYS_UNTIL) > date(2026, 11, 24)  # after the move
+    assert OrchestratorConfig.moved_keys_until == MOVED_KEYS_UNTIL
 
 
 def test_every_moved_key_points_at_a_field_that_exists() -> None:

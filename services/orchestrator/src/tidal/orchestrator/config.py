@@ -4,7 +4,8 @@ pydantic only (no torch), so the CLI validates a whole run config at once. The d
 are the embedded CPU run: string reversal, which a tiny byte-level model learns in
 minutes. The section is grouped by concern; `task` (one task) and `tasks` (a weighted
 mixture) are two spellings of one list, so a mixture can be layered over a file naming one
-task. Keys that moved into a group (`MOVED_KEYS`) fail with an error naming their place.
+task. Keys that moved into a group (`MOVED_KEYS`) fail with an error naming their place
+and the date that error goes.
 """
 
 from __future__ import annotations
@@ -67,7 +68,9 @@ MOVED_KEYS: dict[str, str] = {
     "table_every": "orchestrator.report.table_every",
     "recent_steps": "orchestrator.report.recent_steps",
 }
-"""The flat keys of the first `[orchestrator]` section → where they live now (issue 14)."""
+"""The flat keys of the first `[orchestrator]` section → their place in a group."""
+MOVED_KEYS_UNTIL = "2027-03-01"
+"""After this date `MOVED_KEYS` goes and its keys are unknown keys like any other."""
 
 
 class SamplingConfig(BaseConfig):
@@ -292,6 +295,7 @@ class WandbConfig(BaseConfig):
 
 class OrchestratorConfig(BaseConfig):
     moved_keys: ClassVar[dict[str, str]] = MOVED_KEYS
+    moved_keys_until: ClassVar[str] = MOVED_KEYS_UNTIL
 
     task: Annotated[TaskConfig, FIRST] = ReversalTaskConfig()
     """The verifiable task prompts come from (use `tasks` for a mixture)."""

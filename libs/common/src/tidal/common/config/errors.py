@@ -63,7 +63,9 @@ def _unknown_key(cls: type[BaseModel], loc: tuple[int | str, ...]) -> str:
     parent = here.path[: -len(key)].rstrip(".")
     moved = getattr(here.owner, "moved_keys", {}).get(key)
     if moved is not None:
-        return f"unknown key '{here.path}'; it was replaced by '{moved}'"
+        until = getattr(here.owner, "moved_keys_until", "")
+        until = f" (this pointer is removed after {until})" if until else ""
+        return f"unknown key '{here.path}'; the key moved, it was replaced by '{moved}'{until}"
     valid = sorted(here.owner.model_fields) if here.owner is not None else []
     choices = f"valid keys here: {', '.join(valid)}" if valid else ""
     if here.tagged is not None:

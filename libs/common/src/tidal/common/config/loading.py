@@ -44,6 +44,8 @@ class BaseConfig(BaseModel):
     )
     moved_keys: typing.ClassVar[dict[str, str]] = {}
     """Removed key → the full name of the key that replaced it (named in the error)."""
+    moved_keys_until: typing.ClassVar[str] = ""
+    """The date (YYYY-MM-DD) after which `moved_keys` is deleted, named in the error."""
 
 
 @dataclass

@@ -75,6 +75,7 @@ class ParallelConfig(BaseConfig):
     """torch.distributed backend: "auto" is NCCL on CUDA, gloo on CPU."""
 
     moved_keys: ClassVar[dict[str, str]] = {"cpu_offload": "trainer.model.fsdp_cpu_offload"}
+    moved_keys_until: ClassVar[str] = "2027-03-01"
 
 
 def check_parallel(
