@@ -273,7 +273,7 @@ def token_strings(tokenizer: Tokenizer, ids: list[int]) -> list[str]:
 
 
 def completion_logprobs(tokenizer: Tokenizer, c: Completion, offset: int) -> dict[str, Any]:
-    """The legacy completions `logprobs` object of these tokens (text offsets from `offset`)."""
+    """The text completions' `logprobs` object of these tokens (text offsets from `offset`)."""
     tokens = token_strings(tokenizer, c.token_ids)
     offsets, at = [], offset
     for t in tokens:

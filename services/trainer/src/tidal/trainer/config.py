@@ -365,10 +365,9 @@ class CheckpointConfig(BaseConfig):
     Unset (the default): 20 where the trainer journals its steps (`journal`, every RL
     trainer), else 1. With the journal a trainer killed at any point resumes
     (`tidal rl --resume`) losing no trained step, replaying at most `interval - 1`
-    journaled steps, so there `interval` trades the checkpoint's cost (on issue 19's 33.6M
-    CPU shape ~1.2 s for ~400 MB, against a ~0.9 s step) for replay time after a crash,
-    not durability. Without it (`journal = false`), the versions
-    published after the last checkpoint are lost with a crashed trainer and `--resume`
+    journaled steps, so there `interval` trades the checkpoint's cost for replay time
+    after a crash, not durability. Without it (`journal = false`), the versions published
+    after the last checkpoint are lost with a crashed trainer and `--resume`
     refuses to continue under them, hence 1 (docs/training.md, "Durability"). `tidal sft`
     has no journal: an interrupted SFT run resumes from its newest checkpoint and trains
     the steps after it again, to the same weights (its data order is in the checkpoint)."""

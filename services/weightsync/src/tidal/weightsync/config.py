@@ -70,8 +70,8 @@ class WeightSyncConfig(BaseConfig):
     """Chunk size of UploadWeights and FetchWeights streams."""
     lease_s: float = Field(default=30.0, gt=0)
     """Seconds a replica's registration outlives its Watch stream: a replica that stops
-    watching (killed, or restarted under a new id) and does not call in for this long no
-    longer pins the version it served (or was loading) on disk."""
+    watching (killed, or restarted under a new id) and does not call in for this long
+    stops pinning the version it served (or was loading) on disk."""
 
 
 class WeightSyncRunConfig(ServiceRunConfig):
