@@ -59,6 +59,12 @@ def test_the_moved_keys_have_a_removal_date() -> None:
     assert OrchestratorConfig.moved_keys_until == MOVED_KEYS_UNTIL
 
 
+def test_the_changelog_lists_every_moved_key() -> None:
+    changelog = (Path(__file__).resolve().parents[3] / "CHANGELOG.md").read_text()
+    for old, new in MOVED_KEYS.items():
+        assert f"| `orchestrator.{old}` | `{new}`" in changelog
+
+
 def test_every_moved_key_points_at_a_field_that_exists() -> None:
     for old, new in MOVED_KEYS.items():
         assert old not in OrchestratorConfig.model_fields
