@@ -69,8 +69,6 @@ MOVED_KEYS: dict[str, str] = {
     "recent_steps": "orchestrator.report.recent_steps",
 }
 """The flat keys of the first `[orchestrator]` section → their place in a group."""
-MOVED_KEYS_UNTIL = "2027-03-01"
-"""After this date `MOVED_KEYS` goes and its keys are unknown keys like any other."""
 
 
 class SamplingConfig(BaseConfig):
@@ -295,7 +293,7 @@ class WandbConfig(BaseConfig):
 
 class OrchestratorConfig(BaseConfig):
     moved_keys: ClassVar[dict[str, str]] = MOVED_KEYS
-    moved_keys_until: ClassVar[str] = MOVED_KEYS_UNTIL
+    moved_keys_until: ClassVar[str] = "2027-03-01"
 
     task: Annotated[TaskConfig, FIRST] = ReversalTaskConfig()
     """The verifiable task prompts come from (use `tasks` for a mixture)."""
