@@ -53,14 +53,14 @@ MODULE_ONLY = {
     "a benchmark": re.compile(r"\bmeasured\b|\bbenchmark|\d\s*(ms|µs|us)\b", re.I),
     "a Decisions block": re.compile(r"^\s*(Design )?Decisions?:", re.M),
 }
+CONFIG_COMMANDS = ("rl", "sft", "export", "plan")
+SERVICES = ("orchestrator", "inference", "trainer", "weightsync")
+CLIENT_COMMANDS = ("status", "generate", "versions", "progress")
 HELP_COMMANDS = [
     ["--help"],
-    *([command, "--help", "all"] for command in ("rl", "sft", "export", "plan")),
-    *([service, "--help", "all"] for service in ("orchestrator", "inference", "trainer")),
-    ["weightsync", "--help", "all"],
+    *([command, "--help", "all"] for command in (*CONFIG_COMMANDS, *SERVICES)),
     ["client", "--help"],
-    *(["client", command, "--help"] for command in ("status", "generate", "versions")),
-    ["client", "progress", "--help"],
+    *(["client", command, "--help"] for command in CLIENT_COMMANDS),
     ["certs", "--help"],
 ]
 
