@@ -1,11 +1,14 @@
-"""The safetensors file format, written into a reusable buffer and read back as views.
+"""The one safetensors writer: a file into a reusable buffer or streamed to disk, and views.
 
-The format is small (8-byte header length, JSON header, raw little-endian tensor bytes),
-so it is written directly: one `copy_` per tensor into a `bytearray` the caller hands
-back for the next version of the same size, where `safetensors.torch.save` allocates and
-copies the whole file several times. Tensors are ordered by element size, largest first,
-so each starts aligned for its dtype and `safetensors_views` hands out zero-copy views.
-Both directions are pinned bit-equal to the `safetensors` package in tests.
+Every safetensors file Tidal writes goes through here: published versions, exported and
+imported model folders, checkpoint and journal state files. It is our own encoder, not
+`safetensors.torch.save`, because the format is small (8-byte header length, JSON header,
+raw little-endian tensor bytes) and writing it directly lets a publish reuse the previous
+version's buffer (one `copy_` per tensor, where `save` allocates and copies the whole file
+several times) and lets a checkpoint stream each tensor from its own memory to the file and
+its sha256 at once (no buffer of the state's size). Tensors are ordered by element size,
+largest first, so each starts aligned for its dtype and `safetensors_views` hands out
+zero-copy views. Both directions are pinned bit-equal to the `safetensors` package in tests.
 """
 
 from __future__ import annotations
@@ -14,8 +17,11 @@ import json
 import math
 import struct
 from collections.abc import Mapping
+from pathlib import Path
 
 import torch
+
+from tidal.common.files.durable import write_hashed
 
 DTYPE_NAMES = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
@@ -25,17 +31,13 @@ DTYPE_NAMES = {
 _DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}  # safetensors name → dtype
 
 
-def encode_safetensors(
-    tensors: Mapping[str, torch.Tensor],
-    *,
-    metadata: dict[str, str] | None = None,
-    reuse: bytearray | None = None,
-) -> bytearray:
-    """The safetensors file of `tensors`, written into `reuse` when it has exactly the
-    needed size (a previous version of the same shapes), else into a new buffer."""
+def safetensors_layout(
+    tensors: Mapping[str, torch.Tensor], metadata: dict[str, str] | None = None
+) -> tuple[bytes, list[torch.Tensor]]:
+    """The file's header (8-byte length + JSON, space-padded to 8 bytes) and its tensors
+    in the order their bytes follow it."""
     order = sorted(tensors.items(), key=lambda item: (-item[1].element_size(), item[0]))
     header: dict[str, object] = {"__metadata__": metadata} if metadata else {}
-    spans: list[tuple[torch.Tensor, int, int]] = []
     cursor = 0
     for name, tensor in order:
         dtype = DTYPE_NAMES.get(tensor.dtype)
@@ -47,21 +49,45 @@ def encode_safetensors(
             "shape": list(tensor.shape),
             "data_offsets": [cursor, cursor + nbytes],
         }
-        spans.append((tensor, cursor, cursor + nbytes))
         cursor += nbytes
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
-    begin = 8 + len(text)
-    total = begin + cursor
+    return struct.pack("<Q", len(text)) + text, [t for _, t in order]
+
+
+def encode_safetensors(
+    tensors: Mapping[str, torch.Tensor],
+    *,
+    metadata: dict[str, str] | None = None,
+    reuse: bytearray | None = None,
+) -> bytearray:
+    """The safetensors file of `tensors`, written into `reuse` when it has exactly the
+    needed size (a previous version of the same shapes), else into a new buffer."""
+    header, ordered = safetensors_layout(tensors, metadata)
+    total = len(header) + sum(t.numel() * t.element_size() for t in ordered)
     buffer = reuse if reuse is not None and len(reuse) == total else bytearray(total)
-    struct.pack_into("<Q", buffer, 0, len(text))
-    buffer[8:begin] = text
+    buffer[: len(header)] = header
     flat = torch.frombuffer(buffer, dtype=torch.uint8)  # (total,)
-    for tensor, start, stop in spans:
-        if stop > start:
-            raw = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-            flat[begin + start : begin + stop].copy_(raw)  # (nbytes,)
+    start = len(header)
+    for tensor in ordered:
+        raw = _bytes(tensor)  # (nbytes,)
+        flat[start : start + len(raw)].copy_(raw)
+        start += len(raw)
     return buffer
+
+
+def write_safetensors(
+    path: Path, tensors: Mapping[str, torch.Tensor], *, metadata: dict[str, str] | None = None
+) -> str:
+    """Write the safetensors file of `tensors` at `path`, fsynced, each tensor's bytes going
+    to the file and the hash straight from its memory; returns the file's sha256."""
+    header, ordered = safetensors_layout(tensors, metadata)
+    return write_hashed(path, [header, *(memoryview(_bytes(t).numpy()) for t in ordered)])
+
+
+def _bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor's bytes as a CPU uint8 tensor: a view, no copy, of a contiguous CPU tensor."""
+    return tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
 
 
 def safetensors_views(data: bytes | bytearray) -> dict[str, torch.Tensor]:

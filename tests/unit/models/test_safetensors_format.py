@@ -1,13 +1,20 @@
-"""The safetensors format both ways: files safetensors itself loads, and zero-copy views
-equal to its own loader, bit for bit."""
+"""The safetensors format both ways: files safetensors itself loads (in a buffer or
+streamed to disk), and zero-copy views equal to its own loader, bit for bit."""
 
 from __future__ import annotations
+
+import hashlib
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load, save
 
-from tidal.weights.safetensors_format import encode_safetensors, safetensors_views
+from tidal.models.safetensors_format import (
+    encode_safetensors,
+    safetensors_views,
+    write_safetensors,
+)
 
 
 def tensors(seed: int) -> dict[str, torch.Tensor]:
@@ -86,3 +93,11 @@ def test_truncated_payload_is_refused_naming_the_tensor() -> None:
         safetensors_views(payload[:-4])
     with pytest.raises(ValueError, match="no header"):
         safetensors_views(b"\x01")
+
+
+def test_the_streamed_file_is_the_encoded_buffer_and_its_sha256_is_returned(tmp_path: Path) -> None:
+    sent = tensors(3)
+    digest = write_safetensors(tmp_path / "w.safetensors", sent, metadata={"format": "pt"})
+    data = (tmp_path / "w.safetensors").read_bytes()
+    assert data == bytes(encode_safetensors(sent, metadata={"format": "pt"}))
+    assert digest == hashlib.sha256(data).hexdigest()
