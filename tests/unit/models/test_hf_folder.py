@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from tidal.models.args import DecoderArgs
 from tidal.models.families import UnsupportedArchitecture
-from tidal.models.hf_checkpoint import export_hf_folder, load_hf_folder, publishable_state_dict
+from tidal.models.hf_checkpoint import load_hf_folder, publishable_state_dict
 from tidal.models.hf_folder import (
     INDEX,
     ModelFolderError,
@@ -26,6 +26,7 @@ from tidal.models.hf_model import HFCausalLM
 from tidal.models.layers import DecoderLM
 from tidal.models.state_dict_adapter import WeightMismatch
 
+from ...hf_folders import export_model
 from .conftest import seeded_model
 
 SUPPORTED = r"supported: \['LlamaForCausalLM', 'Qwen2ForCausalLM', 'Qwen3ForCausalLM'"
@@ -40,7 +41,7 @@ POS = torch.arange(6)[None]
 
 def exported(tmp_path: Path, args: DecoderArgs = TINY_MOE, **kw: Any) -> tuple[Path, Any]:
     model = seeded_model(args, seed=0)
-    export_hf_folder(model, tmp_path / "model", **kw)
+    export_model(model, tmp_path / "model", **kw)
     return tmp_path / "model", model
 
 
