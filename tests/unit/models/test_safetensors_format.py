@@ -47,6 +47,21 @@ def test_safetensors_load_of_the_written_bytes_equals_the_input_for_every_dtype(
     assert all(views[k].data_ptr() % views[k].element_size() == 0 for k in sent)
 
 
+def test_the_wider_dtypes_safetensors_writes_are_written_and_read_bit_equal() -> None:
+    ints = torch.tensor([1, 2, 60000])
+    sent = {
+        "f8_e4m3": torch.tensor([0.5, -2.0, 3.0]).to(torch.float8_e4m3fn),
+        "f8_e5m2": torch.tensor([0.5, -2.0, 3.0]).to(torch.float8_e5m2),
+        **{f"u{bits}": ints.to(getattr(torch, f"uint{bits}")) for bits in (16, 32, 64)},
+    }
+    payload = encode_safetensors(sent)
+    assert bytes(payload) == save(sent)  # safetensors' own file, byte for byte
+    for loaded in (load(bytes(payload)), safetensors_views(payload)):
+        for name, want in sent.items():
+            assert loaded[name].dtype == want.dtype, name
+            assert torch.equal(loaded[name].view(torch.uint8), want.view(torch.uint8)), name
+
+
 def test_a_buffer_of_the_right_size_is_rewritten_in_place() -> None:
     first = encode_safetensors(tensors(1))
     second = encode_safetensors(tensors(2), reuse=first)
