@@ -66,9 +66,7 @@ def encode_files(
     whose weights file reuses `reuse` when it fits. `extra_files` (name → bytes) are added
     as they are; they may not replace the version's own files."""
     if MANIFEST_FILE in (extra_files or {}):
-        raise ValueError(
-            f"companion file names {sorted(extra_files or {})} must be plain, new names"
-        )
+        raise ValueError(f"companion file names may not include the version's {MANIFEST_FILE}")
     return folder_files(config, state_dict, extra_files=extra_files, reuse=reuse)
 
 
