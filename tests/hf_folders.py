@@ -9,9 +9,9 @@ and a tiny model with random weights, in the Qwen3 and Llama 3 styles.
 - Llama 3 style: `<|begin_of_text|>` added by tokenizer.json's post-processor, header
   tokens, `<|eot_id|>` closing turns, EOS `<|end_of_text|>`, generation config eos
   `[<|end_of_text|>, <|eot_id|>]`.
-- Weights and config.json come from our own exporter (`tidal.models.hf_checkpoint.
-  export_hf_folder`, as tests/unit/models do), with `vocab_size` equal to the tokenizer's,
-  so the folder loads in `transformers` and in `tidal.models` alike.
+- Weights and config.json come from our own writer (`tidal.models.hf_folder.write_folder`
+  through `export_model`, as tests/unit/models do), with `vocab_size` equal to the
+  tokenizer's, so the folder loads in `transformers` and in `tidal.models` alike.
 - Special tokens are added after training, so they get the last ids, as in real models;
   Qwen's `<think>`/`</think>` are added but not special (decoding keeps them).
 - `tokenizer_class` is `PreTrainedTokenizerFast`, so `transformers` reads tokenizer.json
@@ -193,14 +193,21 @@ def write_weights(
     """config.json + random safetensors through our exporter (RNG of the caller untouched)."""
     import torch
 
-    from tidal.models.hf_checkpoint import export_hf_folder
     from tidal.models.layers import DecoderLM
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = DecoderLM(_tiny_args(family, vocab_size, dim, ffn_dim))
         model.init_weights(0.02)
-    export_hf_folder(model, folder)
+    export_model(model, folder)
+
+
+def export_model(model: Any, folder: Path, **options: Any) -> None:
+    """`model` as a model folder: its own config.json and HF-named weights (`write_folder`)."""
+    from tidal.models.hf_checkpoint import publishable_state_dict
+    from tidal.models.hf_folder import write_folder
+
+    write_folder(folder, model.args.to_hf_config(), publishable_state_dict(model), **options)
 
 
 def write_tokenizer(folder: Path, family: str, spec: dict[str, Any] | None = None) -> int:

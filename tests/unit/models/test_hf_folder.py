@@ -13,12 +13,20 @@ from safetensors.torch import load_file, save_file
 
 from tidal.models.args import DecoderArgs
 from tidal.models.families import UnsupportedArchitecture
-from tidal.models.hf_checkpoint import export_hf_folder, load_hf_folder, publishable_state_dict
-from tidal.models.hf_folder import INDEX, ModelFolderError, write_folder
+from tidal.models.hf_checkpoint import load_hf_folder, publishable_state_dict
+from tidal.models.hf_folder import (
+    INDEX,
+    ModelFolderError,
+    folder_files,
+    read_config,
+    write_config,
+    write_folder,
+)
 from tidal.models.hf_model import HFCausalLM
 from tidal.models.layers import DecoderLM
 from tidal.models.state_dict_adapter import WeightMismatch
 
+from ...hf_folders import export_model
 from .conftest import seeded_model
 
 SUPPORTED = r"supported: \['LlamaForCausalLM', 'Qwen2ForCausalLM', 'Qwen3ForCausalLM'"
@@ -33,7 +41,7 @@ POS = torch.arange(6)[None]
 
 def exported(tmp_path: Path, args: DecoderArgs = TINY_MOE, **kw: Any) -> tuple[Path, Any]:
     model = seeded_model(args, seed=0)
-    export_hf_folder(model, tmp_path / "model", **kw)
+    export_model(model, tmp_path / "model", **kw)
     return tmp_path / "model", model
 
 
@@ -151,6 +159,22 @@ def test_writing_over_a_previous_model_folder_replaces_it(tmp_path: Path) -> Non
     write_folder(out, {"model_type": "llama"}, {"w": torch.ones(2)})
     assert not (out / "old").exists()
     assert torch.equal(load_file(out / "model.safetensors")["w"], torch.ones(2))
+
+
+def test_the_folder_written_to_disk_holds_the_files_published_from_memory(tmp_path: Path) -> None:
+    config, state = {"model_type": "llama", "vocab_size": 3}, {"w": torch.randn(2, 3)}
+    extra = {"generation_config.json": b"{}", "tokenizer.json": b'{"model": {}}'}
+    write_folder(tmp_path / "out", config, state, extra_files=extra)
+    on_disk = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()}
+    published = folder_files(config, state, extra_files=extra)
+    assert on_disk == {name: bytes(data) for name, data in published.items()}
+    assert read_config(tmp_path / "out") == config
+
+
+def test_config_alone_is_written_for_an_architecture_without_weights(tmp_path: Path) -> None:
+    write_config(tmp_path, {"model_type": "qwen3", "hidden_size": 8})
+    assert [p.name for p in tmp_path.iterdir()] == ["config.json"]
+    assert read_config(tmp_path) == {"model_type": "qwen3", "hidden_size": 8}
 
 
 @pytest.mark.parametrize("holds", ["a folder", "no config.json"])

@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 import torch
 
-from tidal.models.hf_checkpoint import export_hf_folder, load_hf_folder
+from tidal.models.hf_checkpoint import load_hf_folder
 from tidal.models.layers import DecoderLM
 
+from ...hf_folders import export_model
 from .conftest import TINY, transformers
 
 FAMILIES = sorted(TINY)
@@ -49,7 +50,7 @@ def test_exported_folder_loads_in_transformers_with_the_same_logits(
 ) -> None:
     hf_model(name).save_pretrained(tmp_path / "reference")
     ours = load_hf_folder(tmp_path / "reference", impl="custom")
-    export_hf_folder(ours, tmp_path / "exported")
+    export_model(ours, tmp_path / "exported")
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(
         tmp_path / "exported", attn_implementation="sdpa", dtype=torch.float32
     ).eval()

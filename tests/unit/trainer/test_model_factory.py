@@ -13,16 +13,14 @@ import torch
 from pydantic import ValidationError
 
 from tidal.models.args import DecoderArgs
-from tidal.models.hf_checkpoint import (
-    export_hf_folder,
-    load_published_state_dict,
-    publishable_state_dict,
-)
+from tidal.models.hf_checkpoint import load_published_state_dict, publishable_state_dict
 from tidal.models.hf_model import HFCausalLM
 from tidal.models.layers import DecoderLM
 from tidal.trainer.config import ModelConfig, TrainerRunConfig
 from tidal.trainer.model_factory import build_model, with_packed_kind
 from tidal.weights.folder import load_version, write_version
+
+from ...hf_folders import export_model
 
 TINY = ModelConfig(dim=32, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=64, max_seq_len=16)
 TINY_MOE = ModelConfig(
@@ -87,7 +85,7 @@ def test_family_switches_come_from_the_family_record() -> None:
 
 def test_build_model_from_a_folder_path(tmp_path: Path) -> None:
     model = build_model(TINY_MOE, seed=0)
-    export_hf_folder(model, tmp_path / "model")
+    export_model(model, tmp_path / "model")
     loaded = build_model(ModelConfig(path=tmp_path / "model"), seed=123)
     with torch.no_grad():
         torch.testing.assert_close(loaded(IDS, POS), model(IDS, POS), rtol=0, atol=0)

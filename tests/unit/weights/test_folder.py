@@ -110,11 +110,12 @@ def test_companion_files_are_in_the_manifest_and_verified_on_read(tmp_path: Path
         load_version(manifest)
 
 
-def test_a_companion_file_may_not_replace_the_versions_own(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors", "manifest.json"])
+def test_a_companion_file_may_not_replace_the_versions_own(tmp_path: Path, name: str) -> None:
     with pytest.raises(ValueError, match="companion file names"):
         write_version(
             tmp_path, version=0, step=0, state_dict=state(), config={},
-            extra_files={"config.json": b"{}"},
+            extra_files={name: b"{}"},
         )  # fmt: skip
 
 

@@ -174,9 +174,11 @@ if __name__ == "__main__":
 
 def test_the_streamed_state_file_matches_safetensors_own(tmp_path: Path) -> None:
     """`write_state` streams the tensors into the file (no state-sized buffer); the file
-    must be the one safetensors itself writes (`encode_state`): same tensor entries in
-    the same order, same bytes after the header, same metadata, and read back the same."""
+    must be the one safetensors itself writes for its tensors and metadata: same tensor
+    entries in the same order, same bytes after the header, same metadata, and read back
+    the same."""
     from safetensors import safe_open
+    from safetensors.torch import load, save
 
     tied = torch.randn(5, 4)
     state = {
@@ -188,7 +190,10 @@ def test_the_streamed_state_file_matches_safetensors_own(tmp_path: Path) -> None
     state_file.write_state(tmp_path, state)
     path = state_file.state_file(tmp_path)
     assert path is not None and [p.name for p in tmp_path.iterdir()] == [path.name]
-    streamed, reference = path.read_bytes(), state_file.encode_state(state)
+    streamed = path.read_bytes()
+    with safe_open(path, framework="pt") as f:
+        metadata = f.metadata()
+    reference = save(load(streamed), metadata=metadata)
 
     def parts(data: bytes) -> tuple[list[tuple[str, object]], dict[str, str], bytes]:
         size = int.from_bytes(data[:8], "little")

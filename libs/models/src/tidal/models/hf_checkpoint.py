@@ -11,7 +11,6 @@ shape before the first copy (all or nothing). Building never touches the global 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from torch import nn
 from tidal.models.args import DecoderArgs
 from tidal.models.dtensors import whole
 from tidal.models.families import UnsupportedArchitecture, family_for_hf_config
-from tidal.models.hf_folder import check_weights, read_config, read_weights, write_folder
+from tidal.models.hf_folder import check_weights, read_config, read_weights
 from tidal.models.hf_model import HFCausalLM
 from tidal.models.layers import DecoderLM
 from tidal.models.lora import merged_state_dict
@@ -70,28 +69,6 @@ def load_hf_folder(folder: Path, *, impl: str = "auto", device: Any = "cpu") -> 
     model = model_from_hf_config(config, impl=impl, device="cpu")
     load_published_state_dict(model, read_weights(folder))
     return model.to(device=device)
-
-
-def export_hf_folder(
-    model: nn.Module,
-    folder: Path,
-    *,
-    max_shard_bytes: int | None = None,
-    config: dict[str, Any] | None = None,
-    extra_files: Mapping[str, bytes] | None = None,
-) -> None:
-    """Write `model` as an HF folder that `transformers.AutoModelForCausalLM` loads.
-
-    `config` replaces the model's own config.json (e.g. with the folder's special-token
-    ids); `extra_files` (tokenizer files, generation_config.json) are written into the
-    folder before it is renamed into place."""
-    write_folder(
-        folder,
-        model.args.to_hf_config() if config is None else config,
-        publishable_state_dict(model),
-        max_shard_bytes=max_shard_bytes,
-        extra_files=extra_files,
-    )
 
 
 def _adapter_args(model: nn.Module) -> tuple[StateDictAdapter, DecoderArgs]:

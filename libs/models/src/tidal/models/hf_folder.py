@@ -1,4 +1,6 @@
-"""Reading and writing Hugging Face model folders (config.json + safetensors).
+"""Reading and writing Hugging Face model folders (config.json + safetensors), the one
+writer of them: published versions, `tidal export`, `tidal sft`'s final weights and
+converted models all take their files from `folder_files` or `write_folder`.
 
 Reads a sharded folder (`model.safetensors.index.json`) or a single file, naming the file
 or tensor at fault in every error. Writes what `from_pretrained` reads, into a temporary
@@ -18,15 +20,18 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
+from tidal.common.files.durable import commit_dir, removed_on_failure, space_for, write_hashed
 from tidal.models.hf_config import CONFIG, ModelFolderError, read_config
+from tidal.models.safetensors_format import encode_safetensors, write_safetensors
 from tidal.models.state_dict_adapter import StateDict, WeightMismatch
 
 __all__ = ["CONFIG", "INDEX", "SINGLE", "ModelFolderError", "read_config", "write_folder"]
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
+PT = {"format": "pt"}
+"""The weights files' metadata, as transformers writes it."""
 
 
 def read_weights(folder: Path) -> StateDict:
@@ -54,6 +59,23 @@ def read_weights(folder: Path) -> StateDict:
     raise ModelFolderError(f"{folder} has neither {SINGLE} nor {INDEX}")
 
 
+def folder_files(
+    config: dict[str, Any],
+    state: Mapping[str, torch.Tensor],
+    *,
+    extra_files: Mapping[str, bytes] | None = None,
+    reuse: bytearray | None = None,
+) -> dict[str, bytes | bytearray]:
+    """The files of a model folder in memory, by name: `config.json`, `state` (checkpoint
+    names) as one weights file (written into `reuse` when it fits, as `encode_safetensors`)
+    and `extra_files` (name → bytes: tokenizer files, generation_config.json). What a
+    published version holds; `write_folder` writes the same files to disk."""
+    return {
+        SINGLE: encode_safetensors(state, metadata=PT, reuse=reuse),
+        **_files(config, extra_files),
+    }
+
+
 def write_folder(
     folder: Path,
     config: dict[str, Any],
@@ -62,32 +84,44 @@ def write_folder(
     max_shard_bytes: int | None = None,
     extra_files: Mapping[str, bytes] | None = None,
 ) -> None:
-    """Write `config.json` and `state` (checkpoint names) as an HF folder, atomically;
-    `extra_files` (name → bytes: tokenizer files, generation_config.json) go in with them."""
+    """Write a complete model folder at `folder`, atomically and durably: `folder_files`'
+    files, the weights in shards of at most `max_shard_bytes` (with their index) when given.
+    Each file is fsynced as it is written under a temporary sibling, which one rename makes
+    visible; an existing model folder there is replaced, anything else refused."""
     folder = Path(folder)
     check_replaceable(folder)
+    files = _files(config, extra_files)
     tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    tensors = {name: t.detach().to("cpu").contiguous().clone() for name, t in state.items()}
-    shards = _split(tensors, max_shard_bytes)
-    if len(shards) == 1:
-        save_file(shards[0], tmp / SINGLE, metadata={"format": "pt"})
-    else:
-        weight_map = {}
-        for i, shard in enumerate(shards, start=1):
-            file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-            save_file(shard, tmp / file, metadata={"format": "pt"})
-            weight_map.update(dict.fromkeys(shard, file))
-        total = sum(t.numel() * t.element_size() for t in tensors.values())
-        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        (tmp / INDEX).write_text(json.dumps(index, indent=2, sort_keys=True))
-    (tmp / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True))
-    for name, data in (extra_files or {}).items():
-        (tmp / name).write_bytes(data)
-    if folder.exists():
-        shutil.rmtree(folder)
-    tmp.rename(folder)
+    with space_for(tmp, None), removed_on_failure(tmp):  # a failed write leaks no space
+        shards = _shards(state, max_shard_bytes)
+        if len(shards) > 1:
+            weight_map = {t: name for name, shard in shards.items() for t in shard}
+            total = sum(t.numel() * t.element_size() for t in state.values())
+            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+            files[INDEX] = json.dumps(index, indent=2, sort_keys=True).encode()
+        for name, shard in shards.items():
+            write_safetensors(tmp / name, shard, metadata=PT)
+        for name, data in files.items():
+            write_hashed(tmp / name, [data])
+        if folder.exists():
+            shutil.rmtree(folder)
+        commit_dir(tmp, folder)
+
+
+def write_config(folder: Path, config: dict[str, Any]) -> None:
+    """`config.json` alone into the existing `folder`: an architecture without weights, as
+    vLLM's dummy load reads it before the weights come by another path."""
+    write_hashed(Path(folder) / CONFIG, [_files(config, None)[CONFIG]])
+
+
+def _files(config: dict[str, Any], extra_files: Mapping[str, bytes] | None) -> dict[str, bytes]:
+    """`config.json` and the extra files, whose names may not be the folder's own."""
+    extra = dict(extra_files or {})
+    if extra.keys() & {CONFIG, SINGLE, INDEX} or any("/" in n or n.startswith(".") for n in extra):
+        raise ValueError(f"companion file names {sorted(extra)} must be plain, new names")
+    return {CONFIG: json.dumps(config, indent=2, sort_keys=True).encode(), **extra}
 
 
 def check_replaceable(folder: Path) -> None:
@@ -107,19 +141,20 @@ def check_replaceable(folder: Path) -> None:
         )
 
 
-def _split(tensors: StateDict, max_shard_bytes: int | None) -> list[StateDict]:
-    if max_shard_bytes is None:
-        return [tensors]
+def _shards(state: StateDict, max_shard_bytes: int | None) -> dict[str, StateDict]:
+    """The weights files by name: `model.safetensors`, or shards of at most `max_shard_bytes`."""
     shards: list[StateDict] = [{}]
     size = 0
-    for name, t in tensors.items():
+    for name, t in state.items():
         nbytes = t.numel() * t.element_size()
-        if shards[-1] and size + nbytes > max_shard_bytes:
+        if max_shard_bytes is not None and shards[-1] and size + nbytes > max_shard_bytes:
             shards.append({})
             size = 0
         shards[-1][name] = t
         size += nbytes
-    return shards
+    if len(shards) == 1:
+        return {SINGLE: shards[0]}
+    return {f"model-{i:05d}-of-{len(shards):05d}.safetensors": s for i, s in enumerate(shards, 1)}
 
 
 def check_weights(expected: dict[str, torch.Size], state: StateDict, *, optional: set[str]) -> None:

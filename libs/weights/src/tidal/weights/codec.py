@@ -1,5 +1,5 @@
-"""A version's files from a state dict and back: `model.safetensors`, `config.json` and
-its companion files (tokenizer, generation config).
+"""A version's files from a state dict and back: a model folder (`model.safetensors`,
+`config.json` and its companion files: tokenizer, generation config) under a manifest.
 
 Every data path moves exactly these files under one manifest, so weightsync stores an
 uploaded version like a written one and a replica may fetch any version by any path.
@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from tidal.models.hf_folder import folder_files
+from tidal.models.safetensors_format import safetensors_views
 from tidal.weights.manifest import (
     CONFIG_FILE,
     FULL_WEIGHTS,
@@ -25,7 +27,6 @@ from tidal.weights.manifest import (
     WeightFile,
     WeightManifest,
 )
-from tidal.weights.safetensors_format import encode_safetensors, safetensors_views
 
 UPLOAD_LOCATION = "(uploaded)"
 
@@ -61,18 +62,12 @@ def encode_files(
     reuse: bytearray | None = None,
     extra_files: Mapping[str, bytes] | None = None,
 ) -> dict[str, bytes | bytearray]:
-    """The files of one version (not hashed); the weights file reuses `reuse` when it fits.
-    `extra_files` (name → bytes) are added as they are; they may not replace the version's
-    own files."""
-    extra = dict(extra_files or {})
-    clash = sorted(extra.keys() & {WEIGHTS_FILE, CONFIG_FILE, MANIFEST_FILE})
-    if clash or any("/" in name or name.startswith(".") for name in extra):
-        raise ValueError(f"companion file names {sorted(extra)} must be plain, new names")
-    return {
-        WEIGHTS_FILE: encode_safetensors(state_dict, metadata={"format": "pt"}, reuse=reuse),
-        CONFIG_FILE: json.dumps(config, indent=2).encode(),
-        **extra,
-    }
+    """The files of one version (not hashed): the model folder's (`hf_folder.folder_files`),
+    whose weights file reuses `reuse` when it fits. `extra_files` (name → bytes) are added
+    as they are; they may not replace the version's own files."""
+    if MANIFEST_FILE in (extra_files or {}):
+        raise ValueError(f"companion file names may not include the version's {MANIFEST_FILE}")
+    return folder_files(config, state_dict, extra_files=extra_files, reuse=reuse)
 
 
 def decode_version(

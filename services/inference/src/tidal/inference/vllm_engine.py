@@ -12,7 +12,6 @@ with the version loaded before them on vLLM's ordered output stream.
 from __future__ import annotations
 
 import itertools
-import json
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -27,6 +26,7 @@ from tidal.inference.kv_cache import DEFAULT_MAX_MODEL_LEN, served_length
 from tidal.inference.loading import check_tokenizer_fits, describe_shape
 from tidal.inference.sampling import SamplingParams
 from tidal.inference.sequence import sequence_budget
+from tidal.models.hf_folder import write_config
 from tidal.text.tokenizer import Tokenizer
 
 INSTALL_HINT = (
@@ -107,7 +107,7 @@ class VllmEngine(Engine):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         folder = Path(self._scratch.name)
-        (folder / "config.json").write_text(json.dumps(hf_config))
+        write_config(folder, hf_config)  # the architecture; weights come by `load_weights`
         context = int(hf_config.get("max_position_embeddings", 0)) or DEFAULT_MAX_MODEL_LEN
         self._served_len = served_length(context, self.max_model_len)
         args = AsyncEngineArgs(

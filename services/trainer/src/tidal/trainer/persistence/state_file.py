@@ -23,10 +23,10 @@ from typing import Any
 import torch
 from safetensors import safe_open
 from safetensors.torch import load as load_safetensors
-from safetensors.torch import save as save_safetensors
 
-from tidal.common.files.durable import fsync_path, removed_on_failure, space_for, write_hashed
+from tidal.common.files.durable import fsync_path, removed_on_failure, space_for
 from tidal.common.files.safe_remove import remove_inside
+from tidal.models.safetensors_format import write_safetensors
 
 log = logging.getLogger(__name__)
 
@@ -85,64 +85,19 @@ def _unflatten(tree: Any, tensors: dict[str, torch.Tensor]) -> Any:
 
 def write_state(folder: Path, state: dict[str, Any]) -> None:
     """Write `state` (a tree of dicts, lists, tuples, tensors and JSON scalars) into the
-    existing, empty `folder` as one fsynced file named after its own sha256.
-
-    Streamed: the header is built from the tensors' shapes, then each tensor's bytes go
-    to the hash and the file straight from its memory, so no buffer of the state's size
-    is made. The file is `encode_state`'s but for the order of the two metadata keys."""
+    existing, empty `folder` as one fsynced file named after its own sha256, streamed from
+    the tensors' memory (`write_safetensors`: no buffer of the state's size)."""
     tensors: dict[str, torch.Tensor] = {}
     tree = _flatten(state, "", tensors, {})
-    header, ordered = _header(tensors, {FORMAT_KEY: FORMAT, TREE_KEY: json.dumps(tree)})
     partial = folder / PARTIAL
-    digest = write_hashed(partial, [header, *(_raw(t) for t in ordered)])  # hash ‖ write
+    digest = write_safetensors(
+        partial, tensors, metadata={FORMAT_KEY: FORMAT, TREE_KEY: json.dumps(tree)}
+    )
     # The folder is a hidden temp until the caller renames it, so the rename is enough.
     os.replace(partial, folder / f"{PREFIX}{digest}{SUFFIX}")
 
 
 PARTIAL = "state.partial"
-_DTYPES = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
-    torch.uint8: "U8", torch.bool: "BOOL",
-}  # fmt: skip
-
-
-def _header(
-    tensors: dict[str, torch.Tensor], metadata: dict[str, str]
-) -> tuple[bytes, list[torch.Tensor]]:
-    """The safetensors header (8-byte length + JSON, space-padded to 8 bytes) and the
-    tensors in the order their bytes follow it: safetensors' own order (larger elements
-    first, then by name, which keeps every tensor aligned to its element size)."""
-    names = sorted(tensors, key=lambda n: (-tensors[n].element_size(), n))
-    entries: dict[str, Any] = {"__metadata__": metadata}
-    offset = 0
-    for name in names:
-        t = tensors[name]
-        if t.dtype not in _DTYPES:
-            raise TypeError(f"checkpoint tensor {name} has dtype {t.dtype}, not one we write")
-        size = t.numel() * t.element_size()
-        entries[name] = {
-            "dtype": _DTYPES[t.dtype],
-            "shape": list(t.shape),
-            "data_offsets": [offset, offset + size],
-        }
-        offset += size
-    text = json.dumps(entries, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    return len(text).to_bytes(8, "little") + text, [tensors[n] for n in names]
-
-
-def _raw(t: torch.Tensor) -> memoryview:
-    """A contiguous CPU tensor's bytes, without a copy."""
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy()) if t.numel() else memoryview(b"")
-
-
-def encode_state(state: dict[str, Any]) -> bytes:
-    """`state` as the bytes of one state file: the only step that reads its tensors (the
-    rest of a save works on these bytes, so the tensors may change once this returns)."""
-    tensors: dict[str, torch.Tensor] = {}
-    tree = _flatten(state, "", tensors, {})
-    return save_safetensors(tensors, metadata={FORMAT_KEY: FORMAT, TREE_KEY: json.dumps(tree)})
 
 
 def state_file(folder: Path) -> Path | None:

@@ -1,13 +1,20 @@
-"""The safetensors format both ways: files safetensors itself loads, and zero-copy views
-equal to its own loader, bit for bit."""
+"""The safetensors format both ways: files safetensors itself loads (in a buffer or
+streamed to disk), and zero-copy views equal to its own loader, bit for bit."""
 
 from __future__ import annotations
+
+import hashlib
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load, save
 
-from tidal.weights.safetensors_format import encode_safetensors, safetensors_views
+from tidal.models.safetensors_format import (
+    encode_safetensors,
+    safetensors_views,
+    write_safetensors,
+)
 
 
 def tensors(seed: int) -> dict[str, torch.Tensor]:
@@ -38,6 +45,21 @@ def test_safetensors_load_of_the_written_bytes_equals_the_input_for_every_dtype(
     views = safetensors_views(payload)  # the replica's zero-copy reader agrees
     assert all(torch.equal(views[k], v) for k, v in sent.items())
     assert all(views[k].data_ptr() % views[k].element_size() == 0 for k in sent)
+
+
+def test_the_wider_dtypes_safetensors_writes_are_written_and_read_bit_equal() -> None:
+    ints = torch.tensor([1, 2, 60000])
+    sent = {
+        "f8_e4m3": torch.tensor([0.5, -2.0, 3.0]).to(torch.float8_e4m3fn),
+        "f8_e5m2": torch.tensor([0.5, -2.0, 3.0]).to(torch.float8_e5m2),
+        **{f"u{bits}": ints.to(getattr(torch, f"uint{bits}")) for bits in (16, 32, 64)},
+    }
+    payload = encode_safetensors(sent)
+    assert bytes(payload) == save(sent)  # safetensors' own file, byte for byte
+    for loaded in (load(bytes(payload)), safetensors_views(payload)):
+        for name, want in sent.items():
+            assert loaded[name].dtype == want.dtype, name
+            assert torch.equal(loaded[name].view(torch.uint8), want.view(torch.uint8)), name
 
 
 def test_a_buffer_of_the_right_size_is_rewritten_in_place() -> None:
@@ -86,3 +108,11 @@ def test_truncated_payload_is_refused_naming_the_tensor() -> None:
         safetensors_views(payload[:-4])
     with pytest.raises(ValueError, match="no header"):
         safetensors_views(b"\x01")
+
+
+def test_the_streamed_file_is_the_encoded_buffer_and_its_sha256_is_returned(tmp_path: Path) -> None:
+    sent = tensors(3)
+    digest = write_safetensors(tmp_path / "w.safetensors", sent, metadata={"format": "pt"})
+    data = (tmp_path / "w.safetensors").read_bytes()
+    assert data == bytes(encode_safetensors(sent, metadata={"format": "pt"}))
+    assert digest == hashlib.sha256(data).hexdigest()
