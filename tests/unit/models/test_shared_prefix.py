@@ -59,8 +59,9 @@ def test_padded_buckets_with_parents_equal_the_dense_mask(
         out = attention(0, q, k, v)  # (1, H, T, D)
         (out * upstream).sum().backward()
         results.append((out.detach(), q.grad, k.grad, v.grad))
+    # The two kernels sum in different orders: equal to a few fp32 ulps, not bit for bit.
     for dense, padded in zip(*results, strict=True):
-        torch.testing.assert_close(padded, dense, rtol=0, atol=1e-6)
+        torch.testing.assert_close(padded, dense, rtol=1.3e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("parents", [[-1, 1], [-1, 0, 1], [0, -1]])
