@@ -63,7 +63,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 # Memory-tight candidates (offloads to the host save nothing on a CPU run, where the host
 # is the device, so they stay out). `optim_cpu_offload` is not measured for that reason
-# (its parity and resume are tested in tests/unit/trainer/test_optim_state_offload*.py).
+# (its parity and resume are tested in tests/unit/trainer/memory/test_optim_state_offload*.py).
 TIGHT_RECIPES: dict[str, tuple[str, ...]] = {
     "tight: ac full + chunked head + optimizer on disk": (
         "ac full",
@@ -135,8 +135,8 @@ def _head_table(repeats: int) -> list[dict]:
     """Head only (forward + backward over 4096 tokens): dense vs chunk sizes, interleaved."""
     import torch
 
-    from tidal.trainer.memory.config import resolve_chunk_size
     from tidal.trainer.memory.lm_head import chunked_logprobs_entropy
+    from tidal.trainer.memory_config import resolve_chunk_size
 
     torch.set_num_threads(2)
     g = torch.Generator().manual_seed(0)

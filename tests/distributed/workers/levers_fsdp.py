@@ -19,12 +19,12 @@ import torch.distributed as dist
 from fsdp_step import TINY, full, global_batch, main
 
 from tidal.trainer.memory.activation_offload import activation_offloading
-from tidal.trainer.memory.config import (
+from tidal.trainer.memory.lm_head import chunked_logprobs_entropy
+from tidal.trainer.memory_config import (
     ActivationCheckpointConfig,
     ActivationOffloadingConfig,
     CompileConfig,
 )
-from tidal.trainer.memory.lm_head import chunked_logprobs_entropy
 from tidal.trainer.model_factory import build_model
 from tidal.trainer.parallel.ac import apply_ac
 from tidal.trainer.parallel.compile import apply_compile

@@ -1,5 +1,5 @@
 """What the service uses of a trainer: one process's `Trainer`, or `TorchrunLeader`, rank 0
-commanding the other torchrun ranks (parallel/leader.py); the runner serves either alike.
+commanding the other torchrun ranks (leader.py); the runner serves either alike.
 
 `ServiceTrainer` lists exactly what the service, runner, servicer and persistence call, and
 both implement every member (no `__getattr__` proxy), so a new use is added here and to

@@ -1,3 +1,4 @@
-"""The memory levers under `[trainer.model]`: their config (`config`) and appliers (LoRA,
-activation offloading, chunked LM head, truncation; `apply` orders the model-side ones).
-The planner that predicts their effect is `tidal.trainer.memory_planner`."""
+"""The memory levers under `[trainer.model]`: their appliers (LoRA, activation offloading,
+chunked LM head, truncation, optimizer states off the device; `apply` orders the
+model-side ones). Their config is `tidal.trainer.memory_config`; the planner that predicts
+their effect is `tidal.trainer.memory_planner`."""

@@ -14,7 +14,7 @@ from torch import nn
 
 from tidal.common.errors import ConfigError
 from tidal.models.lora import LoRALinear
-from tidal.trainer.memory.config import LoRAConfig
+from tidal.trainer.memory_config import LoRAConfig
 
 
 def apply_lora(model: nn.Module, config: LoRAConfig | None, *, seed: int = 0) -> list[str]:

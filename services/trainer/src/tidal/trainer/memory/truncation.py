@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from tidal.batch.tensors import MicroBatchData, positions_for
-from tidal.trainer.memory.config import TruncationConfig
+from tidal.trainer.memory_config import TruncationConfig
 
 
 def truncation_enabled(config: TruncationConfig) -> bool:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tidal.trainer.config import TrainerConfig
-from tidal.trainer.memory.config import resolve_chunk_size
+from tidal.trainer.memory_config import resolve_chunk_size
 
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 

@@ -16,7 +16,7 @@ from typing import Any
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from tidal.trainer.memory.config import ActivationCheckpointConfig
+from tidal.trainer.memory_config import ActivationCheckpointConfig
 
 NORMS = ("input_layernorm", "post_attention_layernorm")
 ATTN_PROJ = ("q_proj", "k_proj", "v_proj", "o_proj")

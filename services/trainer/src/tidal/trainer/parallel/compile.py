@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from tidal.trainer.memory.config import CompileConfig
+from tidal.trainer.memory_config import CompileConfig
 
 
 def apply_compile(model: nn.Module, config: CompileConfig | None) -> int:
