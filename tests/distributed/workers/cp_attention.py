@@ -15,8 +15,8 @@ import argparse
 import torch
 import torch.distributed as dist
 
+from tidal.batch.tensors import segment_ids
 from tidal.trainer.config import ModelConfig
-from tidal.trainer.loss_normalization import segment_ids
 from tidal.trainer.model_factory import build_model
 from tidal.trainer.parallel.cp import RingAttention, UlyssesAttention, shard_indices
 from tidal.trainer.torchrun_ranks import leave_process_group

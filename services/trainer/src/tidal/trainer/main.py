@@ -158,6 +158,8 @@ async def start_trainer(
         background=config.trainer.background_publish and ranks is None,
         metrics=trainer_metrics,
     )
+    if ranks is None:  # one process: its next update waits for these writes (`gate`)
+        local.update_gate = persistence.gate
     runner = StepRunner(persistence, metrics=trainer_metrics)
     # The degree micro-batches are split over (leader.py); the orchestrator packs for it.
     dp = ranks.dims.dp if ranks is not None else 1

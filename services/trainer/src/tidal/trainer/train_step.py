@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from tidal.batch.tensors import MicroBatchData, prediction_index
+from tidal.batch.tensors import MicroBatchData, prediction_index, segment_ids
 from tidal.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from tidal.models.cpu_features import bf16_cost_warning
 from tidal.models.device import native_bf16
@@ -28,7 +28,7 @@ from tidal.models.hf_checkpoint import publishable_state_dict
 from tidal.models.lora import adapter_state_dict
 from tidal.trainer.config import TrainerConfig
 from tidal.trainer.loss import TokenInputs, rl_loss, sft_loss, token_entropy
-from tidal.trainer.loss_normalization import StepCounts, segment_ids, step_counts, token_weights
+from tidal.trainer.loss_normalization import StepCounts, step_counts, token_weights
 from tidal.trainer.memory.activation_offload import activation_offloading
 from tidal.trainer.memory.apply import apply_model_levers
 from tidal.trainer.memory.lm_head import chunked_logprobs_entropy
