@@ -30,12 +30,13 @@ from tidal.trainer.config import TrainerConfig
 from tidal.trainer.loss import TokenInputs, rl_loss, sft_loss, token_entropy
 from tidal.trainer.loss_normalization import StepCounts, step_counts, token_weights
 from tidal.trainer.memory.activation_offload import activation_offloading
-from tidal.trainer.memory.apply import apply_model_levers
+from tidal.trainer.memory.chunk_size import resolve_chunk_size
 from tidal.trainer.memory.lm_head import chunked_logprobs_entropy
 from tidal.trainer.memory.lora import adapter_config
 from tidal.trainer.memory.truncation import truncate_micro_batch, truncation_enabled
-from tidal.trainer.memory_config import check_levers_at_start, resolve_chunk_size
+from tidal.trainer.memory_config import check_levers_at_start
 from tidal.trainer.model_factory import build_model
+from tidal.trainer.model_levers import apply_model_levers
 from tidal.trainer.off_policy import finish_metrics, token_staleness
 from tidal.trainer.optim import build_optimizer, build_scheduler, lr_factor
 from tidal.trainer.ranks import RankContext, SingleProcess

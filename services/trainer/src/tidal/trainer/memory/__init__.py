@@ -1,4 +1,3 @@
-"""The memory levers under `[trainer.model]`: their appliers (LoRA, activation offloading,
-chunked LM head, truncation, optimizer states off the device; `apply` orders the
-model-side ones). Their config is `tidal.trainer.memory_config`; the planner that predicts
-their effect is `tidal.trainer.memory_planner`."""
+"""The memory levers under `[trainer.model]`: LoRA, activation offloading, the chunked LM
+head, truncation and optimizer states off the device. Their config is `memory_config`,
+their order `model_levers`, and `memory_planner` predicts their effect."""

@@ -7,17 +7,25 @@ last component of a module name; one matching no `nn.Linear` is a `ConfigError`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from tidal.common.errors import ConfigError
 from tidal.models.lora import LoRALinear
-from tidal.trainer.memory_config import LoRAConfig
 
 
-def apply_lora(model: nn.Module, config: LoRAConfig | None, *, seed: int = 0) -> list[str]:
+class LoRASettings(Protocol):
+    """What the lever reads of `[trainer.model.lora]` (`LoRAConfig`)."""
+
+    rank: int
+    alpha: float
+    dropout: float
+    target_modules: list[str]
+
+
+def apply_lora(model: nn.Module, config: LoRASettings | None, *, seed: int = 0) -> list[str]:
     """Swap targeted linears for `LoRALinear` and freeze the rest; returns their names.
 
     The adapters' initialization depends only on `seed` (not on the global RNG).
@@ -47,7 +55,6 @@ def apply_lora(model: nn.Module, config: LoRAConfig | None, *, seed: int = 0) ->
             parent = model.get_submodule(parent_name)
             lora = LoRALinear(module, rank=config.rank, alpha=config.alpha, dropout=config.dropout)
             setattr(parent, child, lora)
-    model.lora_config = config  # type: ignore[assignment]
     return [name for name, _ in chosen]
 
 
@@ -55,7 +62,7 @@ def _linear_names(model: nn.Module) -> set[str]:
     return {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)}
 
 
-def adapter_config(config: LoRAConfig) -> dict[str, Any]:
+def adapter_config(config: LoRASettings) -> dict[str, Any]:
     """PEFT-style `adapter_config.json` fields of the published adapters (the publisher
     adds `base_version`, the version whose full weights they apply to)."""
     return {
