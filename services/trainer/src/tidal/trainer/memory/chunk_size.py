@@ -1,7 +1,4 @@
-"""Tokens per chunk of the chunked LM head, from `fused_lm_head_token_chunk_size`.
-
-Torch-free, so the config, the planner and the training step read one rule.
-"""
+"""Tokens per chunk of the chunked LM head; torch-free, so config, planner and step share it."""
 
 from __future__ import annotations
 

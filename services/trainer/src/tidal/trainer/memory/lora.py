@@ -7,7 +7,7 @@ last component of a module name; one matching no `nn.Linear` is a `ConfigError`.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
@@ -16,19 +16,11 @@ from tidal.common.errors import ConfigError
 from tidal.models.lora import LoRALinear
 
 
-class LoRASettings(Protocol):
-    """What the lever reads of `[trainer.model.lora]` (`LoRAConfig`)."""
-
-    rank: int
-    alpha: float
-    dropout: float
-    target_modules: list[str]
-
-
-def apply_lora(model: nn.Module, config: LoRASettings | None, *, seed: int = 0) -> list[str]:
+def apply_lora(model: nn.Module, config: Any, *, seed: int = 0) -> list[str]:
     """Swap targeted linears for `LoRALinear` and freeze the rest; returns their names.
 
-    The adapters' initialization depends only on `seed` (not on the global RNG).
+    `config` is a `LoRAConfig` (None: nothing); the adapters' initialization depends only
+    on `seed`, not on the global RNG.
     """
     if config is None:
         return []
@@ -62,7 +54,7 @@ def _linear_names(model: nn.Module) -> set[str]:
     return {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)}
 
 
-def adapter_config(config: LoRASettings) -> dict[str, Any]:
+def adapter_config(config: Any) -> dict[str, Any]:
     """PEFT-style `adapter_config.json` fields of the published adapters (the publisher
     adds `base_version`, the version whose full weights they apply to)."""
     return {
