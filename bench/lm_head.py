@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import median_seconds, print_table, write_result
 
-from tidal.trainer.memory.config import resolve_chunk_size
+from tidal.trainer.memory.chunk_size import resolve_chunk_size
 from tidal.trainer.memory.lm_head import chunked_logprobs_entropy
 
 TOKENS, DIM, VOCAB = 4096, 512, 32768

@@ -3,7 +3,7 @@ activations dominate, and which lever recipe keeps peak ≤ 0.3 of vanilla faste
 
 A ~48M-parameter Qwen3-style model (vocab 32k, 4096 tokens per micro-batch) trains real
 steps (`Trainer.train_step`, fp32) with no lever, each lever alone, and several
-memory-tight recipes. Every run is a fresh subprocess (`tidal.trainer.memory_planner.measure`):
+memory-tight recipes. Every run is a fresh subprocess (`tidal.trainer.memory_measure`):
 peak = kernel high-water mark (VmHWM) above the resident size after a warm-up, with
 glibc's mmap threshold pinned low so RSS follows live tensors; its first step is not
 timed (allocation, page faults), the next ones are.
@@ -36,9 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import print_table, write_result
 
 from tidal.trainer.config import TrainerConfig
+from tidal.trainer.memory_measure import measure
 from tidal.trainer.memory_planner.estimate import Workload, plan_memory
 from tidal.trainer.memory_planner.levers import Levers
-from tidal.trainer.memory_planner.measure import measure
 from tidal.trainer.memory_planner.model_size import param_counts
 
 TOKENS = 4096
@@ -63,7 +63,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 # Memory-tight candidates (offloads to the host save nothing on a CPU run, where the host
 # is the device, so they stay out). `optim_cpu_offload` is not measured for that reason
-# (its parity and resume are tested in tests/unit/trainer/test_optim_state_offload*.py).
+# (its parity and resume are tested in tests/unit/trainer/memory/test_optim_state_offload*.py).
 TIGHT_RECIPES: dict[str, tuple[str, ...]] = {
     "tight: ac full + chunked head + optimizer on disk": (
         "ac full",
@@ -135,7 +135,7 @@ def _head_table(repeats: int) -> list[dict]:
     """Head only (forward + backward over 4096 tokens): dense vs chunk sizes, interleaved."""
     import torch
 
-    from tidal.trainer.memory.config import resolve_chunk_size
+    from tidal.trainer.memory.chunk_size import resolve_chunk_size
     from tidal.trainer.memory.lm_head import chunked_logprobs_entropy
 
     torch.set_num_threads(2)

@@ -74,7 +74,7 @@ def worker(out: str, *, samples: int, reshard: bool, half: int | None) -> None:
     from tidal.trainer.model_factory import build_model
     from tidal.trainer.parallel.dims import ParallelDims
     from tidal.trainer.parallel.fsdp import apply_fsdp, fsdp_mesh, grad_sum_factor
-    from tidal.trainer.parallel.runtime import leave_process_group
+    from tidal.trainer.torchrun_ranks import leave_process_group
 
     torch.set_num_threads(1)
     distributed = "RANK" in os.environ
@@ -163,7 +163,7 @@ def collectives_worker(out: str) -> None:
     import torch.distributed as dist
 
     from tidal.trainer.parallel.fsdp import AllReduceScatter
-    from tidal.trainer.parallel.runtime import leave_process_group
+    from tidal.trainer.torchrun_ranks import leave_process_group
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

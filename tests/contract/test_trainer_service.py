@@ -469,7 +469,7 @@ def checkpointed_weights(root: Path, step: int) -> dict[str, torch.Tensor]:
     return state_file.read_state(root / f"step_{step:08d}")["train"]["model"]
 
 
-# ---- background writes (the default; persistence/steps.py): Train(n) answers once
+# ---- background writes (the default; step_persistence.py): Train(n) answers once
 # step n is trained; step n's checkpoint and version follow, checkpoint first, versions in
 # step order, each exactly the weights of its step although the next step was already
 # computing; a stopping trainer finishes them.

@@ -1,7 +1,7 @@
 """The package boundaries of DESIGN.md §4, read from the source: no service package imports
 or depends on another (so `pip install` of one service never brings another: the
-inference image holds no trainer), and no import cycle exists among the project's own
-modules.
+inference image holds no trainer), no import cycle exists among the project's own
+modules, and the trainer's building blocks never import the trainer's top level.
 
 Imports are read with `ast` from every module under `services/*/src`, `libs/*/src` and
 `src/`, at module level and inside functions alike (a lazy import is still a
@@ -214,3 +214,16 @@ def test_the_consumer_count_follows_imports_through_common() -> None:
         "tidal.common.b": {"x"},
         "tidal.common.c": {"x", "y"},
     }
+
+
+def test_trainer_building_blocks_never_import_the_trainer_top_level() -> None:
+    """The trainer's sub-packages (parallel/, memory/, persistence/, memory_planner/) are
+    building blocks: they import each other and the libraries, never a top-level module
+    (config, training step, leader, service), since those compose them."""
+    modules = project_modules()
+    folder = ROOT / "services/trainer/src/tidal/trainer"
+    top = {m for m, p in modules.items() if p.parent == folder and p.name != "__init__.py"}
+    blocks = {m for m, p in modules.items() if folder in p.parents and p.parent != folder}
+    graph = import_graph()
+    assert blocks and top, "the trainer's folder moved: update this test"
+    assert {(m, t) for m in blocks for t in graph[m] & top} == set()

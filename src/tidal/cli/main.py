@@ -36,7 +36,7 @@ section (`--help orchestrator.staleness`), `--help all` every key; docs/config.m
 ENTRY_POINTS = {
     "orchestrator": "tidal.orchestrator.main",
     "inference": "tidal.inference.main",
-    "trainer": "tidal.trainer.parallel.launch",
+    "trainer": "tidal.trainer.launch",
     "weightsync": "tidal.weightsync.main",
 }
 

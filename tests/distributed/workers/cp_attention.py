@@ -15,11 +15,11 @@ import argparse
 import torch
 import torch.distributed as dist
 
+from tidal.batch.tensors import segment_ids
 from tidal.trainer.config import ModelConfig
-from tidal.trainer.loss_normalization import segment_ids
 from tidal.trainer.model_factory import build_model
 from tidal.trainer.parallel.cp import RingAttention, UlyssesAttention, shard_indices
-from tidal.trainer.parallel.runtime import leave_process_group
+from tidal.trainer.torchrun_ranks import leave_process_group
 
 TINY = ModelConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=64)
 LENGTHS = torch.tensor([11, 6, 15])  # T = 32: divisible by 2·cp for cp = 2 and 4

@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from tidal.trainer.parallel.ep import expert_parallel
-from tidal.trainer.parallel.runtime import leave_process_group
+from tidal.trainer.torchrun_ranks import leave_process_group
 
 E, TOP_K, D, FFN, N = 8, 2, 16, 24, 40
 

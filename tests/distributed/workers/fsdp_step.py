@@ -22,7 +22,7 @@ from tidal.trainer.config import ModelConfig
 from tidal.trainer.model_factory import build_model
 from tidal.trainer.parallel.dims import ParallelDims
 from tidal.trainer.parallel.fsdp import apply_fsdp, fsdp_mesh, grad_sum_factor
-from tidal.trainer.parallel.runtime import leave_process_group
+from tidal.trainer.torchrun_ranks import leave_process_group
 
 TINY = ModelConfig(dim=32, n_layers=3, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=64)
 SAMPLES, STEPS = 6, 2

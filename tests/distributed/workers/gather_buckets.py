@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
-from tidal.trainer.parallel.runtime import leave_process_group
+from tidal.trainer.torchrun_ranks import leave_process_group
 from tidal.weights import buckets
 from tidal.weights.buckets import iter_packed_buckets, layout_of, specs_of, tensor_views
 

@@ -19,12 +19,12 @@ import torch.distributed as dist
 from fsdp_step import TINY, full, global_batch, main
 
 from tidal.trainer.memory.activation_offload import activation_offloading
-from tidal.trainer.memory.config import (
+from tidal.trainer.memory.lm_head import chunked_logprobs_entropy
+from tidal.trainer.memory_config import (
     ActivationCheckpointConfig,
     ActivationOffloadingConfig,
     CompileConfig,
 )
-from tidal.trainer.memory.lm_head import chunked_logprobs_entropy
 from tidal.trainer.model_factory import build_model
 from tidal.trainer.parallel.ac import apply_ac
 from tidal.trainer.parallel.compile import apply_compile
@@ -73,8 +73,10 @@ def grads(mode: str) -> dict[str, torch.Tensor]:
     if mode != "single":
         rank, world = dist.get_rank(), dist.get_world_size()
         ac, compile_config = LEVERS[mode]
-        apply_ac(model, ac)  # the fixed order: checkpointing → compile → sharding
-        apply_compile(model, compile_config)
+        if ac is not None:  # the fixed order: checkpointing → compile → sharding
+            apply_ac(model, **ac.model_dump())
+        if compile_config is not None:
+            apply_compile(model, **compile_config.model_dump())
         dims = ParallelDims.build(world_size=world)
         mesh = fsdp_mesh(dims.build_mesh("cpu"), hsdp=False)
         apply_fsdp(model, mesh)

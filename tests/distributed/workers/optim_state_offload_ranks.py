@@ -27,7 +27,7 @@ import torch.distributed as dist
 from trainer_ranks import MODEL, step_batches
 
 from tidal.trainer.config import TrainerConfig
-from tidal.trainer.optim_state_offload import DiskStateStore, OffloadedStateOptimizer
+from tidal.trainer.memory.optim_state_offload import DiskStateStore, OffloadedStateOptimizer
 from tidal.trainer.persistence.checkpoint import CheckpointManager
 from tidal.trainer.train_step import Trainer
 
@@ -96,7 +96,7 @@ def lead_or_follow(
     trainer: Trainer, ranks: Any, ckpt: Path, steps: tuple[int, ...], save_after: int | None
 ) -> dict[str, Any] | None:
     """Rank 0 trains `steps` through `TorchrunLeader`; the others follow until it stops."""
-    from tidal.trainer.parallel.leader import (
+    from tidal.trainer.leader import (
         ControlChannel,
         LeaderCheckpoints,
         TorchrunLeader,
@@ -120,7 +120,7 @@ def lead_or_follow(
 
 
 def run_ranks(ckpt: Path, offloads: list[str], state_dir: Path) -> dict[str, Any] | None:
-    from tidal.trainer.parallel.runtime import TorchrunRanks
+    from tidal.trainer.torchrun_ranks import TorchrunRanks
 
     ranks = TorchrunRanks.init(config(2, "none", state_dir), "cpu")
     out: dict[str, Any] = {}

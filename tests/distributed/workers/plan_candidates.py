@@ -24,12 +24,12 @@ from trainer_ranks import step_batches
 from tidal.cli.config import RunConfig
 from tidal.cli.memory_plan import overlay
 from tidal.common.config.loading import load_config
+from tidal.trainer.memory.optim_state_offload import OffloadedStateOptimizer
 from tidal.trainer.memory_planner.estimate import Workload
 from tidal.trainer.memory_planner.fit import candidates
 from tidal.trainer.memory_planner.levers import Levers
-from tidal.trainer.optim_state_offload import OffloadedStateOptimizer
 from tidal.trainer.parallel.assign import shares_by_rank
-from tidal.trainer.parallel.runtime import TorchrunRanks
+from tidal.trainer.torchrun_ranks import TorchrunRanks
 from tidal.trainer.train_step import Trainer
 
 DEFAULT = Path(__file__).resolve().parents[3] / "configs" / "default.toml"

@@ -119,7 +119,7 @@ def run_single(model: str, restore: list[Path]) -> dict[str, object]:
 
 def run_ranks(case: str, ckpt: Path) -> dict[str, object] | None:
     from tidal.trainer.parallel.assign import shares_by_rank
-    from tidal.trainer.parallel.runtime import TorchrunRanks
+    from tidal.trainer.torchrun_ranks import TorchrunRanks
 
     world = int(os.environ["WORLD_SIZE"])
     model, parallel = LAYOUTS[case]

@@ -102,13 +102,13 @@ def run_single(ckpt: Path) -> dict[str, object]:
 
 
 def run_ranks(ckpt: Path, cp: str) -> dict[str, object] | None:
-    from tidal.trainer.parallel.leader import (
+    from tidal.trainer.leader import (
         ControlChannel,
         LeaderCheckpoints,
         TorchrunLeader,
         follow,
     )
-    from tidal.trainer.parallel.runtime import TorchrunRanks
+    from tidal.trainer.torchrun_ranks import TorchrunRanks
 
     ranks = TorchrunRanks.init(config(2, cp), "cpu")
     trainer = Trainer(config(2, cp), seed=0, device=ranks.device, ranks=ranks)

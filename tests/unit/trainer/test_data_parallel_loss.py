@@ -21,9 +21,9 @@ import torch.distributed as dist
 from tidal.batch.packing import TrainSample
 from tidal.batch.tensors import MicroBatchData
 from tidal.trainer.config import LossConfig, ModelConfig, TrainerConfig
-from tidal.trainer.parallel.runtime import leave_process_group
 from tidal.trainer.ranks import SingleProcess
 from tidal.trainer.sft import pack_for_trainer
+from tidal.trainer.torchrun_ranks import leave_process_group
 from tidal.trainer.train_step import Trainer
 
 TINY = ModelConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=32)

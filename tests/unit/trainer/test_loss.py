@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 import torch
 
+from tidal.batch.tensors import segment_ids
 from tidal.trainer.config import LossConfig
 from tidal.trainer.loss import TokenInputs, kl_estimate, rl_loss, sft_loss, token_entropy
-from tidal.trainer.loss_normalization import StepCounts, segment_ids, token_weights
+from tidal.trainer.loss_normalization import StepCounts, token_weights
 
 
 def reference_rl_loss(

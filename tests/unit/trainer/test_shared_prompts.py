@@ -17,7 +17,7 @@ from tidal.batch.packing import TrainSample
 from tidal.batch.tensors import MicroBatchData, micro_batch_from_packed, validate_micro_batch
 from tidal.common.errors import InvalidArgument
 from tidal.trainer.config import ModelConfig, TrainerConfig
-from tidal.trainer.memory.config import TruncationConfig
+from tidal.trainer.memory_config import TruncationConfig
 from tidal.trainer.ranks import SingleProcess
 from tidal.trainer.shared_prompts import shared_prompt_conflicts
 from tidal.trainer.train_step import Trainer

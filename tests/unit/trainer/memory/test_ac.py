@@ -51,7 +51,8 @@ def test_full_checkpointing_saves_only_block_inputs() -> None:
 def test_frequency_picks_every_nth_block_and_names_stay_the_same() -> None:
     model = make_trainer().model
     names = [n for n, _ in model.named_parameters()]
-    assert apply_ac(model, ModelConfig(ac={"freq": 3}).ac) == 2  # blocks 0 and 3 of 4
+    every_third = ModelConfig(ac={"freq": 3}).ac
+    assert apply_ac(model, **every_third.model_dump()) == 2  # blocks 0 and 3 of 4
     flags = [getattr(b, "_tidal_checkpointed", False) for b in model.model.layers]
     assert flags == [True, False, False, True]
     assert [n for n, _ in model.named_parameters()] == names

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tidal.trainer.config import ModelConfig
-from tidal.trainer.memory.config import resolve_chunk_size
+from tidal.trainer.memory.chunk_size import resolve_chunk_size
 from tidal.trainer.memory.lm_head import chunked_logprobs_entropy
 
 from .conftest import FULL_LOSS, assert_same, loss_and_grads, make_trainer

@@ -8,8 +8,8 @@ import torch
 
 from tidal.batch.tensors import MicroBatchData, positions_for
 from tidal.trainer.config import ModelConfig
-from tidal.trainer.memory.config import TruncationConfig
 from tidal.trainer.memory.truncation import truncate_micro_batch
+from tidal.trainer.memory_config import TruncationConfig
 
 from .conftest import assert_same, loss_and_grads, make_trainer
 

@@ -25,11 +25,11 @@ from tidal.batch.tensors import MicroBatchData
 from tidal.cli.config import RunConfig
 from tidal.cli.memory_plan import overlay
 from tidal.common.config.loading import load_config
-from tidal.trainer.memory.config import check_levers_at_start
+from tidal.trainer.memory.optim_state_offload import OffloadedStateOptimizer
+from tidal.trainer.memory_config import check_levers_at_start
 from tidal.trainer.memory_planner.estimate import Workload
 from tidal.trainer.memory_planner.fit import candidates
 from tidal.trainer.memory_planner.levers import Levers
-from tidal.trainer.optim_state_offload import OffloadedStateOptimizer
 from tidal.trainer.train_step import Trainer
 
 DEFAULT = Path(__file__).resolve().parents[4] / "configs" / "default.toml"

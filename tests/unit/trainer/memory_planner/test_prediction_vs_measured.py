@@ -1,7 +1,7 @@
 """The planner's peak prediction against the measured peak RSS of real training steps.
 
 Each configuration trains two real steps (`Trainer.train_step`) in a fresh subprocess
-(`tidal.trainer.memory_planner.measure`); the prediction must be within 15% of the measured peak,
+(`tidal.trainer.memory_measure`); the prediction must be within 15% of the measured peak,
 for every configuration on its own (not as a median): plain models of different
 shapes, each memory lever alone, and all the levers together.
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 
 from tidal.trainer.config import TrainerConfig
+from tidal.trainer.memory_measure import measure
 from tidal.trainer.memory_planner.estimate import Workload, plan_memory
 from tidal.trainer.memory_planner.levers import Levers
-from tidal.trainer.memory_planner.measure import measure
 
 SMALL = {"dim": 128, "n_heads": 4, "n_kv_heads": 2, "max_seq_len": 256}
 # Activations and logits both matter here, so each lever moves the peak.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tidal.trainer.loss_normalization import segment_ids
+from tidal.batch.tensors import segment_ids
 from tidal.trainer.parallel.cp import block_mask, shard_indices
 
 

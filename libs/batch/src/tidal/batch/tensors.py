@@ -98,6 +98,13 @@ def positions_for(
     return torch.arange(total) - torch.repeat_interleave(starts - first, sample_lengths)
 
 
+def segment_ids(sample_lengths: torch.Tensor) -> torch.Tensor:
+    """Index of the sample each token belongs to: (S,) lengths → (T,) int64."""
+    return torch.repeat_interleave(
+        torch.arange(sample_lengths.shape[0], device=sample_lengths.device), sample_lengths
+    )
+
+
 def prediction_index(
     sample_lengths: torch.Tensor, sample_parents: torch.Tensor | None
 ) -> torch.Tensor | None:

@@ -109,7 +109,7 @@ def drop_lost_lines(metrics_path: Path, trainer_step: int) -> list[int]:
     """Remove the metrics lines of steps after `trainer_step`; returns their steps.
 
     Without its step journal the trainer answers Train(n) once step n is trained and
-    makes it durable just after (tidal.trainer.persistence.steps), so a trainer killed
+    makes it durable just after (tidal.trainer.step_persistence), so a trainer killed
     in between resumes at n-1 although step n was logged. Step n is then trained again,
     from the same prompts (`resume_point`), and its first line belongs to a lineage the
     crash ended: it goes, so the file keeps one line per step of the run that survives.

@@ -53,7 +53,7 @@ class TrainDelivery:
 
     async def wait_published(self, step: int, versions: VersionFeed) -> None:
         """Wait until weightsync pushes version `step` as published (the trainer answers
-        Train before it publishes: tidal.trainer.persistence.steps). Only while it has not
+        Train before it publishes: tidal.trainer.step_persistence). Only while it has not
         is the trainer asked, every RECHECK_S, whether it restarted from an older
         checkpoint and lost the step: the lost steps are re-sent, as for a lost Train."""
         deadline = time.monotonic() + self.timeout_s

@@ -1,4 +1,4 @@
 from tidal.common.process.fast_exit import run_and_exit
-from tidal.trainer.parallel.launch import main
+from tidal.trainer.launch import main
 
 run_and_exit(main)

@@ -21,10 +21,10 @@ from tidal.models.args import DecoderArgs, RopeScaling
 from tidal.models.attention_kind import FLASH_ATTN_INSTALL, PackedKind
 from tidal.models.families import FamilyName, family_of
 from tidal.models.hf_config import read_config
-from tidal.trainer.memory.config import (
+from tidal.trainer.memory.chunk_size import ChunkSize
+from tidal.trainer.memory_config import (
     ActivationCheckpointConfig,
     ActivationOffloadingConfig,
-    ChunkSize,
     CompileConfig,
     LoRAConfig,
     TruncationConfig,
@@ -36,7 +36,7 @@ from tidal.trainer.model_folder import (
     conflicts,
     folder_architecture,
 )
-from tidal.trainer.parallel.config import ParallelConfig, check_parallel
+from tidal.trainer.parallel_config import ParallelConfig, check_parallel
 
 
 class RopeScalingConfig(BaseConfig):

@@ -16,7 +16,7 @@ from typing import Literal
 
 import torch
 
-from tidal.batch.tensors import MicroBatchData
+from tidal.batch.tensors import MicroBatchData, segment_ids
 
 Normalization = Literal["token", "sequence", "constant"]
 Reduce = Callable[[torch.Tensor], torch.Tensor]
@@ -46,13 +46,6 @@ def step_counts(batches: Sequence[MicroBatchData], reduce: Reduce | None = None)
         local[1] += (per_sample > 0).sum()
     total = reduce(local) if reduce is not None else local
     return StepCounts(loss_tokens=int(total[0].item()), sequences=int(total[1].item()))
-
-
-def segment_ids(sample_lengths: torch.Tensor) -> torch.Tensor:
-    """Index of the sample each token belongs to: (S,) lengths → (T,) int64."""
-    return torch.repeat_interleave(
-        torch.arange(sample_lengths.shape[0], device=sample_lengths.device), sample_lengths
-    )
 
 
 def segment_sum(values: torch.Tensor, segments: torch.Tensor, num_segments: int) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The trainer service: `tidal trainer @ cfg.toml` (entry point: parallel/launch.py).
+"""The trainer service: `tidal trainer @ cfg.toml` (entry point: launch.py).
 
 `start_trainer` builds the trainer (restored with `--resume`), serves NOT_SERVING, waits
 for weightsync, publishes version 0 (resumed: replays the journal, publishes the restored
@@ -33,17 +33,17 @@ from tidal.trainer.persistence.checkpoint import DCP_MODULE, CheckpointManager
 from tidal.trainer.persistence.hf_folder_files import hf_folder_files
 from tidal.trainer.persistence.journal import StepJournal, journal_dir
 from tidal.trainer.persistence.publisher import WeightPublisher
-from tidal.trainer.persistence.steps import StepPersistence
 from tidal.trainer.prometheus import TrainerMetrics
 from tidal.trainer.runner import StepRunner
 from tidal.trainer.service_trainer import ServiceTrainer
 from tidal.trainer.servicer import TrainerServicer
+from tidal.trainer.step_persistence import StepPersistence
 from tidal.trainer.train_step import Trainer
 from tidal.weights.client import WeightSyncClient
 
 if TYPE_CHECKING:  # torchrun only, imported where used: they pull in DTensor and sympy
-    from tidal.trainer.parallel.leader import ControlChannel
-    from tidal.trainer.parallel.runtime import TorchrunRanks
+    from tidal.trainer.leader import ControlChannel
+    from tidal.trainer.torchrun_ranks import TorchrunRanks
 
 log = logging.getLogger(__name__)
 FULL_NAME = "tidal.rpc.v1.TrainerService"
@@ -92,7 +92,7 @@ def build_trainer(
         trainer = Trainer(config.trainer, seed=seed, device=ranks.device, ranks=ranks)
     ckpt = config.trainer.ckpt
     if channel is not None:
-        from tidal.trainer.parallel.leader import LeaderCheckpoints
+        from tidal.trainer.leader import LeaderCheckpoints
 
         checkpoints: CheckpointManager = LeaderCheckpoints(
             config.checkpoint_dir, keep_last=ckpt.keep_last, channel=channel
@@ -117,13 +117,13 @@ async def start_trainer(
     this is rank 0 of a torchrun job, leading the others."""
     channel = None
     if ranks is not None:
-        from tidal.trainer.parallel.leader import ControlChannel
+        from tidal.trainer.leader import ControlChannel
 
         channel = ControlChannel(ranks)
     local, checkpoints = build_trainer(config, ranks=ranks, channel=channel)
     trainer: ServiceTrainer = local
     if channel is not None:
-        from tidal.trainer.parallel.leader import TorchrunLeader
+        from tidal.trainer.leader import TorchrunLeader
 
         trainer = TorchrunLeader(local, channel)
     device = str(trainer.device)
@@ -158,8 +158,10 @@ async def start_trainer(
         background=config.trainer.background_publish and ranks is None,
         metrics=trainer_metrics,
     )
+    if ranks is None:  # one process: its next update waits for these writes (`gate`)
+        local.update_gate = persistence.gate
     runner = StepRunner(persistence, metrics=trainer_metrics)
-    # The degree micro-batches are split over (parallel/leader.py); the orchestrator packs for it.
+    # The degree micro-batches are split over (leader.py); the orchestrator packs for it.
     dp = ranks.dims.dp if ranks is not None else 1
     servicer = TrainerServicer(
         runner, device=device, data_parallel_ranks=dp, tokenizer=tokenizer_info(tokenizer)

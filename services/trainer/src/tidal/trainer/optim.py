@@ -1,7 +1,7 @@
 """Optimizer and learning-rate schedule from `OptimConfig`.
 
 torch's own AdamW and SGD, weight decay on matrices only (never on norms and biases),
-or the same update with states off the device (`optim_state_offload.py`). AdamW runs
+or the same update with states off the device (`memory/optim_state_offload.py`). AdamW runs
 torch's fused kernel whenever every parameter is a plain tensor on one CPU or CUDA
 device. The schedule is a pure function of the steps already taken, wrapped in
 `LambdaLR` so its position is part of the optimizer state checkpoints save.
@@ -15,7 +15,7 @@ from collections.abc import Iterable
 import torch
 
 from tidal.trainer.config import OptimConfig, ScheduleConfig
-from tidal.trainer.optim_state_offload import OffloadedStateOptimizer, optimizer_state_store
+from tidal.trainer.memory.optim_state_offload import OffloadedStateOptimizer, optimizer_state_store
 
 
 def lr_factor(k: int, schedule: ScheduleConfig) -> float:

@@ -4,7 +4,7 @@ The `Trainer` always has a `RankContext`, so train_step.py has one code path. Th
 owns every place where ranks differ: wrapping the model, summing the step's counts and
 metrics, the loss factor that turns a gradient average into the sum, the gradient work
 after the last backward, clipping, and context-parallel logprobs. `SingleProcess` is
-world size 1 (no process group); `parallel/runtime.py`'s `TorchrunRanks` is many ranks.
+world size 1 (no process group); `torchrun_ranks.py`'s `TorchrunRanks` is many ranks.
 """
 
 from __future__ import annotations

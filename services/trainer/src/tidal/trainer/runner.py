@@ -1,5 +1,5 @@
 """Exactly-once training steps: in order, deduplicated, computed off the event loop, then
-handed to persistence (persistence/steps.py), which makes each durable and visible.
+handed to persistence (step_persistence.py), which makes each durable and visible.
 
 One lock serializes steps and is taken before a step is looked up, so a retry of the step
 in flight waits and gets the stored answer. Step `last + 1` trains; a repeated step is
@@ -21,9 +21,9 @@ from opentelemetry import trace
 
 from tidal.batch.tensors import MicroBatchData
 from tidal.common.errors import FailedPrecondition, Unavailable
-from tidal.trainer.persistence.steps import StepPersistence
 from tidal.trainer.prometheus import TrainerMetrics
 from tidal.trainer.service_trainer import LossKind
+from tidal.trainer.step_persistence import StepPersistence
 from tidal.trainer.train_step import StepAbandoned
 
 log = logging.getLogger(__name__)

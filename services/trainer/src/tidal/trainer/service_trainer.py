@@ -1,24 +1,23 @@
 """What the service uses of a trainer: one process's `Trainer`, or `TorchrunLeader`, rank 0
-commanding the other torchrun ranks (parallel/leader.py); the runner serves either alike.
+commanding the other torchrun ranks (leader.py); the runner serves either alike.
 
 `ServiceTrainer` lists exactly what the service, runner, servicer and persistence call, and
 both implement every member (no `__getattr__` proxy), so a new use is added here and to
 both and the type checker says so. It extends the checkpoint's `TrainingState`, so the
-served trainer is checkpointed without unwrapping. `LossKind` lives here, beside the
-interface that takes it, so the servicer and the leader name it without the training step.
+served trainer is checkpointed without unwrapping. `LossKind` is the step journal's (it
+records it); the servicer and the leader name it from here, without the training step.
 """
 
 from __future__ import annotations
 
-from typing import Literal, Protocol
+from typing import Protocol
 
 import torch
 
 from tidal.batch.tensors import MicroBatchData
 from tidal.trainer.config import TrainerConfig
 from tidal.trainer.persistence.checkpoint import TrainingState
-
-LossKind = Literal["pg", "sft"]
+from tidal.trainer.persistence.journal import LossKind
 
 
 class ServiceTrainer(TrainingState, Protocol):

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from tidal.batch.tensors import MicroBatchData, prediction_index
+from tidal.batch.tensors import MicroBatchData, prediction_index, segment_ids
 from tidal.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from tidal.models.cpu_features import bf16_cost_warning
 from tidal.models.device import native_bf16
@@ -28,14 +28,15 @@ from tidal.models.hf_checkpoint import publishable_state_dict
 from tidal.models.lora import adapter_state_dict
 from tidal.trainer.config import TrainerConfig
 from tidal.trainer.loss import TokenInputs, rl_loss, sft_loss, token_entropy
-from tidal.trainer.loss_normalization import StepCounts, segment_ids, step_counts, token_weights
+from tidal.trainer.loss_normalization import StepCounts, step_counts, token_weights
 from tidal.trainer.memory.activation_offload import activation_offloading
-from tidal.trainer.memory.apply import apply_model_levers
-from tidal.trainer.memory.config import check_levers_at_start, resolve_chunk_size
+from tidal.trainer.memory.chunk_size import resolve_chunk_size
 from tidal.trainer.memory.lm_head import chunked_logprobs_entropy
 from tidal.trainer.memory.lora import adapter_config
 from tidal.trainer.memory.truncation import truncate_micro_batch, truncation_enabled
+from tidal.trainer.memory_config import check_levers_at_start
 from tidal.trainer.model_factory import build_model
+from tidal.trainer.model_levers import apply_model_levers
 from tidal.trainer.off_policy import finish_metrics, token_staleness
 from tidal.trainer.optim import build_optimizer, build_scheduler, lr_factor
 from tidal.trainer.ranks import RankContext, SingleProcess
@@ -93,7 +94,7 @@ class Trainer:
         self._stop_requested = threading.Event()  # set by request_stop (SIGTERM)
         self.update_gate: Callable[[], None] | None = None
         """Called before a step's update changes weights, optimizer or schedule state: the
-        previous step's checkpoint and version writes read them (persistence/steps.py).
+        previous step's checkpoint and version writes read them (step_persistence.py).
         It may raise; the step then commits nothing."""
 
     @property

@@ -1,3 +1,3 @@
-"""The memory levers under `[trainer.model]`: their config (`config`) and appliers (LoRA,
-activation offloading, chunked LM head, truncation; `apply` orders the model-side ones).
-The planner that predicts their effect is `tidal.trainer.memory_planner`."""
+"""The memory levers under `[trainer.model]`: LoRA, activation offloading, the chunked LM
+head, truncation and optimizer states off the device. Their config is `memory_config`,
+their order `model_levers`, and `memory_planner` predicts their effect."""

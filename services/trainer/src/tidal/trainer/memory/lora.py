@@ -14,13 +14,13 @@ from torch import nn
 
 from tidal.common.errors import ConfigError
 from tidal.models.lora import LoRALinear
-from tidal.trainer.memory.config import LoRAConfig
 
 
-def apply_lora(model: nn.Module, config: LoRAConfig | None, *, seed: int = 0) -> list[str]:
+def apply_lora(model: nn.Module, config: Any, *, seed: int = 0) -> list[str]:
     """Swap targeted linears for `LoRALinear` and freeze the rest; returns their names.
 
-    The adapters' initialization depends only on `seed` (not on the global RNG).
+    `config` is a `LoRAConfig` (None: nothing); the adapters' initialization depends only
+    on `seed`, not on the global RNG.
     """
     if config is None:
         return []
@@ -47,7 +47,6 @@ def apply_lora(model: nn.Module, config: LoRAConfig | None, *, seed: int = 0) ->
             parent = model.get_submodule(parent_name)
             lora = LoRALinear(module, rank=config.rank, alpha=config.alpha, dropout=config.dropout)
             setattr(parent, child, lora)
-    model.lora_config = config  # type: ignore[assignment]
     return [name for name, _ in chosen]
 
 
@@ -55,7 +54,7 @@ def _linear_names(model: nn.Module) -> set[str]:
     return {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)}
 
 
-def adapter_config(config: LoRAConfig) -> dict[str, Any]:
+def adapter_config(config: Any) -> dict[str, Any]:
     """PEFT-style `adapter_config.json` fields of the published adapters (the publisher
     adds `base_version`, the version whose full weights they apply to)."""
     return {

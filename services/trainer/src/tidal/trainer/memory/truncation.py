@@ -8,20 +8,21 @@ positions restart and its first kept token is never a loss token.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from tidal.batch.tensors import MicroBatchData, positions_for
-from tidal.trainer.memory.config import TruncationConfig
 
 
-def truncation_enabled(config: TruncationConfig) -> bool:
+def truncation_enabled(config: Any) -> bool:
     return any(
         v is not None
         for v in (config.max_prompt_tokens, config.max_completion_tokens, config.max_total_tokens)
     )
 
 
-def _kept_span(prompt: int, completion: int, config: TruncationConfig) -> tuple[int, int]:
+def _kept_span(prompt: int, completion: int, config: Any) -> tuple[int, int]:
     """(prompt tokens kept, completion tokens kept) for one sample."""
     if config.max_prompt_tokens is not None:
         prompt = min(prompt, config.max_prompt_tokens)
@@ -34,8 +35,9 @@ def _kept_span(prompt: int, completion: int, config: TruncationConfig) -> tuple[
     return prompt, completion
 
 
-def truncate_micro_batch(batch: MicroBatchData, config: TruncationConfig) -> MicroBatchData:
-    """`batch` with every sample cut to the caps of `config` (the same object if none apply)."""
+def truncate_micro_batch(batch: MicroBatchData, config: Any) -> MicroBatchData:
+    """`batch` with every sample cut to the caps of `config` (a `TruncationConfig`); the
+    same object if none apply."""
     keep = torch.zeros(batch.num_tokens, dtype=torch.bool, device=batch.input_ids.device)  # (T,)
     lengths: list[int] = []
     start = 0

@@ -12,8 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from tidal.trainer.config import TrainerConfig
-from tidal.trainer.memory.config import resolve_chunk_size
+from tidal.trainer.memory.chunk_size import resolve_chunk_size
 
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
@@ -38,7 +37,8 @@ class Levers:
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @classmethod
-    def from_config(cls, trainer: TrainerConfig) -> Levers:
+    def from_config(cls, trainer: Any) -> Levers:
+        """The levers `trainer` (a `TrainerConfig`) sets, read by field name."""
         model, optim = trainer.model, trainer.optim
         ac = getattr(model, "ac", None)
         offloading = getattr(model, "ac_offloading", None)

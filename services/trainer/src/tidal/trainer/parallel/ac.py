@@ -10,13 +10,11 @@ module-level: only the named targets inside each block are recomputed.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-
-from tidal.trainer.memory.config import ActivationCheckpointConfig
 
 NORMS = ("input_layernorm", "post_attention_layernorm")
 ATTN_PROJ = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -49,18 +47,17 @@ def _selective_targets(block: nn.Module, targets: list[str]) -> Iterator[nn.Modu
             raise ValueError(f"unknown ac.targets entry {target!r}")
 
 
-def apply_ac(model: nn.Module, config: ActivationCheckpointConfig | None) -> int:
-    """Checkpoint `model.model.layers` per `config` (None: nothing); returns modules wrapped."""
-    if config is None:
-        return 0
+def apply_ac(model: nn.Module, *, mode: str, freq: int, targets: Sequence[str]) -> int:
+    """Checkpoint every `freq`-th block of `model.model.layers` ("full") or the `targets`
+    inside each ("selective"), as `[trainer.model.ac]` says; returns modules wrapped."""
     wrapped = 0
     for i, block in enumerate(model.model.layers):  # type: ignore[union-attr,arg-type]
-        if config.mode == "full":
-            if i % config.freq == 0:
+        if mode == "full":
+            if i % freq == 0:
                 checkpoint_module(block)
                 wrapped += 1
         else:
-            for module in _selective_targets(block, list(config.targets)):
+            for module in _selective_targets(block, list(targets)):
                 checkpoint_module(module)
                 wrapped += 1
     return wrapped

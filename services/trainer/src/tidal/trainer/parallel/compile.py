@@ -9,14 +9,10 @@ from __future__ import annotations
 
 from torch import nn
 
-from tidal.trainer.memory.config import CompileConfig
 
-
-def apply_compile(model: nn.Module, config: CompileConfig | None) -> int:
-    """Compile every block of `model.model.layers` in place (None: nothing); returns blocks."""
-    if config is None:
-        return 0
+def apply_compile(model: nn.Module, *, backend: str, fullgraph: bool, dynamic: bool | None) -> int:
+    """Compile every block of `model.model.layers` in place; returns blocks."""
     blocks = list(model.model.layers)  # type: ignore[union-attr,arg-type]
     for block in blocks:
-        block.compile(backend=config.backend, fullgraph=config.fullgraph, dynamic=config.dynamic)
+        block.compile(backend=backend, fullgraph=fullgraph, dynamic=dynamic)
     return len(blocks)

@@ -13,9 +13,8 @@ from typing import Any
 
 import torch
 
-from tidal.batch.tensors import MicroBatchData
+from tidal.batch.tensors import MicroBatchData, segment_ids
 from tidal.models.attention import AttentionBackend
-from tidal.trainer.loss_normalization import segment_ids
 from tidal.trainer.parallel.cp import RingAttention, UlyssesAttention, shard_indices
 
 

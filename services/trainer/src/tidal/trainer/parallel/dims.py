@@ -86,7 +86,7 @@ class ParallelDims:
         "dp" = every data-parallel rank, "dp_shard_cp" = what FSDP shards over, "edp" =
         (dp_replicate, dp_shard_mod_ep): the ranks holding the same experts.
         """
-        # torch stays out of the config path: parallel/config.py imports this module.
+        # torch stays out of the config path: parallel_config.py imports this module.
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh(

@@ -14,15 +14,16 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Literal
 
 from tidal.batch.tensors import MicroBatchData
 from tidal.common.files.safe_remove import remove_inside
 from tidal.trainer.persistence import state_file
-from tidal.trainer.service_trainer import LossKind
 
 log = logging.getLogger(__name__)
 
 FOLDER = "journal"
+LossKind = Literal["pg", "sft"]
 _FIELDS = tuple(f.name for f in fields(MicroBatchData))
 
 

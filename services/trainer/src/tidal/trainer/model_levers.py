@@ -28,6 +28,8 @@ def apply_model_levers(model: nn.Module, config: ModelConfig, *, seed: int) -> n
             '(model.impl = "custom"); this architecture runs on transformers'
         )
     apply_lora(model, config.lora, seed=seed)
-    apply_ac(model, config.ac)
-    apply_compile(model, config.compile)
+    if config.ac is not None:
+        apply_ac(model, **config.ac.model_dump())
+    if config.compile is not None:
+        apply_compile(model, **config.compile.model_dump())
     return model

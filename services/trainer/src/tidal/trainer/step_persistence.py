@@ -32,7 +32,6 @@ from tidal.trainer.persistence.journal import JournalEntry, StepJournal
 from tidal.trainer.persistence.publisher import WeightPublisher
 from tidal.trainer.prometheus import TrainerMetrics
 from tidal.trainer.service_trainer import LossKind, ServiceTrainer
-from tidal.trainer.train_step import Trainer
 from tidal.weights.folder import StagedVersion
 
 log = logging.getLogger(__name__)
@@ -69,8 +68,6 @@ class StepPersistence:
         background: bool = False,
         metrics: TrainerMetrics | None = None,
     ) -> None:
-        if background and not isinstance(trainer, Trainer):
-            raise ValueError("only one trainer process writes in the background")
         self.trainer = trainer
         self.publisher = publisher
         self.checkpoints = checkpoints
@@ -79,8 +76,6 @@ class StepPersistence:
         self.background = background
         self.metrics = metrics
         self._writes: _Writes | None = None
-        if isinstance(trainer, Trainer):
-            trainer.update_gate = self.gate
 
     # ---- start-up
 

@@ -11,13 +11,13 @@ import torch
 from pydantic import ValidationError
 
 from tidal.trainer.config import ModelConfig, OptimConfig, TrainerConfig
-from tidal.trainer.model_factory import build_model
-from tidal.trainer.optim import build_optimizer
-from tidal.trainer.optim_state_offload import (
+from tidal.trainer.memory.optim_state_offload import (
     DiskStateStore,
     HostStateStore,
     OffloadedStateOptimizer,
 )
+from tidal.trainer.model_factory import build_model
+from tidal.trainer.optim import build_optimizer
 
 TINY = ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=32)
 

@@ -24,10 +24,10 @@ from tidal.batch.tensors import MicroBatchData
 from tidal.common.errors import FailedPrecondition, TidalError
 from tidal.trainer.config import TrainerConfig
 from tidal.trainer.parallel.assign import shares_by_rank
-from tidal.trainer.parallel.runtime import TorchrunRanks
 from tidal.trainer.persistence.checkpoint import CheckpointManager, TrainingState
 from tidal.trainer.service_trainer import LossKind
 from tidal.trainer.shared_prompts import check_shared_prompts
+from tidal.trainer.torchrun_ranks import TorchrunRanks
 from tidal.trainer.train_step import Trainer
 
 log = logging.getLogger(__name__)

@@ -22,12 +22,12 @@ from torch import nn
 from tidal.batch.tensors import MicroBatchData
 from tidal.common.errors import ConfigError
 from tidal.trainer.config import TrainerConfig
-from tidal.trainer.parallel.config import check_parallel
 from tidal.trainer.parallel.cp_batch import shard_for_cp
 from tidal.trainer.parallel.dims import ParallelDims
 from tidal.trainer.parallel.ep import check_expert_model, finish_expert_grads, shard_experts
 from tidal.trainer.parallel.fsdp import apply_fsdp, fsdp_mesh, grad_sum_factor
 from tidal.trainer.parallel.grad_norm import clip_grad_norm
+from tidal.trainer.parallel_config import check_parallel
 from tidal.trainer.ranks import Autocast
 
 CONTROL_TIMEOUT = datetime.timedelta(days=7)  # followers wait this long for rank 0's next step

@@ -59,9 +59,9 @@ def run_rank(config: TrainerRunConfig, argv: Sequence[str]) -> None:
         os.execv(command[0], command)
     # torch: only once the config parsed (and this process is a rank), so --help is instant.
     from tidal.models.device import resolve_device
+    from tidal.trainer.leader import ControlChannel, follow
     from tidal.trainer.main import build_trainer, serve
-    from tidal.trainer.parallel.leader import ControlChannel, follow
-    from tidal.trainer.parallel.runtime import TorchrunRanks
+    from tidal.trainer.torchrun_ranks import TorchrunRanks
 
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     device = resolve_device(config.trainer.device, service="trainer", local_ranks=local_ranks)

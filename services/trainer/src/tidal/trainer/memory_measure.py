@@ -101,7 +101,7 @@ def measure(trainer_json: str, *, tokens: int, steps: int = 2, timeout: float = 
         [
             sys.executable,
             "-m",
-            "tidal.trainer.memory_planner.measure",
+            "tidal.trainer.memory_measure",
             trainer_json,
             str(tokens),
             str(steps),
