@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from tidal.orchestrator.scoring.verifier_pool import VerifierPool
 from tidal.orchestrator.task_config import DatasetTaskConfig
 from tidal.orchestrator.tasks import Verdict, build_task
 from tidal.orchestrator.tasks.dataset import DatasetTask
 from tidal.orchestrator.tasks.math_answers import MathVerifier
-from tidal.orchestrator.verifier_pool import VerifierPool
 
 GSM8K_SOLUTION = (
     "Janet's ducks lay 16 eggs per day. She eats 3 and bakes 4, so she sells "

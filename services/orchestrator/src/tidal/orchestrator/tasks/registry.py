@@ -75,7 +75,7 @@ def build_task(config: TaskConfig, *, seed: int = 0) -> Task:
         except TypeError as exc:
             raise ConfigError(f"orchestrator task {config.path}: options: {exc}") from exc
     elif isinstance(config, VerifiersTaskConfig):
-        from tidal.orchestrator.tasks.verifiers_env import VerifiersTask  # optional extra
+        from tidal.orchestrator.rollouts.verifiers_env import VerifiersTask  # optional extra
 
         task = VerifiersTask(config)
     elif isinstance(
