@@ -23,6 +23,7 @@ from tidal.orchestrator.records.run_log import StepRecord
 from tidal.orchestrator.records.step_stats import reasoning_stats
 from tidal.orchestrator.rollouts.generator import Generation, Group, RolloutGenerator
 from tidal.orchestrator.rollouts.prompt_rendering import PromptRenderer
+from tidal.orchestrator.scoring.scorers import build_scorers
 from tidal.orchestrator.scoring.verifier_pool import VerifierPool
 from tidal.orchestrator.task_config import LookupTaskConfig
 from tidal.orchestrator.tasks import Problem, Task, build_task
@@ -97,10 +98,11 @@ def _generator(
         seed=0,
         # `complete` is scripted; the served context length is unknown
         inference=SimpleNamespace(max_seq_len=None),  # type: ignore[arg-type]
-        verifier=pool,
         limiter=InflightLimiter(4, queue_target=4),
         prompts=PromptRenderer.from_config(tokenizer, chat),
         max_tokens=128,
+        tasks={task.name: task},
+        scorers=build_scorers({task.name: task}, pool, {}),
     )
     generator.texts = list(texts)
     return generator

@@ -14,8 +14,10 @@ from tidal.orchestrator.records.run_log import StepRecord
 from tidal.orchestrator.records.step_stats import rl_step_extras
 from tidal.orchestrator.rollouts.generator import Generation, RolloutGenerator
 from tidal.orchestrator.rollouts.prompt_rendering import PromptRenderer
+from tidal.orchestrator.scoring.scorers import build_scorers
 from tidal.orchestrator.scoring.verifier_pool import VerifyOutcome
-from tidal.orchestrator.tasks import Problem
+from tidal.orchestrator.task_config import ReversalTaskConfig
+from tidal.orchestrator.tasks import Problem, build_task
 from tidal.text.byte import ByteTokenizer
 
 
@@ -50,11 +52,15 @@ async def test_the_model_reward_scores_its_task_instead_of_the_verifier() -> Non
         OrchestratorConfig(),
         seed=0,
         inference=None,  # type: ignore[arg-type]
-        verifier=None,  # type: ignore[arg-type]  # a verifier call would fail
         limiter=None,  # type: ignore[arg-type]
         prompts=PromptRenderer.from_config(tokenizer, ChatConfig()),
         max_tokens=8,
-        model_rewards={"reversal": reward},
+        tasks={},
+        scorers=build_scorers(
+            {"reversal": build_task(ReversalTaskConfig())},
+            None,  # type: ignore[arg-type]  # a verifier call would fail
+            {"reversal": reward},
+        ),
     )
     problem = Problem("abc>", "cba", task="reversal")
     outcomes, shaped = await generator.score(

@@ -57,7 +57,7 @@ from tidal.orchestrator.records.wandb_sink import WandbSink, import_wandb
 from tidal.orchestrator.rollouts.generator import RolloutGenerator
 from tidal.orchestrator.rollouts.prompt_rendering import PromptRenderer
 from tidal.orchestrator.rollouts.verifiers_env import close_tasks, connect_tasks
-from tidal.orchestrator.scoring.scorers import ModelReward, build_model_rewards
+from tidal.orchestrator.scoring.scorers import ModelReward, build_model_rewards, build_scorers
 from tidal.orchestrator.scoring.verifier_pool import VerifierPool
 from tidal.orchestrator.servicer import OrchestratorServicer
 from tidal.orchestrator.staleness import AsyncWindow
@@ -183,11 +183,11 @@ async def run_training(
         orch,
         seed=config.run.seed,
         inference=inference,
-        verifier=verifier,
         limiter=limiter,
         prompts=prompts,
         max_tokens=orch.sampling.max_tokens or mixture.max_completion_chars + 2,
-        model_rewards=model_rewards,
+        tasks=mixture.tasks,
+        scorers=build_scorers(mixture.tasks, verifier, model_rewards),
     )
     if generator.reasoning.markers is not None:
         start, end = generator.reasoning.markers

@@ -5,13 +5,13 @@ baseline, dynamic sampling, ReMax's greedy completion) happens here, so the loop
 finished groups. Request seeds derive from (run seed, step, round, prompt), so rollouts do
 not depend on how steps interleaved. Every call passes the in-flight limiter; a multi-turn
 group's calls share an affinity key, so its turns find their prefix on one replica.
-Verifiers see each completion's answer, its reasoning split off by the run's parser.
+Each task's rollout strategy and scorer are picked once, when the generator is built; its
+scorer sees each completion's answer, the reasoning split off by the run's parser.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -27,14 +27,12 @@ from tidal.orchestrator.mixture import TaskMixture
 from tidal.orchestrator.peers.inference_pool import InferencePool
 from tidal.orchestrator.peers.inflight import InflightLimiter
 from tidal.orchestrator.rollouts.dynamic_sampling import fill_batch
-from tidal.orchestrator.rollouts.episodes import run_episode
 from tidal.orchestrator.rollouts.prompt_rendering import PromptRenderer
-from tidal.orchestrator.rollouts.tool_execution import ToolUse
-from tidal.orchestrator.rollouts.verifiers_env import VerifiersTask
-from tidal.orchestrator.scoring.scorers import ModelReward
-from tidal.orchestrator.scoring.verifier_pool import VerifierPool, VerifyOutcome
+from tidal.orchestrator.rollouts.strategies import rollout_strategy
+from tidal.orchestrator.scoring.scorers import Scorer
+from tidal.orchestrator.scoring.verifier_pool import VerifyOutcome
 from tidal.orchestrator.seeds import derive_seed
-from tidal.orchestrator.tasks.base import Problem
+from tidal.orchestrator.tasks.base import Problem, Task
 from tidal.text.reasoning import Reasoned, generation_opens, reasoning_parser
 from tidal.text.tool_calls import tool_call_parser
 
@@ -94,18 +92,15 @@ class RolloutGenerator:
         *,
         seed: int,
         inference: InferencePool,
-        verifier: VerifierPool,
         limiter: InflightLimiter,
         prompts: PromptRenderer,
         max_tokens: int,
-        model_rewards: Mapping[str, ModelReward] | None = None,
+        tasks: Mapping[str, Task],
+        scorers: Mapping[str, Scorer],
     ) -> None:
         self.config = config
-        self.model_rewards = dict(model_rewards or {})
-        """Task name → the judge or reward model scoring it instead of its verifier."""
         self.seed = seed
         self.inference = inference
-        self.verifier = verifier
         self.limiter = limiter
         self.prompts = prompts
         self.tokenizer = prompts.tokenizer
@@ -116,6 +111,13 @@ class RolloutGenerator:
             self.reasoning, self.tokenizer, **prompts.rendering.template_kwargs
         )
         """Whether the template's generation prompt opens the reasoning block itself."""
+        self.strategies = {
+            name: rollout_strategy(task, self.tool_parser, config.tools)
+            for name, task in tasks.items()
+        }
+        """Task name → how its problems become completions (rollouts/strategies.py)."""
+        self.scorers = dict(scorers)
+        """Task name → what scores its completions (scoring/scorers.py)."""
 
     def split(self, text: str) -> Reasoned:
         """A completion's (or turn's) text as reasoning and answer."""
@@ -123,6 +125,9 @@ class RolloutGenerator:
 
     def answer_of(self, text: str) -> str:
         return self.split(text).answer
+
+    def top_p(self, temperature: float) -> float:
+        return self.config.sampling.top_p if temperature > 0 else 1.0
 
     async def complete(
         self,
@@ -140,7 +145,7 @@ class RolloutGenerator:
                 n=n,
                 max_tokens=self.max_tokens,
                 temperature=temperature,
-                top_p=self.config.sampling.top_p if temperature > 0 else 1.0,
+                top_p=self.top_p(temperature),
                 seed=seed,
                 stop_token_ids=self.prompts.stop_ids,
                 request_id=request_id,
@@ -158,48 +163,16 @@ class RolloutGenerator:
         seed: int,
         request_id: str,
     ) -> list[Completion]:
-        """n completions of a prompt, or n episodes of a multi-turn, tool or verifiers
-        problem."""
-        task = self.verifier.tasks[problem.task]
-        if isinstance(task, VerifiersTask):
-            async with self.limiter:
-                return await task.rollouts(
-                    problem,
-                    n=n,
-                    temperature=temperature,
-                    top_p=self.config.sampling.top_p if temperature > 0 else 1.0,
-                    seed=seed,
-                    max_tokens=self.max_tokens,
-                )
-        if not problem.followups and not problem.tools:
-            return await self.complete(
-                prompt_ids, n=n, temperature=temperature, seed=seed, request_id=request_id
-            )
-        tools = (
-            ToolUse.of(task.tools, self.tool_parser, self.config.tools) if problem.tools else None
+        """n completions (or episodes) of `problem`, by its task's rollout strategy."""
+        return await self.strategies[problem.task](
+            self,
+            problem,
+            prompt_ids,
+            n=n,
+            temperature=temperature,
+            seed=seed,
+            request_id=request_id,
         )
-        # one replica per group: its episodes share the prompt's and each other turn's
-        # cached prefix there (peers/inference_pool.py, affinity)
-        complete = functools.partial(self.complete, affinity=request_id)
-        episodes = (
-            run_episode(
-                complete,
-                task,
-                problem,
-                prompt_ids,
-                self.prompts.episode_turns(problem),
-                self.tokenizer,
-                index=i,
-                temperature=temperature,
-                seed=seed,
-                request_id=request_id,
-                tools=tools,
-                answer_of=self.answer_of,
-                max_context=self.inference.max_seq_len,
-            )
-            for i in range(n)
-        )
-        return list(await asyncio.gather(*episodes))
 
     def splits(self, completions: list[Completion]) -> list[Split]:
         """Each completion (each turn of an episode) as reasoning and answer."""
@@ -211,21 +184,15 @@ class RolloutGenerator:
     async def score(
         self, problem: Problem, completions: list[Completion], splits: list[Split] | None = None
     ) -> tuple[list[VerifyOutcome], list[float]]:
-        """Verifier outcomes of the completions' answers (`splits`, computed when not
-        given), and the shaped rewards advantages use (format reward, length penalties)."""
+        """The task scorer's outcomes of the completions' answers (`splits`, computed when
+        not given), and the shaped rewards advantages use (format reward, length penalties)."""
         if splits is None:
             splits = self.splits(completions)
         texts: list[str | list[str]] = [
             [t.answer for t in s] if c.turns else s[0].answer
             for c, s in zip(completions, splits, strict=True)
         ]
-        model_reward = self.model_rewards.get(problem.task)
-        if all(c.reward is not None for c in completions):  # the environment scored them
-            outcomes = [VerifyOutcome(float(c.reward or 0.0)) for c in completions]
-        elif model_reward is not None:
-            outcomes = await model_reward.score(problem, texts)
-        else:
-            outcomes = await self.verifier.verify_all([(problem, t) for t in texts])
+        outcomes = await self.scorers[problem.task].score(problem, completions, texts)
         weight = self.config.reasoning.format_weight
         shaped = [
             shape_reward(

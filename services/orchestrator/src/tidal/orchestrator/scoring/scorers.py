@@ -1,9 +1,9 @@
-"""The model rewards of a run's tasks, built at start so a bad one fails before any step.
+"""A task's scorer, chosen once when the run is built, and the model rewards it may use.
 
-A task whose config has a `reward` is scored by it instead of its verifier. Tasks with
-equal reward configs share one judge (and its cache) or one reward-model worker. Every
-check that needs no peer happens here: a judge's URL and API key variable, a reward
-model's folder and the `reward-model` extra, the model's labels (the worker loads it).
+A verifiers environment's episodes carry their own reward; a task whose config has a
+`reward` is scored by that judge or reward model; any other by its verifier in the pool.
+Model rewards are built at start so a bad one fails before any step, and tasks with equal
+reward configs share one judge (and its cache) or one reward-model worker.
 """
 
 from __future__ import annotations
@@ -11,20 +11,31 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tidal.common.errors import ConfigError
+from tidal.orchestrator.completions import Completion
+from tidal.orchestrator.rollouts.verifiers_env import VerifiersTask
 from tidal.orchestrator.scoring.judge import Judge
 from tidal.orchestrator.scoring.model_reward_config import JudgeRewardConfig, RewardConfig
 from tidal.orchestrator.scoring.reward_model import RewardModel
-from tidal.orchestrator.scoring.verifier_pool import VerifyOutcome
-from tidal.orchestrator.tasks.base import Problem
+from tidal.orchestrator.scoring.verifier_pool import VerifierPool, VerifyOutcome
+from tidal.orchestrator.tasks.base import Problem, Task
+
+Answers = Sequence[str | list[str]]
+"""Each completion's answer: its text, or an episode's model turns."""
+
+
+class Scorer(Protocol):
+    async def score(
+        self, problem: Problem, completions: Sequence[Completion], answers: Answers
+    ) -> list[VerifyOutcome]:
+        """One outcome per completion, in order."""
 
 
 class ModelReward(Protocol):
-    async def score(
-        self, problem: Problem, completions: Sequence[str | list[str]]
-    ) -> list[VerifyOutcome]:
+    async def score(self, problem: Problem, completions: Answers) -> list[VerifyOutcome]:
         """One outcome per completion, in order."""
 
     async def wait_ready(self, timeout_s: float) -> None:
@@ -76,3 +87,48 @@ def _build(reward: RewardConfig, task: str, environ: Mapping[str, str]) -> Model
     if not (reward.path / "config.json").is_file():
         raise ConfigError(f"{where}: {reward.path} is not a model folder (no config.json)")
     return RewardModel(reward)
+
+
+@dataclass(frozen=True)
+class ByVerifier:
+    pool: VerifierPool
+
+    async def score(
+        self, problem: Problem, completions: Sequence[Completion], answers: Answers
+    ) -> list[VerifyOutcome]:
+        return await self.pool.verify_all([(problem, a) for a in answers])
+
+
+@dataclass(frozen=True)
+class ByModel:
+    reward: ModelReward
+
+    async def score(
+        self, problem: Problem, completions: Sequence[Completion], answers: Answers
+    ) -> list[VerifyOutcome]:
+        return await self.reward.score(problem, answers)
+
+
+class ByEnvironment:
+    """The reward an environment gave each of its episodes (`Completion.reward`)."""
+
+    async def score(
+        self, problem: Problem, completions: Sequence[Completion], answers: Answers
+    ) -> list[VerifyOutcome]:
+        return [VerifyOutcome(float(c.reward or 0.0)) for c in completions]
+
+
+def build_scorers(
+    tasks: Mapping[str, Task], verifier: VerifierPool, model_rewards: Mapping[str, ModelReward]
+) -> dict[str, Scorer]:
+    """Task name → its scorer: the environment's own reward, its model reward, or its
+    verifier."""
+    scorers: dict[str, Scorer] = {}
+    for name, task in tasks.items():
+        if isinstance(task, VerifiersTask):
+            scorers[name] = ByEnvironment()
+        elif name in model_rewards:
+            scorers[name] = ByModel(model_rewards[name])
+        else:
+            scorers[name] = ByVerifier(verifier)
+    return scorers
