@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from tidal.common.errors import InvalidArgument
-from tidal.inference.openai_protocol import parse_chat
+from tidal.inference.openai.protocol import parse_chat
 from tidal.text.byte import ByteTokenizer
 from tidal.text.hf_tokenizer import HFTokenizer
 
-from ...hf_folders import qwen3_folder
+from ....hf_folders import qwen3_folder
 
 __all__ = ["qwen3_folder"]
 

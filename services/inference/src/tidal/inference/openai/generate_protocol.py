@@ -18,7 +18,7 @@ from typing import Any
 from tidal.common.errors import InvalidArgument
 from tidal.inference.config import RequestLimits
 from tidal.inference.engine import Completion
-from tidal.inference.openai_protocol import sampling_from_body, tidal_extension
+from tidal.inference.openai.protocol import sampling_from_body, tidal_extension
 from tidal.inference.request_checks import DEFAULT_LIMITS, check_prompt_count
 from tidal.inference.sampling import SamplingParams
 

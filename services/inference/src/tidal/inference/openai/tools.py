@@ -20,7 +20,7 @@ from jsonschema.exceptions import SchemaError
 from jsonschema.validators import validator_for
 
 from tidal.common.errors import InvalidArgument
-from tidal.inference.tool_call_stream import StreamedCall, ToolCallStream
+from tidal.inference.openai.tool_call_stream import StreamedCall, ToolCallStream
 from tidal.text.tool_calls import ToolCallParser
 
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from tidal.inference.engine import Completion
-from tidal.inference.openai_http import OpenAIEndpoint, _Reply
-from tidal.inference.openai_protocol import parse_chat
+from tidal.inference.openai.protocol import parse_chat
+from tidal.inference.openai.server import OpenAIEndpoint, _Reply
 from tidal.text.byte import ByteTokenizer
 
 TOK = ByteTokenizer()

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tidal.inference.tool_call_stream import ToolCallStream
+from tidal.inference.openai.tool_call_stream import ToolCallStream
 from tidal.text.tool_calls import ByteCallParser, HermesParser, Llama3JsonParser, ToolCallParser
 
 TOOLS: list[dict[str, Any]] = [

@@ -11,8 +11,8 @@ from tidal.common.errors import ConfigError, InvalidArgument
 from tidal.common.security.config import SecurityConfig
 from tidal.inference.config import InferenceConfig, InferenceRunConfig, OpenAIHttpConfig
 from tidal.inference.main import openai_http_credentials
-from tidal.inference.openai_body import BadBody, decode_text, parse_object
-from tidal.inference.openai_protocol import (
+from tidal.inference.openai.body import BadBody, decode_text, parse_object
+from tidal.inference.openai.protocol import (
     StopTrim,
     parse_chat,
     parse_completion,

@@ -1,6 +1,6 @@
 """OpenAI request bodies → domain requests, and domain completions → OpenAI choices.
 
-No HTTP here (that is `openai_http`): plain dicts in, `SamplingParams` and dicts out, so
+No HTTP here (that is `server`): plain dicts in, `SamplingParams` and dicts out, so
 the mapping reads as one table and errors are `InvalidArgument` naming the OpenAI
 parameter. A field this engine does not implement but that would change the result is
 refused, never ignored. Logprobs are of the sampled token only (no top-k alternatives).
@@ -16,7 +16,7 @@ from typing import Any
 from tidal.common.errors import InvalidArgument
 from tidal.inference.config import RequestLimits
 from tidal.inference.engine import Completion
-from tidal.inference.openai_tools import (
+from tidal.inference.openai.tools import (
     NO_TOOLS,
     ChatTools,
     chat_tools,

@@ -40,9 +40,9 @@ from tidal.common.security.credentials import token_digest
 from tidal.common.security.transport import TOKEN_PREFIX
 from tidal.inference.config import OpenAIHttpConfig, RequestLimits
 from tidal.inference.engine import Completion, Engine
-from tidal.inference.generate_protocol import generate_response, parse_generate
-from tidal.inference.openai_body import BadBody, read_object
-from tidal.inference.openai_protocol import (
+from tidal.inference.openai.body import BadBody, read_object
+from tidal.inference.openai.generate_protocol import generate_response, parse_generate
+from tidal.inference.openai.protocol import (
     ParsedRequest,
     StopTrim,
     chat_logprobs,
@@ -51,8 +51,8 @@ from tidal.inference.openai_protocol import (
     parse_completion,
     tidal_extension,
 )
-from tidal.inference.openai_reasoning import ChoiceReasoning
-from tidal.inference.openai_tools import tool_reply
+from tidal.inference.openai.reasoning import ChoiceReasoning
+from tidal.inference.openai.tools import tool_reply
 from tidal.inference.request_checks import DEFAULT_LIMITS, check_against_model
 from tidal.text.reasoning import ReasoningMode, ReasoningParser, reasoning_parser
 from tidal.text.tokenizer import Tokenizer
@@ -350,7 +350,7 @@ class OpenAIServer:
         self.endpoint, self.config, self.tls = endpoint, config, tls
         # handler_cancellation: a client that disconnects cancels its handler, whose
         # `aclosing` then cancels the request in the engine (aiohttp's default lets it run).
-        # auto_decompress off: a compressed body is refused unread (openai_body), never
+        # auto_decompress off: a compressed body is refused unread (body.py), never
         # inflated past max_body_bytes nor failed inside aiohttp's parser.
         self._runner = web.AppRunner(
             endpoint.app, access_log=None, handler_cancellation=True, auto_decompress=False
