@@ -125,9 +125,7 @@ def test_verifier_pool_scores_math_with_sub_scores(gsm8k: DatasetTask) -> None:
     task = build_task(gsm8k.config, seed=0)
     verifiers = VerifierPool({task.name: task}, timeout_s=30)
     try:
-        outcomes = asyncio.run(
-            verifiers.verify_all([(task.problem(0), "#### 18"), (task.problem(0), "what?")])
-        )
+        outcomes = asyncio.run(verifiers.score(task.problem(0), ["#### 18", "what?"]))
     finally:
         verifiers.close()
     assert [(o.reward, o.scores, o.failure) for o in outcomes] == [

@@ -42,7 +42,7 @@ async def test_failures_are_contained_and_counted_by_kind() -> None:
     problem = task.problem(0)
     completions = ["ok", "raise", "hang", "big", "nan", "text", "meh"]
     started = time.monotonic()
-    outcomes = await verifier.verify_all([(problem, c) for c in completions])
+    outcomes = await verifier.score(problem, completions)
     verifier.close()
     assert time.monotonic() - started < 1.5  # the hung verifier did not hold the batch
     assert [o.reward for o in outcomes] == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.5]

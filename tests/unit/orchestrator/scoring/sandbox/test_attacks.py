@@ -97,7 +97,7 @@ async def test_attacks_are_contained_and_score_zero(
     pool = VerifierPool({task.name: task}, timeout_s=VERIFIER_S, max_workers=len(attacks))
     try:
         started = time.monotonic()
-        outcomes = await pool.verify_all([(problem, code + ADD) for code in attacks.values()])
+        outcomes = await pool.score(problem, [code + ADD for code in attacks.values()])
         elapsed = time.monotonic() - started
         honest = await pool.verify(problem, ADD)
         with pytest.raises(BlockingIOError):
@@ -127,8 +127,8 @@ async def test_the_same_programs_without_their_attack_pass(
     task, problem = add_task
     pool = VerifierPool({task.name: task}, timeout_s=VERIFIER_S, max_workers=2)
     try:
-        outcomes = await pool.verify_all(
-            [(problem, "import os\nos.getcwd()\n" + ADD), (problem, "print('x' * 100)\n" + ADD)]
+        outcomes = await pool.score(
+            problem, ["import os\nos.getcwd()\n" + ADD, "print('x' * 100)\n" + ADD]
         )
     finally:
         pool.close()

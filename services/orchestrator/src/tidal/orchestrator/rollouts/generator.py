@@ -192,7 +192,7 @@ class RolloutGenerator:
             [t.answer for t in s] if c.turns else s[0].answer
             for c, s in zip(completions, splits, strict=True)
         ]
-        outcomes = await self.scorers[problem.task].score(problem, completions, texts)
+        outcomes = await self.scorers[problem.task](problem, completions, texts)
         weight = self.config.reasoning.format_weight
         shaped = [
             shape_reward(

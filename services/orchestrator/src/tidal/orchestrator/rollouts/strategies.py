@@ -11,19 +11,24 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from tidal.orchestrator.completions import Completion
 from tidal.orchestrator.config import ToolsConfig
 from tidal.orchestrator.peers.inference_pool import InferencePool
 from tidal.orchestrator.peers.inflight import InflightLimiter
-from tidal.orchestrator.rollouts.episodes import run_episode
+from tidal.orchestrator.rollouts.episodes import CompleteFn, run_episode
 from tidal.orchestrator.rollouts.prompt_rendering import PromptRenderer
 from tidal.orchestrator.rollouts.tool_execution import ToolUse
 from tidal.orchestrator.rollouts.verifiers_env import VerifiersTask
 from tidal.orchestrator.tasks.base import Problem, Task
 from tidal.text.tool_calls import ToolCallParser
+
+RolloutStrategy = Callable[..., Awaitable[list[Completion]]]
+"""`strategy(sampler, problem, prompt_ids, *, n, temperature, seed, request_id)`: n
+completions (or episodes) of `problem`, whose prompt is `prompt_ids`."""
 
 
 class Sampler(Protocol):
@@ -33,36 +38,9 @@ class Sampler(Protocol):
     limiter: InflightLimiter
     prompts: PromptRenderer
     max_tokens: int
-
-    async def complete(
-        self,
-        prompt_ids: list[int],
-        *,
-        n: int,
-        temperature: float,
-        seed: int,
-        request_id: str,
-        affinity: str = "",
-    ) -> list[Completion]: ...
-
-    def answer_of(self, text: str) -> str: ...
-
-    def top_p(self, temperature: float) -> float: ...
-
-
-class RolloutStrategy(Protocol):
-    async def __call__(
-        self,
-        sampler: Sampler,
-        problem: Problem,
-        prompt_ids: list[int],
-        *,
-        n: int,
-        temperature: float,
-        seed: int,
-        request_id: str,
-    ) -> list[Completion]:
-        """n completions (or episodes) of `problem`, whose prompt is `prompt_ids`."""
+    complete: CompleteFn
+    answer_of: Callable[[str], str]
+    top_p: Callable[[float], float]
 
 
 @dataclass(frozen=True)
@@ -73,19 +51,11 @@ class Episodes:
     tools: ToolUse | None = None
 
     async def __call__(
-        self,
-        sampler: Sampler,
-        problem: Problem,
-        prompt_ids: list[int],
-        *,
-        n: int,
-        temperature: float,
-        seed: int,
-        request_id: str,
+        self, sampler: Sampler, problem: Problem, prompt_ids: list[int], *, n: int, **sampling: Any
     ) -> list[Completion]:
         # one replica per group: its episodes share the prompt's and each other turn's
         # cached prefix there (peers/inference_pool.py, affinity)
-        complete = functools.partial(sampler.complete, affinity=request_id)
+        complete = functools.partial(sampler.complete, affinity=sampling["request_id"])
         episodes = (
             run_episode(
                 complete,
@@ -95,12 +65,10 @@ class Episodes:
                 sampler.prompts.episode_turns(problem),
                 sampler.prompts.tokenizer,
                 index=i,
-                temperature=temperature,
-                seed=seed,
-                request_id=request_id,
                 tools=self.tools,
                 answer_of=sampler.answer_of,
                 max_context=sampler.inference.max_seq_len,
+                **sampling,
             )
             for i in range(n)
         )
@@ -115,29 +83,11 @@ class Turns:
     episodes: Episodes
 
     async def __call__(
-        self,
-        sampler: Sampler,
-        problem: Problem,
-        prompt_ids: list[int],
-        *,
-        n: int,
-        temperature: float,
-        seed: int,
-        request_id: str,
+        self, sampler: Sampler, problem: Problem, prompt_ids: list[int], **sampling: Any
     ) -> list[Completion]:
         if problem.followups:
-            return await self.episodes(
-                sampler,
-                problem,
-                prompt_ids,
-                n=n,
-                temperature=temperature,
-                seed=seed,
-                request_id=request_id,
-            )
-        return await sampler.complete(
-            prompt_ids, n=n, temperature=temperature, seed=seed, request_id=request_id
-        )
+            return await self.episodes(sampler, problem, prompt_ids, **sampling)
+        return await sampler.complete(prompt_ids, **sampling)
 
 
 @dataclass(frozen=True)
@@ -147,24 +97,13 @@ class Environment:
     task: VerifiersTask
 
     async def __call__(
-        self,
-        sampler: Sampler,
-        problem: Problem,
-        prompt_ids: list[int],
-        *,
-        n: int,
-        temperature: float,
-        seed: int,
-        request_id: str,
+        self, sampler: Sampler, problem: Problem, prompt_ids: list[int], **sampling: Any
     ) -> list[Completion]:
+        del sampling["request_id"]  # the environment's client names its own requests
+        top_p = sampler.top_p(sampling["temperature"])
         async with sampler.limiter:
             return await self.task.rollouts(
-                problem,
-                n=n,
-                temperature=temperature,
-                top_p=sampler.top_p(temperature),
-                seed=seed,
-                max_tokens=sampler.max_tokens,
+                problem, top_p=top_p, max_tokens=sampler.max_tokens, **sampling
             )
 
 

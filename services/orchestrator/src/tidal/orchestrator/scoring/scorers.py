@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -25,13 +25,8 @@ from tidal.orchestrator.tasks.base import Problem, Task
 
 Answers = Sequence[str | list[str]]
 """Each completion's answer: its text, or an episode's model turns."""
-
-
-class Scorer(Protocol):
-    async def score(
-        self, problem: Problem, completions: Sequence[Completion], answers: Answers
-    ) -> list[VerifyOutcome]:
-        """One outcome per completion, in order."""
+Scorer = Callable[[Problem, Sequence[Completion], Answers], Awaitable[list[VerifyOutcome]]]
+"""`scorer(problem, completions, answers)`: one outcome per completion, in order."""
 
 
 class ModelReward(Protocol):
@@ -89,33 +84,23 @@ def _build(reward: RewardConfig, task: str, environ: Mapping[str, str]) -> Model
     return RewardModel(reward)
 
 
-@dataclass(frozen=True)
-class ByVerifier:
-    pool: VerifierPool
-
-    async def score(
-        self, problem: Problem, completions: Sequence[Completion], answers: Answers
-    ) -> list[VerifyOutcome]:
-        return await self.pool.verify_all([(problem, a) for a in answers])
+async def environment_reward(
+    problem: Problem, completions: Sequence[Completion], answers: Answers
+) -> list[VerifyOutcome]:
+    """The reward an environment gave each of its episodes (`Completion.reward`)."""
+    return [VerifyOutcome(float(c.reward or 0.0)) for c in completions]
 
 
 @dataclass(frozen=True)
-class ByModel:
-    reward: ModelReward
+class ByAnswer:
+    """Scores each completion's answer: by the task's verifier (the pool) or model reward."""
 
-    async def score(
+    reward: VerifierPool | ModelReward
+
+    async def __call__(
         self, problem: Problem, completions: Sequence[Completion], answers: Answers
     ) -> list[VerifyOutcome]:
         return await self.reward.score(problem, answers)
-
-
-class ByEnvironment:
-    """The reward an environment gave each of its episodes (`Completion.reward`)."""
-
-    async def score(
-        self, problem: Problem, completions: Sequence[Completion], answers: Answers
-    ) -> list[VerifyOutcome]:
-        return [VerifyOutcome(float(c.reward or 0.0)) for c in completions]
 
 
 def build_scorers(
@@ -123,12 +108,9 @@ def build_scorers(
 ) -> dict[str, Scorer]:
     """Task name → its scorer: the environment's own reward, its model reward, or its
     verifier."""
-    scorers: dict[str, Scorer] = {}
-    for name, task in tasks.items():
-        if isinstance(task, VerifiersTask):
-            scorers[name] = ByEnvironment()
-        elif name in model_rewards:
-            scorers[name] = ByModel(model_rewards[name])
-        else:
-            scorers[name] = ByVerifier(verifier)
-    return scorers
+    return {
+        name: environment_reward
+        if isinstance(task, VerifiersTask)
+        else ByAnswer(model_rewards.get(name, verifier))
+        for name, task in tasks.items()
+    }

@@ -223,10 +223,11 @@ class VerifierPool:
             return self._failed(problem, "invalid", f"reward {reward} outside [0, 1]")
         return VerifyOutcome(reward, scores)
 
-    async def verify_all(
-        self, pairs: Sequence[tuple[Problem, str | list[str]]]
+    async def score(
+        self, problem: Problem, completions: Sequence[str | list[str]]
     ) -> list[VerifyOutcome]:
-        return list(await asyncio.gather(*(self.verify(p, c) for p, c in pairs)))
+        """`verify` of each completion of `problem`, concurrently, in order."""
+        return list(await asyncio.gather(*(self.verify(problem, c) for c in completions)))
 
     def _failed(self, problem: Problem, kind: FailureKind, why: str) -> VerifyOutcome:
         if (problem.task, kind) not in self._logged:
