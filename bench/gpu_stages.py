@@ -189,7 +189,7 @@ def sample_payload(stage: Stage) -> dict[str, Any]:
         counts, rows = tests_summary(SAMPLE_JUNIT)
         return {"summary": counts, "results": rows}
     if stage.collect is collect_rl:
-        from tidal.orchestrator.report import RunSummary
+        from tidal.orchestrator.records.report import RunSummary
 
         run = RunSummary(
             rl_steps=8, warmup_steps=4, first_reward=0.1, last_reward=0.5,

@@ -92,7 +92,7 @@ def model_folder(python: Path, shape: dict[str, int], *, seed: int, out: Path) -
 def check_same_ids(python: Path, folder: Path) -> dict[str, Any]:
     """Prompt ids and decoded text of both sides on the folder; raises where they differ."""
     from tidal.orchestrator.config import ChatConfig
-    from tidal.orchestrator.prompt_rendering import PromptRenderer
+    from tidal.orchestrator.rollouts.prompt_rendering import PromptRenderer
     from tidal.orchestrator.tasks.base import Problem
     from tidal.text.loader import load_tokenizer
 

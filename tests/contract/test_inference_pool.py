@@ -22,9 +22,9 @@ from tidal.common.security.config import SecurityConfig
 from tidal.common.security.transport import PLAINTEXT_LOOPBACK
 from tidal.inference.config import InferenceConfig, InferenceRunConfig
 from tidal.inference.main import RunningInference, start_inference
-from tidal.orchestrator.client_errors import PeerError
-from tidal.orchestrator.inference_pool import InferencePool
-from tidal.orchestrator.version_feed import VersionFeed
+from tidal.orchestrator.peers.client_errors import PeerError
+from tidal.orchestrator.peers.inference_pool import InferencePool
+from tidal.orchestrator.peers.version_feed import VersionFeed
 from tidal.weights.client import WeightSyncClient
 from tidal.weights.manifest import LoadedVersions
 
@@ -191,7 +191,7 @@ async def test_a_failed_replica_is_retried_elsewhere_and_used_again_when_it_retu
         await pool.wait_serving(30)
         first, second = pool.replicas
         await stop_replica(replicas[0])  # the pool has not noticed yet: it tries it first
-        caplog.set_level(logging.INFO, logger="tidal.orchestrator.inference_pool")
+        caplog.set_level(logging.INFO, logger="tidal.orchestrator.peers.inference_pool")
         result = await generate(pool)
         assert len(result) == 2 and [c.index for c in result] == [0, 1]
         assert (first.failed, first.served, second.served) == (1, 0, 1)
@@ -218,7 +218,7 @@ async def test_one_replica_lost_is_waited_for_then_fails_clearly(
     try:
         await pool.wait_serving(30)
         await stop_replica(running)
-        caplog.set_level(logging.WARNING, logger="tidal.orchestrator.inference_pool")
+        caplog.set_level(logging.WARNING, logger="tidal.orchestrator.peers.inference_pool")
         while pool.replicas[0].serving:  # the probe notices (a call would notice too)
             await asyncio.sleep(0.05)
         waiting = asyncio.create_task(generate(pool))

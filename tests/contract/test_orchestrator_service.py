@@ -14,7 +14,7 @@ from tidal.common.grpc.channel import make_channel
 from tidal.common.grpc.server import GrpcServer, ServiceBinding
 from tidal.common.security.transport import PLAINTEXT_LOOPBACK
 from tidal.orchestrator.main import FULL_NAME
-from tidal.orchestrator.run_status import ProgressState, StepSummary
+from tidal.orchestrator.records.run_status import ProgressState, StepSummary
 from tidal.orchestrator.servicer import OrchestratorServicer
 from tidal.rpc.v1 import common_pb2, orchestrator_pb2_grpc
 

@@ -18,9 +18,9 @@ import pytest
 from renderers import create_renderer
 from renderers.base import load_tokenizer
 
+from tidal.orchestrator.rollouts.verifiers_env import VerifiersTask, close_tasks
 from tidal.orchestrator.task_config import VerifiersTaskConfig
 from tidal.orchestrator.tasks.registry import build_task
-from tidal.orchestrator.tasks.verifiers_env import VerifiersTask, close_tasks
 
 from .test_openai_endpoint import MODEL, base_url, openai_replica, qwen3_folder
 

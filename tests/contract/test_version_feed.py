@@ -19,9 +19,9 @@ from tidal.common.config.shared import GrpcConfig
 from tidal.common.grpc.server import GrpcServer, ServiceBinding
 from tidal.common.security.transport import PLAINTEXT_LOOPBACK
 from tidal.orchestrator.config import StalenessConfig
-from tidal.orchestrator.inference_pool import InferencePool
+from tidal.orchestrator.peers.inference_pool import InferencePool
+from tidal.orchestrator.peers.version_feed import VersionFeed
 from tidal.orchestrator.staleness import AsyncWindow
-from tidal.orchestrator.version_feed import VersionFeed
 from tidal.weights.client import WeightSyncClient
 from tidal.weightsync.registry import VersionRegistry
 from tidal.weightsync.servicer import WeightSyncServicer, add_to_server

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tidal.orchestrator.run_log import run_log_steps
+from tidal.orchestrator.records.run_log import run_log_steps
 
 SERVICES = ("trainer", "weightsync", "inference", "orchestrator")
 STEPS, WARMUP = 10, 2

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tidal.orchestrator.run_log import run_log_steps
+from tidal.orchestrator.records.run_log import run_log_steps
 
 TRAINED = re.compile(r"tidal\.trainer\.runner: (?:trained|replayed) step (\d+)\b")
 RESUMED = re.compile(r"resumed from \S+ \(step (\d+)\)")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tidal.orchestrator.run_log import run_log_steps
+from tidal.orchestrator.records.run_log import run_log_steps
 
 STEPS, WARMUP = 8, 2
 KILL_AT_STEP = 4

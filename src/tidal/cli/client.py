@@ -24,7 +24,7 @@ from tidal.common.errors import ConfigError, Unreachable
 from tidal.common.grpc.channel import CONNECT_TIMEOUT_S, connect, wait_connected
 from tidal.common.security.transport import for_service
 from tidal.orchestrator.config import ChatConfig
-from tidal.orchestrator.prompt_rendering import PromptRenderer
+from tidal.orchestrator.rollouts.prompt_rendering import PromptRenderer
 from tidal.orchestrator.tasks.base import Problem
 from tidal.rpc.v1 import (
     common_pb2,

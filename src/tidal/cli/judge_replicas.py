@@ -17,7 +17,7 @@ from tidal.cli.config import RunConfig
 from tidal.cli.inference_replicas import Replica
 from tidal.cli.ports import free_address, free_port
 from tidal.common.errors import ConfigError
-from tidal.orchestrator.model_rewards.config import JudgeRewardConfig
+from tidal.orchestrator.scoring.model_reward_config import JudgeRewardConfig
 
 
 def served_judges(config: RunConfig) -> list[JudgeRewardConfig]:

@@ -32,7 +32,7 @@ from tidal.common.config.loading import load_or_exit, to_toml
 from tidal.common.errors import ConfigError
 from tidal.common.files.modes import apply_file_policy
 from tidal.common.files.safe_remove import remove_inside
-from tidal.orchestrator.wandb_sink import import_wandb
+from tidal.orchestrator.records.wandb_sink import import_wandb
 from tidal.trainer.parallel_config import check_parallel
 
 # Start order: publishers before subscribers; clients wait for their servers anyway.

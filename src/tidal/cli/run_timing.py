@@ -54,7 +54,7 @@ def finish_summary(run_dir: Path, launched_at: float) -> dict[str, object] | Non
 
 def print_final_summary(summary: dict[str, object]) -> None:
     """The run's summary table, with the start-up and shutdown rows."""
-    from tidal.orchestrator.report import RunSummary, print_summary  # rich: only at the end
+    from tidal.orchestrator.records.report import RunSummary, print_summary  # rich: only at the end
 
     fields = set(RunSummary.__dataclass_fields__)
     print_summary(RunSummary(**{k: v for k, v in summary.items() if k in fields}))  # type: ignore[arg-type]

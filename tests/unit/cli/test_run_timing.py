@@ -15,7 +15,7 @@ from tidal.cli.run_timing import (
     process_start_time,
 )
 from tidal.orchestrator.main import launched_at_from_env
-from tidal.orchestrator.report import RunSummary, write_summary
+from tidal.orchestrator.records.report import RunSummary, write_summary
 
 
 def test_process_start_time_is_this_process_start() -> None:

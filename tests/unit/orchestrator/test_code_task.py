@@ -9,12 +9,12 @@ import pytest
 
 from tidal.orchestrator.completions import ToolStats
 from tidal.orchestrator.config import ToolsConfig
-from tidal.orchestrator.sandbox import SandboxLimits
+from tidal.orchestrator.rollouts.tool_execution import ToolUse, run_calls
+from tidal.orchestrator.scoring.sandbox import SandboxLimits
 from tidal.orchestrator.task_config import CodeTaskConfig
 from tidal.orchestrator.tasks import build_task
 from tidal.orchestrator.tasks.base import Problem, Task
 from tidal.orchestrator.tasks.code_harness import extract_program
-from tidal.orchestrator.tool_execution import ToolUse, run_calls
 from tidal.text.byte import ByteTokenizer
 from tidal.text.tool_calls import ToolCall, tool_call_parser
 

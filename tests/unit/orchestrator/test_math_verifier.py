@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from tidal.orchestrator.scoring.verifier_pool import VerifierPool
 from tidal.orchestrator.task_config import DatasetTaskConfig
 from tidal.orchestrator.tasks import Verdict, build_task
 from tidal.orchestrator.tasks.dataset import DatasetTask
 from tidal.orchestrator.tasks.math_answers import MathVerifier
-from tidal.orchestrator.verifier_pool import VerifierPool
 
 GSM8K_SOLUTION = (
     "Janet's ducks lay 16 eggs per day. She eats 3 and bakes 4, so she sells "
@@ -125,9 +125,7 @@ def test_verifier_pool_scores_math_with_sub_scores(gsm8k: DatasetTask) -> None:
     task = build_task(gsm8k.config, seed=0)
     verifiers = VerifierPool({task.name: task}, timeout_s=30)
     try:
-        outcomes = asyncio.run(
-            verifiers.verify_all([(task.problem(0), "#### 18"), (task.problem(0), "what?")])
-        )
+        outcomes = asyncio.run(verifiers.score(task.problem(0), ["#### 18", "what?"]))
     finally:
         verifiers.close()
     assert [(o.reward, o.scores, o.failure) for o in outcomes] == [

@@ -9,9 +9,9 @@ import pytest
 
 from tidal.orchestrator.completions import Completion, ScoredSample
 from tidal.orchestrator.config import StalenessConfig
+from tidal.orchestrator.peers.version_feed import VersionFeed
 from tidal.orchestrator.staleness import AsyncWindow, PolicyVersionTimeout, sample_staleness
 from tidal.orchestrator.tasks.base import Problem
-from tidal.orchestrator.version_feed import VersionFeed
 from tidal.weights.manifest import LoadedVersions
 
 

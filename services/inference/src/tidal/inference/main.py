@@ -36,7 +36,7 @@ from tidal.weights.client import WeightSyncClient
 
 if TYPE_CHECKING:
     from tidal.inference.engine import Engine
-    from tidal.inference.openai_http import OpenAIServer
+    from tidal.inference.openai.server import OpenAIServer
     from tidal.inference.reload import WeightWatcher
     from tidal.text.tokenizer import Tokenizer
 
@@ -165,8 +165,8 @@ def not_serving_if_ended(task: asyncio.Task[None], server: GrpcServer) -> None:
 async def start_openai_http(
     config: InferenceRunConfig, engine: Engine, tokenizer: Tokenizer
 ) -> OpenAIServer:
-    """The OpenAI-compatible endpoint on this process's loop (see `openai_http`)."""
-    from tidal.inference.openai_http import OpenAIEndpoint, OpenAIServer
+    """The OpenAI-compatible endpoint on this process's loop (see `openai.server`)."""
+    from tidal.inference.openai.server import OpenAIEndpoint, OpenAIServer
 
     http = config.inference.http
     digest, tls = openai_http_credentials(config)
@@ -193,7 +193,7 @@ async def start_openai_http(
 
 def openai_http_credentials(config: InferenceRunConfig) -> tuple[str | None, ssl.SSLContext | None]:
     """The endpoint's API key digest and TLS context, as `[inference.http]` asks (ConfigError)."""
-    from tidal.inference.openai_http import api_key_digest, server_tls
+    from tidal.inference.openai.server import api_key_digest, server_tls
 
     http, security = config.inference.http, config.security
     digest = None if http.api_key_file is None else api_key_digest(http.api_key_file)

@@ -14,7 +14,7 @@ import numpy as np
 
 from tidal.orchestrator.config import EvalConfig
 from tidal.orchestrator.mixture import TaskMixture
-from tidal.orchestrator.rollout_generator import RolloutGenerator
+from tidal.orchestrator.rollouts.generator import RolloutGenerator
 from tidal.orchestrator.seeds import derive_seed
 from tidal.orchestrator.tasks.base import Problem
 

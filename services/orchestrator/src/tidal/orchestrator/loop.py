@@ -4,7 +4,7 @@ Step ids are contiguous (warm-up 1..W, then RL) and version v is the weights aft
 v. The loop does no window arithmetic: `AsyncWindow` says which steps may generate, and
 right before Train(n) the loop starts every later step it allows. Generations are
 chained, so prompts are drawn in step order whatever the timing and the mixture state
-saved before Train(n) is exact (resume.py). A step whose samples are all stale is
+saved before Train(n) is exact (records/resume.py). A step whose samples are all stale is
 regenerated; Train goes through `TrainDelivery`. Each step is one `rl_step` trace.
 """
 
@@ -31,23 +31,23 @@ from tidal.orchestrator.completions import ScoredSample
 from tidal.orchestrator.config import OrchestratorConfig
 from tidal.orchestrator.evaluation import evaluate
 from tidal.orchestrator.mixture import TaskMixture
-from tidal.orchestrator.report import print_live_table
-from tidal.orchestrator.resume import (
+from tidal.orchestrator.peers.train_delivery import TrainDelivery
+from tidal.orchestrator.peers.trainer_client import TrainerClient, TrainResult
+from tidal.orchestrator.peers.version_feed import VersionFeed
+from tidal.orchestrator.records.report import print_live_table
+from tidal.orchestrator.records.resume import (
     PROGRESS_FILE,
     SavedProgress,
     load_progress,
     previous_before,
     save_progress,
 )
-from tidal.orchestrator.rollout_generator import Generation, RolloutGenerator
-from tidal.orchestrator.run_log import RunLog, StepRecord
-from tidal.orchestrator.run_status import ProgressState, StepSummary
+from tidal.orchestrator.records.run_log import RunLog, StepRecord
+from tidal.orchestrator.records.run_status import ProgressState, StepSummary
+from tidal.orchestrator.records.step_stats import rl_step_extras
+from tidal.orchestrator.rollouts.generator import Generation, RolloutGenerator
 from tidal.orchestrator.staleness import AsyncWindow
-from tidal.orchestrator.step_stats import rl_step_extras
 from tidal.orchestrator.tasks.base import Problem
-from tidal.orchestrator.train_delivery import TrainDelivery
-from tidal.orchestrator.trainer_client import TrainerClient, TrainResult
-from tidal.orchestrator.version_feed import VersionFeed
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("tidal.orchestrator")
@@ -85,7 +85,7 @@ class RLLoop:
         self.generator = generator
         self.trainer = trainer
         self.delivery = TrainDelivery(trainer, config.recovery, timeout_s=config.timeouts.train_s)
-        """Train calls, retried across a trainer restart (train_delivery.py)."""
+        """Train calls, retried across a trainer restart (peers/train_delivery.py)."""
         self.window = window
         self.versions = versions
         """Published versions, pushed by weightsync (the run ends when the last is)."""

@@ -25,15 +25,15 @@ from tidal.common.observability.tracing import setup_telemetry
 from tidal.common.process.service_start import start_service
 from tidal.common.security.transport import check_or_exit, for_service
 from tidal.orchestrator.config import OrchestratorRunConfig
-from tidal.orchestrator.data_parallel import resolve_data_parallel_ranks
-from tidal.orchestrator.inference_pool import InferencePool
-from tidal.orchestrator.inflight import InflightLimiter
 from tidal.orchestrator.loop import RLLoop
 from tidal.orchestrator.mixture import TaskMixture
-from tidal.orchestrator.model_rewards.build import ModelReward, build_model_rewards
-from tidal.orchestrator.prometheus import OrchestratorMetrics
-from tidal.orchestrator.prompt_rendering import PromptRenderer
-from tidal.orchestrator.report import (
+from tidal.orchestrator.peers.data_parallel import resolve_data_parallel_ranks
+from tidal.orchestrator.peers.inference_pool import InferencePool
+from tidal.orchestrator.peers.inflight import InflightLimiter
+from tidal.orchestrator.peers.trainer_client import TrainerClient
+from tidal.orchestrator.peers.version_feed import VersionFeed
+from tidal.orchestrator.records.prometheus import OrchestratorMetrics
+from tidal.orchestrator.records.report import (
     REPORT_PLOT,
     REWARD_PLOT,
     SUMMARY_FILE,
@@ -44,24 +44,24 @@ from tidal.orchestrator.report import (
     write_reward_plot,
     write_summary,
 )
-from tidal.orchestrator.resume import (
+from tidal.orchestrator.records.resume import (
     PROGRESS_FILE,
     drop_lost_lines,
     load_progress,
     recover_metrics_line,
     resume_point,
 )
-from tidal.orchestrator.rollout_generator import RolloutGenerator
-from tidal.orchestrator.run_log import RUN_LOG_FILE, RunLog, StepRecord
-from tidal.orchestrator.run_status import ProgressState
+from tidal.orchestrator.records.run_log import RUN_LOG_FILE, RunLog, StepRecord
+from tidal.orchestrator.records.run_status import ProgressState
+from tidal.orchestrator.records.wandb_sink import WandbSink, import_wandb
+from tidal.orchestrator.rollouts.generator import RolloutGenerator
+from tidal.orchestrator.rollouts.prompt_rendering import PromptRenderer
+from tidal.orchestrator.rollouts.verifiers_env import close_tasks, connect_tasks
+from tidal.orchestrator.scoring.scorers import ModelReward, build_model_rewards, build_scorers
+from tidal.orchestrator.scoring.verifier_pool import VerifierPool
 from tidal.orchestrator.servicer import OrchestratorServicer
 from tidal.orchestrator.staleness import AsyncWindow
 from tidal.orchestrator.tasks import build_tasks
-from tidal.orchestrator.tasks.verifiers_env import close_tasks, connect_tasks
-from tidal.orchestrator.trainer_client import TrainerClient
-from tidal.orchestrator.verifier_pool import VerifierPool
-from tidal.orchestrator.version_feed import VersionFeed
-from tidal.orchestrator.wandb_sink import WandbSink, import_wandb
 from tidal.rpc.v1 import orchestrator_pb2_grpc as pb_grpc
 from tidal.text.agreement import check_agreement
 from tidal.text.loader import load_tokenizer
@@ -183,11 +183,11 @@ async def run_training(
         orch,
         seed=config.run.seed,
         inference=inference,
-        verifier=verifier,
         limiter=limiter,
         prompts=prompts,
         max_tokens=orch.sampling.max_tokens or mixture.max_completion_chars + 2,
-        model_rewards=model_rewards,
+        tasks=mixture.tasks,
+        scorers=build_scorers(mixture.tasks, verifier, model_rewards),
     )
     if generator.reasoning.markers is not None:
         start, end = generator.reasoning.markers

@@ -6,7 +6,7 @@ import math
 
 import grpc
 
-from tidal.orchestrator.run_status import ProgressState
+from tidal.orchestrator.records.run_status import ProgressState
 from tidal.rpc.v1 import common_pb2
 from tidal.rpc.v1 import orchestrator_pb2 as pb
 from tidal.rpc.v1 import orchestrator_pb2_grpc as pb_grpc

@@ -5,7 +5,7 @@ loop asks it questions instead of doing the arithmetic. Steps are 1-indexed and 
 0-indexed: step n's rollouts start once inference has *loaded* version
 `max(0, n - 1 - max_async)` (loaded, not published: a version not yet served would make
 rollouts staler than promised), and a sample's staleness is `(n - 1) - ` the oldest
-version among its tokens. Loaded versions are pushed (version_feed.py), never polled.
+version among its tokens. Loaded versions are pushed (peers/version_feed.py), never polled.
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from tidal.common.config.loading import BaseConfig
-from tidal.orchestrator.model_rewards.config import RewardConfig
-from tidal.orchestrator.sandbox.limits import SandboxLimits
+from tidal.orchestrator.scoring.model_reward_config import RewardConfig
+from tidal.orchestrator.scoring.sandbox.limits import SandboxLimits
 
 DEFAULT_EVAL_FRACTION = 0.1
 

@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from tidal.common.errors import ConfigError
-from tidal.orchestrator.sandbox import Sandbox, SandboxResult
+from tidal.orchestrator.scoring.sandbox import Sandbox, SandboxResult
 from tidal.orchestrator.task_config import CodeTaskConfig, DatasetTaskConfig
 from tidal.orchestrator.tasks.base import Problem, Split, Task, Tool, Verdict
 from tidal.orchestrator.tasks.code_harness import HARNESS, extract_program, passed_tests

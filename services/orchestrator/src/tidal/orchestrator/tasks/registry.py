@@ -11,18 +11,7 @@ import importlib
 from collections.abc import Sequence
 
 from tidal.common.errors import ConfigError
-from tidal.orchestrator.task_config import (
-    ArithmeticTaskConfig,
-    CodeTaskConfig,
-    CountdownTaskConfig,
-    DatasetTaskConfig,
-    ImportTaskConfig,
-    LookupTaskConfig,
-    ReasoningGymTaskConfig,
-    ReversalTaskConfig,
-    TaskConfig,
-    VerifiersTaskConfig,
-)
+from tidal.orchestrator.task_config import ImportTaskConfig, TaskConfig, VerifiersTaskConfig
 from tidal.orchestrator.tasks.arithmetic import ArithmeticTask
 from tidal.orchestrator.tasks.base import Task
 from tidal.orchestrator.tasks.code import CodeTask
@@ -75,19 +64,10 @@ def build_task(config: TaskConfig, *, seed: int = 0) -> Task:
         except TypeError as exc:
             raise ConfigError(f"orchestrator task {config.path}: options: {exc}") from exc
     elif isinstance(config, VerifiersTaskConfig):
-        from tidal.orchestrator.tasks.verifiers_env import VerifiersTask  # optional extra
+        from tidal.orchestrator.rollouts.verifiers_env import VerifiersTask  # optional extra
 
         task = VerifiersTask(config)
-    elif isinstance(
-        config,
-        ReversalTaskConfig
-        | LookupTaskConfig
-        | ArithmeticTaskConfig
-        | CountdownTaskConfig
-        | DatasetTaskConfig
-        | ReasoningGymTaskConfig
-        | CodeTaskConfig,
-    ):
+    elif config.type in BUILT_IN:  # each built-in class takes its own config type
         task = BUILT_IN[config.type](config)  # type: ignore[arg-type]
     else:  # unreachable through pydantic, which rejects unknown types with the choices
         raise ConfigError(f"orchestrator task type {getattr(config, 'type', None)!r}; {VALID}")

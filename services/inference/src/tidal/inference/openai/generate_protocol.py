@@ -1,0 +1,135 @@
+"""vLLM's token-in/token-out `/inference/v1/generate` bodies ⇄ domain requests.
+
+The caller renders its own prompt (the `verifiers` train client does, through `renderers`)
+and sends `token_ids` plus vLLM's `sampling_params`; the answer is vLLM's
+`GenerateResponse`: each choice's `token_ids`, `finish_reason` and chat-style `logprobs`
+whose `token` reads `token_id:<id>`, plus the `"tidal"` extension with each token's policy
+version. Sampling fields are read by the same table as the OpenAI endpoints, and every
+error names its field as the body spells it (`sampling_params.temperature`). What this
+engine does not implement but would change the result (streaming, multimodal features,
+priorities, top-k alternatives) is refused, never ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tidal.common.errors import InvalidArgument
+from tidal.inference.config import RequestLimits
+from tidal.inference.engine import Completion
+from tidal.inference.openai.protocol import sampling_from_body, tidal_extension
+from tidal.inference.request_checks import DEFAULT_LIMITS, check_prompt_count
+from tidal.inference.sampling import SamplingParams
+
+SAMPLING = "sampling_params"
+_REFUSED = ("features", "content_parts", "kv_transfer_params")
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """A parsed generate body: the prompt as sent, how to sample, whether to log-prob."""
+
+    request_id: str | None
+    prompt_ids: list[int]
+    params: SamplingParams
+    want_logprobs: bool
+
+    @staticmethod
+    def field_name(name: str) -> str:
+        """The body's name of a `SamplingParams` field (for error messages)."""
+        return f"{SAMPLING}.{name}"
+
+
+def _token_ids(body: dict[str, Any], limits: RequestLimits) -> list[int]:
+    ids = body.get("token_ids")
+    if not isinstance(ids, list) or not ids:
+        raise InvalidArgument("token_ids", "must be a non-empty list of token ids")
+    check_prompt_count(len(ids), "token_ids", limits)  # before any id is looked at
+    if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+        raise InvalidArgument("token_ids", "must be a list of non-negative integers")
+    return ids
+
+
+def _refuse_unsupported(body: dict[str, Any]) -> None:
+    for name in _REFUSED:
+        if body.get(name) not in (None, {}, []):
+            raise InvalidArgument(name, "not supported by this endpoint (text tokens only)")
+    if body.get("stream") not in (None, False):
+        raise InvalidArgument("stream", "not supported by this endpoint (leave unset)")
+    if body.get("priority") not in (None, 0):
+        raise InvalidArgument("priority", "not supported: requests are served first come")
+
+
+def _logprobs(sampling: dict[str, Any]) -> bool:
+    value = sampling.get("logprobs")
+    if value is None:
+        return False
+    if isinstance(value, bool) or not isinstance(value, int) or value not in (0, 1):
+        raise InvalidArgument(
+            f"{SAMPLING}.logprobs",
+            f"must be 0 or 1 (the sampled token's logprob; alternatives are not computed), "
+            f"got {value!r}",
+        )
+    return True
+
+
+def parse_generate(
+    body: dict[str, Any],
+    *,
+    eos_ids: tuple[int, ...],
+    max_seq_len: int,
+    limits: RequestLimits = DEFAULT_LIMITS,
+) -> GenerateRequest:
+    """A generate body checked field by field. An unset `max_tokens` is vLLM's default:
+    what the model's context leaves after the prompt (within the request limits)."""
+    _refuse_unsupported(body)
+    prompt_ids = _token_ids(body, limits)
+    sampling = body.get(SAMPLING)
+    if not isinstance(sampling, dict):
+        raise InvalidArgument(SAMPLING, "must be an object of vLLM sampling parameters")
+    request_id = body.get("request_id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise InvalidArgument("request_id", "must be a string")
+    want_logprobs = _logprobs(sampling)
+    sampling = {k: v for k, v in sampling.items() if k != "logprobs"}
+    if sampling.get("max_tokens") is None:
+        room = max_seq_len - len(prompt_ids)
+        sampling["max_tokens"] = max(1, min(room, limits.max_tokens))
+    try:
+        params = sampling_from_body(sampling, eos_ids=eos_ids, limits=limits)
+    except InvalidArgument as e:
+        message = str(e).removeprefix(f"{e.field}: ")
+        raise InvalidArgument(f"{SAMPLING}.{e.field}", message) from None
+    return GenerateRequest(request_id, prompt_ids, params, want_logprobs)
+
+
+def _choice(c: Completion, *, want_logprobs: bool) -> dict[str, Any]:
+    logprobs = None
+    if want_logprobs:
+        logprobs = {
+            "content": [
+                {"token": f"token_id:{t}", "logprob": lp, "bytes": None, "top_logprobs": []}
+                for t, lp in zip(c.token_ids, c.logprobs, strict=True)
+            ]
+        }
+    return {
+        "index": c.index,
+        "token_ids": list(c.token_ids),
+        "logprobs": logprobs,
+        "finish_reason": c.finish_reason,
+        "tidal": tidal_extension(c),
+    }
+
+
+def generate_response(
+    request_id: str, request: GenerateRequest, completions: list[Completion]
+) -> dict[str, Any]:
+    """vLLM's `GenerateResponse`, one choice per completion in index order."""
+    choices = [_choice(c, want_logprobs=request.want_logprobs) for c in completions]
+    return {
+        "request_id": request_id,
+        "choices": sorted(choices, key=lambda c: c["index"]),
+        "prompt_logprobs": None,
+        "kv_transfer_params": None,
+    }

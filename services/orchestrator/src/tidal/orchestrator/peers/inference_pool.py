@@ -1,0 +1,386 @@
+"""Several inference replicas behind one client: least outstanding work, retry, ride-out.
+
+The pool has the client interface the rest of the orchestrator uses, so one replica is
+the case N = 1. A call goes to the replica that last took its affinity key, else to the
+serving replica with the fewest requested tokens in flight; it is retried whole on another
+when its replica is lost, and waits up to `recovery.peer_loss_s` while none serves. Health
+probes bring a lost replica back. The version gate is the oldest version the serving
+replicas have loaded, as weightsync pushes it (version_feed.py). docs/orchestrator.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import grpc
+
+from tidal.common.config.shared import GrpcConfig
+from tidal.common.security.transport import TransportSecurity
+from tidal.orchestrator.completions import Completion
+from tidal.orchestrator.peers.client_errors import PeerError
+from tidal.orchestrator.peers.inference_client import InferenceClient, ReplicaInfo
+from tidal.orchestrator.peers.version_feed import VersionFeed
+
+log = logging.getLogger(__name__)
+LOST_CODES = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED}
+)
+"""A replica failing a call with one of these is treated as gone until its health returns."""
+BUSY_CODES = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED})
+"""Retried on the least loaded replica after BUSY_BACKOFF_S, without marking it lost."""
+BUSY_BACKOFF_S = 0.2
+PROBE_S = 0.5
+PROBE_TIMEOUT_S = 2.0
+PROBE_MISSES = 2
+AFFINITY_KEYS = 4096
+STATUS_TIMEOUT_S = 5.0
+
+
+@dataclass
+class Replica:
+    """One inference replica and what the pool knows of it."""
+
+    index: int
+    client: InferenceClient
+    serving: bool = True
+    replica_id: str = ""
+    """Its id at weightsync (GetStatus), read whenever it starts serving: a replica
+    restarted on the same address may carry another."""
+    max_seq_len: int = 0
+    """Its context length (GetStatus), read with `replica_id`; 0 until read."""
+    outstanding_tokens: int = 0
+    sent: int = 0
+    """Generate attempts sent to it."""
+    served: int = 0
+    """Generate calls it completed."""
+    failed: int = 0
+    """Generate attempts that failed on it and were retried elsewhere."""
+    last_error: str = ""
+    old_channels: list[tuple[float, grpc.aio.Channel]] = field(default_factory=list)
+    """Channels replaced by a reconnect, with when; closed once nothing can still use
+    them (closing a channel cancels its calls)."""
+
+    @property
+    def address(self) -> str:
+        return self.client.address
+
+    def read_info(self, info: ReplicaInfo) -> None:
+        self.replica_id, self.max_seq_len = info.replica_id, info.max_seq_len
+
+
+class InferencePool:
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        grpc_config: GrpcConfig | None = None,
+        *,
+        security: TransportSecurity,
+        lost_timeout_s: float = 300.0,
+        probe_s: float = PROBE_S,
+        versions: VersionFeed | None = None,
+    ) -> None:
+        if not addresses:
+            raise ValueError("an inference pool needs at least one replica address")
+        self.replicas = [
+            Replica(i, InferenceClient(a, grpc_config, security=security))
+            for i, a in enumerate(addresses)
+        ]
+        self.lost_timeout_s = lost_timeout_s
+        self.probe_s = probe_s
+        self.versions = versions or VersionFeed()
+        """What weightsync pushes: the version each replica has loaded."""
+        self._changed = asyncio.Condition()
+        self._probes: list[asyncio.Task[None]] = []
+        self._waiting_logged = False
+        self._affinity: OrderedDict[str, int] = OrderedDict()
+        """Affinity key → index of the replica it was last sent to (LRU order)."""
+
+    @property
+    def addresses(self) -> list[str]:
+        return [r.address for r in self.replicas]
+
+    @property
+    def max_seq_len(self) -> int | None:
+        """The smallest context length the replicas reported (None before any did): a
+        multi-turn episode's context must fit whichever replica serves its next turn."""
+        known = [r.max_seq_len for r in self.replicas if r.max_seq_len > 0]
+        return min(known, default=None)
+
+    # ---- start-up and health -----------------------------------------------------------
+
+    async def wait_serving(self, timeout: float) -> None:
+        """Wait (at start-up) until every replica is SERVING, then start the probes."""
+        await asyncio.gather(*(r.client.wait_serving(timeout) for r in self.replicas))
+        for replica in self.replicas:
+            replica.read_info(await replica.client.info(timeout=STATUS_TIMEOUT_S))
+        self.versions.changed()
+        self.start_probes()
+
+    def start_probes(self) -> None:
+        if not self._probes:
+            self._probes = [asyncio.create_task(self._probe(r)) for r in self.replicas]
+
+    async def _probe(self, replica: Replica) -> None:
+        misses = 0
+        while True:
+            await asyncio.sleep(self.probe_s)
+            try:
+                misses = await self._probe_once(replica, misses)
+            except Exception:  # a probe that dies would never bring its replica back
+                log.exception("probing inference replica %d at %s", replica.index, replica.address)
+
+    async def _probe_once(self, replica: Replica, misses: int) -> int:
+        """One health probe; returns the count of consecutive failed probes."""
+        ok = await replica.client.serving(timeout=max(self.probe_s, PROBE_TIMEOUT_S))
+        misses = 0 if ok else misses + 1
+        if ok and not replica.serving:
+            await self._returned(replica)
+        elif not ok:
+            # two misses in a row: one slow answer on a busy machine is not a loss (a
+            # failed call marks the replica lost at once anyway)
+            if replica.serving and misses >= PROBE_MISSES:
+                await self._lost(replica, "health check failed")
+            state = replica.client.channel.get_state()
+            if state == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+                replica.old_channels.append((time.monotonic(), replica.client.reconnect()))
+        await self._close_idle_channels(replica)
+        return misses
+
+    async def _close_idle_channels(self, replica: Replica) -> None:
+        # An old channel may still carry a call that has not failed yet: a Generate (its
+        # tokens are outstanding) or a status call (bounded by STATUS_TIMEOUT_S).
+        if replica.outstanding_tokens:
+            return
+        settled = time.monotonic() - 2 * STATUS_TIMEOUT_S
+        old = [channel for since, channel in replica.old_channels if since < settled]
+        replica.old_channels = [(t, c) for t, c in replica.old_channels if t >= settled]
+        for channel in old:
+            with contextlib.suppress(Exception):
+                await channel.close()
+
+    async def _lost(self, replica: Replica, reason: str) -> None:
+        replica.last_error = reason
+        if replica.serving:
+            replica.serving = False
+            self.versions.changed()  # it no longer holds the version gate back
+            others = sum(r.serving for r in self.replicas)
+            log.warning(
+                "inference replica %d at %s lost (%s); %d of %d replicas serving",
+                replica.index,
+                replica.address,
+                reason,
+                others,
+                len(self.replicas),
+            )
+
+    async def _returned(self, replica: Replica) -> None:
+        try:
+            replica.read_info(await replica.client.info(timeout=STATUS_TIMEOUT_S))
+        except PeerError as exc:  # not back after all: the next probe tries again
+            replica.last_error = str(exc)
+            return
+        async with self._changed:
+            replica.serving = True
+            self._waiting_logged = False
+            self._changed.notify_all()
+        self.versions.changed()
+        log.info(
+            "inference replica %d at %s serves again; %d of %d replicas serving",
+            replica.index,
+            replica.address,
+            sum(r.serving for r in self.replicas),
+            len(self.replicas),
+        )
+
+    # ---- routing -----------------------------------------------------------------------
+
+    def choose(self, affinity: str = "") -> Replica | None:
+        """The replica that last served `affinity` if it still serves, else the serving
+        replica with the least outstanding work (None if none serves)."""
+        sticky = self._affinity.get(affinity) if affinity else None
+        if sticky is not None and self.replicas[sticky].serving:
+            return self.replicas[sticky]
+        serving = [r for r in self.replicas if r.serving]
+        if not serving:
+            return None
+        return min(serving, key=lambda r: (r.outstanding_tokens, r.sent, r.index))
+
+    def _down_summary(self) -> str:
+        return "; ".join(
+            f"{r.address}: {r.last_error or 'not serving'}" for r in self.replicas if not r.serving
+        )
+
+    def remember(self, affinity: str, replica: Replica) -> None:
+        """`replica` takes `affinity`: later calls naming it go there while it serves."""
+        self._affinity[affinity] = replica.index
+        self._affinity.move_to_end(affinity)
+        while len(self._affinity) > AFFINITY_KEYS:
+            self._affinity.popitem(last=False)
+
+    async def _acquire(self, affinity: str = "") -> Replica:
+        """A serving replica, waiting up to `lost_timeout_s` for one if none serves."""
+        replica = self.choose(affinity)
+        if replica is not None:
+            return replica
+        if not self._waiting_logged:
+            self._waiting_logged = True
+            log.warning(
+                "no inference replica serves (%s); waiting up to %.0fs for one to return",
+                self._down_summary(),
+                self.lost_timeout_s,
+            )
+        async with self._changed:
+            try:
+                await asyncio.wait_for(
+                    self._changed.wait_for(lambda: self.choose() is not None),
+                    self.lost_timeout_s,
+                )
+            except TimeoutError:
+                raise PeerError(
+                    f"no inference replica served for {self.lost_timeout_s:.0f}s "
+                    f"({self._down_summary()}); orchestrator.recovery.peer_loss_s sets "
+                    "how long to wait"
+                ) from None
+        replica = self.choose(affinity)
+        assert replica is not None
+        return replica
+
+    # ---- the InferenceClient interface -----------------------------------------------
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        *,
+        n: int,
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        seed: int,
+        stop_token_ids: list[int],
+        request_id: str = "",
+        timeout: float = 300.0,
+        affinity: str = "",
+    ) -> list[Completion]:
+        """All `n` completions of one prompt from one replica, retried elsewhere if that
+        replica fails; each attempt is whole (a failed attempt's completions are dropped).
+        `affinity`: prefer the replica that served this key last (see the module doc)."""
+        cost = n * (len(prompt_ids) + max_tokens)
+        first_failure: float | None = None
+        while True:
+            replica = await self._acquire(affinity)
+            if affinity:  # at once: the group's concurrent first turns follow this one
+                self.remember(affinity, replica)
+            replica.outstanding_tokens += cost
+            replica.sent += 1
+            try:
+                completions = await replica.client.generate(
+                    prompt_ids,
+                    n=n,
+                    max_tokens=max_tokens,
+                    temperature=temperature,
+                    top_p=top_p,
+                    seed=seed,
+                    stop_token_ids=stop_token_ids,
+                    request_id=request_id,
+                    timeout=timeout,
+                )
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is None or task.cancelling():
+                    raise  # this request itself was cancelled
+                # the call was cancelled under us (its channel closed): like a lost replica
+                exc = PeerError(
+                    f"inference at {replica.address}: Generate cancelled",
+                    code=grpc.StatusCode.CANCELLED,
+                )
+                replica.failed += 1
+                await self._lost(replica, str(exc))
+                continue
+            except PeerError as exc:
+                if exc.code not in LOST_CODES and exc.code not in BUSY_CODES:
+                    raise
+                replica.failed += 1
+                now = time.monotonic()
+                first_failure = now if first_failure is None else first_failure
+                if now - first_failure > self.lost_timeout_s:
+                    raise PeerError(
+                        f"request {request_id} failed on every attempt for "
+                        f"{self.lost_timeout_s:.0f}s; last: {exc} "
+                        "(orchestrator.recovery.peer_loss_s)",
+                        code=exc.code,
+                    ) from exc
+                if exc.code in BUSY_CODES:
+                    await asyncio.sleep(BUSY_BACKOFF_S)
+                else:
+                    await self._lost(replica, str(exc))
+                where = "on another replica" if len(self.replicas) > 1 else "when it serves"
+                log.info("request %s: %s; retrying %s", request_id, exc, where)
+                continue
+            finally:
+                replica.outstanding_tokens -= cost
+            replica.served += 1
+            return completions
+
+    def loaded_version(self) -> int:
+        """The oldest version a serving replica has loaded, as weightsync pushed it (-1
+        while one has loaded none or none serves)."""
+        serving = [self.versions.loaded(r.replica_id) for r in self.replicas if r.serving]
+        return min(serving, default=-1)
+
+    async def wait_loaded(self, version: int) -> int:
+        """Wait until every serving replica has loaded `version` or newer; returns the
+        oldest they have loaded."""
+        await self.versions.wait_until(lambda: self.loaded_version() >= version)
+        return self.loaded_version()
+
+    async def policy_version(self) -> int:
+        """The oldest version the serving replicas have loaded, once each has one."""
+        return await self.wait_loaded(0)
+
+    async def pressure(self, *, timeout: float = STATUS_TIMEOUT_S) -> tuple[int, float]:
+        """(longest queue, fullest KV cache) among the serving replicas; waits for one to
+        serve (bounded) when none does."""
+        while True:
+            await self._acquire()
+            serving = [r for r in self.replicas if r.serving]
+            replies = await asyncio.gather(
+                *(r.client.pressure(timeout=timeout) for r in serving), return_exceptions=True
+            )
+            out = []
+            for replica, reply in zip(serving, replies, strict=True):
+                if isinstance(reply, BaseException):
+                    # PeerError: the call failed; CancelledError here is the call's own
+                    # (the outer task's cancellation would have raised from gather).
+                    if not isinstance(reply, PeerError | asyncio.CancelledError):
+                        raise reply
+                    await self._lost(replica, str(reply) or "status call cancelled")
+                    continue
+                out.append(reply)
+            if out:
+                return max(q for q, _ in out), max(k for _, k in out)
+
+    def summary(self) -> list[str]:
+        """One line per replica: what it served."""
+        return [
+            f"inference replica {r.index} at {r.address}: {r.served} requests served, "
+            f"{r.failed} failed and retried elsewhere"
+            for r in self.replicas
+        ]
+
+    async def close(self) -> None:
+        for task in self._probes:
+            task.cancel()
+        for task in self._probes:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for replica in self.replicas:
+            for _, channel in replica.old_channels:
+                with contextlib.suppress(Exception):
+                    await channel.close()
+            await replica.client.close()
