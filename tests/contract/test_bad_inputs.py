@@ -415,7 +415,7 @@ BAD_TENSOR = st.one_of(
     st.tuples(st.just("shape"), st.lists(st.integers(1 << 40, 1 << 62), min_size=1, max_size=3)),
     st.tuples(st.just("shape"), st.lists(st.integers(-(1 << 62), -1), min_size=1, max_size=3)),
     st.tuples(st.just("shape"), st.lists(st.integers(0, 4), min_size=9, max_size=12)),
-    # Shapes whose product wraps to 0 in int64, sent with no data (issue 17: INTERNAL).
+    # Shapes whose product wraps to 0 in int64, sent with no data (once answered INTERNAL).
     st.tuples(
         st.just("wrapping shape"),
         st.lists(st.sampled_from([1 << 62, 1 << 32, 4, 16]), min_size=2, max_size=3).filter(

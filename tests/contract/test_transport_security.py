@@ -115,7 +115,7 @@ async def test_each_role_may_call_only_its_methods(
         assert await upload(ws_grpc.WeightSyncServiceStub(dial("inference", ws.address))) == DENIED
         got = await operator.GetVersion(ws_pb.GetVersionRequest(version=-1), timeout=10)
         assert got.manifest.version == 1
-        # The trainer's own role does not lift validation: issue 17's Publish attack (a
+        # The trainer's own role does not lift validation: the Publish attack (a
         # location of the whole weights root, which retention would have deleted) is
         # refused over this transport too, naming the field, and the root survives.
         trainer_ws = ws_grpc.WeightSyncServiceStub(dial("trainer", ws.address))

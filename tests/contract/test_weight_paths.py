@@ -136,7 +136,7 @@ async def test_companion_files_reach_weightsyncs_root_verified_on_either_path(
     weightsync: tuple[str, Path], tmp_path: Path, recording_engine: Any
 ) -> None:
     """Versions are complete model folders (tokenizer files, generation config) whichever
-    path carried them, and the replica still loads them (issue 15)."""
+    path carried them, and the replica still loads them."""
     address, root = weightsync
     client = WeightSyncClient(address, security=PLAINTEXT_LOOPBACK)
     trainer_dir = (
@@ -165,7 +165,7 @@ async def test_companion_files_reach_weightsyncs_root_verified_on_either_path(
 async def test_a_fresh_replica_whose_newest_version_is_corrupt_serves_the_previous_one(
     weightsync: tuple[str, Path], recording_engine: Any
 ) -> None:
-    """Issue 17: a replica that serves nothing yet falls back to the newest older version
+    """A replica that serves nothing yet falls back to the newest older version
     that verifies, instead of waiting NOT_SERVING for a next publish."""
     address, root = weightsync
     client = WeightSyncClient(address, security=PLAINTEXT_LOOPBACK)

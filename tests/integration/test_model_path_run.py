@@ -1,5 +1,5 @@
 """`tidal rl @ configs/default.toml --trainer.model.path DIR` starts and trains from the
-folder (issue 15: it died at start), the trainer and inference name the folder's model in
+folder, the trainer and inference name the folder's model in
 GetStatus, and version 0 is a complete model folder."""
 
 from __future__ import annotations

@@ -182,10 +182,9 @@ def long_request(step: int, micro_batches: int) -> pb.TrainRequest:
 def test_sigterm_abandons_a_long_step_at_a_micro_batch_and_the_trainer_exits(
     stack: Stack,
 ) -> None:
-    """Issue 17: a long Train used to hold SIGTERM off until the step ended. Now the step
-    stops at its next micro-batch boundary: Train answers UNAVAILABLE, nothing is
-    committed or published, the process exits 0 promptly, and the step trains on the
-    resumed trainer."""
+    """SIGTERM during a long Train stops the step at its next micro-batch boundary: Train
+    answers UNAVAILABLE, nothing is committed or published, the process exits 0 promptly,
+    and the step trains on the resumed trainer."""
     stack.start("weightsync")
     trainer = stack.start("trainer")
     stack.trainer_status(trainer)
@@ -217,9 +216,9 @@ def test_sigterm_abandons_a_long_step_at_a_micro_batch_and_the_trainer_exits(
 
 @pytest.mark.slow
 def test_a_trainer_started_before_weightsync_waits_for_it(stack: Stack) -> None:
-    """Issue 17: the trainer used to die with an unnamed DEADLINE_EXCEEDED after 120 s.
-    It now logs that it waits for weightsync at its address and starts once it is up;
-    with no weightsync at all it stops after `trainer.weightsync_timeout_s` naming it."""
+    """A trainer started before weightsync logs that it waits for weightsync at its address
+    and starts once it is up; with no weightsync at all it stops after
+    `trainer.weightsync_timeout_s` naming it."""
     trainer = stack.start("trainer")
     address = stack.config.read_text().split('weightsync = "')[1].split('"')[0]
     deadline = time.monotonic() + 90
@@ -246,7 +245,7 @@ def test_a_trainer_started_before_weightsync_waits_for_it(stack: Stack) -> None:
 
 @pytest.mark.slow
 def test_a_step_whose_publish_finds_weightsync_restarting_succeeds(stack: Stack) -> None:
-    """Issue 17: weightsync SIGKILLed between two steps and restarted while the trainer
+    """Weightsync SIGKILLed between two steps and restarted while the trainer
     publishes the next one: the trainer waits for it, publishes, and Train(2) answers
     normally (version 1, recovered from disk, is still there). The serial contract (Train
     answers after its publish); the background one: the next test."""

@@ -20,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE_ROOTS = [*ROOT.glob("services/*/src"), *ROOT.glob("libs/*/src"), ROOT / "src"]
-# Known and being removed (issue 14): a new one fails, and so does one that is gone but
+# Known and being removed: a new one fails, and so does one that is gone but
 # still listed, so these lists only shrink.
 KNOWN_CROSS_SERVICE: set[tuple[str, str]] = set()
 KNOWN_CYCLES: list[set[str]] = []

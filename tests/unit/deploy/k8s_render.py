@@ -71,11 +71,8 @@ def grpc_port(role: str) -> int:
 
 
 def metrics_offset() -> int:
-    """`metrics.port_offset`'s default once the [metrics] section exists; until then the
-    value issue 18's shared interface fixes (1000)."""
-    metrics = getattr(SharedConfig(), "metrics", None)
-    if metrics is None:
-        return 1000
+    """`metrics.port_offset`'s default."""
+    metrics = SharedConfig().metrics
     assert metrics.enabled and getattr(metrics, "port", None) is None  # the offset applies
     return int(metrics.port_offset)
 

@@ -14,7 +14,6 @@ are checked in test_k8s_tls.py.
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -133,11 +132,7 @@ def test_ports_probes_and_scrape_annotations_match_the_config_defaults(
     assert not is_loopback(bind_host) and annotations["prometheus.io/scheme"] == "https"
 
 
-def test_the_probe_command_exists_once_the_healthcheck_module_lands() -> None:
-    if importlib.util.find_spec("tidal.common.grpc.health_probe") is None:
-        pytest.skip(
-            "tidal.common.grpc.health_probe (issue 18, docker helper) is not on this branch"
-        )
+def test_the_probe_command_exists() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "tidal.common.grpc.health_probe", "--help"],
         capture_output=True,

@@ -109,7 +109,7 @@ def test_a_trained_step_whose_reply_was_lost_gets_its_saved_metrics_line(tmp_pat
 def test_a_trained_step_whose_answer_was_lost_still_gets_its_metrics_line(
     tmp_path: Path,
 ) -> None:
-    """Issue 17: on --resume the step the trainer holds but the orchestrator never logged
+    """On --resume the step the trainer holds but the orchestrator never logged
     gets a line (phase "lost"), so metrics.jsonl keeps one line per step."""
     from tidal.orchestrator.records.run_log import RunLog, StepRecord
 
