@@ -4,9 +4,10 @@ extra, installed without its dependencies).
 
 `smollm2_folder` is that file converted by `tidal import-model`'s code once and cached
 under `~/.cache/tidal-tests/` (`$XDG_CACHE_HOME` when set), keyed by the file's size and
-mtime and the converter's source, so the suite converts it once per machine, not once per
-test or per session. Tests that use it are `slow`; without the extras they are skipped
-with the reason. Import the fixture into a test module (`__all__ = ["smollm2_folder"]`).
+mtime, the converter's source and the transformers and gguf versions, so the suite
+converts it once per machine, not once per test or per session. Tests that use it are
+`slow`; without the extras they are skipped with the reason. Import the fixture into a
+test module (`__all__ = ["smollm2_folder"]`).
 """
 
 from __future__ import annotations
@@ -50,7 +51,9 @@ def converted_folder(gguf: Path, *, dtype: str = "float32") -> Path:
     from tidal.models.gguf_import import import_gguf
 
     stat = gguf.stat()
-    source = hashlib.sha256(b"".join(p.read_bytes() for p in CONVERTER)).hexdigest()[:12]
+    versions = [importlib.metadata.version(p).encode() for p in ("transformers", "gguf")]
+    digest = hashlib.sha256(b"".join([*(p.read_bytes() for p in CONVERTER), *versions]))
+    source = digest.hexdigest()[:12]
     folder = cache_root() / f"smollm2-{dtype}-{stat.st_size}-{stat.st_mtime_ns}-{source}"
     if not (folder / "config.json").is_file():  # the folder is renamed in complete
         folder.parent.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,8 @@ weights rounded (`slow`: one conversion)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -36,6 +38,21 @@ def test_out_is_required_and_dtype_is_checked(capsys: pytest.CaptureFixture[str]
     assert "--out" in capsys.readouterr().err
     assert exit_code(["import-model", "m.gguf", "--out", "o", "--dtype", "float16"]) == 2
     assert "invalid choice: 'float16'" in capsys.readouterr().err
+
+
+def test_help_imports_no_torch_transformers_or_gguf() -> None:
+    code = (
+        "import sys\n"
+        "from tidal.cli.main import main\n"
+        "try:\n"
+        "    main(['import-model', '--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print(sorted({'torch', 'transformers', 'gguf'} & set(sys.modules)), file=sys.stderr)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "--dtype {float32,bfloat16}" in done.stdout
+    assert done.stderr.strip().splitlines()[-1] == "[]", done.stderr
 
 
 @pytest.mark.slow
