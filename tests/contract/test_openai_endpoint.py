@@ -5,7 +5,8 @@ ChatML template), and the real inference service (`start_inference`, with
 `[inference.http] enabled` on a free loopback port) serves it over gRPC and HTTP on one
 loop, as `tidal inference` does. The client is `AsyncOpenAI` because the server runs on
 the test's own event loop. With an API key and TLS (the run CA's inference certificate)
-the same client round trips work, and the endpoint may listen beyond loopback.
+the same client round trips work, and the endpoint may listen beyond loopback. One `slow`
+case serves the real SmolLM2-135M-Instruct imported from its GGUF (`tests/smollm2.py`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from tidal.common.security.credentials import CA_CERT, ensure_certificates
 from tidal.inference.config import OpenAIHttpConfig
 from tidal.text.hf_tokenizer import HFTokenizer
 
+from ..smollm2 import IM_END, IM_START, smollm2_folder
 from .test_inference_service import (
     Inference,
     eventually,
@@ -36,7 +38,7 @@ from .test_inference_service import (
     serving_inference,
 )
 
-__all__ = ["qwen3_folder"]
+__all__ = ["qwen3_folder", "smollm2_folder"]
 
 MODEL = "tiny-qwen3"
 PROMPT = "東京は"
@@ -181,6 +183,26 @@ async def test_chat_is_rendered_with_the_model_template(
     assert choice.logprobs is not None and choice.logprobs.content is not None
     assert all(e.logprob <= 0 and e.top_logprobs == [] for e in choice.logprobs.content)
     assert len(choice.logprobs.content) == len(ids) == len(extension(choice)["policy_versions"])
+
+
+@pytest.mark.slow
+async def test_the_real_model_answers_a_chat_rendered_in_its_chatml_template(
+    weightsync_server: Any, tmp_path: Path, smollm2_folder: Path
+) -> None:
+    tok = HFTokenizer.from_folder(smollm2_folder)
+    chatml = (
+        f"{IM_START}system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+        f"Face{IM_END}\n{IM_START}user\n{CHAT[0]['content']}{IM_END}\n{IM_START}assistant\n"
+    )
+    async with openai_replica(weightsync_server, tmp_path, smollm2_folder) as (_, client):
+        reply = await client.chat.completions.create(
+            model=MODEL, messages=CHAT, max_completion_tokens=24, temperature=0
+        )
+    choice = reply.choices[0]
+    ids = extension(choice)["token_ids"]
+    assert reply.usage is not None and reply.usage.prompt_tokens == len(tok.encode(chatml))
+    assert choice.message.content == tok.decode(ids) and choice.message.content.strip()
+    assert choice.finish_reason == ("stop" if ids[-1] == tok.token_to_id(IM_END) else "length")
 
 
 async def test_streamed_chat_deltas_join_to_the_whole_message(client: openai.AsyncOpenAI) -> None:

@@ -22,6 +22,7 @@ commands:
   weightsync     run the weight-sync service alone
   sft            supervised fine-tuning on prompt/completion data (--resume continues)
   export         write a run's checkpoint or published version as a complete HF model folder
+  import-model   convert a GGUF file into an HF model folder (FILE.gguf --out DIR [--dtype])
   client         talk to running services: status | generate | versions | progress
   certs          create a CA and per-role TLS certificates (--out DIR [--hosts a,b] [--tokens])
   plan           predict peak memory per rank (--memory 80GiB [--world-size N] [--fit] [--json])
@@ -61,6 +62,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         from tidal.trainer.export import main as export
 
         export(rest)
+    elif command == "import-model":
+        from tidal.cli.import_model import main as import_model
+
+        import_model(rest)
     elif command == "config-docs":
         from tidal.cli.config_docs import main as config_docs
 
