@@ -1,7 +1,8 @@
 """`import_gguf` refuses what it cannot convert before anything slow, naming the field, and
 leaves no output folder behind: a missing file, a file that is not GGUF, an architecture
 Tidal's families lack (by `general.architecture`, or as transformers reads the file), a
-tensor type `gguf` cannot dequantize. The files are tiny GGUFs (`tiny_gguf.py`)."""
+tensor type `gguf` cannot dequantize, a weight the architecture needs. The files are tiny
+GGUFs (`tiny_gguf.py`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from tidal.models.gguf_file import GGUFImportError, read_gguf
 from tidal.models.gguf_import import import_gguf
 from tidal.models.hf_config import ModelFolderError
 
-from .tiny_gguf import header_only
+from .tiny_gguf import header_only, tiny_llama
 
 
 def refusal(path: Path, out: Path) -> str:
@@ -65,6 +66,14 @@ def test_a_tokenizer_transformers_cannot_build_is_refused(tmp_path: Path) -> Non
     path = header_only(tmp_path / "m.gguf", "llama", tokenizer="rwkv")
     message = refusal(path, tmp_path / "out")
     assert "transformers cannot read it" in message and "tokenizer" in message
+
+
+def test_a_file_missing_a_weight_is_refused_naming_it(tmp_path: Path) -> None:
+    # transformers would initialize it at random and load the rest.
+    path = tiny_llama(tmp_path / "m.gguf", without="blk.1.ffn_down.weight")
+    message = refusal(path, tmp_path / "out")
+    assert "lacks weights of its architecture" in message
+    assert "model.layers.1.mlp.down_proj.weight" in message
 
 
 def test_the_header_names_family_and_tensor_types(tmp_path: Path) -> None:

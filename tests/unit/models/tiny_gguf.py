@@ -52,9 +52,18 @@ def header_only(
     return path
 
 
-def tiny_llama(path: Path, *, dim: int = 32, ffn: int = 64, heads: int = 4, kv: int = 2) -> Path:
+def tiny_llama(
+    path: Path,
+    *,
+    dim: int = 32,
+    ffn: int = 64,
+    heads: int = 4,
+    kv: int = 2,
+    without: str | None = None,
+) -> Path:
     """A complete 2-layer Llama (tied head, grouped-query attention), random weights, the
-    q/k/gate/down projections and the embedding in Q8_0 (rows of 32), the rest F32."""
+    q/k/gate/down projections and the embedding in Q8_0 (rows of 32), the rest F32; the
+    tensor named `without` left out."""
     writer = gguf.GGUFWriter(path, "llama")
     writer.add_name("tiny")
     for add, value in (
@@ -79,6 +88,8 @@ def tiny_llama(path: Path, *, dim: int = 32, ffn: int = 64, heads: int = 4, kv: 
 
     def tensor(name: str, shape: tuple[int, ...], *, q8: bool = False) -> None:
         x = (rng.standard_normal(shape) * 0.2).astype(np.float32)
+        if name == without:
+            return
         if q8:
             q8_0 = gguf.GGMLQuantizationType.Q8_0
             writer.add_tensor(name, gguf.quants.quantize(x, q8_0), raw_dtype=q8_0)
