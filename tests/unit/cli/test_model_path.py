@@ -96,3 +96,14 @@ def test_reading_the_folder_at_validation_imports_no_torch(qwen3_folder: Path) -
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "0 False", done.stderr
+
+
+def test_a_gguf_file_as_the_model_path_fails_pointing_at_import_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gguf = tmp_path / "model.Q4_1.gguf"
+    gguf.write_bytes(b"GGUF")
+    assert run_main(["rl", *DEFAULT, "--trainer.model.path", str(gguf), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "is a file, not a model folder" in err
+    assert f"tidal import-model {gguf} --out DIR" in err

@@ -1,56 +1,20 @@
 """`import_gguf` refuses what it cannot convert before anything slow, naming the field, and
 leaves no output folder behind: a missing file, a file that is not GGUF, an architecture
 Tidal's families lack (by `general.architecture`, or as transformers reads the file), a
-tensor type `gguf` cannot dequantize. The files are tiny GGUFs written with `gguf`'s own
-writer."""
+tensor type `gguf` cannot dequantize, a weight the architecture needs. The files are tiny
+GGUFs (`tiny_gguf.py`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from tidal.models.gguf_file import GGUFImportError, read_gguf
 from tidal.models.gguf_import import import_gguf
 from tidal.models.hf_config import ModelFolderError
 
-gguf = pytest.importorskip("gguf", reason="the gguf extra is not installed")
-
-
-def tiny_gguf(
-    path: Path,
-    arch: str,
-    *,
-    name: str = "tiny",
-    tensor_type: str = "F32",
-    tokenizer: str | None = "gpt2",
-) -> Path:
-    """A GGUF with a Llama-like header, a 4-token tokenizer and one 4x8 tensor of
-    `tensor_type`."""
-    writer = gguf.GGUFWriter(path, arch)
-    writer.add_name(name)
-    if tokenizer is not None:
-        writer.add_tokenizer_model(tokenizer)
-        writer.add_token_list(["a", "b", "c", "<|end|>"])
-        writer.add_token_merges(["a b"])
-        writer.add_eos_token_id(3)
-    writer.add_block_count(1)
-    writer.add_context_length(64)
-    writer.add_embedding_length(8)
-    writer.add_feed_forward_length(16)
-    writer.add_head_count(2)
-    writer.add_head_count_kv(2)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_vocab_size(4)
-    qtype = gguf.GGMLQuantizationType[tensor_type]
-    data = np.zeros((4, 8), dtype=np.int8 if tensor_type == "I8" else np.float32)
-    writer.add_tensor("token_embd.weight", data, raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+from .tiny_gguf import header_only, tiny_llama
 
 
 def refusal(path: Path, out: Path) -> str:
@@ -73,7 +37,7 @@ def test_a_file_that_is_not_gguf_is_refused(tmp_path: Path) -> None:
 def test_an_architecture_without_a_tidal_family_is_refused_naming_the_field(
     tmp_path: Path,
 ) -> None:
-    path = tiny_gguf(tmp_path / "m.gguf", "mamba")
+    path = header_only(tmp_path / "m.gguf", "mamba")
     message = refusal(path, tmp_path / "out")
     assert "general.architecture = 'mamba' is not a Tidal model family" in message
     assert "'llama'" in message and "'qwen3moe'" in message
@@ -82,36 +46,44 @@ def test_an_architecture_without_a_tidal_family_is_refused_naming_the_field(
 def test_a_tensor_type_gguf_cannot_dequantize_is_refused_naming_the_tensor(
     tmp_path: Path,
 ) -> None:
-    path = tiny_gguf(tmp_path / "m.gguf", "llama", tensor_type="I8")
+    path = header_only(tmp_path / "m.gguf", "llama", tensor_type="I8")
     message = refusal(path, tmp_path / "out")
     assert "tensor token_embd.weight has type I8" in message and "cannot dequantize" in message
 
 
 def test_a_llama_file_transformers_reads_as_mistral_is_refused(tmp_path: Path) -> None:
     # transformers reads a llama GGUF named "mistral" as MistralForCausalLM.
-    path = tiny_gguf(tmp_path / "m.gguf", "llama", name="mistral")
+    path = header_only(tmp_path / "m.gguf", "llama", name="mistral")
     assert "unsupported architecture 'mistral'" in refusal(path, tmp_path / "out")
 
 
 def test_a_file_without_a_tokenizer_is_refused_naming_the_field(tmp_path: Path) -> None:
-    path = tiny_gguf(tmp_path / "m.gguf", "llama", tokenizer=None)
+    path = header_only(tmp_path / "m.gguf", "llama", tokenizer=None)
     assert "has no tokenizer.ggml.model" in refusal(path, tmp_path / "out")
 
 
 def test_a_tokenizer_transformers_cannot_build_is_refused(tmp_path: Path) -> None:
-    path = tiny_gguf(tmp_path / "m.gguf", "llama", tokenizer="rwkv")
+    path = header_only(tmp_path / "m.gguf", "llama", tokenizer="rwkv")
     message = refusal(path, tmp_path / "out")
     assert "transformers cannot read it" in message and "tokenizer" in message
 
 
+def test_a_file_missing_a_weight_is_refused_naming_it(tmp_path: Path) -> None:
+    # transformers would initialize it at random and load the rest.
+    path = tiny_llama(tmp_path / "m.gguf", without="blk.1.ffn_down.weight")
+    message = refusal(path, tmp_path / "out")
+    assert "lacks weights of its architecture" in message
+    assert "model.layers.1.mlp.down_proj.weight" in message
+
+
 def test_the_header_names_family_and_tensor_types(tmp_path: Path) -> None:
-    summary = read_gguf(tiny_gguf(tmp_path / "m.gguf", "qwen3moe", tensor_type="F16"))
+    summary = read_gguf(header_only(tmp_path / "m.gguf", "qwen3moe", tensor_type="F16"))
     assert (summary.architecture, summary.family) == ("qwen3moe", "qwen3_moe")
     assert summary.tensor_types == {"F16": 1} and summary.name == "tiny"
 
 
 def test_an_output_that_is_not_a_model_folder_is_refused_untouched(tmp_path: Path) -> None:
-    path = tiny_gguf(tmp_path / "m.gguf", "llama")
+    path = header_only(tmp_path / "m.gguf", "llama")
     out = tmp_path / "home"
     out.mkdir()
     (out / "notes.txt").write_text("keep me")

@@ -25,7 +25,7 @@ from tidal.models.hf_checkpoint import TIED_HEAD, hf_to_native_state_dict
 from tidal.models.hf_config import UnsupportedConfig
 from tidal.models.hf_folder import check_replaceable, check_weights, write_folder
 from tidal.models.layers import DecoderLM
-from tidal.models.state_dict_adapter import StateDict
+from tidal.models.state_dict_adapter import StateDict, WeightMismatch
 
 GENERATION_CONFIG = "generation_config.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -59,13 +59,17 @@ def import_gguf(path: Path, out: Path, *, dtype: str = DEFAULT_DTYPE) -> Importe
         hf = transformers.AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
         config = _our_config(hf.to_dict(), path, dtype)
         tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            path.parent, gguf_file=path.name, dtype=torch.float32
+        model, loading = transformers.AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype=torch.float32, output_loading_info=True
         )
     except ValueError as exc:  # what transformers' GGUF reader does not support
         if isinstance(exc, GGUFImportError):
             raise
         raise GGUFImportError(f"{path}: transformers cannot read it: {exc}") from None
+    # transformers initializes a weight the file lacks at random and says so only here.
+    missing = sorted(set(loading["missing_keys"]) - {TIED_HEAD})
+    if missing:
+        raise GGUFImportError(f"{path} lacks weights of its architecture: {missing[:8]}")
     state = _checked_state(model, config, getattr(torch, dtype))
     files = _tokenizer_files(tokenizer) | {GENERATION_CONFIG: _generation_config(config)}
     write_folder(out, config, state, extra_files=files)
@@ -101,7 +105,10 @@ def _checked_state(model: Any, config: dict[str, Any], dtype: torch.dtype) -> St
         ours = DecoderLM(args)
     expected = {name: t.shape for name, t in ours.state_dict().items()}
     optional = {TIED_HEAD} if args.tie_embeddings else set()
-    check_weights(expected, hf_to_native_state_dict(ours, state), optional=optional)
+    try:
+        check_weights(expected, hf_to_native_state_dict(ours, state), optional=optional)
+    except WeightMismatch as exc:
+        raise GGUFImportError(f"the file's weights do not fit its architecture: {exc}") from None
     return state
 
 

@@ -35,6 +35,8 @@ def folder_architecture(path: Path) -> dict[str, Any] | None:
     """`[trainer.model]` values of the folder's architecture (`rope_scaling` as a dict or
     None), or None for an architecture we do not implement. Raises ValueError naming the
     folder when config.json is missing or asks for something unsupported."""
+    if Path(path).is_file():
+        raise ValueError(f"trainer.model.path {path} is a file, not a model folder: {_hint(path)}")
     try:
         config = read_config(path)
     except ModelFolderError as exc:
@@ -57,6 +59,15 @@ def folder_architecture(path: Path) -> dict[str, Any] | None:
     if family.moe:
         fields.update({name: getattr(args, name) for name in MOE_FIELDS})
     return fields
+
+
+def _hint(path: Path) -> str:
+    if Path(path).suffix.lower() == ".gguf":
+        return (
+            f"convert the GGUF file once with `tidal import-model {path} --out DIR` and point "
+            "the path at DIR"
+        )
+    return "point the path at the model's folder (config.json, weights, tokenizer files)"
 
 
 def conflicts(given: dict[str, Any], folder: dict[str, Any], defaults: dict[str, Any]) -> list[str]:
