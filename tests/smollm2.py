@@ -12,6 +12,7 @@ test module (`__all__ = ["smollm2_folder"]`).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.metadata
 import os
@@ -55,9 +56,13 @@ def converted_folder(gguf: Path, *, dtype: str = "float32") -> Path:
     digest = hashlib.sha256(b"".join([*(p.read_bytes() for p in CONVERTER), *versions]))
     source = digest.hexdigest()[:12]
     folder = cache_root() / f"smollm2-{dtype}-{stat.st_size}-{stat.st_mtime_ns}-{source}"
-    if not (folder / "config.json").is_file():  # the folder is renamed in complete
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        import_gguf(gguf, folder, dtype=dtype)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    # One converter at a time across test workers: a second would replace the folder
+    # while the first one's tests read it.
+    with open(folder.parent / f"{folder.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / "config.json").is_file():  # the folder is renamed in complete
+            import_gguf(gguf, folder, dtype=dtype)
     return folder
 
 
