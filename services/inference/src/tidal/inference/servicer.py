@@ -83,16 +83,8 @@ def sampling_from_proto(
 
 
 def completion_to_proto(c: Completion) -> pb.GenerateResponse:
-    return pb.GenerateResponse(
-        index=c.index,
-        prompt_ids=c.prompt_ids,
-        token_ids=c.token_ids,
-        logprobs=c.logprobs,
-        policy_versions=c.policy_versions,
-        finish_reason=_FINISH[c.finish_reason],
-        text=c.text,
-        model_logprobs=c.model_logprobs,
-    )
+    # Completion's fields are GenerateResponse's; only the finish reason is an enum there.
+    return pb.GenerateResponse(**{**vars(c), "finish_reason": _FINISH[c.finish_reason]})
 
 
 class InferenceServicer(pb_grpc.InferenceServiceServicer):
