@@ -22,8 +22,8 @@ from tidal.common.security.config import SecurityConfig
 from tidal.common.security.transport import PLAINTEXT_LOOPBACK
 from tidal.inference.config import InferenceConfig, InferenceRunConfig
 from tidal.inference.main import RunningInference, start_inference
-from tidal.orchestrator.peers.client_errors import PeerError
 from tidal.orchestrator.peers.inference_pool import InferencePool
+from tidal.orchestrator.peers.peer_client import PeerError
 from tidal.orchestrator.peers.version_feed import VersionFeed
 from tidal.weights.client import WeightSyncClient
 from tidal.weights.manifest import LoadedVersions

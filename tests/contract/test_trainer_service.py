@@ -25,7 +25,7 @@ from tidal.common.grpc.interceptors import ERROR_KIND_KEY
 from tidal.common.security.transport import PLAINTEXT_LOOPBACK
 from tidal.models.hf_checkpoint import hf_to_native_state_dict
 from tidal.orchestrator.config import RecoveryConfig
-from tidal.orchestrator.peers.client_errors import PeerError
+from tidal.orchestrator.peers.peer_client import PeerError
 from tidal.orchestrator.peers.train_delivery import TrainDelivery
 from tidal.orchestrator.peers.trainer_client import TrainerClient
 from tidal.rpc.v1 import common_pb2

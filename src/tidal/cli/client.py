@@ -87,13 +87,21 @@ async def _weightsync_details(address: str, config: ServiceRunConfig) -> str:
         await client.close()
 
 
+async def _connect(
+    name: str, address: str, config: ServiceRunConfig, connect_s: float
+) -> grpc.aio.Channel:
+    """A channel to `name` at `address`, as the operator; raises Unreachable when nothing
+    answers within `connect_s`."""
+    return await connect(
+        name, address, config.grpc, security=for_service(config, "operator"), timeout_s=connect_s
+    )
+
+
 async def _check(
     name: str, address: str, config: ServiceRunConfig, connect_s: float
 ) -> tuple[str, str]:
     """(health, details) of one service; raises Unreachable when nothing answers."""
-    async with await connect(
-        name, address, config.grpc, security=for_service(config, "operator"), timeout_s=connect_s
-    ) as channel:
+    async with await _connect(name, address, config, connect_s) as channel:
         health = await _health(channel)
         if health != "SERVING":
             return health, ""
@@ -165,13 +173,7 @@ async def generate(config: ServiceRunConfig, opts: argparse.Namespace) -> int:
     else:  # plain text: inference tokenizes it as the orchestrator would (and rejects "")
         request = inference_pb2.GenerateRequest(prompt=opts.prompt, sampling=sampling)
     address = config.endpoints.inference
-    async with await connect(
-        "inference",
-        address,
-        config.grpc,
-        security=for_service(config, "operator"),
-        timeout_s=opts.connect_timeout,
-    ) as channel:
+    async with await _connect("inference", address, config, opts.connect_timeout) as channel:
         stub = inference_pb2_grpc.InferenceServiceStub(channel)
         try:
             async for reply in stub.Generate(request, timeout=opts.timeout):
@@ -215,13 +217,7 @@ async def versions(config: ServiceRunConfig, opts: argparse.Namespace) -> int:
 
 async def progress(config: ServiceRunConfig, opts: argparse.Namespace) -> int:
     address = config.endpoints.orchestrator
-    async with await connect(
-        "orchestrator",
-        address,
-        config.grpc,
-        security=for_service(config, "operator"),
-        timeout_s=opts.connect_timeout,
-    ) as channel:
+    async with await _connect("orchestrator", address, config, opts.connect_timeout) as channel:
         stub = orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
         p = await stub.GetProgress(common_pb2.StatusRequest(), timeout=STATUS_TIMEOUT_S)
     console.print(f"{p.state}: step {p.step}/{p.total_steps}, policy version {p.policy_version}")

@@ -35,11 +35,20 @@ section (`--help orchestrator.staleness`), `--help all` every key; docs/config.m
 """
 
 ENTRY_POINTS = {
+    "rl": "tidal.cli.launcher",
     "orchestrator": "tidal.orchestrator.main",
     "inference": "tidal.inference.main",
     "trainer": "tidal.trainer.launch",
     "weightsync": "tidal.weightsync.main",
+    "sft": "tidal.trainer.sft",
+    "export": "tidal.trainer.export",
+    "import-model": "tidal.cli.import_model",
+    "client": "tidal.cli.client",
+    "certs": "tidal.common.security.credentials",
+    "plan": "tidal.cli.memory_plan",
+    "config-docs": "tidal.cli.config_docs",
 }
+"""Command → the module whose `main(argv)` runs it, imported only when that command runs."""
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -48,43 +57,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(USAGE, end="")
         raise SystemExit(0 if args else 2)
     command, rest = args[0], args[1:]
-    if command == "rl":
-        from tidal.cli.launcher import main as launch
-
-        launch(rest)
-    elif command in ENTRY_POINTS:
-        importlib.import_module(ENTRY_POINTS[command]).main(rest)
-    elif command == "sft":
-        from tidal.trainer.sft import main as sft
-
-        sft(rest)
-    elif command == "export":
-        from tidal.trainer.export import main as export
-
-        export(rest)
-    elif command == "import-model":
-        from tidal.cli.import_model import main as import_model
-
-        import_model(rest)
-    elif command == "config-docs":
-        from tidal.cli.config_docs import main as config_docs
-
-        config_docs(rest)
-    elif command == "plan":
-        from tidal.cli.memory_plan import main as plan
-
-        plan(rest)
-    elif command == "certs":
-        from tidal.common.security.credentials import main as certs
-
-        certs(rest)
-    elif command == "client":
-        from tidal.cli.client import main as client
-
-        client(rest)
-    else:
+    if command not in ENTRY_POINTS:
         print(f"error: unknown command {command!r}\n\n{USAGE}", file=sys.stderr, end="")
         raise SystemExit(2)
+    importlib.import_module(ENTRY_POINTS[command]).main(rest)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import pytest
 from tidal.cli.config import RunConfig
 from tidal.common.config.loading import load_config
 from tidal.common.errors import ConfigError
-from tidal.orchestrator.config import ArithmeticTaskConfig, CountdownTaskConfig
+from tidal.orchestrator.task_config import ArithmeticTaskConfig, CountdownTaskConfig
 from tidal.trainer.config import TrainerRunConfig
 from tidal.weightsync.config import StreamTransport
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from tidal.orchestrator.config import ReversalTaskConfig
+from tidal.orchestrator.task_config import ReversalTaskConfig
 from tidal.orchestrator.tasks import build_task
 from tidal.orchestrator.tasks.reversal import reversal_reward
 

@@ -11,7 +11,7 @@ from typing import Any
 from tidal.orchestrator.completions import Completion
 from tidal.orchestrator.config import ChatConfig, ToolsConfig
 from tidal.orchestrator.rollouts.prompt_rendering import PromptRenderer
-from tidal.orchestrator.rollouts.strategies import Episodes, Turns, rollout_strategy
+from tidal.orchestrator.rollouts.strategies import Turns, rollout_strategy
 from tidal.orchestrator.scoring.scorers import ByAnswer, build_scorers
 from tidal.orchestrator.task_config import LookupTaskConfig, ReversalTaskConfig
 from tidal.orchestrator.tasks import build_task
@@ -40,10 +40,10 @@ class Recorder:
 def test_a_task_with_tools_runs_tool_episodes_and_a_plain_task_its_turns() -> None:
     parser = tool_call_parser(TOK)
     lookup = rollout_strategy(build_task(LookupTaskConfig()), parser, ToolsConfig(max_turns=2))
-    assert isinstance(lookup, Episodes) and lookup.tools is not None
+    assert isinstance(lookup, Turns) and lookup.tools is not None
     assert set(lookup.tools.tools) == {"lookup"} and lookup.tools.config.max_turns == 2
     plain = rollout_strategy(build_task(ReversalTaskConfig()), parser, ToolsConfig())
-    assert isinstance(plain, Turns) and plain.episodes.tools is None
+    assert isinstance(plain, Turns) and plain.tools is None
 
 
 async def test_turns_ask_once_for_a_single_turn_problem_and_per_turn_for_followups() -> None:

@@ -203,19 +203,12 @@ class ChatEncoding(ABC):
         self,
         messages: Sequence[Message],
         *,
-        add_generation_prompt: bool,
-        system_prompt: str | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
-        **template_kwargs: Any,
+        **options: Any,
     ) -> str:
-        """The chat rendered as text by `chat_template(tools=tools)`."""
-        return self.chat_template(tools=tools).render(
-            messages,
-            add_generation_prompt=add_generation_prompt,
-            system_prompt=system_prompt,
-            tools=tools,
-            **template_kwargs,
-        )
+        """The chat rendered as text by `chat_template(tools=tools)` (`options` as
+        `ChatTemplate.render` takes them)."""
+        return self.chat_template(tools=tools).render(messages, tools=tools, **options)
 
     def encode_chat(
         self, messages: Sequence[Message], *, add_generation_prompt: bool, **options: Any

@@ -112,19 +112,17 @@ async def start_inference(config: InferenceRunConfig) -> RunningInference:
         await serve_folder(engine, fixed)
         await server.set_serving(True)
         running = RunningInference(server, engine, None, None, None, replica_id)
-        if cfg.http.enabled:
-            running.http = await start_openai_http(config, engine, tokenizer)
-        return running
+    else:
 
-    async def on_loaded(version: int) -> None:
-        await server.set_serving(True)
+        async def on_loaded(version: int) -> None:
+            await server.set_serving(True)
 
-    client = WeightSyncClient(config.endpoints.weightsync, config.grpc, security=security)
-    prom = InferenceMetrics.on(metrics, engine)
-    watcher = WeightWatcher(client, engine, replica_id, on_loaded=on_loaded, metrics=prom)
-    task = asyncio.create_task(watcher.run(), name="weight-watcher")
-    task.add_done_callback(lambda done: not_serving_if_ended(done, server))
-    running = RunningInference(server, engine, watcher, client, task, replica_id)
+        client = WeightSyncClient(config.endpoints.weightsync, config.grpc, security=security)
+        prom = InferenceMetrics.on(metrics, engine)
+        watcher = WeightWatcher(client, engine, replica_id, on_loaded=on_loaded, metrics=prom)
+        task = asyncio.create_task(watcher.run(), name="weight-watcher")
+        task.add_done_callback(lambda done: not_serving_if_ended(done, server))
+        running = RunningInference(server, engine, watcher, client, task, replica_id)
     if cfg.http.enabled:
         running.http = await start_openai_http(config, engine, tokenizer)
     return running

@@ -13,6 +13,7 @@ Synchronous bookkeeping only: the engine runs the forwards.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tidal.inference.block_manager import BlockManager, blocks_for
@@ -124,21 +125,19 @@ class Scheduler:
 
     def retire_finished(self) -> None:
         """Release the blocks of finished sequences (their full blocks stay cached)."""
-        kept = []
-        for s in self.running:
-            if s.done:
-                self._release(s)
-            else:
-                kept.append(s)
-        self.running = kept
+        self._release_running(lambda s: s.done)
 
     def drop_cancelled(self) -> None:
         for s in [s for s in self._units if s.owner.cancelled]:
             del self._units[s]
         self.preempted = deque(s for s in self.preempted if not s.owner.cancelled)
+        self._release_running(lambda s: s.owner.cancelled)
+
+    def _release_running(self, ends: Callable[[Sequence], bool]) -> None:
+        """Release the running sequences `ends` picks; the others keep running."""
         kept = []
         for s in self.running:
-            if s.owner.cancelled:
+            if ends(s):
                 self._release(s)
             else:
                 kept.append(s)

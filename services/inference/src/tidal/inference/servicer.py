@@ -11,6 +11,7 @@ handler, which closes the engine's generator, which cancels the request.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
@@ -82,16 +83,8 @@ def sampling_from_proto(
 
 
 def completion_to_proto(c: Completion) -> pb.GenerateResponse:
-    return pb.GenerateResponse(
-        index=c.index,
-        prompt_ids=c.prompt_ids,
-        token_ids=c.token_ids,
-        logprobs=c.logprobs,
-        policy_versions=c.policy_versions,
-        finish_reason=_FINISH[c.finish_reason],
-        text=c.text,
-        model_logprobs=c.model_logprobs,
-    )
+    # Completion's fields are GenerateResponse's; only the finish reason is an enum there.
+    return pb.GenerateResponse(**{**vars(c), "finish_reason": _FINISH[c.finish_reason]})
 
 
 class InferenceServicer(pb_grpc.InferenceServiceServicer):
@@ -144,21 +137,9 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
     async def GetStatus(
         self, request: common_pb2.StatusRequest, context: grpc.aio.ServicerContext
     ) -> pb.InferenceStatus:
-        s = self.engine.status()
+        # EngineStatus's fields are InferenceStatus's, less what the servicer knows.
         return pb.InferenceStatus(
-            policy_version=s.policy_version,
-            running=s.running,
-            queued=s.queued,
-            generated_tokens=s.generated_tokens,
-            tokens_per_s=s.tokens_per_s,
-            model=s.model,
-            vocab_size=s.vocab_size,
-            max_seq_len=s.max_seq_len,
+            **dataclasses.asdict(self.engine.status()),
             replica_id=self.replica_id,
-            kv_slots_used=s.kv_slots_used,
-            kv_slots_total=s.kv_slots_total,
-            kv_usage=s.kv_usage,
-            kernels=s.kernels,
-            load_error=s.load_error,
             tokenizer=tokenizer_info(self.tokenizer),
         )

@@ -17,31 +17,7 @@ from pydantic import Field, model_validator
 from tidal.common.config.loading import BaseConfig
 from tidal.common.config.schema import FIRST
 from tidal.common.config.shared import ServiceRunConfig
-from tidal.orchestrator.task_config import (
-    ArithmeticTaskConfig,
-    CodeTaskConfig,
-    CountdownTaskConfig,
-    DatasetTaskConfig,
-    ImportTaskConfig,
-    ReversalTaskConfig,
-    TaskConfig,
-)
-
-__all__ = [
-    "ArithmeticTaskConfig",
-    "ChatConfig",
-    "CountdownTaskConfig",
-    "DatasetTaskConfig",
-    "ImportTaskConfig",
-    "OrchestratorConfig",
-    "OrchestratorRunConfig",
-    "ReasoningConfig",
-    "ReversalTaskConfig",
-    "SamplingConfig",
-    "StalenessConfig",
-    "ToolsConfig",
-    "WandbConfig",
-]
+from tidal.orchestrator.task_config import CodeTaskConfig, ReversalTaskConfig, TaskConfig
 
 Algorithm = Literal["grpo", "dr_grpo", "rloo", "remax"]
 

@@ -30,6 +30,7 @@ from tidal.orchestrator.mixture import TaskMixture
 from tidal.orchestrator.peers.data_parallel import resolve_data_parallel_ranks
 from tidal.orchestrator.peers.inference_pool import InferencePool
 from tidal.orchestrator.peers.inflight import InflightLimiter
+from tidal.orchestrator.peers.peer_client import PeerClient
 from tidal.orchestrator.peers.trainer_client import TrainerClient
 from tidal.orchestrator.peers.version_feed import VersionFeed
 from tidal.orchestrator.records.prometheus import OrchestratorMetrics
@@ -216,7 +217,8 @@ async def run_training(
             trainer=config.endpoints.trainer,
         )
         log.info("packing for %d trainer data-parallel rank(s)", ranks)
-        await check_peer_tokenizers(prompts.tokenizer, config, inference, trainer)
+        peers = [*(replica.client for replica in inference.replicas), trainer]
+        await check_peer_tokenizers(prompts.tokenizer, peers)
         await window.wait_loaded(0)
         first_step = await first_step_and_cursors(config, trainer, mixture)
         trained = first_step - 1  # trained, but its Train answer may have been lost
@@ -281,19 +283,12 @@ def launched_at_from_env() -> float | None:
         return None
 
 
-async def check_peer_tokenizers(
-    mine: Tokenizer,
-    config: OrchestratorRunConfig,
-    inference: InferencePool,
-    trainer: TrainerClient,
-) -> None:
-    """Fail before the first step when inference or the trainer tokenizes differently
-    (tidal.text.agreement): prompts and completions would silently mean other tokens."""
-    endpoints = config.endpoints
-    for replica in inference.replicas:
-        tokenizer = await replica.client.tokenizer()
-        check_agreement(mine, tokenizer, peer=f"inference at {replica.address}")
-    check_agreement(mine, await trainer.tokenizer(), peer=f"the trainer at {endpoints.trainer}")
+async def check_peer_tokenizers(mine: Tokenizer, peers: Sequence[PeerClient]) -> None:
+    """Fail before the first step when an inference replica or the trainer tokenizes
+    differently (tidal.text.agreement): prompts and completions would silently mean other
+    tokens."""
+    for peer in peers:
+        check_agreement(mine, await peer.tokenizer(), peer=f"{peer.peer} at {peer.address}")
 
 
 def _warn_if_failed(task: asyncio.Task[None]) -> None:

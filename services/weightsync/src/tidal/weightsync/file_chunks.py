@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
-from types import TracebackType
 from typing import BinaryIO
 
 
@@ -33,12 +32,7 @@ class FileChunks:
             handle.seek(self.offset)
         return handle
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         if self._handle is not None:
             self._handle.close()
 

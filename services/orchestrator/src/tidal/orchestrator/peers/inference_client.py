@@ -1,9 +1,4 @@
-"""Async client of the inference service (Generate, GetStatus, health).
-
-Calls after start-up pass `wait_for_ready=False`: once a peer has been healthy, a dead
-peer should fail the call within the channel's retry budget (UNAVAILABLE), not hang
-until the call's deadline as wait-for-ready (the channel default) would make it.
-"""
+"""Async client of the inference service (Generate, GetStatus, health)."""
 
 from __future__ import annotations
 
@@ -12,16 +7,10 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tidal.common.config.shared import GrpcConfig
-from tidal.common.grpc.channel import make_channel
-from tidal.common.security.transport import TransportSecurity
 from tidal.orchestrator.completions import Completion
-from tidal.orchestrator.peers.client_errors import PeerError, peer_call, wait_serving
-from tidal.rpc.v1 import common_pb2
+from tidal.orchestrator.peers.peer_client import PeerClient, PeerError, peer_call
 from tidal.rpc.v1 import inference_pb2 as pb
 from tidal.rpc.v1 import inference_pb2_grpc as pb_grpc
-
-FULL_NAME = "tidal.rpc.v1.InferenceService"
 
 
 @dataclass(frozen=True)
@@ -49,50 +38,23 @@ def completion_from_proto(reply: pb.GenerateResponse) -> Completion:
     )
 
 
-class InferenceClient:
-    def __init__(
-        self,
-        address: str,
-        grpc_config: GrpcConfig | None = None,
-        *,
-        security: TransportSecurity,
-    ) -> None:
-        self.address = address
-        self.grpc_config = grpc_config
-        self.security = security
-        self.channel = make_channel(address, grpc_config, security=security)
-        self.stub = pb_grpc.InferenceServiceStub(self.channel)
-
-    def reconnect(self) -> grpc.aio.Channel:
-        """Switch to a fresh channel (which connects at once, instead of after the old
-        one's reconnect back-off, up to minutes); returns the old one for the caller to
-        close once nothing uses it."""
-        old = self.channel
-        self.channel = make_channel(self.address, self.grpc_config, security=self.security)
-        self.stub = pb_grpc.InferenceServiceStub(self.channel)
-        return old
+class InferenceClient(PeerClient):
+    peer = "inference"
+    service = "tidal.rpc.v1.InferenceService"
+    stub_class = pb_grpc.InferenceServiceStub
 
     async def serving(self, *, timeout: float) -> bool:
         """One fail-fast health Check: is the replica up and SERVING right now?"""
         stub = health_pb2_grpc.HealthStub(self.channel)
         try:
             reply = await stub.Check(
-                health_pb2.HealthCheckRequest(service=FULL_NAME),
+                health_pb2.HealthCheckRequest(service=self.service),
                 timeout=timeout,
                 wait_for_ready=False,
             )
         except grpc.aio.AioRpcError:
             return False
         return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
-
-    async def wait_serving(self, timeout: float) -> None:
-        await wait_serving(self.channel, FULL_NAME, timeout, peer="inference", address=self.address)
-
-    async def _status(self, timeout: float) -> pb.InferenceStatus:
-        with peer_call("inference", self.address, "GetStatus"):
-            return await self.stub.GetStatus(
-                common_pb2.StatusRequest(), timeout=timeout, wait_for_ready=False
-            )
 
     async def info(self, *, timeout: float = 10.0) -> ReplicaInfo:
         """The replica's id at weightsync and its context length."""
@@ -103,10 +65,6 @@ class InferenceClient:
         """(requests waiting in the replica's queue, fraction of its KV cache in use)."""
         status = await self._status(timeout)
         return int(status.queued), float(status.kv_usage)
-
-    async def tokenizer(self, *, timeout: float = 10.0) -> common_pb2.TokenizerInfo:
-        """The tokenizer the replica encodes and decodes with."""
-        return (await self._status(timeout)).tokenizer
 
     async def generate(
         self,
@@ -143,6 +101,3 @@ class InferenceClient:
                 f"for n={n} (request {request_id})"
             )
         return sorted(completions, key=lambda c: c.index)
-
-    async def close(self) -> None:
-        await self.channel.close()

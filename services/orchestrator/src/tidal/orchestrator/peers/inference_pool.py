@@ -17,14 +17,15 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
 from tidal.common.config.shared import GrpcConfig
 from tidal.common.security.transport import TransportSecurity
 from tidal.orchestrator.completions import Completion
-from tidal.orchestrator.peers.client_errors import PeerError
 from tidal.orchestrator.peers.inference_client import InferenceClient, ReplicaInfo
+from tidal.orchestrator.peers.peer_client import PeerError
 from tidal.orchestrator.peers.version_feed import VersionFeed
 
 log = logging.getLogger(__name__)
@@ -259,17 +260,14 @@ class InferencePool:
         *,
         n: int,
         max_tokens: int,
-        temperature: float,
-        top_p: float,
-        seed: int,
-        stop_token_ids: list[int],
         request_id: str = "",
-        timeout: float = 300.0,
         affinity: str = "",
+        **sampling: Any,
     ) -> list[Completion]:
         """All `n` completions of one prompt from one replica, retried elsewhere if that
         replica fails; each attempt is whole (a failed attempt's completions are dropped).
-        `affinity`: prefer the replica that served this key last (see the module doc)."""
+        `affinity`: prefer the replica that served this key last (see the module doc);
+        `sampling`: the rest of `InferenceClient.generate`'s options."""
         cost = n * (len(prompt_ids) + max_tokens)
         first_failure: float | None = None
         while True:
@@ -280,15 +278,7 @@ class InferencePool:
             replica.sent += 1
             try:
                 completions = await replica.client.generate(
-                    prompt_ids,
-                    n=n,
-                    max_tokens=max_tokens,
-                    temperature=temperature,
-                    top_p=top_p,
-                    seed=seed,
-                    stop_token_ids=stop_token_ids,
-                    request_id=request_id,
-                    timeout=timeout,
+                    prompt_ids, n=n, max_tokens=max_tokens, request_id=request_id, **sampling
                 )
             except asyncio.CancelledError:
                 task = asyncio.current_task()

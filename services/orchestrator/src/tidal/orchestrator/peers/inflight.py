@@ -9,7 +9,6 @@ signal), and otherwise grows by one, between 1 and `max_inflight`.
 from __future__ import annotations
 
 import asyncio
-from types import TracebackType
 
 
 class InflightLimiter:
@@ -35,12 +34,7 @@ class InflightLimiter:
             await self._changed.wait_for(lambda: self.inflight < self.limit)
             self.inflight += 1
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         async with self._changed:
             self.inflight -= 1
             self._changed.notify_all()

@@ -20,7 +20,7 @@ import grpc
 
 from tidal.batch.packing import PackedMicroBatch
 from tidal.orchestrator.config import RecoveryConfig
-from tidal.orchestrator.peers.client_errors import PeerError
+from tidal.orchestrator.peers.peer_client import PeerError
 from tidal.orchestrator.peers.trainer_client import TrainerClient, TrainResult, train_request
 from tidal.orchestrator.peers.version_feed import VersionFeed
 from tidal.rpc.v1 import trainer_pb2 as pb

@@ -1,9 +1,5 @@
 """Async client of the trainer service: Train with packed micro-batches, status, health.
 
-Calls after start-up pass `wait_for_ready=False`: once a peer has been healthy, a dead
-peer should fail the call within the channel's retry budget (UNAVAILABLE), not hang
-until the call's deadline as wait-for-ready (the channel default) would make it.
-
 Train carries the payload's sha256: the trainer answers a repeated step id from its
 record only when the data are the same, and refuses (FAILED_PRECONDITION) a step id it
 already trained with other data. That error propagates: the step, and the run, fail.
@@ -16,15 +12,9 @@ from dataclasses import dataclass
 
 from tidal.batch.packing import PackedMicroBatch
 from tidal.batch.wire import micro_batch_to_proto, payload_sha256
-from tidal.common.config.shared import GrpcConfig
-from tidal.common.grpc.channel import make_channel
-from tidal.common.security.transport import TransportSecurity
-from tidal.orchestrator.peers.client_errors import peer_call, wait_serving
-from tidal.rpc.v1 import common_pb2
+from tidal.orchestrator.peers.peer_client import PeerClient, peer_call
 from tidal.rpc.v1 import trainer_pb2 as pb
 from tidal.rpc.v1 import trainer_pb2_grpc as pb_grpc
-
-FULL_NAME = "tidal.rpc.v1.TrainerService"
 
 
 @dataclass(frozen=True)
@@ -46,26 +36,10 @@ def train_request(
     )
 
 
-class TrainerClient:
-    def __init__(
-        self,
-        address: str,
-        grpc_config: GrpcConfig | None = None,
-        *,
-        security: TransportSecurity,
-    ) -> None:
-        self.address = address
-        self.channel = make_channel(address, grpc_config, security=security)
-        self.stub = pb_grpc.TrainerServiceStub(self.channel)
-
-    async def wait_serving(self, timeout: float) -> None:
-        await wait_serving(self.channel, FULL_NAME, timeout, peer="trainer", address=self.address)
-
-    async def _status(self, timeout: float) -> pb.TrainerStatus:
-        with peer_call("trainer", self.address, "GetStatus"):
-            return await self.stub.GetStatus(
-                common_pb2.StatusRequest(), timeout=timeout, wait_for_ready=False
-            )
+class TrainerClient(PeerClient):
+    peer = "trainer"
+    service = "tidal.rpc.v1.TrainerService"
+    stub_class = pb_grpc.TrainerServiceStub
 
     async def last_step(self, *, timeout: float = 10.0) -> int:
         """The last step the trainer has trained (0 before any)."""
@@ -74,10 +48,6 @@ class TrainerClient:
     async def data_parallel_ranks(self, *, timeout: float = 10.0) -> int:
         """The trainer's data-parallel degree (0 from a trainer that does not report it)."""
         return int((await self._status(timeout)).data_parallel_ranks)
-
-    async def tokenizer(self, *, timeout: float = 10.0) -> common_pb2.TokenizerInfo:
-        """The run's tokenizer as the trainer resolved it."""
-        return (await self._status(timeout)).tokenizer
 
     async def train(
         self,
@@ -99,6 +69,3 @@ class TrainerClient:
             metrics=dict(reply.metrics),
             duplicate=reply.duplicate,
         )
-
-    async def close(self) -> None:
-        await self.channel.close()

@@ -75,15 +75,16 @@ def summarize(records: Sequence[StepRecord], total_seconds: float) -> RunSummary
     )
 
 
+def pyplot() -> Any:
+    """matplotlib's pyplot, on the Agg backend (files only, no display)."""
+    importlib.import_module("matplotlib").use("Agg")
+    return importlib.import_module("matplotlib.pyplot")
+
+
 def import_matplotlib_in_background() -> threading.Thread:
     """Import matplotlib's pyplot (Agg) on a daemon thread; the plots then find it loaded
     (one that comes first waits on Python's import lock for the same import)."""
-
-    def load() -> None:
-        importlib.import_module("matplotlib").use("Agg")
-        importlib.import_module("matplotlib.pyplot")
-
-    thread = threading.Thread(target=load, name="import-matplotlib", daemon=True)
+    thread = threading.Thread(target=pyplot, name="import-matplotlib", daemon=True)
     thread.start()
     return thread
 
@@ -95,11 +96,7 @@ def write_summary(summary: RunSummary, path: Path, **marks: float | None) -> Non
 
 
 def write_reward_plot(records: Sequence[StepRecord], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     rl = [r for r in records if r.phase == "rl" and r.reward_mean is not None]
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
     ax.plot([r.step for r in rl], [r.reward_mean for r in rl], marker=".", label="reward mean")
@@ -117,11 +114,7 @@ def write_reward_plot(records: Sequence[StepRecord], path: Path) -> None:
 def write_report(records: Sequence[StepRecord], path: Path) -> None:
     """Six panels over RL steps: reward, eval accuracy, completion length, staleness, the
     behaviour/trainer KL by staleness and the share of tokens each correction touched."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     rl = [r for r in records if r.phase == "rl"]
     steps = [r.step for r in rl]
     fig, axes = plt.subplots(3, 2, figsize=(10, 9.5), dpi=110)

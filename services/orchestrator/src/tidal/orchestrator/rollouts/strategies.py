@@ -1,10 +1,10 @@
 """A task's rollout strategy: how its problems become completions, picked once per task.
 
 `rollout_strategy` chooses when the generator is built: a verifiers environment plays its
-own episodes, a task with tools runs episodes of tool calls, any other task runs its
-problems' turns (one call for n completions, or n episodes of environment replies when a
-problem has followups). The generator calls the strategy it was handed with itself as the
-`Sampler`, so it never asks what kind of task a problem came from.
+own episodes, any other task runs its problems' turns (one call for n completions, or n
+episodes of tool calls, or of environment replies when a problem has followups). The
+generator calls the strategy it was handed with itself as the `Sampler`, so it never asks
+what kind of task a problem came from.
 """
 
 from __future__ import annotations
@@ -44,8 +44,9 @@ class Sampler(Protocol):
 
 
 @dataclass(frozen=True)
-class Episodes:
-    """n episodes: model turns answered by `task.env_step`, or by tool results with `tools`."""
+class Turns:
+    """A problem's turns: one call for n single-turn completions, else n episodes whose
+    model turns are answered by `task.env_step` (followups), or by tool results (`tools`)."""
 
     task: Task
     tools: ToolUse | None = None
@@ -53,6 +54,8 @@ class Episodes:
     async def __call__(
         self, sampler: Sampler, problem: Problem, prompt_ids: list[int], *, n: int, **sampling: Any
     ) -> list[Completion]:
+        if self.tools is None and not problem.followups:
+            return await sampler.complete(prompt_ids, n=n, **sampling)
         # one replica per group: its episodes share the prompt's and each other turn's
         # cached prefix there (peers/inference_pool.py, affinity)
         complete = functools.partial(sampler.complete, affinity=sampling["request_id"])
@@ -76,21 +79,6 @@ class Episodes:
 
 
 @dataclass(frozen=True)
-class Turns:
-    """A problem's own turns: one call for n single-turn completions, n episodes of
-    environment replies for a problem with followups."""
-
-    episodes: Episodes
-
-    async def __call__(
-        self, sampler: Sampler, problem: Problem, prompt_ids: list[int], **sampling: Any
-    ) -> list[Completion]:
-        if problem.followups:
-            return await self.episodes(sampler, problem, prompt_ids, **sampling)
-        return await sampler.complete(prompt_ids, **sampling)
-
-
-@dataclass(frozen=True)
 class Environment:
     """A verifiers environment's own episodes, each one call through the in-flight limit."""
 
@@ -111,6 +99,4 @@ def rollout_strategy(task: Task, parser: ToolCallParser, tools: ToolsConfig) -> 
     """How `task`'s problems are rolled out, with the run's tool-call parser and budget."""
     if isinstance(task, VerifiersTask):
         return Environment(task)
-    if task.tools:
-        return Episodes(task, ToolUse.of(task.tools, parser, tools))
-    return Turns(Episodes(task))
+    return Turns(task, ToolUse.of(task.tools, parser, tools) if task.tools else None)
