@@ -22,10 +22,12 @@ SAFETENSORS_WRITER = MODELS / "safetensors_format.py"
 FOLDER_WRITER = MODELS / "hf_folder.py"
 
 SAFETENSORS_CALLS = re.compile(
-    r"\bsave_file\(|\bsave_model\(|\.save_pretrained\(|safetensors\.torch\.save"
+    r"\bsave_file\(|\bsave_model\(|(?<!tokenizer)\.save_pretrained\(|safetensors\.torch\.save"
     r"|from safetensors\.torch import .*\bsave(_file|_model)?\b"
 )
-"""safetensors' and transformers' own writers."""
+"""safetensors' and transformers' own writers. A tokenizer's `save_pretrained` into a
+scratch folder is transformers serializing its own files, which then reach the model folder
+through `write_folder` as extra files; it writes no weights."""
 SAFETENSORS_HEADER = re.compile(r"__metadata__|data_offsets")
 """What an encoder of our own spells out."""
 FILE_WRITE = re.compile(
