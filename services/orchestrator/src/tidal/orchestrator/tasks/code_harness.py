@@ -22,8 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tidal.orchestrator.tasks import plain_values
-from tidal.orchestrator.tasks.plain_values import decode, dumps
+from tidal.orchestrator.tasks.plain_values import decode, dumps, encode
 
 SERVE = """
 import os, sys
@@ -73,7 +72,7 @@ def _serve():
 
 _serve()
 """
-HARNESS = Path(plain_values.__file__).read_text() + SERVE
+HARNESS = Path(__file__).with_name("plain_values.py").read_text() + SERVE
 """The sandboxed side: the codec's source, then the loop that answers calls."""
 UNSAFE_MODULES = {"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo"}
 FENCED = re.compile(r"```[\w+-]*[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
@@ -122,7 +121,7 @@ class Channel:
         self.lock = asyncio.Lock()
 
     def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        request = dumps([name, plain_values.encode(args), plain_values.encode(kwargs)])
+        request = dumps([name, encode(args), encode(kwargs)])
         future = asyncio.run_coroutine_threadsafe(self._exchange(request), self.loop)
         reply = future.result(timeout=self.timeout_s)
         if reply[0] == "value":

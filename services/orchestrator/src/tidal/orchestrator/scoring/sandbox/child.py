@@ -1,20 +1,14 @@
 """The sandbox's child entry: confine this process, then become (or start) the target program.
 
-Run as `python -I -S child.py SPEC_JSON ARGV...`, so the limits are set by the process
-they bind and no `preexec_fn` runs in the (threaded) parent. Standard library only: it
-runs before anything else is importable, and inside bubblewrap where nothing else is.
-Order matters: the network namespace needs privilege, so it comes before the uid switch;
-the parent-death signal is cleared by a credential change, so it comes after.
-
-The executor uses it in three roles, all read from the spec:
-- the whole confinement (the fallback): limits, uid, then `execve` of the program;
-- around bubblewrap: the uid switch alone, then `execve` of bwrap (so as root the
-  program's processes count against an unprivileged uid, never root's unlimited one);
-- inside bubblewrap, as pid 1 of its pid namespace: the limits (a process limit set
-  inside the user namespace counts only the sandbox's processes), then the program as a
-  child; when that child ends, pid 1 reports its status and exits, and the kernel kills
-  every process left in the namespace;
-- `reap_uid`: switch to a spent uid and kill every process it still has.
+Run as `python -I -S child.py SPEC_JSON ARGV...`, so limits are set by the process they
+bind and no `preexec_fn` runs in the threaded parent; standard library only (it also runs
+inside bubblewrap). The spec picks its role: the whole fallback confinement; the uid
+switch alone before bubblewrap (as root, so the program never counts against root's
+unlimited processes); pid 1 inside bubblewrap (limits set inside the user namespace,
+then the program as a child; when it ends, pid 1 reports its status and exits, and the
+kernel kills what is left); or killing every process of a spent uid. Order matters: the
+network namespace needs privilege, so it precedes the uid switch, and a credential
+change clears the parent-death signal, so that comes after (docs/agents.md).
 """
 
 import ctypes

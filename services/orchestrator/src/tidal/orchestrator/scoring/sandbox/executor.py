@@ -160,15 +160,15 @@ class Sandbox:
         if mode == "process":
             return None
         self.bwrap = find_bwrap()
-        why = "not installed" if self.bwrap is None else None
-        if self.bwrap is not None:
+        if self.bwrap is None:
+            why: str | None = "not installed"
+        else:
             interpreter = self.python
             self.python = os.path.realpath(interpreter)  # a venv's base: the venv is not mounted
             why = _probe_bwrap(self)
-            if why is not None:
-                self.python, self.bwrap = interpreter, None
-        if why is None:
-            return self.bwrap
+            if why is None:
+                return self.bwrap
+            self.python, self.bwrap = interpreter, None
         if mode == "bubblewrap":
             raise ConfigError(f"sandbox isolation = 'bubblewrap', but bubblewrap is {why}")
         root = os.geteuid() == 0
