@@ -27,6 +27,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tidal.common.errors import ConfigError
 from tidal.orchestrator.scoring.sandbox.bubblewrap import INIT, bwrap_argv, find_bwrap
@@ -211,8 +212,6 @@ class Sandbox:
                 data = stdin.encode() if isinstance(stdin, str) else stdin
                 return await self._execute(argv, workdir, uid, data, converse)
             finally:
-                if uid is not None and self.bwrap is None:
-                    await _reap(uid)  # what left the session dies before the uid is reused
                 shutil.rmtree(root, ignore_errors=True)
                 UIDS.give_back(uid)
 
@@ -298,11 +297,17 @@ class Sandbox:
             )
         finally:
             os.close(status_write)
+        reap = uid is not None and self.bwrap is None  # the fallback, as root
         try:
             try:
-                killed, stdout, stderr = await self._supervise(proc, stdin, converse)
-            finally:
-                _kill_group(proc.pid)  # also on cancellation: nothing outlives its call
+                killed, stdout, stderr = await self._supervise(
+                    proc, stdin, converse, uid if reap else None
+                )
+            except BaseException:
+                _kill_group(proc.pid)  # on cancellation too: nothing outlives its call
+                if reap and uid is not None:
+                    await _reap(uid)
+                raise
             code = _status(status_read) if self.bwrap else proc.returncode
         finally:
             os.close(status_read)
@@ -320,7 +325,11 @@ class Sandbox:
         )
 
     async def _supervise(
-        self, proc: asyncio.subprocess.Process, stdin: bytes, converse: Converse | None
+        self,
+        proc: asyncio.subprocess.Process,
+        stdin: bytes,
+        converse: Converse | None,
+        reap_uid: int | None,
     ) -> tuple[str | None, bytes, bytes]:
         """Feed stdin (or converse), keep capped output, kill the group at the deadline or
         overflow."""
@@ -334,7 +343,8 @@ class Sandbox:
             out = asyncio.ensure_future(asyncio.sleep(0, b""))
             feed = asyncio.ensure_future(_talk(converse, proc.stdin, proc.stdout))
         err = asyncio.ensure_future(_read_capped(proc.stderr, cap, over))
-        exited = asyncio.ensure_future(proc.wait())
+        exited = _exit_of(proc)
+        waited = asyncio.ensure_future(proc.wait())  # its status, once its pipes are closed
         overflow = asyncio.ensure_future(over.wait())
         try:
             await asyncio.wait(
@@ -342,12 +352,14 @@ class Sandbox:
             )
             killed = None if exited.done() else ("output" if over.is_set() else "wall")
             _kill_group(proc.pid)  # whatever the program left running goes with it
-            # a process that escaped the group may still hold the pipes: stop waiting soon
-            await asyncio.wait({exited, out, err}, timeout=1.0)
+            if reap_uid is not None:
+                await _reap(reap_uid)  # and what left the group, holding the pipes or not
+            # a process that escaped both may still hold the pipes: stop waiting soon
+            await asyncio.wait({waited, out, err}, timeout=1.0)
             stdout = out.result() if out.done() else b""
             stderr = err.result() if err.done() else b""
         finally:
-            for task in (out, err, feed, exited, overflow):
+            for task in (out, err, feed, exited, waited, overflow):
                 task.cancel()
         return killed, stdout, stderr
 
@@ -378,6 +390,29 @@ def _status(fd: int) -> int | None:
     with contextlib.suppress(BlockingIOError, ValueError):
         return int(os.read(fd, 64).decode() or "x")
     return None
+
+
+def _exit_of(proc: asyncio.subprocess.Process) -> asyncio.Future[Any]:
+    """Done when the process exits, even while something it started holds its pipes
+    (asyncio's `wait()` also waits for every pipe's end)."""
+    loop = asyncio.get_running_loop()
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except OSError:  # a kernel before 5.3
+        return asyncio.ensure_future(proc.wait())
+    done: asyncio.Future[Any] = loop.create_future()
+
+    def exited() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    def close(_: asyncio.Future[Any]) -> None:
+        loop.remove_reader(fd)
+        os.close(fd)
+
+    done.add_done_callback(close)
+    loop.add_reader(fd, exited)
+    return done
 
 
 async def _reap(uid: int) -> None:
