@@ -6,9 +6,9 @@ inside bubblewrap). The spec picks its role: the whole fallback confinement; the
 switch alone before bubblewrap (as root, so the program never counts against root's
 unlimited processes); pid 1 inside bubblewrap (limits set inside the user namespace,
 then the program as a child; when it ends, pid 1 reports its status and exits, and the
-kernel kills what is left); or killing every process of a spent uid. Order matters: the
-network namespace needs privilege, so it precedes the uid switch, and a credential
-change clears the parent-death signal, so that comes after (docs/agents.md).
+kernel kills what is left). Order matters: the network namespace needs privilege, so it
+precedes the uid switch, and a credential change clears the parent-death signal, so
+that comes after (docs/agents.md).
 """
 
 import ctypes
@@ -22,7 +22,6 @@ CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 PR_SET_PDEATHSIG = 1
 EXIT_SETUP_FAILED = 125
-NICENESS = 10  # untrusted code yields the CPU to the services
 
 
 def fail(message: str) -> None:
@@ -54,7 +53,6 @@ def set_limits(limits: dict) -> None:
     }
     for which, value in caps.items():
         resource.setrlimit(which, (value, value))
-    os.nice(NICENESS)
 
 
 def drop_privileges(uid: int | None) -> None:
@@ -95,10 +93,6 @@ def run_as_init(argv: list[str], env: dict, status_fd: int) -> None:
 def main() -> None:
     spec = json.loads(sys.argv[1])
     argv = sys.argv[2:]
-    if spec.get("reap_uid") is not None:
-        drop_privileges(spec["reap_uid"])
-        os.kill(-1, signal.SIGKILL)  # every process of this uid (never the caller)
-        os._exit(0)
     libc = ctypes.CDLL(None, use_errno=True)
     isolate_network(libc, spec["network"])
     if spec["limits"] is not None:
