@@ -877,3 +877,36 @@ def test_openai_attacks_are_refused_by_name_without_a_traceback(
     assert_openai_error(got, reply)
     assert got == status and says in json.loads(reply)["error"]["message"], reply[:300]
     stack.assert_serving()
+
+
+MALFORMED_FRAMING = {
+    "Content-Length: -1": b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+    "bad chunk size": (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"zz\r\nabc\r\n0\r\n\r\n"
+    ),
+}
+
+
+def test_malformed_framing_costs_a_counter_and_a_line_a_minute_not_a_traceback_each(
+    stack: Stack, caplog: pytest.LogCaptureFixture
+) -> None:
+    """aiohttp refuses these before any handler (so before the API key check); 100 of each
+    kind, from one client, must leave at most one short line per kind in the log."""
+    host, port = stack.openai_url.removeprefix("http://").removesuffix("/v1").split(":")
+
+    async def send(raw: bytes) -> bytes:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(raw)
+        reply = await asyncio.wait_for(reader.read(), 10)  # the server closes after a 400
+        writer.close()
+        return reply
+
+    with caplog.at_level(logging.DEBUG, logger="aiohttp"), caplog.at_level(logging.INFO):
+        replies = [stack.run(send(raw)) for raw in MALFORMED_FRAMING.values() for _ in range(100)]
+    assert all(r.startswith(b"HTTP/1.0 400 ") or r.startswith(b"HTTP/1.1 400 ") for r in replies)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not [r for r in caplog.records if r.exc_info or r.exc_text], caplog.text[:2000]
+    assert len(errors) <= len(MALFORMED_FRAMING), [r.getMessage() for r in errors]
+    assert len(caplog.text) < 2000, caplog.text[:2000]
+    stack.assert_serving()
