@@ -26,7 +26,7 @@ import aiohttp
 import openai
 import pytest
 
-from tidal.inference.config import OpenAIHttpConfig, RequestLimits
+from tidal.inference.config import OpenAIHttpConfig
 
 from ..helpers.tool_calling_model import (
     ANSWER,
@@ -144,15 +144,11 @@ async def test_a_tool_choice_that_forces_a_call_is_a_400_naming_it(
 
 
 @contextlib.asynccontextmanager
-async def unloaded_replica(
-    weightsync: Any, tmp_path: Path, limits: RequestLimits | None = None
-) -> AsyncIterator[tuple[Inference, str]]:
+async def unloaded_replica(weightsync: Any, tmp_path: Path) -> AsyncIterator[tuple[Inference, str]]:
     """The service with its HTTP endpoint and no weights: a chat that passes every check
     of its body is a 503, after the checks this tests. (service, chat completions URL)"""
     config = inference_config(weightsync, tmp_path, "auto")
     config.inference.http = OpenAIHttpConfig(enabled=True, served_model_name=MODEL)
-    if limits is not None:
-        config.inference.limits = limits
     async with serving_inference(config) as inference:
         assert inference.running.http is not None
         http = inference.running.http
@@ -219,8 +215,8 @@ async def test_more_tools_than_the_limit_is_a_400_naming_it_before_any_is_checke
 async def test_tool_schemas_are_checked_off_the_event_loop(
     weightsync_server: Any, tmp_path: Path
 ) -> None:
-    """Checking schemas costs time in their size: valid ones near `max_tools_bytes` take
-    about a second, during which health must still answer at once."""
+    """Checking schemas costs time in their size: these valid ones (~50 KB, within the
+    default `max_tools_bytes`) take about a second, during which health answers at once."""
     properties = {f"p{i}": {"type": "string", "description": "d" * 20} for i in range(60)}
     tools = [
         {
@@ -229,8 +225,7 @@ async def test_tool_schemas_are_checked_off_the_event_loop(
         }
         for i in range(16)
     ]
-    limits = RequestLimits(max_tools_bytes=80_000, max_prompt_bytes=1 << 20)
-    async with unloaded_replica(weightsync_server, tmp_path, limits) as (inference, url):
+    async with unloaded_replica(weightsync_server, tmp_path) as (inference, url):
         status, reply, seconds, health = await post_timing_health(inference, url, chat_with(tools))
     assert status == 503 and "no weights loaded yet" in reply["error"]["message"], reply
     assert health < 0.1, (seconds, health)
