@@ -215,9 +215,9 @@ async def test_more_tools_than_the_limit_is_a_400_naming_it_before_any_is_checke
 async def test_tool_schemas_are_checked_off_the_event_loop(
     weightsync_server: Any, tmp_path: Path
 ) -> None:
-    """Checking schemas costs time in their size: these valid ones (~50 KB, within the
+    """Checking schemas costs time in their size: these valid ones (~150 KB, within the
     default `max_tools_bytes`) take about a second, during which health answers at once."""
-    properties = {f"p{i}": {"type": "string", "description": "d" * 20} for i in range(60)}
+    properties = {f"p{i}": {"type": "string", "description": "d" * 20} for i in range(180)}
     tools = [
         {
             "type": "function",
