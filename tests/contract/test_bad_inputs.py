@@ -35,6 +35,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
 from tidal.common.config.shared import Endpoints, GrpcConfig, RunSection, TelemetryConfig
 from tidal.common.grpc.channel import make_channel
@@ -95,6 +96,7 @@ class Stack:
     version0: wpb.WeightVersion
     rss_start: int
     openai_url: str
+    inference_metrics: CollectorRegistry | None
 
     def __repr__(self) -> str:  # Hypothesis prints it with every failing example
         return "Stack()"
@@ -247,6 +249,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         version0,
         rss_bytes(),
         inference.http.url if inference.http is not None else "",
+        inference.server.metrics.registry if inference.server.metrics is not None else None,
     )
 
     async def stop() -> None:
@@ -902,8 +905,15 @@ def test_malformed_framing_costs_a_counter_and_a_line_a_minute_not_a_traceback_e
         writer.close()
         return reply
 
+    def counted() -> float:
+        assert stack.inference_metrics is not None
+        sample = ("tidal_inference_http_errors_total", {"kind": "BadHttpMessage"})
+        return stack.inference_metrics.get_sample_value(*sample) or 0.0
+
+    before = counted()
     with caplog.at_level(logging.DEBUG, logger="aiohttp"), caplog.at_level(logging.INFO):
         replies = [stack.run(send(raw)) for raw in MALFORMED_FRAMING.values() for _ in range(100)]
+    assert counted() - before == 200
     assert all(r.startswith(b"HTTP/1.0 400 ") or r.startswith(b"HTTP/1.1 400 ") for r in replies)
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert not [r for r in caplog.records if r.exc_info or r.exc_text], caplog.text[:2000]
