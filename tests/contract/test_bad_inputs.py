@@ -35,6 +35,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
 from tidal.common.config.shared import Endpoints, GrpcConfig, RunSection, TelemetryConfig
 from tidal.common.grpc.channel import make_channel
@@ -95,6 +96,7 @@ class Stack:
     version0: wpb.WeightVersion
     rss_start: int
     openai_url: str
+    inference_metrics: CollectorRegistry | None
 
     def __repr__(self) -> str:  # Hypothesis prints it with every failing example
         return "Stack()"
@@ -247,6 +249,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         version0,
         rss_bytes(),
         inference.http.url if inference.http is not None else "",
+        inference.server.metrics.registry if inference.server.metrics is not None else None,
     )
 
     async def stop() -> None:
@@ -876,4 +879,44 @@ def test_openai_attacks_are_refused_by_name_without_a_traceback(
     got, reply = stack.post("/completions", raw, headers, chunked=chunked)
     assert_openai_error(got, reply)
     assert got == status and says in json.loads(reply)["error"]["message"], reply[:300]
+    stack.assert_serving()
+
+
+MALFORMED_FRAMING = {
+    "Content-Length: -1": b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+    "bad chunk size": (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"zz\r\nabc\r\n0\r\n\r\n"
+    ),
+}
+
+
+def test_malformed_framing_costs_a_counter_and_a_line_a_minute_not_a_traceback_each(
+    stack: Stack, caplog: pytest.LogCaptureFixture
+) -> None:
+    """aiohttp refuses these before any handler (so before the API key check); 100 of each
+    kind, from one client, must leave at most one short line per kind in the log."""
+    host, port = stack.openai_url.removeprefix("http://").removesuffix("/v1").split(":")
+
+    async def send(raw: bytes) -> bytes:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(raw)
+        reply = await asyncio.wait_for(reader.read(), 10)  # the server closes after a 400
+        writer.close()
+        return reply
+
+    def counted() -> float:
+        assert stack.inference_metrics is not None
+        sample = ("tidal_inference_http_errors_total", {"kind": "BadHttpMessage"})
+        return stack.inference_metrics.get_sample_value(*sample) or 0.0
+
+    before = counted()
+    with caplog.at_level(logging.DEBUG, logger="aiohttp"), caplog.at_level(logging.INFO):
+        replies = [stack.run(send(raw)) for raw in MALFORMED_FRAMING.values() for _ in range(100)]
+    assert counted() - before == 200
+    assert all(r.startswith(b"HTTP/1.0 400 ") or r.startswith(b"HTTP/1.1 400 ") for r in replies)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not [r for r in caplog.records if r.exc_info or r.exc_text], caplog.text[:2000]
+    assert len(errors) <= len(MALFORMED_FRAMING), [r.getMessage() for r in errors]
+    assert len(caplog.text) < 2000, caplog.text[:2000]
     stack.assert_serving()

@@ -4,7 +4,9 @@ The real inference service serves the Qwen3-style folder (as in test_openai_endp
 `renderers` client that the `verifiers` train client calls renders a chat prompt itself and
 posts its ids; the reply must be what that client parses (ids, logprobs keyed
 `token_id:<id>`, finish reason) plus each token's policy version. A bad field is a 400
-naming it as the body spells it, and the API key guards this route like the others.
+naming it as the body spells it (a bad prompt id by its index), a field that would change
+the result but is not implemented (beam search, guided decoding) is refused, not ignored,
+and the API key guards this route like the others.
 """
 
 from __future__ import annotations
@@ -92,13 +94,18 @@ async def test_bad_fields_are_400_naming_the_field(
 ) -> None:
     cases: list[tuple[dict[str, Any], str]] = [
         ({**body(), "token_ids": []}, "token_ids"),
-        ({**body(), "token_ids": [1, -2]}, "token_ids"),
+        ({**body(), "token_ids": [1, -2]}, "token_ids[1]"),
+        ({**body(), "token_ids": [1, 2, "x"]}, "token_ids[2]"),
+        ({**body(), "token_ids": [1, 2, True]}, "token_ids[2]"),
         ({**body(), "token_ids": [10**9]}, "token_ids[0]"),  # outside the vocabulary
         ({"model": MODEL, "token_ids": [5]}, "sampling_params"),
         (body(temperature=-1.0), "sampling_params.temperature"),
         (body(max_tokens=100_000), "sampling_params.max_tokens"),
         (body(logprobs=5), "sampling_params.logprobs"),
         (body(presence_penalty=0.5), "sampling_params.presence_penalty"),
+        (body(top_k=-5), "sampling_params.top_k"),
+        (body(guided_json={"type": "object"}), "sampling_params.guided_json"),
+        (body(use_beam_search=True), "sampling_params.use_beam_search"),
         (body(stop_token_ids=["x"]), "sampling_params.stop_token_ids"),
         ({**body(), "stream": True}, "stream"),
         ({**body(), "features": {"mm_hashes": {"image": ["h"]}}}, "features"),

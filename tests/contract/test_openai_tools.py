@@ -7,17 +7,22 @@ tool_calling_model.py), so greedy decoding writes a `<call>` and, given its resu
 answer; the endpoint (real weight-sync, real inference service, the byte tokenizer's own
 `<call>` parser chosen by "auto") must turn the call into OpenAI's `tool_calls`, take the
 result back as a `tool` message and serve the answer, streamed and not. Exact texts of
-every other shape are in tests/unit/inference/test_tool_call_stream.py.
+every other shape are in tests/unit/inference/test_tool_call_stream.py. However many or
+large the tools a body offers, it is refused in well under a second, and checking valid
+schemas never holds the event loop: gRPC health answers meanwhile within 100 ms.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import openai
 import pytest
 
@@ -32,7 +37,7 @@ from ..helpers.tool_calling_model import (
     TOOLS,
     publish_trained,
 )
-from .test_inference_service import inference_config, serving_inference
+from .test_inference_service import Inference, inference_config, serving_inference
 
 
 @contextlib.asynccontextmanager
@@ -136,3 +141,91 @@ async def test_a_tool_choice_that_forces_a_call_is_a_400_naming_it(
             with pytest.raises(openai.BadRequestError) as caught:
                 await client.chat.completions.create(messages=[ASK], tool_choice=choice, **REQUEST)
             assert caught.value.param == "tool_choice" and "tool_choice" in caught.value.message
+
+
+@contextlib.asynccontextmanager
+async def unloaded_replica(weightsync: Any, tmp_path: Path) -> AsyncIterator[tuple[Inference, str]]:
+    """The service with its HTTP endpoint and no weights: a chat that passes every check
+    of its body is a 503, after the checks this tests. (service, chat completions URL)"""
+    config = inference_config(weightsync, tmp_path, "auto")
+    config.inference.http = OpenAIHttpConfig(enabled=True, served_model_name=MODEL)
+    async with serving_inference(config) as inference:
+        assert inference.running.http is not None
+        http = inference.running.http
+        yield inference, http.config.url(http.port) + "/chat/completions"
+
+
+async def post_timing_health(
+    inference: Inference, url: str, body: bytes
+) -> tuple[int, dict[str, Any], float, float]:
+    """POST `body` while probing gRPC health back to back: (status, reply, the POST's
+    seconds, the slowest probe's seconds). Bounded: 20 s at most."""
+    slowest, done = 0.0, asyncio.Event()
+
+    async def probe() -> None:
+        nonlocal slowest
+        while not done.is_set():
+            started = time.perf_counter()
+            await inference.serving()  # NOT_SERVING before the first weights: an answer
+            slowest = max(slowest, time.perf_counter() - started)
+            await asyncio.sleep(0.01)
+
+    prober = asyncio.create_task(probe())
+    started = time.perf_counter()
+    try:
+        async with aiohttp.ClientSession() as session:
+            post = session.post(url, data=body, headers={"Content-Type": "application/json"})
+            async with post as reply:
+                status, answer = reply.status, await reply.json()
+        elapsed = time.perf_counter() - started
+    finally:
+        done.set()
+        await asyncio.wait_for(prober, 20)
+    return status, answer, elapsed, slowest
+
+
+def chat_with(tools: list[dict[str, Any]]) -> bytes:
+    return json.dumps({"model": MODEL, "messages": [ASK], "tools": tools}).encode()
+
+
+async def test_a_hundred_thousand_tools_are_refused_at_once_and_health_answers_meanwhile(
+    weightsync_server: Any, tmp_path: Path
+) -> None:
+    tools = [{"type": "function", "function": {"name": f"t{i}"}} for i in range(100_000)]
+    body = chat_with(tools)
+    assert len(body) > 4 << 20  # ~5 MB, within the default max_body_bytes
+    async with unloaded_replica(weightsync_server, tmp_path) as (inference, url):
+        status, reply, seconds, health = await asyncio.wait_for(
+            post_timing_health(inference, url, body), 30
+        )
+    assert status == 413 and "inference.http.max_body_values" in reply["error"]["message"]
+    assert seconds < 1.0 and health < 0.1, (seconds, health)
+
+
+async def test_more_tools_than_the_limit_is_a_400_naming_it_before_any_is_checked(
+    weightsync_server: Any, tmp_path: Path
+) -> None:
+    bad = {"type": "function", "function": {"name": "f", "parameters": {"type": 5}}}
+    async with unloaded_replica(weightsync_server, tmp_path) as (inference, url):
+        status, reply, seconds, _ = await post_timing_health(inference, url, chat_with([bad] * 129))
+    assert status == 400 and reply["error"]["param"] == "tools", reply
+    assert "inference.limits.max_tools" in reply["error"]["message"] and seconds < 1.0
+
+
+async def test_tool_schemas_are_checked_off_the_event_loop(
+    weightsync_server: Any, tmp_path: Path
+) -> None:
+    """Checking schemas costs time in their size: these valid ones (~150 KB, within the
+    default `max_tools_bytes`) take about a second, during which health answers at once."""
+    properties = {f"p{i}": {"type": "string", "description": "d" * 20} for i in range(180)}
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": f"t{i}", "parameters": {"properties": properties}},
+        }
+        for i in range(16)
+    ]
+    async with unloaded_replica(weightsync_server, tmp_path) as (inference, url):
+        status, reply, seconds, health = await post_timing_health(inference, url, chat_with(tools))
+    assert status == 503 and "no weights loaded yet" in reply["error"]["message"], reply
+    assert health < 0.1, (seconds, health)

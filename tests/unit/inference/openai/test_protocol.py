@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -11,7 +12,7 @@ from tidal.common.errors import ConfigError, InvalidArgument
 from tidal.common.security.config import SecurityConfig
 from tidal.inference.config import InferenceConfig, InferenceRunConfig, OpenAIHttpConfig
 from tidal.inference.main import openai_http_credentials
-from tidal.inference.openai.body import BadBody, decode_text, parse_object
+from tidal.inference.openai.body import BadBody, check_value_count, decode_text, parse_object
 from tidal.inference.openai.protocol import (
     StopTrim,
     parse_chat,
@@ -142,6 +143,48 @@ def test_sampling_fields_are_checked_like_grpc_and_named_as_openai_does() -> Non
         sampling_from_body({"temperature": True}, eos_ids=())
     with pytest.raises(InvalidArgument, match=r"^presence_penalty: not supported"):
         sampling_from_body({"presence_penalty": 0.5}, eos_ids=())
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        {"guided_json": {"type": "object"}},
+        {"guided_json": {}},  # any schema still asks for JSON
+        {"guided_regex": "a+"},
+        {"guided_choice": ["yes", "no"]},
+        {"structured_outputs": {"json": {}}},
+        {"use_beam_search": True},
+        {"length_penalty": 0.5},
+        {"min_tokens": 3},
+        {"bad_words": ["x"]},
+        {"allowed_token_ids": [1, 2]},
+        {"prompt_logprobs": 0},
+    ],
+)
+def test_vllm_extensions_that_change_the_result_are_refused_not_ignored(
+    field: dict[str, Any],
+) -> None:
+    [name] = field
+    with pytest.raises(InvalidArgument, match=rf"^{name}: not supported"):
+        sampling_from_body(field, eos_ids=())
+
+
+def test_their_neutral_values_are_served() -> None:
+    neutral = {"use_beam_search": False, "length_penalty": 1.0, "min_tokens": 0}
+    assert sampling_from_body({**neutral, "guided_json": None}, eos_ids=()).n == 1
+
+
+def test_top_k_minus_one_is_vllms_off_and_other_negatives_are_refused() -> None:
+    assert sampling_from_body({"top_k": -1}, eos_ids=()).top_k == 0
+    with pytest.raises(InvalidArgument, match=r"^top_k: must be in \[0, .*got -5$"):
+        sampling_from_body({"top_k": -5}, eos_ids=())
+
+
+def test_a_body_with_more_values_than_the_limit_is_refused_before_parsing() -> None:
+    check_value_count(b'{"prompt": [1, 2, 3]}', 4)
+    with pytest.raises(BadBody, match=r"inference\.http\.max_body_values") as refused:
+        check_value_count(b'{"prompt": [1, 2, 3, 4]}', 4)
+    assert refused.value.status == 413
 
 
 def test_eos_ends_a_completion_unless_ignore_eos() -> None:

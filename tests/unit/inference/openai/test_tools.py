@@ -3,14 +3,18 @@ naming the field (no server, no model)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tidal.common.errors import InvalidArgument
+from tidal.inference.config import RequestLimits
 from tidal.inference.openai.protocol import parse_chat
+from tidal.inference.openai.tools import SchemaChecks, json_size_over
 from tidal.text.byte import ByteTokenizer
 from tidal.text.hf_tokenizer import HFTokenizer
 
@@ -119,13 +123,59 @@ def test_tool_choice_none_shows_the_tools_but_reads_no_calls() -> None:
 )
 def test_bad_tool_fields_are_refused_naming_the_field(fields: dict[str, Any], param: str) -> None:
     with pytest.raises(InvalidArgument) as caught:
-        parse_chat(chat(**fields), ByteTokenizer())
+        parse_chat(chat(**fields), ByteTokenizer()).tools.check_schemas()
     assert caught.value.field == param, caught.value
 
 
-def test_the_tools_count_toward_the_prompt_size_limit() -> None:
-    from tidal.inference.config import RequestLimits
+def test_the_schemas_are_checked_apart_from_the_cheap_checks_and_off_the_loop() -> None:
+    bad = {"type": "function", "function": {"name": "f", "parameters": {"type": 5}}}
+    parsed = parse_chat(chat(tools=[LOOKUP, bad]), ByteTokenizer())  # shapes and names only
+    checks = SchemaChecks()
+    with pytest.raises(InvalidArgument) as caught:
+        asyncio.run(checks.check(parsed.tools))
+    assert caught.value.field == "tools[1].function.parameters"
+    asyncio.run(checks.check(parse_chat(chat(tools=[LOOKUP]), ByteTokenizer()).tools))
+    checks.close()
 
+
+@pytest.mark.parametrize(
+    ("limits", "tools", "says"),
+    [
+        (RequestLimits(max_tools=2), [LOOKUP] * 3, "inference.limits.max_tools"),
+        (
+            RequestLimits(max_tools_bytes=1000),
+            [{**LOOKUP, "function": {**LOOKUP["function"], "description": "x" * 2000}}],
+            "inference.limits.max_tools_bytes",
+        ),
+        # a schema nested past any recursion limit is refused by size, before it is walked
+        (RequestLimits(max_tools_bytes=1000), [{"a": [[[[]]]] * 10**6}], "max_tools_bytes"),
+    ],
+)
+def test_too_many_or_too_large_tools_are_refused_before_any_is_looked_at(
+    limits: RequestLimits, tools: list[Any], says: str
+) -> None:
+    with pytest.raises(InvalidArgument, match=says) as caught:
+        parse_chat(chat(tools=tools), ByteTokenizer(), limits)
+    assert caught.value.field == "tools"
+
+
+def test_duplicate_names_are_found_in_one_pass() -> None:
+    many = [{"type": "function", "function": {"name": f"t{i}"}} for i in range(20_000)]
+    started = time.perf_counter()
+    with pytest.raises(InvalidArgument) as caught:
+        limits = RequestLimits(max_tools=30_000, max_tools_bytes=1 << 30)
+        parse_chat(chat(tools=[*many, many[5]]), ByteTokenizer(), limits)
+    assert caught.value.field == "tools[20000].function.name"
+    assert time.perf_counter() - started < 2.0  # quadratic: minutes
+
+
+def test_json_size_over_stops_at_the_budget() -> None:
+    assert not json_size_over({"a": ["b", 1]}, 100)
+    assert json_size_over({"a": "b" * 100}, 100)
+    assert json_size_over([[]] * 10**7, 1000)
+
+
+def test_the_tools_count_toward_the_prompt_size_limit() -> None:
     big = {**LOOKUP, "function": {**LOOKUP["function"], "description": "x" * 5000}}
     with pytest.raises(InvalidArgument, match=r"^messages: "):
         parse_chat(chat(tools=[big]), ByteTokenizer(), RequestLimits(max_prompt_bytes=4096))

@@ -1,7 +1,7 @@
 """The judge client against an OpenAI-compatible endpoint served in the test (the external
 judge is the one thing faked): a repeated pair costs one request, a late or failing
-request scores 0 and is counted without failing, retries recover, and every request
-carries the rubric, the model and the key."""
+request scores 0 and is counted once without failing, retries recover (and count as
+retries, not failures), and every request carries the rubric, the model and the key."""
 
 from __future__ import annotations
 
@@ -132,7 +132,7 @@ async def test_an_unparsable_reply_scores_zero_and_is_counted(serve) -> None:  #
     await judge.close()
 
 
-async def test_a_late_judge_scores_zero_counted_per_try_and_never_raises(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_a_late_judge_scores_zero_counted_once_per_pair_and_never_raises(serve) -> None:  # type: ignore[no-untyped-def]
     async def hang(body: dict[str, Any], n: int) -> str:
         await asyncio.sleep(1.0)  # well past the deadline; teardown waits for it
         return "10"
@@ -141,21 +141,33 @@ async def test_a_late_judge_scores_zero_counted_per_try_and_never_raises(serve) 
     judge = judge_for(fake, timeout_s=0.2, retries=1)
     [outcome] = await judge.score(PROBLEM, ["cba"])
     assert outcome.reward == 0.0
-    assert outcome.counters["judge/timeouts"] == 2
+    assert outcome.counters["judge/timeouts"] == 1  # one pair unanswered
     assert outcome.counters["judge/calls"] == 2
+    assert outcome.counters["judge/retries"] == 1
+    assert outcome.counters["judge/errors"] == 0
     assert outcome.counters["judge/parse_failures"] == 0
     await judge.score(PROBLEM, ["cba"])  # never answered: asked again
     assert len(fake.requests) == 4
     await judge.close()
 
 
-async def test_a_server_error_is_retried(serve) -> None:  # type: ignore[no-untyped-def]
-    fake = await serve(lambda body, n: 503 if n == 1 else "6")
+@pytest.mark.parametrize("status", [429, 503])
+async def test_a_retry_that_is_answered_counts_as_a_retry_not_an_error(serve, status: int) -> None:  # type: ignore[no-untyped-def]
+    fake = await serve(lambda body, n: status if n == 1 else "6")
     judge = judge_for(fake, retries=1)
     [outcome] = await judge.score(PROBLEM, ["cba"])
     assert outcome.reward == pytest.approx(0.6)
-    assert outcome.counters["judge/errors"] == 1
-    assert outcome.counters["judge/calls"] == 2
+    assert outcome.counters["judge/errors"] == outcome.counters["judge/timeouts"] == 0
+    assert (outcome.counters["judge/calls"], outcome.counters["judge/retries"]) == (2, 1)
+    await judge.close()
+
+
+async def test_a_pair_every_try_of_which_failed_is_one_error(serve) -> None:  # type: ignore[no-untyped-def]
+    fake = await serve(lambda body, n: 429)
+    judge = judge_for(fake, retries=2)
+    [outcome] = await judge.score(PROBLEM, ["cba"])
+    assert outcome.reward == 0.0
+    assert (outcome.counters["judge/errors"], outcome.counters["judge/retries"]) == (1, 2)
     await judge.close()
 
 
@@ -164,6 +176,7 @@ async def test_a_refused_request_is_not_retried_and_scores_zero(serve) -> None: 
     judge = judge_for(fake, retries=3)
     [outcome] = await judge.score(PROBLEM, ["cba"])
     assert (outcome.reward, outcome.counters["judge/errors"]) == (0.0, 1)
+    assert outcome.counters["judge/retries"] == 0
     assert len(fake.requests) == 1
     await judge.close()
 

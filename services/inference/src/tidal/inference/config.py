@@ -66,6 +66,12 @@ class OpenAIHttpConfig(BaseConfig):
     """Largest request body; a larger one is refused 413 before it is parsed. It bounds
     the memory and JSON-parsing time one request costs; keep it above a few times
     `inference.limits.max_prompt_bytes`, since JSON escapes can be 6 bytes a character."""
+    max_body_values: int = Field(default=262144, gt=0)
+    """Most JSON values a request body may hold, counted before it is parsed as its `,`,
+    `{` and `[` bytes (those inside strings too, so an upper bound); more is refused 413.
+    Parsing time and memory grow with the values more than with the bytes, and parsing
+    holds the event loop; keep it above `inference.limits.max_prompt_tokens` (a prompt
+    of token ids is one value per id)."""
     tool_parser: Literal["auto", "hermes", "llama3_json", "byte"] = "auto"
     """How chat replies are read for the `tools` a request offers (`tidal.text.tool_calls`,
     as `orchestrator.tools.parser`): "auto" picks the served chat template's format."""
@@ -123,6 +129,12 @@ class RequestLimits(BaseConfig):
     """Highest sampling temperature (0 is greedy; NaN and infinity are refused)."""
     max_top_k: int = Field(default=1 << 20, gt=0)
     """Highest top_k (0 disables it); the served vocabulary size caps it as well."""
+    max_tools: int = Field(default=128, ge=0)
+    """Most `tools` one chat request on the OpenAI endpoint may offer (OpenAI's own limit),
+    checked before any tool is looked at."""
+    max_tools_bytes: int = Field(default=256 * 1024, gt=0)
+    """Largest JSON text of a chat request's `tools` (about, in characters), checked before
+    their schemas are: checking a schema takes CPU time in proportion to its size."""
 
 
 class InferenceConfig(BaseConfig):

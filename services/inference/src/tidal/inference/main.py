@@ -124,7 +124,7 @@ async def start_inference(config: InferenceRunConfig) -> RunningInference:
         task.add_done_callback(lambda done: not_serving_if_ended(done, server))
         running = RunningInference(server, engine, watcher, client, task, replica_id)
     if cfg.http.enabled:
-        running.http = await start_openai_http(config, engine, tokenizer)
+        running.http = await start_openai_http(config, engine, tokenizer, metrics)
     return running
 
 
@@ -161,7 +161,7 @@ def not_serving_if_ended(task: asyncio.Task[None], server: GrpcServer) -> None:
 
 
 async def start_openai_http(
-    config: InferenceRunConfig, engine: Engine, tokenizer: Tokenizer
+    config: InferenceRunConfig, engine: Engine, tokenizer: Tokenizer, metrics: ServiceMetrics
 ) -> OpenAIServer:
     """The OpenAI-compatible endpoint on this process's loop (see `openai.server`)."""
     from tidal.inference.openai.server import OpenAIEndpoint, OpenAIServer
@@ -175,10 +175,19 @@ async def start_openai_http(
         limits=config.inference.limits,
         key_digest=digest,
         max_body_bytes=http.max_body_bytes,
+        max_body_values=http.max_body_values,
         tool_parser=http.tool_parser,
         reasoning=http.reasoning_parser,
     )
-    server = OpenAIServer(endpoint, http, tls=tls)
+    errors = metrics.counter(
+        "tidal_inference_http_errors",
+        "HTTP requests the OpenAI endpoint's server refused or failed before or outside a "
+        "handler (malformed framing, a client gone mid-reply), by exception class",
+        ["kind"],
+    )
+    server = OpenAIServer(
+        endpoint, http, tls=tls, count_error=lambda kind: errors.labels(kind=kind).inc()
+    )
     await server.start()
     log.info(
         "OpenAI-compatible endpoint at %s (model %r, %s)",

@@ -1,7 +1,8 @@
 """A request body of the OpenAI endpoint → one JSON object, or a 4xx saying what is wrong.
 
 Every way a body can be malformed is refused here, before any field is read: too large
-(413, by Content-Length before reading when it is sent), compressed or in a charset
+(413, by Content-Length before reading when it is sent), holding more JSON values than
+parsing should cost the event loop (413, counted on the raw bytes), compressed or in a charset
 other than UTF-8 (415), cut short, not UTF-8, not strict JSON (NaN and Infinity are
 not), nested deeper than the decoder recurses, integers beyond Python's digit limit,
 strings with lone surrogate escapes, a top level that is not an object (400). So the
@@ -79,8 +80,23 @@ def parse_object(text: str) -> dict[str, Any]:
     return body
 
 
-async def read_object(request: web.Request, max_bytes: int) -> dict[str, Any]:
-    """The request's JSON object, read only when its size is within `max_bytes`."""
+def check_value_count(raw: bytes, max_values: int) -> None:
+    """Refuse a body that may hold more than `max_values` JSON values, before parsing it.
+    Every value but the first follows a `,` or opens a container, so the count of those
+    bytes bounds the values from above at the cost of a memchr."""
+    count = raw.count(b",") + raw.count(b"{") + raw.count(b"[")
+    if count > max_values:
+        raise BadBody(
+            413,
+            f"the body holds up to {count} JSON values (its `,`, `{{` and `[` bytes), more than "
+            f"{max_values} (inference.http.max_body_values)",
+            "body_too_large",
+        )
+
+
+async def read_object(request: web.Request, max_bytes: int, max_values: int) -> dict[str, Any]:
+    """The request's JSON object, read only when its size is within `max_bytes` and parsed
+    only when it holds at most `max_values` values."""
     too_large = BadBody(
         413,
         f"the body is larger than {max_bytes} bytes (inference.http.max_body_bytes)",
@@ -101,4 +117,5 @@ async def read_object(request: web.Request, max_bytes: int) -> dict[str, Any]:
         raise too_large from None
     except web.RequestPayloadError as e:  # the connection ended or framing broke mid-body
         raise BadBody(400, f"the body could not be read ({e})", "invalid_body") from None
+    check_value_count(raw, max_values)
     return parse_object(decode_text(raw, request.charset))

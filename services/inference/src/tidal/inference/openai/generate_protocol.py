@@ -7,7 +7,7 @@ whose `token` reads `token_id:<id>`, plus the `"tidal"` extension with each toke
 version. Sampling fields are read by the same table as the OpenAI endpoints, and every
 error names its field as the body spells it (`sampling_params.temperature`). What this
 engine does not implement but would change the result (streaming, multimodal features,
-priorities, top-k alternatives) is refused, never ignored.
+priorities, top-k alternatives, beam search, guided decoding) is refused, never ignored.
 """
 
 from __future__ import annotations
@@ -46,8 +46,11 @@ def _token_ids(body: dict[str, Any], limits: RequestLimits) -> list[int]:
     if not isinstance(ids, list) or not ids:
         raise InvalidArgument("token_ids", "must be a non-empty list of token ids")
     check_prompt_count(len(ids), "token_ids", limits)  # before any id is looked at
-    if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
-        raise InvalidArgument("token_ids", "must be a list of non-negative integers")
+    for i, t in enumerate(ids):
+        if not isinstance(t, int) or isinstance(t, bool) or t < 0:
+            raise InvalidArgument(
+                f"token_ids[{i}]", f"must be a non-negative integer, got {t!r:.40}"
+            )
     return ids
 
 

@@ -33,8 +33,22 @@ from tidal.inference.sampling import SamplingParams
 from tidal.text.tokenizer import Tokenizer
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
-_REFUSED = ("echo", "logit_bias", "suffix", "functions", "function_call", "response_format")
-_PENALTIES = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1}
+_REFUSED = (
+    *("echo", "logit_bias", "suffix", "functions", "function_call", "response_format"),
+    # vLLM's extensions (top level or in `sampling_params`) that change what is sampled
+    *("use_beam_search", "allowed_token_ids", "bad_words", "logits_processors"),
+)
+_REFUSED_IF_SET = (  # any value asks for something: constrained decoding, prompt logprobs
+    *("guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding"),
+    *("structured_outputs", "prompt_logprobs", "truncate_prompt_tokens"),
+)
+_NEUTRAL = {
+    "presence_penalty": 0,
+    "frequency_penalty": 0,
+    "repetition_penalty": 1,
+    "length_penalty": 1,
+    "min_tokens": 0,
+}
 
 
 @dataclass(frozen=True)
@@ -81,7 +95,10 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
     for name in _REFUSED:
         if body.get(name) not in (None, False, {}, []):
             raise InvalidArgument(name, "not supported by this endpoint")
-    for name, neutral in _PENALTIES.items():
+    for name in _REFUSED_IF_SET:
+        if body.get(name) is not None:
+            raise InvalidArgument(name, "not supported by this endpoint")
+    for name, neutral in _NEUTRAL.items():
         if body.get(name) not in (None, neutral):
             raise InvalidArgument(name, "not supported by this endpoint")
     best_of = body.get("best_of")
@@ -112,6 +129,7 @@ def sampling_from_body(
     if max_tokens is None and max_tokens_key == "max_completion_tokens":
         max_tokens = _typed(body, "max_tokens", int, None)
     ignore_eos = _typed(body, "ignore_eos", bool, False)
+    top_k = _typed(body, "top_k", int, 0)
     stop_token_ids = _typed(body, "stop_token_ids", list, [])
     if not all(isinstance(t, int) and not isinstance(t, bool) for t in stop_token_ids):
         raise InvalidArgument("stop_token_ids", "must be a list of token ids")
@@ -119,7 +137,7 @@ def sampling_from_body(
         max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
         temperature=_number(body, "temperature", 1.0),
         top_p=_number(body, "top_p", 1.0),
-        top_k=max(0, _typed(body, "top_k", int, 0)),  # vLLM's -1 "off" is our 0
+        top_k=0 if top_k == -1 else top_k,  # vLLM's -1 "off" is our 0; other negatives refused
         n=_typed(body, "n", int, 1),
         seed=_typed(body, "seed", int, None),
         stop_token_ids=tuple(dict.fromkeys([*stop_token_ids, *(() if ignore_eos else eos_ids)])),
@@ -205,12 +223,13 @@ def parse_chat(
     body: dict[str, Any], tokenizer: Tokenizer, limits: RequestLimits = DEFAULT_LIMITS
 ) -> ParsedRequest:
     """`/v1/chat/completions`: messages rendered by the tokenizer's chat template (their
-    total text size checked before rendering)."""
+    total text size checked before rendering). The tools' schemas are left to the caller
+    (`ChatTools.check_schemas`, or `SchemaChecks` off the event loop)."""
     params = sampling_from_body(
         body, eos_ids=tokenizer.eos_ids, max_tokens_key="max_completion_tokens", limits=limits
     )
     template_kwargs = _typed(body, "chat_template_kwargs", dict, {})
-    tools = chat_tools(body)
+    tools = chat_tools(body, limits)
     messages = _messages(body)
     text = "".join(m["content"] for m in messages) + tool_text(tools, messages)
     check_prompt_text(text, "messages", limits)

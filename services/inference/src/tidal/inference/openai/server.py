@@ -9,7 +9,10 @@ request checks; engine errors map to OpenAI-style bodies (400, 404, 429, 503). A
 request pulls the first piece before sending headers, so a refusal is an HTTP error; a
 handler that ends cancels its request in the engine. With an API key every request is
 checked before its body is read (its sha256, in constant time); with TLS it serves the
-inference role's certificate; beyond loopback both are required (config.py).
+inference role's certificate; beyond loopback both are required (config.py). What aiohttp
+refuses itself, before the key check (malformed framing), costs a counter and at most a
+log line a minute per kind (`server_log`). A body is parsed on the loop only within its
+byte and value bounds; tool schemas are checked on a worker thread (`tools.SchemaChecks`).
 """
 
 from __future__ import annotations
@@ -52,7 +55,8 @@ from tidal.inference.openai.protocol import (
     tidal_extension,
 )
 from tidal.inference.openai.reasoning import ChoiceReasoning
-from tidal.inference.openai.tools import tool_reply
+from tidal.inference.openai.server_log import RateLimitedServerLog
+from tidal.inference.openai.tools import SchemaChecks, tool_reply
 from tidal.inference.request_checks import DEFAULT_LIMITS, check_against_model
 from tidal.text.reasoning import ReasoningMode, ReasoningParser, reasoning_parser
 from tidal.text.tokenizer import Tokenizer
@@ -158,6 +162,7 @@ class OpenAIEndpoint:
         limits: RequestLimits = DEFAULT_LIMITS,
         key_digest: str | None = None,
         max_body_bytes: int = OpenAIHttpConfig().max_body_bytes,
+        max_body_values: int = OpenAIHttpConfig().max_body_values,
         tool_parser: ParserName = "auto",
         reasoning: ReasoningMode = "auto",
     ) -> None:
@@ -165,6 +170,8 @@ class OpenAIEndpoint:
         self.tool_parser = tool_call_parser(tokenizer, tool_parser)
         self.reasoning = reasoning_parser(tokenizer, reasoning)
         self.limits, self.max_body_bytes = limits, max_body_bytes
+        self.max_body_values = max_body_values
+        self.schemas = SchemaChecks()
         self.created = int(time.time())
         middlewares = [openai_errors] + ([] if key_digest is None else [bearer_key(key_digest)])
         self.app = web.Application(middlewares=middlewares, client_max_size=max_body_bytes)
@@ -215,7 +222,7 @@ class OpenAIEndpoint:
         return web.json_response(generate_response(request_id, parsed, done))
 
     async def _body(self, request: web.Request, *, model_required: bool = True) -> dict[str, Any]:
-        body = await read_object(request, self.max_body_bytes)
+        body = await read_object(request, self.max_body_bytes, self.max_body_values)
         model = body.get("model")
         if model is None and not model_required:
             return body
@@ -229,6 +236,7 @@ class OpenAIEndpoint:
     async def _serve(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         body = await self._body(request)
         parsed = (parse_chat if chat else parse_completion)(body, self.tokenizer, self.limits)
+        await self.schemas.check(parsed.tools)
         check_against_model(
             self.engine.status(),
             parsed.prompt_ids,
@@ -346,14 +354,20 @@ class OpenAIServer:
         config: OpenAIHttpConfig,
         *,
         tls: ssl.SSLContext | None = None,
+        count_error: Callable[[str], None] | None = None,
     ) -> None:
+        """`count_error(kind)` counts each error aiohttp handles itself (a metric)."""
         self.endpoint, self.config, self.tls = endpoint, config, tls
         # handler_cancellation: a client that disconnects cancels its handler, whose
         # `aclosing` then cancels the request in the engine (aiohttp's default lets it run).
         # auto_decompress off: a compressed body is refused unread (body.py), never
         # inflated past max_body_bytes nor failed inside aiohttp's parser.
         self._runner = web.AppRunner(
-            endpoint.app, access_log=None, handler_cancellation=True, auto_decompress=False
+            endpoint.app,
+            access_log=None,
+            handler_cancellation=True,
+            auto_decompress=False,
+            logger=RateLimitedServerLog(count_error),
         )
         self.port = config.port
 
@@ -369,3 +383,4 @@ class OpenAIServer:
 
     async def close(self) -> None:
         await self._runner.cleanup()
+        self.endpoint.schemas.close()

@@ -2,17 +2,26 @@
 messages in, `tool_calls` out.
 
 Plain dicts in, plain dicts out, errors `InvalidArgument` naming the OpenAI field. Tools
-are checked when the request arrives (names, JSON schemas with local `$ref`s only, so
-checking a call never fetches anything). A call's `arguments` arrive as a JSON string and
-reach the chat template as an object, as templates read them; calls go out with
-`arguments` as a JSON string again.
+are checked when the request arrives, cheapest first: their count and size
+(`inference.limits.max_tools`, `max_tools_bytes`) before any tool is looked at, then each
+tool's shape and name (duplicates found in one pass), and only then their JSON schemas
+(local `$ref`s only, so checking a call never fetches anything). Checking a schema costs
+pure-Python time in proportion to its size, so `SchemaChecks` does it on one worker thread
+and remembers tool lists it passed: the event loop stays free, and an agent that sends the
+same tools every turn pays once. A call's `arguments` arrive as a JSON string and reach
+the chat template as an object, as templates read them; calls go out with `arguments` as a
+JSON string again.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
 import re
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +29,9 @@ from jsonschema.exceptions import SchemaError
 from jsonschema.validators import validator_for
 
 from tidal.common.errors import InvalidArgument
+from tidal.inference.config import RequestLimits
 from tidal.inference.openai.tool_call_stream import StreamedCall, ToolCallStream
+from tidal.inference.request_checks import DEFAULT_LIMITS
 from tidal.text.tool_calls import ToolCallParser
 
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names
@@ -38,6 +49,13 @@ class ChatTools:
         """What the chat template gets as `tools` (None: the template shows no tools)."""
         return list(self.tools) or None
 
+    def check_schemas(self) -> None:
+        """InvalidArgument naming the first tool whose parameters are not a JSON schema
+        with local `$ref`s only (slow in their size: see `SchemaChecks`)."""
+        for i, tool in enumerate(self.tools):
+            parameters = tool["function"].get("parameters", {"type": "object"})
+            _check_schema(f"tools[{i}].function.parameters", parameters)
+
     def stream(self, parser: ToolCallParser) -> ToolCallStream | None:
         """A splitter for one completion, when this request reads calls."""
         return ToolCallStream(parser, self.tools) if self.parse_calls else None
@@ -46,17 +64,31 @@ class ChatTools:
 NO_TOOLS = ChatTools()
 
 
-def chat_tools(body: Mapping[str, Any]) -> ChatTools:
-    """`tools`, `tool_choice` and `parallel_tool_calls` of a chat body, checked."""
+def chat_tools(body: Mapping[str, Any], limits: RequestLimits = DEFAULT_LIMITS) -> ChatTools:
+    """`tools`, `tool_choice` and `parallel_tool_calls` of a chat body, checked but for the
+    tools' schemas (`ChatTools.check_schemas`, which costs time in their size)."""
     raw = body.get("tools")
     if raw is None:
         raw = []
     if not isinstance(raw, list):
         raise InvalidArgument("tools", "must be a list of tools")
+    if len(raw) > limits.max_tools:
+        raise InvalidArgument(
+            "tools",
+            f"{len(raw)} tools is more than the limit of {limits.max_tools} "
+            "(inference.limits.max_tools)",
+        )
+    if raw and json_size_over(raw, limits.max_tools_bytes):
+        raise InvalidArgument(
+            "tools",
+            f"the tools are more than {limits.max_tools_bytes} bytes of JSON "
+            "(inference.limits.max_tools_bytes)",
+        )
     tools = tuple(_tool(i, t) for i, t in enumerate(raw))
-    names = [t["function"]["name"] for t in tools]
-    for i, name in enumerate(names):
-        if name in names[:i]:
+    declared: dict[str, int] = {}
+    for i, tool in enumerate(tools):
+        name = tool["function"]["name"]
+        if declared.setdefault(name, i) != i:
             raise InvalidArgument(f"tools[{i}].function.name", f"{name!r} is declared twice")
     choice = body.get("tool_choice")
     if choice is not None and choice not in _CHOICES:
@@ -85,9 +117,62 @@ def _tool(i: int, tool: Any) -> dict[str, Any]:
         )
     if not isinstance(function.get("description", ""), str):
         raise InvalidArgument(f"tools[{i}].function.description", "must be a string")
-    parameters = function.get("parameters", {"type": "object"})
-    _check_schema(f"tools[{i}].function.parameters", parameters)
+    if not isinstance(function.get("parameters", {}), dict):
+        raise InvalidArgument(f"tools[{i}].function.parameters", "must be a JSON schema object")
     return {"type": "function", "function": function}
+
+
+def json_size_over(value: Any, budget: int) -> bool:
+    """Whether `value` as JSON text is longer than `budget` characters (about: a string
+    counts its characters and quotes, a number 8). Stops once past it, so an absurd value
+    costs no more to refuse than one of `budget` characters."""
+    size, pending = 0, [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            size += len(item) + 3
+        elif isinstance(item, dict):
+            size += 2 + len(item)
+            if size <= budget:
+                pending += item.keys()
+                pending += item.values()
+        elif isinstance(item, list):
+            size += 2 + len(item)
+            if size <= budget:
+                pending += item
+        else:
+            size += 8
+        if size > budget:
+            return True
+    return False
+
+
+class SchemaChecks:
+    """Checks tools' JSON schemas on one worker thread, remembering the tool lists that
+    passed (by digest). One thread, so checks queue behind each other instead of taking
+    the interpreter from the event loop together."""
+
+    def __init__(self, remembered: int = 256) -> None:
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="tool-schemas")
+        self._passed: OrderedDict[bytes, None] = OrderedDict()
+        self._remembered = remembered
+
+    async def check(self, tools: ChatTools) -> None:
+        """InvalidArgument naming the first tool whose parameters are not a usable schema."""
+        if not tools.tools:
+            return
+        text = json.dumps(tools.tools, sort_keys=True, ensure_ascii=False)
+        key = hashlib.sha256(text.encode(errors="surrogatepass")).digest()
+        if key in self._passed:
+            self._passed.move_to_end(key)
+            return
+        await asyncio.get_running_loop().run_in_executor(self._pool, tools.check_schemas)
+        self._passed[key] = None
+        while len(self._passed) > self._remembered:
+            self._passed.popitem(last=False)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _check_schema(field: str, schema: Any) -> None:

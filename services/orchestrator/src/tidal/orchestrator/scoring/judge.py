@@ -2,9 +2,10 @@
 
 Judging is I/O: requests run as asyncio tasks (at most `max_concurrency` in flight), each
 under its own deadline, retried on a timeout, a refused connection or a 429/5xx. A
-failure never fails the step: the pair scores 0 and is counted. Each request is its own
-task, cached by its rendered rubric, so a pair asked again while in flight or later
-shares the one request, and a cancelled asker does not cancel it for the others.
+failure never fails the step: the pair scores 0 and is counted once, by its last try;
+a try that a retry then answered is a retry, not a failure. Each request is its own task,
+cached by its rendered rubric, so a pair asked again while in flight or later shares the
+one request, and a cancelled asker does not cancel it for the others.
 """
 
 from __future__ import annotations
@@ -41,18 +42,19 @@ class _Answer:
 
     reward: float | None
     calls: int
-    timeouts: int = 0
-    errors: int = 0
     seconds: float = 0.0
     answered: bool = False
     """The judge replied (with or without a parsable score)."""
+    failure: str | None = None
+    """Why the pair went unanswered: "timeout" or "error" (its last try's failure)."""
 
     def counters(self) -> dict[str, float]:
         return {
             "judge/calls": float(self.calls),
+            "judge/retries": float(max(0, self.calls - 1)),
             "judge/parse_failures": float(self.answered and self.reward is None),
-            "judge/timeouts": float(self.timeouts),
-            "judge/errors": float(self.errors),
+            "judge/timeouts": float(self.failure == "timeout"),
+            "judge/errors": float(self.failure == "error"),
             "judge/seconds": self.seconds,
         }
 
@@ -114,8 +116,9 @@ class Judge:
 
     async def _ask(self, content: str) -> _Answer:
         """One pair judged: up to 1 + `retries` requests, each under `timeout_s`."""
-        calls = timeouts = errors = 0
+        calls = 0
         seconds = 0.0
+        failure, why = "error", ""
         for attempt in range(self.config.retries + 1):
             if attempt:
                 await asyncio.sleep(RETRY_BACKOFF_S * attempt)
@@ -125,24 +128,22 @@ class Judge:
                 try:
                     reply = await asyncio.wait_for(self._post(content), self.config.timeout_s)
                 except TimeoutError:
-                    timeouts += 1
-                    self._log_once("timeout", f"no answer in {self.config.timeout_s}s")
+                    failure, why = "timeout", f"no answer in {self.config.timeout_s}s"
                     continue
                 except (aiohttp.ClientError, _Retryable) as exc:
-                    errors += 1
-                    self._log_once("error", repr(exc))
+                    failure, why = "error", repr(exc)
                     continue
                 except ValueError as exc:  # refused (4xx) or not a chat completion
-                    errors += 1
-                    self._log_once("error", str(exc))
+                    failure, why = "error", str(exc)
                     break
                 finally:
                     seconds += time.monotonic() - started
             reward = parse_score(reply, self.config)
             if reward is None:
                 self._log_once("parse", f"no score in {reply[:120]!r}")
-            return _Answer(reward, calls, timeouts, errors, seconds, answered=True)
-        return _Answer(None, calls, timeouts, errors, seconds)
+            return _Answer(reward, calls, seconds, answered=True)
+        self._log_once(failure, why)
+        return _Answer(None, calls, seconds, failure=failure)
 
     async def wait_ready(self, timeout_s: float) -> None:
         """Return once the endpoint answers HTTP (a judge replica may still be starting);
