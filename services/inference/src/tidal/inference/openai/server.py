@@ -1,18 +1,14 @@
 """The OpenAI-compatible HTTP endpoint of an inference replica (`[inference.http]`).
 
-`GET /v1/models`, `POST /v1/completions`, `POST /v1/chat/completions` (streamed as
-server-sent events) and vLLM's token-in/token-out `POST /inference/v1/generate`
-(`generate_protocol`), each choice carrying the `"tidal"` extension: the token ids and the
-policy version of each; a chat choice's reasoning is its `reasoning_content`. aiohttp
-runs on the service's own loop, so handlers call the engine as gRPC does, with the same
-request checks; engine errors map to OpenAI-style bodies (400, 404, 429, 503). A streamed
-request pulls the first piece before sending headers, so a refusal is an HTTP error; a
-handler that ends cancels its request in the engine. With an API key every request is
-checked before its body is read (its sha256, in constant time); with TLS it serves the
-inference role's certificate; beyond loopback both are required (config.py). What aiohttp
-refuses itself, before the key check (malformed framing), costs a counter and at most a
-log line a minute per kind (`server_log`). A body is parsed on the loop only within its
-byte and value bounds; tool schemas are checked on a worker thread (`tools.SchemaChecks`).
+`GET /v1/models`, `POST /v1/completions`, `POST /v1/chat/completions` (streamed as SSE)
+and vLLM's token-in/token-out `POST /inference/v1/generate`, each choice carrying the
+`"tidal"` extension (token ids, policy versions). Handlers run on the service's loop with
+gRPC's request checks; engine errors map to OpenAI-style bodies. A streamed request pulls
+its first piece before the headers, so a refusal is an HTTP error. An API key is checked
+before the body is read (sha256, constant time); beyond loopback key and TLS are required.
+What aiohttp refuses before the key check costs a counter and at most a log line a minute
+per kind (`server_log`); a body is parsed only within its byte and value bounds, and tool
+schemas are checked on a worker thread.
 """
 
 from __future__ import annotations

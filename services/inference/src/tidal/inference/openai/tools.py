@@ -2,15 +2,11 @@
 messages in, `tool_calls` out.
 
 Plain dicts in, plain dicts out, errors `InvalidArgument` naming the OpenAI field. Tools
-are checked when the request arrives, cheapest first: their count and size
-(`inference.limits.max_tools`, `max_tools_bytes`) before any tool is looked at, then each
-tool's shape and name (duplicates found in one pass), and only then their JSON schemas
-(local `$ref`s only, so checking a call never fetches anything). Checking a schema costs
-pure-Python time in proportion to its size, so `SchemaChecks` does it on one worker thread
-and remembers tool lists it passed: the event loop stays free, and an agent that sends the
-same tools every turn pays once. A call's `arguments` arrive as a JSON string and reach
-the chat template as an object, as templates read them; calls go out with `arguments` as a
-JSON string again.
+are checked cheapest first: count and size before any tool is looked at, then each tool's
+shape and name (duplicates in one pass), then their JSON schemas (local `$ref`s only).
+Schema checks cost pure-Python time, so `SchemaChecks` runs them on one worker thread and
+remembers tool lists it passed, keeping the event loop free. A call's `arguments` reach the
+chat template as an object and go out as a JSON string again.
 """
 
 from __future__ import annotations
