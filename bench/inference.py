@@ -40,11 +40,17 @@ slower than fp32 there and unable to finish: transformers' bf16 `generate()` and
 plain-`F.linear` decode variant. `summary.skipped` lists them; `summary.kernels_<dtype>`
 is the engine's own account of the path it ran, `machine.cpu_native_bf16` the probe's.
 
+`--model-path DIR` runs the RL shape on a real Hugging Face folder instead (8 chat-templated
+arithmetic prompts x 8 samples x 48 new tokens, each `--dtypes` entry, both systems on the
+folder's weights) and profiles the engine's decode step there (`inference_real.py`); it
+writes `inference.real.json`.
+
 `--device cuda` runs both systems on the GPU and writes `inference.cuda.json`; the decode
 step study, `inference_kv.py` and `inference_step.py` (CPU studies) are left out there.
 
 `python bench/inference.py [--repeats N] [--dtypes float32 bfloat16] [--threads T]
-[--scenarios fixed eos rl] [--kv-repeats N] [--step-rounds N] [--device cpu|cuda]`
+[--scenarios fixed eos rl] [--kv-repeats N] [--step-rounds N] [--device cpu|cuda]
+[--model-path DIR]`
 """
 
 from __future__ import annotations
@@ -63,6 +69,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import print_table, write_result
 from inference_kv import measure_kv
+from inference_real import decode_profile, measure_real
 from inference_step import measure_step
 
 from tidal.inference.batching import Batcher
@@ -373,7 +380,15 @@ def main() -> None:
     parser.add_argument("--kv-repeats", type=int, default=3, help="inference_kv.py's rounds")
     parser.add_argument("--step-rounds", type=int, default=10, help="inference_step.py's rounds")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument(
+        "--model-path", type=Path, default=None, help="a real HF folder: the RL shape on it"
+    )
     cli = parser.parse_args()
+    if cli.model_path is not None:
+        if cli.threads is not None:
+            torch.set_num_threads(cli.threads)
+        real_model(cli)
+        return
     if cli.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device on this machine")
     device, on_gpu = torch.device(cli.device), cli.device == "cuda"
@@ -476,6 +491,34 @@ def main() -> None:
             "rl": f"{RL_PROMPTS} prompts x n = {RL_N}, temperature 1, stop tokens",
             "threads": torch.get_num_threads(),
             "device": torch.cuda.get_device_name(device) if on_gpu else "cpu",
+        },
+        results=rows,
+        summary=summary,
+    )
+
+
+def real_model(cli: argparse.Namespace) -> None:
+    """The RL shape on `cli.model_path`, each dtype, then the engine's decode-step profile."""
+    load_before = os.getloadavg()
+    rows: list[dict[str, Any]] = []
+    summary: dict[str, Any] = {"folder": str(cli.model_path)}
+    for dtype in cli.dtypes:
+        real_rows, real_summary = measure_real(cli.model_path, DTYPES[dtype], cli.repeats)
+        rows += real_rows
+        summary[dtype] = real_summary
+        print_table(f"RL shape on {cli.model_path.name}, {dtype}", real_rows)
+        step_rows, summary[f"decode_step_{dtype}"] = decode_profile(cli.model_path, DTYPES[dtype])
+        print_table(f"The engine's decode step on {cli.model_path.name}, {dtype}", step_rows)
+    summary["load_average"] = {"before": load_before, "after": os.getloadavg()}
+    print(summary)
+    write_result(
+        "inference.real",
+        config={
+            "model_path": str(cli.model_path),
+            "dtypes": cli.dtypes,
+            "rl": "8 chat-templated arithmetic prompts x n = 8, <= 48 new tokens, T = 1, EOS",
+            "repeats": cli.repeats,
+            "threads": torch.get_num_threads(),
         },
         results=rows,
         summary=summary,

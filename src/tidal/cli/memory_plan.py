@@ -25,6 +25,7 @@ from tidal.trainer.memory_planner.estimate import (
     Workload,
     activation_per_layer,
     plan_memory,
+    resolve_precision,
 )
 from tidal.trainer.memory_planner.fit import fit
 from tidal.trainer.memory_planner.levers import Levers
@@ -147,7 +148,10 @@ def run(argv: Sequence[str]) -> tuple[str, int]:
     args = config.trainer.model.decoder_args()
     tokens = options.tokens or config.orchestrator.packing.micro_batch_tokens
     world_size = options.world_size or config.trainer.world_size
-    workload = Workload(tokens, world_size, options.device, config.trainer.precision)
+    precision = resolve_precision(
+        config.trainer.precision, options.device, param_counts(args).total
+    )
+    workload = Workload(tokens, world_size, options.device, precision)
     levers = Levers.from_config(config.trainer)
     plan = plan_memory(args, levers, workload)
     found = fit(args, levers, workload, options.memory) if options.fit else None
@@ -156,6 +160,7 @@ def run(argv: Sequence[str]) -> tuple[str, int]:
             "parameters": param_counts(args).total,
             "tokens_per_micro_batch": tokens,
             "world_size": world_size,
+            "precision": precision,
             "budget_bytes": options.memory,
             "current": {"levers": levers.names(), "items": plan.items, "peak": plan.peak},
             "activation_bytes_per_layer": activation_per_layer(args, workload),
@@ -176,7 +181,7 @@ def run(argv: Sequence[str]) -> tuple[str, int]:
         code = 0 if (found is not None if options.fit else plan.peak <= options.memory) else 1
         return json.dumps(out, indent=2), code
     head = f"{param_counts(args).total / 1e6:,.1f}M parameters, {tokens} tokens per micro-batch, "
-    head += f"world size {world_size}, {options.device}"
+    head += f"world size {world_size}, {options.device}, {precision}"
     per_layer = activation_per_layer(args, workload)
     text = [head, report(plan, options.memory, levers), "  activations per layer:"]
     text += [f"    {name:<22}{value / 2**20:10.1f} MiB" for name, value in per_layer.items()]

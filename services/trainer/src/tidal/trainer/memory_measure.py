@@ -55,13 +55,15 @@ def _batch(tokens: int, sample_len: int, vocab: int, seed: int) -> MicroBatchDat
     )
 
 
-def run(trainer_json: str, tokens: int, steps: int) -> dict[str, Any]:
+def run(trainer_json: str, tokens: int, steps: int, sample_len: int = 0) -> dict[str, Any]:
     """In this process: warm up, reset the peak, train `steps` steps; report the peak, the
-    times of the steps after the first and their median."""
+    times of the steps after the first and their median. The micro-batch packs samples of
+    `sample_len` tokens (0: the model's `max_seq_len`)."""
     config = TrainerConfig.model_validate_json(trainer_json)
     device = torch.device("cuda" if config.device == "cuda" else "cpu")
     torch.set_num_threads(config.num_threads)
-    tiny = config.model.model_copy(update={"dim": 64, "n_layers": 1, "ffn_dim": 64})
+    # The warm-up model is built from fields, never from the run's folder (`path`).
+    tiny = config.model.model_copy(update={"path": None, "dim": 64, "n_layers": 1, "ffn_dim": 64})
     tiny = tiny.model_copy(update={"n_heads": 2, "n_kv_heads": 1, "head_dim": None})
     warm = Trainer(config.model_copy(update={"model": tiny}), seed=0, device=device)
     warm_batch = _batch(min(tokens, tiny.max_seq_len), tiny.max_seq_len, tiny.vocab_size, 0)
@@ -74,7 +76,8 @@ def run(trainer_json: str, tokens: int, steps: int) -> dict[str, Any]:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     trainer = Trainer(config, seed=0, device=device)
-    batch = _batch(tokens, config.model.max_seq_len, config.model.vocab_size, 1).to(device)
+    args = config.model.decoder_args()
+    batch = _batch(tokens, sample_len or args.max_seq_len, args.vocab_size, 1).to(device)
     times = []
     for step in range(1, steps + 1):
         start = time.perf_counter()
@@ -94,7 +97,9 @@ def run(trainer_json: str, tokens: int, steps: int) -> dict[str, Any]:
     return result
 
 
-def measure(trainer_json: str, *, tokens: int, steps: int = 2, timeout: float = 600) -> dict:
+def measure(
+    trainer_json: str, *, tokens: int, steps: int = 2, sample_len: int = 0, timeout: float = 600
+) -> dict:
     """Run `run` in a fresh subprocess with the low mmap threshold; its result dict."""
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=MMAP_THRESHOLD)
     out = subprocess.run(
@@ -105,6 +110,7 @@ def measure(trainer_json: str, *, tokens: int, steps: int = 2, timeout: float = 
             trainer_json,
             str(tokens),
             str(steps),
+            str(sample_len),
         ],
         check=True,
         capture_output=True,
@@ -116,4 +122,4 @@ def measure(trainer_json: str, *, tokens: int, steps: int = 2, timeout: float = 
 
 
 if __name__ == "__main__":
-    print(json.dumps(run(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))))
+    print(json.dumps(run(sys.argv[1], *map(int, sys.argv[2:5]))))

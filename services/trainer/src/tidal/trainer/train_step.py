@@ -33,6 +33,7 @@ from tidal.trainer.memory.activation_offload import activation_offloading
 from tidal.trainer.memory.chunk_size import resolve_chunk_size
 from tidal.trainer.memory.lm_head import chunked_logprobs_entropy
 from tidal.trainer.memory.lora import adapter_config
+from tidal.trainer.memory.precision import AUTO_BF16_MIN_PARAMS
 from tidal.trainer.memory.truncation import truncate_micro_batch, truncation_enabled
 from tidal.trainer.memory_config import check_levers_at_start
 from tidal.trainer.model_factory import build_model
@@ -366,12 +367,6 @@ class Trainer:
         with torch.no_grad():
             every = self._target_logprobs(self.reference, batch)[0]  # (T-1,): tokens 1..T-1
         return every if isinstance(scored, slice) else every[scored - 1]
-
-
-AUTO_BF16_MIN_PARAMS = 2_000_000
-"""`precision = "auto"` keeps fp32 below this many parameters even where bf16 is native:
-autocast's per-step weight casts cost more than its matmuls save on tiny models
-(docs/benchmarks/trainer_profile.md)."""
 
 
 def _resolve_precision(precision: str, device: torch.device, params: int) -> bool:

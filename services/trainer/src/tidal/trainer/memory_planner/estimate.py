@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tidal.models.args import DecoderArgs
+from tidal.trainer.memory.precision import AUTO_BF16_MIN_PARAMS
 from tidal.trainer.memory_planner.levers import Levers, chunk_tokens
 from tidal.trainer.memory_planner.model_size import ParamCounts, param_counts
 
@@ -21,6 +22,13 @@ GB = 10**9  # the ZeRO paper's "GB" is decimal
 FRAGMENTATION = {"cuda": 0.08, "cpu": 0.02}
 LOGITS_LIVE = 4  # [tokens, vocab] fp32 tensors alive at the head's backward peak
 CHUNK_LIVE = 5  # [chunk, vocab] fp32 tensors alive in the chunked head's backward
+# Bytes per saved element under bf16 autocast. The MLP's tensors are matmul outputs (bf16);
+# the rest of a block (the residual stream, the norms, RoPE's q and k) stays fp32 and its
+# matmuls save bf16 copies of some of their fp32 inputs beside them, so it costs more than
+# 4 bytes (fitted to what `saved_tensors_hooks` sees in a Llama block at 576 wide, 2048
+# tokens of 100-token samples: docs/memory-planner.md). The weights' own bf16 copies are
+# counted apart (`_autocast_copies`).
+AUTOCAST_MLP_BYTES, AUTOCAST_OTHER_BYTES = 2, 4.5
 
 
 @dataclass(frozen=True)
@@ -56,7 +64,21 @@ class Workload:
     tokens: int  # per micro-batch
     world_size: int = 1
     device: Literal["cpu", "cuda"] = "cpu"
-    precision: Literal["fp32", "bf16"] = "fp32"
+    precision: Literal["fp32", "bf16"] = "fp32"  # the step's compute: `resolve_precision`
+
+
+def resolve_precision(
+    precision: Literal["fp32", "bf16", "auto"], device: Literal["cpu", "cuda"], params: int
+) -> Literal["fp32", "bf16"]:
+    """`trainer.precision` as the trainer resolves it: "auto" is bf16 on CUDA, and on a CPU
+    with native bf16 (this machine's, probed) for models of at least `AUTO_BF16_MIN_PARAMS`."""
+    if precision != "auto":
+        return precision
+    if device == "cuda":
+        return "bf16"
+    from tidal.models.cpu_features import bf16_support  # imports torch to probe
+
+    return "bf16" if bf16_support().native and params >= AUTO_BF16_MIN_PARAMS else "fp32"
 
 
 @dataclass(frozen=True)
@@ -98,13 +120,27 @@ def _lora_unsaved(a: DecoderArgs, levers: Levers, layer: int) -> int:
     return unsaved
 
 
+def _layer_bytes(a: DecoderArgs, layer: int, precision: str) -> dict[str, float]:
+    """Bytes per token saved for backward by one block, by what recomputes them."""
+    parts = _layer_elements(a, layer)
+    if precision != "bf16":
+        return {k: 4.0 * v for k, v in parts.items()}
+    return {
+        k: float(v * (AUTOCAST_MLP_BYTES if k == "mlp" else AUTOCAST_OTHER_BYTES))
+        for k, v in parts.items()
+    }
+
+
 def _activations(a: DecoderArgs, levers: Levers, w: Workload) -> tuple[float, float]:
     """(saved activation bytes of all blocks, extra bytes while one block recomputes)."""
-    width = 2 if w.precision == "bf16" else 4
+    width = 2 if w.precision == "bf16" else 4  # what LoRA leaves unsaved: bf16 matmul inputs
+    # Under autocast, LoRA's frozen RMSNorm weights also leave each norm's fp32 normalized
+    # input unsaved (measured in bf16; the fp32 rule is the one its measured cases hold).
+    frozen_norms = 2 * a.dim * 4 if w.precision == "bf16" and levers.lora_rank else 0
     saved, recompute = 0.0, 0.0
     for i in range(a.n_layers):
-        parts = _layer_elements(a, i)
-        parts["mlp"] -= _lora_unsaved(a, levers, i)
+        parts = _layer_bytes(a, i, w.precision)
+        parts["mlp"] -= _lora_unsaved(a, levers, i) * width + frozen_norms
         full = sum(parts.values())
         if levers.ac_mode == "full" and i % levers.ac_freq == 0:
             kept = parts["input"]
@@ -115,11 +151,11 @@ def _activations(a: DecoderArgs, levers: Levers, w: Workload) -> tuple[float, fl
             recompute = max(recompute, dropped)
         else:
             kept = full
-        saved += kept * w.tokens * width
-    recompute *= w.tokens * width
+        saved += kept * w.tokens
+    recompute *= w.tokens
     if levers.ac_offloading and w.device == "cuda":
-        largest = max(sum(_layer_elements(a, i).values()) for i in range(a.n_layers))
-        per_tensor = largest * w.tokens * width / 8  # a block saves ~8 tensors
+        largest = max(sum(_layer_bytes(a, i, w.precision).values()) for i in range(a.n_layers))
+        per_tensor = largest * w.tokens / 8  # a block saves ~8 tensors
         saved = min(saved, levers.max_inflight_activations * per_tensor)
     return saved, recompute
 
@@ -156,6 +192,19 @@ def _trainable(a: DecoderArgs, counts: ParamCounts, levers: Levers) -> float:
     return float(levers.lora_rank * per_layer * a.n_layers)
 
 
+def _autocast_copies(a: DecoderArgs, counts: ParamCounts, levers: Levers, w: Workload) -> float:
+    """bf16 copies of the matmul weights that autocast makes and the backward keeps (a
+    weight's input gradient needs it), frozen ones too; a checkpointed block recasts its own."""
+    if w.precision != "bf16":
+        return 0.0
+    kept = [
+        n - 2 * a.dim  # the block's two norms are not cast
+        for i, n in enumerate(counts.per_layer)
+        if not (levers.ac_mode == "full" and i % levers.ac_freq == 0)
+    ]
+    return 2.0 * (sum(kept) + (counts.lm_head or counts.embedding)) / w.world_size
+
+
 def plan_memory(a: DecoderArgs, levers: Levers, w: Workload) -> MemoryPlan:
     """Itemised peak bytes per rank for one training step of `a` with `levers` on `w`."""
     counts = param_counts(a)
@@ -186,7 +235,8 @@ def plan_memory(a: DecoderArgs, levers: Levers, w: Workload) -> MemoryPlan:
     # The head's backward ends (its logits freed) before the first block recomputes, so
     # the two are not alive together; a block's backward also holds activation gradients.
     block_backward = recompute + (2 * a.dim + 2 * a.ffn_dim) * w.tokens * width
-    backward_start = saved + head_grad + max(logits + final_norm, block_backward)
+    copies = _autocast_copies(a, counts, levers, w)
+    backward_start = saved + copies + head_grad + max(logits + final_norm, block_backward)
     largest_param = 4 * max(counts.embedding, max(counts.per_layer) // 4)
     update = grads + (2 * largest_param if optim_per_param else 0)
     comm = 0.0
@@ -195,14 +245,15 @@ def plan_memory(a: DecoderArgs, levers: Levers, w: Workload) -> MemoryPlan:
     if backward_start > update:
         notes.append("peak at the start of backward (activations and logits alive)")
         if logits + final_norm >= block_backward:
-            phase = {"gradients": head_grad, "activations": saved}
+            phase = {"gradients": head_grad, "activations": saved, "bf16 weight copies": copies}
             phase |= {"logits": logits + final_norm, "optimizer temporaries": 0.0}
         else:  # peak while a checkpointed block recomputes
             phase = {"gradients": head_grad, "activations": saved + block_backward}
-            phase |= {"logits": 0.0, "optimizer temporaries": 0.0}
+            phase |= {"bf16 weight copies": copies, "logits": 0.0, "optimizer temporaries": 0.0}
     else:
         notes.append("peak in the optimizer update (all gradients alive)")
-        phase = {"gradients": grads, "activations": 0.0, "logits": 0.0}
+        phase = {"gradients": grads, "activations": 0.0, "bf16 weight copies": 0.0}
+        phase["logits"] = 0.0
         phase["optimizer temporaries"] = update - grads
     items = {"parameters": params, "optimizer states": optim, **phase}
     items["communication buffers"] = comm
