@@ -36,15 +36,14 @@ from tidal.weightsync.servicer import WeightSyncServicer, add_to_server
 from .helpers import worker_groups
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Module by module, with the groups of tests/helpers/worker_groups.py."""
+    return worker_groups.GroupScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Marks each test's xdist group before xdist reads the marks; on a worker, orders the
-    queue (the controller schedules in the order the workers collected)."""
-    if not config.pluginmanager.hasplugin("xdist"):  # its mark is unknown without it
-        return
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(worker_groups.group_of(item)))
+    """On an xdist worker, orders the queue (the scheduler keeps the workers' order)."""
     if hasattr(config, "workerinput"):
         worker_groups.order_for_workers(items)
 
@@ -56,7 +55,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if not hasattr(item.config, "workerinput"):
         return (yield)
     run_folder = Path(item.config.option.basetemp).parent  # xdist gives each worker a subfolder
-    alone = worker_groups.group_of(item) == worker_groups.ALONE_GROUP
+    alone = worker_groups.group_of(item.nodeid) == worker_groups.ALONE_GROUP
     with worker_groups.machine_share(run_folder).hold(alone=alone):
         return (yield)
 

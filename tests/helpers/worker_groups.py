@@ -1,7 +1,7 @@
-"""How the suite shares one machine among pytest-xdist workers (`make test` runs
-`-n N --dist loadgroup --no-loadscope-reorder`).
+"""How the suite shares one machine among pytest-xdist workers (`make test` runs `-n N`).
 
-Every test module is one unit of work, so a module- or session-scoped fixture (a torchrun
+The suite brings its own scheduler (GroupScheduling): every test module is one unit of
+work, so a module- or session-scoped fixture (a torchrun
 job, a built model folder) runs once per module, as in a serial run. Three kinds of test
 would suffer from a neighbour on another worker, and get a group of their own:
 
@@ -23,9 +23,10 @@ import fcntl
 import functools
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 SANDBOX_MODULES = frozenset(
     {"test_attacks.py", "test_executor.py", "test_code_task.py", "test_code_task_run.py"}
@@ -58,14 +59,27 @@ SANDBOX_GROUP = "sandbox"
 ALONE_GROUP = "alone"
 
 
-def group_of(item: pytest.Item) -> str:
-    """The xdist group of a test: ALONE, the sandbox modules, else its module."""
-    name = item.path.name
-    if f"{name}::{getattr(item, 'originalname', item.name)}" in ALONE:
+def group_of(nodeid: str) -> str:
+    """The group of a test by its node id: ALONE, the sandbox modules, else its module."""
+    module, _, rest = nodeid.partition("::")
+    name = module.rsplit("/", 1)[-1]
+    if f"{name}::{rest.split('[', 1)[0]}" in ALONE:
         return ALONE_GROUP
     if name in SANDBOX_MODULES:
         return SANDBOX_GROUP
-    return item.nodeid.split("::", 1)[0]
+    return module
+
+
+class GroupScheduling(LoadScopeScheduling):
+    """xdist's scope scheduling with `group_of` as the scope, in the order the workers
+    collected (`order_for_workers`)."""
+
+    def __init__(self, config: pytest.Config, log: Any = None) -> None:
+        config.option.loadscopereorder = False
+        super().__init__(config, log)
+
+    def _split_scope(self, nodeid: str) -> str:
+        return group_of(nodeid)
 
 
 def order_for_workers(items: list[pytest.Item]) -> None:
@@ -73,7 +87,7 @@ def order_for_workers(items: list[pytest.Item]) -> None:
     slow = {i.path for i in items if i.get_closest_marker("slow")}
 
     def rank(item: pytest.Item) -> int:
-        if group_of(item) == ALONE_GROUP:
+        if group_of(item.nodeid) == ALONE_GROUP:
             return 2
         return 0 if item.path in slow else 1
 
