@@ -1,16 +1,14 @@
 """How the suite shares one machine among pytest-xdist workers (`make test` runs `-n N`).
 
-The suite brings its own scheduler (GroupScheduling): every test module is one unit of
-work, so a module- or session-scoped fixture (a torchrun
-job, a built model folder) runs once per module, as in a serial run. Three kinds of test
-would suffer from a neighbour on another worker, and get a group of their own:
+The suite brings its own scheduler (GroupScheduling), whose unit of work is a group:
 
-- the sandbox modules: the attack tests assert that no process of any sandbox uid
-  outlives them, which another worker's sandboxed program would break;
-- tests that hold a latency or wall-clock bound tight enough that another worker's load
-  moves them past it (ALONE): they run last, one after another, each with the machine to
-  itself (an exclusive lock that every other test takes shared);
-- everything else, one group per module.
+- a test module, so a module- or session-scoped fixture (a torchrun job, a built model
+  folder) runs once per module, as in a serial run;
+- the sandbox modules together: the attack tests assert that no process of any sandbox
+  uid outlives them, which another worker's sandboxed program would break;
+- the tests whose latency or wall-clock bound another worker's load would move them past
+  (ALONE): they run last, one after another, each with the machine to itself (an
+  exclusive lock that every other test holds shared).
 
 The slow modules go to the front of the queue so the longest cases start first instead
 of ending the run alone.
