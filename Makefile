@@ -74,8 +74,12 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# Most of the suite waits on subprocesses and service start-up, so it runs on TEST_WORKERS
+# pytest-xdist workers even on 2 cores (TEST_WORKERS=0 runs it in one process); the suite's
+# own scheduler keeps each module on one worker (tests/helpers/worker_groups.py).
+TEST_WORKERS ?= 3
 test: setup proto-check config-check $(TEST_STAMP)
-	$(BIN)/python -m pytest -m "not gpu and not deploy" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not gpu and not deploy" -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 run: setup
 	$(BIN)/tidal rl @ $(CONFIG) $(ARGS)

@@ -5,6 +5,9 @@ size) on in-process grpc.aio servers on free loopback ports, `weightsync_server`
 the defaults, so trainer and inference contract tests publish and watch real
 versions rather than a fake. `bf16_path` runs a test once on each bf16 kernel path of
 `tidal.models.cpu_features`: the fallback everywhere, the native one where the CPU has it.
+
+Under pytest-xdist, tests/helpers/worker_groups.py decides which tests share a worker and
+which need the machine to themselves.
 """
 
 from __future__ import annotations
@@ -29,6 +32,32 @@ from tidal.models.cpu_features import FORCE_ENV, bf16_support
 from tidal.weightsync.config import Transport
 from tidal.weightsync.registry import VersionRegistry
 from tidal.weightsync.servicer import WeightSyncServicer, add_to_server
+
+from .helpers import worker_groups
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Module by module, with the groups of tests/helpers/worker_groups.py."""
+    return worker_groups.GroupScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On an xdist worker, orders the queue (the scheduler keeps the workers' order)."""
+    if hasattr(config, "workerinput"):
+        worker_groups.order_for_workers(items)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """On a worker, holds the machine shared (exclusively for an ALONE test) around the
+    whole test; outermost, so a wait for the lock is not counted by pytest-timeout."""
+    if not hasattr(item.config, "workerinput"):
+        return (yield)
+    run_folder = Path(item.config.option.basetemp).parent  # xdist gives each worker a subfolder
+    alone = worker_groups.group_of(item.nodeid) == worker_groups.ALONE_GROUP
+    with worker_groups.machine_share(run_folder).hold(alone=alone):
+        return (yield)
 
 
 @pytest.fixture(autouse=True)
