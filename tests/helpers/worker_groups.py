@@ -27,7 +27,14 @@ import pytest
 from xdist.scheduler import LoadScopeScheduling
 
 SANDBOX_MODULES = frozenset(
-    {"test_attacks.py", "test_executor.py", "test_code_task.py", "test_code_task_run.py"}
+    {
+        "test_attacks.py",
+        "test_executor.py",
+        "test_hostile_programs.py",
+        "test_isolation.py",
+        "test_code_task.py",
+        "test_code_task_run.py",
+    }
 )
 """Modules whose tests run programs as sandbox uids (by file name: modules move)."""
 
