@@ -51,6 +51,10 @@ ALONE = frozenset(
         # a refused dial answered within 1 s, a silent one between 0.3 and 2 s
         "test_channel.py::test_a_refused_connection_names_the_service_and_address_at_once",
         "test_channel.py::test_an_address_where_nothing_answers_fails_after_the_timeout",
+        # a refusal within 1 s and gRPC health within 100 ms while tools are checked
+        "test_openai_tools.py::test_a_hundred_thousand_tools_are_refused_at_once_and_health_answers_meanwhile",
+        "test_openai_tools.py::test_more_tools_than_the_limit_is_a_400_naming_it_before_any_is_checked",
+        "test_openai_tools.py::test_tool_schemas_are_checked_off_the_event_loop",
         # other RPCs answered within half of a slow disk's hold
         "test_weightsync_service.py::test_other_rpcs_are_answered_while_a_fetch_waits_on_a_slow_disk",
         # a child started in a fresh interpreter stops within 2-3 s of its launcher's death
