@@ -76,6 +76,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--steps", type=int, default=2, help="timed steps after the first")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
+    if not (args.model_folder / "config.json").exists():  # `make bench` on a fresh clone
+        print(f"skipped: no model folder at {args.model_folder} (`tidal import-model` writes one)")
+        return
     torch.set_num_threads(args.threads)
     config = TrainerConfig(
         model=ModelConfig(path=args.model_folder),
