@@ -6,7 +6,7 @@ question as one user message in the folder's chat template, the completion's las
 scored by the dataset's `score_answer`; 8 prompts x 8 completions, 48 new tokens,
 temperature 1, lr 3e-6 constant, clip 0.2/0.2, no KL, token-mean loss, grad-norm clip 1.
 Each side at its best precision on a CPU with native bf16: TRL `bf16=True` (its bf16
-autocast; fp32 measured 1.5x slower), Tidal `precision = "auto"` (bf16 autocast, bf16
+autocast, faster than its fp32 here), Tidal `precision = "auto"` (bf16 autocast, bf16
 versions and inference). Variants run interleaved per repeat, each its own process;
 s/step is the median time between step ends after the first `skip` steps.
 """
