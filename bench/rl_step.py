@@ -7,9 +7,12 @@ dependency) at default threads and 1 thread; `tidal rl @ configs/default.toml` p
 task, shape and optimizer flags, with max_async 0 and 1, and with prompt sharing off.
 s/step is the median time between step ends after the first `SKIP`. The same-tokenizer
 scenario (`rl_same_tokenizer.py`) measures reward reached per wall-second. Writes
-rl_step.json, whose summary divides TRL's s/step by Tidal's default per shape.
+rl_step.json, whose summary divides TRL's s/step by Tidal's default per shape. The
+`smollm2` scenario (`rl_smollm2.py`, only when named) runs the real SmolLM2-135M folder
+on both sides and writes rl_step_smollm2.json.
 
     python bench/rl_step.py [--scenarios speed,same-tokenizer] [--repeats 2] [--no-large]
+    python bench/rl_step.py --scenarios smollm2 --model-folder DIR [--smollm2-steps 4]
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import rl_same_tokenizer
+import rl_smollm2
 from common import RESULTS_DIR, ROOT, print_table, write_result
 
 HERE = Path(__file__).resolve().parent
@@ -52,7 +56,10 @@ def trl_python() -> Path:
     python = TRL_VENV / "bin" / "python"
     if not (python.exists() and subprocess.call([python, "-c", "import trl"]) == 0):
         subprocess.run([sys.executable, "-m", "venv", str(TRL_VENV)], check=True)
-        subprocess.run([python, "-m", "pip", "install", "-q", "torch==2.13.0", "trl"], check=True)
+        subprocess.run(
+            [python, "-m", "pip", "install", "-q", "torch==2.13.0", "trl", "reasoning-gym"],
+            check=True,
+        )
     return python
 
 
@@ -304,12 +311,60 @@ def run_speed(args: argparse.Namespace, out: Path) -> Runs:
     return runs
 
 
+def run_smollm2(args: argparse.Namespace) -> None:
+    """The real-model scenario: its own result file (rl_step_smollm2.json)."""
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="tidal-bench-rl-smollm2-") as tmp:
+        runs = rl_smollm2.run_scenario(
+            trl_python(), args.model_folder, steps=args.smollm2_steps,
+            skip=args.smollm2_skip, repeats=args.smollm2_repeats, out=Path(tmp),
+        )  # fmt: skip
+    rows, summary = rl_smollm2.summarize(runs)
+    print_table("RL step, SmolLM2-135M-Instruct, Tidal beside TRL GRPOTrainer", rows)
+    path = write_result(
+        "rl_step_smollm2",
+        config={
+            "model": str(args.model_folder),
+            "task": "reasoning_gym basic_arithmetic " + json.dumps(rl_smollm2.OPTIONS),
+            "prompts_x_completions": "8 x 8",
+            "max_new_tokens": rl_smollm2.MAX_NEW,
+            "lr": rl_smollm2.LR,
+            "clip": [0.2, 0.2],
+            "kl": 0,
+            "steps": args.smollm2_steps,
+            "skipped_first_steps": args.smollm2_skip,
+            "repeats": args.smollm2_repeats,
+            "trl": "GRPOTrainer, use_cpu, bf16=True, torch default threads (2)",
+            "tidal": "tidal rl @ configs/default.toml + the task flags; precision auto (bf16)",
+            "wall_s": round(time.time() - started, 1),
+        },
+        results=[
+            {"variant": v, "repeat": i, **r}
+            for v, results in runs.items()
+            for i, r in enumerate(results)
+        ]
+        + rows,
+        summary=summary,
+    )
+    print(f"wrote {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--scenarios", default="speed,same-tokenizer",
-        help="comma-separated: speed (both shapes' step times), same-tokenizer",
+        help="comma-separated: speed (both shapes' step times), same-tokenizer, smollm2 "
+        "(the real model; only when named, on its own)",
     )  # fmt: skip
+    parser.add_argument(
+        "--model-folder", type=Path, default=Path("/work/smollm2-hf"),
+        help="smollm2: the SmolLM2-135M-Instruct folder `tidal import-model` wrote",
+    )  # fmt: skip
+    parser.add_argument("--smollm2-steps", type=int, default=4, help="smollm2: RL steps per run")
+    parser.add_argument(
+        "--smollm2-skip", type=int, default=1, help="smollm2: first steps left out of s/step"
+    )
+    parser.add_argument("--smollm2-repeats", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--steps", type=int, default=12, help="RL steps per small run")
     parser.add_argument("--large-steps", type=int, default=6, help="RL steps per large run")
@@ -337,6 +392,11 @@ def main() -> None:
         resummarize(args.resummarize)
         return
     scenarios = set(args.scenarios.split(","))
+    if "smollm2" in scenarios:
+        if scenarios != {"smollm2"}:
+            parser.error("--scenarios: smollm2 runs on its own")
+        run_smollm2(args)
+        return
     unknown = scenarios - {"speed", "same-tokenizer"}
     if unknown:
         parser.error(f"--scenarios: unknown {sorted(unknown)}; use speed and/or same-tokenizer")

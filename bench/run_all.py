@@ -18,6 +18,7 @@ NOT_BENCHMARKS = {
     "inference_kv",
     "inference_step",
     "rl_same_tokenizer",
+    "rl_smollm2",
     "slow_lookup_task",
     "gpu_check",
     "gpu_stages",

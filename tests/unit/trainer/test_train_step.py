@@ -7,7 +7,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from tidal.batch.tensors import MicroBatchData, positions_for
+from tidal.batch.balance import pack_for_ranks
+from tidal.batch.packing import TrainSample
+from tidal.batch.tensors import MicroBatchData, micro_batch_from_packed, positions_for
 from tidal.common.errors import FailedPrecondition
 from tidal.trainer.config import LossConfig, ModelConfig, OptimConfig, TrainerConfig
 from tidal.trainer.train_step import Trainer
@@ -317,3 +319,38 @@ def test_kl_to_the_frozen_reference_starts_at_zero_and_grows() -> None:
     assert last > 1e-5
     assert trainer.reference is not None
     assert not any(p.requires_grad for p in trainer.reference.parameters())
+
+
+@pytest.mark.parametrize("share", [False, True], ids=["one-row-per-sample", "shared-prompts"])
+def test_scoring_rows_before_the_lm_head_gives_the_full_logits_step(share: bool) -> None:
+    """Our models pick the scored rows from the hidden states before the LM head; that is
+    the step scoring them from every position's logits (transformers' path) gives."""
+    g = torch.Generator().manual_seed(3)
+    samples = []
+    for _ in range(3):
+        prompt = tuple(torch.randint(0, 259, (5,), generator=g).tolist())
+        for _ in range(3):
+            n = int(torch.randint(2, 7, (), generator=g))
+            samples.append(
+                TrainSample(
+                    prompt,
+                    tuple(torch.randint(0, 259, (n,), generator=g).tolist()),
+                    advantage=float(torch.randn((), generator=g)),
+                    completion_logprobs=tuple((-torch.rand(n, generator=g) * 3).tolist()),
+                )
+            )
+    (per_rank,) = pack_for_ranks(samples, 256, 1, share_prompts=share)
+    batches = [micro_batch_from_packed(p) for p in per_rank]
+    assert (batches[0].sample_parents is not None) == share
+    results = []
+    for takes_head in (True, False):
+        trainer = make_trainer({"entropy_coef": 0.01})  # the entropy carries gradient too
+        assert trainer._takes_head
+        trainer._takes_head = takes_head
+        sums = trainer.compute_gradients(batches, "pg")
+        results.append((sums, grads(trainer)))
+    (sums_rows, grads_rows), (sums_full, grads_full) = results
+    for name, value in sums_full.items():
+        torch.testing.assert_close(sums_rows[name], value, rtol=1e-6, atol=1e-7, msg=name)
+    for name, grad in grads_full.items():
+        torch.testing.assert_close(grads_rows[name], grad, rtol=1e-5, atol=1e-7, msg=name)

@@ -11,6 +11,7 @@ runs it on a worker thread. The optimizer is built on first use (its first impor
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import math
 import threading
@@ -80,6 +81,8 @@ class Trainer:
             else torch.float32
         )
         self.model = ranks.parallelize(levered)
+        # Our models take a replacement LM head (the rows to score, chunking); transformers' do not.
+        self._takes_head = "head" in inspect.signature(levered.forward).parameters
         self.lm_head_chunk = resolve_chunk_size(
             config.model.fused_lm_head_token_chunk_size, config.model.vocab_size
         )
@@ -269,8 +272,10 @@ class Trainer:
         has its first token scored at the parent's last (`prediction_index`); the pair
         across a sample boundary is scored too but always masked (a sample's first token
         is never a loss token), which is cheaper than cutting the row apart. The entropy
-        carries gradient only with `entropy_grad`. With the chunked LM head
-        lever the `(T-1, V)` logits are never materialized (`memory/lm_head.py`).
+        carries gradient only with `entropy_grad`. The scored rows are picked from the
+        `(T, dim)` hidden states before the head, so no `(T, V)` logits are copied to
+        select them; with the chunked LM head lever the `(T-1, V)` logits are never
+        materialized at all (`memory/lm_head.py`).
         """
         ids, positions = batch.input_ids[None], batch.position_ids[None]
         targets = batch.input_ids[1:]  # (T-1,)
@@ -288,10 +293,19 @@ class Trainer:
             with self._autocast():  # through forward: FSDP gathers the root unit for it
                 logprobs, entropy = model(ids, positions, **layout, head=head)
             return logprobs, entropy if entropy_grad else entropy.detach()
-        with self._autocast():
-            logits = model(ids, positions, **layout)[0]  # (T, V)
-        scoring = logits[:-1] if rows is None else logits.index_select(0, rows)  # (T-1, V)
-        logprobs_all = torch.log_softmax(scoring.float(), dim=-1)  # (T-1, V): row → its target
+        if self._takes_head:  # the scored rows picked before the head: (T-1, dim), not (T-1, V)
+
+            def dense_head(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+                scoring = hidden[0, :-1] if rows is None else hidden[0].index_select(0, rows)
+                return torch.nn.functional.linear(scoring, weight).float()  # (T-1, V)
+
+            with self._autocast():
+                scored_logits = model(ids, positions, **layout, head=dense_head)
+        else:  # transformers' model (model.impl = "hf") returns every position's logits
+            with self._autocast():
+                logits = model(ids, positions, **layout)[0]  # (T, V)
+            scored_logits = logits[:-1] if rows is None else logits.index_select(0, rows)
+        logprobs_all = torch.log_softmax(scored_logits, dim=-1)  # (T-1, V): row → its target
         entropy = token_entropy(logprobs_all if entropy_grad else logprobs_all.detach())
         return logprobs_all.gather(-1, targets[:, None]).squeeze(-1), entropy
 
