@@ -1,21 +1,14 @@
-"""Docstrings and help text are timeless: they say what the code does, never which issue
-asked for it, how fast it was once measured, or what it did before. History lives in
-CHANGELOG.md and commit messages, figures in docs/benchmarks/, design reasoning in docs/.
+"""Docstrings and help text are timeless: they say what the code does and why, never
+which ticket asked for it, a figure once measured, or what the code did before. History
+lives in CHANGELOG.md and commit messages, figures in docs/benchmarks/, design reasoning
+in docs/.
 
-The rule, for every docstring in the source (module, class, function, and the attribute
-docstrings that are the config fields' help) and every help text (`tidal --help`, each
-command's `--help all`, the argparse helps):
-- no issue number: `issue 14`, `issues 3`, `#14`;
-- no figure, meaning a measured quantity: an approximate duration or ratio (`~1.2 s`,
-  `≈3x`), a ratio (`1.9×`, `3x`), a rate (`400 MB/s`, `tokens/s` after a number), a
-  percentage, or `faster than` / `slower than` / `speed-up`. An exact setting is not a
-  figure: `64 MiB`, `every 0.5 s`, `2 s by default` describe what the code does;
-- no former behaviour: `used to`, `previously`, `formerly`, `no longer`, `anymore`,
-  `legacy`, `was replaced/renamed/removed/changed`, `renamed from`, `(was …)`, `before
-  issue`, `the old default`, `is now optional` (and `a`, `required`, `refused`, `removed`;
-  a plain `now` is the present).
-Module docstrings are stricter still: no `measured`, `benchmark` or `ms`/`µs` at all, no
-`Decisions:` block, and a few lines only.
+The rule covers every docstring in the source (module, class, function, and the
+attribute docstrings that are the config fields' help) and every help text (`tidal
+--help`, each command's `--help all`, the argparse helps); TIMELESS holds its patterns:
+ticket references, measured quantities (an exact setting such as a size limit or an
+interval passes), and wording about former behaviour. Module docstrings are stricter:
+no benchmark vocabulary or time units at all, no `Decisions:` block, a few lines only.
 """
 
 from __future__ import annotations
