@@ -17,7 +17,12 @@ from pydantic import Field, model_validator
 from tidal.common.config.loading import BaseConfig
 from tidal.common.config.schema import FIRST
 from tidal.common.config.shared import ServiceRunConfig
-from tidal.orchestrator.task_config import CodeTaskConfig, ReversalTaskConfig, TaskConfig
+from tidal.orchestrator.task_config import (
+    CodeTaskConfig,
+    CurriculumConfig,
+    ReversalTaskConfig,
+    TaskConfig,
+)
 
 Algorithm = Literal["grpo", "dr_grpo", "rloo", "remax"]
 
@@ -275,6 +280,9 @@ class OrchestratorConfig(BaseConfig):
     """The verifiable task prompts come from (use `tasks` for a mixture)."""
     tasks: list[TaskConfig] = []
     """A weighted mixture of tasks (each with `weight`); when non-empty it replaces `task`."""
+    curriculum: CurriculumConfig = CurriculumConfig()
+    """Which problems and tasks to train on, from online pass rates (skip the always or
+    never solved, weight tasks by learning progress)."""
     steps: Annotated[int, FIRST] = Field(default=60, ge=0)
     """RL steps after the warm start. Step ids continue after the warm-up steps."""
     warmup_steps: int = Field(default=15, ge=0)

@@ -164,7 +164,9 @@ class RLLoop:
 
     async def _warmup_step(self, step: int) -> None:
         before = self.mixture.state_dict()
-        problems = self.mixture.draw(self.config.prompts_per_step * self.config.group_size)
+        problems = self.mixture.draw(
+            self.config.prompts_per_step * self.config.group_size, step=step
+        )
         samples = [self.generator.prompts.reference_sample(p) for p in problems]
         samples, truncated, dropped = self._fit(samples)
         batches = self._pack(samples)

@@ -85,7 +85,12 @@ def build_mixture(config: OrchestratorRunConfig) -> TaskMixture:
         skipped = getattr(task, "skipped_records", 0)
         if skipped:
             log.warning("task %s: %d malformed records skipped", task.name, skipped)
-    return TaskMixture(tasks, [c.weight for c in configs], seed=config.run.seed)
+    return TaskMixture(
+        tasks,
+        [c.weight for c in configs],
+        seed=config.run.seed,
+        curriculum=config.orchestrator.curriculum,
+    )
 
 
 def build_prompt_renderer(config: OrchestratorRunConfig) -> PromptRenderer:

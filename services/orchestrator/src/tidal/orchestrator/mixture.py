@@ -1,9 +1,10 @@
 """The task mixture: which task each prompt comes from, and a cursor into every task.
 
-The state is one cursor per task plus the mixture RNG's state, small and JSON-serializable:
-saved after a step and loaded on resume, it makes the run draw exactly the prompts it
-would have drawn next. The task of each prompt is drawn by weight and its problem taken
-by cursor, so a file dataset is walked epoch by epoch without repeats within an epoch.
+The state is one cursor per task, the mixture RNG's state and the curriculum's pass rates,
+JSON-serializable: saved after a step and loaded on resume, it makes the run draw exactly
+the prompts it would have drawn next. The task of each prompt is drawn by weight (fixed,
+or the curriculum's) and its problem taken by cursor, so a file dataset is walked epoch by
+epoch without repeats within an epoch; a problem the curriculum skips is passed over.
 """
 
 from __future__ import annotations
@@ -13,14 +14,23 @@ from collections.abc import Sequence
 from typing import Any
 
 from tidal.common.errors import ConfigError
+from tidal.orchestrator.curriculum import Curriculum
 from tidal.orchestrator.seeds import derive_seed
+from tidal.orchestrator.task_config import CurriculumConfig
 from tidal.orchestrator.tasks.base import Problem, Task
 
 MIXTURE_SEED_KEY = 7
 
 
 class TaskMixture:
-    def __init__(self, tasks: Sequence[Task], weights: Sequence[float], *, seed: int) -> None:
+    def __init__(
+        self,
+        tasks: Sequence[Task],
+        weights: Sequence[float],
+        *,
+        seed: int,
+        curriculum: CurriculumConfig | None = None,
+    ) -> None:
         if not tasks or len(tasks) != len(weights):
             raise ConfigError("orchestrator tasks: need at least one task, each with a weight")
         self.tasks = {t.name: t for t in tasks}
@@ -28,14 +38,30 @@ class TaskMixture:
         self.weights = list(weights)
         self.rng = random.Random(derive_seed(seed, MIXTURE_SEED_KEY))
         self.cursors = dict.fromkeys(self.names, 0)
+        self.curriculum = Curriculum(curriculum or CurriculumConfig(), tasks)
 
-    def draw(self, count: int) -> list[Problem]:
-        """The next `count` training problems."""
-        problems = []
-        for name in self.rng.choices(self.names, weights=self.weights, k=count):
-            problems.append(self.tasks[name].problem(self.cursors[name], split="train"))
+    def draw(self, count: int, *, step: int = 0) -> list[Problem]:
+        """The next `count` training problems, for step `step`."""
+        weights = self.curriculum.task_weights(self.names, self.weights)
+        return [self._next(name, step) for name in self.rng.choices(self.names, weights, k=count)]
+
+    def _next(self, name: str, step: int) -> Problem:
+        """The task's next problem the curriculum admits; when a whole epoch of a finite
+        task is skipped, the next problem anyway (a step always gets its prompts)."""
+        task = self.tasks[name]
+        for _ in range(task.size("train") or 1):
+            problem = task.problem(self.cursors[name], split="train")
             self.cursors[name] += 1
-        return problems
+            if self.curriculum.admits(problem, step):
+                return problem
+        return task.problem(self.cursors[name] - 1, split="train")
+
+    def observe(self, problem: Problem, rewards: Sequence[float]) -> None:
+        """A group's verifier rewards, for the curriculum's pass rates."""
+        self.curriculum.observe(problem, rewards)
+
+    def curriculum_metrics(self) -> dict[str, float]:
+        return self.curriculum.metrics(self.names, self.weights)
 
     def eval_problems(self, name: str, count: int) -> list[Problem]:
         """The first `count` held-out problems of a task (fewer if its eval split is smaller)."""
@@ -49,7 +75,11 @@ class TaskMixture:
 
     def state_dict(self) -> dict[str, Any]:
         version, internal, gauss = self.rng.getstate()
-        return {"cursors": dict(self.cursors), "rng": [version, list(internal), gauss]}
+        return {
+            "cursors": dict(self.cursors),
+            "rng": [version, list(internal), gauss],
+            "curriculum": self.curriculum.state_dict(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         cursors = state["cursors"]
@@ -60,3 +90,5 @@ class TaskMixture:
         self.cursors = {name: int(cursors[name]) for name in self.names}
         version, internal, gauss = state["rng"]
         self.rng.setstate((version, tuple(internal), gauss))
+        if "curriculum" in state:  # a file saved without one starts the curriculum afresh
+            self.curriculum.load_state_dict(state["curriculum"])

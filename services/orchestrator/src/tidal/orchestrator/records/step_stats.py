@@ -122,6 +122,7 @@ def rl_step_extras(
     for kind, count in sorted(generation.failures.items()):
         extras[f"verifier_failures/{kind}"] = float(count)
     extras.update(generation.counters)  # judge/*, reward_model/*
+    extras.update(generation.curriculum)
     extras.update(episode_stats(scored))
     extras.update(reasoning_stats(generation, parsed=reasoning))
     extras["wait/trainer_s"] = trainer_wait_s

@@ -16,6 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -83,6 +84,8 @@ class Generation:
     """Verifier failures by kind."""
     counters: dict[str, float] = field(default_factory=dict)
     """What scoring cost (a judge's calls, cache hits, ...), summed over the step."""
+    curriculum: dict[str, float] = field(default_factory=dict)
+    """The curriculum's `curriculum/*` metrics after this step's outcomes."""
 
 
 class RolloutGenerator:
@@ -253,12 +256,18 @@ class RolloutGenerator:
         before = mixture.state_dict()
 
         async def generate(round_: int, problems: list[Problem]) -> list[Group]:
-            groups = (self.group(step, round_, i, p) for i, p in enumerate(problems))
-            return list(await asyncio.gather(*groups))
+            groups = list(
+                await asyncio.gather(
+                    *(self.group(step, round_, i, p) for i, p in enumerate(problems))
+                )
+            )
+            for group in groups:  # in draw order, before the next round or step draws
+                mixture.observe(group.problem, group.rewards)
+            return groups
 
         batch = await fill_batch(
             self.config.prompts_per_step,
-            draw=mixture.draw,
+            draw=partial(mixture.draw, step=step),
             generate=generate,
             keep=(lambda g: has_signal(g.shaped))
             if self.config.advantages.dynamic_sampling
@@ -282,6 +291,7 @@ class RolloutGenerator:
             dropped_zero_variance=batch.dropped,
             failures=dict(failures),
             counters=dict(sorted(counters.items())),
+            curriculum=mixture.curriculum_metrics(),
         )
 
     async def regenerate(self, step: int, generation: Generation, attempt: int) -> Generation:

@@ -36,6 +36,9 @@ class Problem:
     """Name of the task the problem came from (set by the task mixture)."""
     uid: str = ""
     """Stable id: `<task>/<split>/<index>` (what 'prompts seen' compares)."""
+    key: str = ""
+    """The problem's identity across epochs (a dataset record); empty means `uid`. The
+    curriculum tracks pass rates by it."""
     followups: tuple[tuple[str, str], ...] = ()
     """Multi-turn: (environment text, reference answer) of turns 2, 3, ..."""
     messages: tuple[dict[str, str], ...] = field(default=(), hash=False)

@@ -138,6 +138,7 @@ class DatasetTask(Task):
             answer=record.answer,
             task=self.name,
             uid=f"{self.name}/{split}/{index}/line{record.line}",
+            key=f"{self.name}/{split}/line{record.line}",
             messages=record.messages,
             metadata=dict(record.metadata),
         )

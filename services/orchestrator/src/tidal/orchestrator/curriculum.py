@@ -1,0 +1,141 @@
+"""The curriculum: online pass rates per task and per problem, and what they change in
+what the task mixture draws (problems skipped, task weights).
+
+Its state is plain JSON (counts and averages keyed by task and problem) saved inside the
+mixture's state, so progress.json holds it with the cursors and a resumed run draws what
+an uninterrupted one would. Outcomes are observed as each round of a step is scored,
+before the next draw (generations are chained), so their order is the step order.
+Problems are tracked only for tasks with a finite training set: an unbounded generated
+task never repeats a problem, and its records would only grow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from tidal.orchestrator.task_config import CurriculumConfig
+from tidal.orchestrator.tasks.base import Problem, Task
+
+
+@dataclass
+class ProblemRecord:
+    samples: int = 0
+    passes: int = 0
+    skipped_at: int | None = None
+    """The step at which the problem was first skipped since it was last admitted."""
+
+
+@dataclass
+class TaskRecord:
+    samples: int = 0
+    passes: int = 0
+    fast: float | None = None
+    """Fast EMA of the task's per-group pass rate (None before its first group)."""
+    slow: float | None = None
+    """Slow EMA of the same."""
+
+    @property
+    def progress(self) -> float:
+        """Learning progress: how fast the pass rate moves, in either direction."""
+        if self.fast is None or self.slow is None:
+            return 0.0
+        return abs(self.fast - self.slow)
+
+
+class Curriculum:
+    def __init__(self, config: CurriculumConfig, tasks: Sequence[Task]) -> None:
+        self.config = config
+        self.tracked = {t.name for t in tasks if t.size("train") is not None}
+        """Tasks whose problems are tracked one by one (a finite training set)."""
+        self.problems: dict[str, ProblemRecord] = {}
+        self.tasks = {t.name: TaskRecord() for t in tasks}
+        self.skips = 0
+        """Problems skipped so far (a problem skipped at several draws counts each time)."""
+
+    def observe(self, problem: Problem, rewards: Sequence[float]) -> None:
+        """Count one group's completions of `problem` (its verifier rewards)."""
+        if not rewards:
+            return
+        passes = sum(r >= self.config.pass_threshold for r in rewards)
+        task = self.tasks[problem.task]
+        task.samples += len(rewards)
+        task.passes += passes
+        rate = passes / len(rewards)
+        if task.fast is None or task.slow is None:
+            task.fast = task.slow = rate
+        else:
+            task.fast += self.config.fast_rate * (rate - task.fast)
+            task.slow += self.config.slow_rate * (rate - task.slow)
+        if problem.task in self.tracked and self.config.skips_problems:
+            record = self.problems.setdefault(problem.key or problem.uid, ProblemRecord())
+            record.samples += len(rewards)
+            record.passes += passes
+
+    def admits(self, problem: Problem, step: int) -> bool:
+        """Whether `problem`, drawn for `step`, is trained on (False: skip it)."""
+        if not self.config.skips_problems or problem.task not in self.tracked:
+            return True
+        key = problem.key or problem.uid
+        record = self.problems.get(key)
+        if record is None or record.samples < self.config.min_samples:
+            return True
+        if record.skipped_at is not None and step - record.skipped_at >= self.config.readmit_after:
+            del self.problems[key]  # re-admitted: its next completions decide anew
+            return True
+        if record.skipped_at is None:
+            if not self._out_of_band(record.passes / record.samples):
+                return True
+            record.skipped_at = step
+        self.skips += 1
+        return False
+
+    def _out_of_band(self, rate: float) -> bool:
+        above, below = self.config.skip_above, self.config.skip_below
+        return (above is not None and rate >= above) or (below is not None and rate <= below)
+
+    def task_weights(self, names: Sequence[str], weights: Sequence[float]) -> list[float]:
+        """The relative draw weight of each task: the fixed `weights`, or under
+        learning_progress probabilities mixing those with each task's share of the
+        learning progress."""
+        progress = [self.tasks[name].progress for name in names]
+        if self.config.task_weighting == "fixed" or sum(progress) <= 0:
+            return list(weights)  # nothing moves yet (or any more): the fixed mixture
+        fixed = [w / sum(weights) for w in weights]
+        explore = self.config.explore
+        return [
+            (1 - explore) * p / sum(progress) + explore * f
+            for p, f in zip(progress, fixed, strict=True)
+        ]
+
+    def metrics(self, names: Sequence[str], weights: Sequence[float]) -> dict[str, float]:
+        """`curriculum/*`: each task's recent pass rate and draw probability, skips so far
+        and problems skipped now."""
+        out: dict[str, float] = {}
+        drawn = self.task_weights(names, weights)
+        for name, weight in zip(names, drawn, strict=True):
+            task = self.tasks[name]
+            if task.fast is not None:
+                out[f"curriculum/{name}/pass_rate"] = task.fast
+                out[f"curriculum/{name}/progress"] = task.progress
+            out[f"curriculum/{name}/weight"] = weight / sum(drawn)
+        if self.config.skips_problems:
+            out["curriculum/skips"] = float(self.skips)
+            out["curriculum/skipped_now"] = float(
+                sum(r.skipped_at is not None for r in self.problems.values())
+            )
+            out["curriculum/problems_tracked"] = float(len(self.problems))
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "problems": {key: asdict(r) for key, r in self.problems.items()},
+            "tasks": {name: asdict(r) for name, r in self.tasks.items()},
+            "skips": self.skips,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.problems = {key: ProblemRecord(**r) for key, r in state["problems"].items()}
+        self.tasks = {name: TaskRecord(**state["tasks"][name]) for name in self.tasks}
+        self.skips = int(state["skips"])

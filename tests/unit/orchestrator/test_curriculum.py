@@ -1,0 +1,166 @@
+"""The curriculum: pass rates per problem and task, skipping, re-admission, learning-progress
+weights, and a state that resumes the exact draw sequence."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from tidal.orchestrator.mixture import TaskMixture
+from tidal.orchestrator.task_config import (
+    CurriculumConfig,
+    DatasetTaskConfig,
+    ReversalTaskConfig,
+)
+from tidal.orchestrator.tasks import build_tasks
+from tidal.orchestrator.tasks.base import Problem
+
+
+def _dataset(tmp_path: Path, records: int = 10) -> DatasetTaskConfig:
+    path = tmp_path / "qa.jsonl"
+    path.write_text(
+        "".join(json.dumps({"prompt": f"{i}>", "answer": str(i)}) + "\n" for i in range(records))
+    )
+    return DatasetTaskConfig(path=path, name="qa", eval_fraction=0.0)
+
+
+def _mixture(tmp_path: Path, curriculum: CurriculumConfig, *, seed: int = 0) -> TaskMixture:
+    configs = [_dataset(tmp_path), ReversalTaskConfig()]
+    return TaskMixture(
+        build_tasks(configs, seed=seed), [1.0, 1.0], seed=seed, curriculum=curriculum
+    )
+
+
+def _solved(problem: Problem) -> list[float]:
+    """A fixed verdict per problem: even records always solved, odd ones never."""
+    if problem.task != "qa":
+        return [0.5] * 4
+    return [float(int(problem.answer) % 2 == 0)] * 4
+
+
+def _run(mixture: TaskMixture, steps: range, per_step: int = 4) -> list[list[str]]:
+    """Draw and observe `per_step` problems a step; the uids drawn per step."""
+    drawn = []
+    for step in steps:
+        problems = mixture.draw(per_step, step=step)
+        for problem in problems:
+            mixture.observe(problem, _solved(problem))
+        drawn.append([p.uid for p in problems])
+    return drawn
+
+
+SKIP_BOTH = CurriculumConfig(skip_above=1.0, skip_below=0.0, min_samples=4, readmit_after=30)
+
+
+def test_problems_always_or_never_solved_are_skipped_once_seen(tmp_path: Path) -> None:
+    mixture = _mixture(tmp_path, SKIP_BOTH)
+    drawn = [uid for step in _run(mixture, range(1, 11)) for uid in step]
+    qa = [uid for uid in drawn if uid.startswith("qa/")]
+    lines = Counter(uid.rsplit("/", 1)[1] for uid in qa)
+    # the first epoch sees each of the 10 records once; afterwards each is skipped, and
+    # with every record out of band a draw passes a whole epoch and takes one anyway
+    assert len(lines) == 10
+    assert mixture.curriculum.skips > 0
+    assert mixture.curriculum_metrics()["curriculum/skipped_now"] == 10
+
+
+def test_a_problem_in_the_band_is_never_skipped(tmp_path: Path) -> None:
+    mixture = _mixture(tmp_path, CurriculumConfig(skip_above=1.0, min_samples=4))
+    problem = mixture.tasks["qa"].problem(0)
+    mixture.observe(problem, [1.0, 0.0, 1.0, 1.0])
+    assert mixture.curriculum.admits(problem, step=1)
+    mixture.observe(problem, [1.0, 1.0, 1.0, 1.0])  # 7 of 8: still below 1.0
+    assert mixture.curriculum.admits(problem, step=2)
+
+
+def test_a_problem_is_tracked_across_epochs_by_its_record(tmp_path: Path) -> None:
+    mixture = _mixture(tmp_path, SKIP_BOTH)
+    task = mixture.tasks["qa"]
+    size = task.size("train")
+    first = task.problem(0)
+    (next_epoch,) = [
+        p for p in map(task.problem, range(size, 2 * size)) if p.prompt == first.prompt
+    ]  # each epoch is shuffled anew
+    assert first.uid != next_epoch.uid and first.key == next_epoch.key
+    mixture.observe(first, [1.0] * 4)
+    assert not mixture.curriculum.admits(next_epoch, step=3)
+
+
+def test_a_skipped_problem_is_readmitted_after_readmit_after_steps(tmp_path: Path) -> None:
+    config = CurriculumConfig(skip_above=1.0, min_samples=4, readmit_after=5)
+    mixture = _mixture(tmp_path, config)
+    problem = mixture.tasks["qa"].problem(0)
+    mixture.observe(problem, [1.0] * 4)
+    assert not mixture.curriculum.admits(problem, step=10)
+    assert not mixture.curriculum.admits(problem, step=14)
+    assert mixture.curriculum.admits(problem, step=15)
+    # its record was cleared: the problem is tracked afresh from its next completions
+    assert mixture.curriculum.admits(problem, step=16)
+    assert mixture.curriculum.skips == 2
+
+
+def test_an_unbounded_task_is_tracked_per_task_only(tmp_path: Path) -> None:
+    mixture = _mixture(tmp_path, SKIP_BOTH)
+    _run(mixture, range(1, 6))
+    assert not any(key.startswith("reversal/") for key in mixture.curriculum.problems)
+    assert mixture.curriculum.tasks["reversal"].samples > 0
+
+
+def test_learning_progress_weights_the_task_whose_pass_rate_moves(tmp_path: Path) -> None:
+    config = CurriculumConfig(task_weighting="learning_progress", explore=0.2)
+    mixture = _mixture(tmp_path, config)
+    assert mixture.curriculum.task_weights(mixture.names, mixture.weights) == [1.0, 1.0]
+    qa, reversal = mixture.tasks["qa"].problem(0), mixture.tasks["reversal"].problem(0)
+    for i in range(10):  # qa's pass rate climbs; reversal's stays where it is
+        mixture.observe(qa, [float(j < i) for j in range(10)])
+        mixture.observe(reversal, [1.0] * 10)
+    qa_weight, reversal_weight = mixture.curriculum.task_weights(mixture.names, mixture.weights)
+    assert reversal_weight == pytest.approx(0.2 * 0.5)  # only its explore share
+    assert qa_weight == pytest.approx(0.8 + 0.2 * 0.5)
+    counts = Counter(p.task for p in mixture.draw(2000, step=11))
+    assert counts["qa"] / 2000 == pytest.approx(0.9, abs=0.03)
+
+
+def test_the_saved_state_draws_what_the_uninterrupted_run_draws(tmp_path: Path) -> None:
+    config = SKIP_BOTH.model_copy(update={"task_weighting": "learning_progress"})
+    uninterrupted = _mixture(tmp_path, config, seed=3)
+    expected = _run(uninterrupted, range(1, 21))
+
+    interrupted = _mixture(tmp_path, config, seed=3)
+    first = _run(interrupted, range(1, 9))
+    saved = json.loads(json.dumps(interrupted.state_dict()))  # as progress.json holds it
+    resumed = _mixture(tmp_path, config, seed=3)  # a new process
+    resumed.load_state_dict(saved)
+    assert first + _run(resumed, range(9, 21)) == expected
+    assert resumed.state_dict() == uninterrupted.state_dict()
+
+
+def test_a_state_saved_without_a_curriculum_loads_with_a_fresh_one(tmp_path: Path) -> None:
+    mixture = _mixture(tmp_path, SKIP_BOTH)
+    state = mixture.state_dict()
+    del state["curriculum"]
+    mixture.load_state_dict(state)
+    assert mixture.curriculum.problems == {}
+
+
+@pytest.mark.parametrize(
+    ("fields", "names"),
+    [
+        ({"skip_above": 0.5, "skip_below": 0.5}, ("skip_below", "skip_above")),
+        (
+            {"task_weighting": "learning_progress", "fast_rate": 0.1, "slow_rate": 0.2},
+            ("slow_rate", "fast_rate"),
+        ),
+    ],
+)
+def test_contradictory_settings_are_refused_naming_both_keys(
+    fields: dict[str, object], names: tuple[str, str]
+) -> None:
+    with pytest.raises(ValidationError) as error:
+        CurriculumConfig(**fields)  # type: ignore[arg-type]
+    for name in names:
+        assert f"orchestrator.curriculum.{name}" in str(error.value)
