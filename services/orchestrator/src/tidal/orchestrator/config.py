@@ -130,6 +130,9 @@ class EvalConfig(BaseConfig):
     """Held-out problems per task."""
     k: int = Field(default=4, gt=0)
     """Samples per problem for pass@k (at the training temperature)."""
+    after_warmup: bool = False
+    """Also evaluate after the last warm-up step: the policy RL starts from, the baseline
+    a run's held-out gains are measured from (needs `every` > 0 and warmup_steps > 0)."""
 
 
 class AdvantagesConfig(BaseConfig):

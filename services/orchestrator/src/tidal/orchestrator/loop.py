@@ -183,7 +183,13 @@ class RLLoop:
         self._checkpoint(step, problems, before, self.mixture.state_dict(), pending)
         started = time.monotonic()
         result = await self._train(step, batches, sft=True)
-        record(result, train_seconds=time.monotonic() - started)
+        train_seconds = time.monotonic() - started
+        evaluation: dict[str, float] = {}
+        if step == self.config.warmup_steps and self.config.eval.after_warmup:
+            await self.window.wait_loaded(step)  # the warm start's own weights
+            evaluation = await self._evaluate(step)
+        extra = {"truncated": float(truncated), "dropped/overlong": float(dropped), **evaluation}
+        record(result, train_seconds=train_seconds, extra=extra)
 
     # ---- RL ---------------------------------------------------------------------------
 
@@ -284,8 +290,15 @@ class RLLoop:
         rl_index = step - self.config.warmup_steps
         if every <= 0 or (rl_index % every != 0 and step != self.config.total_steps):
             return {}
+        return await self._evaluate(step)
+
+    async def _evaluate(self, step: int) -> dict[str, float]:
+        if self.config.eval.every <= 0:
+            return {}
+        started = time.monotonic()
         results = await evaluate(self.generator, self.mixture, self.config.eval, step=step)
         results["eval/policy_version"] = float(self.window.loaded)
+        results["eval/seconds"] = time.monotonic() - started
         return results
 
     def _fit(self, samples: list[TrainSample]) -> tuple[list[TrainSample], int, int]:
