@@ -4,13 +4,15 @@ weights, and a state that resumes the exact draw sequence."""
 from __future__ import annotations
 
 import json
+import random
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from tidal.orchestrator.mixture import TaskMixture
+from tidal.orchestrator.mixture import MIXTURE_SEED_KEY, TaskMixture
+from tidal.orchestrator.seeds import derive_seed
 from tidal.orchestrator.task_config import (
     CurriculumConfig,
     DatasetTaskConfig,
@@ -61,8 +63,8 @@ def test_problems_always_or_never_solved_are_skipped_once_seen(tmp_path: Path) -
     drawn = [uid for step in _run(mixture, range(1, 11)) for uid in step]
     qa = [uid for uid in drawn if uid.startswith("qa/")]
     lines = Counter(uid.rsplit("/", 1)[1] for uid in qa)
-    # the first epoch sees each of the 10 records once; afterwards each is skipped, and
-    # with every record out of band a draw passes a whole epoch and takes one anyway
+    # each of the 10 records is seen once, then skipped: no record comes back
+    assert set(lines.values()) == {1}
     assert len(lines) == 10
     assert mixture.curriculum.skips > 0
     assert mixture.curriculum_metrics()["curriculum/skipped_now"] == 10
@@ -164,3 +166,17 @@ def test_contradictory_settings_are_refused_naming_both_keys(
         CurriculumConfig(**fields)  # type: ignore[arg-type]
     for name in names:
         assert f"orchestrator.curriculum.{name}" in str(error.value)
+
+
+def test_a_skipped_problems_place_goes_to_the_task_the_weights_pick(tmp_path: Path) -> None:
+    mixture = _mixture(tmp_path, SKIP_BOTH)
+    _run(mixture, range(1, 11))  # every qa record is seen, and every one is out of band
+    later = Counter(p.task for p in mixture.draw(100, step=12))
+    assert later == {"reversal": 100}
+
+
+def test_without_skips_the_draws_are_a_plain_weighted_choice(tmp_path: Path) -> None:
+    mixture = _mixture(tmp_path, CurriculumConfig(), seed=4)
+    tasks = [p.task for p in mixture.draw(200, step=1)]
+    plain = random.Random(derive_seed(4, MIXTURE_SEED_KEY)).choices(["qa", "reversal"], k=200)
+    assert tasks == plain

@@ -49,7 +49,8 @@ async def _eval_problem(
 async def evaluate(
     generator: RolloutGenerator, mixture: TaskMixture, config: EvalConfig, *, step: int
 ) -> dict[str, float]:
-    """`eval/<task>/greedy_accuracy`, `.../greedy_reward` and `.../pass@k` for every task."""
+    """`eval/<task>/greedy_accuracy`, `.../greedy_reward`, `.../pass@k` and
+    `.../sampled_reward` (the mean reward of the k samples) for every task."""
     results: dict[str, float] = {}
     for name in mixture.names:
         problems = mixture.eval_problems(name, config.prompts)
@@ -69,4 +70,5 @@ async def evaluate(
         results[f"eval/{name}/greedy_accuracy"] = float(np.mean([g >= 1.0 for g in greedy]))
         results[f"eval/{name}/greedy_reward"] = float(np.mean(greedy))
         results[f"eval/{name}/pass@{config.k}"] = pass_at_k([s for _, s in answers])
+        results[f"eval/{name}/sampled_reward"] = float(np.mean([r for _, s in answers for r in s]))
     return results

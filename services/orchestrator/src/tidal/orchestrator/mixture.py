@@ -4,7 +4,9 @@ The state is one cursor per task, the mixture RNG's state and the curriculum's p
 JSON-serializable: saved after a step and loaded on resume, it makes the run draw exactly
 the prompts it would have drawn next. The task of each prompt is drawn by weight (fixed,
 or the curriculum's) and its problem taken by cursor, so a file dataset is walked epoch by
-epoch without repeats within an epoch; a problem the curriculum skips is passed over.
+epoch without repeats within an epoch; a problem the curriculum skips is passed over and
+its place drawn again. One `random()` per candidate, so without skips the draws are those
+of a plain weighted choice.
 """
 
 from __future__ import annotations
@@ -39,22 +41,25 @@ class TaskMixture:
         self.rng = random.Random(derive_seed(seed, MIXTURE_SEED_KEY))
         self.cursors = dict.fromkeys(self.names, 0)
         self.curriculum = Curriculum(curriculum or CurriculumConfig(), tasks)
+        self._scan_limit = sum(t.size("train") or 1 for t in tasks) + 1
 
     def draw(self, count: int, *, step: int = 0) -> list[Problem]:
         """The next `count` training problems, for step `step`."""
         weights = self.curriculum.task_weights(self.names, self.weights)
-        return [self._next(name, step) for name in self.rng.choices(self.names, weights, k=count)]
+        return [self._next(weights, step) for _ in range(count)]
 
-    def _next(self, name: str, step: int) -> Problem:
-        """The task's next problem the curriculum admits; when a whole epoch of a finite
-        task is skipped, the next problem anyway (a step always gets its prompts)."""
-        task = self.tasks[name]
-        for _ in range(task.size("train") or 1):
-            problem = task.problem(self.cursors[name], split="train")
+    def _next(self, weights: list[float], step: int) -> Problem:
+        """The next problem the curriculum admits: a task by weight, then its next problem,
+        again while the curriculum skips it, so a skipped problem's place goes to whichever
+        task the weights pick. When as many candidates as every finite task holds were
+        skipped, the last one is taken (a step always gets its prompts)."""
+        for _ in range(self._scan_limit):
+            (name,) = self.rng.choices(self.names, weights)
+            problem = self.tasks[name].problem(self.cursors[name], split="train")
             self.cursors[name] += 1
             if self.curriculum.admits(problem, step):
-                return problem
-        return task.problem(self.cursors[name] - 1, split="train")
+                break
+        return problem
 
     def observe(self, problem: Problem, rewards: Sequence[float]) -> None:
         """A group's verifier rewards, for the curriculum's pass rates."""
