@@ -31,14 +31,16 @@ class ProblemRecord:
 class TaskRecord:
     samples: int = 0
     passes: int = 0
+    pass_rate: float | None = None
+    """Recent pass rate: EMA (at `fast_rate`) of the per-group pass rate."""
     fast: float | None = None
-    """Fast EMA of the task's per-group pass rate (None before its first group)."""
+    """Fast EMA of the task's per-group mean reward (None before its first group)."""
     slow: float | None = None
     """Slow EMA of the same."""
 
     @property
     def progress(self) -> float:
-        """Learning progress: how fast the pass rate moves, in either direction."""
+        """Learning progress: how fast the mean reward moves, in either direction."""
         if self.fast is None or self.slow is None:
             return 0.0
         return abs(self.fast - self.slow)
@@ -62,12 +64,13 @@ class Curriculum:
         task = self.tasks[problem.task]
         task.samples += len(rewards)
         task.passes += passes
-        rate = passes / len(rewards)
-        if task.fast is None or task.slow is None:
-            task.fast = task.slow = rate
+        rate, mean = passes / len(rewards), sum(rewards) / len(rewards)
+        if task.pass_rate is None or task.fast is None or task.slow is None:
+            task.pass_rate, task.fast, task.slow = rate, mean, mean
         else:
-            task.fast += self.config.fast_rate * (rate - task.fast)
-            task.slow += self.config.slow_rate * (rate - task.slow)
+            task.pass_rate += self.config.fast_rate * (rate - task.pass_rate)
+            task.fast += self.config.fast_rate * (mean - task.fast)
+            task.slow += self.config.slow_rate * (mean - task.slow)
         if problem.task in self.tracked and self.config.skips_problems:
             record = self.problems.setdefault(problem.key or problem.uid, ProblemRecord())
             record.samples += len(rewards)
@@ -116,8 +119,8 @@ class Curriculum:
         drawn = self.task_weights(names, weights)
         for name, weight in zip(names, drawn, strict=True):
             task = self.tasks[name]
-            if task.fast is not None:
-                out[f"curriculum/{name}/pass_rate"] = task.fast
+            if task.pass_rate is not None:
+                out[f"curriculum/{name}/pass_rate"] = task.pass_rate
                 out[f"curriculum/{name}/progress"] = task.progress
             out[f"curriculum/{name}/weight"] = weight / sum(drawn)
         if self.config.skips_problems:

@@ -296,14 +296,16 @@ class CurriculumConfig(BaseConfig):
     completions decide anew."""
     task_weighting: Literal["fixed", "learning_progress"] = "fixed"
     """fixed: tasks drawn by their `weight`. learning_progress: tasks drawn in proportion
-    to how fast their pass rate changes (|fast EMA − slow EMA|), mixed with the fixed
-    weights by `explore`; a task always or never solved gets only its explore share."""
+    to how fast their mean reward changes (|fast EMA − slow EMA|; the pass rate, for a
+    0/1 reward), mixed with the fixed weights by `explore`; a task whose reward stands
+    still (always or never solved) gets only its explore share."""
     explore: float = Field(default=0.2, ge=0, le=1)
     """learning_progress: share of draws by the fixed weights (so no task is starved)."""
-    fast_rate: float = Field(default=0.3, gt=0, le=1)
-    """learning_progress: update rate of the fast pass-rate EMA, per observed group."""
-    slow_rate: float = Field(default=0.05, gt=0, le=1)
-    """learning_progress: update rate of the slow pass-rate EMA, per observed group."""
+    fast_rate: float = Field(default=0.1, gt=0, le=1)
+    """Update rate, per observed group, of the fast reward EMA and of the task's reported
+    pass rate."""
+    slow_rate: float = Field(default=0.02, gt=0, le=1)
+    """learning_progress: update rate of the slow reward EMA, per observed group."""
 
     @model_validator(mode="after")
     def _check(self) -> CurriculumConfig:
