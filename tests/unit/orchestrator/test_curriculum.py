@@ -75,7 +75,7 @@ def test_a_problem_in_the_band_is_never_skipped(tmp_path: Path) -> None:
     problem = mixture.tasks["qa"].problem(0)
     mixture.observe(problem, [1.0, 0.0, 1.0, 1.0])
     assert mixture.curriculum.admits(problem, step=1)
-    mixture.observe(problem, [1.0, 1.0, 1.0, 1.0])  # 7 of 8: still below 1.0
+    mixture.observe(problem, [1.0, 1.0, 0.0, 1.0])
     assert mixture.curriculum.admits(problem, step=2)
 
 
@@ -112,12 +112,12 @@ def test_an_unbounded_task_is_tracked_per_task_only(tmp_path: Path) -> None:
     assert mixture.curriculum.tasks["reversal"].samples > 0
 
 
-def test_learning_progress_weights_the_task_whose_pass_rate_moves(tmp_path: Path) -> None:
+def test_learning_progress_weights_the_task_whose_reward_moves(tmp_path: Path) -> None:
     config = CurriculumConfig(task_weighting="learning_progress", explore=0.2)
     mixture = _mixture(tmp_path, config)
     assert mixture.curriculum.task_weights(mixture.names, mixture.weights) == [1.0, 1.0]
     qa, reversal = mixture.tasks["qa"].problem(0), mixture.tasks["reversal"].problem(0)
-    for i in range(10):  # qa's pass rate climbs; reversal's stays where it is
+    for i in range(10):  # qa's reward climbs; reversal's stays where it is
         mixture.observe(qa, [float(j < i) for j in range(10)])
         mixture.observe(reversal, [1.0] * 10)
     qa_weight, reversal_weight = mixture.curriculum.task_weights(mixture.names, mixture.weights)
@@ -180,3 +180,12 @@ def test_without_skips_the_draws_are_a_plain_weighted_choice(tmp_path: Path) -> 
     tasks = [p.task for p in mixture.draw(200, step=1)]
     plain = random.Random(derive_seed(4, MIXTURE_SEED_KEY)).choices(["qa", "reversal"], k=200)
     assert tasks == plain
+
+
+def test_a_problem_is_judged_on_its_latest_visit_not_its_history(tmp_path: Path) -> None:
+    mixture = _mixture(tmp_path, CurriculumConfig(skip_above=1.0, min_samples=4))
+    problem = mixture.tasks["qa"].problem(0)
+    mixture.observe(problem, [0.0] * 4)  # failed at first
+    assert mixture.curriculum.admits(problem, step=1)
+    mixture.observe(problem, [1.0] * 4)  # solved every time since
+    assert not mixture.curriculum.admits(problem, step=2)

@@ -21,6 +21,9 @@ from tidal.orchestrator.tasks.base import Problem, Task
 
 @dataclass
 class ProblemRecord:
+    """A problem's latest completions: counts restart once `min_samples` were reached, so
+    the pass rate is that of its latest visit(s), not of its whole history."""
+
     samples: int = 0
     passes: int = 0
     skipped_at: int | None = None
@@ -73,6 +76,8 @@ class Curriculum:
             task.slow += self.config.slow_rate * (mean - task.slow)
         if problem.task in self.tracked and self.config.skips_problems:
             record = self.problems.setdefault(problem.key or problem.uid, ProblemRecord())
+            if record.samples >= self.config.min_samples:  # judged on its latest visits only
+                record.samples = record.passes = 0
             record.samples += len(rewards)
             record.passes += passes
 

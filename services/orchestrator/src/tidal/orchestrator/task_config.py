@@ -277,9 +277,9 @@ TaskConfig = Annotated[
 class CurriculumConfig(BaseConfig):
     """Which problems a run trains on, from their online pass rates (docs/training.md,
     "Curricula"). A completion passes when its reward reaches `pass_threshold`; pass rates
-    are tracked per task, and per problem for tasks with a finite training set (an
-    unbounded generated task never repeats a problem). Everything is off by default: the
-    mixture then draws by the tasks' fixed weights, problem after problem."""
+    are tracked per task, and when skipping is on per problem for tasks with a finite
+    training set (an unbounded generated task never repeats a problem). Everything is off
+    by default: the mixture then draws by the tasks' fixed weights, problem after problem."""
 
     pass_threshold: float = Field(default=1.0, gt=0, le=1)
     """Reward at or above which a completion counts as solved."""
@@ -290,7 +290,8 @@ class CurriculumConfig(BaseConfig):
     """Skip problems whose pass rate is at most this (0.0: the ones never solved); unset
     skips none for being hard."""
     min_samples: int = Field(default=4, ge=1)
-    """Completions of a problem seen before its pass rate may make it skipped."""
+    """Completions of a problem seen before its pass rate may make it skipped; its pass
+    rate is that of its latest visits (counts restart once this many were reached)."""
     readmit_after: int = Field(default=20, ge=1)
     """Steps after which a skipped problem is drawn again, its record cleared so its new
     completions decide anew."""
@@ -327,8 +328,3 @@ class CurriculumConfig(BaseConfig):
     @property
     def skips_problems(self) -> bool:
         return self.skip_above is not None or self.skip_below is not None
-
-    @property
-    def active(self) -> bool:
-        """Whether anything here changes what is drawn."""
-        return self.skips_problems or self.task_weighting != "fixed"
