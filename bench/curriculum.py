@@ -5,7 +5,8 @@ The embedded default stack trains on three reversal tasks by string length (one 
 which the warm start already solves; 2-4 letters, which it partly solves; 10-14, which it
 never reverses exactly) once with the fixed mixture and once with
 `orchestrator.curriculum.task_weighting = "learning_progress"`, same seed, same warm
-start, one run after the other in this process. What it compares is held-out: the reward
+start, both runs at the same time (so the changing load of a shared machine falls on
+both alike). What it compares is held-out: the reward
 of k samples at the training temperature on the same held-out problems of every band
 (each band weighs the same), never the training reward, which a sampler that picks its
 problems inflates. The figure is the held-out reward gained over the warm start per
@@ -44,29 +45,47 @@ def tasks_override() -> str:
     return f"[{', '.join(bands)}]"
 
 
-def run_once(sampler: str, seed: int, args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The metrics lines of one run (run now unless `--runs-dir` holds it finished)."""
+def start_run(sampler: str, seed: int, args: argparse.Namespace) -> subprocess.Popen[bytes] | None:
+    """Start one run (None when `--runs-dir` holds it finished)."""
     run = f"{sampler}-s{seed}"
-    if not (args.runs_dir / run / "summary.json").exists():
-        command = [
-            sys.executable, "-m", "tidal.cli", "rl", "@", str(ROOT / "configs" / "default.toml"),
-            "--run.output-dir", str(args.runs_dir), "--run.name", run, "--run.seed", str(seed),
-            "--overwrite",
-            "--orchestrator.tasks", tasks_override(),
-            "--orchestrator.warmup-steps", str(args.warmup_steps),
-            "--orchestrator.steps", str(args.steps),
-            "--orchestrator.eval.every", str(args.eval_every),
-            "--orchestrator.eval.prompts", str(args.eval_prompts),
-            "--orchestrator.eval.k", str(args.eval_k),
-            "--orchestrator.eval.after-warmup", "true",
-            "--orchestrator.report.table-every", "0",
-            *SAMPLERS[sampler],
-        ]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
-        if done.returncode != 0:
-            raise RuntimeError(f"{run} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    lines = (args.runs_dir / run / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines]
+    if (args.runs_dir / run / "summary.json").exists():
+        return None
+    command = [
+        sys.executable, "-m", "tidal.cli", "rl", "@", str(ROOT / "configs" / "default.toml"),
+        "--run.output-dir", str(args.runs_dir), "--run.name", run, "--run.seed", str(seed),
+        "--overwrite",
+        "--orchestrator.tasks", tasks_override(),
+        "--orchestrator.warmup-steps", str(args.warmup_steps),
+        "--orchestrator.steps", str(args.steps),
+        "--orchestrator.eval.every", str(args.eval_every),
+        "--orchestrator.eval.prompts", str(args.eval_prompts),
+        "--orchestrator.eval.k", str(args.eval_k),
+        "--orchestrator.eval.after-warmup", "true",
+        "--orchestrator.report.table-every", "0",
+        *SAMPLERS[sampler],
+    ]  # fmt: skip
+    args.runs_dir.mkdir(parents=True, exist_ok=True)
+    with (args.runs_dir / f"{run}.out").open("w") as out:  # the child keeps its own handle
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+
+
+def run_pair(seed: int, args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
+    """Every sampler's run of one seed, side by side (at the same time, so a shared
+    machine's changing load falls on both alike); their metrics lines."""
+    started = {sampler: start_run(sampler, seed, args) for sampler in SAMPLERS}
+    for sampler, process in started.items():
+        if process is not None and process.wait() != 0:
+            output = (args.runs_dir / f"{sampler}-s{seed}.out").read_text()
+            raise RuntimeError(f"{sampler}-s{seed} failed:\n{output[-3000:]}")
+    return {
+        sampler: [
+            json.loads(line)
+            for line in (args.runs_dir / f"{sampler}-s{seed}" / "metrics.jsonl")
+            .read_text()
+            .splitlines()
+        ]
+        for sampler in SAMPLERS
+    }
 
 
 def held_out(line: dict[str, Any], kind: str = "sampled") -> float:
@@ -137,7 +156,7 @@ def main() -> None:
     args = parser.parse_args()
     rows, curves = [], {}
     for seed in range(args.seeds):
-        runs = {sampler: run_once(sampler, seed, args) for sampler in SAMPLERS}
+        runs = run_pair(seed, args)
         common_s = min(curve(lines)[-1]["wall_s"] for lines in runs.values())
         for sampler, lines in runs.items():
             rows.append(summarize(sampler, seed, lines, common_s))
