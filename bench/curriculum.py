@@ -6,12 +6,12 @@ which the warm start already solves; 2-4 letters, which it partly solves; 10-14,
 never reverses exactly) once with the fixed mixture and once with
 `orchestrator.curriculum.task_weighting = "learning_progress"`, same seed, same warm
 start, both runs at the same time (so the changing load of a shared machine falls on
-both alike). What it compares is held-out: the reward
-of k samples at the training temperature on the same held-out problems of every band
-(each band weighs the same), never the training reward, which a sampler that picks its
-problems inflates. The figure is the held-out reward gained over the warm start per
-second of RL wall time (evaluation left out), at the end and at the RL time of the
-shorter run.
+both alike). What it compares is held-out: the reward of k samples at the training
+temperature on the same held-out problems of every band (each band weighs the same),
+never the training reward, which a sampler that picks its problems inflates. The figure
+is the held-out reward gained over the warm start per second of RL wall time (evaluation
+left out), at the end and at the RL time of the shorter run. Finished runs under
+`--runs-dir` are read, not run again.
 
     python bench/curriculum.py [--steps 200] [--seeds 1] [--runs-dir DIR]
 """
