@@ -238,6 +238,7 @@ class RLLoop:
                     completion_logprobs=s.completion.logprobs,
                     completion_mask=s.completion.loss_mask,
                     completion_versions=s.completion.token_versions(),
+                    token_advantages=s.token_advantages,
                 )
                 for s in kept
             ]
