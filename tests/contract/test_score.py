@@ -63,7 +63,8 @@ async def test_score_and_prompt_logprobs_equal_a_transformers_forward(
     async with scoring_replica(tmp_path, qwen3_folder) as (inference, http):
         reply = await inference.stub.Score(pb.ScoreRequest(token_ids=IDS, start=4, top_k=3))
         assert reply.start == 4 and len(reply.logprobs) == len(IDS) - 4
-        torch.testing.assert_close(torch.tensor(list(reply.logprobs)), chosen[3:], atol=ATOL, rtol=0)
+        got = torch.tensor(list(reply.logprobs))
+        torch.testing.assert_close(got, chosen[3:], atol=ATOL, rtol=0)
         assert list(reply.ranks) == ((expected > chosen[:, None]).sum(-1) + 1)[3:].tolist()
         assert list(reply.top_ids) == top.indices[3:].flatten().tolist()
         assert set(reply.policy_versions) == {0}

@@ -3,11 +3,12 @@
 `PackedMicroBatch` is the `MicroBatch` contract (trainer.proto) as numpy arrays, so the
 torch-free orchestrator builds it. Entry t of `loss_mask`, `advantages` and
 `behaviour_logprobs` scores `input_ids[t]` given the tokens before it: prompt tokens
-carry mask 0 and logprob 0; a token's advantage is its sample's plus its own term. With prompt sharing, samples of one prompt hold it once: the
-prompt is a sample of its own, each completion a sample whose parent it is
-(`sample_parents`), positioned after it. Bins are filled best-fit decreasing
-(deterministic); which rank trains which bin is `balance.py`'s job. Over-long samples
-are never cut silently: `assign_bins` refuses them, `fit_to_budget` truncates one.
+carry mask 0 and logprob 0; a token's advantage is its sample's plus its own term. With
+prompt sharing, samples of one prompt hold it once: the prompt is a sample of its own, each
+completion a sample whose parent it is (`sample_parents`), positioned after it. Bins are
+filled best-fit decreasing (deterministic); which rank trains which bin is `balance.py`'s
+job. Over-long samples are never cut silently: `assign_bins` refuses them, `fit_to_budget`
+truncates one.
 """
 
 from __future__ import annotations
