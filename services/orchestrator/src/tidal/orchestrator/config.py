@@ -10,6 +10,7 @@ and the date that error goes.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
@@ -267,6 +268,35 @@ class WandbConfig(BaseConfig):
     """W&B run tags."""
 
 
+class DistillConfig(BaseConfig):
+    """`[orchestrator.distill]`: on-policy distillation. A teacher scores each sampled
+    completion token (inference's Score) and `coef · (log p_teacher - log p_student)`
+    becomes that token's advantage term (docs/training.md#distillation). Off unless
+    `model_path`, `address` or `self_distill` is set."""
+
+    model_path: Path | None = None
+    """The teacher: a Hugging Face folder, served by an inference process of its own that
+    `tidal rl` starts (as a judge's); it must share the run's tokenizer."""
+    address: str | None = None
+    """The teacher inference service's gRPC address (host:port); `tidal rl` sets it for
+    `model_path`; set it yourself for a teacher served elsewhere."""
+    self_distill: bool = False
+    """The teacher is the policy itself, shown a privileged prompt (`privileged_prompt`):
+    its own Score on the run's inference replicas, no teacher process."""
+    privileged_prompt: str = "{prompt}\n(A correct answer: {reference})\n"
+    """Self-distillation: the teacher's prompt, from the problem's `{prompt}` and its
+    `{reference}` completion (with the chat template, the last user message's content)."""
+    coef: float = Field(default=1.0, gt=0)
+    """Weight of the per-token reverse-KL term `log p_teacher - log p_student`."""
+    mode: Literal["replace", "add"] = "replace"
+    """"replace": pure distillation, the teacher term is the whole advantage; "add": it is
+    added to the task's (reward-based) advantage of every token."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.model_path is not None or self.address is not None or self.self_distill
+
+
 class OrchestratorConfig(BaseConfig):
     moved_keys: ClassVar[dict[str, str]] = MOVED_KEYS
     moved_keys_until: ClassVar[str] = "2027-03-01"
@@ -317,6 +347,8 @@ class OrchestratorConfig(BaseConfig):
     """Reasoning models: the reasoning parser and the format reward."""
     wandb: WandbConfig = WandbConfig()
     """Optional Weights & Biases logging of the per-step metrics."""
+    distill: DistillConfig = DistillConfig()
+    """On-policy distillation from a teacher (off by default)."""
 
     @model_validator(mode="after")
     def _check(self) -> OrchestratorConfig:
@@ -325,6 +357,7 @@ class OrchestratorConfig(BaseConfig):
                 "orchestrator.advantages.algorithm rloo needs orchestrator.group_size >= 2 "
                 "(a leave-one-out baseline needs another completion)"
             )
+        self._check_distill()
         for task in self.task_list:
             if isinstance(task, CodeTaskConfig) and task.sandbox.wall_s >= self.timeouts.verifier_s:
                 raise ValueError(
@@ -334,6 +367,28 @@ class OrchestratorConfig(BaseConfig):
                     "deadline, ends a slow program"
                 )
         return self
+
+    def _check_distill(self) -> None:
+        distill = self.distill
+        if not distill.enabled:
+            return
+        if distill.self_distill and (distill.model_path or distill.address):
+            raise ValueError(
+                "orchestrator.distill.self_distill uses the policy as its own teacher: leave "
+                "orchestrator.distill.model_path and orchestrator.distill.address unset"
+            )
+        if self.sampling.temperature != 1.0 or self.sampling.top_p != 1.0:
+            raise ValueError(
+                "orchestrator.distill needs orchestrator.sampling.temperature = 1 and top_p = 1:"
+                " the reverse KL compares the teacher with the student's own distribution, "
+                "which is what the sampled tokens' logprobs are only then"
+            )
+        if distill.mode == "replace" and self.advantages.dynamic_sampling:
+            raise ValueError(
+                'orchestrator.distill.mode = "replace" ignores rewards, so '
+                "orchestrator.advantages.dynamic_sampling (which drops groups of equal reward) "
+                'must be false; or use mode = "add"'
+            )
 
     @property
     def task_list(self) -> list[TaskConfig]:

@@ -198,8 +198,8 @@ class RLLoop:
         """Every completion with its group advantage and staleness."""
         scored = []
         for group in generation.groups:
-            for completion, outcome, advantage in zip(
-                group.completions, group.outcomes, group.advantages, strict=True
+            for i, (completion, outcome, advantage) in enumerate(
+                zip(group.completions, group.outcomes, group.advantages, strict=True)
             ):
                 age = self.window.staleness(
                     step, completion.policy_versions, fallback_version=generation.loaded_version
@@ -212,6 +212,7 @@ class RLLoop:
                         outcome.reward,
                         float(advantage),
                         age,
+                        group.token_advantages(i),
                     )
                 )
         return scored
