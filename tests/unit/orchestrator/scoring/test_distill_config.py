@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from tidal.common.errors import ConfigError
 from tidal.orchestrator.completions import Completion
 from tidal.orchestrator.config import OrchestratorConfig
-from tidal.orchestrator.scoring.teacher import check_shared_tokenizer, token_terms
+from tidal.orchestrator.scoring.teacher import check_shared_tokenizer, subtract_mean, token_terms
 from tidal.text.byte import ByteTokenizer
 from tidal.text.hf_tokenizer import HFTokenizer
 
@@ -66,3 +66,12 @@ def test_a_teacher_that_tokenizes_otherwise_is_refused_naming_both_keys(qwen3_fo
     assert "orchestrator.distill.model_path" in str(info.value)
     assert "run.tokenizer" in str(info.value)
     check_shared_tokenizer(HFTokenizer.from_folder(qwen3_folder), qwen3_folder)  # the same: ok
+
+
+def test_a_group_baseline_centres_the_model_tokens_terms() -> None:
+    a = Completion(0, (5, 6), (-1.0, -1.0), (0, 0), True)
+    b = Completion(1, (7, 8), (-1.0, 0.0), (0,), True, loss_mask=(1.0, 0.0))
+    terms = [token_terms(a, (-2.0, 0.0), 1.0)[0], token_terms(b, (-4.0, -9.0), 1.0)[0]]
+    assert terms == [(-1.0, 1.0), (-3.0, 0.0)]
+    centred = subtract_mean(terms, [a, b], mean=-1.0)
+    assert centred == [(0.0, 2.0), (-2.0, 0.0)]  # environment tokens stay 0

@@ -291,6 +291,9 @@ class DistillConfig(BaseConfig):
     mode: Literal["replace", "add"] = "replace"
     """"replace": pure distillation, the teacher term is the whole advantage; "add": it is
     added to the task's (reward-based) advantage of every token."""
+    baseline: Literal["none", "group"] = "none"
+    """"group": subtract from each token's term the mean term over its group's sampled
+    tokens (a constant baseline: the same gradient in expectation, less variance)."""
 
     @property
     def enabled(self) -> bool:

@@ -61,6 +61,17 @@ def token_terms(
     return tuple(terms), kl, tokens
 
 
+def subtract_mean(
+    terms: list[tuple[float, ...]], completions: list[Completion], mean: float
+) -> list[tuple[float, ...]]:
+    """Each model token's term less `mean` (environment tokens stay 0)."""
+    out = []
+    for t, c in zip(terms, completions, strict=True):
+        mask = c.loss_mask or (1.0,) * len(t)
+        out.append(tuple(v - mean if m > 0 else 0.0 for v, m in zip(t, mask, strict=True)))
+    return out
+
+
 class Teacher:
     """Scores a group's completions on the teacher's replicas (`scorer`)."""
 
@@ -114,6 +125,8 @@ class Teacher:
             t, k, n = token_terms(completion, teacher, self.config.coef)
             terms.append(t)
             kl, tokens = kl + k, tokens + n
+        if self.config.baseline == "group" and tokens:
+            terms = subtract_mean(terms, completions, -self.config.coef * kl / tokens)
         return GroupDistillation(terms, kl, tokens, time.monotonic() - started)
 
 
