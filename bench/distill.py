@@ -5,8 +5,11 @@ converted once by tests/smollm2.py into a cached Hugging Face folder); the stude
 embedded default's tiny Llama (`[trainer.model]` defaults) built from config with the
 teacher's vocabulary, so both share SmolLM2's tokenizer and ChatML template. `tidal rl`
 serves the teacher in an inference process of its own (`orchestrator.distill.model_path`)
-and trains the student by pure distillation (`mode = "replace"`: the per-token advantage
-is `log p_teacher - log p_student` of each sampled token, no reward).
+and, after the default supervised warm-up on the task's references (`--warmup` steps: a
+random student spreads its samples over 49,152 ids, where the teacher's feedback on
+sampled tokens alone barely moves it), trains the student by pure distillation
+(`mode = "replace"`: each sampled token's advantage is `log p_teacher - log p_student`,
+less the group's mean, `baseline = "group"`; no reward).
 
 The task: "What is a+b?" (single digits), correct when the completion names the sum as a
 number (regex `\\b<sum>\\b`). Held-out accuracy is the orchestrator's greedy eval on 16
@@ -104,7 +107,7 @@ def run_distillation(folder: Path, out: Path, args: argparse.Namespace) -> list[
         "--orchestrator.distill.model-path", str(folder),
         "--orchestrator.distill.mode", "replace",
         "--orchestrator.distill.baseline", args.baseline,
-        "--orchestrator.warmup-steps", "0", "--orchestrator.steps", str(args.steps),
+        "--orchestrator.warmup-steps", str(args.warmup), "--orchestrator.steps", str(args.steps),
         "--orchestrator.prompts-per-step", str(args.prompts),
         "--orchestrator.group-size", str(args.group),
         "--orchestrator.sampling.max-tokens", str(MAX_TOKENS),
@@ -122,6 +125,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs-dir", dest="out", type=Path, default=Path("/tmp/tidal-distill"))
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--warmup", type=int, default=15)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--lr", type=float, default=5e-3)
@@ -158,8 +162,8 @@ def main() -> None:
     }
     config = {
         "command": " ".join(sys.argv), "teacher": str(folder), "steps": args.steps,
-        "prompts": args.prompts, "group": args.group, "lr": args.lr, "baseline": args.baseline,
-        "max_tokens": MAX_TOKENS,
+        "prompts": args.prompts, "group": args.group, "lr": args.lr, "warmup": args.warmup,
+        "baseline": args.baseline, "max_tokens": MAX_TOKENS,
     }  # fmt: skip
     write_result("distill", config=config, results=rows, summary=summary)
     print_table("on-policy distillation from SmolLM2-135M-Instruct", rows)
