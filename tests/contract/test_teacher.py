@@ -12,7 +12,8 @@ import torch
 
 from tidal.common.security.transport import PLAINTEXT_LOOPBACK
 from tidal.orchestrator.completions import Completion
-from tidal.orchestrator.config import ChatConfig, DistillConfig
+from tidal.orchestrator.config import ChatConfig
+from tidal.orchestrator.distill_config import DistillConfig
 from tidal.orchestrator.peers.inference_pool import InferencePool
 from tidal.orchestrator.rollouts.prompt_rendering import PromptRenderer
 from tidal.orchestrator.scoring.teacher import Teacher

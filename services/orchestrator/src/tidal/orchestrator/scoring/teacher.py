@@ -21,7 +21,8 @@ from pathlib import Path
 from tidal.common.errors import ConfigError
 from tidal.common.security.transport import TransportSecurity
 from tidal.orchestrator.completions import Completion
-from tidal.orchestrator.config import DistillConfig, OrchestratorRunConfig
+from tidal.orchestrator.config import OrchestratorRunConfig
+from tidal.orchestrator.distill_config import DistillConfig
 from tidal.orchestrator.peers.inference_pool import InferencePool
 from tidal.orchestrator.rollouts.prompt_rendering import PromptRenderer
 from tidal.orchestrator.tasks.base import Problem
