@@ -1,11 +1,12 @@
 """Several inference replicas behind one client: least outstanding work, retry, ride-out.
 
 The pool has the client interface the rest of the orchestrator uses, so one replica is
-the case N = 1. A call goes to the replica that last took its affinity key, else to the
-serving replica with the fewest requested tokens in flight; it is retried whole on another
-when its replica is lost, and waits up to `recovery.peer_loss_s` while none serves. Health
-probes bring a lost replica back. The version gate is the oldest version the serving
-replicas have loaded, as weightsync pushes it (version_feed.py). docs/orchestrator.md.
+the case N = 1. A call (Generate or Score) goes to the replica that last took its affinity
+key, else to the serving replica with the fewest requested tokens in flight; it is retried
+whole on another when its replica is lost, and waits up to `recovery.peer_loss_s` while
+none serves. Health probes bring a lost replica back. The version gate is the oldest
+version the serving replicas have loaded, as weightsync pushes it (version_feed.py).
+docs/orchestrator.md.
 """
 
 from __future__ import annotations
@@ -281,8 +282,7 @@ class InferencePool:
     async def score(
         self, token_ids: list[int], *, start: int, request_id: str = "", affinity: str = ""
     ) -> tuple[float, ...]:
-        """The served weights' logprob of each of `token_ids[start:]` (Score), routed and
-        retried as Generate; a group's calls share `affinity`, so its prompt is cached."""
+        """Score's logprobs of `token_ids[start:]`, routed and retried as Generate."""
 
         def call(client: InferenceClient) -> Awaitable[tuple[float, ...]]:
             return client.score(token_ids, start=start, request_id=request_id)
