@@ -27,6 +27,7 @@ from tidal.cli.ports import free_port
 from tidal.cli.run_timing import finish_summary, launch_env, print_final_summary, process_start_time
 from tidal.cli.slurm import SlurmConfig, submit, write_job
 from tidal.cli.supervision import ChildSpec, Supervisor
+from tidal.cli.teacher_replica import assign_teacher_address, teacher_replicas
 from tidal.cli.trainer_resume import resume_point
 from tidal.common.config.loading import load_or_exit, to_toml
 from tidal.common.errors import ConfigError
@@ -90,6 +91,9 @@ def prepare_run_dir(config: RunConfig, *, overwrite: bool = False, resume: bool 
             print(f"tidal: {which} OpenAI-compatible endpoint: {url}", file=sys.stderr)
     for folder, url in assign_judge_urls(config).items():
         print(f"tidal: judge {folder} served at {url}", file=sys.stderr)
+    if (teacher := assign_teacher_address(config)) is not None:
+        folder = config.orchestrator.distill.model_path
+        print(f"tidal: distillation teacher {folder} served at {teacher}", file=sys.stderr)
     (run_dir / "config.toml").write_text(services_toml(config))
     return run_dir
 
@@ -176,11 +180,15 @@ def child_specs(
     specs = []
     for name in START_ORDER:
         cont = tuple(RESUME_ARGS.get(name, []))
-        if name == "inference":  # one child per replica (and judge), the same on a restart
+        if name == "inference":  # one child per replica (judge, teacher), the same on a restart
             env = (envs or {}).get(name, {})
             specs += [
                 ChildSpec(r.name, "tidal.inference", r.args, r.args, r.env, always_restartable)
-                for r in inference_replicas(config, env) + judge_replicas(config, env)
+                for r in (
+                    inference_replicas(config, env)
+                    + judge_replicas(config, env)
+                    + teacher_replicas(config, env)
+                )
             ]
             continue
         specs.append(
@@ -266,6 +274,11 @@ def main(argv: Sequence[str]) -> None:
         if config.orchestrator.wandb.enabled:
             import_wandb()  # fail before anything starts when the extra is missing
         envs = apply_placement(config, visible_gpus())
+        if config.slurm is not None and config.orchestrator.distill.model_path is not None:
+            raise ConfigError(
+                "a SLURM job does not start a distillation teacher: serve it yourself and set "
+                "orchestrator.distill.address instead of model_path"
+            )
         if config.slurm is not None and served_judges(config):
             raise ConfigError(
                 "a SLURM job does not start judge replicas: serve the judge yourself and set "

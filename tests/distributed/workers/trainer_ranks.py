@@ -57,6 +57,7 @@ def config(world_size: int, cp: str = "none") -> TrainerConfig:
 
 
 def micro_batch(lengths: list[int], seed: int) -> MicroBatchData:
+    """Random samples of `lengths` tokens, with advantages varying per token."""
     g = torch.Generator().manual_seed(seed)
     sample_lengths = torch.tensor(lengths)
     t = int(sample_lengths.sum())

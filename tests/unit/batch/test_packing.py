@@ -143,3 +143,19 @@ def test_without_a_shared_prompt_the_layout_is_the_unshared_one() -> None:
     assert shared.sample_parents is None
     for name in ("input_ids", "position_ids", "sample_lengths", "loss_mask", "advantages"):
         np.testing.assert_array_equal(getattr(shared, name), getattr(plain, name))
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_a_token_advantage_is_its_samples_plus_its_own_term(share: bool) -> None:
+    a = TrainSample((256, 97), (98, 257, 3), advantage=0.5, token_advantages=(0.25, -1.0, 0.0))
+    b = TrainSample((256, 97), (4,), advantage=-1.0)
+    mb = build_micro_batch([a, b], share_prompts=share)
+    trained = mb.advantages[mb.loss_mask > 0]
+    np.testing.assert_allclose(trained, [0.75, -0.5, 0.5, -1.0])
+
+
+def test_truncation_keeps_the_token_advantages_of_the_kept_tokens() -> None:
+    sample = TrainSample((256, 1), (3, 4, 5), advantage=1.0, token_advantages=(0.1, 0.2, 0.3))
+    assert fit_to_budget(sample, 4).token_advantages == (0.1, 0.2)  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="2 token advantages for 3 completion tokens"):
+        TrainSample((256,), (3, 4, 5), advantage=1.0, token_advantages=(1.0, 2.0))

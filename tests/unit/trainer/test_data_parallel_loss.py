@@ -3,7 +3,7 @@
 Each rank trains on its own micro-batches with the step counts all-reduced (the `reduce`
 of a `SingleProcess` rank context) and then all-reduces its gradients (SUM), as data
 parallelism does; the result must equal one process training on all micro-batches, for
-every normalization.
+every normalization, with advantages varying per token.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ def step_batches() -> list[MicroBatchData]:
                     completion_logprobs=tuple(
                         (-torch.rand(n_completion, generator=g) * 4).tolist()
                     ),
+                    token_advantages=tuple(torch.randn(n_completion, generator=g).tolist()),
                 )
             )
         batches.extend(pack_for_trainer(samples, 64))

@@ -1,7 +1,8 @@
 """The step losses equal an obviously-correct per-sequence, per-token loop: values and gradients.
 
 The reference walks sequences and tokens one at a time with Python scalars, following the
-textbook formulas; the implementation under test is vectorised over packed tokens.
+textbook formulas; the implementation under test is vectorised over packed tokens. Each
+token's term reads its own advantage, whether a sample's value or one varying along it.
 """
 
 from __future__ import annotations
@@ -90,11 +91,12 @@ def make_tokens(n: int, seed: int, spread: float = 1.2) -> dict[str, torch.Tenso
     return {
         "lp": behaviour + shift + (torch.rand(n, generator=g) - 0.5) * spread,
         "blp": behaviour * mask,
-        "adv": torch.randn(len(lengths), generator=g)[seg],  # one advantage per sample
+        "adv": torch.randn(len(lengths), generator=g)[seg],  # the sample's advantage
         "mask": mask,
         "seg": seg,
         "ref": behaviour + (torch.rand(n, generator=g) - 0.5),
         "ent": torch.rand(n, generator=g) * 4,
+        "token_adv": torch.randn(n, generator=g) * 0.5,  # each token's own term
     }
 
 
@@ -127,8 +129,13 @@ def run_loss(
     return loss, metrics, grad_lp, grad_ent if grad_ent is not None else torch.zeros_like(ent)
 
 
-def check_against_reference(cfg: LossConfig, seed: int = 0, spread: float = 1.2) -> dict[str, Any]:
+def check_against_reference(
+    cfg: LossConfig, seed: int = 0, spread: float = 1.2, *, per_token: bool = False
+) -> dict[str, Any]:
+    """`per_token`: advantages varying along each sample (the sample's plus a token term)."""
     d = make_tokens(64, seed, spread)
+    if per_token:
+        d["adv"] = d["adv"] + d["token_adv"]
     loss, metrics, grad_lp, grad_ent = run_loss(d, cfg)
     lp = d["lp"].clone().requires_grad_()
     ent = d["ent"].clone().requires_grad_()
@@ -145,15 +152,23 @@ def check_against_reference(cfg: LossConfig, seed: int = 0, spread: float = 1.2)
     return ref_metrics
 
 
+ADVANTAGES = pytest.mark.parametrize(
+    "per_token", [False, True], ids=["sample-advantage", "per-token-advantage"]
+)
+
+
+@ADVANTAGES
 @pytest.mark.parametrize("norm", ["token", "sequence", "constant"])
 @pytest.mark.parametrize("level", ["token", "sequence"])
 def test_clipped_surrogate_matches_reference_for_each_ratio_level_and_normalization(
-    level: str, norm: str
+    level: str, norm: str, per_token: bool
 ) -> None:
     cfg = LossConfig(ratio_level=level, norm=norm, norm_constant=100.0)  # type: ignore[arg-type]
     if level == "sequence":  # GSPO-sized epsilons, so sequence ratios are clipped too
         cfg = cfg.model_copy(update={"clip_low": 0.02, "clip_high": 0.03})
-    seen = check_against_reference(cfg, spread=1.2 if level == "token" else 0.4)
+    seen = check_against_reference(
+        cfg, spread=1.2 if level == "token" else 0.4, per_token=per_token
+    )
     assert seen["clip_frac"] > 0.05  # the clipped path is exercised
 
 
@@ -185,9 +200,10 @@ def test_clip_higher_uses_separate_low_and_high_bounds() -> None:
         {"ratio_high": 1.1, "max_prob_diff": 0.2},
     ],
 )
-def test_trust_region_masking_matches_reference(region: dict[str, float]) -> None:
+@ADVANTAGES
+def test_trust_region_masking_matches_reference(region: dict[str, float], per_token: bool) -> None:
     cfg = LossConfig.model_validate({"trust_region": region, "clip_high": 10.0, "clip_low": 0.9})
-    seen = check_against_reference(cfg)
+    seen = check_against_reference(cfg, per_token=per_token)
     assert 0.05 < seen["mask_frac"] < 0.95  # some tokens masked, some kept
 
 

@@ -134,3 +134,18 @@ def test_mismatch_and_stale_kls_are_means_over_their_own_tokens() -> None:
     assert metrics["staleness_share/1"] == pytest.approx(0.5)
     assert metrics["staleness_share/unknown"] == pytest.approx(0.25)
     assert "stale_kl/2" not in metrics and "stale_kl/4+" not in metrics
+
+
+@pytest.mark.parametrize("cap", [None, 1.2])
+def test_a_sequence_level_ratio_weights_each_token_by_its_own_advantage(
+    cap: float | None,
+) -> None:
+    """GSPO with per-token advantages: every term is the sample's (capped) ratio times the
+    token's advantage, so each token's gradient is the ratio's times the sample's mean
+    advantage: a varying advantage acts through its sum over the sample."""
+    advantages = [1.0, -2.0, 0.5]
+    loss = {**WIDE, "ratio_level": "sequence", "tis_cap": cap}
+    value, grad, _ = run(P, MU, [3], loss, advantages=advantages)
+    w = min(3 ** (1 / 3), cap or math.inf)  # exp(mean log w) of w = 2, 0.5, 3, capped
+    assert value == pytest.approx(-w * sum(advantages) / 3)
+    assert grad == pytest.approx([-w * sum(advantages) / 9] * 3)

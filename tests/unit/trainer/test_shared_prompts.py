@@ -1,8 +1,9 @@
 """Training each group's prompt once is the same step: packed with shared prompts or
 without, a step gives the same loss, metrics, gradients and updated weights (fp32), on
 every model family and with the levers that compose (normalizations, chunked LM head, KL
-reference, off-policy corrections, entropy bonus, MoE router loss, SFT); the settings
-that do not compose are refused by name before any forward."""
+reference, off-policy corrections, entropy bonus, MoE router loss, SFT) and advantages
+that vary per token; the settings that do not compose are refused by name before any
+forward."""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ WEIGHT_ATOL = 1e-5
 
 
 def group_samples(seed: int = 0) -> list[TrainSample]:
-    """Two prompts with three and two completions, and one prompt with one."""
+    """Two prompts with three and two completions, and one prompt with one; advantages
+    vary per token."""
     g = random.Random(seed)
     samples = []
     for prompt_len, completions in ((9, 3), (5, 2), (4, 1)):
@@ -66,6 +68,7 @@ def group_samples(seed: int = 0) -> list[TrainSample]:
                     advantage=g.uniform(-1, 1),
                     completion_logprobs=tuple(-g.uniform(0.5, 4) for _ in range(n)),
                     completion_versions=(0,) * n,
+                    token_advantages=tuple(g.uniform(-0.5, 0.5) for _ in range(n)),
                 )
             )
     return samples

@@ -23,6 +23,12 @@ class Sample:
     prompt_len: int  # tokens from here on are trained
     advantage: float
     behaviour: list[float]  # per token; entries before prompt_len are ignored
+    token_advantages: list[float] | None = None
+    """Each token's own term added to `advantage` (None: the sample's value on every token)."""
+
+    def advantages(self) -> torch.Tensor:
+        terms = torch.tensor(self.token_advantages or [0.0] * len(self.ids))
+        return self.advantage + terms  # (len(ids),)
 
 
 def pack(samples: list[Sample], version: int | None = None) -> MicroBatchData:
@@ -35,7 +41,7 @@ def pack(samples: list[Sample], version: int | None = None) -> MicroBatchData:
         position_ids=positions_for(lengths),
         sample_lengths=lengths,
         loss_mask=mask,
-        advantages=torch.cat([torch.full((len(s.ids),), s.advantage) for s in samples]) * mask,
+        advantages=torch.cat([s.advantages() for s in samples]) * mask,
         behaviour_logprobs=torch.tensor([b for s in samples for b in s.behaviour]) * mask,
         policy_versions=None if version is None else torch.where(mask > 0, version, -1),
     )
@@ -48,7 +54,9 @@ def random_samples(n: int, seed: int) -> list[Sample]:
         length = int(torch.randint(4, 14, (), generator=g))
         ids = torch.randint(0, 259, (length,), generator=g).tolist()
         behaviour = (-torch.rand(length, generator=g) * 6 - 3).tolist()
-        samples.append(Sample(ids, 2, float(torch.randn((), generator=g)), behaviour))
+        advantage = float(torch.randn((), generator=g))
+        terms = (torch.randn(length, generator=g) * 0.5).tolist()  # advantages vary per token
+        samples.append(Sample(ids, 2, advantage, behaviour, terms))
     return samples
 
 

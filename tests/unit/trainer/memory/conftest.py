@@ -17,12 +17,14 @@ TINY: dict[str, Any] = dict(
 
 
 def packed_batch(seed: int, lengths: list[int]) -> MicroBatchData:
-    """A packed micro-batch of random samples; first 2 tokens of each are prompt."""
+    """A packed micro-batch of random samples; first 2 tokens of each are prompt; each
+    token's advantage is its sample's plus a term of its own."""
     g = torch.Generator().manual_seed(seed)
     sample_lengths = torch.tensor(lengths)
     total = int(sample_lengths.sum())
     mask = torch.cat([(torch.arange(n) >= 2).float() for n in lengths])
     advantages = torch.cat([torch.full((n,), float(torch.randn((), generator=g))) for n in lengths])
+    advantages = advantages + torch.randn(total, generator=g) * 0.5  # varying per token
     return MicroBatchData(
         input_ids=torch.randint(0, 259, (total,), generator=g),
         position_ids=positions_for(sample_lengths),

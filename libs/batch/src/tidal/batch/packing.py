@@ -3,11 +3,12 @@
 `PackedMicroBatch` is the `MicroBatch` contract (trainer.proto) as numpy arrays, so the
 torch-free orchestrator builds it. Entry t of `loss_mask`, `advantages` and
 `behaviour_logprobs` scores `input_ids[t]` given the tokens before it: prompt tokens
-carry mask 0 and logprob 0. With prompt sharing, samples of one prompt hold it once: the
-prompt is a sample of its own, each completion a sample whose parent it is
-(`sample_parents`), positioned after it. Bins are filled best-fit decreasing
-(deterministic); which rank trains which bin is `balance.py`'s job. Over-long samples
-are never cut silently: `assign_bins` refuses them, `fit_to_budget` truncates one.
+carry mask 0 and logprob 0; a token's advantage is its sample's plus its own term. With
+prompt sharing, samples of one prompt hold it once: the prompt is a sample of its own, each
+completion a sample whose parent it is (`sample_parents`), positioned after it. Bins are
+filled best-fit decreasing (deterministic); which rank trains which bin is `balance.py`'s
+job. Over-long samples are never cut silently: `assign_bins` refuses them, `fit_to_budget`
+truncates one.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ class TrainSample:
     prompt_ids: tuple[int, ...]
     completion_ids: tuple[int, ...]
     advantage: float
-    """The sample's advantage (1.0 for SFT samples, where it is unused)."""
+    """The sample's advantage (1.0 for SFT samples, where it is unused): every completion
+    token's advantage is this plus its entry of `token_advantages`."""
     completion_logprobs: tuple[float, ...] = ()
     """Behaviour logprob of each completion token; empty for SFT samples (read as zeros)."""
     completion_mask: tuple[float, ...] = ()
@@ -34,6 +36,9 @@ class TrainSample:
     completion_versions: tuple[int, ...] = ()
     """Policy version that sampled each completion token (-1 at environment tokens);
     empty means unknown (SFT samples)."""
+    token_advantages: tuple[float, ...] = ()
+    """Each completion token's own advantage term, added to `advantage` (a distillation
+    signal, a process reward); empty means none (the sample's advantage on every token)."""
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
@@ -53,6 +58,17 @@ class TrainSample:
                 f"{len(self.completion_versions)} versions for "
                 f"{len(self.completion_ids)} completion tokens"
             )
+        if self.token_advantages and len(self.token_advantages) != len(self.completion_ids):
+            raise ValueError(
+                f"{len(self.token_advantages)} token advantages for "
+                f"{len(self.completion_ids)} completion tokens"
+            )
+
+    def completion_advantages(self) -> np.ndarray:
+        """float32 [completion tokens]: the advantage each completion token trains with."""
+        n = len(self.completion_ids)
+        per_token = np.asarray(self.token_advantages or (0.0,) * n, dtype=np.float64)
+        return (self.advantage + per_token).astype(np.float32)
 
     @property
     def num_tokens(self) -> int:
@@ -67,7 +83,7 @@ class PackedMicroBatch:
     position_ids: np.ndarray  # int32 [T]
     sample_lengths: np.ndarray  # int32 [S]
     loss_mask: np.ndarray  # float32 [T]
-    advantages: np.ndarray  # float32 [T]
+    advantages: np.ndarray  # float32 [T], per token
     behaviour_logprobs: np.ndarray  # float32 [T]
     policy_versions: np.ndarray | None = None  # int32 [T], -1 = unknown; None: all unknown
     sample_parents: np.ndarray | None = None  # int32 [S], -1 = none; None: no sample has one
@@ -133,7 +149,7 @@ def _completion_columns(s: TrainSample) -> Columns:
     return [
         np.asarray(s.completion_ids, dtype=np.int32),
         np.asarray(s.completion_mask or (1.0,) * n, dtype=np.float32),
-        np.full(n, s.advantage, dtype=np.float32),
+        s.completion_advantages(),
         np.asarray(s.completion_logprobs or (0.0,) * n, dtype=np.float32),
         np.asarray(s.completion_versions or (-1,) * n, dtype=np.int32),
     ]
@@ -203,4 +219,5 @@ def fit_to_budget(sample: TrainSample, budget: int) -> TrainSample | None:
         completion_logprobs=sample.completion_logprobs[:keep],
         completion_mask=sample.completion_mask[:keep],
         completion_versions=sample.completion_versions[:keep],
+        token_advantages=sample.token_advantages[:keep],
     )

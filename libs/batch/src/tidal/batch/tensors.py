@@ -29,7 +29,7 @@ class MicroBatchData:
     position_ids: torch.Tensor  # (T,) int64, restarting at 0 for each sample
     sample_lengths: torch.Tensor  # (S,) int64, sums to T
     loss_mask: torch.Tensor  # (T,) float32, 1 = trained token
-    advantages: torch.Tensor  # (T,) float32
+    advantages: torch.Tensor  # (T,) float32, per token (a sample's value or varying along it)
     behaviour_logprobs: torch.Tensor  # (T,) float32
     policy_versions: torch.Tensor | None = None
     """(T,) int64 version that sampled each token, -1 where unknown; None: all unknown."""

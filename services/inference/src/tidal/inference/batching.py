@@ -4,7 +4,8 @@ The scheduler decides which sequences run and has allocated every block they wri
 module only computes, then records what is now cached (`Sequence.computed`, and newly
 full blocks registered in the prefix cache, completions' included, so a later turn finds
 them). An extend packs its sequences' new positions into one unpadded row and runs the LM
-head on each sampling prompt's last position only. A group's samples draw their first
+head on each sampling prompt's last position only (and on the positions that score a
+prompt's tokens, when a request asks, `prompt_scoring`). A group's samples draw their first
 token from the leader's logits with their own uniforms, so sharing one prefill gives the
 tokens separate prefills would. Rows with different sampling parameters share one
 vectorised sampling step.
@@ -19,6 +20,7 @@ import torch
 from tidal.inference.kv_cache import PagedKVCache, blocks_within, kv_budget_bytes, served_length
 from tidal.inference.loading import build_model, load_weights
 from tidal.inference.packed_linear import LinearKernel, pack_linears
+from tidal.inference.prompt_scoring import fill_scores
 from tidal.inference.sampling import filtered_logprobs, greedy_tokens, sample_tokens
 from tidal.inference.scheduler import Extend
 from tidal.inference.sequence import Sequence
@@ -92,10 +94,15 @@ class Batcher:
                 manager.register(
                     w.leader.blocks, w.leader.all_ids, first, end, w.leader.block_hashes
                 )
-        sampling = [i for i, w in enumerate(work) if w.sample]
+        ends = torch.tensor([w.end - w.start for w in work]).cumsum(0)  # (W,) row offsets
+        self._score_prompts(work, hidden[0], ends.tolist(), version)
+        for w in work:
+            if w.sample and w.leader.budget == 0:  # scoring only: nothing to generate
+                w.leader.finish_reason = "length"
+        sampling = [i for i, w in enumerate(work) if w.sample and w.leader.budget > 0]
         if not sampling:
             return
-        last = (torch.tensor([w.end - w.start for w in work]).cumsum(0) - 1)[sampling]  # (G,)
+        last = (ends - 1)[sampling]  # (G,)
         # The LM head on the sampled positions only: (T, V) logits would be mostly unused.
         next_logits = self.model.lm_head(hidden[0, last.to(self.device)]).float()  # (G, V)
         self.cache.copy_blocks([pair for i in sampling for pair in work[i].copies])
@@ -107,6 +114,25 @@ class Batcher:
             [g for g, members in enumerate(groups) for _ in members], device=self.device
         )
         self._sample([s for members in groups for s in members], next_logits[owner], version)
+
+    def _score_prompts(
+        self, work: list[Extend], hidden: torch.Tensor, ends: list[int], version: int
+    ) -> None:
+        """Fill the score slots of prompts whose scored positions this extend computed;
+        `hidden` (T, dim) is the packed row, `ends` each item's end offset in it."""
+        for w, end in zip(work, ends, strict=True):
+            buffer, leader = w.leader.owner.scores, w.leader
+            if buffer is None or leader.token_ids:
+                continue
+            positions = buffer.positions(w.start, w.end, len(leader.prompt_ids))
+            if not positions:
+                continue
+            offset = end - (w.end - w.start) - w.start  # row of position p is offset + p
+            rows = hidden[offset + positions.start : offset + positions.stop]  # (R, dim)
+            targets = torch.tensor(
+                leader.prompt_ids[positions.start + 1 : positions.stop + 1], device=self.device
+            )  # (R,)
+            fill_scores(buffer, self.model.lm_head, rows, positions, targets, version)
 
     @torch.inference_mode()
     def decode(self, sequences: list[Sequence], version: int) -> None:

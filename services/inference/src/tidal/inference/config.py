@@ -105,8 +105,8 @@ class OpenAIHttpConfig(BaseConfig):
 
 
 class RequestLimits(BaseConfig):
-    """`[inference.limits]`: caps on one Generate request (gRPC and the OpenAI endpoint
-    alike); a request beyond one is refused INVALID_ARGUMENT naming the field.
+    """`[inference.limits]`: caps on one Generate or Score request (gRPC and the OpenAI
+    endpoint alike); a request beyond one is refused INVALID_ARGUMENT naming the field.
     See docs/operations.md#limits."""
 
     max_n: int = Field(default=64, gt=0)
@@ -129,6 +129,9 @@ class RequestLimits(BaseConfig):
     """Highest sampling temperature (0 is greedy; NaN and infinity are refused)."""
     max_top_k: int = Field(default=1 << 20, gt=0)
     """Highest top_k (0 disables it); the served vocabulary size caps it as well."""
+    max_logprobs: int = Field(default=20, ge=0)
+    """Most alternatives a scoring request may ask for at each position (Score's `top_k`,
+    the generate endpoint's `prompt_logprobs`), as vLLM's `max_logprobs`."""
     max_tools: int = Field(default=128, ge=0)
     """Most `tools` one chat request on the OpenAI endpoint may offer (OpenAI's own limit),
     checked before any tool is looked at."""

@@ -5,7 +5,9 @@ the OpenAI endpoint and the weight watcher see, so the native engine and vLLM ar
 interchangeable. Completions are yielded as each finishes (or, streaming, in pieces as it
 grows), so a caller can score early. Every token carries the policy version that produced
 it: a weight swap can land between two decode steps, and the trainer's importance ratios
-need to know which policy sampled each token. Errors are `tidal.common.errors` exceptions.
+need to know which policy sampled each token. `score` is the same forward over tokens the
+engine did not sample (a teacher scoring a student's completion): no sampling, the logprob
+of each given token. Errors are `tidal.common.errors` exceptions.
 """
 
 from __future__ import annotations
@@ -20,6 +22,22 @@ import torch
 from tidal.inference.sampling import SamplingParams
 
 FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class TokenScores:
+    """Logprobs of given tokens under the served weights: entry i scores
+    `token_ids[start + i]` given the tokens before it (unmodified model distribution)."""
+
+    start: int
+    logprobs: list[float]
+    ranks: list[int]
+    """Rank of each scored token in its position's distribution, 1 = most likely."""
+    top_ids: list[list[int]]
+    """The k most likely ids at each scored position, most likely first ([] when k is 0)."""
+    top_logprobs: list[list[float]]
+    policy_versions: list[int]
+    """Weights version that scored each token."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +59,9 @@ class Completion:
     text: str = ""
     """The text these tokens added (streamed pieces concatenate to the decode of all the
     completion's ids; "" from an engine without a tokenizer)."""
+    prompt_scores: TokenScores | None = None
+    """With `SamplingParams.prompt_logprobs`: the prompt's own tokens scored, on a
+    completion's last piece."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +109,14 @@ class Engine(abc.ABC):
 
         With `stream`, yield pieces of each completion as it grows instead.
         """
+
+    @abc.abstractmethod
+    async def score(self, token_ids: list[int], *, start: int, top_k: int) -> TokenScores:
+        """Score `token_ids[start:]` (1 <= start < len) given the tokens before each, with
+        the `top_k` most likely alternatives at each position; nothing is sampled.
+
+        Batched with generation and served from the prefix cache for the first `start`
+        positions (a group's completions after one prompt compute the prompt once)."""
 
     @abc.abstractmethod
     async def update_weights(

@@ -30,7 +30,7 @@ from opentelemetry import trace
 
 from tidal.common.errors import InvalidArgument, ResourceExhausted, Unavailable
 from tidal.inference.batching import Batcher
-from tidal.inference.engine import Completion, Engine, EngineStatus
+from tidal.inference.engine import Completion, Engine, EngineStatus, TokenScores
 from tidal.inference.loading import (
     check_compatible,
     check_tokenizer_fits,
@@ -140,15 +140,7 @@ class NativeEngine(Engine):
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams, *, stream: bool = False
     ) -> AsyncIterator[Completion]:
-        if self._task is None:
-            raise RuntimeError("NativeEngine.start() was not called")
-        if self._scheduler is None:
-            raise Unavailable("no weights loaded yet; retry once the first version is served")
-        queue, max_seq_len = self._scheduler.queue, self._scheduler.max_seq_len
-        if len(queue) >= self.max_queue:
-            raise ResourceExhausted(
-                f"{len(queue)} requests are queued (inference.max_queue); retry later"
-            )
+        max_seq_len = self._admitting().max_seq_len
         if not prompt_ids:
             raise InvalidArgument("prompt_ids", "the prompt is empty")
         if sequence_budget(len(prompt_ids), params.max_tokens, max_seq_len) < 1:
@@ -159,6 +151,48 @@ class NativeEngine(Engine):
             )
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; the engine was built without one")
+        async for item in self._run(prompt_ids, params, stream=stream):
+            yield item
+
+    async def score(self, token_ids: list[int], *, start: int, top_k: int) -> TokenScores:
+        max_seq_len = self._admitting().max_seq_len
+        if len(token_ids) > max_seq_len:
+            raise InvalidArgument(
+                "token_ids",
+                f"{len(token_ids)} tokens are more than the {max_seq_len} served "
+                "(inference.max_model_len)",
+            )
+        if not 1 <= start < len(token_ids):
+            raise InvalidArgument("start", f"must be in [1, {len(token_ids)}), got {start}")
+        # Generating nothing: the request ends when its prompt is computed (`Batcher.extend`).
+        params = SamplingParams(
+            max_tokens=0, temperature=0.0, prompt_logprobs=top_k, prompt_logprobs_start=start
+        )
+        async with contextlib.aclosing(self._run(token_ids, params, stream=False)) as run:
+            async for completion in run:
+                assert completion.prompt_scores is not None, "a scoring request ends scored"
+                return completion.prompt_scores
+        raise RuntimeError("a scoring request ended without its scores")
+
+    def _admitting(self) -> Scheduler:
+        """The scheduler, once the engine runs with weights and its queue has room."""
+        if self._task is None:
+            raise RuntimeError("NativeEngine.start() was not called")
+        if self._scheduler is None:
+            raise Unavailable("no weights loaded yet; retry once the first version is served")
+        if len(self._scheduler.queue) >= self.max_queue:
+            raise ResourceExhausted(
+                f"{len(self._scheduler.queue)} requests are queued (inference.max_queue); "
+                "retry later"
+            )
+        return self._scheduler
+
+    async def _run(
+        self, prompt_ids: list[int], params: SamplingParams, *, stream: bool
+    ) -> AsyncIterator[Completion]:
+        """Queue one request and yield what the scheduler delivers for it."""
+        assert self._scheduler is not None
+        queue = self._scheduler.queue
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         span = trace.get_current_span().get_span_context()
         request = Request(list(prompt_ids), params, seed, span, stream)
@@ -262,7 +296,7 @@ class NativeEngine(Engine):
         work = scheduler.plan_prefill(self.max_step_tokens - len(decoding))
         if work:
             members = [s for w in work for s in (w.leader, *w.followers)]
-            sampled = sum(1 + len(w.followers) for w in work if w.sample)
+            sampled = sum(1 + len(w.followers) for w in work if w.sample and w.leader.budget)
             with _prefill_span(work, members):
                 if await self._forward(scheduler, batcher.extend, work, members, sampled):
                     scheduler.prefilled(work)

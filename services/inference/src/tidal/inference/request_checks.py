@@ -1,4 +1,4 @@
-"""Checks of a generation request, shared by the gRPC servicer and the OpenAI HTTP endpoint.
+"""Checks of a generation or scoring request, shared by the gRPC servicer and the HTTP endpoints.
 
 Both front ends build domain `SamplingParams` and run the same checks, so a request is
 refused with the same limit and message either way; each check takes the field names as
@@ -152,3 +152,36 @@ def check_against_model(
             raise InvalidArgument(
                 f"{names('stop_token_ids')}[{i}]", f"{token} is outside [0, {vocab})"
             )
+
+
+def check_score(
+    status: EngineStatus,
+    token_ids: Sequence[int],
+    *,
+    start: int,
+    top_k: int,
+    names: FieldNames,
+    limits: RequestLimits = DEFAULT_LIMITS,
+) -> None:
+    """Refuse a scoring request (Score, or prompt logprobs) no model or limit allows; the
+    count of ids and `top_k` before the weights, the ids against the served vocabulary."""
+    if not 0 <= top_k <= limits.max_logprobs:
+        raise InvalidArgument(
+            names("top_k"),
+            f"must be in [0, {limits.max_logprobs}] (inference.limits.max_logprobs), got {top_k}",
+        )
+    if not 1 <= start < len(token_ids):
+        raise InvalidArgument(
+            names("start"), f"must be in [1, {len(token_ids)}) (unset means 1), got {start}"
+        )
+    if status.policy_version < 0:
+        raise Unavailable("no weights loaded yet; retry once the first version is served")
+    if len(token_ids) > status.max_seq_len:
+        raise InvalidArgument(
+            names("token_ids"),
+            f"{len(token_ids)} tokens are more than the model's max_seq_len {status.max_seq_len}",
+        )
+    vocab = status.vocab_size
+    for i, token in enumerate(token_ids):
+        if not 0 <= token < vocab:
+            raise InvalidArgument(f"{names('token_ids')}[{i}]", f"{token} is outside [0, {vocab})")

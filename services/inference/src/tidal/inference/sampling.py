@@ -33,6 +33,11 @@ class SamplingParams:
     """Stop strings: generation ends at the token that completes one (the token is kept)."""
     model_logprobs: bool = False
     """Also return each token's logprob under the unmodified model distribution."""
+    prompt_logprobs: int | None = None
+    """Also score the prompt's own tokens (vLLM's `prompt_logprobs`): None off, else how
+    many most likely alternatives to return at each position."""
+    prompt_logprobs_start: int = 1
+    """First prompt position scored; positions before it may come from the prefix cache."""
 
     @property
     def greedy(self) -> bool:

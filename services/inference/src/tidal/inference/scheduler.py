@@ -225,8 +225,11 @@ class Scheduler:
         None (nothing held) when the leader's do not fit."""
         manager, bs = self.blocks, self.blocks.block_size
         end = target(leader)
-        # A fresh prompt computes at least its last token: its logits are sampled.
+        # A fresh prompt computes at least its last token: its logits are sampled; and
+        # every position whose logits score a prompt token (`prompt_scoring`).
         cacheable = end if leader.token_ids else end - 1
+        if leader.owner.scores is not None and not leader.token_ids:
+            cacheable = min(cacheable, leader.owner.scores.start - 1)
         hits = manager.lookup(leader.all_ids, cacheable // bs, leader.block_hashes)
         need = blocks_for(end, bs) - len(hits)
         if manager.available < need:

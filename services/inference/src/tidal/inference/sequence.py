@@ -18,6 +18,7 @@ from opentelemetry import trace
 
 from tidal.inference.completion_text import CompletionText
 from tidal.inference.engine import Completion, FinishReason
+from tidal.inference.prompt_scoring import ScoreBuffer
 from tidal.inference.sampling import SamplingParams, draw_uniforms, row_seed
 from tidal.text.tokenizer import Tokenizer
 
@@ -40,6 +41,13 @@ class Request:
     started: int = 0
     """Samples admitted so far."""
     cancelled: bool = False
+    scores: ScoreBuffer | None = None
+    """The prompt's scored tokens, when `params.prompt_logprobs` asks for them."""
+
+    def __post_init__(self) -> None:
+        k, start = self.params.prompt_logprobs, self.params.prompt_logprobs_start
+        if k is not None:
+            self.scores = ScoreBuffer(start, len(self.prompt_ids) - start, k)
 
 
 @dataclass(eq=False)
@@ -137,6 +145,7 @@ class Sequence:
             finish_reason=self.finish_reason,
             model_logprobs=self.model_logprobs[start:],
             text=self.take_text(),
+            prompt_scores=(self.owner.scores.result() if self.done and self.owner.scores else None),
         )
 
     def take_text(self) -> str:

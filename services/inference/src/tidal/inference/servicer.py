@@ -19,13 +19,14 @@ from opentelemetry import trace
 
 from tidal.common.errors import InvalidArgument
 from tidal.inference.config import RequestLimits
-from tidal.inference.engine import Completion, Engine
+from tidal.inference.engine import Completion, Engine, TokenScores
 from tidal.inference.request_checks import (
     DEFAULT_LIMITS,
     check_against_model,
     check_prompt_count,
     check_prompt_text,
     check_sampling,
+    check_score,
 )
 from tidal.inference.sampling import SamplingParams
 from tidal.rpc.v1 import common_pb2
@@ -83,8 +84,21 @@ def sampling_from_proto(
 
 
 def completion_to_proto(c: Completion) -> pb.GenerateResponse:
-    # Completion's fields are GenerateResponse's; only the finish reason is an enum there.
-    return pb.GenerateResponse(**{**vars(c), "finish_reason": _FINISH[c.finish_reason]})
+    # Completion's fields are GenerateResponse's (less prompt scores, which only the HTTP
+    # endpoint returns); only the finish reason is an enum there.
+    fields = {k: v for k, v in vars(c).items() if k != "prompt_scores"}
+    return pb.GenerateResponse(**{**fields, "finish_reason": _FINISH[c.finish_reason]})
+
+
+def scores_to_proto(s: TokenScores) -> pb.ScoreResponse:
+    return pb.ScoreResponse(
+        start=s.start,
+        logprobs=s.logprobs,
+        ranks=s.ranks,
+        top_ids=[t for row in s.top_ids for t in row],
+        top_logprobs=[lp for row in s.top_logprobs for lp in row],
+        policy_versions=s.policy_versions,
+    )
 
 
 class InferenceServicer(pb_grpc.InferenceServiceServicer):
@@ -133,6 +147,22 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         )
         async for completion in self.engine.generate(prompt_ids, params, stream=request.stream):
             yield completion_to_proto(completion)
+
+    async def Score(
+        self, request: pb.ScoreRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ScoreResponse:
+        check_prompt_count(len(request.token_ids), "token_ids", self.limits)
+        start = request.start if request.HasField("start") else 1
+        token_ids = list(request.token_ids)
+        check_score(
+            self.engine.status(), token_ids, start=start, top_k=request.top_k,
+            names=str, limits=self.limits,
+        )  # fmt: skip
+        trace.get_current_span().set_attributes(
+            {"score.tokens": len(token_ids), "score.start": start}
+        )
+        scores = await self.engine.score(token_ids, start=start, top_k=request.top_k)
+        return scores_to_proto(scores)
 
     async def GetStatus(
         self, request: common_pb2.StatusRequest, context: grpc.aio.ServicerContext

@@ -21,7 +21,7 @@ import torch
 
 from tidal.common.errors import InvalidArgument, ResourceExhausted, Unavailable
 from tidal.inference.completion_text import CompletionText
-from tidal.inference.engine import Completion, Engine, EngineStatus, FinishReason
+from tidal.inference.engine import Completion, Engine, EngineStatus, FinishReason, TokenScores
 from tidal.inference.kv_cache import DEFAULT_MAX_MODEL_LEN, served_length
 from tidal.inference.loading import check_tokenizer_fits, describe_shape
 from tidal.inference.sampling import SamplingParams
@@ -148,6 +148,11 @@ class VllmEngine(Engine):
                 "temperature 1 without top_k, top_p or min_p (vLLM fixes one logprobs mode per "
                 'engine); use inference.engine = "native" for them under other settings',
             )
+        if params.prompt_logprobs is not None:
+            raise InvalidArgument(
+                "prompt_logprobs",
+                "the vLLM backend scores prompts through Score only (a request of its own)",
+            )
         budget = sequence_budget(len(prompt_ids), params.max_tokens, self._served_len)
         if budget < 1:
             raise InvalidArgument(
@@ -187,6 +192,46 @@ class VllmEngine(Engine):
             self._active -= 1
             if not drained:  # cancelled, or every sample ended at a stop string first
                 await self._llm.abort(request_id)
+
+    async def score(self, token_ids: list[int], *, start: int, top_k: int) -> TokenScores:
+        """vLLM's prompt logprobs of a one-token request (vLLM scores a prompt only on the
+        way to generating; the token is dropped). vLLM computes prompt logprobs from the
+        raw logits and reads no prefix cache for such a request."""
+        from vllm import SamplingParams as VllmSampling
+        from vllm.sampling_params import RequestOutputKind
+
+        if self._llm is None:
+            raise Unavailable("no weights loaded yet; retry once the first version is served")
+        if len(token_ids) >= self._served_len:
+            raise InvalidArgument(
+                "token_ids",
+                f"{len(token_ids)} tokens: vLLM scores at most {self._served_len - 1} "
+                "(inference.max_model_len less the one token it generates)",
+            )
+        if not 1 <= start < len(token_ids):
+            raise InvalidArgument("start", f"must be in [1, {len(token_ids)}), got {start}")
+        sampling = VllmSampling(
+            max_tokens=1, temperature=0.0, prompt_logprobs=top_k,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )  # fmt: skip
+        version, final = self._version, None
+        async for output in self._llm.generate(
+            {"prompt_token_ids": token_ids}, sampling, f"tidal-score-{next(self._ids)}"
+        ):
+            final = output
+        if final is None or final.prompt_logprobs is None:
+            raise RuntimeError("vLLM answered a scoring request without prompt logprobs")
+        rows = final.prompt_logprobs[start:]  # entry p: {token id: Logprob} at position p
+        chosen = [row[t] for row, t in zip(rows, token_ids[start:], strict=True)]
+        tops = [sorted(row.items(), key=lambda kv: kv[1].rank)[:top_k] for row in rows]
+        return TokenScores(
+            start=start,
+            logprobs=[c.logprob for c in chosen],
+            ranks=[c.rank for c in chosen],
+            top_ids=[[t for t, _ in top] for top in tops],
+            top_logprobs=[[lp.logprob for _, lp in top] for top in tops],
+            policy_versions=[version] * len(rows),
+        )
 
     def _sampling(self, params: SamplingParams, max_tokens: int) -> Any:
         """vLLM's parameters. Stop strings stay ours: vLLM runs without a tokenizer

@@ -78,3 +78,6 @@ class ScoredSample:
     reward: float
     advantage: float
     staleness: int
+    token_advantages: tuple[float, ...] = ()
+    """Each completion token's own advantage term, added to `advantage` (distillation);
+    empty: none."""

@@ -17,6 +17,7 @@ from pydantic import Field, model_validator
 from tidal.common.config.loading import BaseConfig
 from tidal.common.config.schema import FIRST
 from tidal.common.config.shared import ServiceRunConfig
+from tidal.orchestrator.distill_config import DistillConfig
 from tidal.orchestrator.task_config import (
     CodeTaskConfig,
     CurriculumConfig,
@@ -328,6 +329,8 @@ class OrchestratorConfig(BaseConfig):
     """Reasoning models: the reasoning parser and the format reward."""
     wandb: WandbConfig = WandbConfig()
     """Optional Weights & Biases logging of the per-step metrics."""
+    distill: DistillConfig = DistillConfig()
+    """On-policy distillation from a teacher (off by default)."""
 
     @model_validator(mode="after")
     def _check(self) -> OrchestratorConfig:
@@ -336,6 +339,7 @@ class OrchestratorConfig(BaseConfig):
                 "orchestrator.advantages.algorithm rloo needs orchestrator.group_size >= 2 "
                 "(a leave-one-out baseline needs another completion)"
             )
+        self._check_distill()
         for task in self.task_list:
             if isinstance(task, CodeTaskConfig) and task.sandbox.wall_s >= self.timeouts.verifier_s:
                 raise ValueError(
@@ -345,6 +349,28 @@ class OrchestratorConfig(BaseConfig):
                     "deadline, ends a slow program"
                 )
         return self
+
+    def _check_distill(self) -> None:
+        distill = self.distill
+        if not distill.enabled:
+            return
+        if distill.self_distill and (distill.model_path or distill.address):
+            raise ValueError(
+                "orchestrator.distill.self_distill uses the policy as its own teacher: leave "
+                "orchestrator.distill.model_path and orchestrator.distill.address unset"
+            )
+        if self.sampling.temperature != 1.0 or self.sampling.top_p != 1.0:
+            raise ValueError(
+                "orchestrator.distill needs orchestrator.sampling.temperature = 1 and top_p = 1:"
+                " the reverse KL compares the teacher with the student's own distribution, "
+                "which is what the sampled tokens' logprobs are only then"
+            )
+        if distill.mode == "replace" and self.advantages.dynamic_sampling:
+            raise ValueError(
+                'orchestrator.distill.mode = "replace" ignores rewards, so '
+                "orchestrator.advantages.dynamic_sampling (which drops groups of equal reward) "
+                'must be false; or use mode = "add"'
+            )
 
     @property
     def task_list(self) -> list[TaskConfig]:

@@ -206,8 +206,8 @@ class RLLoop:
         """Every completion with its group advantage and staleness."""
         scored = []
         for group in generation.groups:
-            for completion, outcome, advantage in zip(
-                group.completions, group.outcomes, group.advantages, strict=True
+            for i, (completion, outcome, advantage) in enumerate(
+                zip(group.completions, group.outcomes, group.advantages, strict=True)
             ):
                 age = self.window.staleness(
                     step, completion.policy_versions, fallback_version=generation.loaded_version
@@ -220,6 +220,7 @@ class RLLoop:
                         outcome.reward,
                         float(advantage),
                         age,
+                        group.token_advantages(i),
                     )
                 )
         return scored
@@ -246,6 +247,7 @@ class RLLoop:
                     completion_logprobs=s.completion.logprobs,
                     completion_mask=s.completion.loss_mask,
                     completion_versions=s.completion.token_versions(),
+                    token_advantages=s.token_advantages,
                 )
                 for s in kept
             ]

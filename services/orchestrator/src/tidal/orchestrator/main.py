@@ -59,6 +59,12 @@ from tidal.orchestrator.rollouts.generator import RolloutGenerator
 from tidal.orchestrator.rollouts.prompt_rendering import PromptRenderer
 from tidal.orchestrator.rollouts.verifiers_env import close_tasks, connect_tasks
 from tidal.orchestrator.scoring.scorers import ModelReward, build_model_rewards, build_scorers
+from tidal.orchestrator.scoring.teacher import (
+    Teacher,
+    check_shared_tokenizer,
+    check_teacher_tokenizer,
+    distill_scorer,
+)
 from tidal.orchestrator.scoring.verifier_pool import VerifierPool
 from tidal.orchestrator.servicer import OrchestratorServicer
 from tidal.orchestrator.staleness import AsyncWindow
@@ -95,8 +101,11 @@ def build_mixture(config: OrchestratorRunConfig) -> TaskMixture:
 
 def build_prompt_renderer(config: OrchestratorRunConfig) -> PromptRenderer:
     """The run's tokenizer and chat rendering (raises ConfigError for a bad tokenizer or
-    `[orchestrator.chat]`)."""
+    `[orchestrator.chat]`, or a distillation teacher folder that tokenizes otherwise)."""
     tokenizer = load_tokenizer(config.run.tokenizer, model_path=config.model_folder())
+    teacher_folder = config.orchestrator.distill.model_path
+    if teacher_folder is not None and teacher_folder.is_dir():  # else: served elsewhere
+        check_shared_tokenizer(tokenizer, teacher_folder)
     prompts = PromptRenderer.from_config(tokenizer, config.orchestrator.chat)
     log.info(
         "tokenizer %s; prompts %s",
@@ -185,6 +194,8 @@ async def run_training(
         queue_target=orch.inflight.queue_target,
         kv_usage_target=orch.inflight.kv_usage_target,
     )
+    teacher_pool = distill_scorer(config, inference, security=security)
+    teacher = None if teacher_pool is None else Teacher(orch.distill, teacher_pool, prompts)
     generator = RolloutGenerator(
         orch,
         seed=config.run.seed,
@@ -194,6 +205,7 @@ async def run_training(
         max_tokens=orch.sampling.max_tokens or mixture.max_completion_chars + 2,
         tasks=mixture.tasks,
         scorers=build_scorers(mixture.tasks, verifier, model_rewards),
+        teacher=teacher,
     )
     if generator.reasoning.markers is not None:
         start, end = generator.reasoning.markers
@@ -215,6 +227,7 @@ async def run_training(
             inference.wait_serving(peer_wait),
             trainer.wait_serving(peer_wait),
             *(reward.wait_ready(peer_wait) for reward in unique(model_rewards)),
+            *([] if teacher_pool in (None, inference) else [teacher_pool.wait_serving(peer_wait)]),
         )
         ranks = resolve_data_parallel_ranks(
             orch.packing.data_parallel_ranks,
@@ -224,6 +237,8 @@ async def run_training(
         log.info("packing for %d trainer data-parallel rank(s)", ranks)
         peers = [*(replica.client for replica in inference.replicas), trainer]
         await check_peer_tokenizers(prompts.tokenizer, peers)
+        if teacher_pool is not None and teacher_pool is not inference:
+            await check_teacher_tokenizer(prompts.tokenizer, teacher_pool)
         await window.wait_loaded(0)
         first_step = await first_step_and_cursors(config, trainer, mixture)
         trained = first_step - 1  # trained, but its Train answer may have been lost
@@ -260,6 +275,8 @@ async def run_training(
         await close_tasks(list(mixture.tasks.values()))
         for client in (inference, trainer, weightsync):
             await client.close()
+        if teacher_pool is not None and teacher_pool is not inference:
+            await teacher_pool.close()
         for reward in unique(model_rewards):
             await reward.close()
         for line in inference.summary():

@@ -6,7 +6,9 @@ weights of `loss_normalization.py`, so micro-batch losses add up to the step los
 whatever the split; metrics are token means over the step and add up the same way. The
 ratio is per token or GSPO's per sequence, through PPO's surrogate with separate low and
 high clips; the off-policy corrections (off_policy.py) weight or remove terms, never
-change the normalizer.
+change the normalizer. Advantages are per token: each term takes its own token's, under a
+sequence-level ratio too (GSPO: the sample's ratio, each token's advantage), sequence-level
+masks drop a sample's tokens whatever their advantages, and normalizers never read them.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ class TokenInputs:
 
     logprobs: torch.Tensor  # (N,) trainer logprob of each target token, with grad
     behaviour_logprobs: torch.Tensor  # (N,) logprob under the policy that sampled it
-    advantages: torch.Tensor  # (N,)
+    advantages: torch.Tensor  # (N,) per token; a sample-level estimator repeats its value
     loss_mask: torch.Tensor  # (N,) 1.0 for trained tokens, else 0.0
     segments: torch.Tensor  # (N,) int64 index of each token's sample
     num_segments: int

@@ -38,6 +38,7 @@ _WS = "/tidal.rpc.v1.WeightSyncService/"
 
 POLICY: Mapping[str, frozenset[str]] = {
     _INF + "Generate": frozenset({"orchestrator", "operator"}),
+    _INF + "Score": frozenset({"orchestrator", "operator"}),
     _INF + "GetStatus": ANY_ROLE,
     _ORCH + "GetProgress": ANY_ROLE,
     _TRAIN + "Train": frozenset({"orchestrator"}),

@@ -45,6 +45,11 @@ class InferenceServiceStub:
                 request_serializer=tidal_dot_rpc_dot_v1_dot_common__pb2.StatusRequest.SerializeToString,
                 response_deserializer=tidal_dot_rpc_dot_v1_dot_inference__pb2.InferenceStatus.FromString,
                 _registered_method=True)
+        self.Score = channel.unary_unary(
+                '/tidal.rpc.v1.InferenceService/Score',
+                request_serializer=tidal_dot_rpc_dot_v1_dot_inference__pb2.ScoreRequest.SerializeToString,
+                response_deserializer=tidal_dot_rpc_dot_v1_dot_inference__pb2.ScoreResponse.FromString,
+                _registered_method=True)
 
 
 class InferenceServiceServicer:
@@ -65,6 +70,16 @@ class InferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Score(self, request, context):
+        """Scores a sequence the caller gives (e.g. a teacher scoring a student's completion):
+        the logprob of each of token_ids[start:] given the tokens before it, under the served
+        weights' unmodified distribution, with no sampling. Batched with generation; the
+        positions before start may be served from the prefix cache.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -77,6 +92,11 @@ def add_InferenceServiceServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=tidal_dot_rpc_dot_v1_dot_common__pb2.StatusRequest.FromString,
                     response_serializer=tidal_dot_rpc_dot_v1_dot_inference__pb2.InferenceStatus.SerializeToString,
+            ),
+            'Score': grpc.unary_unary_rpc_method_handler(
+                    servicer.Score,
+                    request_deserializer=tidal_dot_rpc_dot_v1_dot_inference__pb2.ScoreRequest.FromString,
+                    response_serializer=tidal_dot_rpc_dot_v1_dot_inference__pb2.ScoreResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -133,6 +153,33 @@ class InferenceService:
             '/tidal.rpc.v1.InferenceService/GetStatus',
             tidal_dot_rpc_dot_v1_dot_common__pb2.StatusRequest.SerializeToString,
             tidal_dot_rpc_dot_v1_dot_inference__pb2.InferenceStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Score(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidal.rpc.v1.InferenceService/Score',
+            tidal_dot_rpc_dot_v1_dot_inference__pb2.ScoreRequest.SerializeToString,
+            tidal_dot_rpc_dot_v1_dot_inference__pb2.ScoreResponse.FromString,
             options,
             channel_credentials,
             insecure,

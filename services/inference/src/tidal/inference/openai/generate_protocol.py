@@ -3,21 +3,23 @@
 The caller renders its own prompt (the `verifiers` train client does, through `renderers`)
 and sends `token_ids` plus vLLM's `sampling_params`; the answer is vLLM's
 `GenerateResponse`: each choice's `token_ids`, `finish_reason` and chat-style `logprobs`
-whose `token` reads `token_id:<id>`, plus the `"tidal"` extension with each token's policy
-version. Sampling fields are read by the same table as the OpenAI endpoints, and every
-error names its field as the body spells it (`sampling_params.temperature`). What this
-engine does not implement but would change the result (streaming, multimodal features,
-priorities, top-k alternatives, beam search, guided decoding) is refused, never ignored.
+whose `token` reads `token_id:<id>`, the `"tidal"` extension with each token's policy
+version, and (asked by `prompt_logprobs`) vLLM's scores of the prompt's own tokens. Sampling
+fields are read by the same table as the OpenAI endpoints; every error names its field as
+the body spells it (`sampling_params.temperature`). What this engine does not implement but
+would change the result (streaming, multimodal features, priorities, top-k alternatives of
+sampled tokens, beam search, guided decoding) is refused, never ignored.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from tidal.common.errors import InvalidArgument
 from tidal.inference.config import RequestLimits
-from tidal.inference.engine import Completion
+from tidal.inference.engine import Completion, TokenScores
 from tidal.inference.openai.protocol import sampling_from_body, tidal_extension
 from tidal.inference.request_checks import DEFAULT_LIMITS, check_prompt_count
 from tidal.inference.sampling import SamplingParams
@@ -95,7 +97,8 @@ def parse_generate(
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidArgument("request_id", "must be a string")
     want_logprobs = _logprobs(sampling)
-    sampling = {k: v for k, v in sampling.items() if k != "logprobs"}
+    prompt_logprobs = _prompt_logprobs(sampling, limits)
+    sampling = {k: v for k, v in sampling.items() if k not in ("logprobs", "prompt_logprobs")}
     if sampling.get("max_tokens") is None:
         room = max_seq_len - len(prompt_ids)
         sampling["max_tokens"] = max(1, min(room, limits.max_tokens))
@@ -104,7 +107,22 @@ def parse_generate(
     except InvalidArgument as e:
         message = str(e).removeprefix(f"{e.field}: ")
         raise InvalidArgument(f"{SAMPLING}.{e.field}", message) from None
+    params = dataclasses.replace(params, prompt_logprobs=prompt_logprobs)
     return GenerateRequest(request_id, prompt_ids, params, want_logprobs)
+
+
+def _prompt_logprobs(sampling: dict[str, Any], limits: RequestLimits) -> int | None:
+    value = sampling.get("prompt_logprobs")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"{SAMPLING}.prompt_logprobs", f"must be an integer, got {value!r}")
+    if not 0 <= value <= limits.max_logprobs:
+        raise InvalidArgument(
+            f"{SAMPLING}.prompt_logprobs",
+            f"must be in [0, {limits.max_logprobs}] (inference.limits.max_logprobs), got {value}",
+        )
+    return value
 
 
 def _choice(c: Completion, *, want_logprobs: bool) -> dict[str, Any]:
@@ -125,6 +143,30 @@ def _choice(c: Completion, *, want_logprobs: bool) -> dict[str, Any]:
     }
 
 
+def _prompt_logprobs_body(
+    prompt_ids: list[int], scores: TokenScores | None
+) -> list[dict[str, Any] | None] | None:
+    """vLLM's `prompt_logprobs`: None for the first token, then {id: Logprob} per position
+    (the prompt's token and the k most likely, keyed by id as JSON keys must be)."""
+    if scores is None:
+        return None
+    rows: list[dict[str, Any] | None] = [None]
+    for i, token in enumerate(prompt_ids[scores.start :]):
+        row = {
+            str(t): {"logprob": lp, "rank": rank, "decoded_token": f"token_id:{t}"}
+            for rank, (t, lp) in enumerate(
+                zip(scores.top_ids[i], scores.top_logprobs[i], strict=True), start=1
+            )
+        }
+        row[str(token)] = {
+            "logprob": scores.logprobs[i],
+            "rank": scores.ranks[i],
+            "decoded_token": f"token_id:{token}",
+        }
+        rows.append(row)
+    return rows
+
+
 def generate_response(
     request_id: str, request: GenerateRequest, completions: list[Completion]
 ) -> dict[str, Any]:
@@ -133,6 +175,8 @@ def generate_response(
     return {
         "request_id": request_id,
         "choices": sorted(choices, key=lambda c: c["index"]),
-        "prompt_logprobs": None,
+        "prompt_logprobs": _prompt_logprobs_body(
+            request.prompt_ids, next((c.prompt_scores for c in completions), None)
+        ),
         "kv_transfer_params": None,
     }

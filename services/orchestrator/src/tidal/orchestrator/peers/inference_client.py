@@ -1,4 +1,4 @@
-"""Async client of the inference service (Generate, GetStatus, health)."""
+"""Async client of the inference service (Generate, Score, GetStatus, health)."""
 
 from __future__ import annotations
 
@@ -101,3 +101,18 @@ class InferenceClient(PeerClient):
                 f"for n={n} (request {request_id})"
             )
         return sorted(completions, key=lambda c: c.index)
+
+    async def score(
+        self, token_ids: list[int], *, start: int, request_id: str = "", timeout: float = 300.0
+    ) -> tuple[float, ...]:
+        """The served weights' logprob of each of `token_ids[start:]` given the tokens
+        before it (Score; nothing sampled)."""
+        request = pb.ScoreRequest(request_id=request_id, token_ids=token_ids, start=start)
+        with peer_call("inference", self.address, "Score"):
+            reply = await self.stub.Score(request, timeout=timeout, wait_for_ready=False)
+        if len(reply.logprobs) != len(token_ids) - start:
+            raise PeerError(
+                f"inference at {self.address} scored {len(reply.logprobs)} tokens of "
+                f"{len(token_ids) - start} (request {request_id})"
+            )
+        return tuple(reply.logprobs)

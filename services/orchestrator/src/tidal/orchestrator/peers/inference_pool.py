@@ -1,11 +1,12 @@
 """Several inference replicas behind one client: least outstanding work, retry, ride-out.
 
 The pool has the client interface the rest of the orchestrator uses, so one replica is
-the case N = 1. A call goes to the replica that last took its affinity key, else to the
-serving replica with the fewest requested tokens in flight; it is retried whole on another
-when its replica is lost, and waits up to `recovery.peer_loss_s` while none serves. Health
-probes bring a lost replica back. The version gate is the oldest version the serving
-replicas have loaded, as weightsync pushes it (version_feed.py). docs/orchestrator.md.
+the case N = 1. A call (Generate or Score) goes to the replica that last took its affinity
+key, else to the serving replica with the fewest requested tokens in flight; it is retried
+whole on another when its replica is lost, and waits up to `recovery.peer_loss_s` while
+none serves. Health probes bring a lost replica back. The version gate is the oldest
+version the serving replicas have loaded, as weightsync pushes it (version_feed.py).
+docs/orchestrator.md.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -29,6 +30,7 @@ from tidal.orchestrator.peers.peer_client import PeerError
 from tidal.orchestrator.peers.version_feed import VersionFeed
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 LOST_CODES = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED}
 )
@@ -57,11 +59,11 @@ class Replica:
     """Its context length (GetStatus), read with `replica_id`; 0 until read."""
     outstanding_tokens: int = 0
     sent: int = 0
-    """Generate attempts sent to it."""
+    """Generate (and Score) attempts sent to it."""
     served: int = 0
-    """Generate calls it completed."""
+    """Generate (and Score) calls it completed."""
     failed: int = 0
-    """Generate attempts that failed on it and were retried elsewhere."""
+    """Attempts that failed on it and were retried elsewhere."""
     last_error: str = ""
     old_channels: list[tuple[float, grpc.aio.Channel]] = field(default_factory=list)
     """Channels replaced by a reconnect, with when; closed once nothing can still use
@@ -268,7 +270,34 @@ class InferencePool:
         replica fails; each attempt is whole (a failed attempt's completions are dropped).
         `affinity`: prefer the replica that served this key last (see the module doc);
         `sampling`: the rest of `InferenceClient.generate`'s options."""
+
+        def call(client: InferenceClient) -> Awaitable[list[Completion]]:
+            return client.generate(
+                prompt_ids, n=n, max_tokens=max_tokens, request_id=request_id, **sampling
+            )
+
         cost = n * (len(prompt_ids) + max_tokens)
+        return await self._on_a_replica(call, "Generate", cost, request_id, affinity)
+
+    async def score(
+        self, token_ids: list[int], *, start: int, request_id: str = "", affinity: str = ""
+    ) -> tuple[float, ...]:
+        """Score's logprobs of `token_ids[start:]`, routed and retried as Generate."""
+
+        def call(client: InferenceClient) -> Awaitable[tuple[float, ...]]:
+            return client.score(token_ids, start=start, request_id=request_id)
+
+        return await self._on_a_replica(call, "Score", len(token_ids), request_id, affinity)
+
+    async def _on_a_replica(
+        self,
+        call: Callable[[InferenceClient], Awaitable[T]],
+        method: str,
+        cost: int,
+        request_id: str,
+        affinity: str,
+    ) -> T:
+        """`call` on one replica, retried whole on another while replicas are lost."""
         first_failure: float | None = None
         while True:
             replica = await self._acquire(affinity)
@@ -277,16 +306,14 @@ class InferencePool:
             replica.outstanding_tokens += cost
             replica.sent += 1
             try:
-                completions = await replica.client.generate(
-                    prompt_ids, n=n, max_tokens=max_tokens, request_id=request_id, **sampling
-                )
+                result = await call(replica.client)
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if task is None or task.cancelling():
                     raise  # this request itself was cancelled
                 # the call was cancelled under us (its channel closed): like a lost replica
                 exc = PeerError(
-                    f"inference at {replica.address}: Generate cancelled",
+                    f"inference at {replica.address}: {method} cancelled",
                     code=grpc.StatusCode.CANCELLED,
                 )
                 replica.failed += 1
@@ -315,7 +342,7 @@ class InferencePool:
             finally:
                 replica.outstanding_tokens -= cost
             replica.served += 1
-            return completions
+            return result
 
     def loaded_version(self) -> int:
         """The oldest version a serving replica has loaded, as weightsync pushed it (-1

@@ -1,4 +1,5 @@
-"""One step's rollouts: draw prompts, generate groups, verify, shape rewards, advantages.
+"""One step's rollouts: draw prompts, generate groups, verify, shape rewards, advantages
+(and, distilling, the teacher's per-token terms).
 
 A group is one prompt's `group_size` completions; everything that needs the group (the
 baseline, dynamic sampling, ReMax's greedy completion) happens here, so the loop sees
@@ -31,6 +32,7 @@ from tidal.orchestrator.rollouts.dynamic_sampling import fill_batch
 from tidal.orchestrator.rollouts.prompt_rendering import PromptRenderer
 from tidal.orchestrator.rollouts.strategies import rollout_strategy
 from tidal.orchestrator.scoring.scorers import Scorer
+from tidal.orchestrator.scoring.teacher import GroupDistillation, Teacher
 from tidal.orchestrator.scoring.verifier_pool import VerifyOutcome
 from tidal.orchestrator.seeds import derive_seed
 from tidal.orchestrator.tasks.base import Problem, Task
@@ -57,6 +59,12 @@ class Group:
     greedy_reward: float | None = None
     splits: list[Split] = field(default_factory=list)
     """Each completion's reasoning and answer."""
+    distillation: GroupDistillation | None = None
+    """With a teacher: each completion token's advantage term and what scoring cost."""
+
+    def token_advantages(self, index: int) -> tuple[float, ...]:
+        """Completion `index`'s per-token advantage terms (empty: none)."""
+        return () if self.distillation is None else self.distillation.terms[index]
 
     @property
     def rewards(self) -> list[float]:
@@ -88,6 +96,20 @@ class Generation:
     """The curriculum's `curriculum/*` metrics after this step's outcomes."""
 
 
+def distillation_stats(groups: list[Group]) -> dict[str, float]:
+    """The step's mean per-token reverse KL(student ‖ teacher) over the kept groups' model
+    tokens, the tokens scored, and the teacher calls' wall time summed over groups."""
+    scored = [g.distillation for g in groups if g.distillation is not None]
+    tokens = sum(d.tokens for d in scored)
+    if not tokens:
+        return {}
+    return {
+        "distill/reverse_kl": sum(d.reverse_kl_sum for d in scored) / tokens,
+        "distill/tokens": float(tokens),
+        "distill/teacher_s": sum(d.seconds for d in scored),
+    }
+
+
 class RolloutGenerator:
     def __init__(
         self,
@@ -100,8 +122,11 @@ class RolloutGenerator:
         max_tokens: int,
         tasks: Mapping[str, Task],
         scorers: Mapping[str, Scorer],
+        teacher: Teacher | None = None,
     ) -> None:
         self.config = config
+        self.teacher = teacher
+        """Scores sampled tokens for on-policy distillation (`[orchestrator.distill]`)."""
         self.seed = seed
         self.inference = inference
         self.limiter = limiter
@@ -244,9 +269,15 @@ class RolloutGenerator:
             normalize=self.config.advantages.normalize,
             greedy_reward=greedy_reward,
         )
+        distillation = None
+        if self.teacher is not None:
+            distillation = await self.teacher.score_group(problem, prompt, completions, tag=tag)
+            if self.config.distill.mode == "replace":  # pure distillation: no reward term
+                advantages = np.zeros_like(advantages)
         return Group(
-            problem, tuple(prompt), completions, outcomes, shaped, advantages, greedy_reward, splits
-        )
+            problem, tuple(prompt), completions, outcomes, shaped, advantages, greedy_reward,
+            splits, distillation,
+        )  # fmt: skip
 
     async def generate_step(
         self, step: int, mixture: TaskMixture, *, loaded_version: int, policy_wait: float
@@ -279,6 +310,7 @@ class RolloutGenerator:
         counters: Counter[str] = Counter()
         for outcome in outcomes:
             counters.update(outcome.counters)
+        counters.update(distillation_stats(batch.kept))
         return Generation(
             groups=batch.kept,
             problems=batch.drawn,
