@@ -96,6 +96,13 @@ class UploadSession:
                     "chunk.offset",
                     f"{chunk.path}: expected offset {f.written} or less, got {chunk.offset}",
                 )
+            size = self.expected[chunk.path].size
+            if chunk.offset + len(chunk.data) > size:
+                raise InvalidArgument(
+                    "chunk.data",
+                    f"{chunk.path}: bytes {chunk.offset}..{chunk.offset + len(chunk.data)} run "
+                    f"past the file's size in the manifest, {size}",
+                )
             skip = f.written - chunk.offset  # bytes of this chunk already received
             if skip < len(chunk.data):
                 data = memoryview(chunk.data)[skip:]
