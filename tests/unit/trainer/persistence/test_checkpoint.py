@@ -21,6 +21,8 @@ from tidal.trainer.persistence.checkpoint import CheckpointManager, TrainState
 from tidal.trainer.persistence.safe_dcp import UnsafeCheckpoint
 from tidal.trainer.train_step import Trainer
 
+from ....helpers.small_disk import small_disk
+
 TINY = ModelConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=32)
 SCHEDULE = ScheduleConfig(warmup_steps=2, decay="cosine", decay_steps=4)
 CONFIG = TrainerConfig(model=TINY, optim=OptimConfig(lr=3e-3, schedule=SCHEDULE), device="cpu")
@@ -232,3 +234,25 @@ def test_a_snapshot_written_later_holds_the_state_it_was_taken_at(
     assert saved["scheduler"] == plain["scheduler"]
     assert torch.equal(saved["rng"]["cpu"], plain["rng"]["cpu"])
     assert all(torch.equal(saved["model"][k], v) for k, v in plain["model"].items())
+
+
+def test_a_dcp_save_that_finds_the_disk_full_raises_disk_full(tmp_path: Path) -> None:
+    """Under a process group checkpoints are DCP's, which wraps each rank's error in a
+    CheckpointException (a BaseException, out of the error's chain): a full disk still
+    surfaces as `DiskFull` naming the folder, and no checkpoint counts."""
+    import torch.distributed as dist
+
+    from tidal.common.errors import DiskFull
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        with small_disk(tmp_path / "disk", "64k") as disk:
+            manager = CheckpointManager(disk / "checkpoints", keep_last=2)
+            with pytest.raises(DiskFull, match=r"^disk full: .*checkpoints") as err:
+                manager.save(new_trainer())
+            assert str(disk) in str(err.value)
+            assert manager.complete() == []
+    finally:
+        dist.destroy_process_group()

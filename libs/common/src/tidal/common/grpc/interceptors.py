@@ -32,6 +32,12 @@ ERROR_KIND_KEY = "tidal-error"
 depends on more than the status code."""
 
 
+def reported_kind(error: grpc.aio.AioRpcError) -> str | None:
+    """The domain error class a failed call's server named (`ERROR_KIND_KEY`), if any."""
+    kinds = [v for k, v in error.trailing_metadata() or () if k == ERROR_KIND_KEY]
+    return str(kinds[0]) if kinds else None
+
+
 def _request_id(context: grpc.aio.ServicerContext) -> str:
     for key, value in context.invocation_metadata() or ():
         if key == REQUEST_ID_KEY:
