@@ -21,8 +21,6 @@ from tidal.trainer.persistence.checkpoint import CheckpointManager, TrainState
 from tidal.trainer.persistence.safe_dcp import UnsafeCheckpoint
 from tidal.trainer.train_step import Trainer
 
-from ....helpers.small_disk import small_disk
-
 TINY = ModelConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=32)
 SCHEDULE = ScheduleConfig(warmup_steps=2, decay="cosine", decay_steps=4)
 CONFIG = TrainerConfig(model=TINY, optim=OptimConfig(lr=3e-3, schedule=SCHEDULE), device="cpu")
@@ -243,6 +241,8 @@ def test_a_dcp_save_that_finds_the_disk_full_raises_disk_full(tmp_path: Path) ->
     import torch.distributed as dist
 
     from tidal.common.errors import DiskFull
+
+    from ....helpers.small_disk import small_disk  # here: this module also runs as a script
 
     dist.init_process_group(
         "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
