@@ -6,9 +6,11 @@ weight-sync service, inference replica and orchestrator server
 (tests/helpers/served_trainer.py, token mode); this script sends `--attackers`
 concurrent `Check` requests of `--mib` MiB each, without a token, to one server at a
 time, and reports each server's peak RSS growth (VmHWM after, less VmRSS before, the
-peak reset between servers) and the status codes the calls ended with.
+peak reset between servers) and the status codes the calls ended with. The servers share
+one process, so memory one attack freed can serve the next one's: `--services` attacks
+a subset (one alone gives its own figure).
 
-    .venv/bin/python bench/health_attack.py [--mib 200] [--attackers 4]
+    .venv/bin/python bench/health_attack.py [--mib 200] [--attackers 4] [--services trainer]
 """
 
 from __future__ import annotations
@@ -69,6 +71,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=200)
     parser.add_argument("--attackers", type=int, default=4)
+    parser.add_argument(
+        "--services", default=",".join(SERVICES), help="comma-separated subset, attacked in order"
+    )
     args = parser.parse_args()
     request = check_request(args.mib << 20)
     rows = []
@@ -85,7 +90,10 @@ def main() -> None:
         try:
             assert server.stdout is not None
             ports = server.stdout.readline().split()
+            chosen = args.services.split(",")
             for name, port in zip(SERVICES, ports, strict=True):
+                if name not in chosen:
+                    continue
                 before = proc_kib(server.pid, "VmRSS")
                 Path(f"/proc/{server.pid}/clear_refs").write_text("5")  # VmHWM := VmRSS
                 started = time.monotonic()
