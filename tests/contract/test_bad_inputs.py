@@ -834,32 +834,6 @@ def peak_growth(pid: int, attack: Awaitable[Any]) -> tuple[Any, int]:
     return result, proc_kib(pid, "VmHWM") * 1024 - before
 
 
-def test_bulk_requests_of_unauthorized_callers_are_refused_before_their_body(
-    served: Served, tls_folder: Path
-) -> None:
-    """Concurrent 128 MB Train and UploadWeights calls from an identity that may not make
-    them are refused (their role, or their size: whichever gRPC sees first), and the
-    server's memory does not grow by their bodies; then the orchestrator still trains."""
-    started = time.monotonic()
-    attack = refused_bulk_calls(
-        served.mode, tls_folder, served.addresses["trainer"], served.addresses["weightsync"]
-    )
-    codes, growth = peak_growth(served.pid, attack)
-    expected = grpc.StatusCode.UNAUTHENTICATED if served.mode == "token" else DENIED
-    for call_codes in codes:
-        assert set(call_codes) <= {expected, grpc.StatusCode.RESOURCE_EXHAUSTED}, codes
-    assert time.monotonic() - started < 20
-    assert growth < ATTACK_RSS_LIMIT, f"server RSS grew {growth >> 20} MiB"
-    loop = asyncio.new_event_loop()
-    try:
-        trained = loop.run_until_complete(
-            trains_step_one(served.mode, tls_folder, served.addresses["trainer"])
-        )
-    finally:
-        loop.close()
-    assert trained == 1
-
-
 CHECK_BYTES = 200 * 1024 * 1024
 
 
@@ -885,6 +859,32 @@ def test_oversized_health_checks_cost_every_server_little(served: Served, tls_fo
         codes, growth[service] = peak_growth(served.pid, attack)
         assert codes == [grpc.StatusCode.RESOURCE_EXHAUSTED] * ATTACKERS, service
     assert max(growth.values()) < ATTACK_RSS_LIMIT, {s: g >> 20 for s, g in growth.items()}
+
+
+def test_bulk_requests_of_unauthorized_callers_are_refused_before_their_body(
+    served: Served, tls_folder: Path
+) -> None:
+    """Concurrent 128 MB Train and UploadWeights calls from an identity that may not make
+    them are refused (their role, or their size: whichever gRPC sees first), and the
+    server's memory does not grow by their bodies; then the orchestrator still trains."""
+    started = time.monotonic()
+    attack = refused_bulk_calls(
+        served.mode, tls_folder, served.addresses["trainer"], served.addresses["weightsync"]
+    )
+    codes, growth = peak_growth(served.pid, attack)
+    expected = grpc.StatusCode.UNAUTHENTICATED if served.mode == "token" else DENIED
+    for call_codes in codes:
+        assert set(call_codes) <= {expected, grpc.StatusCode.RESOURCE_EXHAUSTED}, codes
+    assert time.monotonic() - started < 20
+    assert growth < ATTACK_RSS_LIMIT, f"server RSS grew {growth >> 20} MiB"
+    loop = asyncio.new_event_loop()
+    try:
+        trained = loop.run_until_complete(
+            trains_step_one(served.mode, tls_folder, served.addresses["trainer"])
+        )
+    finally:
+        loop.close()
+    assert trained == 1
 
 
 # --- inference: the OpenAI endpoint's bodies ----------------------------------------

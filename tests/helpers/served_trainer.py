@@ -79,6 +79,8 @@ async def serve(mode: str, tls_dir: Path, run_dir: Path) -> None:
             }
         )
     )
+    while inference.engine.policy_version < 0:  # loaded: its memory settles before measures
+        await asyncio.sleep(0.05)
     orchestrator = GrpcServer(
         "127.0.0.1:0",
         [
