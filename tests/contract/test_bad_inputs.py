@@ -517,6 +517,7 @@ def test_a_step_over_the_token_budget_is_refused_whole(stack: Stack) -> None:
     ("service", "method"),
     [
         ("trainer", "/tidal.rpc.v1.TrainerService/GetStatus"),
+        ("trainer", "/tidal.rpc.v1.TrainerService/Train"),  # a large step: TrainStream
         ("weightsync", "/tidal.rpc.v1.WeightSyncService/GetVersion"),
         ("inference", "/tidal.rpc.v1.InferenceService/GetStatus"),
     ],
