@@ -39,6 +39,7 @@ from prometheus_client import CollectorRegistry
 
 from tidal.common.config.shared import Endpoints, GrpcConfig, RunSection, TelemetryConfig
 from tidal.common.grpc.channel import make_channel
+from tidal.common.grpc.limits import max_chunk_bytes
 from tidal.common.grpc.server import GrpcServer, ServiceBinding
 from tidal.common.security.config import SecurityConfig
 from tidal.common.security.transport import PLAINTEXT_LOOPBACK
@@ -55,7 +56,7 @@ from tidal.rpc.v1 import inference_pb2_grpc as ipb_grpc
 from tidal.rpc.v1 import trainer_pb2 as tpb
 from tidal.rpc.v1 import trainer_pb2_grpc as tpb_grpc
 from tidal.rpc.v1 import weightsync_pb2 as wpb
-from tidal.trainer.config import TrainerRunConfig
+from tidal.trainer.config import TrainerConfig, TrainerRunConfig
 from tidal.trainer.main import RunningTrainer, start_trainer
 from tidal.weightsync.config import StreamTransport
 from tidal.weightsync.registry import VersionRegistry
@@ -512,18 +513,78 @@ def test_a_step_over_the_token_budget_is_refused_whole(stack: Stack) -> None:
     stack.assert_serving()
 
 
-def test_control_rpc_on_the_bulk_server_has_the_small_limit(stack: Stack) -> None:
-    """The trainer's server takes 256 MiB for Train, but GetStatus only max_request_bytes:
-    refused from its size, unparsed, naming the key."""
-    call = stack.channels["trainer"].unary_unary(
-        "/tidal.rpc.v1.TrainerService/GetStatus",
-        request_serializer=lambda raw: raw,
-        response_deserializer=tpb.TrainerStatus.FromString,
-    )
+@pytest.mark.parametrize(
+    ("service", "method"),
+    [
+        ("trainer", "/tidal.rpc.v1.TrainerService/GetStatus"),
+        ("trainer", "/tidal.rpc.v1.TrainerService/Train"),  # a large step: TrainStream
+        ("weightsync", "/tidal.rpc.v1.WeightSyncService/GetVersion"),
+        ("inference", "/tidal.rpc.v1.InferenceService/GetStatus"),
+    ],
+)
+def test_every_server_receives_at_most_max_request_bytes(
+    stack: Stack, service: str, method: str
+) -> None:
+    """Whatever a server hosts, a message over grpc.max_request_bytes is refused from its
+    length prefix."""
+    call = stack.channels[service].unary_unary(method, request_serializer=bytes)
     big = b"\x0a\x80\x80\x80\x03" + b"x" * (6 << 20)  # unknown field 1, 6 MiB
     err = stack.refused(lambda: call(big))
     assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "grpc.max_request_bytes" in err.details()
+    stack.assert_serving()
+
+
+CHUNK_LIMIT = max_chunk_bytes(GrpcConfig())
+MAX_STEP_BYTES = TrainerConfig().max_step_bytes
+
+
+def train_chunk_cases() -> dict[str, tuple[list[tpb.TrainChunk], grpc.StatusCode, str]]:
+    """Chunk streams each breaking one rule: (chunks, status, the field it names)."""
+    raw = tpb.TrainRequest(
+        step=1, micro_batches=[wire_micro_batch([5, 4])], loss=tpb.LOSS_KIND_POLICY_GRADIENT
+    ).SerializeToString()
+    n = len(raw)
+    bad, exhausted = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED
+    big = CHUNK_LIMIT + 1  # under the receive limit: the servicer's own check answers
+    return {
+        "chunk over the limit": (
+            [tpb.TrainChunk(total_bytes=big, data=bytes(big))],
+            exhausted,
+            "data",
+        ),
+        "out of order": (
+            [
+                tpb.TrainChunk(total_bytes=n, offset=0, data=raw[:5]),
+                tpb.TrainChunk(total_bytes=n, offset=9, data=raw[9:]),
+            ],
+            bad,
+            "offset",
+        ),
+        "total over the cap": (
+            [tpb.TrainChunk(total_bytes=MAX_STEP_BYTES + 1, data=raw)],
+            exhausted,
+            "total_bytes",
+        ),
+        "total changed": (
+            [
+                tpb.TrainChunk(total_bytes=n, offset=0, data=raw[:5]),
+                tpb.TrainChunk(total_bytes=n + 1, offset=5, data=raw[5:]),
+            ],
+            bad,
+            "total_bytes",
+        ),
+        "ends short": ([tpb.TrainChunk(total_bytes=n + 1, data=raw)], bad, "total_bytes"),
+        "no chunk": ([], bad, "total_bytes"),
+        "no request": ([tpb.TrainChunk(total_bytes=3, data=b"\xff\xff\xff")], bad, "data"),
+    }
+
+
+@pytest.mark.parametrize("case", list(train_chunk_cases()))
+def test_train_stream_refuses_chunks_that_break_its_rules(stack: Stack, case: str) -> None:
+    chunks, code, field = train_chunk_cases()[case]
+    err = stack.refused(lambda: stack.trainer.TrainStream(iter(chunks)))
+    assert err.code() == code, err.details()
+    assert (err.details() or "").startswith(f"{field}:"), err.details()
     stack.assert_serving()
 
 
@@ -590,6 +651,40 @@ def test_publish_and_upload_refuse_absurd_manifests(
     err = stack.refused(upload)
     assert err.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
     assert_names(err, "manifest")
+    stack.assert_serving()
+
+
+def upload_chunk_cases() -> dict[str, tuple[wpb.WeightChunk, grpc.StatusCode, str]]:
+    """A chunk of a 100-byte file breaking one rule: (chunk, status, the field it names)."""
+    big = CHUNK_LIMIT + 1
+    return {
+        "chunk over the limit": (
+            wpb.WeightChunk(path="model.safetensors", data=bytes(big)),
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "chunk.data",
+        ),
+        "out of order": (
+            wpb.WeightChunk(path="model.safetensors", offset=50, data=bytes(10)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "chunk.offset",
+        ),
+        "past the file's size": (
+            wpb.WeightChunk(path="model.safetensors", offset=0, data=bytes(101)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "chunk.data",
+        ),
+    }
+
+
+@pytest.mark.parametrize("case", list(upload_chunk_cases()))
+def test_upload_weights_refuses_chunks_that_break_its_rules(stack: Stack, case: str) -> None:
+    chunk, code, field = upload_chunk_cases()[case]
+    weights = wpb.WeightFile(path="model.safetensors", size=100, sha256="0" * 64)
+    manifest = wpb.WeightManifest(version=1, step=1, format="safetensors", files=[weights])
+    messages = [wpb.UploadWeightsRequest(manifest=manifest), wpb.UploadWeightsRequest(chunk=chunk)]
+    err = stack.refused(lambda: stack.weightsync.UploadWeights(iter(messages)))
+    assert err.code() == code, err.details()
+    assert (err.details() or "").startswith(f"{field}:"), err.details()
     stack.assert_serving()
 
 
@@ -696,37 +791,101 @@ async def trains_step_one(mode: str, tls: Path, address: str) -> int:
         return int(reply.policy_version)
 
 
-@pytest.mark.parametrize("mode", ["token", "mtls"])
-def test_bulk_requests_of_unauthorized_callers_are_refused_before_their_body(
-    mode: str, tmp_path: Path, tls_folder: Path
-) -> None:
-    """Concurrent 128 MB Train and UploadWeights calls from an identity that may not make
-    them are refused, and the server's memory does not grow by their bodies; then the
-    orchestrator still trains."""
+@dataclass(frozen=True)
+class Served:
+    """The served_trainer.py process: its pid, mode and the address of each server."""
+
+    pid: int
+    mode: str
+    addresses: dict[str, str]
+
+
+@pytest.fixture(scope="module", params=["token", "mtls"])
+def served(
+    request: pytest.FixtureRequest, tls_folder: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Served]:
+    mode = request.param
+    run = tmp_path_factory.mktemp(f"served-{mode}")
     server = subprocess.Popen(
-        [sys.executable, str(SERVED_TRAINER), mode, str(tls_folder), str(tmp_path)],
+        [sys.executable, str(SERVED_TRAINER), mode, str(tls_folder), str(run)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
-    loop = asyncio.new_event_loop()
     try:
         assert server.stdout is not None
-        trainer, weightsync = (f"127.0.0.1:{port}" for port in server.stdout.readline().split())
-        rss_before = proc_kib(server.pid, "VmRSS") * 1024
-        Path(f"/proc/{server.pid}/clear_refs").write_text("5")  # VmHWM := VmRSS
-        started = time.monotonic()
-        attack = refused_bulk_calls(mode, tls_folder, trainer, weightsync)
-        codes = loop.run_until_complete(attack)
-        expected = grpc.StatusCode.UNAUTHENTICATED if mode == "token" else DENIED
-        assert codes == [[expected] * ATTACKERS] * 2
-        assert time.monotonic() - started < 20
-        growth = proc_kib(server.pid, "VmHWM") * 1024 - rss_before
-        assert growth < ATTACK_RSS_LIMIT, f"server RSS grew {growth >> 20} MiB"
-        assert loop.run_until_complete(trains_step_one(mode, tls_folder, trainer)) == 1
+        ports = server.stdout.readline().split()
+        names = ("trainer", "weightsync", "inference", "orchestrator")
+        yield Served(
+            server.pid, mode, {n: f"127.0.0.1:{p}" for n, p in zip(names, ports, strict=True)}
+        )
+    finally:
+        server.communicate(timeout=30)  # closes its stdin: it stops
+
+
+def peak_growth(pid: int, attack: Awaitable[Any]) -> tuple[Any, int]:
+    """`attack`'s result and the process's peak RSS growth (bytes) while it ran."""
+    before = proc_kib(pid, "VmRSS") * 1024
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM := VmRSS
+    loop = asyncio.new_event_loop()
+    try:
+        result = loop.run_until_complete(attack)
     finally:
         loop.close()
-        server.communicate(timeout=30)  # closes its stdin: it stops
+    return result, proc_kib(pid, "VmHWM") * 1024 - before
+
+
+CHECK_BYTES = 200 * 1024 * 1024
+
+
+async def oversized_checks(
+    mode: str, tls: Path, address: str, request: bytes
+) -> list[grpc.StatusCode]:
+    """The codes of ATTACKERS concurrent health Checks carrying `request`, by a caller with
+    no token (token mode) or the operator's certificate (mTLS): health is open."""
+    async with attacker_channel(mode, tls, address) as channel:
+        check = channel.unary_unary("/grpc.health.v1.Health/Check", request_serializer=bytes)
+        return await codes_of(check(request, timeout=30) for _ in range(ATTACKERS))
+
+
+@pytest.mark.parametrize("served", ["token"], indirect=True)  # the handshake is all mTLS adds
+def test_oversized_health_checks_cost_every_server_little(served: Served, tls_folder: Path) -> None:
+    """Health is open to any caller, so its message size is each server's one receive
+    limit: four 200 MB Checks are refused RESOURCE_EXHAUSTED and no server (trainer,
+    weightsync, inference, orchestrator) grows by their size."""
+    request = health_pb2.HealthCheckRequest(service="x" * CHECK_BYTES).SerializeToString()
+    growth: dict[str, int] = {}
+    for service, address in served.addresses.items():
+        attack = oversized_checks(served.mode, tls_folder, address, request)
+        codes, growth[service] = peak_growth(served.pid, attack)
+        assert codes == [grpc.StatusCode.RESOURCE_EXHAUSTED] * ATTACKERS, service
+    assert max(growth.values()) < ATTACK_RSS_LIMIT, {s: g >> 20 for s, g in growth.items()}
+
+
+def test_bulk_requests_of_unauthorized_callers_are_refused_before_their_body(
+    served: Served, tls_folder: Path
+) -> None:
+    """Concurrent 128 MB Train and UploadWeights calls from an identity that may not make
+    them are refused (their role, or their size: whichever gRPC sees first), and the
+    server's memory does not grow by their bodies; then the orchestrator still trains."""
+    started = time.monotonic()
+    attack = refused_bulk_calls(
+        served.mode, tls_folder, served.addresses["trainer"], served.addresses["weightsync"]
+    )
+    codes, growth = peak_growth(served.pid, attack)
+    expected = grpc.StatusCode.UNAUTHENTICATED if served.mode == "token" else DENIED
+    for call_codes in codes:
+        assert set(call_codes) <= {expected, grpc.StatusCode.RESOURCE_EXHAUSTED}, codes
+    assert time.monotonic() - started < 20
+    assert growth < ATTACK_RSS_LIMIT, f"server RSS grew {growth >> 20} MiB"
+    loop = asyncio.new_event_loop()
+    try:
+        trained = loop.run_until_complete(
+            trains_step_one(served.mode, tls_folder, served.addresses["trainer"])
+        )
+    finally:
+        loop.close()
+    assert trained == 1
 
 
 # --- inference: the OpenAI endpoint's bodies ----------------------------------------

@@ -15,6 +15,7 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from tidal.common.errors import DiskFull
 from tidal.common.grpc.channel import make_channel
 from tidal.common.security.transport import PLAINTEXT_LOOPBACK
 from tidal.rpc.v1 import weightsync_pb2 as pb
@@ -24,6 +25,8 @@ from tidal.weights.folder import write_version
 from tidal.weights.manifest import WeightManifest
 from tidal.weights.wire import manifest_to_proto
 from tidal.weightsync.config import StreamTransport
+
+from ..helpers.small_disk import small_disk
 
 
 @pytest.fixture
@@ -479,3 +482,23 @@ async def test_a_recovered_manifest_naming_the_root_only_ever_costs_its_own_fold
     assert (root / "v000001" / "model.safetensors").is_file()
     assert [v.manifest.version for v in await client.list_versions()] == [1]
     await client.close()
+
+
+async def test_a_full_disk_during_an_upload_is_reported_disk_full(  # type: ignore[no-untyped-def]
+    tmp_path: Path, start_weightsync
+) -> None:
+    """The uploader gets `DiskFull` naming weightsync and its folder, at once (no retry
+    of a write that would fail alike), and nothing is registered."""
+    from tidal.weights.codec import encode_version
+
+    with small_disk(tmp_path / "disk", "256k") as disk:
+        service = await start_weightsync(disk / "weights", transport=StreamTransport())
+        client = WeightSyncClient(service.address, security=PLAINTEXT_LOOPBACK)
+        manifest, files = encode_version(
+            version=0, step=0, state_dict=state(0, numel=512 << 10), config={}
+        )
+        with pytest.raises(DiskFull, match=r"^weightsync at .*: disk full: ") as err:
+            await client.upload(manifest, files, chunk_bytes=1 << 16)
+        assert f"{disk / 'weights'}/" in str(err.value) and "could not be written" in str(err.value)
+        assert await client.latest() is None
+        await client.close()

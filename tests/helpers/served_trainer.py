@@ -1,9 +1,10 @@
-"""A real trainer and the weight-sync service it publishes to, in a process of their own,
-so a test can measure what a caller costs the server (its RSS) apart from the client.
+"""A real trainer, the weight-sync service it publishes to, an inference replica loading
+its weights and an orchestrator's server, in a process of their own, so a test can
+measure what a caller costs a server (its RSS) apart from the client.
 
-`python served_trainer.py MODE TLS_DIR RUN_DIR` serves both in security mode MODE with
-the certificates and tokens of TLS_DIR, prints the trainer's port and the weight-sync
-service's, and serves until its stdin closes.
+`python served_trainer.py MODE TLS_DIR RUN_DIR` serves them in security mode MODE with
+the certificates and tokens of TLS_DIR, prints the ports of the trainer, weight-sync,
+inference and orchestrator servers, and serves until its stdin closes.
 """
 
 from __future__ import annotations
@@ -17,6 +18,11 @@ from tidal.common.config.shared import GrpcConfig
 from tidal.common.grpc.server import GrpcServer, ServiceBinding
 from tidal.common.security.config import SecurityConfig
 from tidal.common.security.transport import TransportSecurity
+from tidal.inference.config import InferenceRunConfig
+from tidal.inference.main import start_inference
+from tidal.orchestrator.records.run_status import ProgressState
+from tidal.orchestrator.servicer import OrchestratorServicer
+from tidal.rpc.v1 import orchestrator_pb2_grpc
 from tidal.trainer.config import TrainerRunConfig
 from tidal.trainer.main import start_trainer
 from tidal.weightsync.registry import VersionRegistry
@@ -58,8 +64,42 @@ async def serve(mode: str, tls_dir: Path, run_dir: Path) -> None:
     for thread in threading.enumerate():  # settle start-up's memory before it is measured
         if thread.name == "prepare-first-step":
             thread.join()
-    print(trainer.server.port, weightsync.port, flush=True)
+    inference = await start_inference(
+        InferenceRunConfig.model_validate(
+            {
+                "run": {"output_dir": str(run_dir), "name": "served"},
+                "endpoints": {
+                    "inference": "127.0.0.1:0",
+                    "weightsync": f"127.0.0.1:{weightsync.port}",
+                },
+                "grpc": {"shutdown_grace_s": 0.2},
+                "security": security.model_dump(),
+                "telemetry": {"traces_file": False},
+                "inference": {"device": "cpu", "max_batch_size": 2, "kv_cache_mb": 8},
+            }
+        )
+    )
+    while inference.engine.policy_version < 0:  # loaded: its memory settles before measures
+        await asyncio.sleep(0.05)
+    orchestrator = GrpcServer(
+        "127.0.0.1:0",
+        [
+            ServiceBinding(
+                OrchestratorServicer(ProgressState(total_steps=1)),
+                orchestrator_pb2_grpc.add_OrchestratorServiceServicer_to_server,
+                "tidal.rpc.v1.OrchestratorService",
+            )
+        ],
+        GrpcConfig(shutdown_grace_s=0.2),
+        security=TransportSecurity.from_config(security, "orchestrator", tls_dir),
+    )
+    await orchestrator.start()
+    ports = (trainer.server.port, weightsync.port, inference.port, orchestrator.port)
+    print(*ports, flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    await orchestrator.stop()
+    await inference.server.stop()
+    await inference.close()
     await trainer.stop()
     await weightsync.stop()
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -22,6 +21,9 @@ from pathlib import Path
 import pytest
 
 from tidal.orchestrator.records.run_log import run_log_steps
+
+from ..helpers.small_disk import fill
+from ..helpers.small_disk import small_disk as mounted_small_disk
 
 TRAINED = re.compile(r"tidal\.trainer\.runner: (?:trained|replayed) step (\d+)\b")
 RESUMED = re.compile(r"resumed from \S+ \(step (\d+)\)")
@@ -44,32 +46,10 @@ def surviving_lineage(trainer_log: str) -> list[int]:
     return lineage
 
 
-def _mount_tmpfs(folder: Path, size: str) -> None:
-    folder.mkdir(parents=True)
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
-
-
-def _fill(folder: Path, leave: int) -> Path:
-    filler = folder / "filler"
-    with filler.open("wb") as f:
-        left = shutil.disk_usage(folder).free - leave
-        while left > 0:
-            left -= f.write(b"\0" * min(left, 1 << 20))
-    return filler
-
-
 @pytest.fixture
 def small_disk(tmp_path: Path):  # type: ignore[no-untyped-def]
-    outputs = tmp_path / "outputs"  # the launch fixture's output folder
-    _mount_tmpfs(outputs, "64m")
-    yield outputs
-    subprocess.run(["umount", "-l", str(outputs)], check=False)
+    with mounted_small_disk(tmp_path / "outputs", "64m") as outputs:  # the launch fixture's
+        yield outputs
 
 
 @pytest.mark.slow
@@ -87,7 +67,7 @@ def test_a_full_disk_stops_the_run_once_and_resume_finishes_it(  # type: ignore[
     while max(run_log_steps(metrics), default=0) < FILL_AFTER_STEP:
         assert run.process.poll() is None and time.monotonic() < deadline, run.output()
         time.sleep(0.1)
-    filler = _fill(small_disk, SLACK)
+    filler = fill(small_disk, SLACK)
 
     assert run.process.wait(timeout=STOP_WITHIN_S) == 74
     output = run.output()

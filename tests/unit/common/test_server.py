@@ -156,8 +156,8 @@ async def test_concurrency_limit_refuses_extra_rpcs_but_health_still_answers() -
 
 
 async def test_request_over_the_rpc_limit_is_refused_unparsed(server: GrpcServer) -> None:
-    """A control RPC over `grpc.max_request_bytes` is RESOURCE_EXHAUSTED naming the key;
-    the server answers the next call."""
+    """A message over `grpc.max_request_bytes` is refused RESOURCE_EXHAUSTED by gRPC from
+    its length prefix; the server answers the next call."""
     async with make_channel(f"127.0.0.1:{server.port}", security=PLAINTEXT_LOOPBACK) as channel:
         call = channel.unary_unary(
             "/tidal.rpc.v1.OrchestratorService/GetProgress",

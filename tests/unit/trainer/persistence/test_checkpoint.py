@@ -232,3 +232,27 @@ def test_a_snapshot_written_later_holds_the_state_it_was_taken_at(
     assert saved["scheduler"] == plain["scheduler"]
     assert torch.equal(saved["rng"]["cpu"], plain["rng"]["cpu"])
     assert all(torch.equal(saved["model"][k], v) for k, v in plain["model"].items())
+
+
+def test_a_dcp_save_that_finds_the_disk_full_raises_disk_full(tmp_path: Path) -> None:
+    """Under a process group checkpoints are DCP's, which wraps each rank's error in a
+    CheckpointException (a BaseException, out of the error's chain): a full disk still
+    surfaces as `DiskFull` naming the folder, and no checkpoint counts."""
+    import torch.distributed as dist
+
+    from tidal.common.errors import DiskFull
+
+    from ....helpers.small_disk import small_disk  # here: this module also runs as a script
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        with small_disk(tmp_path / "disk", "64k") as disk:
+            manager = CheckpointManager(disk / "checkpoints", keep_last=2)
+            with pytest.raises(DiskFull, match=r"^disk full: .*checkpoints") as err:
+                manager.save(new_trainer())
+            assert str(disk) in str(err.value)
+            assert manager.complete() == []
+    finally:
+        dist.destroy_process_group()

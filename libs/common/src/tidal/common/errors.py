@@ -71,6 +71,15 @@ class DiskFull(ResourceExhausted):
             "on its filesystem)"
         )
 
+    @classmethod
+    def reported(cls, peer: str, message: str) -> DiskFull:
+        """A `DiskFull` a peer answered (its status `message`), raised again here so this
+        service stops as it would for its own; the path and space are the peer's."""
+        error = cls.__new__(cls)
+        error.path, error.needed_bytes = Path(peer), None
+        Exception.__init__(error, f"{peer}: {message}")
+        return error
+
 
 def free_bytes(path: Path) -> int:
     """Free bytes on the filesystem holding `path` (or its nearest existing parent)."""

@@ -15,7 +15,9 @@ from collections.abc import AsyncIterator, Mapping
 import grpc
 
 from tidal.common.config.shared import GrpcConfig
+from tidal.common.errors import DiskFull
 from tidal.common.grpc.channel import make_channel
+from tidal.common.grpc.interceptors import reported_kind
 from tidal.common.security.transport import TransportSecurity
 from tidal.rpc.v1 import weightsync_pb2 as pb
 from tidal.rpc.v1 import weightsync_pb2_grpc as pb_grpc
@@ -51,6 +53,7 @@ class WeightSyncClient:
         *,
         security: TransportSecurity,
     ) -> None:
+        self.address = address
         self.channel = make_channel(address, grpc_config, security=security)
         self.stub = pb_grpc.WeightSyncServiceStub(self.channel)
         # The bulk methods' chunks are coded by `chunk_wire` (one copy of each payload).
@@ -153,7 +156,8 @@ class WeightSyncClient:
 
         Each attempt first asks how much of this manifest weightsync already holds (a cut
         earlier attempt, even by another process) and sends only the rest; a stream
-        broken by a retryable status is resumed that way up to `retries` times.
+        broken by a retryable status is resumed that way up to `retries` times. A full
+        disk at weightsync raises `DiskFull` (no retry: it would fail alike).
         """
         attempt = 0
         while True:
@@ -169,6 +173,9 @@ class WeightSyncClient:
             try:
                 return (await self._upload_chunks(requests, timeout=timeout)).version
             except grpc.aio.AioRpcError as exc:
+                if reported_kind(exc) == DiskFull.__name__:  # a retry would fail alike
+                    where = f"weightsync at {self.address}"
+                    raise DiskFull.reported(where, exc.details() or "") from None
                 attempt += 1
                 if exc.code() not in UPLOAD_RETRYABLE or attempt > retries:
                     raise

@@ -436,6 +436,11 @@ class TrainerConfig(BaseConfig):
     """Most tokens (all micro-batches together) one Train request may carry; a larger
     step is refused INVALID_ARGUMENT from the request's shapes, before any tensor is
     decoded (docs/operations.md#limits)."""
+    max_step_bytes: int = Field(default=256 << 20, gt=0)
+    """Largest serialized request a TrainStream may carry (its declared `total_bytes`),
+    refused RESOURCE_EXHAUSTED before a chunk is read: the trainer holds a step's bytes in
+    memory until the whole request has arrived. A step of `max_tokens_per_step` tokens
+    takes about 24 bytes a token (six 4-byte tensors), so keep it above 24 times that."""
 
     @model_validator(mode="after")
     def _check_parallel(self) -> TrainerConfig:

@@ -164,7 +164,11 @@ async def start_trainer(
     # The degree micro-batches are split over (leader.py); the orchestrator packs for it.
     dp = ranks.dims.dp if ranks is not None else 1
     servicer = TrainerServicer(
-        runner, device=device, data_parallel_ranks=dp, tokenizer=tokenizer_info(tokenizer)
+        runner,
+        device=device,
+        data_parallel_ranks=dp,
+        tokenizer=tokenizer_info(tokenizer),
+        grpc_config=config.grpc,
     )
     binding = ServiceBinding(servicer, pb_grpc.add_TrainerServiceServicer_to_server, FULL_NAME)
     address = config.grpc.listen_address(config.endpoints.trainer)

@@ -6,15 +6,20 @@ Every request is validated in full before it reaches the runner, cheapest checks
 INVALID_ARGUMENT naming the field, even under a step id already trained. The payload's
 sha256 is computed from what arrived (and must equal `payload_sha256` when set), so the
 runner can refuse a repeated step id carrying other data. The codec is `tidal.batch`,
-the same code the orchestrator encodes with.
+the same code the orchestrator encodes with. TrainStream carries the same request in
+chunks (`tidal.batch.train_chunks`), checked as it arrives, then trained as Train's.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import grpc
 
 from tidal.batch.tensors import MicroBatchData, micro_batch_from_packed, validate_micro_batch
+from tidal.batch.train_chunks import join_request
 from tidal.batch.wire import micro_batch_from_proto, payload_sha256, token_counts
+from tidal.common.config.shared import GrpcConfig
 from tidal.common.errors import InvalidArgument
 from tidal.rpc.v1 import common_pb2
 from tidal.rpc.v1 import trainer_pb2 as pb
@@ -33,8 +38,10 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         device: str,
         data_parallel_ranks: int = 1,
         tokenizer: common_pb2.TokenizerInfo | None = None,
+        grpc_config: GrpcConfig | None = None,
     ) -> None:
         self.runner = runner
+        self.grpc_config = grpc_config or GrpcConfig()
         self.device = device
         self.data_parallel_ranks = data_parallel_ranks
         self.tokenizer = tokenizer or common_pb2.TokenizerInfo()
@@ -43,6 +50,7 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         self.vocab_size = model.vocab_size
         self.max_seq_len = model.max_seq_len
         self.max_tokens_per_step = runner.trainer.config.max_tokens_per_step
+        self.max_step_bytes = runner.trainer.config.max_step_bytes
 
     def _decode(self, request: pb.TrainRequest) -> tuple[list[MicroBatchData], LossKind]:
         if request.step < 1:
@@ -93,6 +101,17 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
     async def Train(
         self, request: pb.TrainRequest, context: grpc.aio.ServicerContext
     ) -> pb.TrainResponse:
+        return await self._train(request)
+
+    async def TrainStream(
+        self, request_iterator: AsyncIterator[pb.TrainChunk], context: grpc.aio.ServicerContext
+    ) -> pb.TrainResponse:
+        request = await join_request(
+            request_iterator, max_step_bytes=self.max_step_bytes, grpc=self.grpc_config
+        )
+        return await self._train(request)
+
+    async def _train(self, request: pb.TrainRequest) -> pb.TrainResponse:
         batches, kind = self._decode(request)
         sha = payload_sha256(request.loss, request.micro_batches)
         if request.payload_sha256 and request.payload_sha256 != sha:

@@ -11,11 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from tidal.common.config.loading import BaseConfig
 from tidal.common.config.schema import FIRST
 from tidal.common.config.shared import ServiceRunConfig
+from tidal.common.grpc.limits import max_chunk_bytes
 
 
 class FilesystemTransport(BaseConfig):
@@ -66,8 +67,10 @@ class WeightSyncConfig(BaseConfig):
     """Folder holding version folders; default `<run dir>/weights`."""
     keep_last: int = Field(default=3, ge=1)
     """Versions kept on disk; older ones are deleted unless a replica still serves them."""
-    chunk_bytes: int = Field(default=4 << 20, gt=0)
-    """Chunk size of UploadWeights and FetchWeights streams."""
+    chunk_bytes: int = Field(default=2 << 20, gt=0)
+    """Chunk size of UploadWeights and FetchWeights streams; at most
+    `grpc.max_request_bytes` less 64 KiB, so an upload chunk fits the servers' receive
+    limit."""
     lease_s: float = Field(default=30.0, gt=0)
     """Seconds a replica's registration outlives its Watch stream: a replica that stops
     watching (killed, or restarted under a new id) and does not call in for this long
@@ -76,6 +79,17 @@ class WeightSyncConfig(BaseConfig):
 
 class WeightSyncRunConfig(ServiceRunConfig):
     weightsync: WeightSyncConfig = WeightSyncConfig()  # type: ignore[assignment]
+
+    @model_validator(mode="after")
+    def _chunks_fit(self) -> WeightSyncRunConfig:
+        limit = max_chunk_bytes(self.grpc)
+        if self.weightsync.chunk_bytes > limit:
+            raise ValueError(
+                f"weightsync.chunk_bytes ({self.weightsync.chunk_bytes}) is more than a chunk "
+                f"may carry, {limit} (grpc.max_request_bytes less 64 KiB): lower it or raise "
+                "grpc.max_request_bytes"
+            )
+        return self
 
     @property
     def weights_root(self) -> Path:

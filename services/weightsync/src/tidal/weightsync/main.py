@@ -36,6 +36,7 @@ async def serve(config: WeightSyncRunConfig) -> None:
         chunk_bytes=config.weightsync.chunk_bytes,
         transport=config.weightsync.transport,
         metrics=WeightSyncMetrics.on(metrics, registry),
+        grpc_config=config.grpc,
     )
     binding = ServiceBinding(servicer, add_to_server, FULL_NAME)
     address = config.grpc.listen_address(config.endpoints.weightsync)

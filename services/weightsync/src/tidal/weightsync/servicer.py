@@ -3,9 +3,9 @@
 Every field a caller sets is checked here or in the registry and refused
 INVALID_ARGUMENT naming it (FetchWeights' `offset` against the file's size from the
 manifest, before any file is opened); UploadWeights only when the stream transport is
-in use (FAILED_PRECONDITION otherwise); request sizes are limited by the server
-(`tidal.common.grpc.limits`: UploadWeights chunks up to `grpc.max_message_bytes`, every other
-RPC `grpc.max_request_bytes`). The chunks of FetchWeights and UploadWeights cross as
+in use (FAILED_PRECONDITION otherwise); every message is at most `grpc.max_request_bytes`
+(the server's receive limit) and an upload chunk's data at most that less 64 KiB
+(`tidal.common.grpc.limits`). The chunks of FetchWeights and UploadWeights cross as
 bytes coded by `chunk_wire` (`add_to_server` registers them so), not as messages."""
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from typing import Any
 
 import grpc
 
+from tidal.common.config.shared import GrpcConfig
 from tidal.common.errors import FailedPrecondition, InvalidArgument
+from tidal.common.grpc.limits import check_chunk_size
 from tidal.common.observability.tracing import inject_carrier
 from tidal.rpc.v1 import weightsync_pb2 as pb
 from tidal.rpc.v1 import weightsync_pb2_grpc as pb_grpc
@@ -52,8 +54,10 @@ class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
         chunk_bytes: int,
         transport: Transport | None = None,
         metrics: WeightSyncMetrics | None = None,
+        grpc_config: GrpcConfig | None = None,
     ) -> None:
         self.registry = registry
+        self.grpc_config = grpc_config or GrpcConfig()
         self.metrics = metrics
         self.chunk_bytes = chunk_bytes
         self.transport = transport or FilesystemTransport()
@@ -181,6 +185,7 @@ class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
                 if item != "chunk":
                     raise InvalidArgument("item", "only the first message may be a manifest")
                 c = decode_chunk(body)
+                check_chunk_size("chunk.data", len(c.data), self.grpc_config)
                 yield UploadChunk(c.path, c.offset, c.data)
 
         async def register(published: WeightManifest) -> None:

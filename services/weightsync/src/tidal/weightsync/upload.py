@@ -3,10 +3,11 @@
 Files go into a temp folder, hashed while written, and become `v<version>` only once sizes
 and sha256 match. A cut stream keeps its session (open files, running hashes), so a stream
 with the same manifest resumes without re-reading anything; a wrong stream discards its
-session at once. Finishing is shielded from cancellation, and each write overlaps the next
-chunk's arrival. A retired version's weights file is kept as a spare that the next upload
-writes over in place: its pages are cached, where a new file's are allocated afresh. The
-rules are in docs/weightsync.md.
+session at once; a write that finds the disk full raises `DiskFull`. Finishing is
+shielded from cancellation, and each write overlaps the next chunk's arrival. A retired
+version's weights file is kept as a spare that the next upload writes over in place: its
+pages are cached, where a new file's are allocated afresh. The rules are in
+docs/weightsync.md.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from tidal.common.errors import InvalidArgument, Unavailable
-from tidal.common.files.durable import commit_dir, fsync_path, start_writeback
+from tidal.common.files.durable import commit_dir, fsync_path, space_for, start_writeback
 from tidal.common.files.safe_remove import remove_inside
 from tidal.weights.folder import TMP_PREFIX, sweep_partial, version_dir
 from tidal.weights.manifest import MANIFEST_FILE, WEIGHTS_FILE, CorruptWeights, WeightManifest
@@ -44,6 +45,10 @@ class _OpenFile:
     written: int = 0
 
     def append(self, data: bytes | memoryview) -> None:
+        with space_for(Path(self.handle.name), len(data)):
+            self._append(data)
+
+    def _append(self, data: bytes | memoryview) -> None:
         self.handle.write(data)
         self.handle.flush()
         start_writeback(self.handle.fileno(), self.written, len(data))  # overlaps the upload
@@ -90,11 +95,20 @@ class UploadSession:
                 raise InvalidArgument("chunk.path", f"{chunk.path!r} is not in the manifest")
             f = self.files.get(chunk.path)
             if f is None:
-                f = self.files[chunk.path] = _OpenFile(self._open(chunk.path), hashlib.sha256())
+                with space_for(self.folder / chunk.path, None):
+                    handle = self._open(chunk.path)
+                f = self.files[chunk.path] = _OpenFile(handle, hashlib.sha256())
             if chunk.offset > f.written or chunk.offset < 0:
                 raise InvalidArgument(
                     "chunk.offset",
                     f"{chunk.path}: expected offset {f.written} or less, got {chunk.offset}",
+                )
+            size = self.expected[chunk.path].size
+            if chunk.offset + len(chunk.data) > size:
+                raise InvalidArgument(
+                    "chunk.data",
+                    f"{chunk.path}: bytes {chunk.offset}..{chunk.offset + len(chunk.data)} run "
+                    f"past the file's size in the manifest, {size}",
                 )
             skip = f.written - chunk.offset  # bytes of this chunk already received
             if skip < len(chunk.data):
@@ -112,7 +126,12 @@ class UploadSession:
         return target.open("wb")
 
     def finish(self, final: Path) -> WeightManifest:
-        """Verify sizes and sha256, fsync, rename into place; CorruptWeights on mismatch."""
+        """Verify sizes and sha256, fsync, rename into place; CorruptWeights on mismatch,
+        DiskFull when the files or the manifest do not fit."""
+        with space_for(self.folder, None):
+            return self._finish(final)
+
+    def _finish(self, final: Path) -> WeightManifest:
         for name, want in self.expected.items():
             f = self.files.get(name)
             size, digest = (

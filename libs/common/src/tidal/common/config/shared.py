@@ -117,12 +117,15 @@ class Endpoints(BaseConfig):
 
 class GrpcConfig(BaseConfig):
     max_message_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
-    """Largest message any server or channel sends, and the largest request a bulk RPC
-    (Train's micro-batches, UploadWeights' chunks) receives."""
+    """Largest message any server or channel sends, and the largest answer a channel
+    receives. What a server receives is `max_request_bytes`."""
     # --- request limits (docs/operations.md#limits) ---
-    max_request_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
-    """Largest request every other RPC receives (Generate, status, Publish, Watch...);
-    a larger one is refused RESOURCE_EXHAUSTED before it is parsed."""
+    max_request_bytes: int = Field(default=4 * 1024 * 1024, ge=1024 * 1024)
+    """Largest message every server receives, on every method (health checks included):
+    gRPC refuses a larger one RESOURCE_EXHAUSTED from its length prefix, before buffering
+    it, so a caller that may not call a method at all (health is open) cannot make a server
+    hold more. Bulk data crosses as chunk streams (TrainStream, UploadWeights) whose chunks
+    hold at most this less 64 KiB."""
     max_concurrent_rpcs: int = Field(default=2048, gt=0)
     """Most RPCs a server handles at once (health checks and reflection not counted); one
     more is refused RESOURCE_EXHAUSTED. Keep it above `inference.max_batch_size` +

@@ -3,9 +3,9 @@
 `ErrorMappingInterceptor` is the one place exceptions become statuses: a `TidalError` keeps
 its code and message (its class in trailing metadata); anything else is answered `internal
 error <id>` with the traceback logged under the id, so a bug neither stops the server nor
-shows the caller its text. It
-also applies `tidal.common.grpc.limits`, and serves each single-request method as a client
-stream of one message read only inside the handler: what runs before (authorization, the
+shows the caller its text. It also holds the concurrency limit of
+`tidal.common.grpc.limits`, and serves each single-request method as a client stream of
+one message read only inside the handler: what runs before (authorization, the
 concurrency limit) then costs the caller's body nothing. Tracing is opentelemetry's.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 import grpc
 from tidal.common.config.shared import GrpcConfig
 from tidal.common.errors import InvalidArgument, TidalError
-from tidal.common.grpc.limits import Oversize, RpcSlots, counted, request_limit, sized_deserializer
+from tidal.common.grpc.limits import RpcSlots, counted
 from tidal.common.observability.logging import request_id_var
 
 log = logging.getLogger(__name__)
@@ -30,6 +30,12 @@ REQUEST_ID_KEY = "x-request-id"
 ERROR_KIND_KEY = "tidal-error"
 """Trailing metadata naming a domain error's class (`DiskFull`), for callers whose answer
 depends on more than the status code."""
+
+
+def reported_kind(error: grpc.aio.AioRpcError) -> str | None:
+    """The domain error class a failed call's server named (`ERROR_KIND_KEY`), if any."""
+    kinds = [v for k, v in error.trailing_metadata() or () if k == ERROR_KIND_KEY]
+    return str(kinds[0]) if kinds else None
 
 
 def _request_id(context: grpc.aio.ServicerContext) -> str:
@@ -54,13 +60,6 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
         self.config = config
         self.slots = RpcSlots(config.max_concurrent_rpcs) if config is not None else None
 
-    def _deserializer(self, handler: grpc.RpcMethodHandler, full_method: str) -> Any:
-        if self.config is None:
-            return handler.request_deserializer
-        return sized_deserializer(
-            handler.request_deserializer, request_limit(full_method, self.config)
-        )
-
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
@@ -75,7 +74,7 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
         read_one = counted(full_method)
         slots = self.slots if read_one else None
         options: dict[str, Any] = {
-            "request_deserializer": self._deserializer(handler, full_method),
+            "request_deserializer": handler.request_deserializer,
             "response_serializer": handler.response_serializer,
         }
         if handler.unary_unary is not None:
@@ -129,28 +128,12 @@ async def _mapped_errors(
         request_id_var.reset(token)
 
 
-async def _checked_stream(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
-    """A client stream whose every message passed its size check."""
-    async for request in requests:
-        if isinstance(request, Oversize):
-            raise request.error()
-        yield request
-
-
-def _checked(request: Any) -> Any:
-    if isinstance(request, Oversize):
-        raise request.error()
-    if hasattr(request, "__aiter__"):  # client streaming: check each message as it arrives
-        return _checked_stream(request)
-    return request
-
-
 async def _request(request: Any, read_one: bool) -> Any:
     """The handler's request: for a single-request method, its one message, read now."""
     if not read_one:
-        return _checked(request)
+        return request
     async for message in request:
-        return _checked(message)
+        return message
     raise InvalidArgument("request", "the call carried no request message")
 
 

@@ -1,27 +1,16 @@
-"""Transport limits of every server: request size per RPC, RPCs in flight.
+"""Transport limits of every server: the size of a received message, RPCs in flight.
 
-gRPC takes one receive limit per server, so a server hosting a bulk RPC (`BULK_METHODS`)
-receives up to `grpc.max_message_bytes` and every other method's deserializer refuses a
-request over `grpc.max_request_bytes` unparsed. RPCs in flight beyond
+Every server receives messages of at most `grpc.max_request_bytes`, whatever it hosts:
+gRPC refuses a larger one from its length prefix, before it is buffered or any handler
+(or the open health service) runs. Bulk data (a step, a weight file) crosses as a
+stream of chunks each under that limit (`max_chunk_bytes`). RPCs in flight beyond
 `grpc.max_concurrent_rpcs` are refused, probes not counted (docs/operations.md, "Limits").
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
-
 from tidal.common.config.shared import GrpcConfig
 from tidal.common.errors import ResourceExhausted
-
-BULK_METHODS = frozenset(
-    {
-        "/tidal.rpc.v1.TrainerService/Train",
-        "/tidal.rpc.v1.WeightSyncService/UploadWeights",
-    }
-)
-"""Full method names whose requests carry bulk data (up to `grpc.max_message_bytes`)."""
 
 UNCOUNTED_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 """Methods never refused for concurrency: probes must answer under load."""
@@ -29,49 +18,33 @@ UNCOUNTED_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 PROBE_HEADROOM = 64
 """RPCs above `max_concurrent_rpcs` grpc itself admits, for health checks and reflection."""
 
-
-def request_limit(method: str, config: GrpcConfig) -> int:
-    """Largest request message (bytes) the full method name `method` accepts."""
-    return config.max_message_bytes if method in BULK_METHODS else config.max_request_bytes
-
-
-def server_options(config: GrpcConfig, services: Sequence[str]) -> list[tuple[str, int]]:
-    """Size options of a server hosting the full service names `services`."""
-    bulk = any(m.split("/")[1] in services for m in BULK_METHODS)
-    receive = config.max_message_bytes if bulk else config.max_request_bytes
-    return [
-        ("grpc.max_send_message_length", config.max_message_bytes),
-        ("grpc.max_receive_message_length", max(receive, config.max_request_bytes)),
-    ]
+CHUNK_ENVELOPE_BYTES = 64 * 1024
+"""Room a chunk message keeps under `grpc.max_request_bytes` for its fields other than the
+data (a weight file's path, offsets, the stream's framing)."""
 
 
-@dataclass(frozen=True)
-class Oversize:
-    """What a sized deserializer hands the handler instead of a too-large request: returned,
-    not raised, because grpc answers an exception inside deserialization INTERNAL with no
-    message of ours."""
+def max_chunk_bytes(config: GrpcConfig) -> int:
+    """Most data bytes one chunk of a TrainStream or UploadWeights stream may carry."""
+    return config.max_request_bytes - CHUNK_ENVELOPE_BYTES
 
-    size: int
-    limit: int
 
-    def error(self) -> ResourceExhausted:
-        return ResourceExhausted(
-            f"request: {self.size} bytes exceed this RPC's limit of {self.limit} bytes "
-            "(grpc.max_request_bytes; bulk RPCs: grpc.max_message_bytes)"
+def check_chunk_size(field: str, size: int, config: GrpcConfig) -> None:
+    """ResourceExhausted naming `field` when a chunk carries more than `max_chunk_bytes`."""
+    limit = max_chunk_bytes(config)
+    if size > limit:
+        raise ResourceExhausted(
+            f"{field}: a chunk of {size} bytes, more than the {limit} one chunk may carry "
+            "(grpc.max_request_bytes less 64 KiB); send smaller chunks"
         )
 
 
-def sized_deserializer(
-    deserialize: Callable[[bytes], Any] | None, limit: int
-) -> Callable[[bytes], Any]:
-    """`deserialize`, refusing (with an `Oversize` marker) a message over `limit` bytes."""
-
-    def checked(raw: bytes) -> Any:
-        if len(raw) > limit:
-            return Oversize(len(raw), limit)
-        return raw if deserialize is None else deserialize(raw)
-
-    return checked
+def server_options(config: GrpcConfig) -> list[tuple[str, int]]:
+    """Size options of every server: it receives `max_request_bytes`, sends
+    `max_message_bytes`."""
+    return [
+        ("grpc.max_send_message_length", config.max_message_bytes),
+        ("grpc.max_receive_message_length", config.max_request_bytes),
+    ]
 
 
 class RpcSlots:

@@ -84,7 +84,7 @@ class GrpcServer:
         self.health = health.aio.HealthServicer()
         names = [b.full_name for b in self.bindings]
         options = [
-            *server_options(config, names),  # per-server receive limit (tidal.common.grpc.limits)
+            *server_options(config),  # the receive limit (tidal.common.grpc.limits)
             # Accept the clients' keepalive pings (tidal.common.grpc.channel sends them).
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_recv_ping_interval_without_data_ms", 5000),

@@ -42,6 +42,7 @@ POLICY: Mapping[str, frozenset[str]] = {
     _INF + "GetStatus": ANY_ROLE,
     _ORCH + "GetProgress": ANY_ROLE,
     _TRAIN + "Train": frozenset({"orchestrator"}),
+    _TRAIN + "TrainStream": frozenset({"orchestrator"}),
     _TRAIN + "GetStatus": ANY_ROLE,
     # Writes of versions: only the trainer publishes (Publish for the shared filesystem,
     # UploadWeights + GetUploadProgress for the stream path).

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from tidal.rpc.v1 import common_pb2 as tidal_dot_rpc_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1atidal/rpc/v1/trainer.proto\x12\x0ctidal.rpc.v1\x1a\x19tidal/rpc/v1/common.proto\"\xff\x02\n\nMicroBatch\x12\'\n\tinput_ids\x18\x01 \x01(\x0b\x32\x14.tidal.rpc.v1.Tensor\x12*\n\x0cposition_ids\x18\x02 \x01(\x0b\x32\x14.tidal.rpc.v1.Tensor\x12,\n\x0esample_lengths\x18\x03 \x01(\x0b\x32\x14.tidal.rpc.v1.Tensor\x12\'\n\tloss_mask\x18\x04 \x01(\x0b\x32\x14.tidal.rpc.v1.Tensor\x12(\n\nadvantages\x18\x05 \x01(\x0b\x32\x14.tidal.rpc.v1.Tensor\x12\x30\n\x12\x62\x65haviour_logprobs\x18\x06 \x01(\x0b\x32\x14.tidal.rpc.v1.Tensor\x12\x0c\n\x04rank\x18\x07 \x01(\x05\x12-\n\x0fpolicy_versions\x18\x08 \x01(\x0b\x32\x14.tidal.rpc.v1.Tensor\x12,\n\x0esample_parents\x18\t \x01(\x0b\x32\x14.tidal.rpc.v1.Tensor\"\x8b\x01\n\x0cTrainRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12/\n\rmicro_batches\x18\x02 \x03(\x0b\x32\x18.tidal.rpc.v1.MicroBatch\x12$\n\x04loss\x18\x03 \x01(\x0e\x32\x16.tidal.rpc.v1.LossKind\x12\x16\n\x0epayload_sha256\x18\x04 \x01(\x0c\"\xb3\x01\n\rTrainResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x39\n\x07metrics\x18\x03 \x03(\x0b\x32(.tidal.rpc.v1.TrainResponse.MetricsEntry\x12\x11\n\tduplicate\x18\x04 \x01(\x08\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xed\x01\n\rTrainerStatus\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x15\n\rsteps_trained\x18\x03 \x01(\x03\x12\x1b\n\x13\x64uplicates_answered\x18\x04 \x01(\x03\x12\x16\n\x0enum_parameters\x18\x05 \x01(\x03\x12\r\n\x05model\x18\x06 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x07 \x01(\t\x12\x1b\n\x13\x64\x61ta_parallel_ranks\x18\x08 \x01(\x03\x12.\n\ttokenizer\x18\t \x01(\x0b\x32\x1b.tidal.rpc.v1.TokenizerInfo*W\n\x08LossKind\x12\x19\n\x15LOSS_KIND_UNSPECIFIED\x10\x00\x12\x1d\n\x19LOSS_KIND_POLICY_GRADIENT\x10\x01\x12\x11\n\rLOSS_KIND_SFT\x10\x02\x32\x99\x01\n\x0eTrainerService\x12@\n\x05Train\x12\x1a.tidal.rpc.v1.TrainRequest\x1a\x1b.tidal.rpc.v1.TrainResponse\x12\x45\n\tGetStatus\x12\x1b.tidal.rpc.v1.StatusRequest\x1a\x1b.tidal.rpc.v1.TrainerStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1atidal/rpc/v1/trainer.proto\x12\x0ctidal.rpc.v1\x1a\x19tidal/rpc/v1/common.proto\"\xff\x02\n\nMicroBatch\x12\'\n\tinput_ids\x18\x01 \x01(\x0b\x32\x14.tidal.rpc.v1.Tensor\x12*\n\x0cposition_ids\x18\x02 \x01(\x0b\x32\x14.tidal.rpc.v1.Tensor\x12,\n\x0esample_lengths\x18\x03 \x01(\x0b\x32\x14.tidal.rpc.v1.Tensor\x12\'\n\tloss_mask\x18\x04 \x01(\x0b\x32\x14.tidal.rpc.v1.Tensor\x12(\n\nadvantages\x18\x05 \x01(\x0b\x32\x14.tidal.rpc.v1.Tensor\x12\x30\n\x12\x62\x65haviour_logprobs\x18\x06 \x01(\x0b\x32\x14.tidal.rpc.v1.Tensor\x12\x0c\n\x04rank\x18\x07 \x01(\x05\x12-\n\x0fpolicy_versions\x18\x08 \x01(\x0b\x32\x14.tidal.rpc.v1.Tensor\x12,\n\x0esample_parents\x18\t \x01(\x0b\x32\x14.tidal.rpc.v1.Tensor\"\x8b\x01\n\x0cTrainRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12/\n\rmicro_batches\x18\x02 \x03(\x0b\x32\x18.tidal.rpc.v1.MicroBatch\x12$\n\x04loss\x18\x03 \x01(\x0e\x32\x16.tidal.rpc.v1.LossKind\x12\x16\n\x0epayload_sha256\x18\x04 \x01(\x0c\"?\n\nTrainChunk\x12\x13\n\x0btotal_bytes\x18\x01 \x01(\x03\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xb3\x01\n\rTrainResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x39\n\x07metrics\x18\x03 \x03(\x0b\x32(.tidal.rpc.v1.TrainResponse.MetricsEntry\x12\x11\n\tduplicate\x18\x04 \x01(\x08\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xed\x01\n\rTrainerStatus\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x15\n\rsteps_trained\x18\x03 \x01(\x03\x12\x1b\n\x13\x64uplicates_answered\x18\x04 \x01(\x03\x12\x16\n\x0enum_parameters\x18\x05 \x01(\x03\x12\r\n\x05model\x18\x06 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x07 \x01(\t\x12\x1b\n\x13\x64\x61ta_parallel_ranks\x18\x08 \x01(\x03\x12.\n\ttokenizer\x18\t \x01(\x0b\x32\x1b.tidal.rpc.v1.TokenizerInfo*W\n\x08LossKind\x12\x19\n\x15LOSS_KIND_UNSPECIFIED\x10\x00\x12\x1d\n\x19LOSS_KIND_POLICY_GRADIENT\x10\x01\x12\x11\n\rLOSS_KIND_SFT\x10\x02\x32\xe1\x01\n\x0eTrainerService\x12@\n\x05Train\x12\x1a.tidal.rpc.v1.TrainRequest\x1a\x1b.tidal.rpc.v1.TrainResponse\x12\x46\n\x0bTrainStream\x12\x18.tidal.rpc.v1.TrainChunk\x1a\x1b.tidal.rpc.v1.TrainResponse(\x01\x12\x45\n\tGetStatus\x12\x1b.tidal.rpc.v1.StatusRequest\x1a\x1b.tidal.rpc.v1.TrainerStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,18 +34,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TRAINRESPONSE_METRICSENTRY']._loaded_options = None
   _globals['_TRAINRESPONSE_METRICSENTRY']._serialized_options = b'8\001'
-  _globals['_LOSSKIND']._serialized_start=1021
-  _globals['_LOSSKIND']._serialized_end=1108
+  _globals['_LOSSKIND']._serialized_start=1086
+  _globals['_LOSSKIND']._serialized_end=1173
   _globals['_MICROBATCH']._serialized_start=72
   _globals['_MICROBATCH']._serialized_end=455
   _globals['_TRAINREQUEST']._serialized_start=458
   _globals['_TRAINREQUEST']._serialized_end=597
-  _globals['_TRAINRESPONSE']._serialized_start=600
-  _globals['_TRAINRESPONSE']._serialized_end=779
-  _globals['_TRAINRESPONSE_METRICSENTRY']._serialized_start=733
-  _globals['_TRAINRESPONSE_METRICSENTRY']._serialized_end=779
-  _globals['_TRAINERSTATUS']._serialized_start=782
-  _globals['_TRAINERSTATUS']._serialized_end=1019
-  _globals['_TRAINERSERVICE']._serialized_start=1111
-  _globals['_TRAINERSERVICE']._serialized_end=1264
+  _globals['_TRAINCHUNK']._serialized_start=599
+  _globals['_TRAINCHUNK']._serialized_end=662
+  _globals['_TRAINRESPONSE']._serialized_start=665
+  _globals['_TRAINRESPONSE']._serialized_end=844
+  _globals['_TRAINRESPONSE_METRICSENTRY']._serialized_start=798
+  _globals['_TRAINRESPONSE_METRICSENTRY']._serialized_end=844
+  _globals['_TRAINERSTATUS']._serialized_start=847
+  _globals['_TRAINERSTATUS']._serialized_end=1084
+  _globals['_TRAINERSERVICE']._serialized_start=1176
+  _globals['_TRAINERSERVICE']._serialized_end=1401
 # @@protoc_insertion_point(module_scope)

@@ -51,6 +51,16 @@ class TrainRequest(_message.Message):
     payload_sha256: bytes
     def __init__(self, step: _Optional[int] = ..., micro_batches: _Optional[_Iterable[_Union[MicroBatch, _Mapping]]] = ..., loss: _Optional[_Union[LossKind, str]] = ..., payload_sha256: _Optional[bytes] = ...) -> None: ...
 
+class TrainChunk(_message.Message):
+    __slots__ = ("total_bytes", "offset", "data")
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    total_bytes: int
+    offset: int
+    data: bytes
+    def __init__(self, total_bytes: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
 class TrainResponse(_message.Message):
     __slots__ = ("step", "policy_version", "metrics", "duplicate")
     class MetricsEntry(_message.Message):

@@ -40,6 +40,11 @@ class TrainerServiceStub:
                 request_serializer=tidal_dot_rpc_dot_v1_dot_trainer__pb2.TrainRequest.SerializeToString,
                 response_deserializer=tidal_dot_rpc_dot_v1_dot_trainer__pb2.TrainResponse.FromString,
                 _registered_method=True)
+        self.TrainStream = channel.stream_unary(
+                '/tidal.rpc.v1.TrainerService/TrainStream',
+                request_serializer=tidal_dot_rpc_dot_v1_dot_trainer__pb2.TrainChunk.SerializeToString,
+                response_deserializer=tidal_dot_rpc_dot_v1_dot_trainer__pb2.TrainResponse.FromString,
+                _registered_method=True)
         self.GetStatus = channel.unary_unary(
                 '/tidal.rpc.v1.TrainerService/GetStatus',
                 request_serializer=tidal_dot_rpc_dot_v1_dot_common__pb2.StatusRequest.SerializeToString,
@@ -54,6 +59,18 @@ class TrainerServiceServicer:
         """Trains step `step`. Steps arrive in order: step must be last_step + 1. A step id
         already trained is answered with the stored response (duplicate = true), never
         trained again. After the optimizer step the trainer publishes version `step`.
+        A request is one message of at most grpc.max_request_bytes (4 MiB by default); a
+        larger one is refused RESOURCE_EXHAUSTED by gRPC ("Received message larger than
+        max"): send such a step with TrainStream.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TrainStream(self, request_iterator, context):
+        """Train, with the TrainRequest sent as its serialized bytes cut into TrainChunks, so no
+        message exceeds the server's small receive limit whatever the step's size. The
+        answer, and every check of the request, are Train's.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -71,6 +88,11 @@ def add_TrainerServiceServicer_to_server(servicer, server):
             'Train': grpc.unary_unary_rpc_method_handler(
                     servicer.Train,
                     request_deserializer=tidal_dot_rpc_dot_v1_dot_trainer__pb2.TrainRequest.FromString,
+                    response_serializer=tidal_dot_rpc_dot_v1_dot_trainer__pb2.TrainResponse.SerializeToString,
+            ),
+            'TrainStream': grpc.stream_unary_rpc_method_handler(
+                    servicer.TrainStream,
+                    request_deserializer=tidal_dot_rpc_dot_v1_dot_trainer__pb2.TrainChunk.FromString,
                     response_serializer=tidal_dot_rpc_dot_v1_dot_trainer__pb2.TrainResponse.SerializeToString,
             ),
             'GetStatus': grpc.unary_unary_rpc_method_handler(
@@ -105,6 +127,33 @@ class TrainerService:
             target,
             '/tidal.rpc.v1.TrainerService/Train',
             tidal_dot_rpc_dot_v1_dot_trainer__pb2.TrainRequest.SerializeToString,
+            tidal_dot_rpc_dot_v1_dot_trainer__pb2.TrainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TrainStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/tidal.rpc.v1.TrainerService/TrainStream',
+            tidal_dot_rpc_dot_v1_dot_trainer__pb2.TrainChunk.SerializeToString,
             tidal_dot_rpc_dot_v1_dot_trainer__pb2.TrainResponse.FromString,
             options,
             channel_credentials,

@@ -161,6 +161,9 @@ class WeightSyncServiceServicer:
         shared filesystem): the first message is the manifest (files with size and sha256;
         location is ignored), then the chunks of each file in order. The service writes them
         atomically under its root, verifies every sha256 and registers the version.
+        Every message is at most grpc.max_request_bytes, a chunk's data at most that less
+        64 KiB (SyncPlan.chunk_bytes fits); a chunk must start where its file's bytes so far
+        end and stay within the file's size in the manifest.
         A stream cut before its end (cancelled, connection lost) leaves the received bytes
         in place: the uploader asks GetUploadProgress and resumes from there.
         """

@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tidal.common.config.shared import GrpcConfig
 from tidal.common.grpc.channel import make_channel
-from tidal.common.grpc.interceptors import ERROR_KIND_KEY
+from tidal.common.grpc.interceptors import reported_kind
 from tidal.common.security.transport import TransportSecurity
 from tidal.rpc.v1 import common_pb2
 
@@ -44,11 +44,10 @@ def peer_call(peer: str, address: str, method: str) -> Iterator[None]:
     try:
         yield
     except grpc.aio.AioRpcError as exc:
-        kinds = [v for k, v in exc.trailing_metadata() or () if k == ERROR_KIND_KEY]
         raise PeerError(
             f"{peer} at {address}: {method} failed with {exc.code().name}: {exc.details()}",
             exc.code(),
-            str(kinds[0]) if kinds else None,
+            reported_kind(exc),
         ) from exc
 
 

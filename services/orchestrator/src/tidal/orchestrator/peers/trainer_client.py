@@ -1,5 +1,8 @@
 """Async client of the trainer service: Train with packed micro-batches, status, health.
 
+A step crosses as TrainStream's chunks (`tidal.batch.train_chunks`), each under the
+server's receive limit, whatever the step's size.
+
 Train carries the payload's sha256: the trainer answers a repeated step id from its
 record only when the data are the same, and refuses (FAILED_PRECONDITION) a step id it
 already trained with other data. That error propagates: the step, and the run, fail.
@@ -11,7 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tidal.batch.packing import PackedMicroBatch
+from tidal.batch.train_chunks import split_request
 from tidal.batch.wire import micro_batch_to_proto, payload_sha256
+from tidal.common.config.shared import GrpcConfig
+from tidal.common.grpc.limits import max_chunk_bytes
 from tidal.orchestrator.peers.peer_client import PeerClient, peer_call
 from tidal.rpc.v1 import trainer_pb2 as pb
 from tidal.rpc.v1 import trainer_pb2_grpc as pb_grpc
@@ -61,8 +67,9 @@ class TrainerClient(PeerClient):
 
     async def send(self, request: pb.TrainRequest, *, timeout: float = 600.0) -> TrainResult:
         """Send a built Train request (the same request again is a retry: same fingerprint)."""
-        with peer_call("trainer", self.address, f"Train(step={request.step})"):
-            reply = await self.stub.Train(request, timeout=timeout, wait_for_ready=False)
+        chunks = split_request(request, max_chunk_bytes(self.grpc_config or GrpcConfig()))
+        with peer_call("trainer", self.address, f"TrainStream(step={request.step})"):
+            reply = await self.stub.TrainStream(chunks, timeout=timeout, wait_for_ready=False)
         return TrainResult(
             step=int(reply.step),
             policy_version=int(reply.policy_version),

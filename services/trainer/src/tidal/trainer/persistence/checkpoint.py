@@ -6,6 +6,7 @@ torch.distributed.checkpoint (DCP), each rank its shards, rank 0 renaming after 
 and DCP folders load through safe_dcp.py so no load runs pickled code. A checkpoint is a
 `step_XXXXXXXX` folder renamed into place once complete, and only the newest `keep_last`
 are kept. What is saved is a `TrainingState`, so rank 0's leader saves itself unwrapped.
+A save that finds the disk full raises `DiskFull` on every rank, whichever rank's write failed.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tidal.common.files.durable import fsync_tree
+from tidal.common.errors import DiskFull, free_bytes
+from tidal.common.files.durable import as_disk_full, fsync_tree
 from tidal.common.files.safe_remove import remove_inside
 from tidal.trainer.persistence import state_file
 
@@ -145,6 +147,35 @@ def _copy_containers(tree: Any) -> Any:
     return tree
 
 
+def _local_bytes(tree: Any) -> int:
+    """Bytes of the tensors in `tree` that this rank holds (a DTensor: its local shard)."""
+    if isinstance(tree, torch.Tensor):
+        local = tree.to_local() if hasattr(tree, "to_local") else tree
+        return local.numel() * local.element_size()
+    if isinstance(tree, dict):
+        return sum(_local_bytes(v) for v in tree.values())
+    if isinstance(tree, list | tuple):
+        return sum(_local_bytes(v) for v in tree)
+    return 0
+
+
+def _save_failure(exc: BaseException, folder: Path, trainer: TrainingState) -> Exception:
+    """A failed DCP save as an Exception: `DiskFull` when some rank's write found no space
+    (DCP wraps each rank's error, out of the exception's chain; torch.save's zip writer
+    reports ENOSPC as a RuntimeError without errno, so a filesystem left with less free
+    space than this rank's share counts too), else a RuntimeError with DCP's report."""
+    for error, _trace in getattr(exc, "failures", {}).values():
+        full = as_disk_full(error, folder) if isinstance(error, Exception) else error
+        if isinstance(full, DiskFull):
+            return full
+    needed = _local_bytes(trainer.model.state_dict()) + _local_bytes(
+        trainer.optimizer.state_dict()["state"]
+    )
+    if free_bytes(folder) < needed:
+        return DiskFull(folder, needed)
+    return RuntimeError(f"checkpoint {folder} not written: {exc}")
+
+
 class CheckpointManager:
     def __init__(self, root: Path, *, keep_last: int) -> None:
         if keep_last < 1:
@@ -189,8 +220,12 @@ class CheckpointManager:
             state_file.remove_temps(self.root)
         _barrier()
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
 
-        dcp.save({"train": TrainState(trainer, extra)}, checkpoint_id=tmp)
+        try:
+            dcp.save({"train": TrainState(trainer, extra)}, checkpoint_id=tmp)
+        except CheckpointException as exc:  # a BaseException: every rank gets it
+            raise _save_failure(exc, tmp, trainer) from None
         _barrier()
         if _is_rank0():
             fsync_tree(tmp)
