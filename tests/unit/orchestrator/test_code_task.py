@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,25 @@ def test_a_fenced_block_is_the_program(mbpp: Task) -> None:
 def test_programs_that_cheat_pass_nothing(mbpp: Task, program: str) -> None:
     add = problem_for(mbpp, "add")
     assert mbpp.verify(add, program).reward == 0.0
+
+
+def test_results_cross_with_their_exact_types(mbpp: Task) -> None:
+    add = problem_for(mbpp, "add")
+    tests = ["assert add((1,), (2,)) == (1, 2)", "assert add({1}, {2}) == 3"]
+    typed = replace(add, metadata={**add.metadata, "test_list": tests})
+    assert mbpp.verify(typed, "def add(a, b):\n    return a + b\n").reward == 0.5
+    assert mbpp.verify(typed, "def add(a, b):\n    return list(a + b)\n").reward == 0.0
+
+
+def test_a_builtin_exception_the_program_raises_reaches_the_tests(mbpp: Task) -> None:
+    add = problem_for(mbpp, "add")
+    tests = [
+        "try:\n    add(1, -1)\n    raise AssertionError\nexcept ValueError:\n    pass",
+        "assert add(1, 2) == 3",
+    ]
+    raising = replace(add, metadata={**add.metadata, "test_list": tests})
+    program = "def add(a, b):\n    if b < 0:\n        raise ValueError(b)\n    return a + b\n"
+    assert mbpp.verify(raising, program).reward == 1.0
 
 
 def test_a_program_that_hangs_scores_what_it_passed_before() -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tidal.common.security.credentials import ensure_certificates
-from tidal.orchestrator.scoring.sandbox.executor import UID_BASE
+from tidal.orchestrator.scoring.sandbox.uids import UID_BASE
 from tidal.orchestrator.scoring.verifier_pool import VerifierPool
 from tidal.orchestrator.task_config import CodeTaskConfig
 from tidal.orchestrator.tasks import build_task
