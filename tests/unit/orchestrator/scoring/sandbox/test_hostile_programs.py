@@ -246,9 +246,12 @@ def test_the_battery_holds_as_an_unprivileged_user() -> None:
         f"sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', {__file__!r}]))"
     )
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONDONTWRITEBYTECODE": "1"}
+    # -S: the system interpreter's own site-packages (Debian's python3-protobuf, say) must
+    # not shadow this venv's, which addsitedir adds.
     done = subprocess.run(
-        [*command, "-c", boot], cwd=REPO, env=env, capture_output=True, timeout=240, check=False
-    )
+        [*command, "-S", "-c", boot], cwd=REPO, env=env, capture_output=True, timeout=240,
+        check=False,
+    )  # fmt: skip
     report = done.stdout.decode(errors="replace")[-3000:] + done.stderr.decode()[-2000:]
     assert done.returncode == 0, report
     assert " passed" in report and "skipped" in report  # this test itself skips as nobody
