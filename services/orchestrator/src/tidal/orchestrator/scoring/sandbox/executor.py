@@ -154,6 +154,7 @@ class Sandbox:
         self.python = python_for_programs(self.limits.python)
         self.bwrap = self._choose_bwrap()
         self._gate: asyncio.Semaphore | None = None
+        self._spawning: asyncio.Lock | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def _choose_bwrap(self) -> str | None:
@@ -190,6 +191,7 @@ class Sandbox:
         loop = asyncio.get_running_loop()
         if self._gate is None or self._loop is not loop:  # a semaphore is bound to its loop
             self._loop, self._gate = loop, asyncio.Semaphore(self.limits.max_concurrency)
+            self._spawning = asyncio.Lock()
         return self._gate
 
     async def run(
@@ -288,18 +290,22 @@ class Sandbox:
     ) -> SandboxResult:
         started = time.monotonic()
         status_read, status_write = os.pipe()
+        # Starting a process blocks the loop for its fork and exec: one start at a time, so
+        # a burst of executions lets the loop serve I/O (health) between starts.
+        assert self._spawning is not None
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *self._command(argv, workdir, uid, status_write),
-                cwd=workdir,
-                env={},
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                start_new_session=True,
-                pass_fds=(status_write,) if self.bwrap else (),
-                limit=self.limits.output_bytes + 1,
-            )
+            async with self._spawning:
+                proc = await asyncio.create_subprocess_exec(
+                    *self._command(argv, workdir, uid, status_write),
+                    cwd=workdir,
+                    env={},
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                    start_new_session=True,
+                    pass_fds=(status_write,) if self.bwrap else (),
+                    limit=self.limits.output_bytes + 1,
+                )
         finally:
             os.close(status_write)
         reap = uid is not None and self.bwrap is None  # the fallback, as root
