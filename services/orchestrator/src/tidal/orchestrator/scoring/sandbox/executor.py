@@ -27,11 +27,17 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from tidal.common.errors import ConfigError
 from tidal.orchestrator.scoring.sandbox.bubblewrap import INIT, bwrap_argv, find_bwrap
 from tidal.orchestrator.scoring.sandbox.limits import SandboxLimits
+from tidal.orchestrator.scoring.sandbox.processes import (
+    Process,
+    kill_group,
+    kill_uid,
+    off_loop,
+    start,
+)
 from tidal.orchestrator.scoring.sandbox.uids import UIDS
 
 log = logging.getLogger(__name__)
@@ -84,8 +90,8 @@ def python_for_programs(configured: str | None) -> str:
 
 
 async def _read_capped(stream: asyncio.StreamReader, cap: int, over: asyncio.Event) -> bytes:
-    """Keep the first `cap` bytes and read the rest to end of file, discarding it: a stream
-    nobody reads pauses its pipe, and asyncio's `wait()` waits for every pipe's end."""
+    """Keep the first `cap` bytes and read the rest to end of file, discarding it: a pipe
+    nobody reads stops its writer."""
     kept = bytearray()
     while chunk := await stream.read(1 << 16):
         if len(kept) < cap:
@@ -93,11 +99,6 @@ async def _read_capped(stream: asyncio.StreamReader, cap: int, over: asyncio.Eve
             if len(kept) >= cap:
                 over.set()
     return bytes(kept)
-
-
-def _kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
 
 
 _PROBED: dict[tuple[str, str], str | None] = {}
@@ -116,7 +117,11 @@ def _probe_bwrap(sandbox: Sandbox) -> str | None:
             argv = [sandbox.python, "-I", "-S", "-c", "print('ok')"]
             command = sandbox._command(argv, workdir, uid, write)
             done = subprocess.run(
-                command, capture_output=True, timeout=30, pass_fds=(write,), check=False
+                command,
+                capture_output=True,
+                timeout=30,
+                pass_fds=(write,),
+                check=False,
             )
             os.close(write)
             write = -1
@@ -132,6 +137,13 @@ def _probe_bwrap(sandbox: Sandbox) -> str | None:
             shutil.rmtree(root, ignore_errors=True)
             UIDS.give_back(uid)
     return _PROBED[key]
+
+
+def _clean_up(root: Path | None, uid: int | None) -> None:
+    """Remove an execution's files, then free its uid for another execution."""
+    if root is not None:
+        shutil.rmtree(root, ignore_errors=True)
+    UIDS.give_back(uid)
 
 
 def _make_workdir(uid: int | None) -> tuple[Path, Path]:
@@ -154,7 +166,6 @@ class Sandbox:
         self.python = python_for_programs(self.limits.python)
         self.bwrap = self._choose_bwrap()
         self._gate: asyncio.Semaphore | None = None
-        self._spawning: asyncio.Lock | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def _choose_bwrap(self) -> str | None:
@@ -191,7 +202,6 @@ class Sandbox:
         loop = asyncio.get_running_loop()
         if self._gate is None or self._loop is not loop:  # a semaphore is bound to its loop
             self._loop, self._gate = loop, asyncio.Semaphore(self.limits.max_concurrency)
-            self._spawning = asyncio.Lock()
         return self._gate
 
     async def run(
@@ -209,18 +219,20 @@ class Sandbox:
         `stdin` and the result's `stdout` (which is then empty)."""
         async with self._slot():
             uid = UIDS.take()
-            root, workdir = _make_workdir(uid)
+            root = None
             try:
-                argv = self._prepare(workdir, program, files or {}, uid)
+                root, workdir, argv = await off_loop(self._prepare, program, files or {}, uid)
                 data = stdin.encode() if isinstance(stdin, str) else stdin
                 return await self._execute(argv, workdir, uid, data, converse)
             finally:
-                shutil.rmtree(root, ignore_errors=True)
-                UIDS.give_back(uid)
+                await off_loop(_clean_up, root, uid)
 
     def _prepare(
-        self, workdir: Path, program: str | Sequence[str], files: Mapping[str, str], uid: int | None
-    ) -> list[str]:
+        self, program: str | Sequence[str], files: Mapping[str, str], uid: int | None
+    ) -> tuple[Path, Path, list[str]]:
+        """A fresh work dir holding `files` (and the program's source) as `uid`, and the
+        program's argv."""
+        root, workdir = _make_workdir(uid)
         if isinstance(program, str):
             files = {**files, PROGRAM_FILE: program}
             argv = [self.python, "-I", "-S", "-B", PROGRAM_FILE]
@@ -235,10 +247,10 @@ class Sandbox:
         if uid is not None:
             for path in [workdir, *workdir.rglob("*")]:
                 os.chown(path, uid, uid)
-        return argv
+        return root, workdir, argv
 
     def _command(
-        self, argv: list[str], workdir: Path, uid: int | None, status_fd: int
+        self, argv: list[str], workdir: Path, uid: int | None, status_fd: int | None
     ) -> list[str]:
         """The service-side command: the child entry, around bubblewrap where it is used."""
         lim = self.limits
@@ -289,39 +301,28 @@ class Sandbox:
         converse: Converse | None,
     ) -> SandboxResult:
         started = time.monotonic()
-        status_read, status_write = os.pipe()
-        # Starting a process blocks the loop for its fork and exec: one start at a time, so
-        # a burst of executions lets the loop serve I/O (health) between starts.
-        assert self._spawning is not None
+        status = os.pipe() if self.bwrap else None  # pid 1's report of the program's exit
         try:
-            async with self._spawning:
-                proc = await asyncio.create_subprocess_exec(
-                    *self._command(argv, workdir, uid, status_write),
-                    cwd=workdir,
-                    env={},
-                    stdin=asyncio.subprocess.PIPE,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.PIPE,
-                    start_new_session=True,
-                    pass_fds=(status_write,) if self.bwrap else (),
-                    limit=self.limits.output_bytes + 1,
-                )
-        finally:
-            os.close(status_write)
-        reap = uid is not None and self.bwrap is None  # the fallback, as root
-        try:
+            proc = await start(
+                self._command(argv, workdir, uid, status[1] if status else None),
+                cwd=workdir,
+                pass_fds=status[1:] if status else (),
+                limit=self.limits.output_bytes + 1,
+            )
+            reap = uid if self.bwrap is None else None  # the fallback, as root
             try:
-                killed, stdout, stderr = await self._supervise(
-                    proc, stdin, converse, uid if reap else None
-                )
+                killed, stdout, stderr = await self._supervise(proc, stdin, converse, reap)
             except BaseException:
-                _kill_group(proc.pid)  # on cancellation too: nothing outlives its call
-                if reap and uid is not None:
-                    await _reap(uid)
+                kill_group(proc.pid)  # on cancellation too: nothing outlives its call
+                if reap is not None:
+                    await off_loop(kill_uid, reap)
                 raise
-            code = _status(status_read) if self.bwrap else proc.returncode
+            finally:
+                proc.close()
+            code = _status(status[0]) if status else proc.returncode
         finally:
-            os.close(status_read)
+            if status:
+                os.close(status[0])
         if code is None:  # bubblewrap ended before its pid 1 reported
             code = proc.returncode
         if killed is None and code == -signal.SIGXCPU:  # RLIMIT_CPU
@@ -337,14 +338,13 @@ class Sandbox:
 
     async def _supervise(
         self,
-        proc: asyncio.subprocess.Process,
+        proc: Process,
         stdin: bytes,
         converse: Converse | None,
         reap_uid: int | None,
     ) -> tuple[str | None, bytes, bytes]:
         """Feed stdin (or converse), keep capped output, kill the group at the deadline or
         overflow."""
-        assert proc.stdin and proc.stdout and proc.stderr
         over = asyncio.Event()
         cap = self.limits.output_bytes
         if converse is None:
@@ -354,23 +354,21 @@ class Sandbox:
             out = asyncio.ensure_future(asyncio.sleep(0, b""))
             feed = asyncio.ensure_future(_talk(converse, proc.stdin, proc.stdout))
         err = asyncio.ensure_future(_read_capped(proc.stderr, cap, over))
-        exited = _exit_of(proc)
-        waited = asyncio.ensure_future(proc.wait())  # its status, once its pipes are closed
         overflow = asyncio.ensure_future(over.wait())
         try:
             await asyncio.wait(
-                {exited, overflow}, timeout=self.limits.wall_s, return_when="FIRST_COMPLETED"
+                {proc.exited, overflow}, timeout=self.limits.wall_s, return_when="FIRST_COMPLETED"
             )
-            killed = None if exited.done() else ("output" if over.is_set() else "wall")
-            _kill_group(proc.pid)  # whatever the program left running goes with it
-            if reap_uid is not None:
-                await _reap(reap_uid)  # and what left the group, holding the pipes or not
+            killed = None if proc.exited.done() else ("output" if over.is_set() else "wall")
+            kill_group(proc.pid)  # whatever the program left running goes with it
+            if reap_uid is not None:  # and what left the group, holding the pipes or not
+                await off_loop(kill_uid, reap_uid)
             # a process that escaped both may still hold the pipes: stop waiting soon
-            await asyncio.wait({waited, out, err}, timeout=1.0)
+            await asyncio.wait({proc.exited, out, err}, timeout=1.0)
             stdout = out.result() if out.done() else b""
             stderr = err.result() if err.done() else b""
         finally:
-            for task in (out, err, feed, exited, waited, overflow):
+            for task in (out, err, feed, overflow):
                 task.cancel()
         return killed, stdout, stderr
 
@@ -407,64 +405,6 @@ def _status(fd: int) -> int | None:
     with contextlib.suppress(BlockingIOError, ValueError):
         return int(os.read(fd, 64).decode() or "x")
     return None
-
-
-def _exit_of(proc: asyncio.subprocess.Process) -> asyncio.Future[Any]:
-    """Done when the process exits, even while something it started holds its pipes
-    (asyncio's `wait()` also waits for every pipe's end)."""
-    loop = asyncio.get_running_loop()
-    try:
-        fd = os.pidfd_open(proc.pid)
-    except OSError:  # a kernel before 5.3
-        return asyncio.ensure_future(proc.wait())
-    done: asyncio.Future[Any] = loop.create_future()
-
-    def exited() -> None:
-        if not done.done():
-            done.set_result(None)
-
-    def close(_: asyncio.Future[Any]) -> None:
-        loop.remove_reader(fd)
-        os.close(fd)
-
-    done.add_done_callback(close)
-    loop.add_reader(fd, exited)
-    return done
-
-
-async def _reap(uid: int) -> None:
-    """Kill every process still running as `uid` (what left the program's session): as
-    that uid, `kill(-1)` reaches them all at once; without setpriv, a scan of /proc."""
-    setpriv = shutil.which("setpriv", path="/usr/bin:/bin")
-    if setpriv is None:
-        await asyncio.to_thread(_kill_uid, uid)
-        return
-    proc = await asyncio.create_subprocess_exec(
-        setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-        "/bin/sh", "-c", "kill -9 -1 2>/dev/null",
-        env={},
-        stdin=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
-    await proc.wait()
-
-
-def _kill_uid(uid: int, rounds: int = 20) -> None:
-    # a process may fork between a scan and its kill: scan again until none is left (the
-    # uid's process limit bounds how many can appear)
-    for _ in range(rounds):
-        found = [int(p.name) for p in Path("/proc").iterdir() if _owned_by(p, uid)]
-        if not found:
-            return
-        for pid in found:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-
-def _owned_by(entry: Path, uid: int) -> bool:
-    try:
-        return entry.name.isdigit() and entry.stat().st_uid == uid
-    except OSError:
-        return False
 
 
 async def _talk(
