@@ -181,7 +181,7 @@ def _discard_started(started: asyncio.Future[subprocess.Popen[bytes]]) -> None:
 
 
 def _discard(popen: subprocess.Popen[bytes]) -> None:
-    """A process its caller no longer wants: killed, its pipes closed, reaped off the loop."""
+    """A process whose caller has gone: killed, its pipes closed, reaped off the loop."""
     kill_group(popen.pid)
     for pipe in (popen.stdin, popen.stdout, popen.stderr):
         if pipe is not None:
