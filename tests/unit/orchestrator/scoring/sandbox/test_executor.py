@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
+import tempfile
 import time
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from tidal.common.config.shared import GrpcConfig
 from tidal.common.grpc.server import GrpcServer
 from tidal.common.security.transport import PLAINTEXT_LOOPBACK
 from tidal.orchestrator.scoring.sandbox import Sandbox, SandboxLimits
-from tidal.orchestrator.scoring.sandbox.uids import UID_BASE
+from tidal.orchestrator.scoring.sandbox.uids import UID_BASE, UIDS_PER_PROCESS
 
 
 async def test_a_program_runs_in_a_fresh_work_dir_with_a_minimal_environment() -> None:
@@ -96,6 +98,33 @@ async def test_a_cancelled_run_leaves_nothing_running() -> None:
     while _live_sandbox_processes() and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     assert _live_sandbox_processes() == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="finds the program by its sandbox uid")
+async def test_runs_cancelled_while_they_start_leave_nothing_behind() -> None:
+    sandbox = Sandbox(SandboxLimits(max_concurrency=8))
+    runs = [asyncio.ensure_future(sandbox.run("import time\ntime.sleep(60)")) for _ in range(8)]
+    for run in runs:  # each at another point of its start: work dir, fork, pipes
+        await asyncio.sleep(0.01)
+        run.cancel()
+    await asyncio.gather(*runs, return_exceptions=True)
+    deadline = time.monotonic() + 5.0
+    while (_live_sandbox_processes() or _our_work_dirs()) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert _live_sandbox_processes() == [] and _our_work_dirs() == []
+
+
+def _our_work_dirs() -> list[Path]:
+    """Work dirs of this process's executions (by their uid: other processes' have others)."""
+    ours = range(
+        UID_BASE + os.getpid() * UIDS_PER_PROCESS, UID_BASE + (os.getpid() + 1) * UIDS_PER_PROCESS
+    )
+    found = []
+    for root in Path(tempfile.gettempdir()).glob("tidal-sandbox-*"):
+        with contextlib.suppress(OSError):
+            if (root / "work").stat().st_uid in ours:
+                found.append(root)
+    return found
 
 
 def _live_sandbox_processes() -> list[str]:

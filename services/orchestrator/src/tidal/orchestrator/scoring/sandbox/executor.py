@@ -139,6 +139,10 @@ def _probe_bwrap(sandbox: Sandbox) -> str | None:
     return _PROBED[key]
 
 
+def _remove_workdir(prepared: tuple[Path, Path, list[str]]) -> None:
+    shutil.rmtree(prepared[0], ignore_errors=True)
+
+
 def _clean_up(root: Path | None, uid: int | None) -> None:
     """Remove an execution's files, then free its uid for another execution."""
     if root is not None:
@@ -221,7 +225,9 @@ class Sandbox:
             uid = UIDS.take()
             root = None
             try:
-                root, workdir, argv = await off_loop(self._prepare, program, files or {}, uid)
+                root, workdir, argv = await off_loop(
+                    self._prepare, program, files or {}, uid, abandon=_remove_workdir
+                )
                 data = stdin.encode() if isinstance(stdin, str) else stdin
                 return await self._execute(argv, workdir, uid, data, converse)
             finally:
@@ -232,21 +238,25 @@ class Sandbox:
     ) -> tuple[Path, Path, list[str]]:
         """A fresh work dir holding `files` (and the program's source) as `uid`, and the
         program's argv."""
-        root, workdir = _make_workdir(uid)
         if isinstance(program, str):
             files = {**files, PROGRAM_FILE: program}
             argv = [self.python, "-I", "-S", "-B", PROGRAM_FILE]
         else:
             argv = list(program)
-        for name, text in files.items():
-            path = workdir / name
-            if workdir not in path.resolve().parents:
-                raise ValueError(f"sandbox file {name!r} is outside the work dir")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-        if uid is not None:
-            for path in [workdir, *workdir.rglob("*")]:
-                os.chown(path, uid, uid)
+        root, workdir = _make_workdir(uid)
+        try:
+            for name, text in files.items():
+                path = workdir / name
+                if workdir not in path.resolve().parents:
+                    raise ValueError(f"sandbox file {name!r} is outside the work dir")
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
+            if uid is not None:
+                for path in [workdir, *workdir.rglob("*")]:
+                    os.chown(path, uid, uid)
+        except BaseException:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
         return root, workdir, argv
 
     def _command(

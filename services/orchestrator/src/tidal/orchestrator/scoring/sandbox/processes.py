@@ -41,10 +41,23 @@ def _starters() -> ThreadPoolExecutor:
         return pool
 
 
-async def off_loop(fn: Callable[..., T], *args: Any) -> T:
-    """`fn(*args)` on a starter thread; it runs to its end even if the caller is cancelled."""
+async def off_loop(
+    fn: Callable[..., T], *args: Any, abandon: Callable[[T], object] | None = None
+) -> T:
+    """`fn(*args)` on a starter thread. It runs to its end even if the caller is cancelled;
+    then `abandon` gets its result, on a starter thread too (what it made is undone)."""
     work = asyncio.get_running_loop().run_in_executor(_starters(), functools.partial(fn, *args))
-    return await asyncio.shield(work)
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        if abandon is not None:
+            work.add_done_callback(functools.partial(_abandoned, abandon))
+        raise
+
+
+def _abandoned(abandon: Callable[[T], object], work: asyncio.Future[T]) -> None:
+    if not work.cancelled() and work.exception() is None:
+        _starters().submit(abandon, work.result())
 
 
 class Process:
@@ -83,17 +96,11 @@ async def start(argv: Sequence[str], *, cwd: Path, pass_fds: Sequence[int], limi
     """Start `argv` from a starter thread in a session of its own, with no environment and
     three pipes (read `limit` bytes per line at most). `pass_fds` go to the child and are
     closed here once it holds them, whatever happens to the caller."""
-    loop = asyncio.get_running_loop()
-    started = loop.run_in_executor(_starters(), _popen, list(argv), cwd, tuple(pass_fds))
+    popen = await off_loop(_popen, list(argv), cwd, tuple(pass_fds), abandon=_discard)
     try:
-        popen = await asyncio.shield(started)
-    except asyncio.CancelledError:
-        started.add_done_callback(_discard_started)
-        raise
-    try:
-        return await _attach(loop, popen, limit)
+        return await _attach(asyncio.get_running_loop(), popen, limit)
     except BaseException:
-        _discard(popen)
+        _starters().submit(_discard, popen)
         raise
 
 
@@ -175,18 +182,14 @@ def _exit_of(popen: subprocess.Popen[bytes]) -> asyncio.Future[int | None]:
     return done
 
 
-def _discard_started(started: asyncio.Future[subprocess.Popen[bytes]]) -> None:
-    if not started.cancelled() and started.exception() is None:
-        _discard(started.result())
-
-
 def _discard(popen: subprocess.Popen[bytes]) -> None:
-    """A process whose caller has gone: killed, its pipes closed, reaped off the loop."""
+    """A process whose caller has gone (on a starter thread): killed, its pipes closed,
+    reaped."""
     kill_group(popen.pid)
     for pipe in (popen.stdin, popen.stdout, popen.stderr):
         if pipe is not None:
             pipe.close()
-    _starters().submit(popen.wait)
+    popen.wait()
 
 
 def kill_group(pid: int) -> None:
