@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,11 +32,15 @@ from tidal.common.errors import ConfigError
 from tidal.orchestrator.scoring.sandbox.bubblewrap import INIT, bwrap_argv, find_bwrap
 from tidal.orchestrator.scoring.sandbox.limits import SandboxLimits
 from tidal.orchestrator.scoring.sandbox.processes import (
+    Converse,
     Process,
+    feed,
     kill_group,
     kill_uid,
     off_loop,
+    read_capped,
     start,
+    talk,
 )
 from tidal.orchestrator.scoring.sandbox.uids import UIDS
 
@@ -53,8 +57,6 @@ FALLBACK_WARNING = (
     "that leaves its session survives the run%s)%s. Install bubblewrap (make setup, the "
     "orchestrator image) to close these."
 )
-Converse = Callable[[asyncio.StreamWriter, asyncio.StreamReader], Awaitable[None]]
-"""Talks to a running program over its stdin and stdout (the pipes are the caller's)."""
 
 
 @dataclass(frozen=True)
@@ -87,18 +89,6 @@ def python_for_programs(configured: str | None) -> str:
     if os.geteuid() != 0 or _runnable_by_anyone(sys.executable):
         return sys.executable
     return next((p for p in FALLBACK_PYTHONS if _runnable_by_anyone(p)), sys.executable)
-
-
-async def _read_capped(stream: asyncio.StreamReader, cap: int, over: asyncio.Event) -> bytes:
-    """Keep the first `cap` bytes and read the rest to end of file, discarding it: a pipe
-    nobody reads stops its writer."""
-    kept = bytearray()
-    while chunk := await stream.read(1 << 16):
-        if len(kept) < cap:
-            kept += chunk[: cap - len(kept)]
-            if len(kept) >= cap:
-                over.set()
-    return bytes(kept)
 
 
 _PROBED: dict[tuple[str, str], str | None] = {}
@@ -358,12 +348,12 @@ class Sandbox:
         over = asyncio.Event()
         cap = self.limits.output_bytes
         if converse is None:
-            out = asyncio.ensure_future(_read_capped(proc.stdout, cap, over))
-            feed = asyncio.ensure_future(_feed(proc.stdin, stdin))
+            out = asyncio.ensure_future(read_capped(proc.stdout, cap, over))
+            writing = asyncio.ensure_future(feed(proc.stdin, stdin))
         else:
             out = asyncio.ensure_future(asyncio.sleep(0, b""))
-            feed = asyncio.ensure_future(_talk(converse, proc.stdin, proc.stdout))
-        err = asyncio.ensure_future(_read_capped(proc.stderr, cap, over))
+            writing = asyncio.ensure_future(talk(converse, proc.stdin, proc.stdout))
+        err = asyncio.ensure_future(read_capped(proc.stderr, cap, over))
         overflow = asyncio.ensure_future(over.wait())
         try:
             await asyncio.wait(
@@ -378,7 +368,7 @@ class Sandbox:
             stdout = out.result() if out.done() else b""
             stderr = err.result() if err.done() else b""
         finally:
-            for task in (out, err, feed, overflow):
+            for task in (out, err, writing, overflow):
                 task.cancel()
         return killed, stdout, stderr
 
@@ -415,20 +405,3 @@ def _status(fd: int) -> int | None:
     with contextlib.suppress(BlockingIOError, ValueError):
         return int(os.read(fd, 64).decode() or "x")
     return None
-
-
-async def _talk(
-    converse: Converse, writer: asyncio.StreamWriter, reader: asyncio.StreamReader
-) -> None:
-    try:
-        await converse(writer, reader)
-    finally:
-        writer.close()  # the program reads end of file: the conversation is over
-
-
-async def _feed(writer: asyncio.StreamWriter, data: bytes) -> None:
-    with contextlib.suppress(ConnectionError, BrokenPipeError):
-        if data:
-            writer.write(data)
-            await writer.drain()
-        writer.close()

@@ -1,4 +1,4 @@
-"""Start, watch and stop sandbox processes without blocking the caller's event loop.
+"""Start, feed, read and stop sandbox processes without blocking the caller's event loop.
 
 Starting a process holds its caller until the child has exec'd, and removing a work dir
 or killing a uid's processes holds it for as long as the disk or the scan takes; those
@@ -18,12 +18,14 @@ import shutil
 import signal
 import subprocess
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+Converse = Callable[[asyncio.StreamWriter, asyncio.StreamReader], Awaitable[None]]
+"""Talks to a running program over its stdin and stdout (the pipes are the caller's)."""
 STARTER_THREADS = 4
 _pools: dict[int, ThreadPoolExecutor] = {}
 _pools_lock = threading.Lock()
@@ -228,3 +230,32 @@ def _owned_by(entry: Path, uid: int) -> bool:
         return entry.name.isdigit() and entry.stat().st_uid == uid
     except OSError:
         return False
+
+
+async def read_capped(stream: asyncio.StreamReader, cap: int, over: asyncio.Event) -> bytes:
+    """Keep the first `cap` bytes and read the rest to end of file, discarding it: a pipe
+    nobody reads stops its writer."""
+    kept = bytearray()
+    while chunk := await stream.read(1 << 16):
+        if len(kept) < cap:
+            kept += chunk[: cap - len(kept)]
+            if len(kept) >= cap:
+                over.set()
+    return bytes(kept)
+
+
+async def talk(
+    converse: Converse, writer: asyncio.StreamWriter, reader: asyncio.StreamReader
+) -> None:
+    try:
+        await converse(writer, reader)
+    finally:
+        writer.close()  # the program reads end of file: the conversation is over
+
+
+async def feed(writer: asyncio.StreamWriter, data: bytes) -> None:
+    with contextlib.suppress(ConnectionError, BrokenPipeError):
+        if data:
+            writer.write(data)
+            await writer.drain()
+        writer.close()
