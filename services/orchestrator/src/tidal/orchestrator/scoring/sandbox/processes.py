@@ -27,20 +27,25 @@ T = TypeVar("T")
 Converse = Callable[[asyncio.StreamWriter, asyncio.StreamReader], Awaitable[None]]
 """Talks to a running program over its stdin and stdout (the pipes are the caller's)."""
 STARTER_THREADS = 4
-_pools: dict[int, ThreadPoolExecutor] = {}
-_pools_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
 
 
 def _starters() -> ThreadPoolExecutor:
-    """This process's starter threads: a pool inherited through fork has no threads."""
-    with _pools_lock:
-        pool = _pools.get(os.getpid())
-        if pool is None:
-            _pools.clear()
-            pool = _pools[os.getpid()] = ThreadPoolExecutor(
-                STARTER_THREADS, thread_name_prefix="sandbox-start"
-            )
-        return pool
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(STARTER_THREADS, thread_name_prefix="sandbox-start")
+        return _pool
+
+
+def _forget_starters() -> None:
+    """In a forked child: the parent's pool has no threads here, and its lock may be held."""
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_starters)
 
 
 async def off_loop(
