@@ -6,7 +6,9 @@ system is built from nothing: the system's programs and libraries read-only, a f
 files of /etc, a fresh /proc and /dev, size-bounded private /tmp and /dev/shm, and the
 execution's work dir, the one writable place that outlives it (until the executor
 removes it). The run folder, TLS keys, home folders and every other service file are
-simply absent, whatever uid the service runs as.
+simply absent, whatever uid the service runs as. It keeps the session the executor
+started (no terminal to inject into): one session, one autogroup, whose CPU priority the
+executor lowers (processes.py).
 """
 
 from __future__ import annotations
@@ -65,7 +67,6 @@ def bwrap_argv(
         *(["--share-net", "--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf"]
           if share_network else []),
         "--die-with-parent",  # bwrap and everything inside die with the executor's child
-        "--new-session",  # no TIOCSTI into a terminal the service may hold
         "--as-pid-1",  # the child entry is pid 1: the namespace ends when the program does
         "--cap-drop", "ALL",
         *_system_mounts(python),

@@ -50,6 +50,7 @@ def set_limits(limits: dict) -> None:
         resource.RLIMIT_NPROC: limits["processes"],
         resource.RLIMIT_NOFILE: limits["open_files"],
         resource.RLIMIT_CORE: 0,
+        resource.RLIMIT_NICE: 0,  # no lowering of the nice value it was started with
     }
     for which, value in caps.items():
         resource.setrlimit(which, (value, value))

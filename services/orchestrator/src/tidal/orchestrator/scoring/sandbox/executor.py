@@ -48,7 +48,8 @@ log = logging.getLogger(__name__)
 CHILD = str(Path(__file__).with_name("child.py"))
 PROGRAM_FILE = "main.py"
 FALLBACK_PYTHONS = ("/usr/local/bin/python3", "/usr/bin/python3")
-NICENESS = 10  # untrusted code, and every stage that starts it, yields the CPU to the services
+# untrusted code, every stage that starts it and its session's autogroup yield the CPU
+NICENESS = 10
 TMP_FS_FILES = 4  # a private /tmp or /dev/shm holds this many files of the largest size
 FALLBACK_WARNING = (
     "sandbox: bubblewrap is %s; untrusted code runs in the fallback child process, which "
@@ -308,6 +309,7 @@ class Sandbox:
                 cwd=workdir,
                 pass_fds=status[1:] if status else (),
                 limit=self.limits.output_bytes + 1,
+                niceness=NICENESS,
             )
             reap = uid if self.bwrap is None else None  # the fallback, as root
             try:

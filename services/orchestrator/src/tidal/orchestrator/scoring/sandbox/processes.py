@@ -5,7 +5,9 @@ or killing a uid's processes holds it for as long as the disk or the scan takes;
 waits grow with the number of programs busy on the CPU, and a loop that takes them
 stops answering its service's requests. So that work runs on a few
 starter threads (per process: a forked worker builds its own), and the loop only
-attaches to a started process's pipes and to its pidfd.
+attaches to a started process's pipes and to its pidfd. Each process leads a session of
+its own, whose autogroup gets the caller's niceness: where the kernel groups sessions for
+the scheduler, that, not the nice value of its processes, is what makes them yield.
 """
 
 from __future__ import annotations
@@ -99,11 +101,14 @@ class Process:
             transport.close()
 
 
-async def start(argv: Sequence[str], *, cwd: Path, pass_fds: Sequence[int], limit: int) -> Process:
+async def start(
+    argv: Sequence[str], *, cwd: Path, pass_fds: Sequence[int], limit: int, niceness: int
+) -> Process:
     """Start `argv` from a starter thread in a session of its own, with no environment and
-    three pipes (read `limit` bytes per line at most). `pass_fds` go to the child and are
-    closed here once it holds them, whatever happens to the caller."""
-    popen = await off_loop(_popen, list(argv), cwd, tuple(pass_fds), abandon=_discard)
+    three pipes (read `limit` bytes per line at most), and give that session's autogroup
+    `niceness`. `pass_fds` go to the child and are closed here once it holds them, whatever
+    happens to the caller."""
+    popen = await off_loop(_popen, list(argv), cwd, tuple(pass_fds), niceness, abandon=_discard)
     try:
         return await _attach(asyncio.get_running_loop(), popen, limit)
     except BaseException:
@@ -111,7 +116,9 @@ async def start(argv: Sequence[str], *, cwd: Path, pass_fds: Sequence[int], limi
         raise
 
 
-def _popen(argv: list[str], cwd: Path, pass_fds: tuple[int, ...]) -> subprocess.Popen[bytes]:
+def _popen(
+    argv: list[str], cwd: Path, pass_fds: tuple[int, ...], niceness: int
+) -> subprocess.Popen[bytes]:
     try:
         popen = subprocess.Popen(
             argv,
@@ -126,7 +133,22 @@ def _popen(argv: list[str], cwd: Path, pass_fds: tuple[int, ...]) -> subprocess.
     finally:
         for fd in pass_fds:
             os.close(fd)
+    lower_autogroup(popen.pid, niceness)
     return popen
+
+
+def lower_autogroup(session_pid: int, niceness: int) -> None:
+    """Give the autogroup of the session `session_pid` leads `niceness`, where the kernel
+    lets this process.
+
+    Where the kernel's autogroup is on, each session is one scheduling entity weighing as
+    much as the service's whole session, whatever the nice value of its processes: only
+    the autogroup's own niceness makes a session of busy programs yield to the service.
+    Without autogroup (disabled, or the file absent) the processes' nice value already
+    applies. The kernel lets any process raise its autogroup's niceness, but accepts that
+    from a caller without CAP_SYS_ADMIN only once per 100 ms machine-wide (EAGAIN)."""
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{session_pid}/autogroup").write_text(str(niceness))
 
 
 async def _attach(
