@@ -24,6 +24,8 @@ from tidal.orchestrator.task_config import CodeTaskConfig
 from tidal.orchestrator.tasks import build_task
 from tidal.orchestrator.tasks.base import Problem, Task
 
+from .....helpers.sandbox_walls import ROOMY_WALL_S
+
 FIXTURES = Path(__file__).parents[2] / "fixtures"
 REPO = Path(__file__).parents[5]
 HOST_TMP = Path(tempfile.gettempdir())
@@ -64,7 +66,7 @@ async def test_a_process_that_leaves_the_session_dies_with_the_program(marker: s
         "    os._exit(0)\n"
         "time.sleep(0.2)\n"
     )
-    result = await Sandbox(SandboxLimits(wall_s=5)).run(escape)
+    result = await Sandbox(SandboxLimits(wall_s=ROOMY_WALL_S)).run(escape)
     assert result.ok, result.stderr
     assert _processes_mentioning(marker) == []  # nothing of it is left running
     await asyncio.sleep(ESCAPE_DELAY_S + 0.5)
@@ -82,7 +84,7 @@ async def test_files_written_to_tmp_dev_shm_and_beside_the_work_dir_do_not_outli
         "    except OSError:\n"
         "        pass\n"
     )
-    result = await Sandbox().run(program)
+    result = await Sandbox(SandboxLimits(wall_s=ROOMY_WALL_S)).run(program)
     assert result.ok, result.stderr
     left = [*HOST_TMP.glob(f"{marker}*"), *Path("/dev/shm").glob(f"{marker}*")]
     assert left == []
@@ -90,7 +92,7 @@ async def test_files_written_to_tmp_dev_shm_and_beside_the_work_dir_do_not_outli
 
 def test_two_programs_in_a_row_from_one_worker_share_nothing(marker: str) -> None:
     """Each `asyncio.run` is one completion scored by a verifier worker."""
-    sandbox = Sandbox()
+    sandbox = Sandbox(SandboxLimits(wall_s=ROOMY_WALL_S))
     first = (
         "import os\n"
         f"for path in ('/tmp/{marker}', '/dev/shm/{marker}', os.path.expanduser('~/{marker}')):\n"
@@ -125,8 +127,8 @@ def test_a_fork_bomb_leaves_the_next_program_free_to_fork() -> None:
     forks = (
         "import os\nfor _ in range(4):\n    if os.fork() == 0:\n        os._exit(0)\n    os.wait()"
     )
-    # uids are the worker's, not an executor's; a loaded machine's slow start is no failure
-    result = asyncio.run(Sandbox(SandboxLimits(wall_s=20.0, processes=16)).run(forks))
+    # uids are the worker's, not an executor's
+    result = asyncio.run(Sandbox(SandboxLimits(wall_s=ROOMY_WALL_S, processes=16)).run(forks))
     assert result.ok, result.stderr
 
 
@@ -160,7 +162,7 @@ async def test_the_run_folder_is_unwritable(run_dir: Path) -> None:
 @pytest.fixture(scope="module")
 def add_problem() -> tuple[Task, Problem]:
     task = build_task(
-        CodeTaskConfig(path=FIXTURES / "code_problems.jsonl", sandbox={"wall_s": 3.0})
+        CodeTaskConfig(path=FIXTURES / "code_problems.jsonl", sandbox={"wall_s": ROOMY_WALL_S})
     )
     problems = [task.problem(i) for i in range(task.size())]
     return task, next(p for p in problems if "def add(" in p.reference)

@@ -16,13 +16,15 @@ from tidal.common.errors import ConfigError
 from tidal.orchestrator.scoring.sandbox import Sandbox, SandboxLimits
 from tidal.orchestrator.scoring.sandbox.bubblewrap import find_bwrap
 
+from .....helpers.sandbox_walls import ROOMY_WALL_S
+
 needs_bwrap = pytest.mark.skipif(find_bwrap() is None, reason="bubblewrap is not installed")
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="the fallback's uids need root")
 
 
 @needs_bwrap
 async def test_bubblewrap_is_used_where_installed_and_hides_the_host() -> None:
-    sandbox = Sandbox()
+    sandbox = Sandbox(SandboxLimits(wall_s=ROOMY_WALL_S))
     assert sandbox.bwrap is not None
     result = await sandbox.run("import os\nprint(os.getpid(), sorted(os.listdir('/')))")
     pid, listing = result.stdout.split(" ", 1)
@@ -57,12 +59,14 @@ async def test_the_fallback_as_root_kills_what_left_the_session() -> None:
         "import os, time\n"
         "if os.fork() == 0:\n"
         "    os.setsid()\n"
-        f"    os.execv('/bin/sh', ['sh', '-c', 'sleep 30 # {marker}'])\n"
+        f"    os.execv('/bin/sh', ['sh', '-c', 'sleep 600 # {marker}'])\n"
         "time.sleep(0.2)\n"
     )
-    result = await Sandbox(SandboxLimits(isolation="process", wall_s=10.0)).run(escape)
-    assert result.ok and result.seconds < 3.0  # its escaped process held the pipes: reaped
-    deadline = time.monotonic() + 3.0
+    limits = SandboxLimits(isolation="process", wall_s=ROOMY_WALL_S)
+    result = await Sandbox(limits).run(escape)
+    # its escaped process held the pipes, yet the run ended with the program: it was reaped
+    assert result.ok and result.seconds < ROOMY_WALL_S / 2
+    deadline = time.monotonic() + 30.0
     while _mentioning(marker) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     assert _mentioning(marker) == []
@@ -70,7 +74,7 @@ async def test_the_fallback_as_root_kills_what_left_the_session() -> None:
 
 @as_root
 def test_the_fallback_as_root_gives_each_execution_in_a_row_its_own_uid() -> None:
-    sandbox = Sandbox(SandboxLimits(isolation="process"))
+    sandbox = Sandbox(SandboxLimits(isolation="process", wall_s=ROOMY_WALL_S))
     uids = [asyncio.run(sandbox.run("import os\nprint(os.getuid())")).stdout for _ in range(3)]
     assert len(set(uids)) == 3 and "0\n" not in uids
 
