@@ -214,5 +214,6 @@ async def test_health_answers_while_64_executions_run() -> None:
     assert all(r.ok for r in results)
     latencies.sort()
     p99 = latencies[int(0.99 * (len(latencies) - 1))]
+    print(f"health p99 {p99 * 1000:.0f} ms over {len(latencies)} checks")  # in -rP reports
     # The target is 100 ms (met alone); the full suite on two shared cores measured 104 ms once.
     assert len(latencies) >= 20 and p99 < 0.15, f"p99 {p99 * 1000:.0f} ms over {len(latencies)}"
