@@ -173,7 +173,7 @@ async def test_programs_yield_the_cpu_to_the_service_and_cannot_take_it_back() -
         "try:\n"
         "    print(open('/proc/self/autogroup').read().split()[-1])\n"
         "except FileNotFoundError:\n"
-        "    print('no autogroup')\n"
+        "    print('absent')\n"  # a kernel without autogroup
     )
     ours = os.getpriority(os.PRIO_PROCESS, 0)
     for isolation in ("auto", "process"):
@@ -181,7 +181,8 @@ async def test_programs_yield_the_cpu_to_the_service_and_cannot_take_it_back() -
         result = await Sandbox(limits).run(program)
         nice, renice, autogroup = result.stdout.split()
         assert result.ok and int(nice) == ours + NICENESS and renice == "refused", isolation
-        assert autogroup in ("no autogroup", str(NICENESS)), isolation
+        if os.geteuid() == 0:  # not root, the kernel may refuse a renice 100 ms after another
+            assert autogroup in ("absent", str(NICENESS)), isolation
 
 
 async def test_concurrency_is_bounded() -> None:
