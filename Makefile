@@ -13,9 +13,24 @@ PYPROJECTS := pyproject.toml libs/rpc/pyproject.toml libs/common/pyproject.toml 
 	libs/models/pyproject.toml libs/batch/pyproject.toml libs/text/pyproject.toml \
 	$(wildcard services/*/pyproject.toml)
 
-.PHONY: setup proto proto-check config-check lint test test-fast run bench gpu-check gpu-wheels dist wheelhouse images up down test-deploy clean
+.PHONY: setup sandbox-tool proto proto-check config-check lint test test-fast run bench gpu-check gpu-wheels dist wheelhouse images up down test-deploy clean
 
-setup: $(STAMP)
+setup: $(STAMP) sandbox-tool
+
+# bubblewrap isolates sandboxed code (docs/agents.md, "Sandbox"): installed here when
+# missing and this is root with apt-get; elsewhere the sandbox runs its weaker fallback
+# and says so at start.
+sandbox-tool:
+	@command -v bwrap >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "setup: installing bubblewrap (the sandbox's isolation)"; \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
+	      { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1; } || \
+	      echo "setup: could not install bubblewrap: the sandbox will use its weaker fallback"; \
+	  else \
+	    echo "setup: bubblewrap (bwrap) is missing and this is not root: the sandbox will use its weaker fallback (docs/agents.md)"; \
+	  fi; }
 
 # torch is pinned and installed first: an unpinned torch pulls gigabytes of CUDA wheels.
 $(STAMP): $(PYPROJECTS)

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Build the offline base image `tidal-base:bookworm` from Debian packages alone:
-# debootstrap a minimal bookworm root with python3 (3.11) and venv, strip what a service
-# never reads (docs, man pages, locales, apt lists), and `docker import` it. No container
-# registry is involved, which is what a machine (or an air-gapped cluster) that cannot pull
-# `python:3.11-slim` needs. The images then take it as `--build-arg BASE_IMAGE=...`.
+# debootstrap a minimal bookworm root with python3 (3.11), venv and bubblewrap (the
+# sandbox's isolation), strip what a service never reads (docs, man pages, locales, apt
+# lists), and `docker import` it. No container registry is involved, which is what a
+# machine (or an air-gapped cluster) that cannot pull `python:3.11-slim` needs. The images
+# then take it as `--build-arg BASE_IMAGE=...`.
 #
 #   deploy/base-image.sh [--force]      TIDAL_BASE_IMAGE (tag), DEBIAN_MIRROR (the mirror)
 #
@@ -47,7 +48,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
+debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates,bubblewrap \
   "$SUITE" "$root" "$MIRROR"
 
 # What no service reads at run time; apt's lists come back with `apt-get update`.

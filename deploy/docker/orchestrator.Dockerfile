@@ -18,6 +18,12 @@ RUN python3 -m venv /opt/tidal \
  && /opt/tidal/bin/pip uninstall -q -y pip
 
 FROM ${BASE_IMAGE}
+# bubblewrap isolates sandboxed code (docs/agents.md): the offline base ships it; a
+# standard base gets it from Debian. It needs user namespaces, which a container engine's
+# default seccomp profile may refuse: the orchestrator then warns and uses its fallback.
+RUN command -v bwrap >/dev/null || { apt-get update -q \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends bubblewrap \
+ && rm -rf /var/lib/apt/lists/*; }
 ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 PATH=/opt/tidal/bin:$PATH
 # A fixed non-root uid, so a host folder bind-mounted for outputs can be chowned to it.
 RUN groupadd --gid 10001 tidal && useradd --uid 10001 --gid tidal --no-create-home --shell /usr/sbin/nologin tidal \

@@ -4,7 +4,8 @@ sandbox, through the real launcher and services.
 The byte-level default model writes no working Python in two steps, so rewards are not
 asserted to rise; what is asserted is that every completion was scored in the sandbox by
 the fraction of its tests passed, without a verifier failure, and that the sub-scores
-reached metrics.jsonl.
+reached metrics.jsonl. The deadlines are roomy: a loaded machine's slow start of a
+sandboxed program is no verifier failure.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import json
 from pathlib import Path
 
 import pytest
+
+from ..helpers.sandbox_walls import ROOMY_WALL_S
 
 STEPS = 2
 FIXTURE = Path(__file__).parents[1] / "unit" / "orchestrator" / "fixtures" / "code_problems.jsonl"
@@ -36,6 +39,12 @@ type = "code"
 path = "{FIXTURE}"
 setup_field = "test_setup_code"
 max_answer_chars = 48
+
+[orchestrator.task.sandbox]
+wall_s = {ROOMY_WALL_S}
+
+[orchestrator.timeouts]
+verifier_s = {ROOMY_WALL_S + 30.0}
 """
     )
     return run_file

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,13 +19,19 @@ from tidal.orchestrator.tasks.code_harness import extract_program
 from tidal.text.byte import ByteTokenizer
 from tidal.text.tool_calls import ToolCall, tool_call_parser
 
+from ...helpers.sandbox_walls import ROOMY_WALL_S
+
 FIXTURES = Path(__file__).with_name("fixtures")
 
 
 @pytest.fixture(scope="module")
 def mbpp() -> Task:
     return build_task(
-        CodeTaskConfig(path=FIXTURES / "code_problems.jsonl", setup_field="test_setup_code")
+        CodeTaskConfig(
+            path=FIXTURES / "code_problems.jsonl",
+            setup_field="test_setup_code",
+            sandbox={"wall_s": ROOMY_WALL_S},
+        )
     )
 
 
@@ -76,10 +83,31 @@ def test_programs_that_cheat_pass_nothing(mbpp: Task, program: str) -> None:
     assert mbpp.verify(add, program).reward == 0.0
 
 
+def test_results_cross_with_their_exact_types(mbpp: Task) -> None:
+    add = problem_for(mbpp, "add")
+    tests = ["assert add((1,), (2,)) == (1, 2)", "assert add({1}, {2}) == 3"]
+    typed = replace(add, metadata={**add.metadata, "test_list": tests})
+    assert mbpp.verify(typed, "def add(a, b):\n    return a + b\n").reward == 0.5
+    assert mbpp.verify(typed, "def add(a, b):\n    return list(a + b)\n").reward == 0.0
+
+
+def test_a_builtin_exception_the_program_raises_reaches_the_tests(mbpp: Task) -> None:
+    add = problem_for(mbpp, "add")
+    tests = [
+        "try:\n    add(1, -1)\n    raise AssertionError\nexcept ValueError:\n    pass",
+        "assert add(1, 2) == 3",
+    ]
+    raising = replace(add, metadata={**add.metadata, "test_list": tests})
+    program = "def add(a, b):\n    if b < 0:\n        raise ValueError(b)\n    return a + b\n"
+    assert mbpp.verify(raising, program).reward == 1.0
+
+
 def test_a_program_that_hangs_scores_what_it_passed_before() -> None:
     task = build_task(
-        CodeTaskConfig(path=FIXTURES / "code_problems.jsonl", sandbox={"wall_s": 1.0, "cpu_s": 1})
-    )
+        CodeTaskConfig(
+            path=FIXTURES / "code_problems.jsonl", sandbox={"wall_s": ROOMY_WALL_S, "cpu_s": 1}
+        )
+    )  # the CPU limit ends the hang, however long a loaded machine takes to reach it
     even = problem_for(task, "is_even")
     program = "def is_even(n):\n    while n == 3:\n        pass\n    return n % 2 == 0\n"
     verdict = task.verify(even, program)
@@ -98,6 +126,7 @@ def test_humaneval_records_complete_the_prompt() -> None:
             reference_field="canonical_solution",
             entry_point_field="entry_point",
             eval_fraction=0.0,
+            sandbox={"wall_s": ROOMY_WALL_S},
         )
     )
     problem = task.problem(0)
@@ -105,16 +134,27 @@ def test_humaneval_records_complete_the_prompt() -> None:
     assert task.verify(problem, "    return x + 1\n").reward == 0.0
 
 
-@pytest.fixture(scope="module")
-def mbpp_with_python() -> Task:
+def _with_python(wall_s: float) -> Task:
     return build_task(
         CodeTaskConfig(
             path=FIXTURES / "code_problems.jsonl",
             setup_field="test_setup_code",
             python_tool=True,
-            sandbox=SandboxLimits(wall_s=2.0, cpu_s=2),
+            sandbox=SandboxLimits(wall_s=wall_s, cpu_s=2),
         )
     )
+
+
+@pytest.fixture(scope="module")
+def mbpp_with_python() -> Task:
+    """A short deadline, for the test of the deadline."""
+    return _with_python(2.0)
+
+
+@pytest.fixture(scope="module")
+def roomy_python() -> Task:
+    """A deadline no loaded machine's start reaches, for what the tool answers."""
+    return _with_python(ROOMY_WALL_S)
 
 
 def test_the_python_tool_is_offered_only_when_configured(
@@ -126,22 +166,22 @@ def test_the_python_tool_is_offered_only_when_configured(
     assert offered["function"]["parameters"]["required"] == ["code"]
 
 
-async def _run_python(task: Task, code: str) -> tuple[str, ToolStats]:
-    use = ToolUse.of(task.tools, tool_call_parser(ByteTokenizer()), ToolsConfig(call_timeout_s=10))
+async def _run_python(task: Task, code: str, timeout_s: float = 10.0) -> tuple[str, ToolStats]:
+    config = ToolsConfig(call_timeout_s=timeout_s)
+    use = ToolUse.of(task.tools, tool_call_parser(ByteTokenizer()), config)
     (message,), stats = await run_calls([ToolCall("python", {"code": code})], use, task.problem(0))
     assert message["role"] == "tool" and message["name"] == "python"
     return message["content"], stats
 
 
-async def test_the_python_tool_runs_the_policys_code_in_the_sandbox(
-    mbpp_with_python: Task,
-) -> None:
-    text, stats = await _run_python(mbpp_with_python, "print(sum(range(10)))")
+async def test_the_python_tool_runs_the_policys_code_in_the_sandbox(roomy_python: Task) -> None:
+    timeout_s = ROOMY_WALL_S + 30.0
+    text, stats = await _run_python(roomy_python, "print(sum(range(10)))", timeout_s)
     assert text.strip() == "45"
     assert stats.calls == 1 and stats.errors == 0
-    text, _ = await _run_python(mbpp_with_python, "raise SystemExit(3)")
+    text, _ = await _run_python(roomy_python, "raise SystemExit(3)", timeout_s)
     assert text.endswith("[exit code 3]")
-    text, _ = await _run_python(mbpp_with_python, "import sys\nprint('x', file=sys.stderr)")
+    text, _ = await _run_python(roomy_python, "import sys\nprint('x', file=sys.stderr)", timeout_s)
     assert text.strip() == "x"
 
 

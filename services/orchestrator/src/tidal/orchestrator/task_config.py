@@ -221,7 +221,7 @@ class CodeTaskConfig(TaskCommon):
     max_answer_chars: int = Field(default=512, gt=0)
     """Bound on completion length (characters) used when sampling.max_tokens is unset."""
     sandbox: SandboxLimits = SandboxLimits(wall_s=3.0, cpu_s=3)
-    """Limits of one program run (all of a completion's tests run in one process); its
+    """Limits of one program run (one process answers all of a completion's tests); its
     wall_s must stay under orchestrator.timeouts.verifier_s."""
     python_tool: bool = False
     """Offer the policy a `python(code)` tool that runs code in the same sandbox and returns

@@ -15,16 +15,18 @@ from pathlib import Path
 import pytest
 
 from tidal.common.security.credentials import ensure_certificates
-from tidal.orchestrator.scoring.sandbox.executor import UID_BASE
+from tidal.orchestrator.scoring.sandbox.uids import UID_BASE
 from tidal.orchestrator.scoring.verifier_pool import VerifierPool
 from tidal.orchestrator.task_config import CodeTaskConfig
 from tidal.orchestrator.tasks import build_task
 from tidal.orchestrator.tasks.base import Problem, Task
 
+from .....helpers.sandbox_walls import ROOMY_WALL_S
+
 FIXTURES = Path(__file__).parents[2] / "fixtures"
 ADD = "\ndef add(a, b):\n    return a + b\n"
-WALL_S = 2.0
-VERIFIER_S = 15.0  # generous: eight attacks share two loaded cores
+WALL_S = 2.0  # ends the attacks no limit of the sandbox ends first (the fork bomb)
+VERIFIER_S = ROOMY_WALL_S + 30.0  # later than any sandbox: a verdict is the sandbox's
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="uid separation needs root")
 
 
@@ -42,14 +44,26 @@ def run_dir() -> Iterator[Path]:
     shutil.rmtree(folder)
 
 
-@pytest.fixture
-def add_task() -> Iterator[tuple[Task, Problem]]:
+def _add(name: str, wall_s: float) -> tuple[Task, Problem]:
     config = CodeTaskConfig(
-        path=FIXTURES / "code_problems.jsonl", sandbox={"wall_s": WALL_S, "cpu_s": 2}
+        name=name, path=FIXTURES / "code_problems.jsonl", sandbox={"wall_s": wall_s, "cpu_s": 2}
     )
     task = build_task(config)
     problems = [task.problem(i) for i in range(task.size())]
-    yield task, next(p for p in problems if "def add(" in p.reference)
+    return task, next(p for p in problems if "def add(" in p.reference)
+
+
+@pytest.fixture
+def add_task() -> tuple[Task, Problem]:
+    """The problem attacks are scored on: a short deadline."""
+    return _add("add", WALL_S)
+
+
+@pytest.fixture
+def honest_add_task() -> tuple[Task, Problem]:
+    """The same problem for honest programs: a deadline no loaded machine's start reaches,
+    so only a broken pool or sandbox fails them."""
+    return _add("add-honest", ROOMY_WALL_S)
 
 
 def sandbox_processes() -> list[int]:
@@ -75,9 +89,10 @@ async def eventually_none(probe: Callable[[], list[int]], within_s: float = 3.0)
 
 @as_root
 async def test_attacks_are_contained_and_score_zero(
-    run_dir: Path, add_task: tuple[Task, Problem]
+    run_dir: Path, add_task: tuple[Task, Problem], honest_add_task: tuple[Task, Problem]
 ) -> None:
     task, problem = add_task
+    honest_task, honest_problem = honest_add_task
     key = next((run_dir / "tls").glob("*.key"))
     listener = socket.create_server(("127.0.0.1", 0))
     listener.setblocking(False)
@@ -94,12 +109,13 @@ async def test_attacks_are_contained_and_score_zero(
         "print 1 GB": "import sys\nfor _ in range(1 << 14):\n"
         "    sys.stdout.write('x' * (1 << 16))\n",
     }
-    pool = VerifierPool({task.name: task}, timeout_s=VERIFIER_S, max_workers=len(attacks))
+    tasks = {task.name: task, honest_task.name: honest_task}
+    pool = VerifierPool(tasks, timeout_s=VERIFIER_S, max_workers=len(attacks))
     try:
         started = time.monotonic()
         outcomes = await pool.score(problem, [code + ADD for code in attacks.values()])
         elapsed = time.monotonic() - started
-        honest = await pool.verify(problem, ADD)
+        honest = await pool.verify(honest_problem, ADD)
         with pytest.raises(BlockingIOError):
             listener.accept()  # nothing connected
     finally:
@@ -122,9 +138,9 @@ async def test_attacks_are_contained_and_score_zero(
 
 @as_root
 async def test_the_same_programs_without_their_attack_pass(
-    add_task: tuple[Task, Problem],
+    honest_add_task: tuple[Task, Problem],
 ) -> None:
-    task, problem = add_task
+    task, problem = honest_add_task
     pool = VerifierPool({task.name: task}, timeout_s=VERIFIER_S, max_workers=2)
     try:
         outcomes = await pool.score(

@@ -2,24 +2,26 @@
 
 Records are read as by the dataset task (same files, splits and order); the tests and the
 optional setup and entry point travel as the problem's metadata. `verify` runs the
-completion's program and all its tests in one sandboxed process and returns the fraction
-passed, so a program that hangs, crashes or attacks the host scores what it passed before.
+completion's program in one sandboxed process and its tests here, calling into it
+(code_harness.py), and returns the fraction passed, so a program that hangs, crashes or
+attacks the host scores what it passed before, and none can forge a pass.
 With `python_tool` the policy may also run code in the same sandbox before it answers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-import secrets
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from tidal.common.errors import ConfigError
 from tidal.orchestrator.scoring.sandbox import Sandbox, SandboxResult
 from tidal.orchestrator.task_config import CodeTaskConfig, DatasetTaskConfig
 from tidal.orchestrator.tasks.base import Problem, Split, Task, Tool, Verdict
-from tidal.orchestrator.tasks.code_harness import HARNESS, extract_program, passed_tests
+from tidal.orchestrator.tasks.code_harness import HARNESS, Channel, extract_program, run_tests
 from tidal.orchestrator.tasks.dataset import DatasetTask
 
 CODE_SCHEMA = {
@@ -101,14 +103,35 @@ class CodeTask(Task):
         if self.config.entry_point_field:
             program = problem.prompt + program
         setup = problem.metadata.get(self.config.setup_field or "", "") or ""
-        nonce = secrets.token_hex(16)
-        files = {"solution.py": program, "tests.json": json.dumps({"setup": setup, "tests": tests})}
-        result = asyncio.run(self.sandbox.run(HARNESS, stdin=nonce + "\n", files=files))
-        passed = passed_tests(result.stdout, nonce, len(tests))
+        passed: set[int] = set()
+        converse = partial(self._converse, setup=setup, tests=tests, passed=passed)
+        files = {"solution.py": program, "setup.py": setup}
+        result = asyncio.run(self.sandbox.run(HARNESS, files=files, converse=converse))
         return Verdict(
-            passed / len(tests),
-            {"all_passed": float(passed == len(tests)), "timed_out": float(result.timed_out)},
+            len(passed) / len(tests),
+            {"all_passed": float(len(passed) == len(tests)), "timed_out": float(result.timed_out)},
         )
+
+    async def _converse(
+        self,
+        writer: asyncio.StreamWriter,
+        reader: asyncio.StreamReader,
+        *,
+        setup: str,
+        tests: list[str],
+        passed: set[int],
+    ) -> None:
+        """Run the tests here against the sandboxed program's names (code_harness.py)."""
+        try:
+            kind, names = json.loads(await reader.readline())
+        except (ValueError, TypeError):
+            return  # it ended, or wrote something else, before it was ready: nothing passes
+        if kind != "ready" or not isinstance(names, dict):
+            return
+        loop = asyncio.get_running_loop()
+        channel = Channel(loop, writer, reader, timeout_s=self.sandbox.limits.wall_s)
+        with contextlib.suppress(Exception):  # malformed names: what passed so far stands
+            await asyncio.to_thread(run_tests, names, channel.call, setup, tests, passed)
 
     @property
     def max_completion_chars(self) -> int:

@@ -37,6 +37,10 @@ class SandboxLimits(BaseConfig):
     the kernel allows one (a note on stderr where not); allow: the host's network."""
     max_concurrency: int = Field(default=8, gt=0, le=MAX_CONCURRENCY)
     """Executions running at once per executor; more wait for a slot."""
+    isolation: Literal["auto", "bubblewrap", "process"] = "auto"
+    """auto: bubblewrap where it is installed and usable, else the confined child process
+    (a warning at start names what is weaker); bubblewrap: refuse to start without it;
+    process: the confined child process alone (see docs/agents.md)."""
     python: str | None = None
     """Interpreter of source programs (run with -I -S: standard library only); unset:
     this service's Python where the sandbox uid can run it, else /usr/bin/python3."""
