@@ -125,6 +125,10 @@ class EvalConfig(BaseConfig):
     """Held-out problems per task."""
     k: int = Field(default=4, gt=0)
     """Samples per problem for pass@k (at the training temperature)."""
+    at_start: bool = False
+    """Also evaluate version 0 before the first step of a fresh run (not on resume); its
+    figures go on the first step's record as `eval_start/<task>/...` (with `every` = 0
+    too), the baseline later evaluations compare to."""
 
 
 class AdvantagesConfig(BaseConfig):
