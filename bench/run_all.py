@@ -20,6 +20,7 @@ NOT_BENCHMARKS = {
     "rl_same_tokenizer",
     "rl_smollm2",
     "slow_lookup_task",
+    "smollm2_recipe",  # needs --model-folder and runs three 30-minute seeds
     "gpu_check",
     "gpu_stages",
 }

@@ -4,7 +4,7 @@ verifier and a reasoning-gym dataset, mixed, through the real launcher and servi
 The byte-level default model cannot solve either, so rewards are not asserted to rise;
 what is asserted is that both tasks were drawn and scored by their own verifiers without
 failures, that their sub-scores reached metrics.jsonl, and that evaluation ran on their
-held-out problems (~30 s).
+held-out problems, before the first step too (~30 s).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ table_every = 0
 every = {STEPS}
 prompts = 2
 k = 1
+at_start = true
 
 [[orchestrator.tasks]]
 type = "dataset"
@@ -88,3 +89,7 @@ def test_math_and_reasoning_gym_tasks_report_their_sub_scores(launch, tmp_path: 
                 assert 0.0 <= value <= 1.0, (key, value)
     for name in ("gsm8k", "basic_arithmetic"):  # held-out problems were evaluated
         assert 0.0 <= rl[-1][f"eval/{name}/greedy_reward"] <= 1.0
+        # ... and before any training (eval.at_start), on the first step's record
+        assert 0.0 <= records[0][f"eval_start/{name}/greedy_reward"] <= 1.0
+        assert not any(k.startswith("eval_start/") for r in records[1:] for k in r)
+    assert records[0]["eval_start/policy_version"] == 0

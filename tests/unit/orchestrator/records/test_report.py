@@ -38,7 +38,8 @@ def _record(step: int, phase: str, reward: float | None, **extra: float) -> Step
 
 
 def _records() -> list[StepRecord]:
-    records = [_record(1, "warmup", None), _record(2, "warmup", None)]
+    start = {"eval_start/reversal/greedy_accuracy": 0.0}  # eval.at_start, on the first line
+    records = [_record(1, "warmup", None, **start), _record(2, "warmup", None)]
     for step in range(3, 15):
         extra = {"wait/trainer_s": 0.25, "wait/policy_s": 0.5, "dropped/zero_variance_groups": 2}
         if step % 4 == 0:

@@ -134,6 +134,10 @@ class EvalConfig(BaseConfig):
     after_warmup: bool = False
     """Also evaluate after the last warm-up step: the policy RL starts from, the baseline
     a run's held-out gains are measured from (needs `every` > 0 and warmup_steps > 0)."""
+    at_start: bool = False
+    """Also evaluate version 0 before the first step of a fresh run (not on resume); its
+    figures go on the first step's record as `eval_start/<task>/...` (with `every` = 0
+    too), the baseline later evaluations compare to."""
 
 
 class AdvantagesConfig(BaseConfig):

@@ -97,6 +97,7 @@ class RLLoop:
         self._last_finish = time.monotonic()
         self._last_train_end = time.monotonic()
         self._last_saved: SavedProgress | None = None  # progress.json's last content
+        self._start_eval: dict[str, float] = {}  # eval.at_start's figures, for the first record
         self._generations: dict[int, tuple[trace.Span, asyncio.Task[Generation]]] = {}
         self._newest_generation: asyncio.Task[Generation] | None = None
 
@@ -109,6 +110,8 @@ class RLLoop:
     async def run(self, *, first_step: int = 1) -> None:
         """Train steps first_step..total_steps (first_step > 1 resumes a run)."""
         warmup, total = self.config.warmup_steps, self.config.total_steps
+        if first_step == 1 and self.config.eval.at_start:
+            self._start_eval = await self._evaluate_start()
         self._last_finish = self._last_train_end = time.monotonic()
         try:
             for step in range(first_step, total + 1):
@@ -287,6 +290,13 @@ class RLLoop:
         extra.update(await self._maybe_evaluate(step))
         record(result, train_seconds=train_seconds, extra=extra)
 
+    async def _evaluate_start(self) -> dict[str, float]:
+        """Held-out figures of version 0, keyed `eval_start/...`."""
+        await self.window.wait_loaded(0)
+        results = await evaluate(self.generator, self.mixture, self.config.eval, step=0)
+        results["eval/policy_version"] = float(self.window.loaded)
+        return {"eval_start/" + k.removeprefix("eval/"): v for k, v in results.items()}
+
     async def _maybe_evaluate(self, step: int) -> dict[str, float]:
         every = self.config.eval.every
         rl_index = step - self.config.warmup_steps
@@ -429,6 +439,9 @@ class RLLoop:
         )
         if not log_it:
             return record
+        if self._start_eval:
+            record.extra = {**self._start_eval, **record.extra}
+            self._start_eval = {}
         self._last_finish = now
         self.run_log.append(record)
         every = self.config.report.table_every

@@ -123,8 +123,11 @@ def write_report(records: Sequence[StepRecord], path: Path) -> None:
     reward.plot(steps, [r.exact_fraction for r in rl], marker=".", label="pass rate")
     reward.set_title("reward")
     eval_names = sorted({k for r in rl for k in r.extra if k.startswith("eval/") and "/" in k[5:]})
+    start = {k: v for r in records for k, v in r.extra.items() if k.startswith("eval_start/")}
     for name in eval_names:
-        points = [(r.step, r.extra[name]) for r in rl if name in r.extra]
+        first = "eval_start/" + name.removeprefix("eval/")
+        points = [(0, start[first])] if first in start else []
+        points += [(r.step, r.extra[name]) for r in rl if name in r.extra]
         evals.plot(*zip(*points, strict=True), marker="o", label=name.removeprefix("eval/"))
     evals.set_title("held-out evaluation" if eval_names else "held-out evaluation (off)")
     lengths.plot(steps, [r.completion_len_mean for r in rl], marker=".", label="mean")
