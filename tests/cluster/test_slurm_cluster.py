@@ -1,0 +1,156 @@
+"""`make test-cluster`: Tidal runs as one SLURM job across a cluster of containers.
+
+A controller and three compute nodes (tests/cluster/cluster.py) on one Docker network, the
+run folder on a folder every node mounts at /shared. From the controller, `tidal rl @
+configs/examples/cluster-cpu.toml` renders and `sbatch`es the job: trainer ranks 0 and 1
+on node1 and node2 (one torchrun agent each, FSDP2 over gloo between the two
+containers, rank 0 serving gRPC beside weightsync and the orchestrator), both inference
+replicas on node3, mutual TLS with certificates the job makes for the node hostnames.
+Each run must end COMPLETED with every RL step trained exactly once and the reward
+rising; the first publishes weights through the shared folder, the second through the
+broadcast transport across nodes. Apart from the runs, FSDP2 across node1 and node2
+must train exactly like one process on the same batch (tests/distributed/test_fsdp.py's
+worker and tolerance).
+
+Marked `cluster`: `make test` leaves it out; the Docker engine is installed and started
+as for `make test-deploy` (tests/deploy/engine.py). The image and its build stage stay
+as the build cache; the containers and the network are removed; the work folder
+(outputs/test-cluster) is removed when every case passed and kept for reading otherwise.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.cluster.cluster import COMPUTE, CONTROLLER, ROOT, Cluster, build_image
+from tests.deploy.engine import ensure_engine
+from tests.distributed.test_fsdp import TOL
+from tidal.orchestrator.records.run_log import run_log_steps
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(3600)]
+CONFIG = "configs/examples/cluster-cpu.toml"
+RUNS = "/shared/runs"
+JOB_TIMEOUT_S = 900
+WINDOW = 5
+LEARNING_BAR = 0.3  # as the compose stack's and the local default run's tests
+TRAINED = re.compile(r"tidal\.trainer\.runner: trained step (\d+)\b")
+TIMINGS: dict[str, float] = {}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    work = ROOT / "outputs" / "test-cluster"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    log = work / "test-cluster.log"
+    print(f"\ntest-cluster: log {log}", flush=True)
+    started = time.monotonic()
+    print(f"test-cluster: engine: {ensure_engine(log)}", flush=True)
+    build_image(work, log)
+    TIMINGS["engine+images"] = time.monotonic() - started
+    nodes = Cluster(work, log)
+    t = time.monotonic()
+    try:
+        nodes.start()
+        TIMINGS["bring-up"] = time.monotonic() - t
+        yield nodes
+    finally:
+        nodes.remove()
+        phases = ", ".join(f"{k} {v:.0f}s" for k, v in TIMINGS.items())
+        print(f"\ntest-cluster: wall time {time.monotonic() - started:.0f}s ({phases})")
+
+
+def _run(cluster: Cluster, name: str, *overrides: str) -> tuple[dict[str, str], Path]:
+    """Submit the example as run `name` and wait for its job; (scontrol fields, run dir)."""
+    t = time.monotonic()
+    job = cluster.submit("@", CONFIG, "--run.output-dir", RUNS, "--run.name", name, *overrides)
+    fields = cluster.wait_job(job, JOB_TIMEOUT_S)
+    TIMINGS[f"run {name}"] = time.monotonic() - t
+    run_dir = cluster.shared / "runs" / name
+    logs = run_dir / "logs"
+    detail = "\n".join(f"--- {p.name}\n{p.read_text()[-2500:]}" for p in sorted(logs.glob("*")))
+    assert (fields.get("JobState"), fields.get("ExitCode")) == ("COMPLETED", "0:0"), (
+        f"job {job}: {fields}\n{detail}\n{cluster.logs()}"
+    )
+    assert fields["NodeList"] == "node[1-3]", fields
+    return fields, run_dir
+
+
+def _check_learned(run_dir: Path, steps: int) -> None:
+    """Every step in metrics.jsonl and trained exactly once; the reward rose."""
+    assert run_log_steps(run_dir / "metrics.jsonl") == list(range(1, steps + 1))
+    trained = [int(s) for s in TRAINED.findall((run_dir / "logs" / "trainer.log").read_text())]
+    assert trained == list(range(1, steps + 1)), trained
+    import json
+
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    rl = [json.loads(x)["reward_mean"] for x in lines if '"phase": "rl"' in x]
+    first, last = sum(rl[:WINDOW]) / WINDOW, sum(rl[-WINDOW:]) / WINDOW
+    print(f"test-cluster: {run_dir.name}: reward {first:.3f} -> {last:.3f}", flush=True)
+    assert last - first >= LEARNING_BAR, f"reward {first:.3f} -> {last:.3f}"
+
+
+def _steps() -> int:
+    import tomllib
+
+    config = tomllib.loads((ROOT / CONFIG).read_text())["orchestrator"]
+    return int(config["warmup_steps"] + config["steps"])
+
+
+def test_job_trains_across_nodes_with_weights_on_the_shared_folder(cluster: Cluster) -> None:
+    _, run_dir = _run(cluster, "fs")
+    _check_learned(run_dir, _steps())
+    trainer_log = (run_dir / "logs" / "trainer.log").read_text()
+    assert "world size 2" in trainer_log or "world_size=2" in trainer_log, trainer_log[-3000:]
+    assert any((run_dir / "weights").glob("v*/manifest.json"))
+    # the job's certificates name the node hostnames (mutual TLS between nodes)
+    assert any(run_dir.glob("tls-job-*/ca.crt")) or any(run_dir.glob("tls-job-*/*.pem"))
+
+
+def test_job_trains_across_nodes_with_broadcast_weights(cluster: Cluster) -> None:
+    _, run_dir = _run(
+        cluster,
+        "broadcast",
+        "--weightsync.transport.type", "broadcast",
+        "--weightsync.transport.replicas", "2",
+    )  # fmt: skip
+    _check_learned(run_dir, _steps())
+    logs = "\n".join(p.read_text() for p in (run_dir / "logs").glob("inference-*.log"))
+    assert "broadcast" in logs, logs[-3000:]
+
+
+def test_fsdp_across_two_nodes_equals_one_process(cluster: Cluster) -> None:
+    """tests/distributed/workers/fsdp_step.py: single-process on node1, FSDP2 with one
+    rank on node1 and one on node2 (srun, torchrun static rendezvous on node1)."""
+    worker = "/shared/fsdp_step.py"
+    shutil.copy(ROOT / "tests" / "distributed" / "workers" / "fsdp_step.py", cluster.shared)
+    out = "/shared/fsdp"
+    cluster.exec(CONTROLLER, "mkdir", "-p", out)
+    cluster.exec(
+        CONTROLLER, "srun", "--nodes=1", f"--nodelist={COMPUTE[0]}", "env", "OMP_NUM_THREADS=1",
+        "python", worker, "--modes", "single", "--out", f"{out}/ref.pt", timeout=600,
+    )  # fmt: skip
+    torchrun = (
+        "OMP_NUM_THREADS=1 python -m torch.distributed.run --nnodes=2 --nproc-per-node=1 "
+        f'--node-rank="$SLURM_NODEID" --master-addr={COMPUTE[0]} --master-port=29600 '
+        f"{worker} --modes fsdp --out {out}/sharded.pt"
+    )
+    cluster.exec(
+        CONTROLLER, "srun", "--nodes=2", "--ntasks-per-node=1",
+        f"--nodelist={COMPUTE[0]},{COMPUTE[1]}", "bash", "-c", torchrun, timeout=600,
+    )  # fmt: skip
+    reference = torch.load(cluster.shared / "fsdp" / "ref.pt")["single"]
+    sharded = torch.load(cluster.shared / "fsdp" / "sharded.pt")["fsdp"]
+    for kind in ("grads", "params"):
+        assert sharded[kind].keys() == reference[kind].keys()
+        for name, expected in reference[kind].items():
+            torch.testing.assert_close(
+                sharded[kind][name], expected, atol=TOL, rtol=0, msg=f"{kind} {name}"
+            )
