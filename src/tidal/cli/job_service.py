@@ -49,6 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the service's own arguments")
     ns = parser.parse_args(argv)
     run_dir = ns.run_dir.resolve()
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     spec = service_spec(ns.name, ns.module, ns.args, resume=ns.resume)
     supervisor = Supervisor(
         run_dir,
