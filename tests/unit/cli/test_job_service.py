@@ -59,9 +59,10 @@ def test_a_requeued_job_continues_from_the_first_start(tmp_path: Path) -> None:
     (run_dir / "lives").write_text("1")  # the next life exits 0
     done = _job_service(run_dir, "--resume", "orchestrator", "orchestrator")
     assert done.returncode == 0, done.stderr
-    assert "life 2 args ['--orchestrator.resume', 'true']" in (
-        run_dir / "logs" / "orchestrator.log"
-    ).read_text()
+    assert (
+        "life 2 args ['--orchestrator.resume', 'true']"
+        in (run_dir / "logs" / "orchestrator.log").read_text()
+    )
 
 
 def test_the_restart_budget_of_the_launch_config_holds(tmp_path: Path) -> None:
