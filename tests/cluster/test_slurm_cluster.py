@@ -20,9 +20,11 @@ as the build cache; the containers and the network are removed; the work folder
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,7 +32,7 @@ import pytest
 import torch
 
 from tests.cluster.cluster import COMPUTE, CONTROLLER, ROOT, Cluster, build_image
-from tests.deploy.engine import ensure_engine
+from tests.deploy.engine import ensure_engine, sh
 from tests.distributed.test_fsdp import TOL
 from tidal.orchestrator.records.run_log import run_log_steps
 
@@ -88,8 +90,6 @@ def _check_learned(run_dir: Path, steps: int) -> None:
     assert run_log_steps(run_dir / "metrics.jsonl") == list(range(1, steps + 1))
     trained = [int(s) for s in TRAINED.findall((run_dir / "logs" / "trainer.log").read_text())]
     assert trained == list(range(1, steps + 1)), trained
-    import json
-
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     rl = [json.loads(x)["reward_mean"] for x in lines if '"phase": "rl"' in x]
     first, last = sum(rl[:WINDOW]) / WINDOW, sum(rl[-WINDOW:]) / WINDOW
@@ -98,8 +98,6 @@ def _check_learned(run_dir: Path, steps: int) -> None:
 
 
 def _steps() -> int:
-    import tomllib
-
     config = tomllib.loads((ROOT / CONFIG).read_text())["orchestrator"]
     return int(config["warmup_steps"] + config["steps"])
 
@@ -154,3 +152,86 @@ def test_fsdp_across_two_nodes_equals_one_process(cluster: Cluster) -> None:
             torch.testing.assert_close(
                 sharded[kind][name], expected, atol=TOL, rtol=0, msg=f"{kind} {name}"
             )
+
+
+# Run on node3: SIGKILL the replica's service process (not its job_service supervisor).
+CRASH_REPLICA = """
+import os, signal
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        argv = f.read().split(b"\\0")
+    if argv[1:3] == [b"-m", b"tidal.inference"] and b"inference-1" in argv:
+        os.kill(int(pid), signal.SIGKILL)
+        print(pid)
+"""
+RESUMED = re.compile(r"resumed from \S+ \(step (\d+)\)")
+REPLAYED = re.compile(r"tidal\.trainer\.runner: replayed step (\d+) from the step journal")
+
+
+def _surviving_lineage(trainer_log: str) -> list[int]:
+    """The steps of the trainer lineage that survived (tests/integration/test_fault_suite)."""
+    lineage: list[int] = []
+    for line in trainer_log.splitlines():
+        if m := RESUMED.search(line):
+            lineage = [s for s in lineage if s <= int(m.group(1))]
+        elif m := TRAINED.search(line) or REPLAYED.search(line):
+            lineage.append(int(m.group(1)))
+    return lineage
+
+
+def _wait(what: str, predicate, timeout_s: float, every_s: float = 1.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}")
+        time.sleep(every_s)
+
+
+def test_a_crashed_replica_is_restarted_and_a_lost_node_requeues_and_resumes(
+    cluster: Cluster,
+) -> None:
+    """Mid-run, SIGKILL inference-1's process on node3: its job_service restarts it. Then
+    kill node2's container (trainer rank 1): the job is requeued, runs again once node2
+    is back, and continues from checkpoint + journal with every step trained once."""
+    name = "faults"
+    steps = _steps()
+    run_dir = cluster.shared / "runs" / name
+    job = cluster.submit(
+        "@", CONFIG, "--run.output-dir", RUNS, "--run.name", name,
+        "--trainer.ckpt.interval", "10",
+    )  # fmt: skip
+
+    def done_steps() -> int:
+        return len(run_log_steps(run_dir / "metrics.jsonl"))
+
+    _wait("step 20 of the faults run", lambda: done_steps() >= 20, JOB_TIMEOUT_S)
+    killed = cluster.exec(COMPUTE[2], "python", "-c", CRASH_REPLICA).stdout.split()
+    assert killed, "no inference-1 process on node3"
+    record = run_dir / "supervision-inference-1.json"
+    _wait(
+        "inference-1 restarted by its job_service",
+        lambda: record.is_file() and json.loads(record.read_text())["restarts"]["inference-1"] == 1,
+        120,
+    )
+    at = done_steps()
+    _wait("two more steps", lambda: done_steps() >= at + 2, 300)
+    lost_at = done_steps()
+    assert lost_at < steps, "the run ended before the node was lost"
+    sh(["docker", "kill", cluster.name(COMPUTE[1])], log=cluster.log)
+    print(f"test-cluster: killed node2 at step {lost_at}/{steps}", flush=True)
+    _wait(
+        "the job requeued",
+        lambda: cluster.job(job).get("Restarts", "0") != "0",
+        180,
+    )
+    sh(["docker", "start", cluster.name(COMPUTE[1])], log=cluster.log)
+    fields = cluster.wait_job(job, JOB_TIMEOUT_S)
+    logs = run_dir / "logs"
+    detail = "\n".join(f"--- {p.name}\n{p.read_text()[-2500:]}" for p in sorted(logs.glob("*")))
+    assert (fields.get("JobState"), fields.get("ExitCode")) == ("COMPLETED", "0:0"), (
+        f"job {job}: {fields}\n{detail}\n{cluster.logs()}"
+    )
+    assert fields["Restarts"] == "1", fields
+    lineage = _surviving_lineage((logs / "trainer.log").read_text())
+    assert lineage == list(range(1, steps + 1)), lineage
+    assert run_log_steps(run_dir / "metrics.jsonl") == list(range(1, steps + 1))
