@@ -41,12 +41,20 @@ def build_image(work: Path, log: Path) -> None:
     shutil.copytree(ROOT / "dist", context / "dist", copy_function=os.link)
     shutil.copytree(ROOT / "deploy" / "slurm", context / "deploy" / "slurm")
     dockerfile = ROOT / "deploy" / "docker" / "slurm-node.Dockerfile"
+    before = _image_id(IMAGE)
     sh(
         ["docker", "build", "-t", IMAGE, "-f", str(dockerfile),
          "--build-arg", f"BASE_IMAGE={BASE_IMAGE}", str(context)],
         log=log, timeout=3600,
     )  # fmt: skip
     shutil.rmtree(context)
+    if before and before != _image_id(IMAGE):  # the image this build replaced, untagged now
+        sh(["docker", "image", "rm", before], check=False, log=log)
+
+
+def _image_id(image: str) -> str:
+    found = sh(["docker", "image", "inspect", "--format", "{{.Id}}", image], check=False)
+    return found.stdout.strip() if found.returncode == 0 else ""
 
 
 @dataclass
