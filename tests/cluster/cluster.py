@@ -11,12 +11,15 @@ the network by their prefixed names; the image and its build stage stay as the b
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from tests.deploy.engine import sh
@@ -149,3 +152,14 @@ class Cluster:
         for host in (CONTROLLER, *COMPUTE):
             sh(["docker", "rm", "-f", "-v", self.name(host)], check=False)
         sh(["docker", "network", "rm", PREFIX], check=False)
+
+
+def span_medians(run_dir: Path, names: tuple[str, ...]) -> dict[str, float]:
+    """Median seconds of each named span in the run's traces.jsonl (the run's timings)."""
+    found: dict[str, list[float]] = {}
+    for line in (run_dir / "traces.jsonl").read_text().splitlines():
+        span = json.loads(line)
+        if span["name"] in names:
+            start, end = (datetime.fromisoformat(span[k]) for k in ("start_time", "end_time"))
+            found.setdefault(span["name"], []).append((end - start).total_seconds())
+    return {name: statistics.median(times) for name, times in found.items()}

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.cluster.cluster import COMPUTE, CONTROLLER, ROOT, Cluster, build_image
+from tests.cluster.cluster import COMPUTE, CONTROLLER, ROOT, Cluster, build_image, span_medians
 from tests.deploy.engine import ensure_engine, sh
 from tests.distributed.test_fsdp import TOL
 from tidal.orchestrator.records.run_log import run_log_steps
@@ -44,6 +44,8 @@ WINDOW = 5
 LEARNING_BAR = 0.3  # as the compose stack's and the local default run's tests
 TRAINED = re.compile(r"tidal\.trainer\.runner: trained step (\d+)\b")
 TIMINGS: dict[str, float] = {}
+SPANS = ("rl_step", "trainer.step", "trainer.publish", "inference.load_weights")
+"""Spans whose medians each run prints (docs/benchmarks/cluster.md)."""
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +84,8 @@ def _run(cluster: Cluster, name: str, *overrides: str) -> tuple[dict[str, str], 
         f"job {job}: {fields}\n{detail}\n{cluster.logs()}"
     )
     assert fields["NodeList"] == "node[1-3]", fields
+    medians = ", ".join(f"{k} {v:.4f}s" for k, v in span_medians(run_dir, SPANS).items())
+    print(f"test-cluster: {name}: job {TIMINGS[f'run {name}']:.0f}s; medians {medians}")
     return fields, run_dir
 
 
@@ -121,7 +125,23 @@ def test_job_trains_across_nodes_with_broadcast_weights(cluster: Cluster) -> Non
     )  # fmt: skip
     _check_learned(run_dir, _steps())
     logs = "\n".join(p.read_text() for p in (run_dir / "logs").glob("inference-*.log"))
-    assert "broadcast" in logs, logs[-3000:]
+    assert "by broadcast" in logs, logs[-3000:]
+    # The reference: bare gloo broadcasts of one version's bytes over the same three ranks
+    # (rank 0 on node1, the two replica ranks on node3).
+    size = sum(p.stat().st_size for p in (run_dir / "weights").glob("v*/model.safetensors"))
+    count = len(list((run_dir / "weights").glob("v*/model.safetensors")))
+    shutil.copy(ROOT / "tests" / "cluster" / "gloo_broadcast.py", cluster.shared)
+    script = (
+        f"n=1; [ $SLURM_NODEID = 1 ] && n=2; OMP_NUM_THREADS=1 python -m torch.distributed.run "
+        f"--nnodes=2 --nproc-per-node=$n --node-rank=$SLURM_NODEID --master-addr={COMPUTE[0]} "
+        f"--master-port=29601 /shared/gloo_broadcast.py --bytes {size // count} --repeats 20"
+    )
+    done = cluster.exec(
+        CONTROLLER, "srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
+        f"--nodelist={COMPUTE[0]},{COMPUTE[2]}", "bash", "-c", script, timeout=600,
+    )  # fmt: skip
+    reference = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"test-cluster: bare gloo broadcast node1 -> node3 (3 ranks): {reference}")
 
 
 def test_fsdp_across_two_nodes_equals_one_process(cluster: Cluster) -> None:
