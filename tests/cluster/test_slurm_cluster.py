@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cryptography import x509
 
 from tests.cluster.cluster import COMPUTE, CONTROLLER, ROOT, Cluster, build_image, span_medians
 from tests.deploy.engine import ensure_engine, sh
@@ -110,10 +111,15 @@ def test_job_trains_across_nodes_with_weights_on_the_shared_folder(cluster: Clus
     _, run_dir = _run(cluster, "fs")
     _check_learned(run_dir, _steps())
     trainer_log = (run_dir / "logs" / "trainer.log").read_text()
-    assert "world size 2" in trainer_log or "world_size=2" in trainer_log, trainer_log[-3000:]
-    assert any((run_dir / "weights").glob("v*/manifest.json"))
-    # the job's certificates name the node hostnames (mutual TLS between nodes)
-    assert any(run_dir.glob("tls-job-*/ca.crt")) or any(run_dir.glob("tls-job-*/*.pem"))
+    assert "rank 1 of 2 follows rank 0" in trainer_log, trainer_log[-3000:]
+    assert "serving on node1:50053" in trainer_log
+    replica_log = (run_dir / "logs" / "inference-1.log").read_text()
+    assert "serving on node3:50055 as inference-1" in replica_log
+    # mutual TLS between the nodes, with the certificates the job made for their hostnames
+    (tls,) = run_dir.glob("tls-job-*")
+    certificate = x509.load_pem_x509_certificate((tls / "trainer.pem").read_bytes())
+    names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert set(COMPUTE) <= set(names.get_values_for_type(x509.DNSName))
 
 
 def test_job_trains_across_nodes_with_broadcast_weights(cluster: Cluster) -> None:
