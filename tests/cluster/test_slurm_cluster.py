@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 import time
 import tomllib
 from collections.abc import Iterator
@@ -50,7 +51,7 @@ SPANS = ("rl_step", "trainer.step", "trainer.publish", "inference.load_weights")
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
+def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     work = ROOT / "outputs" / "test-cluster"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -68,6 +69,8 @@ def cluster() -> Iterator[Cluster]:
         yield nodes
     finally:
         nodes.remove()
+        if request.session.testsfailed == 0:
+            shutil.rmtree(work)
         phases = ", ".join(f"{k} {v:.0f}s" for k, v in TIMINGS.items())
         print(f"\ntest-cluster: wall time {time.monotonic() - started:.0f}s ({phases})")
 
@@ -151,15 +154,18 @@ def test_job_trains_across_nodes_with_broadcast_weights(cluster: Cluster) -> Non
 
 
 def test_fsdp_across_two_nodes_equals_one_process(cluster: Cluster) -> None:
-    """tests/distributed/workers/fsdp_step.py: single-process on node1, FSDP2 with one
-    rank on node1 and one on node2 (srun, torchrun static rendezvous on node1)."""
+    """tests/distributed/workers/fsdp_step.py: FSDP2 with one rank on node1 and one on
+    node2 (srun, torchrun static rendezvous on node1), and meanwhile the single-process
+    reference on node3."""
     worker = "/shared/fsdp_step.py"
     shutil.copy(ROOT / "tests" / "distributed" / "workers" / "fsdp_step.py", cluster.shared)
     out = "/shared/fsdp"
     cluster.exec(CONTROLLER, "mkdir", "-p", out)
-    cluster.exec(
-        CONTROLLER, "srun", "--nodes=1", f"--nodelist={COMPUTE[0]}", "env", "OMP_NUM_THREADS=1",
-        "python", worker, "--modes", "single", "--out", f"{out}/ref.pt", timeout=600,
+    single = subprocess.Popen(
+        ["docker", "exec", cluster.name(CONTROLLER), "srun", "--nodes=1",
+         f"--nodelist={COMPUTE[2]}", "env", "OMP_NUM_THREADS=1", "python", worker,
+         "--modes", "single", "--out", f"{out}/ref.pt"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     torchrun = (
         "OMP_NUM_THREADS=1 python -m torch.distributed.run --nnodes=2 --nproc-per-node=1 "
@@ -167,9 +173,11 @@ def test_fsdp_across_two_nodes_equals_one_process(cluster: Cluster) -> None:
         f"{worker} --modes fsdp --out {out}/sharded.pt"
     )
     cluster.exec(
-        CONTROLLER, "srun", "--nodes=2", "--ntasks-per-node=1",
+        CONTROLLER, "srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
         f"--nodelist={COMPUTE[0]},{COMPUTE[1]}", "bash", "-c", torchrun, timeout=600,
     )  # fmt: skip
+    output, _ = single.communicate(timeout=600)
+    assert single.returncode == 0, output[-3000:]
     reference = torch.load(cluster.shared / "fsdp" / "ref.pt")["single"]
     sharded = torch.load(cluster.shared / "fsdp" / "sharded.pt")["fsdp"]
     for kind in ("grads", "params"):
