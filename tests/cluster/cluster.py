@@ -6,7 +6,8 @@ container with its own hostname on one Docker network. Every node mounts the sam
 folders: `conf/` read-only at /cluster-conf (deploy/slurm/slurm.conf and the one munge key)
 and `shared/` at /shared (the cluster filesystem the run folders live on); the repo's
 configs/ is at /tidal/configs. Only what this module creates is removed: containers and
-the network by their prefixed names; the image and its build stage stay as the build cache.
+the network by their prefixed names; the image stays as the build cache (a rebuild removes
+the image it replaced).
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ must train exactly like one process on the same batch (tests/distributed/test_fs
 worker and tolerance).
 
 Marked `cluster`: `make test` leaves it out; the Docker engine is installed and started
-as for `make test-deploy` (tests/deploy/engine.py). The image and its build stage stay
-as the build cache; the containers and the network are removed; the work folder
+as for `make test-deploy` (tests/deploy/engine.py). The image stays as the build
+cache; the containers and the network are removed; the work folder
 (outputs/test-cluster) is removed when every case passed and kept for reading otherwise.
 """
 
