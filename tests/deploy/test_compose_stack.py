@@ -19,7 +19,7 @@ label=org.tidal.build-stage=true` reclaims the stages); the stack folder is remo
 the test passes and kept for reading when it fails. Wall time and image sizes are printed
 at the end.
 
-Marked `deploy`: `make test` leaves it out (`-m "not gpu and not deploy"`).
+Marked `deploy`: `make test` leaves it out (`-m "not gpu and not deploy and not cluster"`).
 """
 
 from __future__ import annotations

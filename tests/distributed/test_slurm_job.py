@@ -3,8 +3,10 @@ SLURM cluster started by the test; the whole run (all four services) completes t
 
 The cluster (munged, slurmctld, slurmd) lives in a temp folder on free ports with its own
 munge key and socket, so it touches no system configuration; the daemons are stopped by
-their pid files afterwards. It needs Debian's slurm-wlm and munge, and root (the daemons
-run as SlurmUser root); without them the test is skipped with that reason."""
+their pid files afterwards. It needs Debian's SLURM daemons and munge, and root (the daemons
+run as SlurmUser root): as root, deploy/slurm/install-packages.sh installs the packages
+when missing (`make test` runs it once in its setup); otherwise the test is skipped with
+the reason."""
 
 from __future__ import annotations
 
@@ -29,15 +31,22 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol")
+INSTALL = ROOT / "deploy" / "slurm" / "install-packages.sh"
+
+
+def _absent() -> list[str]:
+    return [d for d in DAEMONS if shutil.which(d) is None and not Path(f"/usr/sbin/{d}").exists()]
 
 
 def missing_reason() -> str | None:
-    """Why no cluster can be started here, or None."""
-    absent = [d for d in DAEMONS if shutil.which(d) is None and not Path(f"/usr/sbin/{d}").exists()]
-    if absent:
-        return f"slurm/munge not installed ({', '.join(absent)}): apt-get install -y slurm-wlm"
+    """Why no cluster can be started here (after installing the packages as root), or None."""
     if os.geteuid() != 0:
         return "slurmctld/slurmd run here as SlurmUser root, and this test is not root"
+    if _absent():
+        subprocess.run([str(INSTALL)], capture_output=True, timeout=600)
+    absent = _absent()
+    if absent:
+        return f"slurm/munge not installed ({', '.join(absent)}) and {INSTALL.name} failed"
     return None
 
 

@@ -26,7 +26,7 @@ from tidal.cli.placement import place, trainer_world_size, visible_gpus
 from tidal.cli.ports import free_port
 from tidal.cli.run_timing import finish_summary, launch_env, print_final_summary, process_start_time
 from tidal.cli.slurm import SlurmConfig, submit, write_job
-from tidal.cli.supervision import ChildSpec, Supervisor
+from tidal.cli.supervision import RESUME_ARGS, ChildSpec, Supervisor
 from tidal.cli.teacher_replica import assign_teacher_address, teacher_replicas
 from tidal.cli.trainer_resume import resume_point
 from tidal.common.config.loading import load_or_exit, to_toml
@@ -39,9 +39,6 @@ from tidal.trainer.parallel_config import check_parallel
 # Start order: publishers before subscribers; clients wait for their servers anyway.
 START_ORDER = ("weightsync", "trainer", "inference", "orchestrator")
 OVERWRITE, RESUME = "--overwrite", "--resume"
-RESUME_ARGS = {"trainer": ["--resume"], "orchestrator": ["--orchestrator.resume", "true"]}
-"""What each child is told on `tidal rl --resume` (inference and weightsync need nothing:
-weightsync recovers its versions from the weights folder, inference loads the newest)."""
 
 
 def prepare_run_dir(config: RunConfig, *, overwrite: bool = False, resume: bool = False) -> Path:

@@ -144,8 +144,10 @@ def render(
     security: SecurityConfig | None = None,
     replicas: int = 1,
     http_port: int | None = None,
+    max_requeues: int = 5,
 ) -> str:
-    """The sbatch script for this run (run_dir absolute: the job may start elsewhere).
+    """The sbatch script for this run (run_dir absolute: the job may start elsewhere);
+    `max_requeues`: how often the job requeues itself after losing its trainer.
 
     Node names are known only when the job runs, so unless `security.tls_dir` brings the
     certificates, the script makes a CA and certificates for the job's nodes at its start
@@ -182,6 +184,7 @@ def render(
         "ports": ports,
         "make_certs": security.tls_dir is None,
         "tokens": security.mode == "token",
+        "max_requeues": max_requeues,
         "replicas": place_replicas(
             slurm,
             replicas,
@@ -214,6 +217,7 @@ def write_job(config: Any, slurm: SlurmConfig, services_toml: str) -> Path:
             security=config.security,
             replicas=config.inference.replicas,
             http_port=http.port if http.enabled and http.port else None,
+            max_requeues=config.supervision.max_restarts,
         )
     )
     script.chmod(script.stat().st_mode | stat.S_IXUSR)  # read bits: the run's file policy

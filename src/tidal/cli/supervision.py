@@ -34,6 +34,10 @@ TAIL_LINES = 30
 KILL_AFTER_S = 10.0
 EXIT_CONFIG = 2
 SUPERVISION_FILE = "supervision.json"
+RESUME_ARGS = {"trainer": ["--resume"], "orchestrator": ["--orchestrator.resume", "true"]}
+"""What a service is told to continue the run (on a restart, and on `tidal rl --resume`):
+inference and weightsync need nothing (weightsync recovers its versions from the weights
+folder, inference loads the newest)."""
 
 
 class SupervisionConfig(BaseConfig):
@@ -164,12 +168,15 @@ class Supervisor:
         config: SupervisionConfig,
         *,
         finisher: str = "orchestrator",
+        record: str = SUPERVISION_FILE,
     ) -> None:
         self.run_dir = run_dir
         self.specs = list(specs)
         self.config = config
         self.finisher = finisher
         """The child whose exit 0 ends the run."""
+        self.record = record
+        """The restart record's file name in the run folder."""
         self.current: dict[str, Child] = {}
         self.pumps: list[asyncio.Task[None]] = []
         self.restarts: dict[str, int] = {s.name: 0 for s in specs}
@@ -251,7 +258,7 @@ class Supervisor:
     def _write_record(self) -> None:
         record = {"restarts": self.restarts, "exits": self.events}
         with contextlib.suppress(OSError):  # a full disk: the run's exit already says so
-            (self.run_dir / SUPERVISION_FILE).write_text(json.dumps(record, indent=2) + "\n")
+            (self.run_dir / self.record).write_text(json.dumps(record, indent=2) + "\n")
 
     async def run(self) -> int:
         """Start every child in order and supervise them; the launcher's exit code."""

@@ -1,6 +1,7 @@
 """The real-model examples in configs/examples/ validate (`--dry-run`) and plan (`tidal
 plan`) against the sizes their header declares, with folders holding the real models'
-config.json (no weights are needed for either) and a tokenizer smaller than the model's."""
+config.json (no weights are needed for either) and a tokenizer smaller than the model's;
+the tiny-model cluster example renders the layout its header promises."""
 
 from __future__ import annotations
 
@@ -83,8 +84,29 @@ def example(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Path, list[
     return path, ["@", str(path), "--trainer.model.path", str(folder)], family
 
 
+TINY = {"cluster-cpu.toml"}
+"""Examples on the embedded tiny model: run for real by `make test-cluster`
+(tests/cluster/), their layout checked below."""
+
+
 def test_every_example_is_covered() -> None:
-    assert sorted(p.name for p in EXAMPLES.glob("*.toml")) == sorted(CASES)
+    assert sorted(p.name for p in EXAMPLES.glob("*.toml")) == sorted([*CASES, *TINY])
+
+
+def test_the_cluster_example_places_two_trainer_nodes_and_an_inference_node(
+    tmp_path: Path,
+) -> None:
+    argv = ["rl", "@", str(EXAMPLES / "cluster-cpu.toml"), "--run.output-dir", str(tmp_path)]
+    with pytest.raises(SystemExit) as exited:
+        main([*argv, "--dry-run"])
+    assert exited.value.code == 0
+    run_dir = tmp_path / "cluster-cpu"
+    config = tomllib.loads((run_dir / "config.toml").read_text())
+    assert config["trainer"]["world_size"] == 2 and config["inference"]["replicas"] == 2
+    script = (run_dir / "tidal.sbatch").read_text()
+    for line in ("#SBATCH --nodes=3", "--nnodes=2", "INFER_NODE=${NODES[2]}",
+                 'INFER_REPLICAS=("${NODES[2]}:50052" "${NODES[2]}:50055")'):  # fmt: skip
+        assert line in script, line
 
 
 def test_dry_run_shows_the_real_model(

@@ -53,9 +53,12 @@ def test_dry_run_writes_the_script_and_the_resolved_config(tmp_path: Path) -> No
         "--nproc-per-node=4",
         '--node-rank="$SLURM_NODEID"',
         "--master-port=29500",
-        "-m tidal.orchestrator",
-        "-m tidal.weightsync",
-        "-m tidal.inference",
+        "-m tidal.trainer",
+        "orchestrator tidal.orchestrator",
+        "weightsync tidal.weightsync",
+        "inference tidal.inference",
+        "-m tidal.cli.job_service",
+        "#SBATCH --requeue",
     ):
         assert line in script, line
     assert not (tmp_path / "job" / "logs" / "trainer.log").exists()  # nothing ran

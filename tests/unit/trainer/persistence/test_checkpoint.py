@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pickle
@@ -163,6 +164,33 @@ def test_a_dcp_checkpoint_loads_safely_and_planted_pickles_never_run(
     with pytest.raises(UnsafeCheckpoint, match=r"refers to (posix|os)\.system.*refusing to load"):
         CheckpointManager(tmp_path, keep_last=1).load(new_trainer())
     assert not (tmp_path / "planted").exists()
+
+
+class _ByName:
+    """Pickles as `getattr(owner, name)`: how Python 3.12+ (and Debian's 3.11) write an
+    enum member, such as DCP's memory-format code in every tensor's properties."""
+
+    def __init__(self, owner: object, name: str) -> None:
+        self.owner, self.name = owner, name
+
+    def __reduce__(self) -> tuple[object, tuple[object, str]]:
+        return (getattr, (self.owner, self.name))
+
+
+def test_an_enum_member_pickled_by_name_loads_and_no_other_attribute_does() -> None:
+    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
+
+    from tidal.trainer.persistence.safe_dcp import _MetadataUnpickler
+
+    def load(obj: object) -> object:
+        return _MetadataUnpickler(io.BytesIO(pickle.dumps(obj))).load()
+
+    member = _MEM_FORMAT_ENCODING.TORCH_CONTIGUOUS_FORMAT
+    assert load(_ByName(_MEM_FORMAT_ENCODING, "TORCH_CONTIGUOUS_FORMAT")) is member
+    with pytest.raises(UnsafeCheckpoint, match="no enum member"):
+        load(_ByName(_MEM_FORMAT_ENCODING, "__class__"))
+    with pytest.raises(UnsafeCheckpoint, match="no enum member"):
+        load(_ByName(torch.Size, "__reduce__"))
 
 
 if __name__ == "__main__":

@@ -3,13 +3,16 @@
 DCP reads `.metadata` with a plain `pickle.load` and non-tensor items with
 `torch.load(weights_only=False)`, so a checkpoint folder written by someone else could run
 code in the trainer. `SafeFileSystemReader` unpickles `.metadata` with an allowlist (DCP's
-metadata classes, torch dtypes, `torch.Size`, the memory-format helper, `pathlib` paths;
-any other global is `UnsafeCheckpoint` naming it) and `SafeLoadPlanner` reads non-tensor
-items with `weights_only=True`; DCP already reads tensors that way.
+metadata classes, torch dtypes, `torch.Size`, the memory-format helper, `pathlib` paths,
+and `getattr` only as the by-name form of an allowed enum's member, which Debian's Python
+3.11 and Python 3.12+ write; any other global is `UnsafeCheckpoint` naming it) and
+`SafeLoadPlanner` reads non-tensor items with `weights_only=True`; DCP already reads
+tensors that way.
 """
 
 from __future__ import annotations
 
+import enum
 import io
 import pickle
 from typing import Any
@@ -33,8 +36,21 @@ class UnsafeCheckpoint(ValueError):
     """A checkpoint's metadata names code it has no business naming."""
 
 
+def _enum_member(cls: Any, name: Any) -> Any:
+    """`getattr(cls, name)` as an enum member pickled by name: `cls` came through the
+    allowlist, and only one of its members is returned."""
+    if isinstance(cls, type) and issubclass(cls, enum.Enum) and name in cls.__members__:
+        return cls[name]
+    raise UnsafeCheckpoint(
+        f"checkpoint metadata asks for attribute {name!r} of {cls!r}, which is no enum "
+        "member; refusing to load it (was the checkpoint folder written by someone else?)"
+    )
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("builtins", "getattr"):
+            return _enum_member
         if module == "torch.distributed.checkpoint.metadata" or name in _ALLOWED.get(module, ()):
             return super().find_class(module, name)
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
