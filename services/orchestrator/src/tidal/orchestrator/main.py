@@ -253,6 +253,7 @@ async def run_training(
                 await task
         run_log.close()
         await close_tasks(list(mixture.tasks.values()))
+        await generator.aclose()
         for client in (inference, trainer, weightsync):
             await client.close()
         for reward in unique(model_rewards):

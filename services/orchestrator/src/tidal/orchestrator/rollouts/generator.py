@@ -56,6 +56,8 @@ class Group:
     greedy_reward: float | None = None
     splits: list[Split] = field(default_factory=list)
     """Each completion's reasoning and answer."""
+    dropped: Counter[str] = field(default_factory=Counter)
+    """Episodes left out of the group, by reason (an agent that timed out, crashed, ...)."""
 
     @property
     def rewards(self) -> list[float]:
@@ -138,12 +140,13 @@ class RolloutGenerator:
         seed: int,
         request_id: str,
         affinity: str = "",
+        max_tokens: int | None = None,
     ) -> list[Completion]:
         async with self.limiter:
             return await self.inference.generate(
                 prompt_ids,
                 n=n,
-                max_tokens=self.max_tokens,
+                max_tokens=max_tokens or self.max_tokens,
                 temperature=temperature,
                 top_p=self.top_p(temperature),
                 seed=seed,
@@ -228,13 +231,19 @@ class RolloutGenerator:
                 )
             )
         results = await asyncio.gather(*calls)
-        completions = results[0]
+        dropped = Counter(c.dropped for r in results for c in r if c.dropped)
+        completions = [c for c in results[0] if not c.dropped]  # counted, never trained
+        if not completions:
+            return Group(
+                problem, tuple(prompt), [], [], [], np.zeros(0, np.float32), dropped=dropped
+            )
         splits = self.splits(completions)
         outcomes, shaped = await self.score(problem, completions, splits)
         greedy_reward = None
         if self.config.advantages.algorithm == "remax":
-            _, greedy_shaped = await self.score(problem, results[1])
-            greedy_reward = greedy_shaped[0]
+            greedy = [c for c in results[1] if not c.dropped]
+            _, greedy_shaped = await self.score(problem, greedy)
+            greedy_reward = greedy_shaped[0] if greedy_shaped else float(np.mean(shaped))
         advantages = compute_advantages(
             self.config.advantages.algorithm,
             shaped,
@@ -242,7 +251,15 @@ class RolloutGenerator:
             greedy_reward=greedy_reward,
         )
         return Group(
-            problem, tuple(prompt), completions, outcomes, shaped, advantages, greedy_reward, splits
+            problem,
+            tuple(prompt),
+            completions,
+            outcomes,
+            shaped,
+            advantages,
+            greedy_reward,
+            splits,
+            dropped,
         )
 
     async def generate_step(
@@ -270,6 +287,8 @@ class RolloutGenerator:
         counters: Counter[str] = Counter()
         for outcome in outcomes:
             counters.update(outcome.counters)
+        for group in batch.generated:
+            counters.update({f"episode/dropped_{k}": v for k, v in group.dropped.items()})
         return Generation(
             groups=batch.kept,
             problems=batch.drawn,
@@ -283,6 +302,13 @@ class RolloutGenerator:
             failures=dict(failures),
             counters=dict(sorted(counters.items())),
         )
+
+    async def aclose(self) -> None:
+        """Stop what strategies serve (an agent task's gateway)."""
+        for strategy in self.strategies.values():
+            close = getattr(strategy, "aclose", None)
+            if close is not None:
+                await close()
 
     async def regenerate(self, step: int, generation: Generation, attempt: int) -> Generation:
         """The same step's problems generated again (after all samples came back stale)."""
