@@ -133,7 +133,9 @@ async def test_a_react_agent_on_the_openai_client_trains_one_faithful_sample(
     assert [*first, *ids][: len(second)] == second
     between = second[len(first) + len(sampler.generated[0]) :]
     assert TOK.decode(between, skip_special=False) == f"<|tool|>\n{RESULT}<eos><|assistant|>\n"
-    assert all(lp == 0.0 for lp, m in zip(episode.logprobs, episode.loss_mask) if m == 0)
+    assert all(
+        lp == 0.0 for lp, m in zip(episode.logprobs, episode.loss_mask, strict=True) if m == 0
+    )
     assert list(episode.policy_versions) == [VERSION] * len(trained)
 
 
@@ -145,7 +147,7 @@ async def test_a_curl_script_completes_an_episode_and_posts_its_reward(
     (episode,) = await play(episodes, sampler)
     assert episode.dropped == "" and episode.reward == 1.0
     assert list(episode.token_ids) == sampler.generated[0]
-    assert episode.turns[0] == TOK.decode(sampler.generated[0])
+    assert episode.turns[0] == TOK.decode(sampler.generated[0]).strip()
 
 
 REWRITER = """#!/bin/sh
@@ -207,9 +209,9 @@ async def test_an_agent_cannot_open_a_socket_to_a_service_port(
     episodes = strategy([str(agent), str(port)], deadline_s=10.0)
     try:
         (episode,) = await play(episodes, EngineSampler(engine))
+        assert episode.dropped == "no_calls"
+        assert accepted == []
+        with socket.socket() as s:  # the port itself is open to the host
+            s.connect(("127.0.0.1", port))
     finally:
         server.close()
-    assert episode.dropped == "no_calls"
-    assert accepted == []
-    with socket.socket() as s:  # the port itself is open to the host
-        s.connect(("127.0.0.1", port))

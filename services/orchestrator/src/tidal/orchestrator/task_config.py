@@ -314,6 +314,8 @@ class AgentTaskConfig(TaskCommon):
             raise ValueError("set exactly one of command (a program) and url (a service)")
         if "wall_s" in self.sandbox.model_fields_set:
             raise ValueError("the agent's wall clock is deadline_s; unset sandbox.wall_s")
+        if self.problems.reward is not None:
+            raise ValueError("a judge scores the agent's output: set reward, not problems.reward")
         if self.url and not self.url.startswith(("http://", "https://")):
             raise ValueError(f"url {self.url[:100]!r} must be http:// or https://")
         return self

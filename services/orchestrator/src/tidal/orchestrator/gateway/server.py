@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SOCKET_NAME = "gateway.sock"
+SESSION = web.RequestKey("session", AgentSession)
 _STATUS = {InvalidArgument: 400, ResourceExhausted: 429, Unavailable: 503}
 
 
@@ -143,7 +144,7 @@ class Gateway:
             )
             reply.headers["WWW-Authenticate"] = "Bearer"
             return reply
-        request["session"] = session
+        request[SESSION] = session
         return await handler(request)
 
     async def _body(self, request: web.Request) -> dict[str, Any]:
@@ -169,7 +170,7 @@ class Gateway:
         return web.json_response({"object": "list", "data": [card]})
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        session: AgentSession = request["session"]
+        session = request[SESSION]
         call = parse_chat_call(await self._body(request))
         async with session.lock:
             reply, message = await self._turn(session, call)
@@ -223,7 +224,7 @@ class Gateway:
         return reply, message
 
     async def reward(self, request: web.Request) -> web.Response:
-        session: AgentSession = request["session"]
+        session = request[SESSION]
         body = await self._body(request)
         value = body.get("reward")
         if isinstance(value, bool) or not isinstance(value, (int, float)):
