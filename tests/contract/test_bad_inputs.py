@@ -959,9 +959,11 @@ def _episode(gateway: Any, ttl_s: float = 30.0) -> tuple[Any, str]:
 
 async def _post(gateway: Any, path: str, key: str, body: Any = None, **kw: Any) -> tuple[int, Any]:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    async with aiohttp.ClientSession() as http:
-        async with http.post(gateway.url + path, json=body, headers=headers, **kw) as reply:
-            return reply.status, await reply.json()
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(gateway.url + path, json=body, headers=headers, **kw) as reply,
+    ):
+        return reply.status, await reply.json()
 
 
 CHAT = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
@@ -976,7 +978,7 @@ async def test_gateway_refuses_a_missing_forged_or_expired_key_before_the_body(
     for key in ("", "tidal-ep-forged", live + "x", expiring):
         status, reply = await _post(gateway, "/chat/completions", key, CHAT)
         assert status == 401 and reply["error"]["code"] == "invalid_api_key", (key, reply)
-    closed, key = _episode(gateway)
+    _, key = _episode(gateway)
     gateway.close_session(key)  # the episode ended: its key with it
     assert (await _post(gateway, "/chat/completions", key, CHAT))[0] == 401
 
