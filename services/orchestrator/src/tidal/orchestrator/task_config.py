@@ -306,14 +306,13 @@ class AgentTaskConfig(TaskCommon):
     max_body_bytes: int = Field(default=4 << 20, gt=0)
     """Largest request body the gateway reads (413 above it, before reading)."""
     sandbox: SandboxLimits = AGENT_SANDBOX
-    """Limits of the agent's process (`command`); its wall clock is `deadline_s`."""
+    """Limits of the agent's process (`command`); its `wall_s` is not used: the agent's
+    wall clock is `deadline_s`."""
 
     @model_validator(mode="after")
     def _check(self) -> AgentTaskConfig:
         if bool(self.command) == bool(self.url):
             raise ValueError("set exactly one of command (a program) and url (a service)")
-        if "wall_s" in self.sandbox.model_fields_set:
-            raise ValueError("the agent's wall clock is deadline_s; unset sandbox.wall_s")
         if self.problems.reward is not None:
             raise ValueError("a judge scores the agent's output: set reward, not problems.reward")
         if self.url and not self.url.startswith(("http://", "https://")):
