@@ -1,7 +1,7 @@
 """The session gateway: an OpenAI chat endpoint for agent programs, one key per episode.
 
-Routes: `POST /v1/chat/completions`, `GET /v1/models`, `POST /v1/sessions/{id}/reward`
-and `POST /v1/sessions/{id}/loopback` (the sandbox launcher's). The key is checked before
+Routes: `POST /v1/chat/completions`, `POST /v1/sessions/{id}/reward` and
+`POST /v1/sessions/{id}/loopback` (the sandbox launcher's); nothing else. The key is checked before
 any body is read: a key that is not an open episode's, or a session route of another
 session, is 401. It listens on a Unix socket (the sandboxed launcher's way in, from any
 network namespace) and, for agent services outside the sandbox, on a loopback TCP port.
@@ -71,7 +71,6 @@ class Gateway:
             middlewares=[self._errors, self._authorize], client_max_size=max_body_bytes
         )
         self.app.router.add_post("/v1/chat/completions", self.chat)
-        self.app.router.add_get("/v1/models", self.models)
         self.app.router.add_post("/v1/sessions/{id}/reward", self.reward)
         self.app.router.add_post("/v1/sessions/{id}/loopback", self.loopback)
         self._runner: web.AppRunner | None = None
@@ -164,10 +163,6 @@ class Gateway:
         if not isinstance(body, dict):
             raise InvalidArgument("body", "must be a JSON object")
         return body
-
-    async def models(self, request: web.Request) -> web.Response:
-        card = {"id": self.model_name, "object": "model", "owned_by": "tidal"}
-        return web.json_response({"object": "list", "data": [card]})
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         session = request[SESSION]
