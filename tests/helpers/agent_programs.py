@@ -21,8 +21,10 @@ REACT_AGENT = r'''
 import json, os, sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import httpx
 from openai import OpenAI
 
+HTTP = httpx.Client(timeout=120)  # one connection pool for all episodes of the service
 STREAM = "--stream" in sys.argv
 
 
@@ -58,7 +60,9 @@ def play(client, problem, max_turns=4):
 class Episodes(BaseHTTPRequestHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        client = OpenAI(base_url=body["base_url"], api_key=body["api_key"], max_retries=0)
+        client = OpenAI(
+            base_url=body["base_url"], api_key=body["api_key"], max_retries=0, http_client=HTTP
+        )
         try:
             output = play(client, body["problem"])
         except Exception as exc:  # the episode failed; the service goes on
@@ -74,8 +78,12 @@ class Episodes(BaseHTTPRequestHandler):
         pass
 
 
+class Server(ThreadingHTTPServer):
+    request_queue_size = 256  # a step's episodes arrive at once
+
+
 if len(sys.argv) > 2 and sys.argv[1] == "--serve":
-    server = ThreadingHTTPServer(("127.0.0.1", int(sys.argv[2])), Episodes)
+    server = Server(("127.0.0.1", int(sys.argv[2])), Episodes)
     print(f"serving on {server.server_address[1]}", flush=True)
     server.serve_forever()
 else:
