@@ -63,8 +63,10 @@ async def serving() -> AsyncIterator[NativeEngine]:
 class EngineSampler:
     """What a strategy generates through, over the real engine (greedy turns)."""
 
-    def __init__(self, engine: NativeEngine) -> None:
+    def __init__(self, engine: NativeEngine, *, fail_at_call: int = 0) -> None:
         self.engine = engine
+        self.fail_at_call = fail_at_call
+        """1-based call from which the engine is gone (0: never)."""
         self.prompts = PromptRenderer.from_config(TOK, ChatConfig(template="on"))
         self.inference = SimpleNamespace(max_seq_len=ARGS.max_seq_len)
         self.max_tokens = 40
@@ -76,6 +78,8 @@ class EngineSampler:
 
     async def complete(self, prompt_ids: list[int], **kw: Any) -> list[Completion]:
         self.sent.append(list(prompt_ids))
+        if len(self.sent) == self.fail_at_call:
+            await self.engine.close()  # inference goes away mid-episode
         params = SamplingParams(
             max_tokens=kw["max_tokens"], temperature=0.0, n=1, stop_token_ids=list(TOK.eos_ids)
         )
@@ -215,3 +219,12 @@ async def test_an_agent_cannot_open_a_socket_to_a_service_port(
             s.connect(("127.0.0.1", port))
     finally:
         server.close()
+
+
+async def test_an_episode_whose_call_fails_in_inference_is_dropped_not_trained_half(
+    engine: NativeEngine, tmp_path: Path
+) -> None:
+    sampler = EngineSampler(engine, fail_at_call=2)
+    (episode,) = await play(strategy([str(write_agent(tmp_path, "r.sh", REWRITER))]), sampler)
+    assert len(sampler.generated) == 1  # the first call was answered, the second failed
+    assert episode.dropped == "inference_error" and episode.token_ids == ()

@@ -135,7 +135,7 @@ def episode_completion(
 ) -> Completion:
     """The episode as one Completion (its last sample, earlier ones attached), or dropped."""
     samples = session.trace.samples()
-    reason = outcome.failure or session.failure
+    reason = session.failure or outcome.failure  # a failed call is why an agent crashes
     if not reason and not samples:
         reason = "no_calls"
     if not reason and self_reward and session.reward is None:
