@@ -26,7 +26,7 @@ def call(
     """One call: its prompt, a 'sampled' turn of `text`'s ids, and the reply message."""
     parsed_call = parse_chat_call({"messages": messages, "tools": tools})
     pending = trace.prompt(parsed_call.messages, parsed_call.keys, parsed_call.tools)
-    ids = tuple(TOK.encode(text, add_special_tokens=False)) + (TOK.eos_id,)
+    ids = (*TOK.encode(text, add_special_tokens=False), TOK.eos_id)
     turn = Completion(0, ids, tuple(-0.5 for _ in ids), tuple(7 for _ in ids), True)
     parsed = tool_call_parser(TOK, "auto").parse(text, parsed_call.tools)
     reply = TurnReply("m", turn, parsed, len(pending.ids))
