@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -228,3 +229,29 @@ async def test_an_episode_whose_call_fails_in_inference_is_dropped_not_trained_h
     (episode,) = await play(strategy([str(write_agent(tmp_path, "r.sh", REWRITER))]), sampler)
     assert len(sampler.generated) == 1  # the first call was answered, the second failed
     assert episode.dropped == "inference_error" and episode.token_ids == ()
+
+
+SNOOP = """#!/bin/sh
+# one call, then the reward says whether the service's secret ($1) was readable
+problem=$(cat)
+body=$(printf '%s' "$problem" | jq -c '{model: "p", messages: .messages}')
+curl -sS -o /dev/null -H "Authorization: Bearer $OPENAI_API_KEY" \
+  -H "Content-Type: application/json" -d "$body" "$OPENAI_BASE_URL/chat/completions"
+if cat "$1" >/dev/null 2>&1; then r=1; else r=0; fi
+curl -sS -o /dev/null -H "Authorization: Bearer $OPENAI_API_KEY" \
+  -H "Content-Type: application/json" -d "{\\"reward\\": $r}" "$TIDAL_REWARD_URL"
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox switches uid only as root")
+async def test_an_agent_cannot_read_the_services_files(
+    engine: NativeEngine, tmp_path: Path
+) -> None:
+    secret = tmp_path / "run" / "tls" / "orchestrator.key"
+    secret.parent.mkdir(parents=True)
+    secret.write_text("private")
+    secret.chmod(0o600)
+    agent = write_agent(tmp_path, "snoop.sh", SNOOP)
+    episodes = strategy([str(agent), str(secret)], self_reward=True)
+    (episode,) = await play(episodes, EngineSampler(engine))
+    assert episode.dropped == "" and episode.reward == 0.0
