@@ -10,10 +10,13 @@ Two arms, run alternately `--repeats` times so load on a shared machine hits bot
   which runs `lookup` itself and talks to the session gateway.
 Per step from metrics.jsonl (the first `SKIP` RL steps left out), at max_async 0 so a
 step is its rollout then its training: `seconds` (step), `generate_seconds` (rollout).
-Ratios: gateway / builtin of the pooled medians.
+Ratios: gateway / builtin of the pooled medians. `--micro` instead times, in this
+process, the gateway's own work for a two-call lookup episode (parse each request,
+render its prompt, record the turn, build the reply; no HTTP, no model) and prints it.
 
     python bench/agent_gateway.py [--repeats 2] [--steps 12]
                                   [--warmup-steps 200 | --model WARMED_FOLDER]
+    python bench/agent_gateway.py --micro
 """
 
 from __future__ import annotations
@@ -85,13 +88,62 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
+def gateway_ms_per_episode(repeats: int = 200) -> float:
+    """The gateway's CPU for one lookup episode of two calls (a call, then the answer)."""
+    import time
+
+    from tidal.orchestrator.completions import Completion
+    from tidal.orchestrator.gateway.chat_reply import TurnReply
+    from tidal.orchestrator.gateway.chat_request import message_key, parse_chat_call
+    from tidal.orchestrator.gateway.trace import EpisodeTrace
+    from tidal.orchestrator.task_config import LookupTaskConfig
+    from tidal.orchestrator.tasks.lookup import LookupTask
+    from tidal.text.byte import ByteTokenizer
+    from tidal.text.conversation import ChatRendering
+    from tidal.text.tool_calls import tool_call_parser
+
+    tokenizer = ByteTokenizer()
+    parser = tool_call_parser(tokenizer, "auto")
+    task = LookupTask(LookupTaskConfig(key_len=1, value_len=1))
+    task.bind(name="lookup", seed=0)
+    problem = task.problem(0)
+    ask = {"role": "user", "content": problem.prompt}
+
+    def call(trace: EpisodeTrace, messages: list[dict[str, Any]], text: str) -> dict[str, Any]:
+        request = parse_chat_call(
+            json.loads(json.dumps({"messages": messages, "tools": list(problem.tools)}))
+        )
+        pending = trace.prompt(request.messages, request.keys, request.tools)
+        ids = (*tokenizer.encode(text, add_special_tokens=False), tokenizer.eos_id)
+        turn = Completion(0, ids, tuple(-0.5 for _ in ids), tuple(1 for _ in ids), True)
+        decoded = tokenizer.decode(ids)
+        parsed = parser.parse(decoded, request.tools)
+        reply = TurnReply("policy", turn, parsed, len(pending.ids))
+        message = reply.message()
+        trace.record(pending, turn, decoded, parsed, message_key(reply.key_message(message)))
+        json.dumps(reply.whole(message))
+        return message
+
+    started = time.perf_counter()
+    for _ in range(repeats):
+        trace = EpisodeTrace(ChatRendering(tokenizer, True))
+        message = call(trace, [ask], f'<call>lookup {{"key": "{problem.prompt}"}}</call>')
+        result = {"role": "tool", "content": problem.reference}
+        call(trace, [ask, message, result], problem.reference)
+    return (time.perf_counter() - started) / repeats * 1000
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup-steps", type=int, default=200)
     parser.add_argument("--model", type=Path, help="a warmed-up model folder")
+    parser.add_argument("--micro", action="store_true", help="time the gateway's own work")
     args = parser.parse_args()
+    if args.micro:
+        print(f"gateway CPU per two-call episode: {gateway_ms_per_episode():.2f} ms")
+        return
     runs: dict[str, list[list[dict[str, Any]]]] = {"builtin": [], "gateway": []}
     with tempfile.TemporaryDirectory(prefix="tidal-bench-gateway-") as tmp:
         out = Path(tmp)
