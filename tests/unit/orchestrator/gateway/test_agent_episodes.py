@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import socket
 from collections.abc import AsyncIterator
@@ -120,11 +121,12 @@ async def play(episodes: AgentEpisodes, sampler: EngineSampler, n: int = 1) -> l
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 async def test_a_react_agent_on_the_openai_client_trains_one_faithful_sample(
-    engine: NativeEngine, tmp_path: Path, stream: bool
+    engine: NativeEngine, tmp_path: Path, stream: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="tidal.orchestrator")  # a drop logs the agent's stderr
     sampler = EngineSampler(engine)
     (episode,) = await play(strategy(react_command(tmp_path, stream=stream)), sampler)
-    assert episode.dropped == ""
+    assert episode.dropped == "", caplog.text
     assert episode.turns == (ANSWER,)  # its stdout: the final answer after the tool call
     assert episode.earlier_samples == ()  # the chat loop extends one trajectory
     assert episode.tools.calls == 1 and episode.tools.parse_failures == 0
