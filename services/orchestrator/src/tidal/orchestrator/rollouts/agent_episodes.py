@@ -32,6 +32,7 @@ from tidal.text.tool_calls import ToolCallParser
 SPEC_FILE = "tidal_agent.json"
 NO_CONTEXT_LIMIT = 1 << 30
 STDERR_KEPT = 2000
+STDERR_LOGGED = 300
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +142,12 @@ def episode_completion(
     if not reason and self_reward and session.reward is None:
         reason = "no_reward"
     if reason:
-        log.info("agent episode %s dropped (%s): %s", session.id, reason, outcome.stderr)
+        log.info(
+            "agent episode %s dropped (%s)%s",
+            session.id,
+            reason,
+            f": {outcome.stderr[-STDERR_LOGGED:]}" if outcome.stderr else "",
+        )
         return Completion(index, (), (), (), stopped=False, dropped=reason)
     tools = sum((s.tools for s in samples), ToolStats())
     last = samples[-1]
