@@ -129,6 +129,12 @@ def react_command(folder: Path, *, stream: bool = False) -> list[str]:
     )
 
 
+def react_files(folder: Path) -> list[str]:
+    """What the ReAct agent reads besides its interpreter (`files` of its task): its script
+    and this environment's packages."""
+    return [str(folder / "react_agent.py"), sysconfig.get_paths()["purelib"]]
+
+
 def react_service(folder: Path) -> list[str]:
     """The argv of the ReAct agent as a long-running service (append `--serve PORT`)."""
     return [sys.executable, "-u", str(write_agent(folder, "react_agent.py", REACT_AGENT))]

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.helpers.agent_programs import curl_command, react_command, write_agent
+from tests.helpers.agent_programs import curl_command, react_command, react_files, write_agent
 from tests.helpers.tool_calling_model import ANSWER, ARGS, ASK, RESULT, TOK, TOOLS, trained_weights
 from tidal.inference.config import InferenceConfig
 from tidal.inference.native import NativeEngine
@@ -28,7 +28,7 @@ from tidal.orchestrator.completions import Completion
 from tidal.orchestrator.config import ChatConfig
 from tidal.orchestrator.rollouts.agent_episodes import AgentEpisodes
 from tidal.orchestrator.rollouts.prompt_rendering import PromptRenderer
-from tidal.orchestrator.task_config import AgentTaskConfig
+from tidal.orchestrator.task_config import AGENT_SANDBOX, AgentTaskConfig
 from tidal.orchestrator.tasks import build_task
 from tidal.orchestrator.tasks.base import Problem
 from tidal.text.tool_calls import tool_call_parser
@@ -125,7 +125,8 @@ async def test_a_react_agent_on_the_openai_client_trains_one_faithful_sample(
 ) -> None:
     caplog.set_level(logging.INFO, logger="tidal.orchestrator")  # a drop logs the agent's stderr
     sampler = EngineSampler(engine)
-    (episode,) = await play(strategy(react_command(tmp_path, stream=stream)), sampler)
+    command = react_command(tmp_path, stream=stream)
+    (episode,) = await play(strategy(command, files=react_files(tmp_path)), sampler)
     assert episode.dropped == "", caplog.text
     assert episode.turns == (ANSWER,)  # its stdout: the final answer after the tool call
     assert episode.earlier_samples == ()  # the chat loop extends one trajectory
@@ -146,11 +147,14 @@ async def test_a_react_agent_on_the_openai_client_trains_one_faithful_sample(
     assert list(episode.policy_versions) == [VERSION] * len(trained)
 
 
+# bubblewrap's namespace has loopback up; the fallback's (as root) asks the gateway for it
+@pytest.mark.parametrize("isolation", ["auto", "process"])
 async def test_a_curl_script_completes_an_episode_and_posts_its_reward(
-    engine: NativeEngine, tmp_path: Path
+    engine: NativeEngine, tmp_path: Path, isolation: str
 ) -> None:
     sampler = EngineSampler(engine)
-    episodes = strategy(curl_command(tmp_path, reward=True), self_reward=True)
+    sandbox = AGENT_SANDBOX.model_copy(update={"isolation": isolation})
+    episodes = strategy(curl_command(tmp_path, reward=True), self_reward=True, sandbox=sandbox)
     (episode,) = await play(episodes, sampler)
     assert episode.dropped == "" and episode.reward == 1.0
     assert list(episode.token_ids) == sampler.generated[0]

@@ -291,6 +291,10 @@ class AgentTaskConfig(TaskCommon):
     command: list[str] = []
     """The agent's argv, run per episode in the sandbox (its first item an absolute path or
     a name on PATH); its stdout is its final output. Exactly one of command and url."""
+    files: list[str] = []
+    """Host files and folders the command reads besides its program (a script its
+    interpreter runs, its packages, a virtualenv, its data): under bubblewrap the sandbox
+    sees only these, the program and the system's files, read-only at the same paths."""
     url: str = ""
     """A long-running agent service: per episode the orchestrator POSTs the session
     (base_url, api_key, session_id, problem) here and the reply's `output` is the final

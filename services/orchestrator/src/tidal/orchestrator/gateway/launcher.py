@@ -2,10 +2,11 @@
 
 Run by the sandbox as its program (`python -I -S`, standard library only). It reads its
 spec from `tidal_agent.json` in the work dir and deletes it, makes sure 127.0.0.1 works in
-its network namespace (asking the gateway to raise `lo` over the gateway's Unix socket when
-it is down), relays a loopback port to that socket, and runs the agent with
-OPENAI_BASE_URL pointing at the port; it exits with the agent's status. The agent inherits
-stdin (the problem), stdout (its final output) and stderr.
+its network namespace (up under bubblewrap; in the fallback's namespace it asks the
+gateway to raise `lo` over the gateway's Unix socket), relays a loopback port to that
+socket, and runs the agent with OPENAI_BASE_URL pointing at the port; it exits with the
+agent's status. The agent inherits stdin (the problem), stdout (its final output) and
+stderr.
 """
 
 import asyncio

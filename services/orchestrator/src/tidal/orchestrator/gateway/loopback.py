@@ -1,10 +1,11 @@
 """Bring up the loopback interface inside a sandboxed agent's own network namespace.
 
-The sandbox puts the agent in a fresh network namespace whose only interface, `lo`, is
-down, and drops its privileges before the agent runs, so it cannot raise `lo` itself. Its
-launcher reaches the gateway through a Unix socket (a path: it crosses namespaces) and asks
-for loopback; the gateway, privileged, enters the namespace of the process at the other end
-of that socket (SO_PEERCRED) on a thread of its own and sets `lo` up. That namespace then
+The fallback sandbox (no bubblewrap, which raises `lo` itself) puts the agent in a fresh
+network namespace whose only interface, `lo`, is down, and drops its privileges before the
+agent runs, so it cannot raise `lo` itself. Its launcher reaches the gateway through a
+Unix socket (a path: it crosses namespaces) and asks for loopback; the gateway, privileged,
+enters the namespace of the process at the other end of that socket (SO_PEERCRED) on a
+thread of its own and sets `lo` up. That namespace then
 reaches its own 127.0.0.1 and nothing else: no host port, so no gRPC service.
 """
 

@@ -66,6 +66,7 @@ class ProgramRunner:
         limits = task.config.sandbox.model_copy(update={"wall_s": task.config.deadline_s})
         self.sandbox = Sandbox(limits)
         self.command = task.command
+        self.files = task.files
 
     @cached_property
     def launcher(self) -> str:
@@ -85,8 +86,13 @@ class ProgramRunner:
                 "TIDAL_PROBLEM": problem,
             },
         }
+        assert gateway.socket_path is not None  # a started gateway
         result = await self.sandbox.run(
-            self.launcher, stdin=problem, files={SPEC_FILE: json.dumps(spec)}
+            self.launcher,
+            stdin=problem,
+            files={SPEC_FILE: json.dumps(spec)},
+            # the socket's folder holds the socket alone; /tmp around it stays private
+            read_only=[*self.files, str(gateway.socket_path.parent)],
         )
         stderr = result.stderr[-STDERR_KEPT:]
         if result.killed_reason is not None:

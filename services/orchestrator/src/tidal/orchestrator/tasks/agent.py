@@ -2,7 +2,8 @@
 
 The problems, the verifier and the warm-up demonstrations are those of the task named in
 `problems`; only how an episode runs differs (rollouts/agent_episodes.py). The agent's
-command is resolved at build time, so a program that is not there fails the run's start.
+command and its `files` are resolved at build time, so a program or a file that is not there
+fails the run's start.
 """
 
 from __future__ import annotations
@@ -24,6 +25,17 @@ def resolve_command(command: list[str]) -> list[str]:
     return [str(Path(found).absolute()), *command[1:]]
 
 
+def resolve_files(files: list[str]) -> list[str]:
+    """`files` as absolute paths of things that exist; ConfigError naming one that does not."""
+    resolved = []
+    for name in files:
+        path = Path(name).expanduser().absolute()
+        if not path.exists():
+            raise ConfigError(f"orchestrator task files: {name!r} does not exist")
+        resolved.append(str(path))
+    return resolved
+
+
 class AgentTask(Task):
     name = "agent"
 
@@ -31,6 +43,8 @@ class AgentTask(Task):
         self.config = config
         self.source = problems
         self.command = resolve_command(config.command) if config.command else []
+        # what the sandbox lends the agent read-only: its program and its `files`
+        self.files = [*self.command[:1], *resolve_files(config.files)]
 
     def bind(self, *, name: str, seed: int) -> None:
         super().bind(name=name, seed=seed)
