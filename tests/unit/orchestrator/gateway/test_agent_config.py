@@ -1,8 +1,10 @@
 """An agent task's config is checked at start: exactly one of a program and a service, a
-program that exists (looked up on PATH), and a judge on the agent's output, not on the
-problems' task."""
+program and files that exist (the program looked up on PATH), and a judge on the agent's
+output, not on the problems' task."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -26,6 +28,20 @@ def test_a_command_is_resolved_on_path_and_problems_keep_the_agent_tasks_name() 
 def test_a_program_that_is_not_there_fails_the_start() -> None:
     with pytest.raises(ConfigError, match="no-such-agent"):
         build_task(AgentTaskConfig(problems=PROBLEMS, command=["no-such-agent"]), seed=0)
+
+
+def test_the_sandbox_lends_the_program_and_its_files_and_a_missing_file_fails_the_start(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "agent.py"
+    script.write_text("print('hi')")
+    config = AgentTaskConfig(problems=PROBLEMS, command=["sh", str(script)], files=[str(script)])
+    task = build_task(config, seed=0)
+    assert isinstance(task, AgentTask)
+    assert task.files == [task.command[0], str(script)]
+    missing = config.model_copy(update={"files": [str(tmp_path / "gone")]})
+    with pytest.raises(ConfigError, match="gone"):
+        build_task(missing, seed=0)
 
 
 @pytest.mark.parametrize(
