@@ -1079,3 +1079,122 @@ def test_malformed_framing_costs_a_counter_and_a_line_a_minute_not_a_traceback_e
     assert len(errors) <= len(MALFORMED_FRAMING), [r.getMessage() for r in errors]
     assert len(caplog.text) < 2000, caplog.text[:2000]
     stack.assert_serving()
+
+
+# The session gateway of agent tasks (tidal.orchestrator.gateway): each attack is refused
+# with the status that names it, before any generation. An agent's socket to a service
+# port is tested with a real sandboxed agent (tests/unit/orchestrator/gateway/).
+
+
+async def _no_generation(prompt_ids: list[int], call: int, max_tokens: int) -> Any:
+    raise AssertionError("an attack reached generation")
+
+
+@pytest.fixture
+async def gateway() -> AsyncIterator[Any]:
+    from tidal.orchestrator.gateway.server import Gateway
+    from tidal.text.byte import ByteTokenizer
+    from tidal.text.tool_calls import tool_call_parser
+
+    tokenizer = ByteTokenizer()
+    gateway = Gateway(tokenizer, tool_call_parser(tokenizer, "auto"), str, max_body_bytes=1 << 20)
+    await gateway.start()
+    yield gateway
+    await gateway.close()
+
+
+def _episode(gateway: Any, ttl_s: float = 30.0) -> tuple[Any, str]:
+    from tidal.orchestrator.gateway.session import AgentSession
+    from tidal.orchestrator.gateway.trace import EpisodeTrace
+    from tidal.orchestrator.tasks.base import Problem
+    from tidal.text.conversation import ChatRendering
+
+    rendering = ChatRendering(gateway.tokenizer, True)
+    session = AgentSession(
+        Problem("p", "r"), EpisodeTrace(rendering), _no_generation, 4, 128, 8
+    )  # fmt: skip
+    return session, gateway.open(session, ttl_s=ttl_s)
+
+
+async def _post(gateway: Any, path: str, key: str, body: Any = None, **kw: Any) -> tuple[int, Any]:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(gateway.url + path, json=body, headers=headers, **kw) as reply,
+    ):
+        return reply.status, await reply.json()
+
+
+CHAT = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
+
+
+async def test_gateway_refuses_a_missing_forged_or_expired_key_before_the_body(
+    gateway: Any,
+) -> None:
+    _, live = _episode(gateway)
+    _, expiring = _episode(gateway, ttl_s=0.05)
+    await asyncio.sleep(0.1)
+    for key in ("", "tidal-ep-forged", live + "x", expiring):
+        status, reply = await _post(gateway, "/chat/completions", key, CHAT)
+        assert status == 401 and reply["error"]["code"] == "invalid_api_key", (key, reply)
+    _, key = _episode(gateway)
+    gateway.close_session(key)  # the episode ended: its key with it
+    assert (await _post(gateway, "/chat/completions", key, CHAT))[0] == 401
+
+
+async def test_gateway_refuses_another_episodes_key_or_a_forged_session_id(gateway: Any) -> None:
+    mine, my_key = _episode(gateway)
+    theirs, _ = _episode(gateway)
+    for session_id in (theirs.id, "s-000000000000000000000000", "../" + mine.id):
+        status, _ = await _post(gateway, f"/sessions/{session_id}/reward", my_key, {"reward": 1})
+        assert status in (401, 404), session_id
+    assert theirs.reward is None and mine.reward is None
+
+
+async def test_gateway_takes_one_reward_per_episode(gateway: Any) -> None:
+    session, key = _episode(gateway)
+    assert (await _post(gateway, f"/sessions/{session.id}/reward", key, {"reward": 0.5}))[0] == 200
+    status, reply = await _post(gateway, f"/sessions/{session.id}/reward", key, {"reward": 1.0})
+    assert status == 409 and session.reward == 0.5, reply
+    for bad in ({"reward": "1"}, {"reward": True}, {}, {"reward": None}):
+        other, other_key = _episode(gateway)
+        status, reply = await _post(gateway, f"/sessions/{other.id}/reward", other_key, bad)
+        assert status == 400 and reply["error"]["param"] == "reward", (bad, reply)
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+async def test_gateway_refuses_a_100_mb_request_without_reading_it(
+    gateway: Any, chunked: bool
+) -> None:
+    _, key = _episode(gateway)
+    block = b"x" * (1 << 20)
+
+    async def body() -> AsyncIterator[bytes]:
+        for _ in range(100):
+            yield block
+
+    data: Any = body() if chunked else b"x" * (100 << 20)
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    async with aiohttp.ClientSession() as http:
+        try:
+            async with http.post(
+                gateway.url + "/chat/completions", data=data, headers=headers
+            ) as r:
+                status, reply = r.status, await r.json()
+        except aiohttp.ClientError:  # the server closed the connection mid-body: refused
+            return
+    assert status == 413 and reply["error"]["code"] == "body_too_large", reply
+
+
+async def test_gateway_chat_fields_are_refused_by_name(gateway: Any) -> None:
+    _, key = _episode(gateway)
+    bad = [
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+        ({**CHAT, "n": 2}, "n"),
+        ({**CHAT, "max_tokens": -1}, "max_tokens"),
+        ({**CHAT, "tools": [{"type": "function"}]}, "tools[0].function.name"),
+    ]
+    for body, field in bad:
+        status, reply = await _post(gateway, "/chat/completions", key, body)
+        assert status == 400 and reply["error"]["param"] == field, (body, reply)

@@ -34,6 +34,8 @@ SANDBOX_MODULES = frozenset(
         "test_isolation.py",
         "test_code_task.py",
         "test_code_task_run.py",
+        "test_agent_episodes.py",
+        "test_agent_gateway_run.py",
     }
 )
 """Modules whose tests run programs as sandbox uids (by file name: modules move)."""

@@ -57,8 +57,18 @@ class Completion:
     """An environment that renders its own prompt (verifiers): the ids this episode started
     from (empty: the group's prompt)."""
     reward: float | None = None
-    """An environment that scores its own episodes (verifiers): their reward, used in place
-    of the task's verifier."""
+    """An environment that scores its own episodes (verifiers, a self-rewarding agent):
+    their reward, used in place of the task's verifier."""
+    earlier_samples: tuple[Completion, ...] = ()
+    """An agent episode whose calls rewrote their history: its samples before the last
+    rewrite (each with its own `prompt_ids`), trained with this episode's advantage."""
+    dropped: str = ""
+    """Why this episode is not trained (an agent that timed out, crashed or never called);
+    empty for a trainable one. Dropped episodes are counted, never scored."""
+
+    def samples(self) -> tuple[Completion, ...]:
+        """The sequences this episode trains: its earlier samples, then itself."""
+        return (*self.earlier_samples, self)
 
     def token_versions(self) -> tuple[int, ...]:
         """The version of each completion token: -1 at environment tokens."""

@@ -206,26 +206,28 @@ class RLLoop:
         )
 
     def scored_samples(self, step: int, generation: Generation) -> list[ScoredSample]:
-        """Every completion with its group advantage and staleness."""
+        """Every completion (every sample of an agent episode) with its group advantage and
+        staleness."""
         scored = []
         for group in generation.groups:
-            for i, (completion, outcome, advantage) in enumerate(
+            for i, (episode, outcome, advantage) in enumerate(
                 zip(group.completions, group.outcomes, group.advantages, strict=True)
             ):
-                age = self.window.staleness(
-                    step, completion.policy_versions, fallback_version=generation.loaded_version
-                )
-                scored.append(
-                    ScoredSample(
-                        group.problem,
-                        completion.prompt_ids or group.prompt_ids,
-                        completion,
-                        outcome.reward,
-                        float(advantage),
-                        age,
-                        group.token_advantages(i),
+                for completion in episode.samples():
+                    age = self.window.staleness(
+                        step, completion.policy_versions, fallback_version=generation.loaded_version
                     )
-                )
+                    scored.append(
+                        ScoredSample(
+                            group.problem,
+                            completion.prompt_ids or group.prompt_ids,
+                            completion,
+                            outcome.reward,
+                            float(advantage),
+                            age,
+                            group.token_advantages(i) if completion is episode else (),
+                        )
+                    )
         return scored
 
     async def _rl_step(self, step: int, generation: Generation) -> None:

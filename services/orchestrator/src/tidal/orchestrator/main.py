@@ -273,6 +273,7 @@ async def run_training(
                 await task
         run_log.close()
         await close_tasks(list(mixture.tasks.values()))
+        await generator.aclose()
         for client in (inference, trainer, weightsync):
             await client.close()
         if teacher_pool is not None and teacher_pool is not inference:

@@ -35,8 +35,8 @@ class ReversalTaskConfig(TaskCommon):
     """The built-in verifiable task: reverse a random string ("abc>" → "cba")."""
 
     type: Literal["reversal"] = "reversal"
-    """Task kind: reversal | arithmetic | countdown | dataset | reasoning_gym | lookup |
-    import."""
+    """Task kind: reversal | arithmetic | countdown | dataset | reasoning_gym | code |
+    lookup | verifiers | agent | import."""
     alphabet: str = Field(default="abcd", min_length=1)
     """Characters the strings are drawn from (ASCII, no '>')."""
     min_len: int = Field(default=1, ge=1)
@@ -260,6 +260,70 @@ class ImportTaskConfig(TaskCommon):
     """Keyword arguments for the class's constructor."""
 
 
+ProblemSourceConfig = Annotated[
+    ReversalTaskConfig
+    | ArithmeticTaskConfig
+    | CountdownTaskConfig
+    | DatasetTaskConfig
+    | ReasoningGymTaskConfig
+    | CodeTaskConfig
+    | LookupTaskConfig
+    | ImportTaskConfig,
+    Field(discriminator="type"),
+]
+"""A task whose problems and verifier an agent task uses (any task that is not an agent)."""
+
+AGENT_SANDBOX = SandboxLimits(
+    cpu_s=60, memory_mb=2048, processes=64, open_files=256, max_concurrency=64
+)
+
+
+class AgentTaskConfig(TaskCommon):
+    """An agent program the user already has, trained through the session gateway: per
+    episode it is started in the sandbox (`command`) or asked over HTTP (`url`) with
+    OPENAI_BASE_URL and an OPENAI_API_KEY minted for that episode (see docs/agents.md)."""
+
+    type: Literal["agent"] = "agent"
+    """Task kind."""
+    problems: ProblemSourceConfig
+    """The task whose problems the agent gets (on stdin, as JSON) and whose verifier scores
+    its final output, as `[orchestrator.task.problems]` with its own `type`."""
+    command: list[str] = []
+    """The agent's argv, run per episode in the sandbox (its first item an absolute path or
+    a name on PATH); its stdout is its final output. Exactly one of command and url."""
+    files: list[str] = []
+    """Host files and folders the command reads besides its program (a script its
+    interpreter runs, its packages, a virtualenv, its data): under bubblewrap the sandbox
+    sees only these, the program and the system's files, read-only at the same paths."""
+    url: str = ""
+    """A long-running agent service: per episode the orchestrator POSTs the session
+    (base_url, api_key, session_id, problem) here and the reply's `output` is the final
+    output. Exactly one of command and url."""
+    self_reward: bool = False
+    """The agent posts its own reward to /v1/sessions/{id}/reward (an episode without one
+    is dropped); otherwise the problems' verifier (or `reward`, a judge) scores its output."""
+    deadline_s: float = Field(default=60.0, gt=0)
+    """Wall clock of one episode, from its start (a wait for a sandbox slot included): at it
+    the program is killed, the key expires and the episode is dropped, counted."""
+    max_calls: int = Field(default=64, gt=0)
+    """Chat calls one episode may make; more are refused (429)."""
+    max_body_bytes: int = Field(default=4 << 20, gt=0)
+    """Largest request body the gateway reads (413 above it, before reading)."""
+    sandbox: SandboxLimits = AGENT_SANDBOX
+    """Limits of the agent's process (`command`); its `wall_s` is not used: the agent's
+    wall clock is `deadline_s`."""
+
+    @model_validator(mode="after")
+    def _check(self) -> AgentTaskConfig:
+        if bool(self.command) == bool(self.url):
+            raise ValueError("set exactly one of command (a program) and url (a service)")
+        if self.problems.reward is not None:
+            raise ValueError("a judge scores the agent's output: set reward, not problems.reward")
+        if self.url and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"url {self.url[:100]!r} must be http:// or https://")
+        return self
+
+
 TaskConfig = Annotated[
     ReversalTaskConfig
     | ArithmeticTaskConfig
@@ -269,6 +333,7 @@ TaskConfig = Annotated[
     | CodeTaskConfig
     | LookupTaskConfig
     | VerifiersTaskConfig
+    | AgentTaskConfig
     | ImportTaskConfig,
     Field(discriminator="type"),
 ]

@@ -32,6 +32,31 @@ async def test_bubblewrap_is_used_where_installed_and_hides_the_host() -> None:
     assert "home" not in listing and "root" not in listing and "var" not in listing
 
 
+@needs_bwrap
+async def test_bubblewrap_shows_a_lent_path_read_only_and_nothing_beside_it(
+    tmp_path: Path,
+) -> None:
+    lent, beside = tmp_path / "lent", tmp_path / "beside"
+    for folder in (lent, beside):
+        folder.mkdir()
+        (folder / "f").write_text("data")
+    for folder in [tmp_path, *tmp_path.parents]:  # the sandbox uid resolves the path
+        folder.chmod(folder.stat().st_mode | 0o001)
+    lent.chmod(0o755)
+    (lent / "f").chmod(0o644)
+    probe = (
+        "import os, sys\n"
+        "print(open(sys.argv[1] + '/f').read(), os.path.exists(sys.argv[2]))\n"
+        "try:\n    open(sys.argv[1] + '/g', 'w')\nexcept OSError as e:\n    print(e.errno)\n"
+    )
+    sandbox = Sandbox(SandboxLimits(wall_s=ROOMY_WALL_S))
+    result = await sandbox.run(
+        [sandbox.python, "-I", "-S", "-c", probe, str(lent), str(beside)],
+        read_only=[str(lent)],
+    )
+    assert result.stdout.split() == ["data", "False", "30"], result.stderr  # 30: EROFS
+
+
 def test_without_bubblewrap_the_fallback_warns_what_is_weaker(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -59,6 +59,8 @@ class Group:
     greedy_reward: float | None = None
     splits: list[Split] = field(default_factory=list)
     """Each completion's reasoning and answer."""
+    dropped: Counter[str] = field(default_factory=Counter)
+    """Episodes left out of the group, by reason (an agent that timed out, crashed, ...)."""
     distillation: GroupDistillation | None = None
     """With a teacher: each completion token's advantage term and what scoring cost."""
 
@@ -166,12 +168,13 @@ class RolloutGenerator:
         seed: int,
         request_id: str,
         affinity: str = "",
+        max_tokens: int | None = None,
     ) -> list[Completion]:
         async with self.limiter:
             return await self.inference.generate(
                 prompt_ids,
                 n=n,
-                max_tokens=self.max_tokens,
+                max_tokens=max_tokens or self.max_tokens,
                 temperature=temperature,
                 top_p=self.top_p(temperature),
                 seed=seed,
@@ -256,13 +259,19 @@ class RolloutGenerator:
                 )
             )
         results = await asyncio.gather(*calls)
-        completions = results[0]
+        dropped = Counter(c.dropped for r in results for c in r if c.dropped)
+        completions = [c for c in results[0] if not c.dropped]  # counted, never trained
+        if not completions:
+            return Group(
+                problem, tuple(prompt), [], [], [], np.zeros(0, np.float32), dropped=dropped
+            )
         splits = self.splits(completions)
         outcomes, shaped = await self.score(problem, completions, splits)
         greedy_reward = None
         if self.config.advantages.algorithm == "remax":
-            _, greedy_shaped = await self.score(problem, results[1])
-            greedy_reward = greedy_shaped[0]
+            greedy = [c for c in results[1] if not c.dropped]
+            _, greedy_shaped = await self.score(problem, greedy)
+            greedy_reward = greedy_shaped[0] if greedy_shaped else float(np.mean(shaped))
         advantages = compute_advantages(
             self.config.advantages.algorithm,
             shaped,
@@ -276,7 +285,7 @@ class RolloutGenerator:
                 advantages = np.zeros_like(advantages)
         return Group(
             problem, tuple(prompt), completions, outcomes, shaped, advantages, greedy_reward,
-            splits, distillation,
+            splits, dropped, distillation,
         )  # fmt: skip
 
     async def generate_step(
@@ -311,6 +320,8 @@ class RolloutGenerator:
         for outcome in outcomes:
             counters.update(outcome.counters)
         counters.update(distillation_stats(batch.kept))
+        for group in batch.generated:
+            counters.update({f"episode/dropped_{k}": v for k, v in group.dropped.items()})
         return Generation(
             groups=batch.kept,
             problems=batch.drawn,
@@ -325,6 +336,13 @@ class RolloutGenerator:
             counters=dict(sorted(counters.items())),
             curriculum=mixture.curriculum_metrics(),
         )
+
+    async def aclose(self) -> None:
+        """Stop what strategies serve (an agent task's gateway)."""
+        for strategy in self.strategies.values():
+            close = getattr(strategy, "aclose", None)
+            if close is not None:
+                await close()
 
     async def regenerate(self, step: int, generation: Generation, attempt: int) -> Generation:
         """The same step's problems generated again (after all samples came back stale)."""

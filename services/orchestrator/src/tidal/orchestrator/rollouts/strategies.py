@@ -1,10 +1,11 @@
 """A task's rollout strategy: how its problems become completions, picked once per task.
 
 `rollout_strategy` chooses when the generator is built: a verifiers environment plays its
-own episodes, any other task runs its problems' turns (one call for n completions, or n
-episodes of tool calls, or of environment replies when a problem has followups). The
-generator calls the strategy it was handed with itself as the `Sampler`, so it never asks
-what kind of task a problem came from.
+own episodes, an agent program plays its episodes through the session gateway, any other
+task runs its problems' turns (one call for n completions, or n episodes of tool calls, or
+of environment replies when a problem has followups). The generator calls the strategy it
+was handed with itself as the `Sampler`, so it never asks what kind of task a problem came
+from.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from tidal.orchestrator.completions import Completion
 from tidal.orchestrator.config import ToolsConfig
 from tidal.orchestrator.peers.inference_pool import InferencePool
 from tidal.orchestrator.peers.inflight import InflightLimiter
+from tidal.orchestrator.rollouts.agent_episodes import AgentEpisodes
 from tidal.orchestrator.rollouts.episodes import CompleteFn, run_episode
 from tidal.orchestrator.rollouts.prompt_rendering import PromptRenderer
 from tidal.orchestrator.rollouts.tool_execution import ToolUse
 from tidal.orchestrator.rollouts.verifiers_env import VerifiersTask
+from tidal.orchestrator.tasks.agent import AgentTask
 from tidal.orchestrator.tasks.base import Problem, Task
 from tidal.text.tool_calls import ToolCallParser
 
@@ -99,4 +102,6 @@ def rollout_strategy(task: Task, parser: ToolCallParser, tools: ToolsConfig) -> 
     """How `task`'s problems are rolled out, with the run's tool-call parser and budget."""
     if isinstance(task, VerifiersTask):
         return Environment(task)
+    if isinstance(task, AgentTask):
+        return AgentEpisodes(task, parser)
     return Turns(task, ToolUse.of(task.tools, parser, tools) if task.tools else None)

@@ -21,6 +21,7 @@ from tidal.orchestrator.scoring.judge import Judge
 from tidal.orchestrator.scoring.model_reward_config import JudgeRewardConfig, RewardConfig
 from tidal.orchestrator.scoring.reward_model import RewardModel
 from tidal.orchestrator.scoring.verifier_pool import VerifierPool, VerifyOutcome
+from tidal.orchestrator.tasks.agent import AgentTask
 from tidal.orchestrator.tasks.base import Problem, Task
 
 Answers = Sequence[str | list[str]]
@@ -106,11 +107,12 @@ class ByAnswer:
 def build_scorers(
     tasks: Mapping[str, Task], verifier: VerifierPool, model_rewards: Mapping[str, ModelReward]
 ) -> dict[str, Scorer]:
-    """Task name → its scorer: the environment's own reward, its model reward, or its
-    verifier."""
+    """Task name → its scorer: the environment's own reward (a verifiers environment, an
+    agent that posts its reward), its model reward, or its verifier."""
     return {
         name: environment_reward
         if isinstance(task, VerifiersTask)
+        or (isinstance(task, AgentTask) and task.config.self_reward)
         else ByAnswer(model_rewards.get(name, verifier))
         for name, task in tasks.items()
     }

@@ -11,7 +11,13 @@ import importlib
 from collections.abc import Sequence
 
 from tidal.common.errors import ConfigError
-from tidal.orchestrator.task_config import ImportTaskConfig, TaskConfig, VerifiersTaskConfig
+from tidal.orchestrator.task_config import (
+    AgentTaskConfig,
+    ImportTaskConfig,
+    TaskConfig,
+    VerifiersTaskConfig,
+)
+from tidal.orchestrator.tasks.agent import AgentTask
 from tidal.orchestrator.tasks.arithmetic import ArithmeticTask
 from tidal.orchestrator.tasks.base import Task
 from tidal.orchestrator.tasks.code import CodeTask
@@ -33,6 +39,7 @@ BUILT_IN = {
 VALID = (
     f"built-in types {sorted(BUILT_IN)}, "
     'type = "verifiers" with env = "<taskset id>", '
+    'type = "agent" with command or url and [problems], '
     'or type = "import" with path = "pkg.module:Class"'
 )
 
@@ -67,6 +74,8 @@ def build_task(config: TaskConfig, *, seed: int = 0) -> Task:
         from tidal.orchestrator.rollouts.verifiers_env import VerifiersTask  # optional extra
 
         task = VerifiersTask(config)
+    elif isinstance(config, AgentTaskConfig):
+        task = AgentTask(config, build_task(config.problems, seed=seed))
     elif config.type in BUILT_IN:  # each built-in class takes its own config type
         task = BUILT_IN[config.type](config)  # type: ignore[arg-type]
     else:  # unreachable through pydantic, which rejects unknown types with the choices

@@ -5,16 +5,18 @@ the program in new user, mount, pid, network, ipc, uts and cgroup namespaces. It
 system is built from nothing: the system's programs and libraries read-only, a few
 files of /etc, a fresh /proc and /dev, size-bounded private /tmp and /dev/shm, and the
 execution's work dir, the one writable place that outlives it (until the executor
-removes it). The run folder, TLS keys, home folders and every other service file are
-simply absent, whatever uid the service runs as. It keeps the session the executor
-started (no terminal to inject into): one session, one autogroup, whose CPU priority the
-executor lowers (processes.py).
+removes it), and, read-only, the host paths its caller lends it (an agent's program
+files, the gateway's socket folder). The run folder, TLS keys, home folders and every
+other service file are simply absent, whatever uid the service runs as. It keeps the
+session the executor started (no terminal to inject into): one session, one autogroup,
+whose CPU priority the executor lowers (processes.py).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 INIT = "/run/tidal-sandbox/child.py"
@@ -58,9 +60,12 @@ def bwrap_argv(
     workdir: Path,
     tmp_bytes: int,
     share_network: bool,
+    read_only: Sequence[str] = (),
 ) -> list[str]:
-    """bwrap's argv up to (and including) `--`; the command to run inside follows it."""
+    """bwrap's argv up to (and including) `--`; the command to run inside follows it.
+    `read_only`: host paths the caller lends the program, mounted read-only where they are."""
     size = str(tmp_bytes)
+    lent = [arg for path in read_only for arg in ("--ro-bind", path, path)]
     return [
         bwrap,
         "--unshare-all",
@@ -75,6 +80,7 @@ def bwrap_argv(
         "--size", size, "--tmpfs", "/tmp",
         "--size", size, "--tmpfs", "/dev/shm",
         "--bind", str(workdir), str(workdir),  # after /tmp: its parents are private too
+        *lent,  # after /tmp too: a lent path under it shows alone, its siblings absent
         "--ro-bind", child, INIT,
         "--chdir", str(workdir),
         "--",

@@ -206,12 +206,15 @@ class Sandbox:
         stdin: bytes | str = b"",
         files: Mapping[str, str] | None = None,
         converse: Converse | None = None,
+        read_only: Sequence[str] = (),
     ) -> SandboxResult:
         """Run Python source (`str`) or an argv (its first item an absolute path) confined.
 
         `files` are written into the work dir first (names relative to it). With
         `converse`, the caller talks to the program over its stdin and stdout instead of
-        `stdin` and the result's `stdout` (which is then empty)."""
+        `stdin` and the result's `stdout` (which is then empty). `read_only` names host
+        paths (absolute, existing) bubblewrap mounts read-only at the same paths; the
+        fallback sees the host's files anyway, as far as its uid may."""
         async with self._slot():
             uid = UIDS.take()
             root = None
@@ -220,7 +223,7 @@ class Sandbox:
                     self._prepare, program, files or {}, uid, abandon=_remove_workdir
                 )
                 data = stdin.encode() if isinstance(stdin, str) else stdin
-                return await self._execute(argv, workdir, uid, data, converse)
+                return await self._execute(argv, workdir, uid, data, converse, read_only)
             finally:
                 await off_loop(_clean_up, root, uid)
 
@@ -251,7 +254,12 @@ class Sandbox:
         return root, workdir, argv
 
     def _command(
-        self, argv: list[str], workdir: Path, uid: int | None, status_fd: int | None
+        self,
+        argv: list[str],
+        workdir: Path,
+        uid: int | None,
+        status_fd: int | None,
+        read_only: Sequence[str] = (),
     ) -> list[str]:
         """The service-side command: the child entry, around bubblewrap where it is used."""
         lim = self.limits
@@ -286,6 +294,7 @@ class Sandbox:
             workdir=workdir,
             tmp_bytes=TMP_FS_FILES * (lim.file_size_mb << 20),
             share_network=lim.network == "allow",
+            read_only=read_only,
         )
         # bwrap's --die-with-parent ties it to the executor; before it only the uid changes
         if uid is None:
@@ -300,12 +309,13 @@ class Sandbox:
         uid: int | None,
         stdin: bytes,
         converse: Converse | None,
+        read_only: Sequence[str],
     ) -> SandboxResult:
         started = time.monotonic()
         status = os.pipe() if self.bwrap else None  # pid 1's report of the program's exit
         try:
             proc = await start(
-                self._command(argv, workdir, uid, status[1] if status else None),
+                self._command(argv, workdir, uid, status[1] if status else None, read_only),
                 cwd=workdir,
                 pass_fds=status[1:] if status else (),
                 limit=self.limits.output_bytes + 1,

@@ -1,0 +1,223 @@
+"""Agent gateway: the lookup tool task through an agent program vs the built-in episode loop.
+
+The real stack (`tidal rl @ configs/lookup.toml`: the tiny byte-level model, native
+inference, the trainer), 8 prompts x 8 episodes a step, RL only from one warmed-up model
+(`configs/lookup.toml`'s supervised warm-up, once, first; `--model` reuses a folder).
+Two arms, run alternately `--repeats` times so load on a shared machine hits both alike:
+- builtin: `type = "lookup"`, the orchestrator's own tool loop;
+- gateway: `type = "agent"` over the same problems, played by the ReAct agent on the
+  `openai` client (tests/helpers/agent_programs.py) as a long-running agent service,
+  which runs `lookup` itself and talks to the session gateway.
+Per step from metrics.jsonl (the first `SKIP` RL steps left out), at max_async 0 so a
+step is its rollout then its training: `seconds` (step), `generate_seconds` (rollout).
+Ratios: gateway / builtin of the pooled medians. `--micro` instead times, in this
+process, the gateway's own work for a two-call lookup episode (parse each request,
+render its prompt, record the turn, build the reply; no HTTP, no model) and prints it.
+
+    python bench/agent_gateway.py [--repeats 2] [--steps 12]
+                                  [--warmup-steps 200 | --model WARMED_FOLDER]
+    python bench/agent_gateway.py --micro
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from common import ROOT, print_table, write_result
+
+sys.path.insert(0, str(ROOT))
+from tests.helpers.agent_programs import react_service
+
+CONFIG = ROOT / "configs" / "lookup.toml"
+SKIP = 2  # first RL steps left out: the pipeline fills, the engine warms up
+PROMPTS, GROUP = 8, 8
+STEP_KEYS = ("step", "generate_seconds", "seconds", "samples", "reward_mean")
+
+
+def tidal_rl(args: list[str], *, out: Path, name: str) -> list[dict[str, Any]]:
+    command = [
+        sys.executable, "-m", "tidal.cli", "rl", "@", str(CONFIG), *args,
+        "--run.output-dir", str(out), "--run.name", name,
+        "--orchestrator.report.table-every", "0",
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    if done.returncode != 0:
+        raise RuntimeError(f"{name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
+
+
+def agent_overlay(path: Path, port: int) -> Path:
+    """The TOML that plays the lookup problems through the agent service."""
+    path.write_text(
+        f'[orchestrator.task]\ntype = "agent"\nurl = "http://127.0.0.1:{port}/"\n'
+        '[orchestrator.task.problems]\ntype = "lookup"\nkey_len = 1\nvalue_len = 1\n'
+        "guess_fraction = 0.5\n"
+    )
+    return path
+
+
+def run_steps(model: Path, extra: list[str], *, steps: int, out: Path, name: str) -> list[dict]:  # type: ignore[type-arg]
+    args = [
+        *extra, "--trainer.model.path", str(model), "--run.tokenizer", "byte",
+        "--orchestrator.warmup-steps", "0", "--orchestrator.steps", str(steps),
+        "--orchestrator.staleness.max-async", "0",
+        "--orchestrator.prompts-per-step", str(PROMPTS),
+        "--orchestrator.group-size", str(GROUP),
+    ]  # fmt: skip
+    return [r for r in tidal_rl(args, out=out, name=name) if r["phase"] == "rl"][SKIP:]
+
+
+def figures(rows: list[dict[str, Any]]) -> dict[str, float]:
+    def med(key: str) -> float:
+        return statistics.median(float(r.get(key) or 0.0) for r in rows)
+
+    return {
+        "step_s": med("seconds"),
+        "rollout_s": med("generate_seconds"),
+        "episodes": med("samples"),
+        "reward": statistics.mean(float(r["reward_mean"]) for r in rows),
+        "calls_per_episode": med("tools/calls_per_episode"),
+    }
+
+
+def gateway_ms_per_episode(repeats: int = 200) -> float:
+    """The gateway's CPU for one lookup episode of two calls (a call, then the answer)."""
+    import time
+
+    from tidal.orchestrator.completions import Completion
+    from tidal.orchestrator.gateway.chat_reply import TurnReply
+    from tidal.orchestrator.gateway.chat_request import message_key, parse_chat_call
+    from tidal.orchestrator.gateway.trace import EpisodeTrace
+    from tidal.orchestrator.task_config import LookupTaskConfig
+    from tidal.orchestrator.tasks.lookup import LookupTask
+    from tidal.text.byte import ByteTokenizer
+    from tidal.text.conversation import ChatRendering
+    from tidal.text.tool_calls import tool_call_parser
+
+    tokenizer = ByteTokenizer()
+    parser = tool_call_parser(tokenizer, "auto")
+    task = LookupTask(LookupTaskConfig(key_len=1, value_len=1))
+    task.bind(name="lookup", seed=0)
+    problem = task.problem(0)
+    ask = {"role": "user", "content": problem.prompt}
+
+    def call(trace: EpisodeTrace, messages: list[dict[str, Any]], text: str) -> dict[str, Any]:
+        request = parse_chat_call(
+            json.loads(json.dumps({"messages": messages, "tools": list(problem.tools)}))
+        )
+        pending = trace.prompt(request.messages, request.keys, request.tools)
+        ids = (*tokenizer.encode(text, add_special_tokens=False), tokenizer.eos_id)
+        turn = Completion(0, ids, tuple(-0.5 for _ in ids), tuple(1 for _ in ids), True)
+        decoded = tokenizer.decode(ids)
+        parsed = parser.parse(decoded, request.tools)
+        reply = TurnReply("policy", turn, parsed, len(pending.ids))
+        message = reply.message()
+        trace.record(pending, turn, decoded, parsed, message_key(reply.key_message(message)))
+        json.dumps(reply.whole(message))
+        return message
+
+    started = time.perf_counter()
+    for _ in range(repeats):
+        trace = EpisodeTrace(ChatRendering(tokenizer, True))
+        message = call(trace, [ask], f'<call>lookup {{"key": "{problem.prompt}"}}</call>')
+        result = {"role": "tool", "content": problem.reference}
+        call(trace, [ask, message, result], problem.reference)
+    return (time.perf_counter() - started) / repeats * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--warmup-steps", type=int, default=200)
+    parser.add_argument("--model", type=Path, help="a warmed-up model folder")
+    parser.add_argument("--micro", action="store_true", help="time the gateway's own work")
+    args = parser.parse_args()
+    if args.micro:
+        print(f"gateway CPU per two-call episode: {gateway_ms_per_episode():.2f} ms")
+        return
+    runs: dict[str, list[list[dict[str, Any]]]] = {"builtin": [], "gateway": []}
+    with tempfile.TemporaryDirectory(prefix="tidal-bench-gateway-") as tmp:
+        out = Path(tmp)
+        model = args.model
+        if model is None:
+            tidal_rl(
+                [
+                    "--orchestrator.warmup-steps",
+                    str(args.warmup_steps),
+                    "--orchestrator.steps",
+                    "1",
+                ],
+                out=out,
+                name="warmup",
+            )
+            model = out / "warmup" / "weights" / f"v{args.warmup_steps:06d}"
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        service = subprocess.Popen(
+            [*react_service(out), "--serve", str(port)], stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert service.stdout is not None and "serving" in service.stdout.readline()
+            overlay = agent_overlay(out / "agent.toml", port)
+            arms = {"builtin": [], "gateway": ["@", str(overlay)]}
+            for repeat in range(args.repeats):
+                order = list(arms) if repeat % 2 == 0 else list(reversed(arms))
+                for arm in order:
+                    name = f"{arm}-{repeat}"
+                    runs[arm].append(
+                        run_steps(model, arms[arm], steps=args.steps, out=out, name=name)
+                    )
+        finally:
+            service.kill()
+            service.wait()
+    pooled = {arm: figures([r for run in rs for r in run]) for arm, rs in runs.items()}
+    base = pooled["builtin"]
+    rows = [
+        {
+            "arm": arm,
+            "step s": m["step_s"],
+            "step ratio": m["step_s"] / base["step_s"],
+            "rollout s": m["rollout_s"],
+            "rollout ratio": m["rollout_s"] / base["rollout_s"],
+            "episodes/step": m["episodes"],
+            "calls/episode": m["calls_per_episode"],
+            "reward": m["reward"],
+        }
+        for arm, m in pooled.items()
+    ]
+    print_table(f"{PROMPTS * GROUP} lookup episodes a step: gateway vs built-in (medians)", rows)
+    summary = {
+        "step_ratio": rows[1]["step ratio"],
+        "rollout_ratio": rows[1]["rollout ratio"],
+        "episodes_per_step": PROMPTS * GROUP,
+    }
+    config = {
+        "run_config": "configs/lookup.toml",
+        "prompts_per_step": PROMPTS,
+        "group_size": GROUP,
+        "max_async": 0,
+        "warmup_steps": 0 if args.model else args.warmup_steps,
+        "rl_steps": args.steps,
+        "skipped_first_rl_steps": SKIP,
+        "repeats": args.repeats,
+        "per_run_steps": {
+            arm: [[{k: r.get(k) for k in STEP_KEYS} for r in run] for run in v]
+            for arm, v in runs.items()
+        },
+    }
+    path = write_result("agent_gateway", config=config, results=rows, summary=summary)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""Agent programs trained through the session gateway, on the real stack through the launcher.
+
+A curl script (no Python) run per episode in the sandbox completes episodes that are
+trained; the Python ReAct agent on the `openai` client, as a long-running agent service,
+learns the lookup tool task on the tiny default model as the built-in tool loop does.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.agent_programs import curl_command, react_service
+
+LOOKUP = Path(__file__).parents[2] / "configs" / "lookup.toml"
+WARMUP_STEPS = 200
+"""As the built-in lookup learning test: past the warm-up step where copying is learned."""
+RL_STEPS = 25
+REWARD_GAIN = 0.2
+"""Mean reward of the last 5 RL steps over the first 5 (the built-in tool loop's bound)."""
+LIMIT_S = 900
+
+
+def _records(run_dir: Path) -> list[dict]:  # type: ignore[type-arg]
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["phase"] == "rl"]
+
+
+def _mean(records: list[dict], key: str) -> float:  # type: ignore[type-arg]
+    return sum(r.get(key, 0.0) for r in records) / len(records)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.timeout(300)
+def test_a_curl_agent_completes_episodes_that_are_trained(launch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    folder = tmp_path / "agent"
+    folder.mkdir()
+    command = curl_command(folder, reward=True)
+    agent = tmp_path / "agent.toml"
+    agent.write_text(
+        "[orchestrator.task]\n"
+        'type = "agent"\n'
+        f"command = {json.dumps(command)}\n"
+        "self_reward = true\n"
+        "deadline_s = 60.0\n"
+        "[orchestrator.task.problems]\n"
+        'type = "reversal"\n'
+        "[orchestrator.chat]\n"
+        'template = "on"\n'
+    )
+    run = launch(
+        "@",
+        str(agent),
+        "--orchestrator.warmup-steps", "0",
+        "--orchestrator.steps", "2",
+        "--orchestrator.prompts-per-step", "2",
+        "--orchestrator.group-size", "2",
+        "--orchestrator.report.table-every", "0",
+        "--grpc.shutdown-grace-s", "0.5",
+    )  # fmt: skip
+    # communicate: the launcher echoes the orchestrator's log, which must not fill the pipe
+    output, _ = run.process.communicate(timeout=240)
+    assert run.process.returncode == 0, output
+    rl = _records(run.run_dir)
+    assert len(rl) == 2
+    for record in rl:  # every episode trained, none dropped, each with the reward it posted
+        assert record["samples"] == 4, record
+        assert record["reward_mean"] == 1.0
+        assert not [k for k in record if k.startswith("episode/dropped_")], record
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(LIMIT_S + 60)
+def test_a_react_agent_service_learns_the_lookup_tool_task(launch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    port = _free_port()
+    service = subprocess.Popen(
+        [*react_service(tmp_path), "--serve", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert service.stdout is not None and "serving" in service.stdout.readline()
+        agent = tmp_path / "agent.toml"
+        agent.write_text(
+            "[orchestrator.task]\n"
+            'type = "agent"\n'
+            f'url = "http://127.0.0.1:{port}/"\n'
+            "[orchestrator.task.problems]\n"
+            'type = "lookup"\n'
+            "key_len = 1\n"
+            "value_len = 1\n"
+            "guess_fraction = 0.5\n"
+        )
+        started = time.monotonic()
+        run = launch(
+            "@", str(LOOKUP), "@", str(agent),
+            "--orchestrator.warmup-steps", str(WARMUP_STEPS),
+            "--orchestrator.steps", str(RL_STEPS),
+            "--orchestrator.report.table-every", "0",
+            "--grpc.shutdown-grace-s", "0.5",
+        )  # fmt: skip
+        output, _ = run.process.communicate(timeout=LIMIT_S)  # drained: see above
+        assert run.process.returncode == 0, output
+        assert time.monotonic() - started < LIMIT_S
+    finally:
+        service.kill()
+        service.wait()
+    rl = _records(run.run_dir)
+    assert len(rl) == RL_STEPS
+    first, last = rl[:5], rl[-5:]
+    reward = _mean(first, "reward_mean"), _mean(last, "reward_mean")
+    assert reward[1] >= reward[0] + REWARD_GAIN, f"reward {reward[0]:.3f} -> {reward[1]:.3f}"
+    calls = _mean(first, "tools/calls_per_episode"), _mean(last, "tools/calls_per_episode")
+    assert calls[1] > calls[0], f"calls per episode {calls[0]:.2f} -> {calls[1]:.2f}"
