@@ -35,7 +35,9 @@ NOT_EXACT: dict[str, dict[str, Any]] = {
 }
 
 
-def groups(completions: int, *, zero: set[int], seed: int = 0, length: int = 0) -> list[TrainSample]:
+def groups(
+    completions: int, *, zero: set[int], seed: int = 0, length: int = 0
+) -> list[TrainSample]:
     """Four prompts × `completions`; the groups in `zero` have advantage 0 everywhere.
     `length` > 0: every prompt and completion that long."""
     g = random.Random(seed)

@@ -148,8 +148,10 @@ def trained_batches(
     joined: list[list[MicroBatchData]] = []
     for batch in kept:
         group = joined[-1] if joined else []
-        if group and group[0].rank == batch.rank and (
-            sum(b.num_tokens for b in group) + batch.num_tokens <= budget
+        if (
+            group
+            and group[0].rank == batch.rank
+            and (sum(b.num_tokens for b in group) + batch.num_tokens <= budget)
         ):
             joined[-1].append(batch)
         else:
