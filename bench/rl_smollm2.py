@@ -116,6 +116,7 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("tidal zero-advantage skip off",
      {"kind": "tidal", "extra": ["--trainer.loss.skip-zero-advantage", "false"]}),
     ("tidal trainer 2 threads", {"kind": "tidal", "extra": ["--trainer.num-threads", "2"]}),
+    ("tidal inference 2 threads", {"kind": "tidal", "extra": ["--inference.num-threads", "2"]}),
 ]  # fmt: skip
 
 
