@@ -120,12 +120,17 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
 ]  # fmt: skip
 
 
+def chosen_variants(first: int) -> list[tuple[str, dict[str, Any]]]:
+    """TRL, Tidal's default and the next `first - 2` Tidal variants (all: `len(VARIANTS)`)."""
+    return VARIANTS[: max(2, first)]
+
+
 def run_scenario(python: Path, folder: Path, *, steps: int, skip: int, repeats: int,
-                 out: Path) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
+                 out: Path, variants: int) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
     """variant → one result per repeat, variants interleaved per repeat."""
     runs: dict[str, list[dict[str, Any]]] = {}
     for repeat in range(repeats):
-        for name, how in VARIANTS:
+        for name, how in chosen_variants(variants):
             tag = f"smollm2-{'-'.join(name.split()[:3])}-{repeat}".replace(":", "")
             started = time.time()
             if how["kind"] == "trl":
