@@ -37,7 +37,9 @@ from tidal.trainer.train_step import Trainer
 PROMPTS, COMPLETIONS, PROMPT_TOKENS, MAX_NEW = 8, 8, 45, 48
 
 
-def batches(rng: random.Random, vocab: int, zero_groups: int = 0) -> list[MicroBatchData]:
+def batches(
+    rng: random.Random, vocab: int, zero_groups: int = 0, budget: int = 2048
+) -> list[MicroBatchData]:
     """The step's micro-batches; the first `zero_groups` groups have advantage 0 (equal rewards)."""
     samples = []
     for group in range(PROMPTS):
@@ -52,7 +54,7 @@ def batches(rng: random.Random, vocab: int, zero_groups: int = 0) -> list[MicroB
                     completion_logprobs=tuple(-rng.uniform(1.0, 4.0) for _ in completion),
                 )
             )
-    (packed,) = pack_for_ranks(samples, 2048, 1, share_prompts=True)
+    (packed,) = pack_for_ranks(samples, budget, 1, share_prompts=True)
     return [micro_batch_from_packed(p) for p in packed]
 
 
@@ -82,6 +84,10 @@ def main(argv: list[str]) -> None:
         help="groups of the 8 whose rewards are all equal (advantage 0); > 0 also times each "
         "step with trainer.loss.skip_zero_advantage off, alternating",
     )  # fmt: skip
+    parser.add_argument(
+        "--micro-batch-tokens", type=int, default=2048,
+        help="token budget of each micro-batch (the orchestrator's default: 2048)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if not (args.model_folder / "config.json").exists():  # `make bench` on a fresh clone
         print(f"skipped: no model folder at {args.model_folder} (`tidal import-model` writes one)")
@@ -103,7 +109,7 @@ def main(argv: list[str]) -> None:
     tokens = skipped = 0
     step = 0
     for round_ in range(args.steps + 1):
-        data = batches(rng, vocab, args.zero_groups)
+        data = batches(rng, vocab, args.zero_groups, args.micro_batch_tokens)
         tokens = sum(b.num_tokens for b in data)
         for mode, mode_config in modes.items():  # the same batches, alternating
             trainer.config = mode_config
@@ -118,7 +124,9 @@ def main(argv: list[str]) -> None:
     with torch.profiler.profile(
         activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True
     ) as prof:
-        trainer.train_step(step + 1, batches(rng, vocab, args.zero_groups), "pg")
+        trainer.train_step(
+            step + 1, batches(rng, vocab, args.zero_groups, args.micro_batch_tokens), "pg"
+        )
     groups: dict[str, float] = {}
     for e in prof.key_averages(group_by_input_shape=True):
         if e.key.startswith("aten::"):
@@ -149,6 +157,7 @@ def main(argv: list[str]) -> None:
             "bf16": trainer.bf16,
             "tokens_per_step": tokens,
             "zero_advantage_groups": args.zero_groups,
+            "micro_batch_tokens": args.micro_batch_tokens,
             "skipped_tokens_per_step": skipped,
             "load_avg": list(os.getloadavg()),
         },
