@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -131,7 +132,8 @@ def run_scenario(python: Path, folder: Path, *, steps: int, skip: int, repeats: 
     runs: dict[str, list[dict[str, Any]]] = {}
     for repeat in range(repeats):
         for name, how in chosen_variants(variants):
-            tag = f"smollm2-{'-'.join(name.split()[:3])}-{repeat}".replace(":", "")
+            words = re.sub(r"[^A-Za-z0-9 ]", "", name).split()[:3]
+            tag = f"smollm2-{'-'.join(words)}-{repeat}"  # a plain folder name: `run.name`
             started = time.time()
             if how["kind"] == "trl":
                 result = run_trl(
