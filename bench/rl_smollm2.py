@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -73,7 +74,9 @@ def run_tidal(folder: Path, *, steps: int, skip: int, out: Path, name: str,
         "train_s_per_step": statistics.median(r["train_seconds"] for r in timed),
         "trainer_compute_s_per_step": statistics.median(r["train/seconds"] for r in timed),
         "generate_s_per_step": statistics.median(r["generate_seconds"] for r in timed),
-        "trained_tokens_per_step": statistics.median(r.get("train/tokens", 0.0) for r in timed),
+        "step_tokens": statistics.median(r.get("train/tokens", 0.0) for r in timed),
+        "zero_adv_skipped_samples": [r.get("train/zero_adv_skipped_samples") for r in rl],
+        "zero_adv_skipped_tokens": [r.get("train/zero_adv_skipped_tokens") for r in rl],
         "rewards": [round(r["reward_mean"], 4) for r in rl],
         "load_before": round(load, 2),
         "load_after": round(os.getloadavg()[0], 2),
@@ -111,16 +114,26 @@ def run_trl(python: Path, folder: Path, *, steps: int, skip: int, out: Path, nam
 VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("trl bf16", {"kind": "trl", "precision": "bf16"}),
     ("tidal (default: max_async 1, bf16)", {"kind": "tidal", "extra": []}),
-]
+    ("tidal zero-advantage skip off",
+     {"kind": "tidal", "extra": ["--trainer.loss.skip-zero-advantage", "false"]}),
+    ("tidal trainer 2 threads", {"kind": "tidal", "extra": ["--trainer.num-threads", "2"]}),
+    ("tidal inference 2 threads", {"kind": "tidal", "extra": ["--inference.num-threads", "2"]}),
+]  # fmt: skip
+
+
+def chosen_variants(first: int) -> list[tuple[str, dict[str, Any]]]:
+    """TRL, Tidal's default and the next `first - 2` Tidal variants (all: `len(VARIANTS)`)."""
+    return VARIANTS[: max(2, first)]
 
 
 def run_scenario(python: Path, folder: Path, *, steps: int, skip: int, repeats: int,
-                 out: Path) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
+                 out: Path, variants: int) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
     """variant → one result per repeat, variants interleaved per repeat."""
     runs: dict[str, list[dict[str, Any]]] = {}
     for repeat in range(repeats):
-        for name, how in VARIANTS:
-            tag = f"smollm2-{name.split()[0]}-{repeat}"
+        for name, how in chosen_variants(variants):
+            words = re.sub(r"[^A-Za-z0-9 ]", "", name).split()[:3]
+            tag = f"smollm2-{'-'.join(words)}-{repeat}"  # a plain folder name: `run.name`
             started = time.time()
             if how["kind"] == "trl":
                 result = run_trl(
@@ -153,6 +166,11 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> tuple[list[dict[str, Any
     every = [r for rs in runs.values() for r in rs]
     summary = {
         "step_speedup_vs_trl_smollm2": round(trl / tidal, 3),
+        **{
+            f"step_speedup_vs_trl_smollm2 ({name})": round(trl / median[name], 3)
+            for name, _ in VARIANTS[2:]
+            if name in median
+        },
         "load_avg_during_runs": [
             min(r["load_before"] for r in every),
             max(r["load_after"] for r in every),

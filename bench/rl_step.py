@@ -318,6 +318,7 @@ def run_smollm2(args: argparse.Namespace) -> None:
         runs = rl_smollm2.run_scenario(
             trl_python(), args.model_folder, steps=args.smollm2_steps,
             skip=args.smollm2_skip, repeats=args.smollm2_repeats, out=Path(tmp),
+            variants=args.smollm2_variants,
         )  # fmt: skip
     rows, summary = rl_smollm2.summarize(runs)
     print_table("RL step, SmolLM2-135M-Instruct, Tidal beside TRL GRPOTrainer", rows)
@@ -334,6 +335,7 @@ def run_smollm2(args: argparse.Namespace) -> None:
             "steps": args.smollm2_steps,
             "skipped_first_steps": args.smollm2_skip,
             "repeats": args.smollm2_repeats,
+            "variants": [name for name, _ in rl_smollm2.chosen_variants(args.smollm2_variants)],
             "trl": "GRPOTrainer, use_cpu, bf16=True, torch default threads (2)",
             "tidal": "tidal rl @ configs/default.toml + the task flags; precision auto (bf16)",
             "wall_s": round(time.time() - started, 1),
@@ -365,6 +367,11 @@ def main() -> None:
         "--smollm2-skip", type=int, default=1, help="smollm2: first steps left out of s/step"
     )
     parser.add_argument("--smollm2-repeats", type=int, default=1)
+    parser.add_argument(
+        "--smollm2-variants", type=int, default=len(rl_smollm2.VARIANTS),
+        help="smollm2: run the first N variants (TRL and Tidal's default always; 3 adds "
+        "the zero-advantage skip off, 4 and 5 the 2-thread trainer and inference)",
+    )  # fmt: skip
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--steps", type=int, default=12, help="RL steps per small run")
     parser.add_argument("--large-steps", type=int, default=6, help="RL steps per large run")

@@ -8,7 +8,8 @@ them less than wall time; the profiler's operators are grouped into what they co
 (decoder matmuls, LM head matmuls, LM head elementwise, attention, ...), each with its
 share of the profiled step. The first step (optimizer build, warm-up) is left out.
 
-`python bench/trainer_profile_real.py [--model-folder DIR] [--steps 2] [--threads 1]`
+`python bench/trainer_profile_real.py [--model-folder DIR] [--steps 2] [--threads 1]
+[--zero-groups K]` (K of the 8 groups with advantage 0: the zero-advantage skip's A/B)
 """
 
 from __future__ import annotations
@@ -36,9 +37,12 @@ from tidal.trainer.train_step import Trainer
 PROMPTS, COMPLETIONS, PROMPT_TOKENS, MAX_NEW = 8, 8, 45, 48
 
 
-def batches(rng: random.Random, vocab: int) -> list[MicroBatchData]:
+def batches(
+    rng: random.Random, vocab: int, zero_groups: int = 0, budget: int = 2048
+) -> list[MicroBatchData]:
+    """The step's micro-batches; the first `zero_groups` groups have advantage 0 (equal rewards)."""
     samples = []
-    for _ in range(PROMPTS):
+    for group in range(PROMPTS):
         prompt = tuple(rng.randrange(3, vocab) for _ in range(PROMPT_TOKENS))
         for _ in range(COMPLETIONS):
             completion = tuple(rng.randrange(3, vocab) for _ in range(rng.randint(30, MAX_NEW)))
@@ -46,11 +50,11 @@ def batches(rng: random.Random, vocab: int) -> list[MicroBatchData]:
                 TrainSample(
                     prompt_ids=prompt,
                     completion_ids=completion,
-                    advantage=rng.gauss(0.0, 1.0),
+                    advantage=0.0 if group < zero_groups else rng.gauss(0.0, 1.0),
                     completion_logprobs=tuple(-rng.uniform(1.0, 4.0) for _ in completion),
                 )
             )
-    (packed,) = pack_for_ranks(samples, 2048, 1, share_prompts=True)
+    (packed,) = pack_for_ranks(samples, budget, 1, share_prompts=True)
     return [micro_batch_from_packed(p) for p in packed]
 
 
@@ -75,6 +79,15 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--model-folder", type=Path, default=Path("/work/smollm2-hf"))
     parser.add_argument("--steps", type=int, default=2, help="timed steps after the first")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--zero-groups", type=int, default=0,
+        help="groups of the 8 whose rewards are all equal (advantage 0); > 0 also times each "
+        "step with trainer.loss.skip_zero_advantage off, alternating",
+    )  # fmt: skip
+    parser.add_argument(
+        "--micro-batch-tokens", type=int, default=2048,
+        help="token budget of each micro-batch (the orchestrator's default: 2048)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if not (args.model_folder / "config.json").exists():  # `make bench` on a fresh clone
         print(f"skipped: no model folder at {args.model_folder} (`tidal import-model` writes one)")
@@ -87,21 +100,33 @@ def main(argv: list[str]) -> None:
         num_threads=args.threads,
     )
     trainer = Trainer(config, seed=0, device=torch.device("cpu"))
+    skip_off = config.model_copy(update={"loss": config.loss.model_copy(
+        update={"skip_zero_advantage": False})})  # fmt: skip
+    modes = {"skip": config, "no skip": skip_off} if args.zero_groups else {"skip": config}
     vocab = config.model.vocab_size
     rng = random.Random(0)
-    cpu: list[float] = []
-    tokens = 0
-    for step in range(1, args.steps + 2):
-        data = batches(rng, vocab)
+    cpu: dict[str, list[float]] = {mode: [] for mode in modes}
+    tokens = skipped = 0
+    step = 0
+    for round_ in range(args.steps + 1):
+        data = batches(rng, vocab, args.zero_groups, args.micro_batch_tokens)
         tokens = sum(b.num_tokens for b in data)
-        started = time.process_time()
-        trainer.train_step(step, data, "pg")
-        if step > 1:
-            cpu.append(time.process_time() - started)
+        for mode, mode_config in modes.items():  # the same batches, alternating
+            trainer.config = mode_config
+            step += 1
+            started = time.process_time()
+            metrics = trainer.train_step(step, data, "pg")
+            if round_ > 0:
+                cpu[mode].append(time.process_time() - started)
+            if mode == "skip":
+                skipped = int(metrics.get("zero_adv_skipped_tokens", 0))
+    trainer.config = config
     with torch.profiler.profile(
         activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True
     ) as prof:
-        trainer.train_step(args.steps + 2, batches(rng, vocab), "pg")
+        trainer.train_step(
+            step + 1, batches(rng, vocab, args.zero_groups, args.micro_batch_tokens), "pg"
+        )
     groups: dict[str, float] = {}
     for e in prof.key_averages(group_by_input_shape=True):
         if e.key.startswith("aten::"):
@@ -115,10 +140,13 @@ def main(argv: list[str]) -> None:
     started = time.process_time()
     trainer.state_dict_for_publish()
     publish_cpu = time.process_time() - started
-    step_cpu = statistics.median(cpu)
+    step_cpu = statistics.median(cpu["skip"])
+    no_skip = {"step_cpu_s_skip_off": round(statistics.median(cpu["no skip"]), 2)} if (
+        args.zero_groups) else {}  # fmt: skip
     print_table(
-        f"trainer step, {trainer.describe()}, {tokens} tokens, bf16={trainer.bf16}, "
-        f"{step_cpu:.1f} CPU-s/step ({tokens / step_cpu:.0f} tokens per CPU-s)",
+        f"trainer step, {trainer.describe()}, {tokens} tokens ({skipped} skipped), "
+        f"bf16={trainer.bf16}, {step_cpu:.1f} CPU-s/step "
+        f"({(tokens - skipped) / step_cpu:.0f} trained tokens per CPU-s) {no_skip}",
         rows,
     )
     write_result(
@@ -128,12 +156,16 @@ def main(argv: list[str]) -> None:
             "threads": args.threads,
             "bf16": trainer.bf16,
             "tokens_per_step": tokens,
+            "zero_advantage_groups": args.zero_groups,
+            "micro_batch_tokens": args.micro_batch_tokens,
+            "skipped_tokens_per_step": skipped,
             "load_avg": list(os.getloadavg()),
         },
         results=rows,
         summary={
             "step_cpu_s": round(step_cpu, 2),
-            "tokens_per_cpu_s": round(tokens / step_cpu, 1),
+            "tokens_per_cpu_s": round((tokens - skipped) / step_cpu, 1),
+            **no_skip,
             "publish_copy_cpu_s": round(publish_cpu, 3),
         },
     )

@@ -343,6 +343,13 @@ class LossConfig(BaseConfig):
     """KL penalty to the frozen initial model."""
     entropy_coef: float = Field(default=0.0, ge=0)
     """Entropy bonus: coef · (normalized) entropy is subtracted from the loss."""
+    skip_zero_advantage: bool = True
+    """Leave samples whose advantage is 0 on every loss token (a group with equal rewards)
+    out of the forward and backward, where their gradient is exactly zero: policy-gradient
+    steps without KL, entropy bonus or MoE router loss, and without context parallelism
+    (elsewhere every sample is trained). The step's loss denominators still count them,
+    so the update is unchanged; token metrics (entropy, clip and ratio means) then average
+    the trained samples, and `zero_adv_skipped_samples` counts those left out."""
 
     @model_validator(mode="after")
     def _check_norm(self) -> LossConfig:

@@ -45,6 +45,7 @@ from tidal.trainer.ranks import RankContext, SingleProcess
 from tidal.trainer.router_loss import router_terms
 from tidal.trainer.service_trainer import LossKind
 from tidal.trainer.shared_prompts import check_shared_prompts
+from tidal.trainer.zero_advantage import skip_is_exact, trained_batches
 
 log = logging.getLogger(__name__)
 
@@ -223,12 +224,22 @@ class Trainer:
     ) -> dict[str, torch.Tensor]:
         """Fresh `.grad`s of the step's loss; returns step-level metric sums (loss, entropy…)."""
         batches = self._prepare(batches)
-        counts = step_counts(batches, self.ranks.reduce)
+        counts = step_counts(batches, self.ranks.reduce)  # every sample: the loss's weights
         if counts.loss_tokens == 0:
             raise InvalidArgument("micro_batches.loss_mask", "no token of the step has loss_mask 1")
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=self.device))
+        metric_tokens = counts.loss_tokens
+        skipping = skip_is_exact(self.config, kind, cp=self.ranks.cp)
+        if skipping:
+            batches, skipped = trained_batches(
+                batches, keep_micro_batches=self.ranks.runs_empty_micro_batches
+            )
+            sums["zero_adv_skipped_samples"] += skipped.samples
+            sums["zero_adv_skipped_tokens"] += skipped.tokens
+            sums["loss"] += 0.0  # a step with nothing left to train has loss 0
+            metric_tokens = step_counts(batches, self.ranks.reduce).loss_tokens
         for batch in batches:
             if self._stop_requested.is_set() and isinstance(self.ranks, SingleProcess):
                 self.optimizer.zero_grad(set_to_none=True)
@@ -239,8 +250,12 @@ class Trainer:
                 )
             if batch.num_loss_tokens == 0 and not self.ranks.runs_empty_micro_batches:
                 continue  # contributes nothing (sharded ranks still run it, to stay in step)
-            for name, value in self._backward(batch.to(self.device), kind, counts).items():
+            parts = self._backward(batch.to(self.device), kind, counts, metric_tokens)
+            for name, value in parts.items():
                 sums[name] += value
+        if skipping and not batches:  # all skipped: the zero gradient AdamW still steps on
+            for p in self._trainable:
+                p.grad = torch.zeros_like(p)
         self.ranks.finish_gradients(self.model)  # e.g. expert parallelism's gradients
         # The step's metric sums over all ranks, in one collective.
         names = sorted(sums)
@@ -310,9 +325,10 @@ class Trainer:
         return logprobs_all.gather(-1, targets[:, None]).squeeze(-1), entropy
 
     def _backward(
-        self, batch: MicroBatchData, kind: LossKind, counts: StepCounts
+        self, batch: MicroBatchData, kind: LossKind, counts: StepCounts, metric_tokens: int
     ) -> dict[str, torch.Tensor]:
-        """Forward and backward one packed micro-batch; return its detached metric parts."""
+        """Forward and backward one packed micro-batch; return its detached metric parts
+        (token means over the step's `metric_tokens` trained loss tokens)."""
         bonus = kind == "pg" and self.config.loss.entropy_coef > 0
         # `scored`: which tokens the logprobs score: all but the first, or under context
         # parallelism this rank's share (tidal.trainer.parallel.cp_batch).
@@ -329,7 +345,7 @@ class Trainer:
                 mask = batch.loss_mask[scored]  # (T-1,)
         segments = segment_ids(batch.sample_lengths)[scored]  # (N,)
         num_segments = int(batch.sample_lengths.shape[0])
-        metric_weights = mask / counts.loss_tokens  # (T-1,) token mean over the step
+        metric_weights = mask / metric_tokens  # (T-1,) token mean over the step
         loss_cfg = self.config.loss
         if kind == "sft":
             loss, parts = sft_loss(logprobs, metric_weights)
