@@ -76,15 +76,20 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
         print(f"\ntest-cluster: wall time {time.monotonic() - started:.0f}s ({phases})")
 
 
-def _assert_completed(cluster: Cluster, job: str, run_dir: Path, ended: int = 1) -> None:
+def _assert_completed(
+    cluster: Cluster, job: str, run_dir: Path, ended_before: tuple[str, ...] = ()
+) -> None:
     """Waits for the job in scontrol (the live state), then asserts through `sacct
-    --completion` that it ended `ended` times, the last COMPLETED 0:0 on the three nodes."""
+    --completion` that it ended in the states `ended_before` (each followed by a requeue)
+    and then COMPLETED 0:0, every time on the three nodes."""
     fields = cluster.wait_job(job, JOB_TIMEOUT_S)
-    records = cluster.completions(job, count=ended)
+    records = cluster.completions(job, count=len(ended_before) + 1)
     print(f"test-cluster: {run_dir.name}: sacct --completion -j {job}: {records}", flush=True)
-    last = {"JobID": job, "State": "COMPLETED", "ExitCode": "0:0", "NodeList": "node[1-3]"}
-    earlier = [(r["JobID"], r["State"] == "COMPLETED") for r in records[:-1]]
-    if records[-1:] != [last] or earlier != [(job, False)] * (ended - 1):
+    expected = [
+        {"JobID": job, "State": state, "ExitCode": "0:0", "NodeList": "node[1-3]"}
+        for state in (*ended_before, "COMPLETED")
+    ]
+    if records != expected:
         logs = sorted((run_dir / "logs").glob("*"))
         detail = "\n".join(f"--- {p.name}\n{p.read_text()[-2500:]}" for p in logs)
         raise AssertionError(f"job {job}: {records}\n{fields}\n{detail}\n{cluster.logs()}")
@@ -268,8 +273,8 @@ def test_a_crashed_replica_is_restarted_and_a_lost_node_requeues_and_resumes(
         180,
     )
     sh(["docker", "start", cluster.name(COMPUTE[1])], log=cluster.log)
-    # two records: the end node2's loss caused (before the requeue), then COMPLETED
-    _assert_completed(cluster, job, run_dir, ended=2)
+    # two records: NODE_FAIL when node2 was lost (then the requeue), then COMPLETED
+    _assert_completed(cluster, job, run_dir, ended_before=("NODE_FAIL",))
     lineage = _surviving_lineage((run_dir / "logs" / "trainer.log").read_text())
     assert lineage == list(range(1, steps + 1)), lineage
     assert run_log_steps(run_dir / "metrics.jsonl") == list(range(1, steps + 1))
