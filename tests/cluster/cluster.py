@@ -32,6 +32,7 @@ PREFIX = "tidalcluster"
 CONTROLLER = "controller"
 COMPUTE = ("node1", "node2", "node3")
 WORKDIR = "/tidal"
+SACCT_FIELDS = "JobID,State,ExitCode,NodeList"
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 
 
@@ -127,6 +128,20 @@ class Cluster:
     def job(self, job_id: str) -> dict[str, str]:
         out = self.exec(CONTROLLER, "scontrol", "show", "job", job_id, check=False).stdout
         return dict(f.split("=", 1) for f in out.split() if "=" in f)
+
+    def completions(self, job_id: str, count: int = 1, timeout: float = 30) -> list[dict[str, str]]:
+        """`sacct --completion` on the controller: the job's records in the job-completion
+        log (jobcomp/filetxt), one per time it ended, oldest first. Waits up to `timeout`
+        for `count` records: slurmctld writes one as the job leaves the running state."""
+        argv = ("sacct", "--completion", "-j", job_id, "-n", "-P", "-o", SACCT_FIELDS)
+        deadline = time.monotonic() + timeout
+        while True:
+            out = self.exec(CONTROLLER, *argv).stdout
+            names = SACCT_FIELDS.split(",")
+            rows = [dict(zip(names, line.split("|"), strict=True)) for line in out.splitlines()]
+            if len(rows) >= count or time.monotonic() > deadline:
+                return rows
+            time.sleep(1)
 
     def wait_job(self, job_id: str, timeout: float) -> dict[str, str]:
         deadline = time.monotonic() + timeout
