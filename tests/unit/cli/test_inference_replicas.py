@@ -80,9 +80,9 @@ def test_slurm_spreads_replicas_over_inference_nodes_with_gpu_slices(tmp_path: P
     script = render(slurm, run_name="r", run_dir=tmp_path, endpoints=Endpoints(), replicas=4)
     assert 'INFER_REPLICAS=("${NODES[1]}:50052" "${NODES[2]}:50052" "${NODES[1]}:50055" ' in script
     assert "--endpoints.inference-replicas" in script
-    assert script.count("-m tidal.inference") == 4
+    assert script.count(' tidal.inference "${SERVICE_ARGS[@]}"') == 4
     assert "env CUDA_VISIBLE_DEVICES=0,1 " in script and "env CUDA_VISIBLE_DEVICES=2,3 " in script
-    assert "--inference.replica-id inference-3 > " in script and "/inference-3.log" in script
+    assert "--inference.replica-id inference-3 > " in script and "/job-inference-3.log" in script
     path = tmp_path / "job.sbatch"
     path.write_text(script)
     assert subprocess.run(["bash", "-n", str(path)]).returncode == 0

@@ -135,10 +135,11 @@ class RunLog:
         with space_for(self.path, len(line)), self.path.open("ab") as f:
             f.write(line)
         if self._writer is not None:
-            for name, value in record.flat().items():
-                if isinstance(value, int | float) and not isinstance(value, bool):
-                    self._writer.add_scalar(name, value, record.step)
-            self._writer.flush()
+            with space_for(self.path.parent / TENSORBOARD_DIR, None):
+                for name, value in record.flat().items():
+                    if isinstance(value, int | float) and not isinstance(value, bool):
+                        self._writer.add_scalar(name, value, record.step)
+                self._writer.flush()
         for sink in self.sinks:
             try:
                 sink(record)
