@@ -23,8 +23,6 @@ import torch
 
 from tidal.batch.tensors import MicroBatchData, prediction_index, segment_ids
 from tidal.common.errors import FailedPrecondition, InvalidArgument, Unavailable
-from tidal.models.cpu_features import bf16_cost_warning
-from tidal.models.device import native_bf16
 from tidal.models.hf_checkpoint import publishable_state_dict
 from tidal.models.lora import adapter_state_dict
 from tidal.trainer.config import TrainerConfig
@@ -34,7 +32,7 @@ from tidal.trainer.memory.activation_offload import activation_offloading
 from tidal.trainer.memory.chunk_size import resolve_chunk_size
 from tidal.trainer.memory.lm_head import chunked_logprobs_entropy
 from tidal.trainer.memory.lora import adapter_config
-from tidal.trainer.memory.precision import AUTO_BF16_MIN_PARAMS
+from tidal.trainer.memory.precision import resolve_precision, warn_if_bf16_is_slow
 from tidal.trainer.memory.truncation import truncate_micro_batch, truncation_enabled
 from tidal.trainer.memory_config import check_levers_at_start
 from tidal.trainer.model_factory import build_model
@@ -69,13 +67,13 @@ class Trainer:
         self.device = device
         self.ranks = ranks
         check_levers_at_start(config.model, sharded=ranks.shards_model)
-        _warn_if_bf16_is_slow(config, device)
+        warn_if_bf16_is_slow(config, device)
         # Order: LoRA → activation checkpointing → compile (the levers), then sharding.
         levered = apply_model_levers(
             build_model(config.model, seed=seed, device=device), config.model, seed=seed
         )
         params = sum(p.numel() for p in levered.parameters())
-        self.bf16 = _resolve_precision(config.precision, device, params)
+        self.bf16 = resolve_precision(config.precision, device, params)
         self.publish_dtype = (
             torch.bfloat16
             if config.publish_dtype == "bfloat16" or (config.publish_dtype == "auto" and self.bf16)
@@ -397,29 +395,3 @@ class Trainer:
         with torch.no_grad():
             every = self._target_logprobs(self.reference, batch)[0]  # (T-1,): tokens 1..T-1
         return every if isinstance(scored, slice) else every[scored - 1]
-
-
-def _resolve_precision(precision: str, device: torch.device, params: int) -> bool:
-    """Whether the step computes under bf16 autocast; "auto" asks the device and logs why."""
-    if precision != "auto":
-        return precision == "bf16"
-    native, reason = native_bf16(device)
-    if native and params < AUTO_BF16_MIN_PARAMS:
-        native, reason = False, f"{params:,} parameters, under {AUTO_BF16_MIN_PARAMS:,}"
-    log.info("trainer.precision auto: %s on %s (%s)", "bf16" if native else "fp32", device, reason)
-    return native
-
-
-def _warn_if_bf16_is_slow(config: TrainerConfig, device: torch.device) -> None:
-    """Warn, with the measured cost, when bf16 is asked for on a CPU without native bf16.
-
-    The request is honoured (it may be deliberate, e.g. to match a GPU run's rounding);
-    the fp32 default is what such a CPU should run.
-    """
-    if device.type != "cpu":
-        return
-    asks = [f"trainer.precision = {config.precision!r}"] if config.precision == "bf16" else []
-    if config.parallel.param_dtype == "bfloat16":
-        asks.append("trainer.parallel.param_dtype = 'bfloat16'")
-    if asks and (warning := bf16_cost_warning(" and ".join(asks))):
-        log.warning(warning)
