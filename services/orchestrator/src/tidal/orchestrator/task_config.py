@@ -260,7 +260,7 @@ class ImportTaskConfig(TaskCommon):
     """Keyword arguments for the class's constructor."""
 
 
-ProblemSourceConfig = Annotated[
+ProblemTasks = (
     ReversalTaskConfig
     | ArithmeticTaskConfig
     | CountdownTaskConfig
@@ -268,9 +268,11 @@ ProblemSourceConfig = Annotated[
     | ReasoningGymTaskConfig
     | CodeTaskConfig
     | LookupTaskConfig
-    | ImportTaskConfig,
-    Field(discriminator="type"),
-]
+    | ImportTaskConfig
+)
+"""The tasks that hold their own problems and verifier."""
+
+ProblemSourceConfig = Annotated[ProblemTasks, Field(discriminator="type")]
 """A task whose problems and verifier an agent task uses (any task that is not an agent)."""
 
 AGENT_SANDBOX = SandboxLimits(
@@ -325,17 +327,7 @@ class AgentTaskConfig(TaskCommon):
 
 
 TaskConfig = Annotated[
-    ReversalTaskConfig
-    | ArithmeticTaskConfig
-    | CountdownTaskConfig
-    | DatasetTaskConfig
-    | ReasoningGymTaskConfig
-    | CodeTaskConfig
-    | LookupTaskConfig
-    | VerifiersTaskConfig
-    | AgentTaskConfig
-    | ImportTaskConfig,
-    Field(discriminator="type"),
+    ProblemTasks | VerifiersTaskConfig | AgentTaskConfig, Field(discriminator="type")
 ]
 
 
