@@ -3,25 +3,23 @@ state and the problems drawn over both lives equal those of an uninterrupted run
 
 The datasets' verdicts do not depend on what the policy samples (a regex every completion
 matches, or one none does), so both runs observe the same pass rates and any difference
-comes from the saved state. Services run as real processes, as in
-test_orchestrator_resume.py, whose helpers this module shares.
+comes from the saved state. Services run as real processes (tests/helpers/split_runs.py).
 """
 
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from tidal.cli.config import RunConfig
-from tidal.cli.launcher import START_ORDER, prepare_run_dir
+from tidal.cli.launcher import prepare_run_dir
 from tidal.common.config.loading import load_config
 
-from .test_orchestrator_resume import ROOT, _last_step_logged, _prompts, _start
+from ..helpers.split_runs import kill_and_resume_orchestrator, logged_prompts, running_services
+
+ROOT = Path(__file__).resolve().parents[2]
 
 CURRICULUM_STEPS, CURRICULUM_KILL_AFTER = 8, 5
 
@@ -78,7 +76,7 @@ def test_resumed_orchestrator_continues_the_curriculum_of_an_uninterrupted_run(
     overrides = _curriculum_overrides(tmp_path)
     uninterrupted = launch(*overrides)
     assert uninterrupted.process.wait(timeout=300) == 0, uninterrupted.output()
-    expected = _prompts(uninterrupted.run_dir)
+    expected = logged_prompts(uninterrupted.run_dir)
     state = _curriculum_state(uninterrupted.run_dir)
     # the curriculum did act: problems were skipped and re-admitted, and the task weights
     # left the fixed 50/50 mixture
@@ -93,27 +91,13 @@ def test_resumed_orchestrator_continues_the_curriculum_of_an_uninterrupted_run(
     argv += ["--run.output-dir", str(tmp_path / "split"), "--run.name", "resumed"]
     config, _ = load_config(RunConfig, argv)
     run_dir = prepare_run_dir(config)
-    services = {name: _start(name, run_dir) for name in START_ORDER}
-    try:
-        orchestrator = services["orchestrator"]
-        deadline = time.monotonic() + 240
-        while _last_step_logged(run_dir) < 1 + CURRICULUM_KILL_AFTER:
-            assert orchestrator.poll() is None and time.monotonic() < deadline
-            time.sleep(0.02)
-        orchestrator.send_signal(signal.SIGKILL)
-        orchestrator.wait(timeout=30)
-        assert _last_step_logged(run_dir) < 1 + CURRICULUM_STEPS  # it died mid-run
-        resumed = _start("orchestrator", run_dir, "--orchestrator.resume", "true")
-        assert resumed.wait(timeout=240) == 0, (run_dir / "logs" / "orchestrator.log").read_text()
-    finally:
-        for process in services.values():
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in services.values():
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
+    with running_services(run_dir) as services:
+        kill_and_resume_orchestrator(
+            services,
+            run_dir,
+            after_step=1 + CURRICULUM_KILL_AFTER,
+            last_step=1 + CURRICULUM_STEPS,
+        )
 
-    assert _prompts(run_dir) == expected
+    assert logged_prompts(run_dir) == expected
     assert _curriculum_state(run_dir) == state

@@ -2,26 +2,22 @@
 over both lives equal those of an uninterrupted run, and no step is trained twice.
 
 The services run as real processes: the uninterrupted run through the launcher
-(`tidal rl`), the interrupted one as four separately started services (the launcher ends
-the whole run when the orchestrator dies, which is what it should do)."""
+(`tidal rl`), the interrupted one as four separately started services
+(tests/helpers/split_runs.py)."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from tidal.cli.config import RunConfig
-from tidal.cli.launcher import START_ORDER, prepare_run_dir
+from tidal.cli.launcher import prepare_run_dir
 from tidal.common.config.loading import load_config
 from tidal.rpc.v1 import common_pb2, trainer_pb2_grpc
 
+from ..helpers.split_runs import kill_and_resume_orchestrator, logged_prompts, running_services
 from ..tls_fixtures import role_channel
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,38 +51,6 @@ def _dataset(tmp_path: Path) -> Path:
     return path
 
 
-def _prompts(run_dir: Path, *, complete_lines_only: bool = False) -> dict[int, list[str]]:
-    """Step -> prompt ids; a step logged twice (redone after a kill) keeps its last entry.
-    While the orchestrator runs, a line being written may be read half: skip it then."""
-    seen: dict[int, list[str]] = {}
-    for line in (run_dir / "prompts.jsonl").read_text().splitlines():
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:
-            if complete_lines_only:
-                continue
-            raise
-        seen[entry["step"]] = entry["prompts"]
-    return seen
-
-
-def _last_step_logged(run_dir: Path) -> int:
-    if not (run_dir / "prompts.jsonl").is_file():
-        return 0
-    return max(_prompts(run_dir, complete_lines_only=True), default=0)
-
-
-def _start(name: str, run_dir: Path, *extra: str) -> subprocess.Popen[bytes]:
-    log = (run_dir / "logs" / f"{name}.log").open("ab")
-    return subprocess.Popen(
-        [sys.executable, "-m", f"tidal.{name}", "@", str(run_dir / "config.toml"), *extra],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        start_new_session=True,
-    )
-
-
 def _trainer_status(run_dir: Path, address: str):  # type: ignore[no-untyped-def]
     with role_channel(run_dir / "tls", "operator", address) as channel:
         stub = trainer_pb2_grpc.TrainerServiceStub(channel)
@@ -100,7 +64,7 @@ def test_resumed_orchestrator_sees_the_prompts_of_an_uninterrupted_run(
     dataset = _dataset(tmp_path)
     uninterrupted = launch(*_overrides(dataset))
     assert uninterrupted.process.wait(timeout=300) == 0, uninterrupted.output()
-    expected = _prompts(uninterrupted.run_dir)
+    expected = logged_prompts(uninterrupted.run_dir)
     assert sorted(expected) == list(range(1, WARMUP + STEPS + 1))
     # held-out evaluation ran on every task after RL steps 4, 8 and the last, and took
     # nothing from the training prompt stream (the resumed run below compares equal)
@@ -119,32 +83,13 @@ def test_resumed_orchestrator_sees_the_prompts_of_an_uninterrupted_run(
     argv += ["--run.output-dir", str(tmp_path / "split"), "--run.name", "resumed"]
     config, _ = load_config(RunConfig, argv)
     run_dir = prepare_run_dir(config)
-    services = {name: _start(name, run_dir) for name in START_ORDER}
-    try:
-        orchestrator = services["orchestrator"]
-        deadline = time.monotonic() + 240
-        while _last_step_logged(run_dir) < KILL_AFTER_STEP:
-            assert orchestrator.poll() is None and time.monotonic() < deadline
-            time.sleep(0.02)
-        orchestrator.send_signal(signal.SIGKILL)
-        orchestrator.wait(timeout=30)
-        killed_at = _last_step_logged(run_dir)
-        assert killed_at < WARMUP + STEPS  # it died mid-run
-
-        resumed = _start("orchestrator", run_dir, "--orchestrator.resume", "true")
-        assert resumed.wait(timeout=240) == 0, (run_dir / "logs" / "orchestrator.log").read_text()
+    with running_services(run_dir) as services:
+        kill_and_resume_orchestrator(
+            services, run_dir, after_step=KILL_AFTER_STEP, last_step=WARMUP + STEPS
+        )
         status = _trainer_status(run_dir, config.endpoints.trainer)
-    finally:
-        for process in services.values():
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in services.values():
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
 
-    assert _prompts(run_dir) == expected
+    assert logged_prompts(run_dir) == expected
     # every step trained exactly once, across both orchestrator lives
     assert (status.step, status.steps_trained) == (WARMUP + STEPS, WARMUP + STEPS)
     log = (run_dir / "logs" / "orchestrator.log").read_text()
