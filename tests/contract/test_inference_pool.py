@@ -157,7 +157,10 @@ async def test_a_replica_past_the_targets_is_chosen_last_and_stale_reports_count
 
 
 async def test_replicas_push_occupancy_that_drives_the_bound_and_returns_after_a_restart(
-    replicas: list[RunningInference], weightsync_server: Any, tmp_path: Path
+    replicas: list[RunningInference],
+    weightsync_server: Any,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     seen: list[tuple[int, float]] = []
 
@@ -178,6 +181,7 @@ async def test_replicas_push_occupancy_that_drives_the_bound_and_returns_after_a
             assert time.monotonic() < deadline, what
             await asyncio.sleep(0.02)
 
+    caplog.set_level(logging.INFO, logger="tidal.orchestrator.peers.occupancy")
     try:
         await pool.wait_serving(30)
         first, second = pool.replicas
@@ -196,6 +200,9 @@ async def test_replicas_push_occupancy_that_drives_the_bound_and_returns_after_a
         # it restarts on its address: the pool reopens the stream
         replicas[0] = await start_replica(weightsync_server, tmp_path, 0, address)
         await until(lambda: first.occupancy is not None, "the stream was not reopened")
+        assert f"inference at {address}: occupancy stream lost" in caplog.text
+        assert f"inference at {address}: occupancy stream reopened" in caplog.text
+        assert "cannot watch" not in caplog.text
     finally:
         await pool.close()
 

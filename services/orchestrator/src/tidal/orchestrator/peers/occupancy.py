@@ -4,8 +4,9 @@ One WatchOccupancy stream per replica (`follow_occupancy`) hands every report on
 stream that fails (the replica stopped or restarted) is reopened after a short backoff,
 and the replica counts as not reporting meanwhile. A report older than `STALE_S` counts as
 none, so a stalled stream cannot pin old figures. A replica that does not serve
-WatchOccupancy (UNIMPLEMENTED) is not asked again. Without figures the pool routes by its
-own count of outstanding work and the in-flight bound stays where it is.
+WatchOccupancy (UNIMPLEMENTED) is not asked again; a refused one (its role, say) is warned
+about once and asked again. Without figures the pool routes by its own count of
+outstanding work and the in-flight bound stays where it is.
 """
 
 from __future__ import annotations
@@ -47,6 +48,16 @@ def saturated(occupancy: ReplicaOccupancy | None, targets: InflightConfig, now: 
     )
 
 
+REFUSALS = frozenset(
+    {
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.INVALID_ARGUMENT,
+    }
+)
+"""A stream refused for what the orchestrator sent, not lost: warned about, once each."""
+
+
 async def follow_occupancy(
     client: Callable[[], InferenceClient],
     report: Callable[[ReplicaOccupancy | None], Awaitable[None]],
@@ -54,14 +65,17 @@ async def follow_occupancy(
     """Hand each report of the replica `client()` talks to to `report` (None when its
     stream is lost), reopening the stream on the current channel; runs until cancelled."""
     delay = FIRST_BACKOFF_S
-    reporting = False
+    reporting = lost = False
+    warned: set[str] = set()
     while True:
         replica = client()
         try:
             async for occupancy in replica.watch_occupancy(
                 min_interval_ms=MIN_INTERVAL_MS, heartbeat_ms=HEARTBEAT_MS
             ):
-                reporting, delay = True, FIRST_BACKOFF_S
+                if lost:
+                    log.info("inference at %s: occupancy stream reopened", replica.address)
+                reporting, lost, delay = True, False, FIRST_BACKOFF_S
                 await report(occupancy)
             reason = "the stream ended"
         except PeerError as exc:
@@ -75,6 +89,9 @@ async def follow_occupancy(
                 await report(None)
                 return
             reason = str(exc)
+            if exc.code in REFUSALS and reason not in warned:
+                warned.add(reason)
+                log.warning("cannot watch the occupancy of inference: %s", reason)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is None or task.cancelling():
@@ -83,6 +100,6 @@ async def follow_occupancy(
         await report(None)
         if reporting:  # once per loss, not once per attempt while the replica is down
             log.info("inference at %s: occupancy stream lost (%s)", replica.address, reason)
-            reporting = False
+            reporting, lost = False, True
         await asyncio.sleep(delay)
         delay = min(delay * 2, MAX_BACKOFF_S)
