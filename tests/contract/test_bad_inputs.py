@@ -722,6 +722,27 @@ def test_upload_weights_refuses_chunks_that_break_its_rules(stack: Stack, case: 
     stack.assert_serving()
 
 
+@pytest.mark.parametrize("sizes", [[1 << 40], [1 << 37] * 3], ids=["one file", "several"])
+def test_upload_weights_refuses_a_manifest_over_the_total_cap(
+    stack: Stack, sizes: list[int]
+) -> None:
+    """Files adding up to more than `weightsync.transport.max_upload_bytes` (256 GiB): refused
+    before a byte is written, naming the field, and no folder appears."""
+    root = Path(stack.version0.manifest.location).parent
+    before = sorted(p.name for p in root.iterdir())
+    files = [
+        wpb.WeightFile(path=f"part-{i}.safetensors", size=size, sha256="0" * 64)
+        for i, size in enumerate(sizes)
+    ]
+    manifest = wpb.WeightManifest(version=1, step=1, format="safetensors", files=files)
+    messages = [wpb.UploadWeightsRequest(manifest=manifest)]
+    err = stack.refused(lambda: stack.weightsync.UploadWeights(iter(messages)))
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.details()
+    assert (err.details() or "").startswith("manifest.files:"), err.details()
+    assert sorted(p.name for p in root.iterdir()) == before
+    stack.assert_serving()
+
+
 @FEW
 @given(replica=st.text(max_size=100), version=int64s, role=st.integers(I32_MIN, I32_MAX))
 def test_replica_rpcs_refuse_unknown_replicas_versions_and_roles(
