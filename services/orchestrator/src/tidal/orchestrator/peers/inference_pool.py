@@ -19,7 +19,6 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
@@ -28,13 +27,10 @@ from tidal.common.config.shared import GrpcConfig
 from tidal.common.security.transport import TransportSecurity
 from tidal.orchestrator.completions import Completion
 from tidal.orchestrator.config import InflightConfig
-from tidal.orchestrator.peers.inference_client import (
-    InferenceClient,
-    ReplicaInfo,
-    ReplicaOccupancy,
-)
-from tidal.orchestrator.peers.occupancy import follow_occupancy, fresh, saturated
+from tidal.orchestrator.peers.inference_client import InferenceClient, ReplicaOccupancy
+from tidal.orchestrator.peers.occupancy import follow_occupancy, fresh
 from tidal.orchestrator.peers.peer_client import PeerError
+from tidal.orchestrator.peers.replica import Replica
 from tidal.orchestrator.peers.version_feed import VersionFeed
 
 log = logging.getLogger(__name__)
@@ -51,40 +47,6 @@ PROBE_TIMEOUT_S = 2.0
 PROBE_MISSES = 2
 AFFINITY_KEYS = 4096
 STATUS_TIMEOUT_S = 5.0
-
-
-@dataclass
-class Replica:
-    """One inference replica and what the pool knows of it."""
-
-    index: int
-    client: InferenceClient
-    serving: bool = True
-    replica_id: str = ""
-    """Its id at weightsync (GetStatus), read whenever it starts serving: a replica
-    restarted on the same address may carry another."""
-    max_seq_len: int = 0
-    """Its context length (GetStatus), read with `replica_id`; 0 until read."""
-    outstanding_tokens: int = 0
-    sent: int = 0
-    """Generate (and Score) attempts sent to it."""
-    served: int = 0
-    """Generate (and Score) calls it completed."""
-    failed: int = 0
-    """Attempts that failed on it and were retried elsewhere."""
-    last_error: str = ""
-    occupancy: ReplicaOccupancy | None = None
-    """What it pushed last; None while its stream is down or before its first report."""
-    old_channels: list[tuple[float, grpc.aio.Channel]] = field(default_factory=list)
-    """Channels replaced by a reconnect, with when; closed once nothing can still use
-    them (closing a channel cancels its calls)."""
-
-    @property
-    def address(self) -> str:
-        return self.client.address
-
-    def read_info(self, info: ReplicaInfo) -> None:
-        self.replica_id, self.max_seq_len = info.replica_id, info.max_seq_len
 
 
 class InferencePool:
@@ -242,15 +204,7 @@ class InferencePool:
         if not serving:
             return None
         now = time.monotonic()
-        return min(
-            serving,
-            key=lambda r: (
-                saturated(r.occupancy, self.inflight, now),
-                r.outstanding_tokens,
-                r.sent,
-                r.index,
-            ),
-        )
+        return min(serving, key=lambda r: r.route_key(self.inflight, now))
 
     def _down_summary(self) -> str:
         return "; ".join(
