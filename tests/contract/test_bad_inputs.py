@@ -588,6 +588,40 @@ def test_train_stream_refuses_chunks_that_break_its_rules(stack: Stack, case: st
     stack.assert_serving()
 
 
+BAD_WATCH = st.one_of(
+    st.tuples(
+        st.just("min_interval_ms"),
+        st.builds(
+            dict,
+            min_interval_ms=st.one_of(
+                st.integers(I32_MIN, -1), st.integers(1, 9), st.integers(10_001, I32_MAX)
+            ),
+        ),
+    ),
+    st.tuples(
+        st.just("heartbeat_ms"),
+        st.one_of(
+            st.builds(
+                dict, heartbeat_ms=st.one_of(st.integers(I32_MIN, -1), st.integers(60_001, I32_MAX))
+            ),
+            # shorter than the interval it must repeat
+            st.integers(11, 10_000).map(lambda i: {"min_interval_ms": i, "heartbeat_ms": i - 1}),
+        ),
+    ),
+)
+
+
+@FEW
+@given(bad=BAD_WATCH)
+def test_watch_occupancy_refuses_bad_intervals(stack: Stack, bad: tuple[str, Any]) -> None:
+    field, fields = bad
+    request = ipb.WatchOccupancyRequest(**fields)
+    err = stack.refused(lambda: stack.inference.WatchOccupancy(request))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (err.details() or "").startswith(f"{field}:"), err.details()
+    stack.assert_serving()
+
+
 # --- weightsync ------------------------------------------------------------------------
 
 
@@ -685,6 +719,27 @@ def test_upload_weights_refuses_chunks_that_break_its_rules(stack: Stack, case: 
     err = stack.refused(lambda: stack.weightsync.UploadWeights(iter(messages)))
     assert err.code() == code, err.details()
     assert (err.details() or "").startswith(f"{field}:"), err.details()
+    stack.assert_serving()
+
+
+@pytest.mark.parametrize("sizes", [[1 << 40], [1 << 37] * 3], ids=["one file", "several"])
+def test_upload_weights_refuses_a_manifest_over_the_total_cap(
+    stack: Stack, sizes: list[int]
+) -> None:
+    """Files adding up to more than `weightsync.transport.max_upload_bytes` (256 GiB): refused
+    before a byte is written, naming the field, and no folder appears."""
+    root = Path(stack.version0.manifest.location).parent
+    before = sorted(p.name for p in root.iterdir())
+    files = [
+        wpb.WeightFile(path=f"part-{i}.safetensors", size=size, sha256="0" * 64)
+        for i, size in enumerate(sizes)
+    ]
+    manifest = wpb.WeightManifest(version=1, step=1, format="safetensors", files=files)
+    messages = [wpb.UploadWeightsRequest(manifest=manifest)]
+    err = stack.refused(lambda: stack.weightsync.UploadWeights(iter(messages)))
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.details()
+    assert (err.details() or "").startswith("manifest.files:"), err.details()
+    assert sorted(p.name for p in root.iterdir()) == before
     stack.assert_serving()
 
 
@@ -860,6 +915,53 @@ def test_oversized_health_checks_cost_every_server_little(served: Served, tls_fo
         codes, growth[service] = peak_growth(served.pid, attack)
         assert codes == [grpc.StatusCode.RESOURCE_EXHAUSTED] * ATTACKERS, service
     assert max(growth.values()) < ATTACK_RSS_LIMIT, {s: g >> 20 for s, g in growth.items()}
+
+
+async def first_occupancy(
+    channel: grpc.aio.Channel,
+) -> ipb.Occupancy | grpc.StatusCode:
+    """The first report of a WatchOccupancy stream on `channel`, or the status refusing it."""
+    call = ipb_grpc.InferenceServiceStub(channel).WatchOccupancy(
+        ipb.WatchOccupancyRequest(), timeout=20
+    )
+    try:
+        async for report in call:
+            return report
+    except grpc.aio.AioRpcError as err:
+        return err.code()
+    finally:
+        call.cancel()
+    raise AssertionError("the occupancy stream ended without a report")
+
+
+async def occupancy_by_caller(tls: Path, address: str) -> dict[str, Any]:
+    """Each role's first WatchOccupancy answer (token mode), and a caller with no token's."""
+    answers: dict[str, Any] = {}
+    for role in ("orchestrator", "operator", "trainer", "inference", "weightsync"):
+        async with make_channel(address, security=role_security(tls, role, "token")) as channel:
+            answers[role] = await first_occupancy(channel)
+    async with attacker_channel("token", tls, address) as channel:
+        answers["no token"] = await first_occupancy(channel)
+    return answers
+
+
+@pytest.mark.parametrize("served", ["token"], indirect=True)
+def test_watch_occupancy_streams_to_the_orchestrator_and_operators_only(
+    served: Served, tls_folder: Path
+) -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        answers = loop.run_until_complete(
+            occupancy_by_caller(tls_folder, served.addresses["inference"])
+        )
+    finally:
+        loop.close()
+    for role in ("orchestrator", "operator"):
+        report = answers[role]
+        assert isinstance(report, ipb.Occupancy), (role, report)
+        assert report.sequence == 1 and report.replica_id and 0 <= report.kv_usage <= 1
+    assert [answers[r] for r in ("trainer", "inference", "weightsync")] == [DENIED] * 3
+    assert answers["no token"] == grpc.StatusCode.UNAUTHENTICATED
 
 
 def test_bulk_requests_of_unauthorized_callers_are_refused_before_their_body(

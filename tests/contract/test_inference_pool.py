@@ -22,7 +22,10 @@ from tidal.common.security.config import SecurityConfig
 from tidal.common.security.transport import PLAINTEXT_LOOPBACK
 from tidal.inference.config import InferenceConfig, InferenceRunConfig
 from tidal.inference.main import RunningInference, start_inference
+from tidal.orchestrator.config import InflightConfig
+from tidal.orchestrator.peers.inference_client import ReplicaOccupancy
 from tidal.orchestrator.peers.inference_pool import InferencePool
+from tidal.orchestrator.peers.occupancy import STALE_S
 from tidal.orchestrator.peers.peer_client import PeerError
 from tidal.orchestrator.peers.version_feed import VersionFeed
 from tidal.weights.client import WeightSyncClient
@@ -79,11 +82,13 @@ async def versions(weightsync_server: Any) -> AsyncIterator[VersionFeed]:
     await client.close()
 
 
-async def generate(pool: InferencePool, seed: int = 1, n: int = 2, affinity: str = "") -> list[Any]:
+async def generate(
+    pool: InferencePool, seed: int = 1, n: int = 2, affinity: str = "", max_tokens: int = 8
+) -> list[Any]:
     return await pool.generate(
         PROMPT,
         n=n,
-        max_tokens=8,
+        max_tokens=max_tokens,
         temperature=1.0,
         top_p=1.0,
         seed=seed,
@@ -123,6 +128,83 @@ async def test_affinity_keeps_a_key_on_its_replica_while_it_serves() -> None:
     b.serving = False
     assert pool.choose("group-1") is a  # its replica is gone: anywhere that serves
     await pool.close()
+
+
+def pushed(queued: int, kv_usage: float, age_s: float = 0.0) -> ReplicaOccupancy:
+    return ReplicaOccupancy(queued, 1, kv_usage, received_at=time.monotonic() - age_s)
+
+
+async def test_a_replica_past_the_targets_is_chosen_last_and_stale_reports_count_as_none() -> None:
+    # grpc.aio channels (never connected here) need the running loop
+    targets = InflightConfig(queue_target=4, kv_usage_target=0.9)
+    pool = InferencePool(
+        ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"], security=PLAINTEXT_LOOPBACK, inflight=targets
+    )
+    a, b, c = pool.replicas
+    assert pool.pressure() is None  # nobody has reported: routing by outstanding work
+    a.outstanding_tokens, b.outstanding_tokens, c.outstanding_tokens = 10, 20, 30
+    a.occupancy = pushed(queued=9, kv_usage=0.1)  # others' load queues up there
+    b.occupancy = pushed(queued=0, kv_usage=0.95)  # its KV cache is full
+    assert pool.choose() is c  # not reported: within the targets
+    c.occupancy = pushed(queued=2, kv_usage=0.5)
+    assert pool.choose() is c
+    assert pool.pressure() == (9, 0.95)  # the longest queue, the fullest cache
+    c.serving = False
+    assert pool.choose() is a  # all past their targets: least outstanding work again
+    a.occupancy = pushed(queued=9, kv_usage=0.1, age_s=STALE_S + 1)  # a stalled stream
+    assert pool.choose() is a and pool.pressure() == (0, 0.95)
+    await pool.close()
+
+
+async def test_replicas_push_occupancy_that_drives_the_bound_and_returns_after_a_restart(
+    replicas: list[RunningInference],
+    weightsync_server: Any,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    seen: list[tuple[int, float]] = []
+
+    async def on_pressure(queued: int, kv_usage: float) -> None:
+        seen.append((queued, kv_usage))
+
+    address = f"127.0.0.1:{replicas[0].port}"
+    pool = InferencePool(
+        [address, f"127.0.0.1:{replicas[1].port}"],
+        security=PLAINTEXT_LOOPBACK,
+        probe_s=0.1,
+        on_pressure=on_pressure,
+    )
+
+    async def until(check: Any, what: str, timeout: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not check():
+            assert time.monotonic() < deadline, what
+            await asyncio.sleep(0.02)
+
+    caplog.set_level(logging.INFO, logger="tidal.orchestrator.peers.occupancy")
+    try:
+        await pool.wait_serving(30)
+        first, second = pool.replicas
+        await until(lambda: first.occupancy and second.occupancy, "no replica reported")
+        assert pool.pressure() == (0, 0.0) and seen[-1] == (0, 0.0)  # idle replicas
+        # generations hold KV blocks while they run (a few tenths of a second): pushed
+        calls = (generate(pool, seed=s, n=4, max_tokens=60) for s in range(8))
+        busy = asyncio.gather(*calls)
+        await until(lambda: max(k for _, k in seen) > 0, "no busy figures were pushed")
+        await busy
+        await until(lambda: pool.pressure() == (0, 0.0), "the freed cache was not pushed")
+        # the replica stops: its stream is gone, the other one's figures still count
+        await stop_replica(replicas[0])
+        await until(lambda: first.occupancy is None, "a lost stream kept its figures")
+        assert pool.pressure() is not None
+        # it restarts on its address: the pool reopens the stream
+        replicas[0] = await start_replica(weightsync_server, tmp_path, 0, address)
+        await until(lambda: first.occupancy is not None, "the stream was not reopened")
+        assert f"inference at {address}: occupancy stream lost" in caplog.text
+        assert f"inference at {address}: occupancy stream reopened" in caplog.text
+        assert "cannot watch" not in caplog.text
+    finally:
+        await pool.close()
 
 
 async def test_the_version_gate_is_the_oldest_pushed_version_of_the_serving_replicas() -> None:

@@ -500,3 +500,30 @@ async def test_a_tokenizer_larger_than_the_model_is_refused_and_reported(
     assert status.policy_version == -1
     assert "tokenizer" in status.load_error and "only 264 rows" in status.load_error
     assert f"has {HFTokenizer.from_folder(qwen3_folder).vocab_size} ids" in status.load_error
+
+
+async def test_occupancy_is_pushed_and_its_stream_ends_at_shutdown_within_the_grace(
+    weightsync_server: Any, tmp_path: Path
+) -> None:
+    """WatchOccupancy answers the current figures at once; a watcher left open does not
+    hold a stopping server for its grace period: the stream ends with the shutdown."""
+    config = inference_config(weightsync_server, tmp_path, "auto")
+    config.grpc.shutdown_grace_s = 30.0
+    running = await start_inference(config)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{running.port}")
+    try:
+        call = pb_grpc.InferenceServiceStub(channel).WatchOccupancy(
+            pb.WatchOccupancyRequest(min_interval_ms=10, heartbeat_ms=50)
+        )
+        reports = [await call.read() for _ in range(3)]  # the figures, then heartbeats
+        assert [r.sequence for r in reports] == [1, 2, 3]
+        assert reports[0].replica_id == REPLICA and reports[0].queued == 0
+        started = time.monotonic()
+        await running.server.stop()
+        assert time.monotonic() - started < 5.0  # not the 30 s grace
+        while await call.read() is not grpc.aio.EOF:  # reports sent before the end
+            pass
+        assert await call.code() == grpc.StatusCode.OK  # it ended cleanly
+    finally:
+        await channel.close()
+        await running.close()

@@ -502,3 +502,28 @@ async def test_a_full_disk_during_an_upload_is_reported_disk_full(  # type: igno
         assert f"{disk / 'weights'}/" in str(err.value) and "could not be written" in str(err.value)
         assert await client.latest() is None
         await client.close()
+
+
+async def test_an_upload_over_the_total_cap_is_refused_before_a_byte_is_written(  # type: ignore[no-untyped-def]
+    tmp_path: Path, start_weightsync
+) -> None:
+    """A manifest whose files add up to more than `max_upload_bytes` is refused
+    RESOURCE_EXHAUSTED naming `manifest.files`; no folder appears, not even a temp one."""
+    from tidal.weights.codec import encode_version
+
+    small, small_files = encode_version(version=0, step=0, state_dict=state(0), config={})
+    cap = sum(f.size for f in small.files)
+    service = await start_weightsync(
+        tmp_path / "weights", transport=StreamTransport(max_upload_bytes=cap)
+    )
+    client = WeightSyncClient(service.address, security=PLAINTEXT_LOOPBACK)
+    assert await client.upload(small, small_files, chunk_bytes=1 << 16) == 0  # at the cap
+    big, big_files = encode_version(version=1, step=1, state_dict=state(1, numel=60_000), config={})
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await client.upload(big, big_files, chunk_bytes=1 << 16)
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    details = err.value.details() or ""
+    assert details.startswith("manifest.files:") and "max_upload_bytes" in details, details
+    assert sorted(p.name for p in service.root.iterdir()) == ["v000000"]
+    assert [v.manifest.version for v in await client.list_versions()] == [0]
+    await client.close()

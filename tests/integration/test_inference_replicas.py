@@ -5,8 +5,8 @@ One run asserts both (the suite's budget prefers one run that asserts several th
 each replica's own GetStatus counts generated tokens before the kill; after replica 1
 is SIGKILLed, the orchestrator marks it lost and keeps going on replica 0 (retrying any
 request cut by the kill) while the launcher's supervision restarts replica 1, and every
-step is trained once. The task is multi-turn, so episode turns are routed by group
-affinity.
+step is trained once. The kill cuts the occupancy stream the orchestrator followed. The
+task is multi-turn, so episode turns are routed by group affinity.
 """
 
 from __future__ import annotations
@@ -94,6 +94,10 @@ def test_two_replicas_both_serve_and_one_sigkilled_does_not_end_the_run(launch) 
     # requests it refused are served late by the restarted process, none failing. The
     # retry of a cut request is asserted deterministically in
     # tests/contract/test_inference_pool.py.
+    # Occupancy is pushed over mTLS as the orchestrator's role: the kill cuts replica 1's
+    # stream (so it had one), and no stream was ever refused.
+    assert f"inference at {replicas[1]}: occupancy stream lost" in orchestrator
+    assert "cannot watch the occupancy" not in orchestrator
     replica_log = (run.run_dir / "logs" / "inference-1.log").read_text()
     lives = replica_log.split(f"serving on {replicas[1]} as inference-1")
     assert len(lives) == 3, "inference-1 served twice: before the kill and after its restart"

@@ -1,4 +1,4 @@
-"""The adaptive in-flight bound: halves under queue pressure, grows back by one."""
+"""The adaptive in-flight bound: halves under queue pressure, grows back by one, at a set pace."""
 
 from __future__ import annotations
 
@@ -9,17 +9,17 @@ from tidal.orchestrator.peers.inflight import InflightLimiter
 
 def test_limit_halves_above_the_queue_target_and_recovers_additively() -> None:
     limiter = InflightLimiter(16, queue_target=4)
-    limiter.observe_queue(10)
-    limiter.observe_queue(10)
+    limiter.adapt(10)
+    limiter.adapt(10)
     assert limiter.limit == 4
     for _ in range(3):
-        limiter.observe_queue(0)
+        limiter.adapt(0)
     assert limiter.limit == 7
     for _ in range(100):
-        limiter.observe_queue(0)
+        limiter.adapt(0)
     assert limiter.limit == 16
     for _ in range(10):
-        limiter.observe_queue(99)
+        limiter.adapt(99)
     assert limiter.limit == 1
 
 
@@ -41,7 +41,18 @@ async def test_no_more_than_the_limit_run_at_once() -> None:
 
 def test_a_full_kv_cache_halves_the_limit_even_without_a_queue() -> None:
     limiter = InflightLimiter(16, queue_target=4, kv_usage_target=0.9)
-    limiter.observe_queue(0, kv_usage=0.95)
+    limiter.adapt(0, kv_usage=0.95)
     assert limiter.limit == 8
-    limiter.observe_queue(0, kv_usage=0.5)
+    limiter.adapt(0, kv_usage=0.5)
     assert limiter.limit == 9
+
+
+async def test_pushed_reports_step_the_bound_at_most_once_per_adapt_s() -> None:
+    limiter = InflightLimiter(16, queue_target=4, adapt_s=60.0)
+    for _ in range(5):  # a burst of reports from several replicas: one step
+        await limiter.observe(10, 0.0)
+    assert limiter.limit == 8
+    fast = InflightLimiter(16, queue_target=4, adapt_s=0.0)
+    for _ in range(3):
+        await fast.observe(10, 0.0)
+    assert fast.limit == 2

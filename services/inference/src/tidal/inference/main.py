@@ -107,6 +107,7 @@ async def start_inference(config: InferenceRunConfig) -> RunningInference:
         security=security,
         metrics=metrics,
     )
+    server.add_shutdown_hook(servicer.end_streams)
     await server.start(serving=False)
     if fixed is not None:
         await serve_folder(engine, fixed)

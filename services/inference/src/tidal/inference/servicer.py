@@ -20,6 +20,7 @@ from opentelemetry import trace
 from tidal.common.errors import InvalidArgument
 from tidal.inference.config import RequestLimits
 from tidal.inference.engine import Completion, Engine, TokenScores
+from tidal.inference.occupancy import occupancy_reports, watch_intervals
 from tidal.inference.request_checks import (
     DEFAULT_LIMITS,
     check_against_model,
@@ -114,6 +115,12 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         self.tokenizer = tokenizer
         self.replica_id = replica_id
         self.limits = limits
+        self._closing = asyncio.Event()
+        """Set when the server shuts down: WatchOccupancy streams end then."""
+
+    def end_streams(self) -> None:
+        """End every WatchOccupancy stream (the server is shutting down)."""
+        self._closing.set()
 
     async def _prompt(self, request: pb.GenerateRequest) -> tuple[list[int], str]:
         """Prompt token ids, and the field they came from. Sizes before tokenizing."""
@@ -173,3 +180,20 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             replica_id=self.replica_id,
             tokenizer=tokenizer_info(self.tokenizer),
         )
+
+    async def WatchOccupancy(
+        self, request: pb.WatchOccupancyRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.Occupancy]:
+        min_interval_s, heartbeat_s = watch_intervals(request.min_interval_ms, request.heartbeat_ms)
+        reports = occupancy_reports(
+            self.engine.status,
+            min_interval_s=min_interval_s,
+            heartbeat_s=heartbeat_s,
+            closing=self._closing,
+        )
+        sequence = 0
+        async for figures in reports:
+            sequence += 1
+            yield pb.Occupancy(
+                **dataclasses.asdict(figures), replica_id=self.replica_id, sequence=sequence
+            )

@@ -78,7 +78,6 @@ from tidal.weights.client import WeightSyncClient
 log = logging.getLogger(__name__)
 FULL_NAME = "tidal.rpc.v1.OrchestratorService"
 EXIT_FAILED, EXIT_CONFIG, EXIT_SIGNALLED = 1, 2, 143
-QUEUE_POLL_S = 0.5
 LAUNCHED_AT_ENV = "TIDAL_LAUNCHED_AT"
 """Set by `tidal rl` (tidal.cli.run_timing): the run's launch, for the start-up figure."""
 
@@ -153,17 +152,6 @@ async def first_step_and_cursors(
     return first_step
 
 
-async def follow_inference_queue(
-    inference: InferencePool, limiter: InflightLimiter, period_s: float = QUEUE_POLL_S
-) -> None:
-    """Adapt the in-flight bound to inference's queue (runs until cancelled)."""
-    while True:
-        with contextlib.suppress(Exception):
-            limiter.observe_queue(*await inference.pressure(timeout=period_s * 4))
-            await limiter.wake()
-        await asyncio.sleep(period_s)
-
-
 async def run_training(
     config: OrchestratorRunConfig,
     progress: ProgressState,
@@ -179,21 +167,23 @@ async def run_training(
     orch = config.orchestrator
     security = for_service(config, "orchestrator")
     versions = VersionFeed(on_published=progress.saw_version)
+    limiter = InflightLimiter(
+        orch.inflight.max_requests,
+        queue_target=orch.inflight.queue_target,
+        kv_usage_target=orch.inflight.kv_usage_target,
+    )
     inference = InferencePool(
         config.endpoints.inference_addresses(),
         config.grpc,
         security=security,
         lost_timeout_s=orch.recovery.peer_loss_s,
         versions=versions,
+        inflight=orch.inflight,
+        on_pressure=limiter.observe,
     )
     trainer = TrainerClient(config.endpoints.trainer, config.grpc, security=security)
     weightsync = WeightSyncClient(config.endpoints.weightsync, config.grpc, security=security)
     window = AsyncWindow(orch.staleness, inference, wait_timeout_s=orch.timeouts.peer_wait_s)
-    limiter = InflightLimiter(
-        orch.inflight.max_requests,
-        queue_target=orch.inflight.queue_target,
-        kv_usage_target=orch.inflight.kv_usage_target,
-    )
     teacher_pool = distill_scorer(config, inference, security=security)
     teacher = None if teacher_pool is None else Teacher(orch.distill, teacher_pool, prompts)
     generator = RolloutGenerator(
@@ -248,7 +238,6 @@ async def run_training(
         started = time.monotonic()  # the summary's time excludes waiting for peers
         marks["first_step_started_at"] = time.time()
         import_matplotlib_in_background()  # for the report, off the end of the run
-        background.append(asyncio.create_task(follow_inference_queue(inference, limiter)))
         loop = RLLoop(
             orch,
             seed=config.run.seed,

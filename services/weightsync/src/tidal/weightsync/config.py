@@ -53,6 +53,11 @@ class StreamTransport(BaseConfig):
 
     type: Literal["stream"] = "stream"
     """Data path: the trainer uploads the files, replicas fetch them (resumable by offset)."""
+    max_upload_bytes: int = Field(default=256 << 30, gt=0)
+    """Largest version an upload may carry: the sum of its manifest's file sizes. A larger
+    manifest is refused RESOURCE_EXHAUSTED naming `manifest.files` before a byte is
+    written, so no caller (not even one holding the trainer's identity) can fill the disk
+    past it. Raise it for models whose weights are larger."""
 
 
 Transport = Annotated[

@@ -3,10 +3,12 @@
 Every field a caller sets is checked here or in the registry and refused
 INVALID_ARGUMENT naming it (FetchWeights' `offset` against the file's size from the
 manifest, before any file is opened); UploadWeights only when the stream transport is
-in use (FAILED_PRECONDITION otherwise); every message is at most `grpc.max_request_bytes`
-(the server's receive limit) and an upload chunk's data at most that less 64 KiB
-(`tidal.common.grpc.limits`). The chunks of FetchWeights and UploadWeights cross as
-bytes coded by `chunk_wire` (`add_to_server` registers them so), not as messages."""
+in use (FAILED_PRECONDITION otherwise), and one whose manifest's files add up to more than
+`weightsync.transport.max_upload_bytes` RESOURCE_EXHAUSTED before a byte is written; every
+message is at most `grpc.max_request_bytes` (the server's receive limit) and an upload
+chunk's data at most that less 64 KiB (`tidal.common.grpc.limits`). The chunks of
+FetchWeights and UploadWeights cross as bytes coded by `chunk_wire` (`add_to_server`
+registers them so), not as messages."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from typing import Any
 import grpc
 
 from tidal.common.config.shared import GrpcConfig
-from tidal.common.errors import FailedPrecondition, InvalidArgument
+from tidal.common.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from tidal.common.grpc.limits import check_chunk_size
 from tidal.common.observability.tracing import inject_carrier
 from tidal.rpc.v1 import weightsync_pb2 as pb
@@ -178,6 +180,7 @@ class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
         manifest = manifest_from_proto(header)
         self.registry.check_newer(manifest.version)
         self.registry.check_base(manifest)
+        check_upload_size(manifest, self.transport.max_upload_bytes)
 
         async def chunks() -> AsyncIterator[UploadChunk]:
             async for message in request_iterator:
@@ -226,6 +229,16 @@ class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
             seat = await self.rendezvous.join_replica(request.member_id, request.after_generation)
         return transport_choice_to_proto(
             TransportChoice(choice.transport, choice.chunk_bytes, seat)
+        )
+
+
+def check_upload_size(manifest: WeightManifest, max_upload_bytes: int) -> None:
+    """Refuse an upload whose files add up to more than the cap, before anything is written."""
+    total = sum(f.size for f in manifest.files)
+    if total > max_upload_bytes:
+        raise ResourceExhausted(
+            f"manifest.files: version {manifest.version} would upload {total} bytes, more "
+            f"than weightsync.transport.max_upload_bytes ({max_upload_bytes})"
         )
 
 

@@ -120,6 +120,12 @@ class GrpcServer:
         if self.port == 0:
             raise OSError(f"cannot bind gRPC server to {address}")
         self._stopping = asyncio.Event()
+        self._shutdown_hooks: list[Callable[[], None]] = []
+
+    def add_shutdown_hook(self, hook: Callable[[], None]) -> None:
+        """`hook` runs when the graceful shutdown begins, before the grace period: it ends
+        streams that would otherwise run until the grace ran out (a watch stream)."""
+        self._shutdown_hooks.append(hook)
 
     async def start(self, *, serving: bool = True) -> None:
         await self.server.start()
@@ -139,6 +145,8 @@ class GrpcServer:
 
     async def stop(self) -> None:
         await self.health.enter_graceful_shutdown()
+        for hook in self._shutdown_hooks:
+            hook()
         await self.server.stop(self.config.shutdown_grace_s)
         if self.metrics is not None:
             self.metrics.stop()

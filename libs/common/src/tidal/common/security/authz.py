@@ -40,6 +40,9 @@ POLICY: Mapping[str, frozenset[str]] = {
     _INF + "Generate": frozenset({"orchestrator", "operator"}),
     _INF + "Score": frozenset({"orchestrator", "operator"}),
     _INF + "GetStatus": ANY_ROLE,
+    # A stream held open for as long as the caller likes: the orchestrator routes and
+    # admits by it; an operator may watch.
+    _INF + "WatchOccupancy": frozenset({"orchestrator", "operator"}),
     _ORCH + "GetProgress": ANY_ROLE,
     _TRAIN + "Train": frozenset({"orchestrator"}),
     _TRAIN + "TrainStream": frozenset({"orchestrator"}),

@@ -25,27 +25,31 @@ _sym_db = _symbol_database.Default()
 from tidal.rpc.v1 import common_pb2 as tidal_dot_rpc_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ctidal/rpc/v1/inference.proto\x12\x0ctidal.rpc.v1\x1a\x19tidal/rpc/v1/common.proto\"b\n\x0cScoreRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x12\n\x05start\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12\r\n\x05top_k\x18\x04 \x01(\x05\x42\x08\n\x06_start\"\x7f\n\rScoreResponse\x12\r\n\x05start\x18\x01 \x01(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\r\n\x05ranks\x18\x03 \x03(\x05\x12\x0f\n\x07top_ids\x18\x04 \x03(\x05\x12\x14\n\x0ctop_logprobs\x18\x05 \x03(\x02\x12\x17\n\x0fpolicy_versions\x18\x06 \x03(\x03\"\x80\x02\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x00\x88\x01\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\x0e\n\x01n\x18\x05 \x01(\x05H\x01\x88\x01\x01\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x02\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\x05\x12\r\n\x05min_p\x18\x08 \x01(\x02\x12\x0c\n\x04stop\x18\t \x03(\t\x12\x1d\n\x15return_model_logprobs\x18\n \x01(\x08\x12\x12\n\nignore_eos\x18\x0b \x01(\x08\x42\x08\n\x06_top_pB\x04\n\x02_nB\x07\n\x05_seed\"\x89\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nprompt_ids\x18\x02 \x03(\x05\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12.\n\x08sampling\x18\x04 \x01(\x0b\x32\x1c.tidal.rpc.v1.SamplingParams\x12\x0e\n\x06stream\x18\x05 \x01(\x08\"\xcc\x01\n\x10GenerateResponse\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x12\n\nprompt_ids\x18\x02 \x03(\x05\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x10\n\x08logprobs\x18\x04 \x03(\x02\x12\x17\n\x0fpolicy_versions\x18\x05 \x03(\x03\x12\x31\n\rfinish_reason\x18\x06 \x01(\x0e\x32\x1a.tidal.rpc.v1.FinishReason\x12\x0c\n\x04text\x18\x07 \x01(\t\x12\x16\n\x0emodel_logprobs\x18\x08 \x03(\x02\"\xdc\x02\n\x0fInferenceStatus\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\x12\x0f\n\x07running\x18\x02 \x01(\x05\x12\x0e\n\x06queued\x18\x03 \x01(\x05\x12\x18\n\x10generated_tokens\x18\x04 \x01(\x03\x12\x14\n\x0ctokens_per_s\x18\x05 \x01(\x01\x12\r\n\x05model\x18\x06 \x01(\t\x12\x12\n\nvocab_size\x18\x07 \x01(\x05\x12\x13\n\x0bmax_seq_len\x18\x08 \x01(\x05\x12\x12\n\nreplica_id\x18\t \x01(\t\x12\x15\n\rkv_slots_used\x18\n \x01(\x05\x12\x16\n\x0ekv_slots_total\x18\x0b \x01(\x05\x12\x10\n\x08kv_usage\x18\x0c \x01(\x01\x12\x0f\n\x07kernels\x18\r \x01(\t\x12\x12\n\nload_error\x18\x0e \x01(\t\x12.\n\ttokenizer\x18\x0f \x01(\x0b\x32\x1b.tidal.rpc.v1.TokenizerInfo*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x32\xea\x01\n\x10InferenceService\x12K\n\x08Generate\x12\x1d.tidal.rpc.v1.GenerateRequest\x1a\x1e.tidal.rpc.v1.GenerateResponse0\x01\x12G\n\tGetStatus\x12\x1b.tidal.rpc.v1.StatusRequest\x1a\x1d.tidal.rpc.v1.InferenceStatus\x12@\n\x05Score\x12\x1a.tidal.rpc.v1.ScoreRequest\x1a\x1b.tidal.rpc.v1.ScoreResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ctidal/rpc/v1/inference.proto\x12\x0ctidal.rpc.v1\x1a\x19tidal/rpc/v1/common.proto\"F\n\x15WatchOccupancyRequest\x12\x17\n\x0fmin_interval_ms\x18\x01 \x01(\x05\x12\x14\n\x0cheartbeat_ms\x18\x02 \x01(\x05\"\x93\x01\n\tOccupancy\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0e\n\x06queued\x18\x02 \x01(\x05\x12\x0f\n\x07running\x18\x03 \x01(\x05\x12\x15\n\rkv_slots_used\x18\x04 \x01(\x05\x12\x16\n\x0ekv_slots_total\x18\x05 \x01(\x05\x12\x10\n\x08kv_usage\x18\x06 \x01(\x01\x12\x10\n\x08sequence\x18\x07 \x01(\x03\"b\n\x0cScoreRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x12\n\x05start\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12\r\n\x05top_k\x18\x04 \x01(\x05\x42\x08\n\x06_start\"\x7f\n\rScoreResponse\x12\r\n\x05start\x18\x01 \x01(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\r\n\x05ranks\x18\x03 \x03(\x05\x12\x0f\n\x07top_ids\x18\x04 \x03(\x05\x12\x14\n\x0ctop_logprobs\x18\x05 \x03(\x02\x12\x17\n\x0fpolicy_versions\x18\x06 \x03(\x03\"\x80\x02\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x00\x88\x01\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\x0e\n\x01n\x18\x05 \x01(\x05H\x01\x88\x01\x01\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x02\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\x05\x12\r\n\x05min_p\x18\x08 \x01(\x02\x12\x0c\n\x04stop\x18\t \x03(\t\x12\x1d\n\x15return_model_logprobs\x18\n \x01(\x08\x12\x12\n\nignore_eos\x18\x0b \x01(\x08\x42\x08\n\x06_top_pB\x04\n\x02_nB\x07\n\x05_seed\"\x89\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nprompt_ids\x18\x02 \x03(\x05\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12.\n\x08sampling\x18\x04 \x01(\x0b\x32\x1c.tidal.rpc.v1.SamplingParams\x12\x0e\n\x06stream\x18\x05 \x01(\x08\"\xcc\x01\n\x10GenerateResponse\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x12\n\nprompt_ids\x18\x02 \x03(\x05\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x10\n\x08logprobs\x18\x04 \x03(\x02\x12\x17\n\x0fpolicy_versions\x18\x05 \x03(\x03\x12\x31\n\rfinish_reason\x18\x06 \x01(\x0e\x32\x1a.tidal.rpc.v1.FinishReason\x12\x0c\n\x04text\x18\x07 \x01(\t\x12\x16\n\x0emodel_logprobs\x18\x08 \x03(\x02\"\xdc\x02\n\x0fInferenceStatus\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\x12\x0f\n\x07running\x18\x02 \x01(\x05\x12\x0e\n\x06queued\x18\x03 \x01(\x05\x12\x18\n\x10generated_tokens\x18\x04 \x01(\x03\x12\x14\n\x0ctokens_per_s\x18\x05 \x01(\x01\x12\r\n\x05model\x18\x06 \x01(\t\x12\x12\n\nvocab_size\x18\x07 \x01(\x05\x12\x13\n\x0bmax_seq_len\x18\x08 \x01(\x05\x12\x12\n\nreplica_id\x18\t \x01(\t\x12\x15\n\rkv_slots_used\x18\n \x01(\x05\x12\x16\n\x0ekv_slots_total\x18\x0b \x01(\x05\x12\x10\n\x08kv_usage\x18\x0c \x01(\x01\x12\x0f\n\x07kernels\x18\r \x01(\t\x12\x12\n\nload_error\x18\x0e \x01(\t\x12.\n\ttokenizer\x18\x0f \x01(\x0b\x32\x1b.tidal.rpc.v1.TokenizerInfo*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x32\xbc\x02\n\x10InferenceService\x12K\n\x08Generate\x12\x1d.tidal.rpc.v1.GenerateRequest\x1a\x1e.tidal.rpc.v1.GenerateResponse0\x01\x12G\n\tGetStatus\x12\x1b.tidal.rpc.v1.StatusRequest\x1a\x1d.tidal.rpc.v1.InferenceStatus\x12@\n\x05Score\x12\x1a.tidal.rpc.v1.ScoreRequest\x1a\x1b.tidal.rpc.v1.ScoreResponse\x12P\n\x0eWatchOccupancy\x12#.tidal.rpc.v1.WatchOccupancyRequest\x1a\x17.tidal.rpc.v1.Occupancy0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tidal.rpc.v1.inference_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=1259
-  _globals['_FINISHREASON']._serialized_end=1354
-  _globals['_SCOREREQUEST']._serialized_start=73
-  _globals['_SCOREREQUEST']._serialized_end=171
-  _globals['_SCORERESPONSE']._serialized_start=173
-  _globals['_SCORERESPONSE']._serialized_end=300
-  _globals['_SAMPLINGPARAMS']._serialized_start=303
-  _globals['_SAMPLINGPARAMS']._serialized_end=559
-  _globals['_GENERATEREQUEST']._serialized_start=562
-  _globals['_GENERATEREQUEST']._serialized_end=699
-  _globals['_GENERATERESPONSE']._serialized_start=702
-  _globals['_GENERATERESPONSE']._serialized_end=906
-  _globals['_INFERENCESTATUS']._serialized_start=909
-  _globals['_INFERENCESTATUS']._serialized_end=1257
-  _globals['_INFERENCESERVICE']._serialized_start=1357
-  _globals['_INFERENCESERVICE']._serialized_end=1591
+  _globals['_FINISHREASON']._serialized_start=1481
+  _globals['_FINISHREASON']._serialized_end=1576
+  _globals['_WATCHOCCUPANCYREQUEST']._serialized_start=73
+  _globals['_WATCHOCCUPANCYREQUEST']._serialized_end=143
+  _globals['_OCCUPANCY']._serialized_start=146
+  _globals['_OCCUPANCY']._serialized_end=293
+  _globals['_SCOREREQUEST']._serialized_start=295
+  _globals['_SCOREREQUEST']._serialized_end=393
+  _globals['_SCORERESPONSE']._serialized_start=395
+  _globals['_SCORERESPONSE']._serialized_end=522
+  _globals['_SAMPLINGPARAMS']._serialized_start=525
+  _globals['_SAMPLINGPARAMS']._serialized_end=781
+  _globals['_GENERATEREQUEST']._serialized_start=784
+  _globals['_GENERATEREQUEST']._serialized_end=921
+  _globals['_GENERATERESPONSE']._serialized_start=924
+  _globals['_GENERATERESPONSE']._serialized_end=1128
+  _globals['_INFERENCESTATUS']._serialized_start=1131
+  _globals['_INFERENCESTATUS']._serialized_end=1479
+  _globals['_INFERENCESERVICE']._serialized_start=1579
+  _globals['_INFERENCESERVICE']._serialized_end=1895
 # @@protoc_insertion_point(module_scope)

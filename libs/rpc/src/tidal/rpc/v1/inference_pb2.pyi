@@ -17,6 +17,32 @@ FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 
+class WatchOccupancyRequest(_message.Message):
+    __slots__ = ("min_interval_ms", "heartbeat_ms")
+    MIN_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_MS_FIELD_NUMBER: _ClassVar[int]
+    min_interval_ms: int
+    heartbeat_ms: int
+    def __init__(self, min_interval_ms: _Optional[int] = ..., heartbeat_ms: _Optional[int] = ...) -> None: ...
+
+class Occupancy(_message.Message):
+    __slots__ = ("replica_id", "queued", "running", "kv_slots_used", "kv_slots_total", "kv_usage", "sequence")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    KV_SLOTS_USED_FIELD_NUMBER: _ClassVar[int]
+    KV_SLOTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    KV_USAGE_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    queued: int
+    running: int
+    kv_slots_used: int
+    kv_slots_total: int
+    kv_usage: float
+    sequence: int
+    def __init__(self, replica_id: _Optional[str] = ..., queued: _Optional[int] = ..., running: _Optional[int] = ..., kv_slots_used: _Optional[int] = ..., kv_slots_total: _Optional[int] = ..., kv_usage: _Optional[float] = ..., sequence: _Optional[int] = ...) -> None: ...
+
 class ScoreRequest(_message.Message):
     __slots__ = ("request_id", "token_ids", "start", "top_k")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]

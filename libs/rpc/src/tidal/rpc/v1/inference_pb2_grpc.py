@@ -50,6 +50,11 @@ class InferenceServiceStub:
                 request_serializer=tidal_dot_rpc_dot_v1_dot_inference__pb2.ScoreRequest.SerializeToString,
                 response_deserializer=tidal_dot_rpc_dot_v1_dot_inference__pb2.ScoreResponse.FromString,
                 _registered_method=True)
+        self.WatchOccupancy = channel.unary_stream(
+                '/tidal.rpc.v1.InferenceService/WatchOccupancy',
+                request_serializer=tidal_dot_rpc_dot_v1_dot_inference__pb2.WatchOccupancyRequest.SerializeToString,
+                response_deserializer=tidal_dot_rpc_dot_v1_dot_inference__pb2.Occupancy.FromString,
+                _registered_method=True)
 
 
 class InferenceServiceServicer:
@@ -80,6 +85,16 @@ class InferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchOccupancy(self, request, context):
+        """Pushes the replica's occupancy (queue depth and KV-cache use): the current figures at
+        once, then whenever they change (checked every min_interval_ms), and unchanged figures
+        again at least every heartbeat_ms, so a watcher can tell a live replica from a stalled
+        stream. Runs until the caller cancels it or the replica stops.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -97,6 +112,11 @@ def add_InferenceServiceServicer_to_server(servicer, server):
                     servicer.Score,
                     request_deserializer=tidal_dot_rpc_dot_v1_dot_inference__pb2.ScoreRequest.FromString,
                     response_serializer=tidal_dot_rpc_dot_v1_dot_inference__pb2.ScoreResponse.SerializeToString,
+            ),
+            'WatchOccupancy': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchOccupancy,
+                    request_deserializer=tidal_dot_rpc_dot_v1_dot_inference__pb2.WatchOccupancyRequest.FromString,
+                    response_serializer=tidal_dot_rpc_dot_v1_dot_inference__pb2.Occupancy.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -180,6 +200,33 @@ class InferenceService:
             '/tidal.rpc.v1.InferenceService/Score',
             tidal_dot_rpc_dot_v1_dot_inference__pb2.ScoreRequest.SerializeToString,
             tidal_dot_rpc_dot_v1_dot_inference__pb2.ScoreResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchOccupancy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tidal.rpc.v1.InferenceService/WatchOccupancy',
+            tidal_dot_rpc_dot_v1_dot_inference__pb2.WatchOccupancyRequest.SerializeToString,
+            tidal_dot_rpc_dot_v1_dot_inference__pb2.Occupancy.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,7 +1,9 @@
-"""Async client of the inference service (Generate, Score, GetStatus, health)."""
+"""Async client of the inference service (Generate, Score, WatchOccupancy, GetStatus, health)."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import grpc
@@ -21,6 +23,19 @@ class ReplicaInfo:
     """Its id at weightsync (its loaded versions are filed under it)."""
     max_seq_len: int
     """The served context length: prompt plus completion, in tokens."""
+
+
+@dataclass(frozen=True)
+class ReplicaOccupancy:
+    """What a replica pushed last on WatchOccupancy, and when it arrived."""
+
+    queued: int
+    """Requests waiting for a batch there."""
+    running: int
+    kv_usage: float
+    """Fraction of its KV cache in use, [0, 1]."""
+    received_at: float
+    """time.monotonic() when it arrived."""
 
 
 def completion_from_proto(reply: pb.GenerateResponse) -> Completion:
@@ -61,10 +76,26 @@ class InferenceClient(PeerClient):
         status = await self._status(timeout)
         return ReplicaInfo(str(status.replica_id), int(status.max_seq_len))
 
-    async def pressure(self, *, timeout: float = 10.0) -> tuple[int, float]:
-        """(requests waiting in the replica's queue, fraction of its KV cache in use)."""
-        status = await self._status(timeout)
-        return int(status.queued), float(status.kv_usage)
+    async def watch_occupancy(
+        self, *, min_interval_ms: int, heartbeat_ms: int
+    ) -> AsyncIterator[ReplicaOccupancy]:
+        """The replica's pushed occupancy until the stream ends; a failed stream raises
+        `PeerError`. Cancelling the iteration cancels the call."""
+        request = pb.WatchOccupancyRequest(
+            min_interval_ms=min_interval_ms, heartbeat_ms=heartbeat_ms
+        )
+        call = self.stub.WatchOccupancy(request, wait_for_ready=False)
+        try:
+            with peer_call(self.peer, self.address, "WatchOccupancy"):
+                async for report in call:
+                    yield ReplicaOccupancy(
+                        queued=report.queued,
+                        running=report.running,
+                        kv_usage=report.kv_usage,
+                        received_at=time.monotonic(),
+                    )
+        finally:
+            call.cancel()
 
     async def generate(
         self,

@@ -2,11 +2,13 @@
 
 The pool has the client interface the rest of the orchestrator uses, so one replica is
 the case N = 1. A call (Generate or Score) goes to the replica that last took its affinity
-key, else to the serving replica with the fewest requested tokens in flight; it is retried
-whole on another when its replica is lost, and waits up to `recovery.peer_loss_s` while
-none serves. Health probes bring a lost replica back. The version gate is the oldest
-version the serving replicas have loaded, as weightsync pushes it (version_feed.py).
-docs/orchestrator.md.
+key, else to a serving replica whose pushed occupancy is within the in-flight targets,
+the one with the fewest requested tokens in flight; it is retried whole on another when
+its replica is lost, and waits up to `recovery.peer_loss_s` while none serves. Health
+probes bring a lost replica back. Each replica pushes its queue and KV-cache use
+(occupancy.py); the pool hands the worst of them to `on_pressure` (the in-flight bound).
+The version gate is the oldest version the serving replicas have loaded, as weightsync
+pushes it (version_feed.py). docs/orchestrator.md.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
@@ -25,8 +26,11 @@ import grpc
 from tidal.common.config.shared import GrpcConfig
 from tidal.common.security.transport import TransportSecurity
 from tidal.orchestrator.completions import Completion
-from tidal.orchestrator.peers.inference_client import InferenceClient, ReplicaInfo
+from tidal.orchestrator.config import InflightConfig
+from tidal.orchestrator.peers.inference_client import InferenceClient, ReplicaOccupancy
+from tidal.orchestrator.peers.occupancy import follow_occupancy, fresh
 from tidal.orchestrator.peers.peer_client import PeerError
+from tidal.orchestrator.peers.replica import Replica
 from tidal.orchestrator.peers.version_feed import VersionFeed
 
 log = logging.getLogger(__name__)
@@ -45,38 +49,6 @@ AFFINITY_KEYS = 4096
 STATUS_TIMEOUT_S = 5.0
 
 
-@dataclass
-class Replica:
-    """One inference replica and what the pool knows of it."""
-
-    index: int
-    client: InferenceClient
-    serving: bool = True
-    replica_id: str = ""
-    """Its id at weightsync (GetStatus), read whenever it starts serving: a replica
-    restarted on the same address may carry another."""
-    max_seq_len: int = 0
-    """Its context length (GetStatus), read with `replica_id`; 0 until read."""
-    outstanding_tokens: int = 0
-    sent: int = 0
-    """Generate (and Score) attempts sent to it."""
-    served: int = 0
-    """Generate (and Score) calls it completed."""
-    failed: int = 0
-    """Attempts that failed on it and were retried elsewhere."""
-    last_error: str = ""
-    old_channels: list[tuple[float, grpc.aio.Channel]] = field(default_factory=list)
-    """Channels replaced by a reconnect, with when; closed once nothing can still use
-    them (closing a channel cancels its calls)."""
-
-    @property
-    def address(self) -> str:
-        return self.client.address
-
-    def read_info(self, info: ReplicaInfo) -> None:
-        self.replica_id, self.max_seq_len = info.replica_id, info.max_seq_len
-
-
 class InferencePool:
     def __init__(
         self,
@@ -87,6 +59,8 @@ class InferencePool:
         lost_timeout_s: float = 300.0,
         probe_s: float = PROBE_S,
         versions: VersionFeed | None = None,
+        inflight: InflightConfig | None = None,
+        on_pressure: Callable[[int, float], Awaitable[None]] | None = None,
     ) -> None:
         if not addresses:
             raise ValueError("an inference pool needs at least one replica address")
@@ -98,6 +72,10 @@ class InferencePool:
         self.probe_s = probe_s
         self.versions = versions or VersionFeed()
         """What weightsync pushes: the version each replica has loaded."""
+        self.inflight = inflight or InflightConfig()
+        """The queue and KV-cache targets past which a replica is routed to last."""
+        self.on_pressure = on_pressure
+        """Called with `pressure()` after each report while some replica has reported."""
         self._changed = asyncio.Condition()
         self._probes: list[asyncio.Task[None]] = []
         self._waiting_logged = False
@@ -126,8 +104,19 @@ class InferencePool:
         self.start_probes()
 
     def start_probes(self) -> None:
+        """Start each replica's health probe and its occupancy stream."""
         if not self._probes:
             self._probes = [asyncio.create_task(self._probe(r)) for r in self.replicas]
+            self._probes += [asyncio.create_task(self._watch(r)) for r in self.replicas]
+
+    async def _watch(self, replica: Replica) -> None:
+        async def report(occupancy: ReplicaOccupancy | None) -> None:
+            replica.occupancy = occupancy
+            pressure = self.pressure()
+            if occupancy is not None and pressure is not None and self.on_pressure is not None:
+                await self.on_pressure(*pressure)
+
+        await follow_occupancy(lambda: replica.client, report)
 
     async def _probe(self, replica: Replica) -> None:
         misses = 0
@@ -205,14 +194,17 @@ class InferencePool:
 
     def choose(self, affinity: str = "") -> Replica | None:
         """The replica that last served `affinity` if it still serves, else the serving
-        replica with the least outstanding work (None if none serves)."""
+        replica with the least outstanding work, those whose pushed queue or KV cache is
+        past the in-flight targets last (None if none serves). A replica that has not
+        reported counts as within them."""
         sticky = self._affinity.get(affinity) if affinity else None
         if sticky is not None and self.replicas[sticky].serving:
             return self.replicas[sticky]
         serving = [r for r in self.replicas if r.serving]
         if not serving:
             return None
-        return min(serving, key=lambda r: (r.outstanding_tokens, r.sent, r.index))
+        now = time.monotonic()
+        return min(serving, key=lambda r: r.route_key(self.inflight, now))
 
     def _down_summary(self) -> str:
         return "; ".join(
@@ -360,27 +352,15 @@ class InferencePool:
         """The oldest version the serving replicas have loaded, once each has one."""
         return await self.wait_loaded(0)
 
-    async def pressure(self, *, timeout: float = STATUS_TIMEOUT_S) -> tuple[int, float]:
-        """(longest queue, fullest KV cache) among the serving replicas; waits for one to
-        serve (bounded) when none does."""
-        while True:
-            await self._acquire()
-            serving = [r for r in self.replicas if r.serving]
-            replies = await asyncio.gather(
-                *(r.client.pressure(timeout=timeout) for r in serving), return_exceptions=True
-            )
-            out = []
-            for replica, reply in zip(serving, replies, strict=True):
-                if isinstance(reply, BaseException):
-                    # PeerError: the call failed; CancelledError here is the call's own
-                    # (the outer task's cancellation would have raised from gather).
-                    if not isinstance(reply, PeerError | asyncio.CancelledError):
-                        raise reply
-                    await self._lost(replica, str(reply) or "status call cancelled")
-                    continue
-                out.append(reply)
-            if out:
-                return max(q for q, _ in out), max(k for _, k in out)
+    def pressure(self) -> tuple[int, float] | None:
+        """(longest queue, fullest KV cache) the serving replicas pushed, counting fresh
+        reports only; None while none has one."""
+        now = time.monotonic()
+        reports = [fresh(r.occupancy, now) for r in self.replicas if r.serving]
+        known = [r for r in reports if r is not None]
+        if not known:
+            return None
+        return max(r.queued for r in known), max(r.kv_usage for r in known)
 
     def summary(self) -> list[str]:
         """One line per replica: what it served."""
