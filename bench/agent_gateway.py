@@ -93,9 +93,9 @@ def gateway_ms_per_episode(repeats: int = 200) -> float:
     import time
 
     from tidal.orchestrator.completions import Completion
-    from tidal.orchestrator.gateway.chat_reply import TurnReply
+    from tidal.orchestrator.gateway.chat_reply import ChatReply, ChoiceReply
     from tidal.orchestrator.gateway.chat_request import message_key, parse_chat_call
-    from tidal.orchestrator.gateway.trace import EpisodeTrace
+    from tidal.orchestrator.gateway.trace import EpisodeTrace, RecordedTurn
     from tidal.orchestrator.task_config import LookupTaskConfig
     from tidal.orchestrator.tasks.lookup import LookupTask
     from tidal.text.byte import ByteTokenizer
@@ -118,10 +118,12 @@ def gateway_ms_per_episode(repeats: int = 200) -> float:
         turn = Completion(0, ids, tuple(-0.5 for _ in ids), tuple(1 for _ in ids), True)
         decoded = tokenizer.decode(ids)
         parsed = parser.parse(decoded, request.tools)
-        reply = TurnReply("policy", turn, parsed, len(pending.ids))
-        message = reply.message()
-        trace.record(pending, turn, decoded, parsed, message_key(reply.key_message(message)))
-        json.dumps(reply.whole(message))
+        choice = ChoiceReply(turn, parsed)
+        message = choice.message()
+        key = message_key(choice.key_message(message))
+        trace.record(pending, [RecordedTurn(turn, decoded, parsed, key)])
+        reply = ChatReply("policy", (choice,), (message,), len(pending.ids))
+        json.dumps(reply.whole())
         return message
 
     started = time.perf_counter()
