@@ -65,6 +65,8 @@ def play(client, problem, max_turns=4):
 
 
 class Episodes(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: the orchestrator reuses its connections
+
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         client = OpenAI(
