@@ -1219,3 +1219,9 @@ async def test_gateway_lists_its_model_to_an_episodes_key_only(gateway: Any) -> 
                 assert body["error"]["param"] == "model", body
             elif path == "/models" and status == 200:
                 assert [m["id"] for m in body["data"]] == ["tidal"], body
+
+
+async def test_gateway_refuses_more_choices_than_the_episode_has_turns_left(gateway: Any) -> None:
+    _, key = _episode(gateway)  # max_calls 4: five choices would pass it
+    status, reply = await _post(gateway, "/chat/completions", key, {**CHAT, "n": 5})
+    assert status == 429 and "asked for 5 more" in reply["error"]["message"], reply
