@@ -28,7 +28,7 @@ from tidal.rpc.v1 import common_pb2, trainer_pb2_grpc
 from ..tls_fixtures import role_channel
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = 5
+STEPS = 3
 PROMPTS, GROUP = 2, 2
 PAUSE = "1.37"
 """Seconds a half-recorded episode waits between its call and its reward (an odd figure:
