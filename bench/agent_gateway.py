@@ -3,18 +3,21 @@
 The real stack (`tidal rl @ configs/lookup.toml`: the tiny byte-level model, native
 inference, the trainer), 8 prompts x 8 episodes a step, RL only from one warmed-up model
 (`configs/lookup.toml`'s supervised warm-up, once, first; `--model` reuses a folder).
-Two arms, run alternately `--repeats` times so load on a shared machine hits both alike:
+Arms, run alternately `--repeats` times so load on a shared machine hits them alike:
 - builtin: `type = "lookup"`, the orchestrator's own tool loop;
-- gateway: `type = "agent"` over the same problems, played by the ReAct agent on the
-  `openai` client (tests/helpers/agent_programs.py) as a long-running agent service,
-  which runs `lookup` itself and talks to the session gateway.
+- gateway-light, gateway-openai (`--agents`): `type = "agent"` over the same problems,
+  played by a ReAct agent as a long-running agent service that runs `lookup` itself and
+  talks to the session gateway (tests/helpers/agent_programs.py): `light` on aiohttp with
+  plain JSON, so the arm measures the gateway more than the agent's client; `openai` on
+  the `openai` client, threads and pydantic models.
 Per step from metrics.jsonl (the first `SKIP` RL steps left out), at max_async 0 so a
 step is its rollout then its training: `seconds` (step), `generate_seconds` (rollout).
-Ratios: gateway / builtin of the pooled medians. `--micro` instead times, in this
-process, the gateway's own work for a two-call lookup episode (parse each request,
-render its prompt, record the turn, build the reply; no HTTP, no model) and prints it.
+Ratios: arm / builtin of the pooled medians. CPU: the stack's per run (start-up included)
+from the waited-for children's rusage, the agent service's from /proc. `--micro` instead
+times, in this process, the gateway's own work for a two-call lookup episode (parse each
+request, render its prompt, record the turn, build the reply; no HTTP, no model).
 
-    python bench/agent_gateway.py [--repeats 2] [--steps 12]
+    python bench/agent_gateway.py [--repeats 2] [--steps 12] [--agents light,openai]
                                   [--warmup-steps 200 | --model WARMED_FOLDER]
     python bench/agent_gateway.py --micro
 """
@@ -23,18 +26,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 from common import ROOT, print_table, write_result
 
 sys.path.insert(0, str(ROOT))
-from tests.helpers.agent_programs import react_service
+from tests.helpers.agent_programs import async_react_service, react_service
+
+AGENTS = {"light": async_react_service, "openai": react_service}
 
 CONFIG = ROOT / "configs" / "lookup.toml"
 SKIP = 2  # first RL steps left out: the pipeline fills, the engine warms up
@@ -93,9 +101,9 @@ def gateway_ms_per_episode(repeats: int = 200) -> float:
     import time
 
     from tidal.orchestrator.completions import Completion
-    from tidal.orchestrator.gateway.chat_reply import TurnReply
+    from tidal.orchestrator.gateway.chat_reply import ChatReply, ChoiceReply
     from tidal.orchestrator.gateway.chat_request import message_key, parse_chat_call
-    from tidal.orchestrator.gateway.trace import EpisodeTrace
+    from tidal.orchestrator.gateway.trace import EpisodeTrace, RecordedTurn
     from tidal.orchestrator.task_config import LookupTaskConfig
     from tidal.orchestrator.tasks.lookup import LookupTask
     from tidal.text.byte import ByteTokenizer
@@ -118,10 +126,12 @@ def gateway_ms_per_episode(repeats: int = 200) -> float:
         turn = Completion(0, ids, tuple(-0.5 for _ in ids), tuple(1 for _ in ids), True)
         decoded = tokenizer.decode(ids)
         parsed = parser.parse(decoded, request.tools)
-        reply = TurnReply("policy", turn, parsed, len(pending.ids))
-        message = reply.message()
-        trace.record(pending, turn, decoded, parsed, message_key(reply.key_message(message)))
-        json.dumps(reply.whole(message))
+        choice = ChoiceReply(turn, parsed)
+        message = choice.message()
+        key = message_key(choice.key_message(message))
+        trace.record(pending, [RecordedTurn(turn, decoded, parsed, key)])
+        reply = ChatReply("policy", (choice,), (message,), len(pending.ids))
+        json.dumps(reply.whole())
         return message
 
     started = time.perf_counter()
@@ -133,53 +143,73 @@ def gateway_ms_per_episode(repeats: int = 200) -> float:
     return (time.perf_counter() - started) / repeats * 1000
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU a live process has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_seconds() -> float:
+    """User + system CPU of the waited-for children (the `tidal rl` runs, all services)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def start_agent(program: list[str]) -> tuple[subprocess.Popen[str], int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    service = subprocess.Popen([*program, "--serve", str(port)], stdout=subprocess.PIPE, text=True)
+    assert service.stdout is not None and "serving" in service.stdout.readline()
+    return service, port
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup-steps", type=int, default=200)
     parser.add_argument("--model", type=Path, help="a warmed-up model folder")
+    parser.add_argument(
+        "--agents", default="light,openai", help="gateway arms, comma-separated: light, openai"
+    )
     parser.add_argument("--micro", action="store_true", help="time the gateway's own work")
     args = parser.parse_args()
     if args.micro:
         print(f"gateway CPU per two-call episode: {gateway_ms_per_episode():.2f} ms")
         return
-    runs: dict[str, list[list[dict[str, Any]]]] = {"builtin": [], "gateway": []}
-    with tempfile.TemporaryDirectory(prefix="tidal-bench-gateway-") as tmp:
+    agents = args.agents.split(",")
+    if not agents or any(a not in AGENTS for a in agents):
+        parser.error(f"--agents: each of {', '.join(AGENTS)}")
+    arms = ["builtin", *(f"gateway-{a}" for a in agents)]
+    runs: dict[str, list[list[dict[str, Any]]]] = {arm: [] for arm in arms}
+    # per run: the stack's CPU seconds (start-up included) and the agent service's
+    cpu: dict[str, list[tuple[float, float]]] = {arm: [] for arm in arms}
+    with tempfile.TemporaryDirectory(prefix="tidal-bench-gateway-") as tmp, ExitStack() as stack:
         out = Path(tmp)
         model = args.model
         if model is None:
-            tidal_rl(
-                [
-                    "--orchestrator.warmup-steps",
-                    str(args.warmup_steps),
-                    "--orchestrator.steps",
-                    "1",
-                ],
-                out=out,
-                name="warmup",
-            )
+            warmup = ["--orchestrator.warmup-steps", str(args.warmup_steps)]
+            tidal_rl([*warmup, "--orchestrator.steps", "1"], out=out, name="warmup")
             model = out / "warmup" / "weights" / f"v{args.warmup_steps:06d}"
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        service = subprocess.Popen(
-            [*react_service(out), "--serve", str(port)], stdout=subprocess.PIPE, text=True
-        )
-        try:
-            assert service.stdout is not None and "serving" in service.stdout.readline()
-            overlay = agent_overlay(out / "agent.toml", port)
-            arms = {"builtin": [], "gateway": ["@", str(overlay)]}
-            for repeat in range(args.repeats):
-                order = list(arms) if repeat % 2 == 0 else list(reversed(arms))
-                for arm in order:
-                    name = f"{arm}-{repeat}"
-                    runs[arm].append(
-                        run_steps(model, arms[arm], steps=args.steps, out=out, name=name)
-                    )
-        finally:
-            service.kill()
-            service.wait()
+        extra: dict[str, list[str]] = {"builtin": []}
+        services: dict[str, subprocess.Popen[str]] = {}
+        for agent in agents:
+            service, port = start_agent(AGENTS[agent](out))
+            stack.callback(service.wait)
+            stack.callback(service.kill)
+            services[f"gateway-{agent}"] = service
+            overlay = agent_overlay(out / f"{agent}.toml", port)
+            extra[f"gateway-{agent}"] = ["@", str(overlay)]
+        for repeat in range(args.repeats):
+            for arm in arms if repeat % 2 == 0 else reversed(arms):
+                service = services.get(arm)
+                agent_before = cpu_seconds(service.pid) if service else 0.0
+                stack_before = children_cpu_seconds()
+                name = f"{arm}-{repeat}"
+                runs[arm].append(run_steps(model, extra[arm], steps=args.steps, out=out, name=name))
+                agent_cpu = cpu_seconds(service.pid) - agent_before if service else 0.0
+                cpu[arm].append((children_cpu_seconds() - stack_before, agent_cpu))
     pooled = {arm: figures([r for run in rs for r in run]) for arm, rs in runs.items()}
     base = pooled["builtin"]
     rows = [
@@ -189,7 +219,10 @@ def main() -> None:
             "step ratio": m["step_s"] / base["step_s"],
             "rollout s": m["rollout_s"],
             "rollout ratio": m["rollout_s"] / base["rollout_s"],
-            "episodes/step": m["episodes"],
+            "stack cpu s/run": statistics.mean(c for c, _ in cpu[arm]),
+            "agent cpu ms/episode": statistics.mean(a for _, a in cpu[arm])
+            / (args.steps * PROMPTS * GROUP)
+            * 1000,
             "calls/episode": m["calls_per_episode"],
             "reward": m["reward"],
         }
@@ -197,9 +230,7 @@ def main() -> None:
     ]
     print_table(f"{PROMPTS * GROUP} lookup episodes a step: gateway vs built-in (medians)", rows)
     summary = {
-        "step_ratio": rows[1]["step ratio"],
-        "rollout_ratio": rows[1]["rollout ratio"],
-        "episodes_per_step": PROMPTS * GROUP,
+        f"step_ratio_{row['arm']}": row["step ratio"] for row in rows if row["arm"] != "builtin"
     }
     config = {
         "run_config": "configs/lookup.toml",
@@ -210,10 +241,12 @@ def main() -> None:
         "rl_steps": args.steps,
         "skipped_first_rl_steps": SKIP,
         "repeats": args.repeats,
+        "agents": agents,
         "per_run_steps": {
             arm: [[{k: r.get(k) for k in STEP_KEYS} for r in run] for run in v]
             for arm, v in runs.items()
         },
+        "per_run_cpu_s": {arm: [list(c) for c in v] for arm, v in cpu.items()},
     }
     path = write_result("agent_gateway", config=config, results=rows, summary=summary)
     print(f"wrote {path}")

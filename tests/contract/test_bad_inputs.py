@@ -1188,7 +1188,7 @@ def test_malformed_framing_costs_a_counter_and_a_line_a_minute_not_a_traceback_e
 # port is tested with a real sandboxed agent (tests/unit/orchestrator/gateway/).
 
 
-async def _no_generation(prompt_ids: list[int], call: int, max_tokens: int) -> Any:
+async def _no_generation(prompt_ids: list[int], call: int, max_tokens: int, n: int) -> Any:
     raise AssertionError("an attack reached generation")
 
 
@@ -1293,10 +1293,37 @@ async def test_gateway_chat_fields_are_refused_by_name(gateway: Any) -> None:
     bad = [
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
-        ({**CHAT, "n": 2}, "n"),
+        ({**CHAT, "n": 0}, "n"),
+        ({**CHAT, "n": 17}, "n"),
         ({**CHAT, "max_tokens": -1}, "max_tokens"),
         ({**CHAT, "tools": [{"type": "function"}]}, "tools[0].function.name"),
     ]
     for body, field in bad:
         status, reply = await _post(gateway, "/chat/completions", key, body)
         assert status == 400 and reply["error"]["param"] == field, (body, reply)
+
+
+async def test_gateway_lists_its_model_to_an_episodes_key_only(gateway: Any) -> None:
+    _, key = _episode(gateway)
+    async with aiohttp.ClientSession() as http:
+        for path, auth, status in [
+            ("/models", "", 401),
+            ("/models", "tidal-ep-forged", 401),
+            ("/models", key, 200),
+            ("/models/tidal", key, 200),
+            ("/models/gpt-4o", key, 404),
+        ]:
+            headers = {"Authorization": f"Bearer {auth}"} if auth else {}
+            async with http.get(gateway.url + path, headers=headers) as reply:
+                body = await reply.json()
+            assert reply.status == status, (path, body)
+            if status == 404:
+                assert body["error"]["param"] == "model", body
+            elif path == "/models" and status == 200:
+                assert [m["id"] for m in body["data"]] == ["tidal"], body
+
+
+async def test_gateway_refuses_more_choices_than_the_episode_has_turns_left(gateway: Any) -> None:
+    _, key = _episode(gateway)  # max_calls 4: five choices would pass it
+    status, reply = await _post(gateway, "/chat/completions", key, {**CHAT, "n": 5})
+    assert status == 429 and "asked for 5 more" in reply["error"]["message"], reply

@@ -3,16 +3,23 @@
 `REACT_AGENT` is a ReAct loop on the `openai` client: it sends the problem's messages and
 tools, runs the `lookup` tool itself on each call the policy makes (from the table in the
 problem's metadata), sends the result back and prints the final answer. With `--serve PORT`
-it is a long-running agent service that plays each episode POSTed to it. `CURL_AGENT` is a
+it is a long-running agent service that plays each episode POSTed to it. `ASYNC_REACT_AGENT`
+is the same loop as a service on aiohttp with plain JSON (one event loop and one pool of
+kept-alive connections for all episodes): the light agent the gateway benchmark runs, so
+that what it measures is the gateway more than the agent's client. `CURL_AGENT` is a
 POSIX shell script with curl and jq: one chat call, its answer printed. Neither knows Tidal
 beyond the environment an OpenAI program reads (OPENAI_BASE_URL, OPENAI_API_KEY).
 """
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import stat
 import sys
 import sysconfig
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from tidal.orchestrator.scoring.sandbox.executor import python_for_programs
@@ -58,6 +65,8 @@ def play(client, problem, max_turns=4):
 
 
 class Episodes(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: the orchestrator reuses its connections
+
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         client = OpenAI(
@@ -91,6 +100,66 @@ else:
     print(play(OpenAI(max_retries=0), problem))
 '''
 
+ASYNC_REACT_AGENT = r'''
+import asyncio, json, sys
+
+import aiohttp
+from aiohttp import web
+
+
+def lookup(problem, key):
+    return str(problem["metadata"]["table"].get(key, "no such key"))
+
+
+async def play(http, base_url, api_key, problem, max_turns=4):
+    """The ReAct loop: act (tool calls) until the policy answers."""
+    headers = {"Authorization": f"Bearer {api_key}"}
+    messages = list(problem["messages"])
+    body = {"model": "policy", "messages": messages}
+    if problem["tools"]:
+        body["tools"] = problem["tools"]
+    for _ in range(max_turns):
+        async with http.post(f"{base_url}/chat/completions", json=body, headers=headers) as r:
+            r.raise_for_status()
+            message = (await r.json())["choices"][0]["message"]
+        messages.append({k: v for k, v in message.items() if v is not None})
+        if not message.get("tool_calls"):
+            return message.get("content") or ""
+        for call in message["tool_calls"]:
+            arguments = json.loads(call["function"]["arguments"] or "{}")
+            result = lookup(problem, arguments.get("key", ""))
+            messages.append(
+                {"role": "tool", "tool_call_id": call["id"], "name": "lookup", "content": result}
+            )
+    return ""
+
+
+async def episode(request):
+    body = await request.json()
+    try:
+        output = await play(request.app["http"], body["base_url"], body["api_key"], body["problem"])
+    except Exception as exc:  # the episode failed; the service goes on
+        output = f"error: {exc}"
+    return web.json_response({"output": output})
+
+
+async def serve(port):
+    app = web.Application()
+    app.router.add_post("/", episode)
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        app["http"] = http
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port, backlog=256).start()
+        print(f"serving on {port}", flush=True)
+        await asyncio.Event().wait()
+
+
+if __name__ == "__main__":
+    asyncio.run(serve(int(sys.argv[2])))
+'''
+
 CURL_AGENT = r"""#!/bin/sh
 # one chat call with the problem's messages; its answer is the output
 set -eu
@@ -104,6 +173,18 @@ if [ "${1:-}" = "--reward" ]; then
     -H "Content-Type: application/json" -d '{"reward": 1.0}' "$TIDAL_REWARD_URL" >/dev/null
 fi
 """
+
+
+@contextlib.contextmanager
+def agent_folder() -> Iterator[Path]:
+    """A folder for agent programs that sandbox uids can reach for a whole run: a fresh
+    one under the temp dir, not under pytest's, whose base folder any pytest session that
+    starts meanwhile makes private again (0700)."""
+    folder = Path(tempfile.mkdtemp(prefix="tidal-test-agent-"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def write_agent(folder: Path, name: str, source: str) -> Path:
@@ -138,6 +219,12 @@ def react_files(folder: Path) -> list[str]:
 def react_service(folder: Path) -> list[str]:
     """The argv of the ReAct agent as a long-running service (append `--serve PORT`)."""
     return [sys.executable, "-u", str(write_agent(folder, "react_agent.py", REACT_AGENT))]
+
+
+def async_react_service(folder: Path) -> list[str]:
+    """The argv of the light ReAct agent service (append `--serve PORT`)."""
+    program = write_agent(folder, "async_react_agent.py", ASYNC_REACT_AGENT)
+    return [sys.executable, "-u", str(program)]
 
 
 def curl_command(folder: Path, *, reward: bool = False) -> list[str]:

@@ -36,6 +36,7 @@ SANDBOX_MODULES = frozenset(
         "test_code_task_run.py",
         "test_agent_episodes.py",
         "test_agent_gateway_run.py",
+        "test_agent_gateway_resume.py",
     }
 )
 """Modules whose tests run programs as sandbox uids (by file name: modules move)."""

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.agent_programs import agent_folder
+
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = ROOT / "configs" / "default.toml"
 
@@ -107,6 +109,13 @@ def launch(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
         for pid in run.children():  # a failed test must not leave services running
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def agent_dir() -> Iterator[Path]:
+    """A folder for agent programs that the sandbox's uids can reach for the whole test."""
+    with agent_folder() as folder:
+        yield folder
 
 
 def _parent(pid: int) -> int | None:

@@ -1,8 +1,9 @@
 """Agent programs trained through the session gateway, on the real stack through the launcher.
 
 A curl script (no Python) run per episode in the sandbox completes episodes that are
-trained; the Python ReAct agent on the `openai` client, as a long-running agent service,
-learns the lookup tool task on the tiny default model as the built-in tool loop does.
+trained, within the async window (`max_async`) and the off-policy bound; the Python ReAct
+agent on the `openai` client, as a long-running agent service, learns the lookup tool
+task on the tiny default model as the built-in tool loop does.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.agent_programs import curl_command, react_service
+from tidal.orchestrator.config import StalenessConfig
 
 LOOKUP = Path(__file__).parents[2] / "configs" / "lookup.toml"
 WARMUP_STEPS = 200
@@ -24,6 +26,8 @@ RL_STEPS = 25
 REWARD_GAIN = 0.2
 """Mean reward of the last 5 RL steps over the first 5 (the built-in tool loop's bound)."""
 LIMIT_S = 900
+CURL_STEPS = 4
+MAX_ASYNC = 2
 
 
 def _records(run_dir: Path) -> list[dict]:  # type: ignore[type-arg]
@@ -42,10 +46,10 @@ def _free_port() -> int:
 
 
 @pytest.mark.timeout(300)
-def test_a_curl_agent_completes_episodes_that_are_trained(launch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    folder = tmp_path / "agent"
-    folder.mkdir()
-    command = curl_command(folder, reward=True)
+def test_a_curl_agent_completes_episodes_that_are_trained(  # type: ignore[no-untyped-def]
+    launch, tmp_path: Path, agent_dir: Path
+) -> None:
+    command = curl_command(agent_dir, reward=True)
     agent = tmp_path / "agent.toml"
     agent.write_text(
         "[orchestrator.task]\n"
@@ -62,7 +66,8 @@ def test_a_curl_agent_completes_episodes_that_are_trained(launch, tmp_path: Path
         "@",
         str(agent),
         "--orchestrator.warmup-steps", "0",
-        "--orchestrator.steps", "2",
+        "--orchestrator.steps", str(CURL_STEPS),
+        "--orchestrator.staleness.max-async", str(MAX_ASYNC),
         "--orchestrator.prompts-per-step", "2",
         "--orchestrator.group-size", "2",
         "--orchestrator.report.table-every", "0",
@@ -72,11 +77,19 @@ def test_a_curl_agent_completes_episodes_that_are_trained(launch, tmp_path: Path
     output, _ = run.process.communicate(timeout=240)
     assert run.process.returncode == 0, output
     rl = _records(run.run_dir)
-    assert len(rl) == 2
+    assert len(rl) == CURL_STEPS
+    bound = StalenessConfig(max_async=MAX_ASYNC).bound
     for record in rl:  # every episode trained, none dropped, each with the reward it posted
         assert record["samples"] == 4, record
         assert record["reward_mean"] == 1.0
         assert not [k for k in record if k.startswith("episode/dropped_")], record
+        # the gateway's calls were admitted by the async window, and no trained sample
+        # is staler than the bound (none was dropped for it either)
+        assert record["staleness/gate"] <= MAX_ASYNC, record
+        assert record["staleness/max"] <= bound, record
+        assert record["dropped_stale"] == 0, record
+    # generation really ran ahead: a step's episodes started before the last step trained
+    assert max(r["staleness/gate"] for r in rl) >= 1
 
 
 @pytest.mark.slow

@@ -83,19 +83,27 @@ class EngineSampler:
         if len(self.sent) == self.fail_at_call:
             await self.engine.close()  # inference goes away mid-episode
         params = SamplingParams(
-            max_tokens=kw["max_tokens"], temperature=0.0, n=1, stop_token_ids=list(TOK.eos_ids)
+            max_tokens=kw["max_tokens"],
+            temperature=0.0,
+            n=kw["n"],
+            stop_token_ids=list(TOK.eos_ids),
         )
-        (out,) = [c async for c in self.engine.generate(prompt_ids, params)]
-        self.generated.append(list(out.token_ids))
+        outs = sorted([c async for c in self.engine.generate(prompt_ids, params)], key=_index)
+        self.generated += [list(out.token_ids) for out in outs]
         return [
             Completion(
-                0,
+                out.index,
                 tuple(out.token_ids),
                 tuple(out.logprobs),
                 tuple(out.policy_versions),
                 out.finish_reason == "stop",
             )
+            for out in outs
         ]
+
+
+def _index(completion: Any) -> int:
+    return int(completion.index)
 
 
 @pytest.fixture
@@ -264,3 +272,27 @@ async def test_an_agent_cannot_read_the_services_files(
     episodes = strategy([str(agent), str(secret)], self_reward=True)
     (episode,) = await play(episodes, EngineSampler(engine))
     assert episode.dropped == "" and episode.reward == 0.0
+
+
+CHOOSER = """#!/bin/sh
+# the model the gateway serves, then one call asking for two choices: prints both counts
+set -eu
+auth="Authorization: Bearer $OPENAI_API_KEY"
+model=$(curl -sS --fail-with-body -H "$auth" "$OPENAI_BASE_URL/models" | jq -r '.data[0].id')
+body=$(jq -c --arg m "$model" '{model: $m, messages: .messages, n: 2}')
+curl -sS --fail-with-body -H "$auth" -H "Content-Type: application/json" -d "$body" \\
+  "$OPENAI_BASE_URL/chat/completions" | jq -r '"\\(.model) \\(.choices | length)"'
+"""
+
+
+async def test_each_of_n_choices_is_a_sample_of_the_episode(
+    engine: NativeEngine, tmp_path: Path
+) -> None:
+    sampler = EngineSampler(engine)
+    agent = write_agent(tmp_path, "chooser.sh", CHOOSER)
+    (episode,) = await play(strategy([str(agent)]), sampler)
+    assert episode.dropped == ""
+    assert episode.turns == ("tidal 2",)  # /v1/models named it; the reply held two choices
+    (earlier,) = episode.earlier_samples
+    assert earlier.prompt_ids == episode.prompt_ids == tuple(sampler.sent[0])
+    assert [[*earlier.token_ids], [*episode.token_ids]] == sampler.generated

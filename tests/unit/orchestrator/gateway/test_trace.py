@@ -1,16 +1,17 @@
 """An agent episode's calls as trajectories: a call that repeats the history and the reply
 extends it (only the new messages' ids appended, mask 0), whatever fields the client adds
-to its echo; any other history, or other tools, starts a new sample; a refused call
-leaves nothing behind."""
+to its echo; any other history, or other tools, starts a new sample; each of a call's n
+choices is a sample, and a later call extends the one it echoes; a refused call leaves
+nothing behind."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from tidal.orchestrator.completions import Completion
-from tidal.orchestrator.gateway.chat_reply import TurnReply
+from tidal.orchestrator.gateway.chat_reply import ChoiceReply
 from tidal.orchestrator.gateway.chat_request import message_key, parse_chat_call
-from tidal.orchestrator.gateway.trace import EpisodeTrace
+from tidal.orchestrator.gateway.trace import EpisodeTrace, RecordedTurn
 from tidal.text.byte import ByteTokenizer
 from tidal.text.conversation import ChatRendering
 from tidal.text.tool_calls import tool_call_parser
@@ -21,18 +22,23 @@ ASK = {"role": "user", "content": "a"}
 
 
 def call(
-    trace: EpisodeTrace, messages: list[dict[str, Any]], text: str, tools: Any = TOOLS
+    trace: EpisodeTrace, messages: list[dict[str, Any]], *texts: str, tools: Any = TOOLS
 ) -> dict[str, Any]:
-    """One call: its prompt, a 'sampled' turn of `text`'s ids, and the reply message."""
-    parsed_call = parse_chat_call({"messages": messages, "tools": tools})
+    """One call: its prompt, a 'sampled' turn of each text's ids (its choices), and the
+    first choice's reply message."""
+    parsed_call = parse_chat_call({"messages": messages, "tools": tools, "n": len(texts)})
     pending = trace.prompt(parsed_call.messages, parsed_call.keys, parsed_call.tools)
-    ids = (*TOK.encode(text, add_special_tokens=False), TOK.eos_id)
-    turn = Completion(0, ids, tuple(-0.5 for _ in ids), tuple(7 for _ in ids), True)
-    parsed = tool_call_parser(TOK, "auto").parse(text, parsed_call.tools)
-    reply = TurnReply("m", turn, parsed, len(pending.ids))
-    message = reply.message()
-    trace.record(pending, turn, text, parsed, message_key(reply.key_message(message)))
-    return message
+    recorded, replies = [], []
+    for text in texts:
+        ids = (*TOK.encode(text, add_special_tokens=False), TOK.eos_id)
+        turn = Completion(0, ids, tuple(-0.5 for _ in ids), tuple(7 for _ in ids), True)
+        parsed = tool_call_parser(TOK, "auto").parse(text, parsed_call.tools)
+        choice = ChoiceReply(turn, parsed)
+        message = choice.message()
+        recorded.append(RecordedTurn(turn, text, parsed, message_key(choice.key_message(message))))
+        replies.append(message)
+    trace.record(pending, recorded)
+    return replies[0] if len(replies) == 1 else {"choices": replies}
 
 
 def test_a_chat_loop_is_one_sample_with_the_tool_message_masked() -> None:
@@ -77,3 +83,19 @@ def test_a_refused_call_leaves_the_trajectory_as_it_was() -> None:
     assert after == before
     call(trace, [ASK, reply, ASK], "y")  # and the next call extends it as if never refused
     assert len(trace.samples()) == 1
+
+
+def test_each_choice_is_a_sample_and_the_chat_goes_on_from_the_one_echoed() -> None:
+    trace = EpisodeTrace(ChatRendering(TOK, True))
+    first = call(trace, [ASK], "x")
+    question = {"role": "user", "content": "again"}
+    choices = call(trace, [ASK, first, question], "p", "q", "r")["choices"]
+    call(trace, [ASK, first, question, choices[1], question], "s")  # goes on from "q"
+    main, second, third = trace.samples()
+    assert main.turns == ("x", "p")  # the call's first choice extends the chat loop
+    assert second.turns == ("q", "s") and third.turns == ("r",)
+    # the other choices' prompt is the call's whole prompt: the earlier turn "x" is in it,
+    # masked out, so no turn is trained twice
+    assert second.prompt_ids == third.prompt_ids == main.prompt_ids + main.token_ids[:-2]
+    assert second.loss_mask[:2] == (1.0, 1.0)
+    assert [t.count("x") for t in (main.turns, second.turns, third.turns)] == [1, 0, 0]

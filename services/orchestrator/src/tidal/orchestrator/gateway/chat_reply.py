@@ -1,9 +1,11 @@
-"""The policy's turn as an OpenAI chat.completion, whole or as server-sent chunks.
+"""The policy's turns as an OpenAI chat.completion, whole or as server-sent chunks.
 
-The turn is generated whole before the reply starts (its ids must be recorded first), so a
-streamed reply is the same message cut into the chunks OpenAI clients expect: the role and
-content, one delta per tool call, then the finish reason (and usage when asked). Each reply
-carries the `"tidal"` extension of the inference endpoint (token ids, policy versions).
+A call's turns (one per choice, `n` of them) are generated whole before the reply starts
+(their ids must be recorded first, and inference returns each completion whole), so a
+streamed reply is the same choices cut into the chunks OpenAI clients expect, choice by
+choice: the role and content, one delta per tool call, then the finish reason (and usage
+when asked, last). Each choice carries the `"tidal"` extension of the inference endpoint
+(token ids, policy versions).
 """
 
 from __future__ import annotations
@@ -20,13 +22,11 @@ from tidal.text.tool_calls import ParsedTurn, ToolCall
 
 
 @dataclass(frozen=True)
-class TurnReply:
-    """One call's answer: the assistant message and what produced it."""
+class ChoiceReply:
+    """One choice of a call: the sampled turn, what the parser made of it, its message."""
 
-    model: str
     turn: Completion
     parsed: ParsedTurn
-    prompt_tokens: int
     token_texts: tuple[str, ...] | None = None
     """Each sampled token's text when the agent asked for logprobs."""
 
@@ -46,7 +46,8 @@ class TurnReply:
             message["content"] = self.parsed.content or None
         return message
 
-    def key_message(self, message: dict[str, Any]) -> dict[str, Any]:
+    @staticmethod
+    def key_message(message: dict[str, Any]) -> dict[str, Any]:
         """The reply as `chat_request.message_key` reads an echoed message."""
         calls = [
             {"function": {"name": c["function"]["name"], "arguments": json.loads(a)}}
@@ -61,14 +62,6 @@ class TurnReply:
             return "length"
         return "tool_calls" if any(isinstance(c, ToolCall) for c in self.parsed.calls) else "stop"
 
-    def _usage(self) -> dict[str, int]:
-        completion = len(self.turn.token_ids)
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": completion,
-            "total_tokens": self.prompt_tokens + completion,
-        }
-
     def _logprobs(self) -> dict[str, Any] | None:
         if self.token_texts is None:
             return None
@@ -79,6 +72,49 @@ class TurnReply:
             ]
         }
 
+    def _extension(self) -> dict[str, Any]:
+        return {
+            "token_ids": list(self.turn.token_ids),
+            "policy_versions": list(self.turn.policy_versions),
+        }
+
+    def whole(self, index: int, message: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "index": index,
+            "message": message,
+            "finish_reason": self.finish_reason,
+            "logprobs": self._logprobs(),
+            "tidal": self._extension(),
+        }
+
+    def deltas(self, index: int, message: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """The choice's streamed pieces, each the one choice of a chunk."""
+        first = {"role": "assistant", "content": message["content"] or ""}
+        yield {"index": index, "delta": first, "logprobs": self._logprobs()}
+        for i, call in enumerate(message.get("tool_calls", [])):
+            yield {"index": index, "delta": {"tool_calls": [{"index": i, **call}]}}
+        last = {"index": index, "delta": {}, "finish_reason": self.finish_reason}
+        yield {**last, "tidal": self._extension()}
+
+
+@dataclass(frozen=True)
+class ChatReply:
+    """One call's answer: its choices and the messages they became."""
+
+    model: str
+    choices: tuple[ChoiceReply, ...]
+    messages: tuple[dict[str, Any], ...]
+    """The assistant message of each choice, in order (as recorded in the trace)."""
+    prompt_tokens: int
+
+    def _usage(self) -> dict[str, int]:
+        completion = sum(len(c.turn.token_ids) for c in self.choices)
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": self.prompt_tokens + completion,
+        }
+
     def _header(self, kind: str) -> dict[str, Any]:
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
@@ -87,35 +123,22 @@ class TurnReply:
             "model": self.model,
         }
 
-    def _extension(self) -> dict[str, Any]:
-        return {
-            "token_ids": list(self.turn.token_ids),
-            "policy_versions": list(self.turn.policy_versions),
-        }
+    def whole(self) -> dict[str, Any]:
+        choices = [
+            c.whole(i, m) for i, (c, m) in enumerate(zip(self.choices, self.messages, strict=True))
+        ]
+        return {**self._header("chat.completion"), "choices": choices, "usage": self._usage()}
 
-    def whole(self, message: dict[str, Any]) -> dict[str, Any]:
-        choice = {
-            "index": 0,
-            "message": message,
-            "finish_reason": self.finish_reason,
-            "logprobs": self._logprobs(),
-            "tidal": self._extension(),
-        }
-        return {**self._header("chat.completion"), "choices": [choice], "usage": self._usage()}
-
-    def chunks(self, message: dict[str, Any], *, include_usage: bool) -> Iterator[bytes]:
+    def chunks(self, *, include_usage: bool) -> Iterator[bytes]:
         """The SSE lines of a streamed reply, `[DONE]` last."""
         header = self._header("chat.completion.chunk")
 
         def event(choices: list[dict[str, Any]], **extra: Any) -> bytes:
             return f"data: {json.dumps({**header, 'choices': choices, **extra})}\n\n".encode()
 
-        first = {"role": "assistant", "content": message["content"] or ""}
-        yield event([{"index": 0, "delta": first, "logprobs": self._logprobs()}])
-        for i, call in enumerate(message.get("tool_calls", [])):
-            yield event([{"index": 0, "delta": {"tool_calls": [{"index": i, **call}]}}])
-        last = {"index": 0, "delta": {}, "finish_reason": self.finish_reason}
-        yield event([{**last, "tidal": self._extension()}])
+        for i, (choice, message) in enumerate(zip(self.choices, self.messages, strict=True)):
+            for delta in choice.deltas(i, message):
+                yield event([delta])
         if include_usage:
             yield event([], usage=self._usage())
         yield b"data: [DONE]\n\n"

@@ -2,8 +2,9 @@
 
 The gateway samples with the run's settings (temperature, top_p, seed: what the policy is
 trained on), so the agent's sampling fields are accepted and not applied; only `max_tokens`
-(or `max_completion_tokens`) may lower the run's bound. `n` must be 1: an episode is one
-chain of calls. Each message has a render form (what the chat template gets: arguments as
+(or `max_completion_tokens`) may lower the run's bound. `n` choices (up to `MAX_CHOICES`)
+are sampled from the one prompt; each becomes a sample of the episode (gateway/trace.py).
+Each message has a render form (what the chat template gets: arguments as
 objects) and a key (role, text, calls with canonical arguments) that says whether a later
 call's history repeats it, whatever fields a client adds when it echoes a reply back.
 """
@@ -19,6 +20,7 @@ from tidal.common.errors import InvalidArgument
 
 ROLES = ("system", "user", "assistant", "tool")
 MAX_MESSAGES = 1024
+MAX_CHOICES = 16
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,8 @@ class ChatCall:
     include_usage: bool
     max_tokens: int | None
     logprobs: bool
+    n: int = 1
+    """Choices to sample from the one prompt."""
 
 
 def _text(content: Any, where: str) -> str:
@@ -144,9 +148,9 @@ def parse_chat_call(body: Mapping[str, Any]) -> ChatCall:
     if len(raw) > MAX_MESSAGES:
         raise InvalidArgument("messages", f"at most {MAX_MESSAGES} messages")
     messages = [_message(m, i) for i, m in enumerate(raw)]
-    n = body.get("n", 1)
-    if n != 1 or isinstance(n, bool):
-        raise InvalidArgument("n", "the gateway samples one choice per call (n = 1)")
+    n = _positive_int(body, "n") or 1
+    if n > MAX_CHOICES:
+        raise InvalidArgument("n", f"at most {MAX_CHOICES} choices per call")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise InvalidArgument("stream", "must be a boolean")
@@ -165,4 +169,5 @@ def parse_chat_call(body: Mapping[str, Any]) -> ChatCall:
         include_usage=bool(options.get("include_usage")),
         max_tokens=max_tokens,
         logprobs=logprobs,
+        n=n,
     )

@@ -1,7 +1,8 @@
 """The session gateway: an OpenAI chat endpoint for agent programs, one key per episode.
 
-Routes: `POST /v1/chat/completions`, `POST /v1/sessions/{id}/reward` and
-`POST /v1/sessions/{id}/loopback` (the sandbox launcher's); nothing else. The key is checked before
+Routes: `POST /v1/chat/completions`, `GET /v1/models` (and `/v1/models/{model}`),
+`POST /v1/sessions/{id}/reward` and `POST /v1/sessions/{id}/loopback` (the sandbox
+launcher's); nothing else. The key is checked before
 any body is read: a key that is not an open episode's, or a session route of another
 session, is 401. It listens on a Unix socket (the sandboxed launcher's way in, from any
 network namespace) and, for agent services outside the sandbox, on a loopback TCP port.
@@ -17,6 +18,7 @@ import os
 import shutil
 import socket
 import tempfile
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -25,11 +27,12 @@ from aiohttp import web
 
 from tidal.common.errors import InvalidArgument, ResourceExhausted, TidalError, Unavailable
 from tidal.common.security.transport import TOKEN_PREFIX
-from tidal.orchestrator.gateway.chat_reply import TurnReply
-from tidal.orchestrator.gateway.chat_request import message_key, parse_chat_call
+from tidal.orchestrator.gateway.chat_reply import ChatReply, ChoiceReply
+from tidal.orchestrator.gateway.chat_request import ChatCall, message_key, parse_chat_call
 from tidal.orchestrator.gateway.keys import EpisodeKeys
 from tidal.orchestrator.gateway.loopback import LoopbackError, peer_pid, raise_loopback
 from tidal.orchestrator.gateway.session import AgentSession
+from tidal.orchestrator.gateway.trace import RecordedTurn
 from tidal.text.episode import EpisodeRenderError
 from tidal.text.tokenizer import Tokenizer
 from tidal.text.tool_calls import ParsedTurn, ToolCallParser
@@ -71,8 +74,11 @@ class Gateway:
             middlewares=[self._errors, self._authorize], client_max_size=max_body_bytes
         )
         self.app.router.add_post("/v1/chat/completions", self.chat)
+        self.app.router.add_get("/v1/models", self.models)
+        self.app.router.add_get("/v1/models/{model}", self.model)
         self.app.router.add_post("/v1/sessions/{id}/reward", self.reward)
         self.app.router.add_post("/v1/sessions/{id}/loopback", self.loopback)
+        self.started = int(time.time())
         self._runner: web.AppRunner | None = None
         self._dir: Path | None = None
         self.socket_path: Path | None = None
@@ -168,22 +174,25 @@ class Gateway:
         session = request[SESSION]
         call = parse_chat_call(await self._body(request))
         async with session.lock:
-            reply, message = await self._turn(session, call)
+            reply = await self._turn(session, call)
         if not call.stream:
-            return web.json_response(reply.whole(message))
+            return web.json_response(reply.whole())
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         await response.prepare(request)
-        for chunk in reply.chunks(message, include_usage=call.include_usage):
+        for chunk in reply.chunks(include_usage=call.include_usage):
             await response.write(chunk)
         await response.write_eof()
         return response
 
-    async def _turn(self, session: AgentSession, call: Any) -> tuple[TurnReply, dict[str, Any]]:
+    async def _turn(self, session: AgentSession, call: ChatCall) -> ChatReply:
         trace = session.trace
-        if trace.calls >= session.max_calls:
-            raise ResourceExhausted(f"this episode made its {session.max_calls} calls")
+        if trace.calls + call.n > session.max_calls:
+            raise ResourceExhausted(
+                f"this episode made {trace.calls} of its {session.max_calls} model turns "
+                f"and asked for {call.n} more"
+            )
         try:
             pending = trace.prompt(call.messages, call.keys, call.tools)
         except (EpisodeRenderError, ValueError, TypeError) as exc:
@@ -198,7 +207,7 @@ class Gateway:
             )  # fmt: skip
         max_tokens = min(session.max_tokens, call.max_tokens or session.max_tokens, room)
         try:
-            turn = await session.generate(pending.ids, trace.calls, max_tokens)
+            turns = await session.generate(pending.ids, trace.calls, max_tokens, call.n)
         except asyncio.CancelledError:
             trace.undo(pending)
             raise
@@ -207,16 +216,46 @@ class Gateway:
             session.failure = "inference_error"
             log.warning("gateway session %s: generation failed: %s", session.id, exc)
             raise Unavailable(f"generation failed: {exc}") from None
-        text = self.tokenizer.decode(turn.token_ids)
-        answer = self.answer_of(text)
-        parsed = self.parser.parse(answer, call.tools) if call.tools else ParsedTurn(answer)
-        texts = None
-        if call.logprobs:
-            texts = tuple(self.tokenizer.decode([t], skip_special=False) for t in turn.token_ids)
-        reply = TurnReply(self.model_name, turn, parsed, len(pending.ids), texts)
-        message = reply.message()
-        trace.record(pending, turn, text, parsed, message_key(reply.key_message(message)))
-        return reply, message
+        choices, recorded = [], []
+        for turn in turns:
+            text = self.tokenizer.decode(turn.token_ids)
+            answer = self.answer_of(text)
+            parsed = self.parser.parse(answer, call.tools) if call.tools else ParsedTurn(answer)
+            texts = None
+            if call.logprobs:
+                decode = self.tokenizer.decode
+                texts = tuple(decode([t], skip_special=False) for t in turn.token_ids)
+            choice = ChoiceReply(turn, parsed, texts)
+            message = choice.message()
+            choices.append((choice, message))
+            key = message_key(choice.key_message(message))
+            recorded.append(RecordedTurn(turn, text, parsed, key))
+        trace.record(pending, recorded)
+        return ChatReply(
+            self.model_name,
+            tuple(c for c, _ in choices),
+            tuple(m for _, m in choices),
+            len(pending.ids),
+        )
+
+    def _model_entry(self) -> dict[str, Any]:
+        return {
+            "id": self.model_name,
+            "object": "model",
+            "created": self.started,
+            "owned_by": "tidal",
+        }
+
+    async def models(self, request: web.Request) -> web.Response:
+        """The one model the gateway serves: the policy (any `model` a call names is it)."""
+        return web.json_response({"object": "list", "data": [self._model_entry()]})
+
+    async def model(self, request: web.Request) -> web.Response:
+        name = request.match_info["model"]
+        if name != self.model_name:
+            return error(404, f"the gateway serves one model, {self.model_name!r}",
+                         param="model", code="model_not_found")  # fmt: skip
+        return web.json_response(self._model_entry())
 
     async def reward(self, request: web.Request) -> web.Response:
         session = request[SESSION]

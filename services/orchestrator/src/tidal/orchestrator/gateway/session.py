@@ -16,8 +16,8 @@ from tidal.orchestrator.completions import Completion
 from tidal.orchestrator.gateway.trace import EpisodeTrace
 from tidal.orchestrator.tasks.base import Problem
 
-GenerateFn = Callable[[list[int], int, int], Awaitable[Completion]]
-"""`generate(prompt_ids, call_index, max_tokens)`: the policy's turn (one completion)."""
+GenerateFn = Callable[[list[int], int, int, int], Awaitable[list[Completion]]]
+"""`generate(prompt_ids, turns_so_far, max_tokens, n)`: the policy's `n` choices of a turn."""
 
 
 @dataclass

@@ -5,11 +5,15 @@ loop) extends that trajectory: the new messages are rendered after the ids alrea
 (`tidal.text.Episode`, which only appends), so the prompt is exactly the ids sent before,
 the ids sampled, then the new messages' ids under loss mask 0. Any other call (a trimmed,
 edited or re-rendered history, other tools) starts a new trajectory from its own rendering.
-Each trajectory with a model turn becomes one sample; ids are never re-tokenized from text.
+A call of `n` choices records the first in its trajectory and each other one in a fork
+whose prompt is that call's ids, so a later call extends whichever choice it echoes and no
+earlier turn is held twice. Each trajectory with a model turn becomes one sample; ids are
+never re-tokenized from text.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -38,6 +42,28 @@ class Trajectory:
     stopped: bool = True
     tools: ToolStats = field(default_factory=ToolStats)
 
+    def fork(self) -> Trajectory:
+        """A trajectory whose prompt is all of this one's ids (another choice of its call)."""
+        episode = self.episode
+        copy = dataclasses.replace(
+            episode,
+            ids=list(episode.ids),
+            loss_mask=[0] * len(episode.ids),
+            messages=[dict(m) for m in episode.messages],
+        )
+        return Trajectory(copy, self.tools_key, prompt_len=len(copy.ids))
+
+    def add_turn(self, keys: list[str], turn: RecordedTurn) -> None:
+        """The policy's turn after the call whose message keys are `keys`."""
+        self.episode.add_assistant(turn.turn.token_ids)
+        self.logprobs += list(turn.turn.logprobs)
+        self.versions += list(turn.turn.policy_versions)
+        self.turns.append(turn.text)
+        self.stopped = turn.turn.stopped
+        self.keys = [*keys, turn.reply_key]
+        valid = sum(isinstance(c, ToolCall) for c in turn.parsed.calls)
+        self.tools += ToolStats(calls=valid, parse_failures=len(turn.parsed.calls) - valid)
+
     def sample(self, index: int) -> Completion:
         mask = self.episode.loss_mask[self.prompt_len :]
         return Completion(
@@ -51,6 +77,16 @@ class Trajectory:
             tools=self.tools,
             prompt_ids=tuple(self.episode.ids[: self.prompt_len]),
         )
+
+
+@dataclass(frozen=True)
+class RecordedTurn:
+    """One choice the policy sampled for a call, and the key of the message it became."""
+
+    turn: Completion
+    text: str
+    parsed: ParsedTurn
+    reply_key: str
 
 
 @dataclass(frozen=True)
@@ -110,24 +146,13 @@ class EpisodeTrace:
         del episode.messages[pending.held_messages :]
         del trajectory.logprobs[pending.held - trajectory.prompt_len :]
 
-    def record(
-        self,
-        pending: PendingPrompt,
-        turn: Completion,
-        text: str,
-        parsed: ParsedTurn,
-        reply_key: str,
-    ) -> None:
-        """The policy's turn for `pending`: its ids verbatim, and the reply's key."""
-        trajectory = pending.trajectory
-        trajectory.episode.add_assistant(turn.token_ids)
-        trajectory.logprobs += list(turn.logprobs)
-        trajectory.versions += list(turn.policy_versions)
-        trajectory.turns.append(text)
-        trajectory.stopped = turn.stopped
-        trajectory.keys = [*pending.keys, reply_key]
-        valid = sum(isinstance(c, ToolCall) for c in parsed.calls)
-        trajectory.tools += ToolStats(calls=valid, parse_failures=len(parsed.calls) - valid)
+    def record(self, pending: PendingPrompt, turns: Sequence[RecordedTurn]) -> None:
+        """The policy's choices for `pending`, their ids verbatim: the first extends its
+        trajectory, each other one a fork made before the first is appended."""
+        forks = [pending.trajectory.fork() for _ in turns[1:]]
+        for trajectory, turn in zip([pending.trajectory, *forks], turns, strict=True):
+            trajectory.add_turn(pending.keys, turn)
+        self.trajectories += forks
 
     def samples(self) -> list[Completion]:
         """One sample per trajectory with a model turn, in the order they started."""

@@ -221,17 +221,18 @@ class AgentEpisodes:
         seed: int,
         request_id: str,
     ) -> Completion:
-        async def generate(prompt_ids: list[int], call: int, max_tokens: int) -> Completion:
-            (turn,) = await sampler.complete(
+        async def generate(
+            prompt_ids: list[int], call: int, max_tokens: int, n: int
+        ) -> list[Completion]:
+            return await sampler.complete(
                 prompt_ids,
-                n=1,
+                n=n,
                 temperature=temperature,
                 seed=derive_seed(seed, index, call),
                 request_id=f"{request_id}-e{index}-c{call}",
                 affinity=request_id,  # the group's calls share their prefixes on one replica
                 max_tokens=max_tokens,
             )
-            return turn
 
         config = self.task.config
         session = AgentSession(
