@@ -18,6 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tidal.cli.launcher import START_ORDER
+from tidal.rpc.v1 import common_pb2, trainer_pb2_grpc
+
+from ..tls_fixtures import role_channel
 
 Services = dict[str, subprocess.Popen[bytes]]
 
@@ -90,3 +93,10 @@ def kill_and_resume_orchestrator(
     )
     assert resumed.wait(timeout=240) == 0, (run_dir / "logs" / "orchestrator.log").read_text()
     return killed_at
+
+
+def trainer_status(run_dir: Path, address: str) -> common_pb2.StatusResponse:
+    """The trainer's GetStatus, asked as the run's operator."""
+    with role_channel(run_dir / "tls", "operator", address) as channel:
+        stub = trainer_pb2_grpc.TrainerServiceStub(channel)
+        return stub.GetStatus(common_pb2.StatusRequest(), timeout=10)

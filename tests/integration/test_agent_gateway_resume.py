@@ -1,10 +1,10 @@
 """Kill the orchestrator while agent episodes are half recorded, resume it: every step is
 trained exactly once, and no episode the dead orchestrator had begun is trained.
 
-The four services run as separately started processes (the launcher would end the whole
-run with the orchestrator). The agent is a curl script run per episode in the sandbox that
-makes its chat call, then waits a moment before posting its reward (`self_reward`): the
-kill lands while such an agent waits, its call recorded by the gateway and its reward not.
+The four services run as separately started processes (tests/helpers/split_runs.py).
+The agent is a curl script run per episode in the sandbox that makes its chat call, then
+waits a moment before posting its reward (`self_reward`): the kill lands while such an
+agent waits, its call recorded by the gateway and its reward not.
 """
 
 from __future__ import annotations
@@ -12,20 +12,17 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers.agent_programs import write_agent
 from tidal.cli.config import RunConfig
-from tidal.cli.launcher import START_ORDER, prepare_run_dir
+from tidal.cli.launcher import prepare_run_dir
 from tidal.common.config.loading import load_config
-from tidal.rpc.v1 import common_pb2, trainer_pb2_grpc
 
-from ..tls_fixtures import role_channel
+from ..helpers.agent_programs import write_agent
+from ..helpers.split_runs import running_services, start_service, trainer_status
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 3
@@ -92,23 +89,6 @@ def _rl_records(run_dir: Path) -> list[dict]:  # type: ignore[type-arg]
     return records
 
 
-def _start(name: str, run_dir: Path, *extra: str) -> subprocess.Popen[bytes]:
-    log = (run_dir / "logs" / f"{name}.log").open("ab")
-    return subprocess.Popen(
-        [sys.executable, "-m", f"tidal.{name}", "@", str(run_dir / "config.toml"), *extra],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        start_new_session=True,
-    )
-
-
-def _trainer_status(run_dir: Path, address: str):  # type: ignore[no-untyped-def]
-    with role_channel(run_dir / "tls", "operator", address) as channel:
-        stub = trainer_pb2_grpc.TrainerServiceStub(channel)
-        return stub.GetStatus(common_pb2.StatusRequest(), timeout=10)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_a_restart_mid_episode_trains_every_step_once_and_no_half_episode(
@@ -128,37 +108,32 @@ def test_a_restart_mid_episode_trains_every_step_once_and_no_half_episode(
     run_dir = prepare_run_dir(config)
     waiting = f"sleep\x00{PAUSE}\x00".encode()  # an agent between its call and its reward
     agents = str(agent_dir).encode()  # every process of an agent (its script's path)
-    services = {name: _start(name, run_dir) for name in START_ORDER}
     try:
-        orchestrator = services["orchestrator"]
-        deadline = time.monotonic() + 240
-        while not (_rl_records(run_dir) and _processes_with(waiting)):
-            assert orchestrator.poll() is None, (run_dir / "logs" / "orchestrator.log").read_text()
-            assert time.monotonic() < deadline, "no step trained with an episode in flight"
-            time.sleep(0.02)
-        orchestrator.send_signal(signal.SIGKILL)
-        orchestrator.wait(timeout=30)
-        trained_before = {r["step"] for r in _rl_records(run_dir)}
-        assert len(trained_before) < STEPS  # it died mid-run
+        with running_services(run_dir) as services:
+            orchestrator = services["orchestrator"]
+            log = (run_dir / "logs" / "orchestrator.log").read_text
+            deadline = time.monotonic() + 240
+            while not (_rl_records(run_dir) and _processes_with(waiting)):
+                assert orchestrator.poll() is None, log()
+                assert time.monotonic() < deadline, "no step trained with an episode in flight"
+                time.sleep(0.02)
+            orchestrator.send_signal(signal.SIGKILL)
+            orchestrator.wait(timeout=30)
+            trained_before = {r["step"] for r in _rl_records(run_dir)}
+            assert len(trained_before) < STEPS  # it died mid-run
 
-        # the dead orchestrator's sandboxed agents die with it: none posts a reward later
-        gone_by = time.monotonic() + 15
-        while _processes_with(agents):
-            assert time.monotonic() < gone_by, "agent processes outlived their orchestrator"
-            time.sleep(0.1)
+            # the dead orchestrator's sandboxed agents die with it: none posts a reward later
+            gone_by = time.monotonic() + 15
+            while _processes_with(agents):
+                assert time.monotonic() < gone_by, "agent processes outlived their orchestrator"
+                time.sleep(0.1)
 
-        resumed = _start("orchestrator", run_dir, "--orchestrator.resume", "true")
-        assert resumed.wait(timeout=300) == 0, (run_dir / "logs" / "orchestrator.log").read_text()
-        status = _trainer_status(run_dir, config.endpoints.trainer)
+            services["orchestrator"] = resumed = start_service(
+                "orchestrator", run_dir, "--orchestrator.resume", "true"
+            )
+            assert resumed.wait(timeout=300) == 0, log()
+            status = trainer_status(run_dir, config.endpoints.trainer)
     finally:
-        for process in services.values():
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in services.values():
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
         for pid in _processes_with(agents):  # a failed test must not leave agents running
             os.kill(pid, signal.SIGKILL)
 

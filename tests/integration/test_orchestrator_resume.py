@@ -15,10 +15,13 @@ import pytest
 from tidal.cli.config import RunConfig
 from tidal.cli.launcher import prepare_run_dir
 from tidal.common.config.loading import load_config
-from tidal.rpc.v1 import common_pb2, trainer_pb2_grpc
 
-from ..helpers.split_runs import kill_and_resume_orchestrator, logged_prompts, running_services
-from ..tls_fixtures import role_channel
+from ..helpers.split_runs import (
+    kill_and_resume_orchestrator,
+    logged_prompts,
+    running_services,
+    trainer_status,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 WARMUP, STEPS = 2, 10
@@ -51,12 +54,6 @@ def _dataset(tmp_path: Path) -> Path:
     return path
 
 
-def _trainer_status(run_dir: Path, address: str):  # type: ignore[no-untyped-def]
-    with role_channel(run_dir / "tls", "operator", address) as channel:
-        stub = trainer_pb2_grpc.TrainerServiceStub(channel)
-        return stub.GetStatus(common_pb2.StatusRequest(), timeout=10)
-
-
 @pytest.mark.slow
 def test_resumed_orchestrator_sees_the_prompts_of_an_uninterrupted_run(
     launch, tmp_path: Path
@@ -87,7 +84,7 @@ def test_resumed_orchestrator_sees_the_prompts_of_an_uninterrupted_run(
         kill_and_resume_orchestrator(
             services, run_dir, after_step=KILL_AFTER_STEP, last_step=WARMUP + STEPS
         )
-        status = _trainer_status(run_dir, config.endpoints.trainer)
+        status = trainer_status(run_dir, config.endpoints.trainer)
 
     assert logged_prompts(run_dir) == expected
     # every step trained exactly once, across both orchestrator lives
