@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -163,13 +164,17 @@ class SlurmCluster:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[SlurmCluster]:
+def cluster() -> Iterator[SlurmCluster]:
     reason = missing_reason()
     if reason:
         pytest.skip(reason)
-    started = SlurmCluster.start(tmp_path / "slurm")
+    # A short folder of its own, not tmp_path: slurmstepd's unix socket paths under the
+    # spool folder must stay within 108 bytes whatever TMPDIR and the test's name are.
+    root = Path(tempfile.mkdtemp(prefix="slurm-", dir="/tmp"))
+    started = SlurmCluster.start(root)
     yield started
     started.stop()
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def test_tidal_rl_job_completes_on_a_real_slurm_cluster(
