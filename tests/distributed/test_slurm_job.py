@@ -156,11 +156,19 @@ class SlurmCluster:
         )
 
     def stop(self) -> None:
+        """SIGTERM the daemons and wait (up to 10 s) until they are gone."""
+        pids = []
         for name in ("slurmd", "slurmctld", "munged"):
             pid_file = self.root / f"{name}.pid"
             if pid_file.is_file():
                 with contextlib.suppress(ProcessLookupError, ValueError):
-                    os.kill(int(pid_file.read_text().split()[0]), signal.SIGTERM)
+                    pids.append(int(pid_file.read_text().split()[0]))
+                    os.kill(pids[-1], signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while any(Path(f"/proc/{pid}").exists() for pid in pids):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
 
 
 @pytest.fixture
