@@ -67,7 +67,7 @@ class Trainer:
         self.device = device
         self.ranks = ranks
         check_levers_at_start(config.model, sharded=ranks.shards_model)
-        warn_if_bf16_is_slow(config, device)
+        warn_if_bf16_is_slow(config.precision, config.parallel.param_dtype, device)
         # Order: LoRA → activation checkpointing → compile (the levers), then sharding.
         levered = apply_model_levers(
             build_model(config.model, seed=seed, device=device), config.model, seed=seed

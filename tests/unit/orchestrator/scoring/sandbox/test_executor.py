@@ -145,7 +145,9 @@ def _running(script: str) -> list[str]:
         with contextlib.suppress(OSError):
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             box = argv[0].endswith(b"bwrap") or any(a.endswith(b"/child.py") for a in argv)
-            if argv[-2] == script.encode() and not box:  # the program, not what starts it
+            # the program, not what starts it (a process between fork and exec, or
+            # exiting, has an empty command line)
+            if argv[-2:-1] == [script.encode()] and not box:
                 found.append(pid)
     return found
 

@@ -12,8 +12,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-    from tidal.trainer.config import TrainerConfig
-
 log = logging.getLogger(__name__)
 
 AUTO_BF16_MIN_PARAMS = 2_000_000
@@ -35,7 +33,7 @@ def resolve_precision(precision: str, device: torch.device, params: int) -> bool
     return native
 
 
-def warn_if_bf16_is_slow(config: TrainerConfig, device: torch.device) -> None:
+def warn_if_bf16_is_slow(precision: str, param_dtype: str, device: torch.device) -> None:
     """Warn, with the measured cost, when bf16 is asked for on a CPU without native bf16.
 
     The request is honoured (it may be deliberate, e.g. to match a GPU run's rounding);
@@ -45,8 +43,8 @@ def warn_if_bf16_is_slow(config: TrainerConfig, device: torch.device) -> None:
 
     if device.type != "cpu":
         return
-    asks = [f"trainer.precision = {config.precision!r}"] if config.precision == "bf16" else []
-    if config.parallel.param_dtype == "bfloat16":
+    asks = [f"trainer.precision = {precision!r}"] if precision == "bf16" else []
+    if param_dtype == "bfloat16":
         asks.append("trainer.parallel.param_dtype = 'bfloat16'")
     if asks and (warning := bf16_cost_warning(" and ".join(asks))):
         log.warning(warning)
