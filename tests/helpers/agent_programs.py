@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from tidal.orchestrator.scoring.sandbox.executor import python_for_programs
+from tidal.orchestrator.scoring.sandbox.isolation import python_for_programs
 
 REACT_AGENT = r'''
 import json, os, sys

@@ -14,8 +14,8 @@ from tidal.cli.run_timing import (
     print_final_summary,
     process_start_time,
 )
-from tidal.orchestrator.main import launched_at_from_env
 from tidal.orchestrator.records.report import RunSummary, write_summary
+from tidal.orchestrator.training_run import launched_at_from_env
 
 
 def test_process_start_time_is_this_process_start() -> None:

@@ -10,8 +10,8 @@ import pytest
 
 from tidal.common.errors import ConfigError
 from tidal.orchestrator.config import ChatConfig, OrchestratorRunConfig
-from tidal.orchestrator.main import build_prompt_renderer
 from tidal.orchestrator.rollouts.prompt_rendering import PromptRenderer
+from tidal.orchestrator.startup import build_prompt_renderer
 from tidal.orchestrator.tasks import Problem
 from tidal.text.byte import ByteTokenizer
 from tidal.text.hf_tokenizer import HFTokenizer

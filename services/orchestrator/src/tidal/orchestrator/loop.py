@@ -5,14 +5,14 @@ v. The loop does no window arithmetic: `AsyncWindow` says which steps may genera
 right before Train(n) the loop starts every later step it allows. Generations are
 chained, so prompts are drawn in step order whatever the timing and the mixture state
 saved before Train(n) is exact (records/resume.py). A step whose samples are all stale is
-regenerated; Train goes through `TrainDelivery`. Each step is one `rl_step` trace.
+regenerated; Train goes through `TrainDelivery`. Each step is one `rl_step` trace. A
+step's data shaping (step_batches.py), the evaluation schedule (eval_schedule.py) and the
+step's records (records/step_recorder.py) live beside it, so this reads as the pipeline.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
 import time
 from collections.abc import Awaitable
@@ -20,34 +20,23 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-import numpy as np
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from tidal.batch.balance import pack_for_ranks
-from tidal.batch.packing import PackedMicroBatch, TrainSample, fit_to_budget
-from tidal.common.errors import ConfigError
-from tidal.orchestrator.completions import ScoredSample
+from tidal.batch.packing import PackedMicroBatch, TrainSample
 from tidal.orchestrator.config import OrchestratorConfig
-from tidal.orchestrator.evaluation import evaluate
+from tidal.orchestrator.eval_schedule import EvalSchedule
 from tidal.orchestrator.mixture import TaskMixture
 from tidal.orchestrator.peers.train_delivery import TrainDelivery
 from tidal.orchestrator.peers.trainer_client import TrainerClient, TrainResult
 from tidal.orchestrator.peers.version_feed import VersionFeed
-from tidal.orchestrator.records.report import print_live_table
-from tidal.orchestrator.records.resume import (
-    PROGRESS_FILE,
-    SavedProgress,
-    load_progress,
-    previous_before,
-    save_progress,
-)
-from tidal.orchestrator.records.run_log import RunLog, StepRecord
-from tidal.orchestrator.records.run_status import ProgressState, StepSummary
+from tidal.orchestrator.records.run_log import RunLog
+from tidal.orchestrator.records.run_status import ProgressState
+from tidal.orchestrator.records.step_recorder import StepRecorder
 from tidal.orchestrator.records.step_stats import rl_step_extras
 from tidal.orchestrator.rollouts.generator import Generation, RolloutGenerator
 from tidal.orchestrator.staleness import AsyncWindow
-from tidal.orchestrator.tasks.base import Problem
+from tidal.orchestrator.step_batches import fit_overlong, pack_step, scored_samples
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("tidal.orchestrator")
@@ -60,7 +49,6 @@ def _NO_REPLY(step: int) -> TrainResult:
 
 
 MAX_REGENERATIONS = 3
-PROMPTS_FILE = "prompts.jsonl"
 
 
 class RLLoop:
@@ -80,7 +68,6 @@ class RLLoop:
         run_dir: Path,
     ) -> None:
         self.config = config
-        self.seed = seed
         self.mixture = mixture
         self.generator = generator
         self.trainer = trainer
@@ -92,12 +79,12 @@ class RLLoop:
         self.data_parallel_ranks = data_parallel_ranks
         """The trainer's data-parallel degree (resolved at start-up; see service.py)."""
         self.progress = progress
-        self.run_log = run_log
-        self.run_dir = run_dir
-        self._last_finish = time.monotonic()
+        self.recorder = StepRecorder(
+            config, seed=seed, mixture=mixture, progress=progress, run_log=run_log, run_dir=run_dir
+        )
+        """Progress and prompts before each Train, the metrics line after."""
+        self.evals = EvalSchedule(config, generator=generator, mixture=mixture, window=window)
         self._last_train_end = time.monotonic()
-        self._last_saved: SavedProgress | None = None  # progress.json's last content
-        self._start_eval: dict[str, float] = {}  # eval.at_start's figures, for the first record
         self._generations: dict[int, tuple[trace.Span, asyncio.Task[Generation]]] = {}
         self._newest_generation: asyncio.Task[Generation] | None = None
 
@@ -111,8 +98,9 @@ class RLLoop:
         """Train steps first_step..total_steps (first_step > 1 resumes a run)."""
         warmup, total = self.config.warmup_steps, self.config.total_steps
         if first_step == 1 and self.config.eval.at_start:
-            self._start_eval = await self._evaluate_start()
-        self._last_finish = self._last_train_end = time.monotonic()
+            self.recorder.start_eval = await self.evals.at_start()
+        self.recorder.restart_clock()
+        self._last_train_end = time.monotonic()
         try:
             for step in range(first_step, total + 1):
                 if step <= warmup:
@@ -171,10 +159,10 @@ class RLLoop:
             self.config.prompts_per_step * self.config.group_size, step=step
         )
         samples = [self.generator.prompts.reference_sample(p) for p in problems]
-        samples, truncated, dropped = self._fit(samples)
-        batches = self._pack(samples)
+        samples, truncated, dropped = fit_overlong(samples, self.config.packing)
+        batches = pack_step(samples, self.config.packing, self.data_parallel_ranks)
         record = partial(
-            self._record,
+            self.recorder.record,
             step,
             "warmup",
             batches=batches,
@@ -183,14 +171,14 @@ class RLLoop:
             extra={"truncated": float(truncated), "dropped/overlong": float(dropped)},
         )
         pending = record(_NO_REPLY(step), train_seconds=0.0, log_it=False)
-        self._checkpoint(step, problems, before, self.mixture.state_dict(), pending)
+        self.recorder.checkpoint(step, problems, before, self.mixture.state_dict(), pending)
         started = time.monotonic()
         result = await self._train(step, batches, sft=True)
         train_seconds = time.monotonic() - started
         evaluation: dict[str, float] = {}
         if step == self.config.warmup_steps and self.config.eval.after_warmup:
             await self.window.wait_loaded(step)  # the warm start's own weights
-            evaluation = await self._evaluate(step)
+            evaluation = await self.evals.now(step)
         extra = {"truncated": float(truncated), "dropped/overlong": float(dropped), **evaluation}
         record(result, train_seconds=train_seconds, extra=extra)
 
@@ -205,33 +193,8 @@ class RLLoop:
             step, self.mixture, loaded_version=loaded, policy_wait=time.monotonic() - waited
         )
 
-    def scored_samples(self, step: int, generation: Generation) -> list[ScoredSample]:
-        """Every completion (every sample of an agent episode) with its group advantage and
-        staleness."""
-        scored = []
-        for group in generation.groups:
-            for i, (episode, outcome, advantage) in enumerate(
-                zip(group.completions, group.outcomes, group.advantages, strict=True)
-            ):
-                for completion in episode.samples():
-                    age = self.window.staleness(
-                        step, completion.policy_versions, fallback_version=generation.loaded_version
-                    )
-                    scored.append(
-                        ScoredSample(
-                            group.problem,
-                            completion.prompt_ids or group.prompt_ids,
-                            completion,
-                            outcome.reward,
-                            float(advantage),
-                            age,
-                            group.token_advantages(i) if completion is episode else (),
-                        )
-                    )
-        return scored
-
     async def _rl_step(self, step: int, generation: Generation) -> None:
-        scored = self.scored_samples(step, generation)
+        scored = scored_samples(step, generation, self.window)
         kept, dropped = self.window.drop_stale(scored)
         attempts = 1
         while not kept:  # every sample too stale: regenerate with the newest loaded policy
@@ -240,10 +203,10 @@ class RLLoop:
             log.warning("step %d: all %d samples were stale; regenerating", step, dropped)
             generation.loaded_version = await self.window.wait_for_step(step)
             generation = await self.generator.regenerate(step, generation, attempts)
-            scored = self.scored_samples(step, generation)
+            scored = scored_samples(step, generation, self.window)
             kept, more = self.window.drop_stale(scored)
             dropped, attempts = dropped + more, attempts + 1
-        samples, truncated, dropped_overlong = self._fit(
+        samples, truncated, dropped_overlong = fit_overlong(
             [
                 TrainSample(
                     prompt_ids=s.prompt_ids,
@@ -255,9 +218,10 @@ class RLLoop:
                     token_advantages=s.token_advantages,
                 )
                 for s in kept
-            ]
+            ],
+            self.config.packing,
         )
-        batches = self._pack(samples)
+        batches = pack_step(samples, self.config.packing, self.data_parallel_ranks)
         self._start_generations(step + 1, newest_trained=step - 1)
         trainer_wait = time.monotonic() - self._last_train_end
         extra: dict[str, Any] = rl_step_extras(
@@ -271,7 +235,7 @@ class RLLoop:
             reasoning=self.generator.reasoning.markers is not None,
         )
         record = partial(
-            self._record,
+            self.recorder.record,
             step,
             "rl",
             batches=batches,
@@ -283,96 +247,14 @@ class RLLoop:
             generation=generation,
         )
         pending = record(_NO_REPLY(step), train_seconds=0.0, extra=extra, log_it=False)
-        self._checkpoint(
+        self.recorder.checkpoint(
             step, generation.problems, generation.mixture_before, generation.mixture_after, pending
         )
         started = time.monotonic()
         result = await self._train(step, batches, sft=False)
         train_seconds = time.monotonic() - started
-        extra.update(await self._maybe_evaluate(step))
+        extra.update(await self.evals.if_due(step))
         record(result, train_seconds=train_seconds, extra=extra)
-
-    async def _evaluate_start(self) -> dict[str, float]:
-        """Held-out figures of version 0, keyed `eval_start/...`."""
-        await self.window.wait_loaded(0)
-        results = await evaluate(self.generator, self.mixture, self.config.eval, step=0)
-        results["eval/policy_version"] = float(self.window.loaded)
-        return {"eval_start/" + k.removeprefix("eval/"): v for k, v in results.items()}
-
-    async def _maybe_evaluate(self, step: int) -> dict[str, float]:
-        every = self.config.eval.every
-        rl_index = step - self.config.warmup_steps
-        if every <= 0 or (rl_index % every != 0 and step != self.config.total_steps):
-            return {}
-        return await self._evaluate(step)
-
-    async def _evaluate(self, step: int) -> dict[str, float]:
-        if self.config.eval.every <= 0:
-            return {}
-        started = time.monotonic()
-        results = await evaluate(self.generator, self.mixture, self.config.eval, step=step)
-        results["eval/policy_version"] = float(self.window.loaded)
-        results["eval/seconds"] = time.monotonic() - started
-        return results
-
-    def _fit(self, samples: list[TrainSample]) -> tuple[list[TrainSample], int, int]:
-        """Apply the over-long rule: (samples, how many were truncated, how many dropped)."""
-        budget = self.config.packing.micro_batch_tokens
-        out, truncated, dropped = [], 0, 0
-        for sample in samples:
-            if sample.num_tokens <= budget:
-                out.append(sample)
-                continue
-            fitted = fit_to_budget(sample, budget)
-            if self.config.packing.overlong_samples == "drop" or fitted is None:
-                dropped += 1
-            else:
-                out.append(fitted)
-                truncated += 1
-        if not out:
-            raise RuntimeError(
-                f"every sample of the step is longer than "
-                f"orchestrator.packing.micro_batch_tokens={budget}"
-            )
-        return out, truncated, dropped
-
-    def _pack(self, samples: list[TrainSample]) -> list[PackedMicroBatch]:
-        packing = self.config.packing
-        per_rank = pack_for_ranks(
-            samples,
-            packing.micro_batch_tokens,
-            self.data_parallel_ranks,
-            share_prompts=packing.share_prompts,
-        )
-        return [b for rank in per_rank for b in rank]  # each labelled with its rank
-
-    def _checkpoint(
-        self,
-        step: int,
-        problems: list[Problem],
-        before: dict[str, Any],
-        after: dict[str, Any],
-        pending: StepRecord,
-    ) -> None:
-        """Save the resumable progress and the step's prompts, right before Train(step).
-        `pending` is the step's metrics line without the trainer's reply: a restarted
-        orchestrator writes it if Train(step) was trained but its reply was lost."""
-        if self._last_saved is None:  # this life's first save: chain to the previous life's
-            with contextlib.suppress(ConfigError):
-                self._last_saved = load_progress(self.run_dir / PROGRESS_FILE)
-        saved = SavedProgress(
-            step,
-            before,
-            after,
-            self.seed,
-            list(self.mixture.names),
-            pending_metrics=pending.flat(),
-            previous_before=previous_before(self._last_saved, step),
-        )
-        save_progress(self.run_dir / PROGRESS_FILE, saved)
-        self._last_saved = saved
-        with (self.run_dir / PROMPTS_FILE).open("a") as f:
-            f.write(json.dumps({"step": step, "prompts": [p.uid for p in problems]}) + "\n")
 
     async def _train(self, step: int, batches: list[PackedMicroBatch], *, sft: bool) -> TrainResult:
         result = await self.delivery.train(step, batches, sft=sft)
@@ -387,79 +269,3 @@ class RLLoop:
             )
         self.progress.saw_version(result.policy_version)
         return result
-
-    # ---- bookkeeping ------------------------------------------------------------------
-
-    def _record(
-        self,
-        step: int,
-        phase: str,
-        result: TrainResult,
-        *,
-        batches: list[PackedMicroBatch],
-        samples: int,
-        version: int,
-        train_seconds: float,
-        scored: list[ScoredSample] | None = None,
-        kept: list[ScoredSample] | None = None,
-        dropped: int = 0,
-        generation: Generation | None = None,
-        extra: dict[str, Any] | None = None,
-        log_it: bool = True,
-    ) -> StepRecord:
-        """The step's run-log record; with `log_it`, also appended, shown and counted."""
-        now = time.monotonic()
-        seconds = now - self._last_finish
-        rewards = np.asarray([s.reward for s in scored or []], dtype=np.float64)
-        lengths = [len(s.completion.token_ids) for s in scored or []]
-        trained_tokens = sum(b.num_tokens for b in batches)
-        generated = sum(lengths)
-        versions = [v for s in kept or [] for v in s.completion.policy_versions]
-        span_context = trace.get_current_span().get_span_context()
-        record = StepRecord(
-            step=step,
-            phase=phase,
-            reward_mean=float(rewards.mean()) if rewards.size else None,
-            reward_std=float(rewards.std()) if rewards.size else None,
-            policy_version=version,
-            policy_version_max=max(versions, default=version),
-            staleness_mean=float(np.mean([s.staleness for s in kept])) if kept else None,
-            samples=samples,
-            dropped_stale=dropped,
-            completion_len_mean=float(np.mean(lengths)) if lengths else None,
-            exact_fraction=float((rewards >= 1.0).mean()) if rewards.size else None,
-            generated_tokens=generated,
-            trained_tokens=trained_tokens,
-            micro_batches=len(batches),
-            generate_seconds=generation.seconds if generation else 0.0,
-            train_seconds=train_seconds,
-            seconds=seconds,
-            tokens_per_s=(generated + trained_tokens) / seconds if seconds > 0 else 0.0,
-            trace_id=format(span_context.trace_id, "032x"),
-            train=result.metrics,
-            extra=dict(extra or {}),
-        )
-        if not log_it:
-            return record
-        if self._start_eval:
-            record.extra = {**self._start_eval, **record.extra}
-            self._start_eval = {}
-        self._last_finish = now
-        self.run_log.append(record)
-        every = self.config.report.table_every
-        if every and (step % every == 0 or step == self.config.total_steps):
-            print_live_table(self.run_log.records[-every:])
-        self.progress.finish_step(StepSummary(step, phase, record.reward_mean, version, seconds))
-        log.info(
-            "step %d/%d %s reward %s version %d samples %d (%d stale) %.2fs %.0f tok/s",
-            step,
-            self.config.total_steps,
-            phase,
-            "-" if record.reward_mean is None else f"{record.reward_mean:.3f}",
-            version,
-            samples,
-            dropped,
-            seconds,
-            record.tokens_per_s,
-        )
-        return record

@@ -18,8 +18,9 @@ from tidal.common.config.shared import GrpcConfig
 from tidal.common.grpc.server import GrpcServer
 from tidal.common.security.transport import PLAINTEXT_LOOPBACK
 from tidal.orchestrator.scoring.sandbox import Sandbox, SandboxLimits
-from tidal.orchestrator.scoring.sandbox.executor import NICENESS, PROGRAM_FILE
+from tidal.orchestrator.scoring.sandbox.command import NICENESS
 from tidal.orchestrator.scoring.sandbox.uids import UID_BASE, UIDS_PER_PROCESS
+from tidal.orchestrator.scoring.sandbox.workdir import PROGRAM_FILE
 
 from .....helpers.sandbox_walls import ROOMY_WALL_S
 

@@ -1,35 +1,28 @@
 """Run untrusted code confined: limits, a fresh work dir, the deadline, nothing left behind.
 
-Where bubblewrap is installed and usable (probed once per process), each execution runs in
-its own namespaces (bubblewrap.py): it sees none of the run, has a private /tmp and
-/dev/shm and no network, and every process it started dies when it ends. Elsewhere the
-fallback is a confined child process (child.py) in its own session with rlimits and, as
-root, its own uid; a warning at start names what that leaves open. In both, as root the
-program runs as an unprivileged uid no other execution holds (uids.py), and the
-deadline, the output cap and the concurrency bound are enforced here, in the caller's
-process, which never runs the code itself.
+Where bubblewrap is installed and usable (isolation.py, probed once per process), each
+execution runs in its own namespaces (bubblewrap.py): it sees none of the run, has a
+private /tmp and /dev/shm and no network, and every process it started dies when it ends.
+Elsewhere the fallback is a confined child process (child.py) in its own session with
+rlimits and, as root, its own uid; a warning at start names what that leaves open. In
+both, as root the program runs as an unprivileged uid no other execution holds (uids.py)
+in its own work dir (workdir.py), and the deadline, the output cap and the concurrency
+bound are enforced here, in the caller's process, which never runs the code itself.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import logging
 import os
-import shutil
 import signal
-import stat
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tidal.common.errors import ConfigError
-from tidal.orchestrator.scoring.sandbox.bubblewrap import INIT, bwrap_argv, find_bwrap
+from tidal.orchestrator.scoring.sandbox.command import NICENESS, sandbox_command
+from tidal.orchestrator.scoring.sandbox.isolation import choose_isolation, python_for_programs
 from tidal.orchestrator.scoring.sandbox.limits import SandboxLimits
 from tidal.orchestrator.scoring.sandbox.processes import (
     Converse,
@@ -43,21 +36,7 @@ from tidal.orchestrator.scoring.sandbox.processes import (
     talk,
 )
 from tidal.orchestrator.scoring.sandbox.uids import UIDS
-
-log = logging.getLogger(__name__)
-CHILD = str(Path(__file__).with_name("child.py"))
-PROGRAM_FILE = "main.py"
-FALLBACK_PYTHONS = ("/usr/local/bin/python3", "/usr/bin/python3")
-# untrusted code, every stage that starts it and its session's autogroup yield the CPU
-NICENESS = 10
-TMP_FS_FILES = 4  # a private /tmp or /dev/shm holds this many files of the largest size
-FALLBACK_WARNING = (
-    "sandbox: bubblewrap is %s; untrusted code runs in the fallback child process, which "
-    "is weaker: no mount namespace (files it writes to /tmp, /dev/shm or beside its work "
-    "dir outlive it, and it reads whatever its uid may read), no pid namespace (a process "
-    "that leaves its session survives the run%s)%s. Install bubblewrap (make setup, the "
-    "orchestrator image) to close these."
-)
+from tidal.orchestrator.scoring.sandbox.workdir import clean_up, prepare_workdir, remove_workdir
 
 
 @dataclass(frozen=True)
@@ -76,122 +55,17 @@ class SandboxResult:
         return self.exit_code == 0 and self.killed_reason is None
 
 
-def _runnable_by_anyone(path: str) -> bool:
-    real = Path(os.path.realpath(path))
-    if not real.is_file() or not real.stat().st_mode & stat.S_IXOTH:
-        return False
-    return all(p.stat().st_mode & stat.S_IXOTH for p in real.parents)
-
-
-def python_for_programs(configured: str | None) -> str:
-    """The interpreter of source programs: as configured, else one the sandbox uid can run."""
-    if configured:
-        return configured
-    if os.geteuid() != 0 or _runnable_by_anyone(sys.executable):
-        return sys.executable
-    return next((p for p in FALLBACK_PYTHONS if _runnable_by_anyone(p)), sys.executable)
-
-
-_PROBED: dict[tuple[str, str], str | None] = {}
-
-
-def _probe_bwrap(sandbox: Sandbox) -> str | None:
-    """Why bubblewrap cannot run a program here, or None when it can: one real execution
-    (as the service's uid would run it), once per process and interpreter."""
-    assert sandbox.bwrap is not None
-    key = (sandbox.bwrap, sandbox.python)
-    if key not in _PROBED:
-        uid = UIDS.take()
-        root, workdir = _make_workdir(uid)
-        read, write = os.pipe()
-        try:
-            argv = [sandbox.python, "-I", "-S", "-c", "print('ok')"]
-            command = sandbox._command(argv, workdir, uid, write)
-            done = subprocess.run(
-                command,
-                capture_output=True,
-                timeout=30,
-                pass_fds=(write,),
-                check=False,
-            )
-            os.close(write)
-            write = -1
-            ok = done.stdout == b"ok\n" and os.read(read, 64) == b"0\n"
-            why = done.stderr.decode(errors="replace").strip() or f"exit {done.returncode}"
-            _PROBED[key] = None if ok else f"unusable ({why})"
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            _PROBED[key] = f"unusable ({exc})"
-        finally:
-            for fd in (read, write):
-                if fd >= 0:
-                    os.close(fd)
-            shutil.rmtree(root, ignore_errors=True)
-            UIDS.give_back(uid)
-    return _PROBED[key]
-
-
-def _remove_workdir(prepared: tuple[Path, Path, list[str]]) -> None:
-    shutil.rmtree(prepared[0], ignore_errors=True)
-
-
-def _clean_up(root: Path | None, uid: int | None) -> None:
-    """Remove an execution's files, then free its uid for another execution."""
-    if root is not None:
-        shutil.rmtree(root, ignore_errors=True)
-    UIDS.give_back(uid)
-
-
-def _make_workdir(uid: int | None) -> tuple[Path, Path]:
-    """A fresh `<root>/work`: the program may write in work, never in root (as root, the
-    uid cannot; in bubblewrap, root is a private directory of the sandbox's /tmp)."""
-    root = Path(tempfile.mkdtemp(prefix="tidal-sandbox-"))
-    root.chmod(0o711)
-    workdir = root / "work"
-    workdir.mkdir()
-    if uid is not None:
-        os.chown(workdir, uid, uid)
-    return root, workdir
-
-
 class Sandbox:
     """An executor with its limits and a bound on concurrent executions."""
 
     def __init__(self, limits: SandboxLimits | None = None) -> None:
         self.limits = limits or SandboxLimits()
-        self.python = python_for_programs(self.limits.python)
-        self.bwrap = self._choose_bwrap()
+        self.bwrap, self.python = choose_isolation(
+            self.limits, python_for_programs(self.limits.python)
+        )
+        """bubblewrap's path when executions use it; None for the fallback child."""
         self._gate: asyncio.Semaphore | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-
-    def _choose_bwrap(self) -> str | None:
-        """bubblewrap's path when executions use it, chosen once; warns about the fallback."""
-        mode = self.limits.isolation
-        if mode == "process":
-            return None
-        self.bwrap = find_bwrap()
-        if self.bwrap is None:
-            why: str | None = "not installed"
-        else:
-            interpreter = self.python
-            self.python = os.path.realpath(interpreter)  # a venv's base: the venv is not mounted
-            why = _probe_bwrap(self)
-            if why is None:
-                return self.bwrap
-            self.python, self.bwrap = interpreter, None
-        if mode == "bubblewrap":
-            raise ConfigError(f"sandbox isolation = 'bubblewrap', but bubblewrap is {why}")
-        root = os.geteuid() == 0
-        survive = ", until its uid is reaped after the run" if root else ", for good"
-        user = (
-            ""
-            if root
-            else (
-                "; not root, so it runs as the service's user: it can read the run's TLS keys "
-                "and write the run folder"
-            )
-        )
-        log.warning(FALLBACK_WARNING, why, survive, user)
-        return None
 
     def _slot(self) -> asyncio.Semaphore:
         loop = asyncio.get_running_loop()
@@ -220,87 +94,17 @@ class Sandbox:
             root = None
             try:
                 root, workdir, argv = await off_loop(
-                    self._prepare, program, files or {}, uid, abandon=_remove_workdir
+                    prepare_workdir,
+                    program,
+                    files or {},
+                    uid,
+                    self.python,
+                    abandon=remove_workdir,
                 )
                 data = stdin.encode() if isinstance(stdin, str) else stdin
                 return await self._execute(argv, workdir, uid, data, converse, read_only)
             finally:
-                await off_loop(_clean_up, root, uid)
-
-    def _prepare(
-        self, program: str | Sequence[str], files: Mapping[str, str], uid: int | None
-    ) -> tuple[Path, Path, list[str]]:
-        """A fresh work dir holding `files` (and the program's source) as `uid`, and the
-        program's argv."""
-        if isinstance(program, str):
-            files = {**files, PROGRAM_FILE: program}
-            argv = [self.python, "-I", "-S", "-B", PROGRAM_FILE]
-        else:
-            argv = list(program)
-        root, workdir = _make_workdir(uid)
-        try:
-            for name, text in files.items():
-                path = workdir / name
-                if workdir not in path.resolve().parents:
-                    raise ValueError(f"sandbox file {name!r} is outside the work dir")
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(text)
-            if uid is not None:
-                for path in [workdir, *workdir.rglob("*")]:
-                    os.chown(path, uid, uid)
-        except BaseException:
-            shutil.rmtree(root, ignore_errors=True)
-            raise
-        return root, workdir, argv
-
-    def _command(
-        self,
-        argv: list[str],
-        workdir: Path,
-        uid: int | None,
-        status_fd: int | None,
-        read_only: Sequence[str] = (),
-    ) -> list[str]:
-        """The service-side command: the child entry, around bubblewrap where it is used."""
-        lim = self.limits
-        limits = {
-            "cpu_s": lim.cpu_s,
-            "memory_bytes": lim.memory_mb << 20,
-            "file_size_bytes": lim.file_size_mb << 20,
-            "processes": lim.processes,
-            "open_files": lim.open_files,
-        }
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(workdir), "LANG": "C.UTF-8"}
-        lower = _lower()
-        entry = [*lower, sys.executable, "-I", "-S", "-B", CHILD]
-        if self.bwrap is None:
-            spec = _spec(
-                lim.network, limits, uid, os.getpid(), None, env | {"TMPDIR": str(workdir)}
-            )
-            return [*entry, spec, *argv]
-        env |= {"TMPDIR": "/tmp"}
-        inner = [
-            self.python,
-            "-I",
-            "-S",
-            "-B",
-            INIT,
-            _spec("allow", limits, None, None, status_fd, env),
-        ]
-        box = bwrap_argv(
-            self.bwrap,
-            child=CHILD,
-            python=self.python,
-            workdir=workdir,
-            tmp_bytes=TMP_FS_FILES * (lim.file_size_mb << 20),
-            share_network=lim.network == "allow",
-            read_only=read_only,
-        )
-        # bwrap's --die-with-parent ties it to the executor; before it only the uid changes
-        if uid is None:
-            return [*lower, *box, *inner, *argv]
-        outer = _spec("allow", None, uid, os.getpid(), None, env)
-        return [*entry, outer, *box, *inner, *argv]
+                await off_loop(clean_up, root, uid)
 
     async def _execute(
         self,
@@ -315,7 +119,16 @@ class Sandbox:
         status = os.pipe() if self.bwrap else None  # pid 1's report of the program's exit
         try:
             proc = await start(
-                self._command(argv, workdir, uid, status[1] if status else None, read_only),
+                sandbox_command(
+                    self.limits,
+                    bwrap=self.bwrap,
+                    python=self.python,
+                    argv=argv,
+                    workdir=workdir,
+                    uid=uid,
+                    status_fd=status[1] if status else None,
+                    read_only=read_only,
+                ),
                 cwd=workdir,
                 pass_fds=status[1:] if status else (),
                 limit=self.limits.output_bytes + 1,
@@ -383,32 +196,6 @@ class Sandbox:
             for task in (out, err, writing, overflow):
                 task.cancel()
         return killed, stdout, stderr
-
-
-def _spec(
-    network: str,
-    limits: dict[str, int] | None,
-    uid: int | None,
-    parent_pid: int | None,
-    status_fd: int | None,
-    env: dict[str, str],
-) -> str:
-    return json.dumps(
-        {
-            "network": network,
-            "limits": limits,
-            "uid": uid,
-            "parent_pid": parent_pid,
-            "status_fd": status_fd,
-            "env": env,
-        }
-    )
-
-
-def _lower() -> list[str]:
-    """The prefix that starts a command at the sandbox's lower CPU priority."""
-    nice = shutil.which("nice", path="/usr/bin:/bin")
-    return [nice, "-n", str(NICENESS)] if nice else []
 
 
 def _status(fd: int) -> int | None:
