@@ -151,9 +151,12 @@ class Task(ABC):
 
 
 class GeneratedTask(Task):
-    """A task whose problems are drawn from a seeded RNG: implement `sample` and `verify`."""
+    """A task whose problems are drawn from a seeded RNG: implement `sample` and `verify`.
+    With `train_size` its training problems are the first train_size draws, repeated
+    epoch after epoch under the same `key`."""
 
     seed: int = 0
+    train_size: int | None = None
 
     @abstractmethod
     def sample(self, rng: random.Random) -> Problem:
@@ -162,8 +165,15 @@ class GeneratedTask(Task):
     def sample_many(self, rng: random.Random, count: int) -> list[Problem]:
         return [self.sample(rng) for _ in range(count)]
 
+    def size(self, split: Split = "train") -> int | None:
+        return self.train_size if split == "train" else None
+
     def problem(self, index: int, *, split: Split = "train") -> Problem:
-        rng = random.Random(derive_seed(self.seed, text_key(self.name), SPLIT_KEYS[split], index))
+        size = self.size(split)
+        drawn_as = index % size if size else index
+        seed = derive_seed(self.seed, text_key(self.name), SPLIT_KEYS[split], drawn_as)
+        rng = random.Random(seed)
         drawn = self.sample(rng)
         tools = tuple(t.schema() for t in self.tools)
-        return replace(drawn, task=self.name, uid=f"{self.name}/{split}/{index}", tools=tools)
+        uid, key = f"{self.name}/{split}/{index}", f"{self.name}/{split}/{drawn_as}"
+        return replace(drawn, task=self.name, uid=uid, key=key, tools=tools)
