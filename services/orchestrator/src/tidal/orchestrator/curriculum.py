@@ -86,11 +86,11 @@ class Curriculum:
             record.samples += len(rewards)
             record.passes += passes
 
-    def admits(self, problem: Problem, step: int) -> bool:
-        """Whether `problem`, drawn for `step`, is trained on (False: skip it)."""
-        if not self.config.skips_problems or problem.task not in self.tracked:
+    def admits(self, task: str, key: str, step: int) -> bool:
+        """Whether the problem `key` of `task`, drawn for `step`, is trained on (False: skip
+        it)."""
+        if not self.config.skips_problems or task not in self.tracked:
             return True
-        key = problem.key or problem.uid
         record = self.problems.get(key)
         if record is None or record.samples < self.config.min_samples:
             return True

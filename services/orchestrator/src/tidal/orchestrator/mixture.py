@@ -58,11 +58,12 @@ class TaskMixture:
         while True:
             live = self.curriculum.drawable(self.names, weights, step)
             (name,) = self.rng.choices(self.names, live if any(live) else weights)
-            problem = self.tasks[name].problem(self.cursors[name], split="train")
+            task, index = self.tasks[name], self.cursors[name]
             self.cursors[name] += 1
-            if not any(live) or self.curriculum.admits(problem, step):
-                return problem
-            skipped[name].add(problem.key or problem.uid)  # only finite tasks skip
+            key = task.key(index, split="train")
+            if not any(live) or self.curriculum.admits(name, key, step):
+                return task.problem(index, split="train")
+            skipped[name].add(key)  # only finite tasks skip
             if len(skipped[name]) >= (self.sizes[name] or 0):
                 self.curriculum.block(name, step)
 

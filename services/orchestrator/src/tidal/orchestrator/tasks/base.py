@@ -121,6 +121,12 @@ class Task(ABC):
         """Problems in `split`; None for an unbounded generated task."""
         return None
 
+    def key(self, index: int, *, split: Split = "train") -> str:
+        """What the index-th problem is tracked by (its `key`, else its `uid`); a task that
+        can name it without building the problem overrides this."""
+        problem = self.problem(index, split=split)
+        return problem.key or problem.uid
+
     @abstractmethod
     def verify(self, problem: Problem, completion: str) -> Verdict | float:
         """Reward of `completion` (decoded, special tokens removed) in [0, 1]."""
@@ -168,12 +174,15 @@ class GeneratedTask(Task):
     def size(self, split: Split = "train") -> int | None:
         return self.train_size if split == "train" else None
 
+    def key(self, index: int, *, split: Split = "train") -> str:
+        size = self.size(split)
+        return f"{self.name}/{split}/{index % size if size else index}"
+
     def problem(self, index: int, *, split: Split = "train") -> Problem:
         size = self.size(split)
         drawn_as = index % size if size else index
         seed = derive_seed(self.seed, text_key(self.name), SPLIT_KEYS[split], drawn_as)
-        rng = random.Random(seed)
-        drawn = self.sample(rng)
+        drawn = self.sample(random.Random(seed))
         tools = tuple(t.schema() for t in self.tools)
-        uid, key = f"{self.name}/{split}/{index}", f"{self.name}/{split}/{drawn_as}"
+        uid, key = f"{self.name}/{split}/{index}", self.key(index, split=split)
         return replace(drawn, task=self.name, uid=uid, key=key, tools=tools)
