@@ -4,10 +4,11 @@ length range, one run after another with the same seeds.
 Three reversal bands by string length, each a finite training set (`train_size`) so the
 curriculum can judge problems one by one: `short` (1-2 letters, which the warm start
 mostly solves), `mid` (3-5, partly solved) and `long` (10-14, never reversed exactly).
-The reward is the task's own (partial credit by position); "solved" is the exact
-reversal (`pass_threshold = 1`). The fixed sampler draws the bands 1/3 each; the
-curriculum draws the same way but passes over problems whose latest group was all exact
-or had no exact answer, re-admitting them after `--readmit-after` steps. Runs go one after
+The reward is the task's own (partial credit by position); a completion "passes" at
+`--pass-threshold` of it. The fixed sampler draws the bands 1/3 each; the curriculum draws
+the same way but passes over problems whose latest group all passed (and, unless
+`--skip-below none`, those of which none passed), re-admitting them after
+`--readmit-after` steps. Runs go one after
 another (the machine's cores are shared), in alternating order across seeds, with the
 load average read around each. What is compared is held-out: the mean over the bands (each
 weighs the same) of the reward of k samples at the training temperature on the same
@@ -45,7 +46,8 @@ def samplers(args: argparse.Namespace) -> dict[str, list[str]]:
     return {
         "fixed": [],
         "skip": [
-            f"{curriculum}skip-above", "1.0", f"{curriculum}skip-below", "0.0",
+            f"{curriculum}skip-above", "1.0",
+            *([f"{curriculum}skip-below", args.skip_below] if args.skip_below != "none" else []),
             f"{curriculum}min-samples", "8", f"{curriculum}readmit-after", str(args.readmit_after),
             f"{curriculum}pass-threshold", str(args.pass_threshold),
         ],
@@ -193,6 +195,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--readmit-after", type=int, default=40)
     parser.add_argument("--pass-threshold", type=float, default=0.75)
+    parser.add_argument("--skip-below", default="0.0", help="a pass rate, or none")
     parser.add_argument("--eval-every", type=int, default=20)
     parser.add_argument("--eval-prompts", type=int, default=32)
     parser.add_argument("--eval-k", type=int, default=4)
@@ -227,6 +230,7 @@ def main() -> None:
         "seeds": args.seeds,
         "readmit_after": args.readmit_after,
         "pass_threshold": args.pass_threshold,
+        "skip_below": args.skip_below,
         "eval_every": args.eval_every,
         "eval_prompts_per_band": args.eval_prompts,
         "eval_k": args.eval_k,
