@@ -8,13 +8,12 @@ The reward is the task's own (partial credit by position); a completion "passes"
 `--pass-threshold` of it. The fixed sampler draws the bands 1/3 each; the curriculum draws
 the same way but passes over problems whose latest group all passed (and, unless
 `--skip-below none`, those of which none passed), re-admitting them after
-`--readmit-after` steps. Runs go one after
-another (the machine's cores are shared), in alternating order across seeds, with the
-load average read around each. What is compared is held-out: the mean over the bands (each
-weighs the same) of the reward of k samples at the training temperature on the same
-held-out problems, gained over the warm start per second of RL time (evaluation left
-out), never the training reward (a sampler that picks its problems picks it). Finished
-runs under `--runs-dir` are read, not run again.
+`--readmit-after` steps. Runs go one after another (the machine's cores are shared), in
+alternating order across seeds, with the load average read around each. What is compared
+is held-out: the mean over the bands (each weighs the same) of the reward of k samples at
+the training temperature on the same held-out problems, gained over the warm start per
+second of RL time (evaluation left out), never the training reward (a sampler that picks
+its problems picks it). Finished runs under `--runs-dir` are read, not run again.
 
     python bench/curriculum.py [--steps 200] [--seeds 2] [--runs-dir DIR]
 """

@@ -29,6 +29,7 @@ class ProblemRecord:
     skipped_at: int | None = None
     """The step at which the problem was first skipped since it was last admitted."""
     task: str = ""
+    """The task it belongs to."""
 
 
 @dataclass
