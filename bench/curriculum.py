@@ -1,19 +1,21 @@
-"""A learning-progress curriculum against the fixed sampler on reversal over a wide length
-range, side by side.
+"""Problem skipping (with re-admission) against the fixed sampler on reversal over a wide
+length range, one run after another with the same seeds.
 
-The embedded default stack trains on three reversal tasks by string length (one letter,
-which the warm start already solves; 2-4 letters, which it partly solves; 10-14, which it
-never reverses exactly) once with the fixed mixture and once with
-`orchestrator.curriculum.task_weighting = "learning_progress"`, same seed, same warm
-start, both runs at the same time (so the changing load of a shared machine falls on
-both alike). What it compares is held-out: the reward of k samples at the training
-temperature on the same held-out problems of every band (each band weighs the same),
-never the training reward, which a sampler that picks its problems inflates. The figure
-is the held-out reward gained over the warm start per second of RL wall time (evaluation
-left out), at the end and at the RL time of the shorter run. Finished runs under
-`--runs-dir` are read, not run again.
+Three reversal bands by string length, each a finite training set (`train_size`) so the
+curriculum can judge problems one by one: `short` (1-2 letters, which the warm start
+mostly solves), `mid` (3-5, partly solved) and `long` (10-14, never reversed exactly).
+The reward is the task's own (partial credit by position); a completion "passes" at
+`--pass-threshold` of it. The fixed sampler draws the bands 1/3 each; the curriculum draws
+the same way but passes over problems whose latest group all passed (and, unless
+`--skip-below none`, those of which none passed), re-admitting them after
+`--readmit-after` steps. Runs go one after another (the machine's cores are shared), in
+alternating order across seeds, with the load average read around each. What is compared
+is held-out: the mean over the bands (each weighs the same) of the reward of k samples at
+the training temperature on the same held-out problems, gained over the warm start per
+second of RL time (evaluation left out), never the training reward (a sampler that picks
+its problems picks it). Finished runs under `--runs-dir` are read, not run again.
 
-    python bench/curriculum.py [--steps 200] [--seeds 1] [--runs-dir DIR]
+    python bench/curriculum.py [--steps 200] [--seeds 2] [--runs-dir DIR]
 """
 
 from __future__ import annotations
@@ -21,71 +23,73 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
-from common import ROOT, print_table, write_result
+from common import ROOT, median_seconds, print_table, write_result
 
-BANDS = {"short": (1, 1), "mid": (2, 4), "long": (10, 14)}
+BANDS = {"short": (1, 2), "mid": (3, 5), "long": (10, 14)}
 """Task name → (min_len, max_len) of its strings."""
-SAMPLERS: dict[str, list[str]] = {
-    "fixed": [],
-    "learning_progress": ["--orchestrator.curriculum.task-weighting", "learning_progress"],
-}
+POOL = 128
+"""Training problems per band (each band's `train_size`)."""
+
+
+def samplers(args: argparse.Namespace) -> dict[str, list[str]]:
+    """Sampler name → its command-line settings."""
+    curriculum = "--orchestrator.curriculum."
+    return {
+        "fixed": [],
+        "skip": [
+            f"{curriculum}skip-above", "1.0",
+            *([f"{curriculum}skip-below", args.skip_below] if args.skip_below != "none" else []),
+            f"{curriculum}min-samples", "8", f"{curriculum}readmit-after", str(args.readmit_after),
+            f"{curriculum}pass-threshold", str(args.pass_threshold),
+        ],
+    }  # fmt: skip
 
 
 def tasks_override() -> str:
     bands = (
-        f'{{type = "reversal", name = "{n}", min_len = {lo}, max_len = {hi}}}'
+        f'{{type = "reversal", name = "{n}", min_len = {lo}, max_len = {hi}, train_size = {POOL}}}'
         for n, (lo, hi) in BANDS.items()
     )
     return f"[{', '.join(bands)}]"
 
 
-def start_run(sampler: str, seed: int, args: argparse.Namespace) -> subprocess.Popen[bytes] | None:
-    """Start one run (None when `--runs-dir` holds it finished)."""
-    run = f"{sampler}-s{seed}"
-    if (args.runs_dir / run / "summary.json").exists():
-        return None
-    command = [
-        sys.executable, "-m", "tidal.cli", "rl", "@", str(ROOT / "configs" / "default.toml"),
-        "--run.output-dir", str(args.runs_dir), "--run.name", run, "--run.seed", str(seed),
-        "--overwrite",
-        "--orchestrator.tasks", tasks_override(),
-        "--orchestrator.warmup-steps", str(args.warmup_steps),
-        "--orchestrator.steps", str(args.steps),
-        "--orchestrator.eval.every", str(args.eval_every),
-        "--orchestrator.eval.prompts", str(args.eval_prompts),
-        "--orchestrator.eval.k", str(args.eval_k),
-        "--orchestrator.eval.after-warmup", "true",
-        "--orchestrator.report.table-every", "0",
-        *SAMPLERS[sampler],
-    ]  # fmt: skip
-    args.runs_dir.mkdir(parents=True, exist_ok=True)
-    with (args.runs_dir / f"{run}.out").open("w") as out:  # the child keeps its own handle
-        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-
-
-def run_pair(seed: int, args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
-    """Every sampler's run of one seed, side by side (at the same time, so a shared
-    machine's changing load falls on both alike); their metrics lines."""
-    started = {sampler: start_run(sampler, seed, args) for sampler in SAMPLERS}
-    for sampler, process in started.items():
-        if process is not None and process.wait() != 0:
-            output = (args.runs_dir / f"{sampler}-s{seed}.out").read_text()
-            raise RuntimeError(f"{sampler}-s{seed} failed:\n{output[-3000:]}")
-    return {
-        sampler: [
-            json.loads(line)
-            for line in (args.runs_dir / f"{sampler}-s{seed}" / "metrics.jsonl")
-            .read_text()
-            .splitlines()
-        ]
-        for sampler in SAMPLERS
-    }
+def run(sampler: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One run to its end (read back when `--runs-dir` holds it finished): its metrics
+    lines and the load average (1 min) before and after it."""
+    name = f"{sampler}-s{seed}"
+    folder = args.runs_dir / name
+    load = [os.getloadavg()[0]]
+    if not (folder / "summary.json").exists():
+        command = [
+            sys.executable, "-m", "tidal.cli", "rl", "@", str(ROOT / "configs" / "default.toml"),
+            "--run.output-dir", str(args.runs_dir), "--run.name", name, "--run.seed", str(seed),
+            "--overwrite",
+            "--orchestrator.tasks", tasks_override(),
+            "--orchestrator.warmup-steps", str(args.warmup_steps),
+            "--orchestrator.steps", str(args.steps),
+            "--orchestrator.eval.every", str(args.eval_every),
+            "--orchestrator.eval.prompts", str(args.eval_prompts),
+            "--orchestrator.eval.k", str(args.eval_k),
+            "--orchestrator.eval.after-warmup", "true",
+            "--orchestrator.report.table-every", "0",
+            *samplers(args)[sampler],
+        ]  # fmt: skip
+        args.runs_dir.mkdir(parents=True, exist_ok=True)
+        log = args.runs_dir / f"{name}.out"
+        with log.open("w") as out:
+            if subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT).returncode:
+                raise RuntimeError(f"{name} failed:\n{log.read_text()[-3000:]}")
+        (folder / "load.json").write_text(json.dumps([*load, os.getloadavg()[0]]))
+    lines = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    return {"lines": lines, "load": json.loads((folder / "load.json").read_text())}
 
 
 def held_out(line: dict[str, Any], kind: str = "sampled") -> float:
@@ -118,29 +122,68 @@ def reward_at(points: list[dict[str, float]], wall_s: float) -> float:
     return points[-1]["held_out"]
 
 
-def summarize(
-    sampler: str, seed: int, lines: list[dict[str, Any]], common_s: float
-) -> dict[str, Any]:
+def summarize(name: str, seed: int, result: dict[str, Any], common_s: float) -> dict[str, Any]:
+    lines = result["lines"]
     points = curve(lines)
     start, end = points[0], points[-1]
     rl = [line for line in lines if line["phase"] == "rl"]
-    drawn = {
-        band: statistics.mean(line.get(f"curriculum/{band}/weight", 1 / len(BANDS)) for line in rl)
-        for band in BANDS
-    }
+    gain = end["held_out"] - start["held_out"]
     return {
-        "sampler": sampler,
+        "sampler": name,
         "seed": seed,
+        "load 1 min before/after": "/".join(f"{x:.1f}" for x in result["load"]),
+        "RL steps": len(rl),
         "RL s": end["wall_s"],
         "held-out start": start["held_out"],
         "held-out end": end["held_out"],
-        "gain/s": (end["held_out"] - start["held_out"]) / end["wall_s"],
+        "gain/s": gain / end["wall_s"],
         "gain/s @ equal s": (reward_at(points, common_s) - start["held_out"]) / common_s,
-        "greedy start": start["greedy"],
-        "greedy end": end["greedy"],
+        "gain/step": gain / len(rl),
         **{f"end {band}": end[band] for band in BANDS},
+        "zero-adv share": statistics.mean(
+            line.get("train/zero_adv_skipped_samples", 0.0) / max(line["samples"], 1) for line in rl
+        ),
+        "tokens/step": statistics.mean(line["generated_tokens"] for line in rl),
         "train reward": statistics.mean(line["reward_mean"] for line in rl),
-        **{f"drawn {band}": drawn[band] for band in BANDS},
+        "skips": rl[-1].get("curriculum/skips", 0.0),
+    }
+
+
+RATIOS = ("gain/s", "gain/s @ equal s", "gain/step")
+
+
+def overhead(args: argparse.Namespace) -> dict[str, float]:
+    """The curriculum's own cost, in-process on the bench's bands: one step's draw of 8
+    prompts with and without it, at the worst case for skipping (every problem judged out
+    of band, so the first search visits every one), and the JSON size of its saved state."""
+    from tidal.orchestrator.curriculum_config import CurriculumConfig
+    from tidal.orchestrator.mixture import TaskMixture
+    from tidal.orchestrator.task_config import ReversalTaskConfig
+    from tidal.orchestrator.tasks import build_tasks
+
+    configs = [
+        ReversalTaskConfig(name=n, min_len=lo, max_len=hi, train_size=POOL)
+        for n, (lo, hi) in BANDS.items()
+    ]
+    tasks = build_tasks(configs, seed=0)
+    skip = CurriculumConfig(
+        skip_above=1.0, skip_below=0.0, min_samples=8, readmit_after=args.readmit_after
+    )
+    weights = [1.0] * len(tasks)
+    fixed = TaskMixture(tasks, weights, seed=0)
+    curriculum = TaskMixture(tasks, weights, seed=0, curriculum=skip)
+    for task in tasks:
+        for i in range(POOL):
+            fixed.observe(task.problem(i), [0.0] * 8)
+            curriculum.observe(task.problem(i), [0.0] * 8)
+    start = time.perf_counter()
+    curriculum.draw(8, step=1)
+    first_s = time.perf_counter() - start
+    return {
+        "fixed draw ms": median_seconds(lambda: fixed.draw(8, step=1)) * 1e3,
+        "first all-skipped draw ms": first_s * 1e3,
+        "later all-skipped draw ms": median_seconds(lambda: curriculum.draw(8, step=2)) * 1e3,
+        "state KB": len(json.dumps(curriculum.state_dict())) / 1e3,
     }
 
 
@@ -148,38 +191,52 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--warmup-steps", type=int, default=50)
     parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--readmit-after", type=int, default=40)
+    parser.add_argument("--pass-threshold", type=float, default=0.75)
+    parser.add_argument("--skip-below", default="0.0", help="a pass rate, or none")
     parser.add_argument("--eval-every", type=int, default=20)
     parser.add_argument("--eval-prompts", type=int, default=32)
     parser.add_argument("--eval-k", type=int, default=4)
     parser.add_argument("--runs-dir", type=Path, default=Path("/tmp/curriculum-runs"))
     args = parser.parse_args()
-    rows, curves = [], {}
+    names = list(samplers(args))
+    rows, curves, per_seed = [], {}, []
     for seed in range(args.seeds):
-        runs = run_pair(seed, args)
-        common_s = min(curve(lines)[-1]["wall_s"] for lines in runs.values())
-        for sampler, lines in runs.items():
-            rows.append(summarize(sampler, seed, lines, common_s))
-            curves[f"{sampler}-s{seed}"] = curve(lines)
-    ratios = {}
-    for key in ("gain/s", "gain/s @ equal s"):
-        fixed = statistics.mean(r[key] for r in rows if r["sampler"] == "fixed")
-        mine = statistics.mean(r[key] for r in rows if r["sampler"] != "fixed")
-        ratios[key] = mine / fixed if fixed > 0 else float("nan")
-    print_table("Learning progress vs the fixed sampler: held-out reward over all lengths", rows)
-    print_table("Held-out reward gained per RL second, curriculum / fixed", [ratios])
+        order = names if seed % 2 == 0 else names[::-1]  # neither always runs first
+        runs = {name: run(name, seed, args) for name in order}
+        common_s = min(curve(r["lines"])[-1]["wall_s"] for r in runs.values())
+        seed_rows = {name: summarize(name, seed, runs[name], common_s) for name in names}
+        rows += seed_rows.values()
+        curves.update({f"{name}-s{seed}": curve(runs[name]["lines"]) for name in names})
+        fixed, skip = seed_rows["fixed"], seed_rows["skip"]
+        per_seed.append(
+            {"seed": seed}
+            | {k: skip[k] / fixed[k] if fixed[k] > 0 else float("nan") for k in RATIOS}
+        )
+    median = {k: statistics.median(r[k] for r in per_seed) for k in RATIOS}
+    costs = overhead(args)
+    print_table("Skipping vs the fixed sampler: held-out reward over all lengths", rows)
+    print_table("Held-out gain, skip / fixed, per seed", per_seed)
+    print_table("Median over seeds", [median])
+    print_table("The curriculum's own cost (in-process)", [costs])
     config = {
         "run_config": "configs/default.toml",
         "bands": BANDS,
+        "train_size_per_band": POOL,
         "warmup_steps": args.warmup_steps,
         "steps": args.steps,
         "seeds": args.seeds,
+        "readmit_after": args.readmit_after,
+        "pass_threshold": args.pass_threshold,
+        "skip_below": args.skip_below,
         "eval_every": args.eval_every,
         "eval_prompts_per_band": args.eval_prompts,
         "eval_k": args.eval_k,
-        "samplers": SAMPLERS,
+        "samplers": samplers(args),
     }
-    summary = {"ratio (curriculum / fixed)": ratios, "curves": curves}
+    ratio = {"per_seed": per_seed, "median": median}
+    summary = {"ratio (skip / fixed)": ratio, "overhead": costs, "curves": curves}
     path = write_result("curriculum", config=config, results=rows, summary=summary)
     print(f"wrote {path}")
 

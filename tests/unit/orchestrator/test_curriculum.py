@@ -11,13 +11,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from tidal.orchestrator.curriculum_config import CurriculumConfig
 from tidal.orchestrator.mixture import MIXTURE_SEED_KEY, TaskMixture
 from tidal.orchestrator.seeds import derive_seed
-from tidal.orchestrator.task_config import (
-    CurriculumConfig,
-    DatasetTaskConfig,
-    ReversalTaskConfig,
-)
+from tidal.orchestrator.task_config import DatasetTaskConfig, ReversalTaskConfig
 from tidal.orchestrator.tasks import build_tasks
 from tidal.orchestrator.tasks.base import Problem
 
@@ -55,6 +52,10 @@ def _run(mixture: TaskMixture, steps: range, per_step: int = 4) -> list[list[str
     return drawn
 
 
+def _admits(mixture: TaskMixture, problem: Problem, step: int) -> bool:
+    return mixture.curriculum.admits(problem.task, problem.key or problem.uid, step)
+
+
 SKIP_BOTH = CurriculumConfig(skip_above=1.0, skip_below=0.0, min_samples=4, readmit_after=30)
 
 
@@ -74,9 +75,9 @@ def test_a_problem_in_the_band_is_never_skipped(tmp_path: Path) -> None:
     mixture = _mixture(tmp_path, CurriculumConfig(skip_above=1.0, min_samples=4))
     problem = mixture.tasks["qa"].problem(0)
     mixture.observe(problem, [1.0, 0.0, 1.0, 1.0])
-    assert mixture.curriculum.admits(problem, step=1)
+    assert _admits(mixture, problem, 1)
     mixture.observe(problem, [1.0, 1.0, 0.0, 1.0])
-    assert mixture.curriculum.admits(problem, step=2)
+    assert _admits(mixture, problem, 2)
 
 
 def test_a_problem_is_tracked_across_epochs_by_its_record(tmp_path: Path) -> None:
@@ -89,7 +90,7 @@ def test_a_problem_is_tracked_across_epochs_by_its_record(tmp_path: Path) -> Non
     ]  # each epoch is shuffled anew
     assert first.uid != next_epoch.uid and first.key == next_epoch.key
     mixture.observe(first, [1.0] * 4)
-    assert not mixture.curriculum.admits(next_epoch, step=3)
+    assert not _admits(mixture, next_epoch, 3)
 
 
 def test_a_skipped_problem_is_readmitted_after_readmit_after_steps(tmp_path: Path) -> None:
@@ -97,11 +98,11 @@ def test_a_skipped_problem_is_readmitted_after_readmit_after_steps(tmp_path: Pat
     mixture = _mixture(tmp_path, config)
     problem = mixture.tasks["qa"].problem(0)
     mixture.observe(problem, [1.0] * 4)
-    assert not mixture.curriculum.admits(problem, step=10)
-    assert not mixture.curriculum.admits(problem, step=14)
-    assert mixture.curriculum.admits(problem, step=15)
+    assert not _admits(mixture, problem, 10)
+    assert not _admits(mixture, problem, 14)
+    assert _admits(mixture, problem, 15)
     # its record was cleared: the problem is tracked afresh from its next completions
-    assert mixture.curriculum.admits(problem, step=16)
+    assert _admits(mixture, problem, 16)
     assert mixture.curriculum.skips == 2
 
 
@@ -186,6 +187,36 @@ def test_a_problem_is_judged_on_its_latest_visit_not_its_history(tmp_path: Path)
     mixture = _mixture(tmp_path, CurriculumConfig(skip_above=1.0, min_samples=4))
     problem = mixture.tasks["qa"].problem(0)
     mixture.observe(problem, [0.0] * 4)  # failed at first
-    assert mixture.curriculum.admits(problem, step=1)
+    assert _admits(mixture, problem, 1)
     mixture.observe(problem, [1.0] * 4)  # solved every time since
-    assert not mixture.curriculum.admits(problem, step=2)
+    assert not _admits(mixture, problem, 2)
+
+
+def test_a_generated_task_with_a_train_size_repeats_its_problems_and_is_tracked() -> None:
+    (task,) = build_tasks([ReversalTaskConfig(train_size=3, max_len=6)], seed=0)
+    first, again = task.problem(1), task.problem(4)
+    assert (first.prompt, first.key) == (again.prompt, again.key) and first.uid != again.uid
+    assert task.size("train") == 3 and task.size("eval") is None
+    mixture = TaskMixture([task], [1.0], seed=0, curriculum=SKIP_BOTH)
+    mixture.observe(first, [1.0] * 4)
+    assert not _admits(mixture, again, 1)
+
+
+def test_a_task_whose_every_problem_is_skipped_is_searched_once_until_one_is_due(
+    tmp_path: Path,
+) -> None:
+    mixture = TaskMixture(
+        build_tasks([_dataset(tmp_path)], seed=0), [1.0], seed=0, curriculum=SKIP_BOTH
+    )
+    _run(mixture, range(1, 4))  # all 10 records seen: every one is out of band
+    first = mixture.draw(4, step=4)  # searches the 10 records (across an epoch's edge)
+    skips = mixture.curriculum.skips
+    drawn = [mixture.draw(4, step=step) for step in range(5, 30)]
+    # the search found nothing to admit: the draws that follow take what the weights pick
+    # without searching again, until the first skip is due back
+    assert mixture.curriculum.skips == skips
+    assert all(len(step) == 4 for step in [first, *drawn])
+    due = mixture.curriculum.blocked["qa"]
+    assert due == min(r.skipped_at for r in mixture.curriculum.problems.values()) + 30
+    (readmitted, *_) = mixture.draw(4, step=due)
+    assert readmitted.key not in mixture.curriculum.problems  # its record cleared: judged anew

@@ -53,3 +53,10 @@ def test_sampling_is_reproducible_from_the_seed() -> None:
 def test_config_rejects_min_len_above_max_len() -> None:
     with pytest.raises(ValueError, match="min_len"):
         ReversalTaskConfig(min_len=5, max_len=3)
+
+
+def test_without_partial_credit_only_the_exact_reversal_scores() -> None:
+    task = build_task(ReversalTaskConfig(min_len=3, max_len=3, partial_credit=False), seed=0)
+    problem = task.problem(0)
+    assert task.verify(problem, problem.reference) == 1.0
+    assert task.verify(problem, problem.reference[:2] + "x") == 0.0

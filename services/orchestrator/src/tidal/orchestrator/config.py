@@ -17,13 +17,9 @@ from pydantic import Field, model_validator
 from tidal.common.config.loading import BaseConfig
 from tidal.common.config.schema import FIRST
 from tidal.common.config.shared import ServiceRunConfig
+from tidal.orchestrator.curriculum_config import CurriculumConfig
 from tidal.orchestrator.distill_config import DistillConfig
-from tidal.orchestrator.task_config import (
-    CodeTaskConfig,
-    CurriculumConfig,
-    ReversalTaskConfig,
-    TaskConfig,
-)
+from tidal.orchestrator.task_config import CodeTaskConfig, ReversalTaskConfig, TaskConfig
 
 Algorithm = Literal["grpo", "dr_grpo", "rloo", "remax"]
 

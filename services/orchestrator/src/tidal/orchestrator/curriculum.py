@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tidal.orchestrator.task_config import CurriculumConfig
+from tidal.orchestrator.curriculum_config import CurriculumConfig
 from tidal.orchestrator.tasks.base import Problem, Task
 
 
@@ -28,6 +28,8 @@ class ProblemRecord:
     passes: int = 0
     skipped_at: int | None = None
     """The step at which the problem was first skipped since it was last admitted."""
+    task: str = ""
+    """The task it belongs to."""
 
 
 @dataclass
@@ -58,6 +60,9 @@ class Curriculum:
         self.tasks = {t.name: TaskRecord() for t in tasks}
         self.skips = 0
         """Problems skipped so far (a problem skipped at several draws counts each time)."""
+        self.blocked: dict[str, int] = {}
+        """Finite tasks whose every problem is skipped → the step at which the first of them
+        is due back; such a task is not drawn before it (drawing it could only skip)."""
 
     def observe(self, problem: Problem, rewards: Sequence[float]) -> None:
         """Count one group's completions of `problem` (its verifier rewards)."""
@@ -75,17 +80,18 @@ class Curriculum:
             task.fast += self.config.fast_rate * (mean - task.fast)
             task.slow += self.config.slow_rate * (mean - task.slow)
         if problem.task in self.tracked and self.config.skips_problems:
-            record = self.problems.setdefault(problem.key or problem.uid, ProblemRecord())
+            key = problem.key or problem.uid
+            record = self.problems.setdefault(key, ProblemRecord(task=problem.task))
             if record.samples >= self.config.min_samples:  # judged on its latest visits only
                 record.samples = record.passes = 0
             record.samples += len(rewards)
             record.passes += passes
 
-    def admits(self, problem: Problem, step: int) -> bool:
-        """Whether `problem`, drawn for `step`, is trained on (False: skip it)."""
-        if not self.config.skips_problems or problem.task not in self.tracked:
+    def admits(self, task: str, key: str, step: int) -> bool:
+        """Whether the problem `key` of `task`, drawn for `step`, is trained on (False: skip
+        it)."""
+        if not self.config.skips_problems or task not in self.tracked:
             return True
-        key = problem.key or problem.uid
         record = self.problems.get(key)
         if record is None or record.samples < self.config.min_samples:
             return True
@@ -98,6 +104,19 @@ class Curriculum:
             record.skipped_at = step
         self.skips += 1
         return False
+
+    def drawable(self, names: Sequence[str], weights: Sequence[float], step: int) -> list[float]:
+        """`weights` with those of the tasks blocked at `step` set to 0."""
+        return [
+            0.0 if self.blocked.get(name, step) > step else w
+            for name, w in zip(names, weights, strict=True)
+        ]
+
+    def block(self, name: str, step: int) -> None:
+        """Task `name` had every one of its problems skipped at `step`: leave it out of the
+        draws until the earliest of them is due for re-admission."""
+        skipped = [r.skipped_at for r in self.problems.values() if r.task == name]
+        self.blocked[name] = min(s for s in skipped if s is not None) + self.config.readmit_after
 
     def _out_of_band(self, rate: float) -> bool:
         above, below = self.config.skip_above, self.config.skip_below
@@ -141,9 +160,11 @@ class Curriculum:
             "problems": {key: asdict(r) for key, r in self.problems.items()},
             "tasks": {name: asdict(r) for name, r in self.tasks.items()},
             "skips": self.skips,
+            "blocked": dict(self.blocked),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.problems = {key: ProblemRecord(**r) for key, r in state["problems"].items()}
         self.tasks = {name: TaskRecord(**state["tasks"][name]) for name in self.tasks}
         self.skips = int(state["skips"])
+        self.blocked = {name: int(step) for name, step in state.get("blocked", {}).items()}

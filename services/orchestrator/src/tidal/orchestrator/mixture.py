@@ -17,8 +17,8 @@ from typing import Any
 
 from tidal.common.errors import ConfigError
 from tidal.orchestrator.curriculum import Curriculum
+from tidal.orchestrator.curriculum_config import CurriculumConfig
 from tidal.orchestrator.seeds import derive_seed
-from tidal.orchestrator.task_config import CurriculumConfig
 from tidal.orchestrator.tasks.base import Problem, Task
 
 MIXTURE_SEED_KEY = 7
@@ -41,7 +41,7 @@ class TaskMixture:
         self.rng = random.Random(derive_seed(seed, MIXTURE_SEED_KEY))
         self.cursors = dict.fromkeys(self.names, 0)
         self.curriculum = Curriculum(curriculum or CurriculumConfig(), tasks)
-        self._scan_limit = sum(t.size("train") or 1 for t in tasks) + 1
+        self.sizes = {t.name: t.size("train") for t in tasks}
 
     def draw(self, count: int, *, step: int = 0) -> list[Problem]:
         """The next `count` training problems, for step `step`."""
@@ -51,15 +51,21 @@ class TaskMixture:
     def _next(self, weights: list[float], step: int) -> Problem:
         """The next problem the curriculum admits: a task by weight, then its next problem,
         again while the curriculum skips it, so a skipped problem's place goes to whichever
-        task the weights pick. When as many candidates as every finite task holds were
-        skipped, the last one is taken (a step always gets its prompts)."""
-        for _ in range(self._scan_limit):
-            (name,) = self.rng.choices(self.names, weights)
-            problem = self.tasks[name].problem(self.cursors[name], split="train")
+        task the weights pick. A finite task whose whole set was skipped in one search is
+        blocked (not drawn) until one of its problems is due back; when every task is
+        blocked, the candidate the weights pick is taken (a step always gets its prompts)."""
+        skipped: dict[str, set[str]] = {name: set() for name in self.names}
+        while True:
+            live = self.curriculum.drawable(self.names, weights, step)
+            (name,) = self.rng.choices(self.names, live if any(live) else weights)
+            task, index = self.tasks[name], self.cursors[name]
             self.cursors[name] += 1
-            if self.curriculum.admits(problem, step):
-                break
-        return problem
+            key = task.key(index, split="train")
+            if not any(live) or self.curriculum.admits(name, key, step):
+                return task.problem(index, split="train")
+            skipped[name].add(key)  # only finite tasks skip
+            if len(skipped[name]) >= (self.sizes[name] or 0):
+                self.curriculum.block(name, step)
 
     def observe(self, problem: Problem, rewards: Sequence[float]) -> None:
         """A group's verifier rewards, for the curriculum's pass rates."""

@@ -31,7 +31,14 @@ class TaskCommon(BaseConfig):
     verifier (`type = "judge"` or `"reward_model"`; docs/agents.md)."""
 
 
-class ReversalTaskConfig(TaskCommon):
+class GeneratedCommon(TaskCommon):
+    train_size: int | None = Field(default=None, ge=1)
+    """A finite training set: the first train_size generated problems, walked epoch by
+    epoch (so the curriculum can track and skip problems one by one); unset draws a new
+    problem every time. Held-out problems come from their own seed stream either way."""
+
+
+class ReversalTaskConfig(GeneratedCommon):
     """The built-in verifiable task: reverse a random string ("abc>" → "cba")."""
 
     type: Literal["reversal"] = "reversal"
@@ -46,6 +53,9 @@ class ReversalTaskConfig(TaskCommon):
     turns: int = Field(default=1, ge=1, le=8)
     """Strings per episode: with turns > 1 the environment answers each reversal with
     the next string ("\nabd>"), and the reward is the mean over the turns."""
+    partial_credit: bool = True
+    """Reward the share of positions right (a wrong answer still earns some); false: 1 for
+    the exact reversal, else 0."""
 
     @model_validator(mode="after")
     def _check(self) -> ReversalTaskConfig:
@@ -56,7 +66,7 @@ class ReversalTaskConfig(TaskCommon):
         return self
 
 
-class LookupTaskConfig(TaskCommon):
+class LookupTaskConfig(GeneratedCommon):
     """A tool task: report the value stored under a key, which only `lookup(key)` knows.
 
     The chat template must be on (`orchestrator.chat.template = "on"`)."""
@@ -83,7 +93,7 @@ class LookupTaskConfig(TaskCommon):
         return self
 
 
-class ArithmeticTaskConfig(TaskCommon):
+class ArithmeticTaskConfig(GeneratedCommon):
     """Integer arithmetic: "12+7=" → "19", scored by the numeric verifier."""
 
     type: Literal["arithmetic"] = "arithmetic"
@@ -94,7 +104,7 @@ class ArithmeticTaskConfig(TaskCommon):
     """Operators to draw from (any of "+-*")."""
 
 
-class CountdownTaskConfig(TaskCommon):
+class CountdownTaskConfig(GeneratedCommon):
     """Reach a target with given numbers: "3 5 7=22>" → "3*5+7" (each number at most once)."""
 
     type: Literal["countdown"] = "countdown"
@@ -329,59 +339,3 @@ class AgentTaskConfig(TaskCommon):
 TaskConfig = Annotated[
     ProblemTasks | VerifiersTaskConfig | AgentTaskConfig, Field(discriminator="type")
 ]
-
-
-class CurriculumConfig(BaseConfig):
-    """Which problems a run trains on, from their online pass rates (docs/training.md,
-    "Curricula"). A completion passes when its reward reaches `pass_threshold`; pass rates
-    are tracked per task, and when skipping is on per problem for tasks with a finite
-    training set (an unbounded generated task never repeats a problem). Everything is off
-    by default: the mixture then draws by the tasks' fixed weights, problem after problem."""
-
-    pass_threshold: float = Field(default=1.0, gt=0, le=1)
-    """Reward at or above which a completion counts as solved."""
-    skip_above: float | None = Field(default=None, gt=0, le=1)
-    """Skip problems whose pass rate is at least this (1.0: the ones always solved);
-    unset skips none for being easy."""
-    skip_below: float | None = Field(default=None, ge=0, lt=1)
-    """Skip problems whose pass rate is at most this (0.0: the ones never solved); unset
-    skips none for being hard."""
-    min_samples: int = Field(default=4, ge=1)
-    """Completions of a problem seen before its pass rate may make it skipped; its pass
-    rate is that of its latest visits (counts restart once this many were reached)."""
-    readmit_after: int = Field(default=20, ge=1)
-    """Steps after which a skipped problem is drawn again, its record cleared so its new
-    completions decide anew."""
-    task_weighting: Literal["fixed", "learning_progress"] = "fixed"
-    """fixed: tasks drawn by their `weight`. learning_progress: tasks drawn in proportion
-    to how fast their mean reward changes (|fast EMA − slow EMA|; the pass rate, for a
-    0/1 reward), mixed with the fixed weights by `explore`; a task whose reward stands
-    still (always or never solved) gets only its explore share."""
-    explore: float = Field(default=0.2, ge=0, le=1)
-    """learning_progress: share of draws by the fixed weights (so no task is starved)."""
-    fast_rate: float = Field(default=0.1, gt=0, le=1)
-    """Update rate, per observed group, of the fast reward EMA and of the task's reported
-    pass rate."""
-    slow_rate: float = Field(default=0.02, gt=0, le=1)
-    """learning_progress: update rate of the slow reward EMA, per observed group."""
-
-    @model_validator(mode="after")
-    def _check(self) -> CurriculumConfig:
-        low, high = self.skip_below, self.skip_above
-        if low is not None and high is not None and low >= high:
-            raise ValueError(
-                f"orchestrator.curriculum.skip_below ({low}) must be below "
-                f"orchestrator.curriculum.skip_above ({high}): raise skip_above or lower "
-                "skip_below, or unset one of them"
-            )
-        if self.task_weighting == "learning_progress" and self.slow_rate >= self.fast_rate:
-            raise ValueError(
-                f"orchestrator.curriculum.slow_rate ({self.slow_rate}) must be below "
-                f"orchestrator.curriculum.fast_rate ({self.fast_rate}): learning progress is "
-                "the gap between a fast and a slow average"
-            )
-        return self
-
-    @property
-    def skips_problems(self) -> bool:
-        return self.skip_above is not None or self.skip_below is not None

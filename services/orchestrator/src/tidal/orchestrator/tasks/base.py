@@ -121,6 +121,12 @@ class Task(ABC):
         """Problems in `split`; None for an unbounded generated task."""
         return None
 
+    def key(self, index: int, *, split: Split = "train") -> str:
+        """What the index-th problem is tracked by (its `key`, else its `uid`); a task that
+        can name it without building the problem overrides this."""
+        problem = self.problem(index, split=split)
+        return problem.key or problem.uid
+
     @abstractmethod
     def verify(self, problem: Problem, completion: str) -> Verdict | float:
         """Reward of `completion` (decoded, special tokens removed) in [0, 1]."""
@@ -151,9 +157,12 @@ class Task(ABC):
 
 
 class GeneratedTask(Task):
-    """A task whose problems are drawn from a seeded RNG: implement `sample` and `verify`."""
+    """A task whose problems are drawn from a seeded RNG: implement `sample` and `verify`.
+    With `train_size` its training problems are the first train_size draws, repeated
+    epoch after epoch under the same `key`."""
 
     seed: int = 0
+    train_size: int | None = None
 
     @abstractmethod
     def sample(self, rng: random.Random) -> Problem:
@@ -162,8 +171,18 @@ class GeneratedTask(Task):
     def sample_many(self, rng: random.Random, count: int) -> list[Problem]:
         return [self.sample(rng) for _ in range(count)]
 
+    def size(self, split: Split = "train") -> int | None:
+        return self.train_size if split == "train" else None
+
+    def key(self, index: int, *, split: Split = "train") -> str:
+        size = self.size(split)
+        return f"{self.name}/{split}/{index % size if size else index}"
+
     def problem(self, index: int, *, split: Split = "train") -> Problem:
-        rng = random.Random(derive_seed(self.seed, text_key(self.name), SPLIT_KEYS[split], index))
-        drawn = self.sample(rng)
+        size = self.size(split)
+        drawn_as = index % size if size else index
+        seed = derive_seed(self.seed, text_key(self.name), SPLIT_KEYS[split], drawn_as)
+        drawn = self.sample(random.Random(seed))
         tools = tuple(t.schema() for t in self.tools)
-        return replace(drawn, task=self.name, uid=f"{self.name}/{split}/{index}", tools=tools)
+        uid, key = f"{self.name}/{split}/{index}", self.key(index, split=split)
+        return replace(drawn, task=self.name, uid=uid, key=key, tools=tools)

@@ -13,13 +13,14 @@ from collections.abc import Sequence
 from tidal.common.errors import ConfigError
 from tidal.orchestrator.task_config import (
     AgentTaskConfig,
+    GeneratedCommon,
     ImportTaskConfig,
     TaskConfig,
     VerifiersTaskConfig,
 )
 from tidal.orchestrator.tasks.agent import AgentTask
 from tidal.orchestrator.tasks.arithmetic import ArithmeticTask
-from tidal.orchestrator.tasks.base import Task
+from tidal.orchestrator.tasks.base import GeneratedTask, Task
 from tidal.orchestrator.tasks.code import CodeTask
 from tidal.orchestrator.tasks.countdown import CountdownTask
 from tidal.orchestrator.tasks.dataset import DatasetTask
@@ -78,6 +79,8 @@ def build_task(config: TaskConfig, *, seed: int = 0) -> Task:
         task = AgentTask(config, build_task(config.problems, seed=seed))
     elif config.type in BUILT_IN:  # each built-in class takes its own config type
         task = BUILT_IN[config.type](config)  # type: ignore[arg-type]
+        if isinstance(task, GeneratedTask) and isinstance(config, GeneratedCommon):
+            task.train_size = config.train_size
     else:  # unreachable through pydantic, which rejects unknown types with the choices
         raise ConfigError(f"orchestrator task type {getattr(config, 'type', None)!r}; {VALID}")
     default_name = task.name if task.name != Task.name else type(task).__name__

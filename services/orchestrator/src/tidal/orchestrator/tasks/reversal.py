@@ -1,7 +1,8 @@
 """String reversal: "abc>" → "cba". Verifiable, tiny, and learnable by a 2-layer model.
 
-Partial credit (matching positions over the longer length) gives GRPO groups reward
-variance early, when exact answers are rare. With `turns > 1` the environment answers each
+Partial credit (matching positions over the longer length, on by default) gives GRPO
+groups reward variance early, when exact answers are rare; without it the reward is 1 for
+the exact reversal and 0 otherwise. With `turns > 1` the environment answers each
 reversal with the next string, and the reward is the mean over turns.
 """
 
@@ -44,6 +45,8 @@ class ReversalTask(GeneratedTask):
         return Problem(prompt=text + SEPARATOR, reference=text[::-1], followups=tuple(followups))
 
     def verify(self, problem: Problem, completion: str) -> float:
+        if not self.config.partial_credit:
+            return float(completion == problem.reference)
         return reversal_reward(completion, problem.reference)
 
     @property
