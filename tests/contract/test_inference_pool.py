@@ -197,9 +197,14 @@ async def test_replicas_push_occupancy_that_drives_the_bound_and_returns_after_a
         await stop_replica(replicas[0])
         await until(lambda: first.occupancy is None, "a lost stream kept its figures")
         assert pool.pressure() is not None
-        # it restarts on its address: the pool reopens the stream
-        replicas[0] = await start_replica(weightsync_server, tmp_path, 0, address)
+        # it restarts on its address, under a new id, between two calls (nothing failed):
+        # the pool reopens the stream and re-reads the id its version gate counts by
+        config = replica_config(weightsync_server, tmp_path, 0, address)
+        config.inference.replica_id = "inference-0-restarted"
+        replicas[0] = await start_inference(config)
         await until(lambda: first.occupancy is not None, "the stream was not reopened")
+        await until(lambda: first.replica_id == "inference-0-restarted", "the id was not re-read")
+        assert first.serving
         assert f"inference at {address}: occupancy stream lost" in caplog.text
         assert f"inference at {address}: occupancy stream reopened" in caplog.text
         assert "cannot watch" not in caplog.text

@@ -36,6 +36,8 @@ class ReplicaOccupancy:
     """Fraction of its KV cache in use, [0, 1]."""
     received_at: float
     """time.monotonic() when it arrived."""
+    replica_id: str = ""
+    """The replica's id at weightsync, as GetStatus reports it (new after a restart)."""
 
 
 def completion_from_proto(reply: pb.GenerateResponse) -> Completion:
@@ -93,6 +95,7 @@ class InferenceClient(PeerClient):
                         running=report.running,
                         kv_usage=report.kv_usage,
                         received_at=time.monotonic(),
+                        replica_id=report.replica_id,
                     )
         finally:
             call.cancel()

@@ -111,6 +111,12 @@ class InferencePool:
 
     async def _watch(self, replica: Replica) -> None:
         async def report(occupancy: ReplicaOccupancy | None) -> None:
+            pushed_id = occupancy.replica_id if occupancy is not None else ""
+            if replica.replica_id and pushed_id not in ("", replica.replica_id):
+                # Restarted on its address between two calls: nothing failed, yet its id
+                # at weightsync, which the version gate counts by, is new. Re-read it.
+                await self._lost(replica, f"restarted as {pushed_id}")
+                await self._returned(replica)
             replica.occupancy = occupancy
             pressure = self.pressure()
             if occupancy is not None and pressure is not None and self.on_pressure is not None:
