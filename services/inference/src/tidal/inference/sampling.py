@@ -6,9 +6,9 @@ own for a greedy row); the unmodified model logprob can be returned beside it. E
 uniforms for the whole completion come from a generator seeded by (request seed, sample
 index) and a token is the inverse CDF at the step's uniform, so a row's tokens depend on
 its seed and logits only, never on the batch. The CDF is searched in two levels (chunk
-totals, then one chunk) in float64: one softmax and one pass of chunk sums over the
-vocabulary instead of a full-vocabulary log-softmax, exp, float64 copy and running sum.
-All-greedy steps skip the draws.
+totals, then one chunk) in float64, so a step reads the vocabulary twice (one softmax,
+one pass of chunk sums) and runs no float64 running sum over all of it. All-greedy steps
+skip the draws.
 """
 
 from __future__ import annotations
