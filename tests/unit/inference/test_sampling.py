@@ -161,8 +161,8 @@ def test_chunked_draws_equal_the_full_cdf_at_the_same_uniforms() -> None:
 
 def test_draws_follow_a_large_vocabulary_distribution() -> None:
     generator = torch.Generator().manual_seed(5)
-    logits = torch.randn(1, 4 * CDF_CHUNK + 3, generator=generator) * 2  # (1, V)
-    u = draw_uniforms(13, 40_000)
+    logits = torch.randn(1, 2 * CDF_CHUNK + 3, generator=generator) * 2  # (1, V)
+    u = draw_uniforms(13, 30_000)
     tokens, _ = sample_tokens(logits.expand(len(u), -1), None, u)
     probs = torch.softmax(logits[0].double(), -1)
     # Bucket tokens by probability decile so every bucket expects thousands of draws.
@@ -171,4 +171,4 @@ def test_draws_follow_a_large_vocabulary_distribution() -> None:
     bucket[order] = torch.arange(len(order)) * 10 // len(order)
     observed = torch.bincount(bucket[tokens], minlength=10).double() / len(u)
     expected = torch.zeros(10, dtype=torch.float64).index_add_(0, bucket, probs)
-    torch.testing.assert_close(observed, expected, atol=0.01, rtol=0)
+    torch.testing.assert_close(observed, expected, atol=0.012, rtol=0)  # 4 sigma at p = 0.5
