@@ -212,7 +212,8 @@ class _GqaSdpaDecode(DecodeAttention):
 
     def __init__(self, cache: PagedKVCache, tables: list[list[int]], positions: list[int]) -> None:
         super().__init__(cache, tables, positions)
-        self.visible = torch.isfinite(self.mask)  # (B, 1, 1, S) bool, True = attend
+        # (B, 1, 1, S) bool, True = attend; None when every key read is visible
+        self.visible = None if self.mask is None else torch.isfinite(self.mask)
 
     def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         return sdpa(q, keys, values, mask=self.visible, causal=False)

@@ -16,6 +16,7 @@ timed apart from the other linears, since a 49K vocabulary makes it a large one.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import statistics
 import time
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from opentelemetry import trace
 
 from tidal.inference.config import InferenceConfig
 from tidal.inference.native import NativeEngine
@@ -141,8 +143,10 @@ def measure_real(
     for system in systems.values():
         system.generate(prompts[:2], seed=99)  # warm-up: allocator, thread pool, kernels
     runs: dict[str, list[tuple[float, int]]] = {name: [] for name in systems}
+    loads: dict[str, list[float]] = {name: [] for name in systems}
     for r in range(repeats):  # interleaved, so load drift hits both alike
         for name, system in systems.items():
+            loads[name].append(os.getloadavg()[0])  # the machine is shared: say how busy
             started = time.perf_counter()
             tokens = system.generate(prompts, seed=r)
             runs[name].append((time.perf_counter() - started, sum(len(t) for t in tokens)))
@@ -158,6 +162,7 @@ def measure_real(
                 "tokens_per_s": rate[name],
                 "mean_completion_tokens": statistics.mean(n for _, n in pairs) / (PROMPTS * N),
                 "runs_s": ", ".join(f"{s:.1f}" for s, _ in pairs),
+                "load_1min_at_runs": ", ".join(f"{x:.1f}" for x in loads[name]),
             }
         )
     hf, native = runs["transformers generate()"], runs["tidal native engine"]
@@ -208,7 +213,7 @@ def decode_profile(
     from tidal.inference.loading import build_model, load_weights
     from tidal.inference.packed_linear import pack_linears
     from tidal.inference.scheduler import Extend
-    from tidal.inference.sequence import Sequence
+    from tidal.inference.sequence import Request, Sequence
 
     tokenizer = HFTokenizer.from_folder(folder)
     prompts = [p for p in arithmetic_prompts(tokenizer) for _ in range(N)]
@@ -227,7 +232,8 @@ def decode_profile(
     sequences = []
     for prompt in prompts:
         uniforms = [rng.random() for _ in range(total_steps + 1)]
-        s = Sequence(None, 0, prompt, params, uniforms, total_steps)  # type: ignore[arg-type]
+        owner = Request(prompt, params, 0, trace.INVALID_SPAN_CONTEXT, stream=False)
+        s = Sequence(owner, 0, prompt, params, uniforms, total_steps)
         s.blocks = [cache.blocks.allocate() for _ in range(per_sequence)]
         sequences.append(s)
     batcher.extend([Extend(s, 0, len(s.prompt_ids), sample=True) for s in sequences], 0)
@@ -256,7 +262,7 @@ def decode_profile(
     split = {
         "LM head (576 → 49,152 matmul)": ms["LM head"] / step,
         "rest of the forward (30 blocks)": (ms["forward"] - ms["LM head"]) / step,
-        "sampling (log-softmax, CDF draw, logprobs)": ms["sampling"] / step,
+        "sampling (softmax, two-level CDF draw, logprobs)": ms["sampling"] / step,
         "outside forward and sampling (inputs, tables, mask, bookkeeping)": (
             step - ms["forward"] - ms["sampling"]
         )

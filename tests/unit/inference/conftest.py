@@ -150,7 +150,7 @@ class TinyLlama:
                     token, lp = greedy_tokens(logits)
                 else:
                     dist = filtered_logprobs(logits, temperature, *filters, min_p)  # (1, V)
-                    token = sample_tokens(dist, temperature <= 0, uniforms[step : step + 1])
+                    token, _ = sample_tokens(dist, temperature <= 0, uniforms[step : step + 1])
                     lp = dist.gather(-1, token[:, None])[:, 0]
                 ids.append(int(token))
                 logprobs.append(float(lp))

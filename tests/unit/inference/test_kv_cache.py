@@ -118,3 +118,26 @@ def test_an_extend_over_a_cached_prefix_equals_the_whole_prompt() -> None:
             prompt[None, 8:], torch.arange(8, 11)[None], attention=cache.extend([table], [8], [3])
         )
     torch.testing.assert_close(rest, want[:, 8:])
+
+
+@pytest.mark.parametrize("positions", [[6, 6, 6], [6, 2, 9]])
+def test_decode_reads_each_sequence_up_to_its_position(positions: list[int]) -> None:
+    model = tiny_model()
+    prompts = [torch.randint(0, 64, (p,)) for p in positions]
+    tables = [[5, 2, 8], [0, 7, 9], [4, 3, 1]]
+    cache = cache_of(model, 10)
+    step = torch.randint(0, 64, (3, 1))  # (B, 1) the token each decodes next
+    with torch.inference_mode():
+        for prompt, table in zip(prompts, tables, strict=True):
+            n = len(prompt)
+            model.hidden_states(
+                prompt[None], torch.arange(n)[None], attention=cache.extend([table], [0], [n])
+            )
+        decode = cache.decode(tables, positions)
+        # Equal positions read no mask: every key read is each sequence's own.
+        assert (decode.mask is None) == (len(set(positions)) == 1)
+        got = model.hidden_states(step, decode.positions[:, None], attention=decode)  # (B, 1, dim)
+        for i, prompt in enumerate(prompts):
+            ids = torch.cat([prompt, step[i]])[None]
+            want = model.hidden_states(ids, torch.arange(ids.shape[1])[None])[:, -1]
+            torch.testing.assert_close(got[i], want)

@@ -7,6 +7,7 @@ import math
 import torch
 
 from tidal.inference.sampling import (
+    CDF_CHUNK,
     draw_uniforms,
     filtered_logprobs,
     greedy_tokens,
@@ -30,8 +31,11 @@ def kept(logprobs: torch.Tensor) -> set[int]:
 def test_greedy_picks_argmax_with_unscaled_logprob() -> None:
     logits = torch.randn(4, 50)
     logprobs = filtered_logprobs(logits, *params(4, temperature=0.0, top_k=3, top_p=0.5))
-    tokens = sample_tokens(logprobs, torch.ones(4, dtype=torch.bool), torch.rand(4).double())
+    tokens, chosen = sample_tokens(
+        logprobs, torch.ones(4, dtype=torch.bool), torch.rand(4).double()
+    )
     assert torch.equal(tokens, logits.argmax(-1))
+    torch.testing.assert_close(chosen, logprobs.gather(-1, tokens[:, None])[:, 0])
     # greedy ignores the filters: the reported logprob is the model's own
     torch.testing.assert_close(logprobs, torch.log_softmax(logits, -1))
 
@@ -87,12 +91,12 @@ def test_draws_never_pick_filtered_tokens_and_follow_the_distribution() -> None:
     logits = torch.tensor([[0.0, 1.0, 2.0, 3.0, -5.0]])
     logprobs = filtered_logprobs(logits, *params(1, top_k=3))
     u = draw_uniforms(7, 20_000)
-    tokens = sample_tokens(logprobs.expand(len(u), -1), torch.zeros(len(u), dtype=torch.bool), u)
+    tokens, _ = sample_tokens(logprobs.expand(len(u), -1), torch.zeros(len(u), dtype=torch.bool), u)
     counts = torch.bincount(tokens, minlength=5).double() / len(u)
     assert counts[0] == 0 and counts[4] == 0
     torch.testing.assert_close(counts, logprobs[0].exp().double(), atol=0.015, rtol=0)
     # extreme uniforms stay inside the kept set
-    edge = sample_tokens(
+    edge, _ = sample_tokens(
         logprobs.expand(2, -1),
         torch.zeros(2, dtype=torch.bool),
         torch.tensor([0.0, 1.0 - 1e-16], dtype=torch.float64),
@@ -122,6 +126,49 @@ def test_greedy_fast_path_equals_filtered_argmax() -> None:
     logits = torch.randn(6, 50) * 4  # (B, V)
     tokens, logprobs = greedy_tokens(logits)
     full = filtered_logprobs(logits, *params(6, temperature=0.0))
-    expected = sample_tokens(full, torch.ones(6, dtype=torch.bool), torch.rand(6).double())
+    expected, chosen = sample_tokens(full, torch.ones(6, dtype=torch.bool), torch.rand(6).double())
     assert tokens.tolist() == expected.tolist()
-    torch.testing.assert_close(logprobs, full.gather(-1, expected[:, None]).squeeze(-1))
+    torch.testing.assert_close(logprobs, chosen)
+
+
+def full_cdf_draw(logprobs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """The one-level inverse CDF: a float64 running sum over the whole vocabulary."""
+    cdf = logprobs.exp().double().cumsum(dim=-1)  # (B, V)
+    total = cdf[:, -1:].contiguous()
+    drawn = torch.searchsorted(cdf, uniforms[:, None] * total, right=True)
+    return torch.minimum(drawn, torch.searchsorted(cdf, total)).squeeze(-1)
+
+
+def test_chunked_draws_equal_the_full_cdf_at_the_same_uniforms() -> None:
+    generator = torch.Generator().manual_seed(3)
+    vocab = 3 * CDF_CHUNK + 77  # a partial last chunk
+    logits = torch.randn(64, vocab, generator=generator) * 3  # (B, V)
+    # Filtered tokens, whole empty chunks and a lone token at the very end.
+    logits[:16, : 2 * CDF_CHUNK] = float("-inf")
+    logits[16:32, :-1] = float("-inf")
+    logits[32:48] = logits[32:48].masked_fill(logits[32:48] < 2.0, float("-inf"))
+    logprobs = torch.log_softmax(logits, dim=-1).repeat(40, 1)  # (40 * B, V)
+    u = draw_uniforms(11, logprobs.shape[0])
+    u[:64], u[64:128] = 0.0, 1.0 - 2**-53  # the CDF's two ends
+    tokens, chosen = sample_tokens(logprobs, None, u)
+    assert tokens.tolist() == full_cdf_draw(logprobs, u).tolist()
+    assert bool(torch.isfinite(logprobs.gather(-1, tokens[:, None])).all())  # never filtered
+    torch.testing.assert_close(chosen, logprobs.gather(-1, tokens[:, None])[:, 0])
+    # Raw (unnormalized) log-weights give the same draws as their log-softmax.
+    raw, _ = sample_tokens(logits.repeat(40, 1), None, u)
+    assert (raw == tokens).float().mean() > 0.999
+
+
+def test_draws_follow_a_large_vocabulary_distribution() -> None:
+    generator = torch.Generator().manual_seed(5)
+    logits = torch.randn(1, 2 * CDF_CHUNK + 3, generator=generator) * 2  # (1, V)
+    u = draw_uniforms(13, 30_000)
+    tokens, _ = sample_tokens(logits.expand(len(u), -1), None, u)
+    probs = torch.softmax(logits[0].double(), -1)
+    # Bucket tokens by probability decile so every bucket expects thousands of draws.
+    order = probs.argsort()
+    bucket = torch.empty_like(order)
+    bucket[order] = torch.arange(len(order)) * 10 // len(order)
+    observed = torch.bincount(bucket[tokens], minlength=10).double() / len(u)
+    expected = torch.zeros(10, dtype=torch.float64).index_add_(0, bucket, probs)
+    torch.testing.assert_close(observed, expected, atol=0.012, rtol=0)  # 4 sigma at p = 0.5

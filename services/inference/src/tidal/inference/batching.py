@@ -21,7 +21,7 @@ from tidal.inference.kv_cache import PagedKVCache, blocks_within, kv_budget_byte
 from tidal.inference.loading import build_model, load_weights
 from tidal.inference.packed_linear import LinearKernel, pack_linears
 from tidal.inference.prompt_scoring import fill_scores
-from tidal.inference.sampling import filtered_logprobs, greedy_tokens, sample_tokens
+from tidal.inference.sampling import filtered_logits, greedy_tokens, sample_tokens
 from tidal.inference.scheduler import Extend
 from tidal.inference.sequence import Sequence
 from tidal.models.layers import DecoderLM
@@ -181,17 +181,21 @@ class Batcher:
         top_k = column([p.top_k for p in params], any(p.top_k > 0 for p in params))
         top_p = column([p.top_p for p in params], any(0 < p.top_p < 1 for p in params))
         min_p = column([p.min_p for p in params], any(p.min_p > 0 for p in params))
-        logprobs = filtered_logprobs(logits, temperature, top_k, top_p, min_p)  # (B, V)
+        weights = filtered_logits(logits, temperature, top_k, top_p, min_p)  # (B, V)
         uniforms = torch.tensor(
             [s.uniforms[len(s.token_ids)] for s in sequences], dtype=torch.float64
         )  # (B,)
         greedy = None if temperature is None else temperature <= 0
-        tokens = sample_tokens(logprobs, greedy, uniforms)  # (B,)
-        chosen = logprobs.gather(-1, tokens[:, None]).squeeze(-1).tolist()
+        tokens, chosen = sample_tokens(weights, greedy, uniforms)  # (B,), (B,)
         model_lp: list[float | None] = [None] * len(sequences)
         if any(p.model_logprobs for p in params):
-            raw = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+            # Unscaled and unfiltered rows were drawn from the model's own distribution.
+            raw = (
+                chosen
+                if weights is logits
+                else torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+            )
             model_lp = [
                 lp if p.model_logprobs else None for lp, p in zip(raw.tolist(), params, strict=True)
             ]
-        return tokens, chosen, model_lp
+        return tokens, chosen.tolist(), model_lp

@@ -225,7 +225,9 @@ class DecodeAttention:
 
     Reads gather whole blocks: the cache viewed as `(blocks, block_size * Hkv * D)` rows,
     one `index_select` of each sequence's `W` blocks, viewed as `(B, W * block_size, Hkv,
-    D)`; positions past a sequence's own are masked by an additive mask built once per step.
+    D)`, of which attention reads the first `span` = longest position + 1. Positions past a
+    sequence's own are masked by an additive mask built once per step, or none when every
+    sequence is at the same position (a group decoding in step: every key read is its own).
     """
 
     def __init__(self, cache: PagedKVCache, tables: list[list[int]], positions: list[int]) -> None:
@@ -233,7 +235,7 @@ class DecodeAttention:
         device, bs = cache.k.device, cache.block_size
         self.positions = torch.tensor(positions, device=device)  # (B,)
         width = max(positions) // bs + 1  # blocks read per sequence
-        self.batch, self.width = len(tables), width
+        self.batch, self.width, self.span = len(tables), width, max(positions) + 1
         self.blocks = torch.tensor(
             [t[:width] + [0] * (width - len(t[:width])) for t in tables], device=device
         ).flatten()  # (B * W,); padding reads block 0, masked below
@@ -241,13 +243,15 @@ class DecodeAttention:
             [t[p // bs] * bs + p % bs for t, p in zip(tables, positions, strict=True)],
             device=device,
         )  # (B,)
-        keys = torch.arange(width * bs, device=device)
-        visible = keys[None, :] <= self.positions[:, None]  # (B, W * BS)
-        # Additive, in the cache dtype: SDPA's CPU kernel adds a float mask directly
-        # instead of converting a bool one in every layer.
-        mask = torch.zeros(visible.shape, dtype=cache.k.dtype, device=device)
-        mask.masked_fill_(~visible, float("-inf"))
-        self.mask = mask[:, None, None, :]  # (B, 1, 1, W * BS)
+        self.mask: torch.Tensor | None = None
+        if min(positions) != max(positions):
+            keys = torch.arange(self.span, device=device)
+            visible = keys[None, :] <= self.positions[:, None]  # (B, span)
+            # Additive, in the cache dtype: SDPA's CPU kernel adds a float mask directly
+            # instead of converting a bool one in every layer.
+            mask = torch.zeros(visible.shape, dtype=cache.k.dtype, device=device)
+            mask.masked_fill_(~visible, float("-inf"))
+            self.mask = mask[:, None, None, :]  # (B, 1, 1, span)
 
     def __call__(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -256,13 +260,13 @@ class DecodeAttention:
         ck.index_copy_(0, self.write_rows, k[:, :, 0])  # k: (B, Hkv, 1, D)
         cv.index_copy_(0, self.write_rows, v[:, :, 0])
         _, n_kv, d = ck.shape
-        span = self.width * self.cache.block_size
+        read = self.width * self.cache.block_size
         k_blocks, v_blocks = self.cache.layer_blocks[layer]  # (NB, BS * Hkv * D)
         keys = k_blocks.index_select(0, self.blocks)  # (B * W, BS * Hkv * D)
         values = v_blocks.index_select(0, self.blocks)
-        keys = keys.view(self.batch, span, n_kv, d).transpose(1, 2)  # (B, Hkv, W * BS, D)
-        values = values.view(self.batch, span, n_kv, d).transpose(1, 2)
-        return self.attend(q, keys, values)  # (B, H, 1, D)
+        keys = keys.view(self.batch, read, n_kv, d)[:, : self.span].transpose(1, 2)
+        values = values.view(self.batch, read, n_kv, d)[:, : self.span].transpose(1, 2)
+        return self.attend(q, keys, values)  # (B, H, 1, D); keys (B, Hkv, span, D)
 
     def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """q (B, H, 1, D) over this step's keys and values (B, Hkv, S, D) → (B, H, 1, D)."""
@@ -273,7 +277,7 @@ def grouped_decode_attention(
     q: torch.Tensor,  # (B, H, 1, D)
     k: torch.Tensor,  # (B, Hkv, S, D)
     v: torch.Tensor,  # (B, Hkv, S, D)
-    mask: torch.Tensor,  # (B, 1, 1, S) additive
+    mask: torch.Tensor | None,  # (B, 1, 1, S) additive; None = every key visible
 ) -> torch.Tensor:  # (B, H, 1, D)
     """One query token per sequence, the GQA group folded into the query axis.
 
