@@ -20,14 +20,14 @@ import statistics
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
+import smollm2_trl
 from common import ROOT
 
-HERE = Path(__file__).resolve().parent
-TRL_SCRIPT = HERE / "trl_side" / "grpo_smollm2.py"
-OPTIONS = {"min_terms": 2, "max_terms": 2, "min_digits": 2, "max_digits": 2}
+OPTIONS = {"min_terms": 2, "max_terms": 2, "min_digits": 2, "max_digits": 2}  # both sides
 TASK_TOML = f"""[orchestrator.task]
 type = "reasoning_gym"
 dataset = "basic_arithmetic"
@@ -85,18 +85,20 @@ def run_tidal(folder: Path, *, steps: int, skip: int, out: Path, name: str,
 
 def run_trl(python: Path, folder: Path, *, steps: int, skip: int, out: Path, name: str,
             precision: str) -> dict[str, Any]:  # fmt: skip
+    task = tomllib.loads(TASK_TOML)["orchestrator"]["task"]
+    problems = smollm2_trl.write_problems(
+        task, seed=0, train=8 * steps, held_out=1, path=out / f"{name}-problems.json"
+    )
     events_path = out / f"{name}.jsonl"
-    command = [
-        str(python), str(TRL_SCRIPT), "--model", str(folder), "--out", str(events_path),
-        "--steps", str(steps), "--max-new", str(MAX_NEW), "--lr", str(LR),
-        "--precision", precision, "--options", json.dumps(OPTIONS),
-        "--workdir", str(out / f"{name}-work"),
-    ]  # fmt: skip
+    command = smollm2_trl.trl_command(
+        python, folder, problems=problems, events=events_path, workdir=out / f"{name}-work",
+        task=task, flags={"steps": steps, "max-new": MAX_NEW, "lr": LR, "precision": precision},
+    )  # fmt: skip
     load = os.getloadavg()[0]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    events = [json.loads(line) for line in events_path.read_text().splitlines()]
+    events = smollm2_trl.read_events(events_path)
     built = next(e["t"] for e in events if e["event"] == "built")
     ends = [e["t"] for e in events if e["event"] == "step"]
     durations = [b - a for a, b in zip([built, *ends], ends, strict=False)]
