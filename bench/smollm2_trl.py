@@ -100,39 +100,55 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b <= 0 else round(a / b, 2)
 
 
+def mean_gain(points: list[dict[str, Any]], clock: str, horizon: float) -> float:
+    """Time-average over [0, horizon] of the gain the last evaluation so far shows (0 before)."""
+    start, total, since, gain = points[0]["greedy_accuracy"], 0.0, 0.0, 0.0
+    for p in points:
+        if p[clock] > horizon:
+            break
+        total += gain * (p[clock] - since)
+        since, gain = p[clock], p["greedy_accuracy"] - start
+    return round((total + gain * (horizon - since)) / horizon, 4)
+
+
 def compare(rows: list[dict[str, Any]], clock: str) -> dict[str, Any]:
     """Tidal against TRL on one clock: the gain at equal wall time, the time to a gain.
 
-    At every Tidal evaluation time, each arm's gain is its last evaluation by then less
-    its own start. The headline is at the horizon both reached (the earlier of the two
-    last evaluations). The time to a gain is the first evaluation at or above Tidal's
-    last gain, or TRL's best gain where TRL never reaches Tidal's.
+    An arm's gain at time t is its last evaluation by t less its own start; an arm whose
+    evaluations ended earlier holds its last one (its run finished, or was cut at the
+    budget). Gains are compared at every evaluation time of either arm, at the earlier
+    and the later of the two last evaluations, and averaged over time up to the later.
+    The time to a gain is the first evaluation at or above Tidal's last gain, or TRL's
+    best gain where TRL never reaches Tidal's.
     """
-    tidal = [p for p in rows if p["arm"] == "tidal"]
-    trl = [p for p in rows if p["arm"] == "trl"]
-    at = [
-        {
-            "min": p[clock],
-            "tidal_gain": gain_by(tidal, clock, p[clock]),
-            "trl_gain": gain_by(trl, clock, p[clock]),
+    arms = {arm: [p for p in rows if p["arm"] == arm] for arm in ("tidal", "trl")}
+    tidal, trl = arms["tidal"], arms["trl"]
+
+    def at(t: float) -> dict[str, Any]:
+        gains = {arm: gain_by(points, clock, t) for arm, points in arms.items()}
+        return {
+            "min": t,
+            "tidal_gain": gains["tidal"],
+            "trl_gain": gains["trl"],
+            "gain_ratio": ratio(gains["tidal"], gains["trl"]),
         }
-        for p in tidal
-    ]
-    horizon = min(tidal[-1][clock], trl[-1][clock])
-    tidal_gain, trl_gain = gain_by(tidal, clock, horizon), gain_by(trl, clock, horizon)
+
+    ends = sorted(points[-1][clock] for points in arms.values())
+    means = {arm: mean_gain(points, clock, ends[1]) for arm, points in arms.items()}
     target = round(tidal[-1]["greedy_accuracy"] - tidal[0]["greedy_accuracy"], 4)
     trl_best = round(max(p["greedy_accuracy"] for p in trl) - trl[0]["greedy_accuracy"], 4)
     if first_reaching(trl, clock, target) is None and trl_best > 0:
         target = trl_best
     tidal_t, trl_t = first_reaching(tidal, clock, target), first_reaching(trl, clock, target)
     return {
-        "horizon_min": horizon,
-        "tidal_gain": tidal_gain,
-        "trl_gain": trl_gain,
-        "gain_ratio": ratio(tidal_gain, trl_gain),
-        "time_to_gain": target,
-        "tidal_min": tidal_t,
-        "trl_min": trl_t,
-        "time_ratio": ratio(trl_t, tidal_t),
-        "at_tidal_evaluations": at,
+        "at_first_end": at(ends[0]),
+        "at_last_end": at(ends[1]),
+        "mean_gain_to_last_end": {**means, "ratio": ratio(means["tidal"], means["trl"])},
+        "time_to_gain": {
+            "gain": target,
+            "tidal_min": tidal_t,
+            "trl_min": trl_t,
+            "ratio": ratio(trl_t, tidal_t),
+        },
+        "at_evaluations": [at(t) for t in sorted({p[clock] for p in rows})],
     }
