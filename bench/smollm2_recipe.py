@@ -305,19 +305,7 @@ def summarize(runs: list[Run], budget_s: float) -> tuple[list[dict[str, Any]], d
         "rise_mean": round(statistics.mean(rises), 4) if rises else None,
         "budget_min": budget_s / 60,
     }
-    return rows, {**summary, **comparisons(rows)}
-
-
-def comparisons(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Tidal against TRL per seed that ran both, with and without the evaluations' time."""
-    out = {}
-    for seed in sorted({p["seed"] for p in rows}):
-        if {p["arm"] for p in rows if p["seed"] == seed} == {"tidal", "trl"}:
-            out[f"vs_trl seed {seed}"] = {
-                clock: smollm2_trl.compare([p for p in rows if p["seed"] == seed], clock)
-                for clock in ("wall_min", "wall_min_less_eval")
-            }
-    return out
+    return rows, {**summary, **smollm2_trl.comparisons(rows)}
 
 
 def resummarize(path: Path) -> None:
@@ -325,7 +313,7 @@ def resummarize(path: Path) -> None:
     result = json.loads(path.read_text())
     result["summary"] = {
         k: v for k, v in result["summary"].items() if not k.startswith("vs_trl")
-    } | comparisons(result["results"])
+    } | smollm2_trl.comparisons(result["results"])
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["summary"], indent=1))
 

@@ -152,3 +152,15 @@ def compare(rows: list[dict[str, Any]], clock: str) -> dict[str, Any]:
         },
         "at_evaluations": [at(t) for t in sorted({p[clock] for p in rows})],
     }
+
+
+def comparisons(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Tidal against TRL per seed that ran both, with and without the evaluations' time."""
+    out = {}
+    for seed in sorted({p["seed"] for p in rows}):
+        if {p["arm"] for p in rows if p["seed"] == seed} == {"tidal", "trl"}:
+            out[f"vs_trl seed {seed}"] = {
+                clock: compare([p for p in rows if p["seed"] == seed], clock)
+                for clock in ("wall_min", "wall_min_less_eval")
+            }
+    return out
