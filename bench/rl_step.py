@@ -51,15 +51,28 @@ STEP_LINE = re.compile(
 )
 
 
+TRL_PACKAGES = {  # pip requirement → the module that shows it is installed
+    "torch==2.13.0": "torch",
+    "trl": "trl",
+    "reasoning-gym": "reasoning_gym",
+    "peft": "peft",
+}
+
+
 def trl_python() -> Path:
-    """The throwaway venv's python, made on first use (torch pinned like the project's)."""
+    """The throwaway venv's python: made once, then only what it lacks is installed.
+
+    torch is pinned like the project's; peft is TRL's LoRA path (`peft_config`).
+    """
     python = TRL_VENV / "bin" / "python"
-    if not (python.exists() and subprocess.call([python, "-c", "import trl"]) == 0):
+    if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(TRL_VENV)], check=True)
-        subprocess.run(
-            [python, "-m", "pip", "install", "-q", "torch==2.13.0", "trl", "reasoning-gym"],
-            check=True,
-        )
+    missing = [
+        package for package, module in TRL_PACKAGES.items()
+        if subprocess.call([python, "-c", f"import {module}"], stderr=subprocess.DEVNULL) != 0
+    ]  # fmt: skip
+    if missing:
+        subprocess.run([python, "-m", "pip", "install", "-q", *missing], check=True)
     return python
 
 

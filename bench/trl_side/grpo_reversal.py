@@ -13,10 +13,7 @@ over max(len(prediction), len(target)), 1.0 for an exact answer (Tidal's reversa
 reward, reimplemented here; the tokenizer's `Fuse` decoder makes a completion decode to
 its characters with nothing between them, as Tidal's verifier reads it).
 
-Prints one JSON line per event to `--out`: {"event": "start"} with the process start,
-{"event": "step", "step", "t"} at each step end, {"event": "reward", "step", "reward"}
-(the step's mean reward and completion tokens), {"event": "end"}. Times are `time.time()`
-so the caller can measure start-up from its own clock.
+Writes `trl_common.Events`' JSON lines to `--out`.
 
 Same-tokenizer mode (`bench/rl_step.py`'s reward-per-second comparison):
 - `--save-model DIR` writes a complete Hugging Face folder and exits: the tokenizer
@@ -34,7 +31,6 @@ Same-tokenizer mode (`bench/rl_step.py`'s reward-per-second comparison):
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import time
 
@@ -49,9 +45,9 @@ from transformers import (  # noqa: E402
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
-    TrainerCallback,
 )
-from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+from trl import GRPOTrainer  # noqa: E402
+from trl_common import Events, grpo_config  # noqa: E402
 
 ALPHABET = "abcdefgh"
 SPECIALS = ["<pad>", "<s>", "</s>"]
@@ -81,28 +77,6 @@ def rewards(prompts: list[str], completions: list[str], **_: object) -> list[flo
     return [
         reversal_reward(c, p.rstrip(">")[::-1]) for p, c in zip(prompts, completions, strict=True)
     ]
-
-
-class Events(TrainerCallback):
-    def __init__(self, path: str) -> None:
-        self.file = open(path, "a")  # noqa: SIM115
-
-    def write(self, **event: object) -> None:
-        self.file.write(json.dumps(event) + "\n")
-        self.file.flush()
-
-    def on_log(self, args, state, control, logs=None, **kwargs):  # type: ignore[no-untyped-def]
-        if logs and "reward" in logs:  # logged after on_step_end, for the same step
-            completion_tokens = float(logs.get("completions/mean_length", 0.0)) * 64
-            self.write(
-                event="reward",
-                step=state.global_step,
-                reward=float(logs["reward"]),
-                completion_tokens=completion_tokens,
-            )
-
-    def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
-        self.write(event="step", step=state.global_step, t=time.time())
 
 
 def build_model(tokenizer: PreTrainedTokenizerFast, args: argparse.Namespace) -> Qwen2ForCausalLM:
@@ -164,7 +138,7 @@ def main() -> None:
         parser.error("--out is required for a training run")
     if args.threads:
         torch.set_num_threads(args.threads)
-    events = Events(args.out)
+    events = Events(args.out, batch=64)
     events.write(event="start", t=STARTED, threads=torch.get_num_threads())
     if args.model:
         tokenizer = AutoTokenizer.from_pretrained(args.model)
@@ -177,9 +151,10 @@ def main() -> None:
         "".join(rng.choice(ALPHABET) for _ in range(rng.randint(3, 5))) + ">"
         for _ in range(8 * (args.steps + 2))
     ]
-    config = GRPOConfig(
-        output_dir=args.workdir,
-        max_steps=args.steps,
+    config = grpo_config(
+        workdir=args.workdir,
+        steps=args.steps,
+        seed=args.seed,
         per_device_train_batch_size=64,
         num_generations=8,
         max_completion_length=8,
@@ -187,19 +162,8 @@ def main() -> None:
         adam_beta2=args.adam_beta2,
         lr_scheduler_type="linear",
         warmup_steps=0,
-        epsilon=0.2,
         epsilon_high=0.2,
-        beta=0.0,
-        temperature=1.0,
-        num_iterations=1,
-        logging_steps=1,
-        report_to=[],
-        save_strategy="no",
-        use_cpu=True,
         bf16=False,
-        seed=args.seed,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
     )
     trainer = GRPOTrainer(
         model=model,

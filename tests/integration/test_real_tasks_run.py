@@ -93,3 +93,4 @@ def test_math_and_reasoning_gym_tasks_report_their_sub_scores(launch, tmp_path: 
         assert 0.0 <= records[0][f"eval_start/{name}/greedy_reward"] <= 1.0
         assert not any(k.startswith("eval_start/") for r in records[1:] for k in r)
     assert records[0]["eval_start/policy_version"] == 0
+    assert records[0]["eval_start/seconds"] > 0  # what the start's evaluation took

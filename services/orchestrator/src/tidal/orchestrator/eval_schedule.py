@@ -37,8 +37,10 @@ class EvalSchedule:
     async def at_start(self) -> dict[str, float]:
         """Held-out figures of version 0, keyed `eval_start/...`."""
         await self.window.wait_loaded(0)
+        started = time.monotonic()
         results = await evaluate(self.generator, self.mixture, self.config.eval, step=0)
         results["eval/policy_version"] = float(self.window.loaded)
+        results["eval/seconds"] = time.monotonic() - started
         return {"eval_start/" + k.removeprefix("eval/"): v for k, v in results.items()}
 
     async def if_due(self, step: int) -> dict[str, float]:
