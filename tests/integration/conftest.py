@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.agent_programs import agent_folder
+from tests.helpers.processes import processes_with
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = ROOT / "configs" / "default.toml"
@@ -39,16 +40,7 @@ class LaunchedRun:
         """Pids of live processes whose command line names this run's config: the
         launcher's children and what they forked, such as the orchestrator's verifier
         workers (zombies have an empty command line and do not count)."""
-        needle = str(self.run_dir / "config.toml").encode()
-        pids = []
-        for proc in Path("/proc").iterdir():
-            if proc.name.isdigit():
-                try:
-                    if needle in (proc / "cmdline").read_bytes():
-                        pids.append(int(proc.name))
-                except OSError:
-                    continue
-        return pids
+        return processes_with(str(self.run_dir / "config.toml").encode())
 
     def services(self) -> list[int]:
         """The launcher's own children among `children()`: one process per service."""

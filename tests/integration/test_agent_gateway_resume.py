@@ -22,6 +22,7 @@ from tidal.cli.launcher import prepare_run_dir
 from tidal.common.config.loading import load_config
 
 from ..helpers.agent_programs import write_agent
+from ..helpers.processes import processes_with
 from ..helpers.split_runs import running_services, start_service, trainer_status
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,19 +60,6 @@ def _agent_toml(tmp_path: Path, folder: Path) -> Path:
         'template = "on"\n'
     )
     return path
-
-
-def _processes_with(needle: bytes) -> list[int]:
-    """Live processes whose command line contains `needle`."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if needle in (proc / "cmdline").read_bytes():
-                    pids.append(int(proc.name))
-            except OSError:
-                continue
-    return pids
 
 
 def _rl_records(run_dir: Path) -> list[dict]:  # type: ignore[type-arg]
@@ -113,7 +101,7 @@ def test_a_restart_mid_episode_trains_every_step_once_and_no_half_episode(
             orchestrator = services["orchestrator"]
             log = (run_dir / "logs" / "orchestrator.log").read_text
             deadline = time.monotonic() + 240
-            while not (_rl_records(run_dir) and _processes_with(waiting)):
+            while not (_rl_records(run_dir) and processes_with(waiting)):
                 assert orchestrator.poll() is None, log()
                 assert time.monotonic() < deadline, "no step trained with an episode in flight"
                 time.sleep(0.02)
@@ -124,7 +112,7 @@ def test_a_restart_mid_episode_trains_every_step_once_and_no_half_episode(
 
             # the dead orchestrator's sandboxed agents die with it: none posts a reward later
             gone_by = time.monotonic() + 15
-            while _processes_with(agents):
+            while processes_with(agents):
                 assert time.monotonic() < gone_by, "agent processes outlived their orchestrator"
                 time.sleep(0.1)
 
@@ -134,7 +122,7 @@ def test_a_restart_mid_episode_trains_every_step_once_and_no_half_episode(
             assert resumed.wait(timeout=300) == 0, log()
             status = trainer_status(run_dir, config.endpoints.trainer)
     finally:
-        for pid in _processes_with(agents):  # a failed test must not leave agents running
+        for pid in processes_with(agents):  # a failed test must not leave agents running
             os.kill(pid, signal.SIGKILL)
 
     # every step trained exactly once across both lives: none lost, none repeated
