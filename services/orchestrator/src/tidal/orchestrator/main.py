@@ -78,10 +78,18 @@ async def serve(
     await server.start()
     log.info("serving on %s; %d steps to run", config.endpoints.orchestrator, orch.total_steps)
     exit_code = EXIT_SIGNALLED
+    stopping = False  # set when this function cancels the run itself
 
     def finished(task: asyncio.Task[None]) -> None:
         nonlocal exit_code
         if task.cancelled():
+            if not stopping:
+                # A CancelledError escaped the run (a call cancelled under it, not a stop):
+                # exit failed so supervision restarts and resumes it, instead of serving idle.
+                exit_code = EXIT_FAILED
+                progress.state = "failed"
+                log.error("run failed after step %d: cancelled from within", progress.step)
+                server.request_stop()
             return
         error = task.exception()
         if error is None:
@@ -112,6 +120,7 @@ async def serve(
     run.add_done_callback(finished)
     await server.serve_forever()
     if not run.done():
+        stopping = True
         run.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await run
