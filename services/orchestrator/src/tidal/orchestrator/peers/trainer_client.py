@@ -10,15 +10,18 @@ already trained with other data. That error propagates: the step, and the run, f
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import grpc
 
 from tidal.batch.packing import PackedMicroBatch
 from tidal.batch.train_chunks import split_request
 from tidal.batch.wire import micro_batch_to_proto, payload_sha256
 from tidal.common.config.shared import GrpcConfig
 from tidal.common.grpc.limits import max_chunk_bytes
-from tidal.orchestrator.peers.peer_client import PeerClient, peer_call
+from tidal.orchestrator.peers.peer_client import PeerClient, PeerError, peer_call
 from tidal.rpc.v1 import trainer_pb2 as pb
 from tidal.rpc.v1 import trainer_pb2_grpc as pb_grpc
 
@@ -68,8 +71,20 @@ class TrainerClient(PeerClient):
     async def send(self, request: pb.TrainRequest, *, timeout: float = 600.0) -> TrainResult:
         """Send a built Train request (the same request again is a retry: same fingerprint)."""
         chunks = split_request(request, max_chunk_bytes(self.grpc_config or GrpcConfig()))
-        with peer_call("trainer", self.address, f"TrainStream(step={request.step})"):
-            reply = await self.stub.TrainStream(chunks, timeout=timeout, wait_for_ready=False)
+        method = f"TrainStream(step={request.step})"
+        try:
+            with peer_call("trainer", self.address, method):
+                reply = await self.stub.TrainStream(chunks, timeout=timeout, wait_for_ready=False)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise  # this send itself was cancelled
+            # grpc.aio cancels a request stream whose server died while it was being sent:
+            # the trainer is gone, as UNAVAILABLE says (the delivery rides it out)
+            raise PeerError(
+                f"trainer at {self.address}: {method} cancelled under its sender",
+                code=grpc.StatusCode.UNAVAILABLE,
+            ) from None
         return TrainResult(
             step=int(reply.step),
             policy_version=int(reply.policy_version),
