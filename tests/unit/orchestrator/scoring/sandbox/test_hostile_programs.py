@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.processes import processes_with
 from tidal.common.security.credentials import ensure_certificates
 from tidal.orchestrator.scoring.sandbox import Sandbox, SandboxLimits
 from tidal.orchestrator.task_config import CodeTaskConfig
@@ -43,17 +44,6 @@ def marker() -> Iterator[str]:
             path.unlink(missing_ok=True)
 
 
-def _processes_mentioning(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and marker.encode() in (entry / "cmdline").read_bytes():
-                found.append(int(entry.name))
-        except OSError:
-            pass
-    return found
-
-
 async def test_a_process_that_leaves_the_session_dies_with_the_program(marker: str) -> None:
     late_file = HOST_TMP / f"{marker}-late"
     escape = (
@@ -68,7 +58,7 @@ async def test_a_process_that_leaves_the_session_dies_with_the_program(marker: s
     )
     result = await Sandbox(SandboxLimits(wall_s=ROOMY_WALL_S)).run(escape)
     assert result.ok, result.stderr
-    assert _processes_mentioning(marker) == []  # nothing of it is left running
+    assert processes_with(marker.encode()) == []  # nothing of it is left running
     await asyncio.sleep(ESCAPE_DELAY_S + 0.5)
     assert not late_file.exists()
 

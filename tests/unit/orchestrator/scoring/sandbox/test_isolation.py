@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.processes import processes_with
 from tidal.common.errors import ConfigError
 from tidal.orchestrator.scoring.sandbox import Sandbox, SandboxLimits
 from tidal.orchestrator.scoring.sandbox.bubblewrap import find_bwrap
@@ -92,9 +93,9 @@ async def test_the_fallback_as_root_kills_what_left_the_session() -> None:
     # its escaped process held the pipes, yet the run ended with the program: it was reaped
     assert result.ok and result.seconds < ROOMY_WALL_S / 2
     deadline = time.monotonic() + 30.0
-    while _mentioning(marker) and time.monotonic() < deadline:
+    while processes_with(marker.encode()) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    assert _mentioning(marker) == []
+    assert processes_with(marker.encode()) == []
 
 
 @as_root
@@ -102,14 +103,3 @@ def test_the_fallback_as_root_gives_each_execution_in_a_row_its_own_uid() -> Non
     sandbox = Sandbox(SandboxLimits(isolation="process", wall_s=ROOMY_WALL_S))
     uids = [asyncio.run(sandbox.run("import os\nprint(os.getuid())")).stdout for _ in range(3)]
     assert len(set(uids)) == 3 and "0\n" not in uids
-
-
-def _mentioning(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and marker.encode() in (entry / "cmdline").read_bytes():
-                found.append(int(entry.name))
-        except OSError:
-            pass
-    return found
