@@ -33,6 +33,7 @@ from tidal.models.hf_config import read_config
 from tidal.models.hf_folder import read_weights
 from tidal.text.hf_tokenizer import HFTokenizer
 
+COMPILED = "tidal native engine, compile_attention"
 PROMPTS, N, NEW_TOKENS = 8, 8, 48  # the RL shape: 8 prompts x 8 samples x 48 new tokens
 SYSTEM = "Solve the arithmetic problem. Give the final answer as a number on the last line."
 
@@ -56,7 +57,14 @@ def arithmetic_prompts(tokenizer: HFTokenizer, count: int = PROMPTS) -> list[lis
 class NativeFolder:
     """The native engine serving the folder as version 0, fed every prompt at once."""
 
-    def __init__(self, folder: Path, dtype: torch.dtype, stop_ids: tuple[int, ...]) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        dtype: torch.dtype,
+        stop_ids: tuple[int, ...],
+        *,
+        compile_attention: bool = False,
+    ) -> None:
         self.loop = asyncio.new_event_loop()
         self.stop_ids = stop_ids
         cfg = InferenceConfig()
@@ -67,6 +75,7 @@ class NativeFolder:
             max_queue=cfg.max_queue,
             max_step_tokens=cfg.max_step_tokens,
             kv_cache_mb=cfg.kv_cache_mb,
+            compile_attention=compile_attention,
         )
         self.loop.run_until_complete(self.engine.start())
         hf_config, state = read_config(folder), read_weights(folder)
@@ -136,9 +145,13 @@ def measure_real(
     tokenizer = HFTokenizer.from_folder(folder)
     stop_ids = tuple(tokenizer.eos_ids)
     prompts = arithmetic_prompts(tokenizer)
-    systems = {
-        "transformers generate()": TransformersFolder(folder, dtype, stop_ids),
+    engines = {
         "tidal native engine": NativeFolder(folder, dtype, stop_ids),
+        COMPILED: NativeFolder(folder, dtype, stop_ids, compile_attention=True),
+    }
+    systems: dict[str, Any] = {
+        "transformers generate()": TransformersFolder(folder, dtype, stop_ids),
+        **engines,
     }
     for system in systems.values():
         system.generate(prompts[:2], seed=99)  # warm-up: allocator, thread pool, kernels
@@ -150,8 +163,9 @@ def measure_real(
             started = time.perf_counter()
             tokens = system.generate(prompts, seed=r)
             runs[name].append((time.perf_counter() - started, sum(len(t) for t in tokens)))
-    kernels = systems["tidal native engine"].engine.status().kernels
-    systems["tidal native engine"].close()
+    kernels = {name: engine.engine.status().kernels for name, engine in engines.items()}
+    for engine in engines.values():
+        engine.close()
     rows, rate = [], {}
     for name, pairs in runs.items():
         rate[name] = statistics.median(n / s for s, n in pairs)
@@ -165,14 +179,23 @@ def measure_real(
                 "load_1min_at_runs": ", ".join(f"{x:.1f}" for x in loads[name]),
             }
         )
-    hf, native = runs["transformers generate()"], runs["tidal native engine"]
+    hf = runs["transformers generate()"]
+
+    def paired(name: str) -> list[float]:
+        return [
+            round((cn / tn) / (ch / th), 2)
+            for (tn, cn), (th, ch) in zip(runs[name], hf, strict=True)
+        ]
+
     summary = {
         "speedup_vs_hf_rl_real": round(
             rate["tidal native engine"] / rate["transformers generate()"], 3
         ),
-        "paired_speedups": [
-            round((cn / tn) / (ch / th), 2) for (tn, cn), (th, ch) in zip(native, hf, strict=True)
-        ],
+        "paired_speedups": paired("tidal native engine"),
+        "speedup_vs_hf_rl_real_compiled_attention": round(
+            rate[COMPILED] / rate["transformers generate()"], 3
+        ),
+        "paired_speedups_compiled_attention": paired(COMPILED),
         "kernels": kernels,
         "prompt_lengths": [len(p) for p in prompts],
     }

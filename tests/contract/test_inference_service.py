@@ -263,7 +263,8 @@ async def test_new_version_is_loaded_acked_and_traced(
     assert (status.replica_id, status.vocab_size, status.max_seq_len) == (REPLICA, 264, 64)
     # The engine's choice, for the operator: inference.dtype "auto" is bf16 where native.
     native = bf16_support().native
-    assert status.kernels == f"cpu onednn-packed {'bf16' if native else 'fp32'}"
+    linears = f"cpu onednn-packed {'bf16' if native else 'fp32'}"
+    assert status.kernels == f"{linears}; decode attention sdpa"
     assert (status.tokenizer.name, status.tokenizer.vocab_size) == ("byte", 259)
     assert REPLICA in weightsync_server.registry.get(1).loaded_by
     (reply,) = await ready.generate(prompt="hi", sampling=pb.SamplingParams(max_tokens=3))

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from tidal.inference.decode_attention import DecodeKernel
 from tidal.inference.kv_cache import PagedKVCache, blocks_within, kv_budget_bytes, served_length
 from tidal.inference.loading import build_model, load_weights
 from tidal.inference.packed_linear import LinearKernel, pack_linears
@@ -52,6 +53,7 @@ class Batcher:
         memory_mb: float,
         memory_fraction: float | None,
         max_model_len: int | None,
+        decode_kernel: DecodeKernel,
     ) -> Batcher:
         """The model of the first version, its weights loaded, and a block cache of
         `memory_mb` (or `memory_fraction` of the memory free once the weights are loaded)."""
@@ -71,6 +73,11 @@ class Batcher:
             dtype=dtype,
             device=device,
             prefix_caching=prefix_caching,
+            decode_kernel=decode_kernel,
+        )
+        args = model.args
+        decode_kernel.warm_up(
+            heads=args.n_heads, kv_heads=args.n_kv_heads, head_dim=args.head_dim, dtype=dtype
         )
         return cls(model, cache, max_seq_len=cap)
 

@@ -3,8 +3,9 @@
 Keys and values live in one tensor each, `(L, num_blocks * block_size, Hkv, D)`; position
 p of a sequence is row `table[p // block_size] * block_size + p % block_size`. Which
 blocks a sequence holds is `block_manager.BlockManager`'s business. Attention gathers a
-sequence's rows into a contiguous `(B, Hkv, S, D)` tensor and calls SDPA: the CPU path
-reuses torch's kernels, and a GPU paged-attention kernel could replace the gather. The
+sequence's rows into a contiguous `(B, Hkv, S, D)` tensor and attends with torch's SDPA
+(or, in decode, the kernel decode_attention.py chose); a GPU paged-attention kernel could
+replace the gather. The
 cache is sized once, at the first load, from `kv_cache_mb` (or a fraction of free
 memory) and `max_model_len`, and refuses a budget that holds not one full sequence.
 """
@@ -18,9 +19,9 @@ import os
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from tidal.inference.block_manager import BlockManager, blocks_for
+from tidal.inference.decode_attention import DecodeKernel, sdpa_decode
 from tidal.models.args import DecoderArgs
 from tidal.models.attention import sdpa
 
@@ -130,11 +131,14 @@ class PagedKVCache:
         dtype: torch.dtype,
         device: Any,
         prefix_caching: bool = True,
+        decode_kernel: DecodeKernel = sdpa_decode,
     ) -> None:
         shape = (args.n_layers, num_blocks * block_size, args.n_kv_heads, args.head_dim)
         self.k = lazy_zeros(shape, dtype=dtype, device=device)  # (L, NB * BS, Hkv, D)
         self.v = lazy_zeros(shape, dtype=dtype, device=device)
         self.block_size = block_size
+        self.decode_kernel = decode_kernel
+        """Attention of one decode step over the gathered keys (decode_attention.py)."""
         self.blocks = BlockManager(num_blocks, block_size, prefix_caching=prefix_caching)
         # Per-layer views made once: a decode step's layers index them, not the whole cache.
         self.layers = list(zip(self.k.unbind(0), self.v.unbind(0), strict=True))
@@ -270,23 +274,4 @@ class DecodeAttention:
 
     def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """q (B, H, 1, D) over this step's keys and values (B, Hkv, S, D) → (B, H, 1, D)."""
-        return grouped_decode_attention(q, keys, values, self.mask)
-
-
-def grouped_decode_attention(
-    q: torch.Tensor,  # (B, H, 1, D)
-    k: torch.Tensor,  # (B, Hkv, S, D)
-    v: torch.Tensor,  # (B, Hkv, S, D)
-    mask: torch.Tensor | None,  # (B, 1, 1, S) additive; None = every key visible
-) -> torch.Tensor:  # (B, H, 1, D)
-    """One query token per sequence, the GQA group folded into the query axis.
-
-    The G = H / Hkv query heads that share a kv head become G query rows of that head, so
-    SDPA runs without `enable_gqa` on k and v as they are (no expanded copy) and sees G
-    rows per (sequence, kv head) instead of one. Exactly the same sums as GQA attention.
-    """
-    b, h, _, d = q.shape
-    n_kv = k.shape[1]
-    grouped = q.reshape(b, n_kv, h // n_kv, d)  # (B, Hkv, G, D): head j*G + g -> (j, g)
-    out = F.scaled_dot_product_attention(grouped, k, v, attn_mask=mask)  # (B, Hkv, G, D)
-    return out.reshape(b, h, 1, d)
+        return self.cache.decode_kernel(q, keys, values, self.mask)

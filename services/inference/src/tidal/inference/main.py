@@ -253,6 +253,7 @@ def build_engine(config: InferenceRunConfig, tokenizer: Tokenizer) -> Engine:
         packed_weights=cfg.packed_weights,
         block_size=cfg.block_size,
         prefix_caching=cfg.prefix_caching,
+        compile_attention=cfg.compile_attention,
     )
 
 

@@ -30,6 +30,7 @@ from opentelemetry import trace
 
 from tidal.common.errors import InvalidArgument, ResourceExhausted, Unavailable
 from tidal.inference.batching import Batcher
+from tidal.inference.decode_attention import choose_decode_attention
 from tidal.inference.engine import Completion, Engine, EngineStatus, TokenScores
 from tidal.inference.loading import (
     check_compatible,
@@ -88,6 +89,7 @@ class NativeEngine(Engine):
         kv_cache_memory_fraction: float | None = None,
         block_size: int = 16,
         prefix_caching: bool = True,
+        compile_attention: bool = False,
     ) -> None:
         """Options as in `InferenceConfig`; `tokenizer` None serves ids only (no text, no
         stop strings)."""
@@ -99,7 +101,8 @@ class NativeEngine(Engine):
         self.block_size, self.prefix_caching = block_size, prefix_caching
         self.tokenizer = tokenizer
         self.kernel = choose_linear_kernel(device, dtype, packed=packed_weights)
-        log.info("linear kernels: %s", self.kernel.name)
+        self.decode_kernel = choose_decode_attention(device, compile_attention=compile_attention)
+        log.info("kernels: %s", self.kernels)
         self._rng = random.Random(seed)  # seeds of unseeded requests
         self._batcher: Batcher | None = None  # the model and cache, from the first load on
         self._scheduler: Scheduler | None = None  # built with the batcher
@@ -239,6 +242,11 @@ class NativeEngine(Engine):
         m = self._batcher.cache.blocks
         return BlockCounts(m.used, m.cached, m.num_blocks, m.hits, self._batcher.cache.nbytes)
 
+    @property
+    def kernels(self) -> str:
+        """What the model's linears and decode attention run on, for the log and status."""
+        return f"{self.kernel.name}; decode attention {self.decode_kernel.name}"
+
     def status(self) -> EngineStatus:
         now = time.monotonic()
         while self._recent and self._recent[0][0] < now - _RATE_WINDOW_S:
@@ -250,7 +258,7 @@ class NativeEngine(Engine):
         if self._batcher is None or self._scheduler is None:
             return EngineStatus(
                 self._version, 0, 0, self._generated, rate, "", 0, 0,
-                kernels=self.kernel.name, load_error=self._load_error,
+                kernels=self.kernels, load_error=self._load_error,
             )  # fmt: skip
         blocks = self._batcher.cache.blocks
         return EngineStatus(
@@ -265,7 +273,7 @@ class NativeEngine(Engine):
             kv_slots_used=len(self._scheduler.running),
             kv_slots_total=self.max_batch_size,
             kv_usage=blocks.used / blocks.num_blocks,
-            kernels=self.kernel.name,
+            kernels=self.kernels,
             load_error=self._load_error,
         )
 
@@ -386,6 +394,7 @@ class NativeEngine(Engine):
             memory_mb=self.kv_cache_mb,
             memory_fraction=self.kv_cache_memory_fraction,
             max_model_len=self.max_model_len,
+            decode_kernel=self.decode_kernel,
         )
 
 

@@ -1,0 +1,152 @@
+"""Decode attention: one query token per sequence over its gathered keys, two kernels.
+
+`sdpa_decode` folds the GQA group into the query axis and calls SDPA. At decode's shapes
+(a few query rows over tens of keys per sequence and kv head) SDPA's CPU kernel spends
+most of its time setting up each (sequence, kv head) pair, not computing. `InductorDecode`
+computes the same sums in fp32 as one loop nest that `torch.compile` generates for all
+pairs at once, at the cost of a compile on first use and a C++ compiler. The kernel is
+chosen once per engine (`inference.compile_attention`); a compile that fails falls back
+to SDPA with a warning, so a replica never stops serving for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+
+class DecodeKernel(Protocol):
+    """q (B, H, 1, D) over keys and values (B, Hkv, S, D), additive mask (B, 1, 1, S) or
+    None (every key visible) → (B, H, 1, D) in q's dtype."""
+
+    @property
+    def name(self) -> str:
+        """What runs, for the log and `GetStatus.kernels`."""
+        ...
+
+    def warm_up(self, *, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
+        """Prepare for a model of these shapes before serving it."""
+        ...
+
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor: ...
+
+
+def _grouped(q: torch.Tensor, n_kv: int) -> torch.Tensor:
+    """(B, H, 1, D) → (B, Hkv, G, D): head j*G + g becomes query row g of kv head j."""
+    b, h, _, d = q.shape
+    return q.reshape(b, n_kv, h // n_kv, d)
+
+
+class SdpaDecode:
+    """SDPA with the G = H / Hkv query heads that share a kv head as G query rows of it:
+    no expanded copy of k and v, exactly the sums of GQA attention."""
+
+    name = "sdpa"
+
+    def warm_up(self, *, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
+        pass  # torch's own kernel: nothing to prepare
+
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        b, h, _, d = q.shape
+        out = F.scaled_dot_product_attention(_grouped(q, k.shape[1]), k, v, attn_mask=mask)
+        return out.reshape(b, h, 1, d)  # (B, Hkv, G, D) → (B, H, 1, D)
+
+
+sdpa_decode = SdpaDecode()
+
+
+def _fp32_attention(
+    q: torch.Tensor,  # (B, Hkv, G, D)
+    k: torch.Tensor,  # (B, Hkv, S, D)
+    v: torch.Tensor,  # (B, Hkv, S, D)
+    mask: torch.Tensor | None,  # (B, 1, 1, S) additive
+) -> torch.Tensor:  # (B, Hkv, G, D), q's dtype
+    scale = q.shape[-1] ** -0.5
+    scores = (q.float().unsqueeze(3) * k.float().unsqueeze(2)).sum(-1) * scale  # (B, Hkv, G, S)
+    if mask is not None:
+        scores = scores + mask.float()
+    probs = torch.softmax(scores, dim=-1)
+    return (probs.unsqueeze(-1) * v.float().unsqueeze(2)).sum(3).to(q.dtype)
+
+
+class InductorDecode:
+    """`_fp32_attention` compiled with dynamic shapes (batch and key length vary every
+    step); scores, softmax and the weighted sum stay in fp32, so it is at least as exact
+    as SDPA's bf16 kernel. Falls back to SDPA for good if compiling fails."""
+
+    def __init__(self, compiler: Callable[..., Any] = torch.compile) -> None:
+        """`compiler` wraps the attention function as `torch.compile` does (lazily: the
+        work happens at the first call)."""
+        _inductor_cache_per_isa()
+        self._compiled: Any = compiler(_fp32_attention, dynamic=True)
+        self._failed = False
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return "sdpa (inductor compile failed)" if self._failed else "inductor"
+
+    def warm_up(self, *, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
+        """Compile both variants (with and without a mask) now, at sizes no model
+        dimension shares, so serving never waits on a compile (Dynamo would treat equal
+        sizes as one symbol and compile again when they differ)."""
+        batch, keys = 5, 7
+        q = torch.zeros(batch, heads, 1, head_dim, dtype=dtype)
+        k = torch.zeros(batch, kv_heads, keys, head_dim, dtype=dtype)
+        mask = torch.zeros(batch, 1, 1, keys, dtype=dtype)
+        self(q, k, k, None)
+        self(q, k, k, mask)
+
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        if self._failed or q.device.type != "cpu" or q.shape[0] < 2 or k.shape[2] < 2:
+            # A dimension of 1 is one Dynamo would specialize on and compile again for;
+            # a single sequence or key is no work worth a kernel of its own.
+            return sdpa_decode(q, k, v, mask)
+        b, h, _, d = q.shape
+        try:
+            with self._lock:  # one compile at a time; compiled calls are cheap to serialize
+                out = self._compiled(_grouped(q, k.shape[1]), k, v, mask)
+        except Exception as exc:  # any compile failure (no compiler, Inductor error): SDPA
+            self._failed = True
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            log.warning(
+                "inference.compile_attention: compiling decode attention failed (%s); "
+                "decode attention runs on SDPA",
+                first,
+            )
+            return sdpa_decode(q, k, v, mask)
+        return out.reshape(b, h, 1, d)
+
+
+def _inductor_cache_per_isa() -> None:
+    """Point Inductor's on-disk cache at a folder of this process's CPU capability, unless
+    the user chose one. Inductor names a compiled kernel by its source, which is the same
+    for every vector width, so a kernel built for AVX-512 would be loaded, and compute
+    garbage, in a process capped to AVX2 (`ATEN_CPU_CAPABILITY=avx2`)."""
+    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
+        return
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    isa = torch.backends.cpu.get_cpu_capability().lower()
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(default_cache_dir(), f"tidal-{isa}")
+
+
+def choose_decode_attention(device: torch.device, *, compile_attention: bool) -> DecodeKernel:
+    """The engine's decode attention: Inductor's where asked for on CPU, else SDPA."""
+    if compile_attention and device.type == "cpu":
+        return InductorDecode()
+    return sdpa_decode
