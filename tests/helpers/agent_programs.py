@@ -9,17 +9,19 @@ kept-alive connections for all episodes): the light agent the gateway benchmark 
 that what it measures is the gateway more than the agent's client. `CURL_AGENT` is a
 POSIX shell script with curl and jq: one chat call, its answer printed. Neither knows Tidal
 beyond the environment an OpenAI program reads (OPENAI_BASE_URL, OPENAI_API_KEY).
+`self_rewarding_task` writes the run's config layer that plays such a program per episode.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import stat
 import sys
 import sysconfig
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from tidal.orchestrator.scoring.sandbox.isolation import python_for_programs
@@ -231,3 +233,21 @@ def curl_command(folder: Path, *, reward: bool = False) -> list[str]:
     """The curl agent's argv; with `reward` it posts reward 1.0 for its episode."""
     script = str(write_agent(folder, "curl_agent.sh", CURL_AGENT))
     return [script, "--reward"] if reward else [script]
+
+
+def self_rewarding_task(path: Path, command: Sequence[str]) -> Path:
+    """A config layer at `path` (TOML) whose task runs `command` in the sandbox once per
+    episode of the reversal problems, chat template on; the program posts its own reward
+    (`self_reward`) within 60 s."""
+    path.write_text(
+        "[orchestrator.task]\n"
+        'type = "agent"\n'
+        f"command = {json.dumps(list(command))}\n"
+        "self_reward = true\n"
+        "deadline_s = 60.0\n"
+        "[orchestrator.task.problems]\n"
+        'type = "reversal"\n'
+        "[orchestrator.chat]\n"
+        'template = "on"\n'
+    )
+    return path

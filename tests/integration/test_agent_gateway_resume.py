@@ -21,7 +21,7 @@ from tidal.cli.config import RunConfig
 from tidal.cli.launcher import prepare_run_dir
 from tidal.common.config.loading import load_config
 
-from ..helpers.agent_programs import write_agent
+from ..helpers.agent_programs import self_rewarding_task, write_agent
 from ..helpers.processes import processes_with
 from ..helpers.split_runs import running_services, start_service, trainer_status
 
@@ -47,19 +47,7 @@ printf '%s' "$reply" | jq -r '.choices[0].message.content'
 
 def _agent_toml(tmp_path: Path, folder: Path) -> Path:
     script = write_agent(folder, "slow_rewarder.sh", SLOW_REWARDER)
-    path = tmp_path / "agent.toml"
-    path.write_text(
-        "[orchestrator.task]\n"
-        'type = "agent"\n'
-        f"command = [{json.dumps(str(script))}]\n"
-        "self_reward = true\n"
-        "deadline_s = 60.0\n"
-        "[orchestrator.task.problems]\n"
-        'type = "reversal"\n'
-        "[orchestrator.chat]\n"
-        'template = "on"\n'
-    )
-    return path
+    return self_rewarding_task(tmp_path / "agent.toml", [str(script)])
 
 
 def _rl_records(run_dir: Path) -> list[dict]:  # type: ignore[type-arg]

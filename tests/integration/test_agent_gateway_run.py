@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.agent_programs import curl_command, react_service
+from tests.helpers.agent_programs import curl_command, react_service, self_rewarding_task
 from tidal.orchestrator.config import StalenessConfig
 
 LOOKUP = Path(__file__).parents[2] / "configs" / "lookup.toml"
@@ -49,19 +49,7 @@ def _free_port() -> int:
 def test_a_curl_agent_completes_episodes_that_are_trained(  # type: ignore[no-untyped-def]
     launch, tmp_path: Path, agent_dir: Path
 ) -> None:
-    command = curl_command(agent_dir, reward=True)
-    agent = tmp_path / "agent.toml"
-    agent.write_text(
-        "[orchestrator.task]\n"
-        'type = "agent"\n'
-        f"command = {json.dumps(command)}\n"
-        "self_reward = true\n"
-        "deadline_s = 60.0\n"
-        "[orchestrator.task.problems]\n"
-        'type = "reversal"\n'
-        "[orchestrator.chat]\n"
-        'template = "on"\n'
-    )
+    agent = self_rewarding_task(tmp_path / "agent.toml", curl_command(agent_dir, reward=True))
     run = launch(
         "@",
         str(agent),

@@ -26,7 +26,6 @@ from tidal.inference.native import NativeEngine
 from tidal.inference.sampling import (
     SamplingParams,
     draw_uniforms,
-    filtered_logprobs,
     greedy_tokens,
     row_seed,
     sample_tokens,
@@ -35,6 +34,7 @@ from tidal.models.args import DecoderArgs
 from tidal.models.layers import DecoderLM, token_logprobs
 from tidal.text.hf_tokenizer import HFTokenizer
 
+from ...helpers.sampled_distribution import filtered_logprobs
 from ...hf_folders import qwen3_folder
 
 __all__ = ["qwen3_folder"]

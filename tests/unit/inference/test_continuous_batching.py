@@ -18,8 +18,10 @@ from tidal.inference.block_manager import blocks_for
 from tidal.inference.config import InferenceConfig
 from tidal.inference.kv_cache import block_bytes
 from tidal.inference.native import NativeEngine
-from tidal.inference.sampling import SamplingParams, filtered_logprobs
+from tidal.inference.sampling import SamplingParams
 from tidal.models.layers import token_logprobs
+
+from ...helpers.sampled_distribution import filtered_logprobs
 
 PROMPTS = [[1, 2, 3], [5, 9, 13, 17, 21, 25, 29], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49]]
 

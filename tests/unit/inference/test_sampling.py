@@ -9,11 +9,12 @@ import torch
 from tidal.inference.sampling import (
     CDF_CHUNK,
     draw_uniforms,
-    filtered_logprobs,
     greedy_tokens,
     row_seed,
     sample_tokens,
 )
+
+from ...helpers.sampled_distribution import filtered_logprobs
 
 
 def params(b: int, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0):  # type: ignore[no-untyped-def]

@@ -3,7 +3,6 @@ naming the field (no server, no model)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from pathlib import Path
@@ -14,7 +13,8 @@ import pytest
 from tidal.common.errors import InvalidArgument
 from tidal.inference.config import RequestLimits
 from tidal.inference.openai.protocol import parse_chat
-from tidal.inference.openai.tools import SchemaChecks, json_size_over
+from tidal.inference.openai.tool_schemas import schema_problem
+from tidal.inference.openai.tools import json_size_over
 from tidal.text.byte import ByteTokenizer
 from tidal.text.hf_tokenizer import HFTokenizer
 
@@ -122,20 +122,13 @@ def test_tool_choice_none_shows_the_tools_but_reads_no_calls() -> None:
     ],
 )
 def test_bad_tool_fields_are_refused_naming_the_field(fields: dict[str, Any], param: str) -> None:
-    with pytest.raises(InvalidArgument) as caught:
-        parse_chat(chat(**fields), ByteTokenizer()).tools.check_schemas()
-    assert caught.value.field == param, caught.value
-
-
-def test_the_schemas_are_checked_apart_from_the_cheap_checks_and_off_the_loop() -> None:
-    bad = {"type": "function", "function": {"name": "f", "parameters": {"type": 5}}}
-    parsed = parse_chat(chat(tools=[LOOKUP, bad]), ByteTokenizer())  # shapes and names only
-    checks = SchemaChecks()
-    with pytest.raises(InvalidArgument) as caught:
-        asyncio.run(checks.check(parsed.tools))
-    assert caught.value.field == "tools[1].function.parameters"
-    asyncio.run(checks.check(parse_chat(chat(tools=[LOOKUP]), ByteTokenizer()).tools))
-    checks.close()
+    try:
+        tools = parse_chat(chat(**fields), ByteTokenizer()).tools
+    except InvalidArgument as e:
+        assert e.field == param, e
+        return
+    problem = schema_problem(tools.tools)  # what the server's worker process runs
+    assert problem is not None and problem[0] == param, problem
 
 
 @pytest.mark.parametrize(

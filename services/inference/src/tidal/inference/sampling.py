@@ -113,19 +113,8 @@ def filtered_logits(
     return scaled.masked_fill(~keep, float("-inf"))
 
 
-def filtered_logprobs(
-    logits: torch.Tensor,  # (B, V) fp32
-    temperature: torch.Tensor | None,  # (B,) fp32; 0 = greedy; None = 1 for every row
-    top_k: torch.Tensor | None,  # (B,) long; <= 0 = off; None = off for every row
-    top_p: torch.Tensor | None,  # (B,) fp32; <= 0 or >= 1 = off; None = off for every row
-    min_p: torch.Tensor | None = None,  # (B,) fp32; <= 0 = off; None = off for every row
-) -> torch.Tensor:
-    """Log-probabilities `(B, V)` of the distribution each row samples from (-inf = filtered)."""
-    return torch.log_softmax(filtered_logits(logits, temperature, top_k, top_p, min_p), dim=-1)
-
-
 def sample_tokens(
-    weights: torch.Tensor,  # (B, V) fp32 log-weights, from filtered_logits (or logprobs)
+    weights: torch.Tensor,  # (B, V) fp32 log-weights, from filtered_logits
     greedy: torch.Tensor | None,  # (B,) bool; None = no greedy row
     uniforms: torch.Tensor,  # (B,) float64 in [0, 1)
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -175,7 +164,7 @@ def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
 def greedy_tokens(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Argmax tokens `(B,)` and their model logprobs `(B,)` of fp32 `logits` (B, V).
 
-    The same tokens and logprobs as `filtered_logprobs` + `sample_tokens` give greedy rows.
+    The same tokens and logprobs as `filtered_logits` + `sample_tokens` give greedy rows.
     """
     logprobs = torch.log_softmax(logits, dim=-1)  # (B, V)
     tokens = logprobs.argmax(dim=-1)  # (B,)

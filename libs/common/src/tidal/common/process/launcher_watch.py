@@ -4,6 +4,7 @@ Two layers: on Linux the launcher forks each child with a parent-death signal (S
 the child shuts down gracefully); everywhere, each service and torchrun rank started with
 `TIDAL_LAUNCHER_PID` runs a watchdog that sends itself SIGTERM once the launcher is gone
 and exits hard if that does not end it (docs/operations.md, "Supervision and restarts").
+A service's own worker processes die with it the same way (`die_with_parent`).
 """
 
 from __future__ import annotations
@@ -35,10 +36,7 @@ def parent_death_signal(sig: signal.Signals = signal.SIGTERM) -> Callable[[], No
             "parent_death_signal: fork from the main thread; PR_SET_PDEATHSIG fires when "
             "the forking thread exits, not the process"
         )
-    # Looked up here, before the fork: the child only calls it.
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    prctl.restype = ctypes.c_int
+    prctl = _prctl()  # looked up here, before the fork: the child only calls it
     parent = os.getpid()
 
     def set_parent_death_signal() -> None:
@@ -48,6 +46,23 @@ def parent_death_signal(sig: signal.Signals = signal.SIGTERM) -> Callable[[], No
             os._exit(EXIT_ORPHANED)
 
     return set_parent_death_signal
+
+
+def die_with_parent(parent: int, sig: signal.Signals = signal.SIGKILL) -> None:
+    """In a child already running (a process pool's initializer): receive `sig` once the
+    thread that started this process ends, and exit at once if `parent` is already gone.
+    A no-op where the OS has no parent-death signal."""
+    if not sys.platform.startswith("linux"):
+        return
+    if _prctl()(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0 or os.getppid() != parent:
+        os._exit(EXIT_ORPHANED)
+
+
+def _prctl() -> Callable[..., int]:
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    return prctl
 
 
 def launcher_env() -> dict[str, str]:

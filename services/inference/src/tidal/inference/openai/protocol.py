@@ -224,7 +224,7 @@ def parse_chat(
 ) -> ParsedRequest:
     """`/v1/chat/completions`: messages rendered by the tokenizer's chat template (their
     total text size checked before rendering). The tools' schemas are left to the caller
-    (`ChatTools.check_schemas`, or `SchemaChecks` off the event loop)."""
+    (`SchemaChecks`, in a worker process)."""
     params = sampling_from_body(
         body, eos_ids=tokenizer.eos_ids, max_tokens_key="max_completion_tokens", limits=limits
     )

@@ -8,7 +8,7 @@ its first piece before the headers, so a refusal is an HTTP error. An API key is
 before the body is read (sha256, constant time); beyond loopback key and TLS are required.
 What aiohttp refuses before the key check costs a counter and at most a log line a minute
 per kind (`server_log`); a body is parsed only within its byte and value bounds, and tool
-schemas are checked on a worker thread.
+schemas are checked in a worker process (`schema_checks`).
 """
 
 from __future__ import annotations
@@ -51,8 +51,9 @@ from tidal.inference.openai.protocol import (
     tidal_extension,
 )
 from tidal.inference.openai.reasoning import ChoiceReasoning
+from tidal.inference.openai.schema_checks import SchemaChecks
 from tidal.inference.openai.server_log import RateLimitedServerLog
-from tidal.inference.openai.tools import SchemaChecks, tool_reply
+from tidal.inference.openai.tools import tool_reply
 from tidal.inference.request_checks import DEFAULT_LIMITS, check_against_model
 from tidal.text.reasoning import ReasoningMode, ReasoningParser, reasoning_parser
 from tidal.text.tokenizer import Tokenizer
@@ -232,7 +233,7 @@ class OpenAIEndpoint:
     async def _serve(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         body = await self._body(request)
         parsed = (parse_chat if chat else parse_completion)(body, self.tokenizer, self.limits)
-        await self.schemas.check(parsed.tools)
+        await self.schemas.check(parsed.tools.tools)
         check_against_model(
             self.engine.status(),
             parsed.prompt_ids,

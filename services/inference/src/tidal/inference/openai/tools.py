@@ -3,26 +3,18 @@ messages in, `tool_calls` out.
 
 Plain dicts in, plain dicts out, errors `InvalidArgument` naming the OpenAI field. Tools
 are checked cheapest first: count and size before any tool is looked at, then each tool's
-shape and name (duplicates in one pass), then their JSON schemas (local `$ref`s only).
-Schema checks cost pure-Python time, so `SchemaChecks` runs them on one worker thread and
-remembers tool lists it passed, keeping the event loop free. A call's `arguments` reach the
-chat template as an object and go out as a JSON string again.
+shape and name (duplicates in one pass); their JSON schemas, which cost time in their
+size, are left to the caller (`schema_checks.SchemaChecks`, in a worker process). A call's
+`arguments` reach the chat template as an object and go out as a JSON string again.
 """
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import json
 import re
-from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-from jsonschema.exceptions import SchemaError
-from jsonschema.validators import validator_for
 
 from tidal.common.errors import InvalidArgument
 from tidal.inference.config import RequestLimits
@@ -45,13 +37,6 @@ class ChatTools:
         """What the chat template gets as `tools` (None: the template shows no tools)."""
         return list(self.tools) or None
 
-    def check_schemas(self) -> None:
-        """InvalidArgument naming the first tool whose parameters are not a JSON schema
-        with local `$ref`s only (slow in their size: see `SchemaChecks`)."""
-        for i, tool in enumerate(self.tools):
-            parameters = tool["function"].get("parameters", {"type": "object"})
-            _check_schema(f"tools[{i}].function.parameters", parameters)
-
     def stream(self, parser: ToolCallParser) -> ToolCallStream | None:
         """A splitter for one completion, when this request reads calls."""
         return ToolCallStream(parser, self.tools) if self.parse_calls else None
@@ -62,7 +47,7 @@ NO_TOOLS = ChatTools()
 
 def chat_tools(body: Mapping[str, Any], limits: RequestLimits = DEFAULT_LIMITS) -> ChatTools:
     """`tools`, `tool_choice` and `parallel_tool_calls` of a chat body, checked but for the
-    tools' schemas (`ChatTools.check_schemas`, which costs time in their size)."""
+    tools' schemas (`SchemaChecks`, which costs time in their size)."""
     raw = body.get("tools")
     if raw is None:
         raw = []
@@ -141,60 +126,6 @@ def json_size_over(value: Any, budget: int) -> bool:
         if size > budget:
             return True
     return False
-
-
-class SchemaChecks:
-    """Checks tools' JSON schemas on one worker thread, remembering the tool lists that
-    passed (by digest). One thread, so checks queue behind each other instead of taking
-    the interpreter from the event loop together."""
-
-    def __init__(self, remembered: int = 256) -> None:
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="tool-schemas")
-        self._passed: OrderedDict[bytes, None] = OrderedDict()
-        self._remembered = remembered
-
-    async def check(self, tools: ChatTools) -> None:
-        """InvalidArgument naming the first tool whose parameters are not a usable schema."""
-        if not tools.tools:
-            return
-        text = json.dumps(tools.tools, sort_keys=True, ensure_ascii=False)
-        key = hashlib.sha256(text.encode(errors="surrogatepass")).digest()
-        if key in self._passed:
-            self._passed.move_to_end(key)
-            return
-        await asyncio.get_running_loop().run_in_executor(self._pool, tools.check_schemas)
-        self._passed[key] = None
-        while len(self._passed) > self._remembered:
-            self._passed.popitem(last=False)
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _check_schema(field: str, schema: Any) -> None:
-    if not isinstance(schema, dict):
-        raise InvalidArgument(field, "must be a JSON schema object")
-    try:
-        validator_for(schema).check_schema(schema)
-        refs = list(_refs(schema))
-    except SchemaError as e:
-        raise InvalidArgument(field, f"is not a valid JSON schema: {e.message}") from None
-    except RecursionError:
-        raise InvalidArgument(field, "is nested too deeply") from None
-    outside = [r for r in refs if not r.startswith("#")]
-    if outside:
-        raise InvalidArgument(field, f"$ref {outside[0][:100]!r}: only local references (#...)")
-
-
-def _refs(value: Any) -> Iterator[str]:
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if key in ("$ref", "$dynamicRef", "$recursiveRef") and isinstance(item, str):
-                yield item
-            yield from _refs(item)
-    elif isinstance(value, list):
-        for item in value:
-            yield from _refs(item)
 
 
 def message_tool_fields(i: int, message: Mapping[str, Any]) -> dict[str, Any]:
