@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +38,9 @@ class CuttingProxy:
     upstream: tuple[str, int]
     direction: str
     cut_after: int
+    before_cut: Callable[[], Awaitable[bool]] | None = None
+    """Polled once `cut_after` bytes have crossed, reading no more meanwhile: the cut waits
+    until it holds (the server reports what it has received, not what is still queued)."""
     sent: list[dict[str, int]] = field(default_factory=list)  # per connection and direction
     cut: bool = False
     port: int = 0
@@ -73,6 +76,10 @@ class CuttingProxy:
             await writer.drain()
             counts[direction] += len(data)
             if direction == self.direction and not self.cut and counts[direction] > self.cut_after:
+                if self.before_cut is not None:
+                    async with asyncio.timeout(30):
+                        while not await self.before_cut():
+                            await asyncio.sleep(0.01)
                 self.cut = True
                 return  # closes both sides of this connection
 
@@ -83,9 +90,14 @@ def weights() -> dict[str, torch.Tensor]:
 
 
 @contextlib.asynccontextmanager
-async def proxied(address: str, direction: str, cut_after: int) -> AsyncIterator[CuttingProxy]:
+async def proxied(
+    address: str,
+    direction: str,
+    cut_after: int,
+    before_cut: Callable[[], Awaitable[bool]] | None = None,
+) -> AsyncIterator[CuttingProxy]:
     host, _, port = address.rpartition(":")
-    proxy = CuttingProxy((host, int(port)), direction, cut_after)
+    proxy = CuttingProxy((host, int(port)), direction, cut_after, before_cut)
     server = await proxy.start()
     try:
         yield proxy
@@ -104,7 +116,12 @@ async def test_cut_upload_resumes_from_the_received_offset(weightsync_server, ca
     sent = weights()
     manifest, files = encode_version(version=0, step=0, state_dict=sent, config={"a": 1})
     size = len(files[WEIGHTS])
-    async with proxied(weightsync_server.address, "up", cut_after=size // 2) as proxy:
+    direct = WeightSyncClient(weightsync_server.address, security=PLAINTEXT_LOOPBACK)
+
+    async def server_holds_bytes() -> bool:  # a loaded server may not have read them yet
+        return bool(await direct.upload_progress(manifest))
+
+    async with proxied(weightsync_server.address, "up", size // 2, server_holds_bytes) as proxy:
         client = WeightSyncClient(f"127.0.0.1:{proxy.port}", security=PLAINTEXT_LOOPBACK)
         assert await client.upload(manifest, files, chunk_bytes=1 << 16) == 0
         await client.close()
@@ -117,7 +134,6 @@ async def test_cut_upload_resumes_from_the_received_offset(weightsync_server, ca
     # (64 KiB of slack for HTTP/2 framing, the manifest and the progress query).
     after_cut = sum(c["up"] for c in proxy.sent[1:])
     assert total - resumed_at <= after_cut < total - resumed_at + (1 << 16), (after_cut, resumed_at)
-    direct = WeightSyncClient(weightsync_server.address, security=PLAINTEXT_LOOPBACK)
     registered = (await direct.latest()).manifest  # type: ignore[union-attr]
     config, received = decode_version(await direct.fetch_files(registered))
     assert config == {"a": 1}
