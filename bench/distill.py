@@ -54,9 +54,29 @@ HELD_OUT = 16
 MAX_TOKENS = 8
 
 
-def numbers(digits: int) -> tuple[list[str], list[str]]:
-    """Train and held-out numbers of `digits` digits: a fixed shuffle, the first held out."""
-    every = [str(n) for n in range(10 ** (digits - 1), 10**digits)]
+WORDS = [
+    "apple",
+    "river",
+    "stone",
+    "cloud",
+    "table",
+    "green",
+    "music",
+    "paper",
+    "garden",
+    "window",
+    "bottle",
+    "planet",
+]
+
+
+def numbers(digits: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """Train and held-out (prompt, number) pairs: a fixed shuffle, the first held out. One
+    digit: the digit after one of WORDS, so prompts differ beyond the ten digits."""
+    if digits == 1:
+        every = [(f"{w}: {PROMPT.format(number=d)}", str(d)) for w in WORDS for d in range(10)]
+    else:
+        every = [(PROMPT.format(number=n), str(n)) for n in range(10 ** (digits - 1), 10**digits)]
     random.Random(0).shuffle(every)
     return every[HELD_OUT:], every[:HELD_OUT]
 
@@ -71,10 +91,10 @@ def task_files(out: Path, digits: int, references: str) -> tuple[Path, Path]:
     train, held_out = numbers(digits)
     rng = random.Random(1)
 
-    def record(number: str) -> str:
+    def record(item: tuple[str, str]) -> str:
+        prompt, number = item
         shape = "".join(rng.choice("0123456789") for _ in number)
         reference = number if references == "answer" else shape
-        prompt = PROMPT.format(number=number)
         return json.dumps({"prompt": prompt, "answer": answer(number), "reference": reference})
 
     train_path, eval_path = out / "repeat_train.jsonl", out / "repeat_eval.jsonl"
@@ -83,7 +103,7 @@ def task_files(out: Path, digits: int, references: str) -> tuple[Path, Path]:
     return train_path, eval_path
 
 
-def teacher_accuracy(folder: Path, digits: int) -> dict[str, Any]:
+def teacher_accuracy(folder: Path, digits: int, max_tokens: int) -> dict[str, Any]:
     """The teacher's greedy held-out accuracy on the prompts the orchestrator renders."""
     import torch
     import transformers
@@ -97,20 +117,18 @@ def teacher_accuracy(folder: Path, digits: int) -> dict[str, Any]:
     tokenizer = load_tokenizer(str(folder))
     renderer = PromptRenderer.from_config(tokenizer, ChatConfig(system_prompt=SYSTEM))
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    prompts = [
-        renderer.prompt_ids(Problem(prompt=PROMPT.format(number=n), reference="")) for n in held_out
-    ]
+    prompts = [renderer.prompt_ids(Problem(prompt=prompt, reference="")) for prompt, _ in held_out]
     width = max(map(len, prompts))
     pad = tokenizer.eos_ids[0]
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # (B, T) left-padded
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     with torch.no_grad():
         out = model.generate(
-            ids, attention_mask=mask, max_new_tokens=MAX_TOKENS, do_sample=False,
+            ids, attention_mask=mask, max_new_tokens=max_tokens, do_sample=False,
             eos_token_id=list(tokenizer.eos_ids), pad_token_id=pad,
         )  # fmt: skip
     correct, answers = 0, []
-    for number, row in zip(held_out, out[:, width:].tolist(), strict=True):
+    for (_, number), row in zip(held_out, out[:, width:].tolist(), strict=True):
         text = tokenizer.decode([t for t in row if t != pad])
         ok = re.fullmatch(answer(number), text.strip()) is not None
         correct += ok
@@ -132,7 +150,7 @@ def run_distillation(folder: Path, out: Path, args: argparse.Namespace) -> list[
         "--orchestrator.warmup-steps", str(args.warmup), "--orchestrator.steps", str(args.steps),
         "--orchestrator.prompts-per-step", str(args.prompts),
         "--orchestrator.group-size", str(args.group),
-        "--orchestrator.sampling.max-tokens", str(MAX_TOKENS),
+        "--orchestrator.sampling.max-tokens", str(args.max_tokens),
         "--orchestrator.eval.every", str(args.eval_every), "--orchestrator.eval.k", "1",
         "--orchestrator.eval.prompts", str(HELD_OUT), "--orchestrator.eval.after-warmup",
         "true", "--orchestrator.report.table-every", "0", "--overwrite",
@@ -164,12 +182,13 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--baseline", choices=["none", "group"], default="group")
     parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     folder = args.teacher or converted_folder(smollm2_gguf())
     started = time.monotonic()
     records = run_distillation(folder, args.out, args)
-    teacher = teacher_accuracy(folder, args.digits)
+    teacher = teacher_accuracy(folder, args.digits, args.max_tokens)
     rl = [r for r in records if r["phase"] == "rl"]
     kl = [r["distill/reverse_kl"] for r in rl]
     first, last = statistics.fmean(kl[:3]), statistics.fmean(kl[-3:])
@@ -198,7 +217,7 @@ def main() -> None:
         "command": " ".join(sys.argv), "teacher": str(folder), "task": PROMPT,
         "digits": args.digits, "held_out": HELD_OUT, "steps": args.steps,
         "prompts": args.prompts, "group": args.group, "lr": args.lr, "warmup": args.warmup,
-        "baseline": args.baseline, "max_tokens": MAX_TOKENS, "references": args.references,
+        "baseline": args.baseline, "max_tokens": args.max_tokens, "references": args.references,
     }  # fmt: skip
     write_result("distill", config=config, results=rows, summary=summary)
     print_table("on-policy distillation from SmolLM2-135M-Instruct", rows)
