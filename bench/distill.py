@@ -9,13 +9,16 @@ its own (`orchestrator.distill.model_path`) and trains the student by pure disti
 (`mode = "replace"`: each sampled token's advantage is `log p_teacher - log p_student`,
 less the group's mean, `baseline = "group"`; no reward).
 
-The task: "Repeat this number: 482" (three digits; SmolLM2 spells a number digit by digit),
-correct when the completion names the number (regex `\\b482\\b`), which the teacher does
-and a new student cannot. The held-out numbers are never trained on. The supervised
-warm-up (`--warmup` steps) teaches only the reply's shape: its references are random digits
-of the same length, so the student leaves it at chance on the task, and what it learns
-about the numbers afterwards comes from the teacher's scores of its own samples. (A random
-student spreads its samples over 49,152 ids, where sampled-token feedback barely reaches.)
+The task: "Repeat this number: 47" (`--digits`, two by default; SmolLM2 spells a number
+digit by digit), correct when the completion names the number (regex `\\b47\\b`), which
+the teacher does and a new student cannot. `--digits 1` puts one of WORDS before the
+prompt ("garden: Repeat this number: 7"), so held-out prompts differ beyond the ten
+digits. Held-out problems are never trained on. The supervised warm-up (`--warmup` steps)
+trains on each record's reference: the number (`--references answer`) or random digits
+of its length (`shape`: the reply's shape only, leaving the student at chance, so what it
+learns about the numbers afterwards comes from the teacher's scores of its own samples).
+A random student spreads its samples over 49,152 ids, where sampled-token feedback barely
+reaches, hence the warm-up.
 
 Held-out accuracy is the orchestrator's greedy eval on the held-out numbers, after the
 warm-up (the start) and every `--eval-every` steps; the teacher's is measured here the same
@@ -25,7 +28,7 @@ tokens of log p_student - log p_teacher) and its fall from the first 3 steps' me
 last 3 steps', the student's held-out accuracy against the teacher's, and the teacher's
 call time per step.
 
-    .venv/bin/python bench/distill.py [--steps 60] [--runs-dir DIR]
+    .venv/bin/python bench/distill.py [--steps 60] [--digits 2] [--runs-dir DIR]
 
 It writes docs/benchmarks/distill.json (the run folder stays under `--runs-dir`).
 """
