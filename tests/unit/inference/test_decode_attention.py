@@ -3,11 +3,13 @@
 Each is checked against torch's own GQA SDPA with a bool mask, with and without the
 additive mask, in fp32 and bf16; the compiled one also against SDPA in float64, where it
 must be at least as close as SDPA's own bf16 kernel. A compile that fails leaves the
-engine serving on SDPA, named so in its status.
+engine serving on SDPA, named so in its status; an engine asked to compile serves the
+cache-free model's tokens and logprobs on the compiled kernel.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -20,6 +22,9 @@ from tidal.inference.decode_attention import (
     choose_decode_attention,
     sdpa_decode,
 )
+from tidal.inference.sampling import SamplingParams
+
+from .test_engine import PROMPTS
 
 ATOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
@@ -50,7 +55,7 @@ def decode_inputs(
 CASES = [  # (kernel, n_heads, n_kv_heads): every GQA shape on SDPA; one on the compiled
     # kernel, whose compile dominates the time (each group size is a compile of its own)
     *[("sdpa", h, kv) for h, kv in [(8, 4), (6, 2), (4, 4)]],
-    ("inductor", 6, 2),
+    ("inductor", 4, 2),  # the engine test's tiny model's shape: its compiled graphs serve both
 ]
 
 
@@ -81,7 +86,7 @@ def test_decode_attention_equals_gqa_sdpa(
 
 
 def test_the_compiled_kernel_is_at_least_as_exact_as_sdpa_in_bf16(inductor: InductorDecode) -> None:
-    q, k, v, mask, visible = decode_inputs(torch.bfloat16, 6, 2, masked=True)
+    q, k, v, mask, visible = decode_inputs(torch.bfloat16, 4, 2, masked=True)
     exact = F.scaled_dot_product_attention(
         q.double(), k.double(), v.double(), attn_mask=visible[:, None, None, :], enable_gqa=True
     )
@@ -109,3 +114,23 @@ def test_the_engine_compiles_only_where_asked_and_only_on_cpu() -> None:
     assert choose_decode_attention(cpu, compile_attention=False) is sdpa_decode
     assert isinstance(choose_decode_attention(cpu, compile_attention=True), InductorDecode)
     assert choose_decode_attention(torch.device("cuda"), compile_attention=True) is sdpa_decode
+
+
+async def test_compiled_decode_attention_serves_the_reference_tokens_and_says_so(
+    tiny: Any,
+) -> None:
+    """`compile_attention`: the same greedy tokens and logprobs as the cache-free model,
+    over a batch whose sequences sit at different positions (the masked variant) and one
+    decoding in step (the unmasked one)."""
+    params = SamplingParams(max_tokens=12, temperature=0.0)
+    model = tiny.model(0)
+    async with tiny.serving(compile_attention=True) as engine:
+        assert engine.status().kernels.endswith("; decode attention inductor")
+        results = await asyncio.gather(*(tiny.collect(engine, p, params) for p in PROMPTS))
+        in_step = await tiny.collect(engine, PROMPTS[1], SamplingParams(12, temperature=0.0, n=3))
+        assert engine.status().kernels.endswith("; decode attention inductor")  # no fallback
+    for prompt, (completion,) in zip(PROMPTS, results, strict=True):
+        assert completion.token_ids == tiny.reference_greedy(model, prompt, 12)
+        expected = tiny.reference_logprobs(model, prompt, completion.token_ids)
+        torch.testing.assert_close(torch.tensor(completion.logprobs), expected, atol=1e-4, rtol=0)
+    assert all(c.token_ids == results[1][0].token_ids for c in in_step)

@@ -198,23 +198,3 @@ async def test_status_names_the_served_family_shape_and_size(tiny: Any) -> None:
         assert engine.status().model == "qwen3-2x32 (vocab 64, tied, 20.7K params)"  # + q/k norms
     finally:
         await engine.close()
-
-
-async def test_compiled_decode_attention_serves_the_reference_tokens_and_says_so(
-    tiny: Any,
-) -> None:
-    """`compile_attention`: the same greedy tokens and logprobs as the cache-free model,
-    over a batch whose sequences sit at different positions (the masked variant) and one
-    decoding in step (the unmasked one)."""
-    params = SamplingParams(max_tokens=12, temperature=0.0)
-    model = tiny.model(0)
-    async with tiny.serving(compile_attention=True) as engine:
-        assert engine.status().kernels.endswith("; decode attention inductor")
-        results = await asyncio.gather(*(tiny.collect(engine, p, params) for p in PROMPTS))
-        in_step = await tiny.collect(engine, PROMPTS[1], SamplingParams(12, temperature=0.0, n=3))
-        assert engine.status().kernels.endswith("; decode attention inductor")  # no fallback
-    for prompt, (completion,) in zip(PROMPTS, results, strict=True):
-        assert completion.token_ids == tiny.reference_greedy(model, prompt, 12)
-        expected = tiny.reference_logprobs(model, prompt, completion.token_ids)
-        torch.testing.assert_close(torch.tensor(completion.logprobs), expected, atol=1e-4, rtol=0)
-    assert all(c.token_ids == results[1][0].token_ids for c in in_step)

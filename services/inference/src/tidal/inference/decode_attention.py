@@ -102,12 +102,18 @@ class InductorDecode:
         """Compile both variants (with and without a mask) now, at sizes no model
         dimension shares, so serving never waits on a compile (Dynamo would treat equal
         sizes as one symbol and compile again when they differ)."""
-        batch, keys = 5, 7
-        q = torch.zeros(batch, heads, 1, head_dim, dtype=dtype)
-        k = torch.zeros(batch, kv_heads, keys, head_dim, dtype=dtype)
-        mask = torch.zeros(batch, 1, 1, keys, dtype=dtype)
-        self(q, k, k, None)
-        self(q, k, k, mask)
+        batch, keys, read = 5, 7, 11
+        # Laid out as decode passes them (grad mode, k's strides and the mask's are all in
+        # Dynamo's guards): keys are a (B, read, Hkv, D) gather cut to `keys` positions.
+        with torch.inference_mode():
+            q = torch.zeros(batch, heads, 1, head_dim, dtype=dtype)
+            k, v = (
+                torch.zeros(batch, read, kv_heads, head_dim, dtype=dtype)[:, :keys].transpose(1, 2)
+                for _ in range(2)
+            )  # (B, Hkv, keys, D) each, distinct tensors as in decode
+            mask = torch.zeros(batch, keys, dtype=dtype)[:, None, None, :]  # (B, 1, 1, keys)
+            self(q, k, v, None)
+            self(q, k, v, mask)
 
     def __call__(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
