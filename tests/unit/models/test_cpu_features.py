@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -11,6 +12,7 @@ from tidal.models.cpu_features import (
     FORCE_ENV,
     bf16_cost_warning,
     bf16_support,
+    inductor_cache_per_isa,
 )
 
 
@@ -78,3 +80,15 @@ def test_the_warning_states_the_measured_slowdown_only_without_native_bf16(
     assert warning is not None
     assert warning.startswith("trainer.precision = 'bf16' asks for bf16")
     assert "x slower than fp32" in warning and "use fp32" in warning
+
+
+def test_inductor_caches_apart_per_cpu_capability_unless_the_user_chose_a_folder(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    inductor_cache_per_isa()  # capability as torch reads it (ATEN_CPU_CAPABILITY at start)
+    isa = torch.backends.cpu.get_cpu_capability().lower()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"].endswith(f"{os.sep}tidal-{isa}")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/chosen")
+    inductor_cache_per_isa()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/chosen"

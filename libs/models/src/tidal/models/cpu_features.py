@@ -7,7 +7,8 @@ inference computes its linears in fp32. The probe runs the kernel rather than tr
 torch's hardware flags alone, which ignore an `ONEDNN_MAX_CPU_ISA` cap.
 `TIDAL_CPU_BF16=fallback` forces the no-native path everywhere (an environment variable,
 so it reaches every process and rank). Cached per process; torch is imported lazily, for
-torch-free importers.
+torch-free importers. Compiled kernels depend on the CPU too: `inductor_cache_per_isa`
+keeps Inductor's disk cache apart per capability.
 """
 
 from __future__ import annotations
@@ -100,3 +101,18 @@ def bf16_cost_warning(setting: str) -> str | None:
         f"a bf16 matmul measured {bf16_matmul_slowdown():.0f}x slower than fp32 here; "
         "use fp32 on this machine"
     )
+
+
+def inductor_cache_per_isa() -> None:
+    """Point Inductor's on-disk cache at a folder of this process's CPU capability, unless
+    the user chose one (`TORCHINDUCTOR_CACHE_DIR`). Inductor names a compiled CPU kernel by
+    its source, which is the same for every vector width, so a kernel built for AVX-512
+    would be loaded, and compute garbage, by a process capped to AVX2
+    (`ATEN_CPU_CAPABILITY=avx2`). Every compiling service calls this before compiling."""
+    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
+        return
+    import torch
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    isa = torch.backends.cpu.get_cpu_capability().lower()
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(default_cache_dir(), f"tidal-{isa}")

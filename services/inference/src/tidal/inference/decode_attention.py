@@ -12,13 +12,13 @@ to SDPA with a warning, so a replica never stops serving for it.
 from __future__ import annotations
 
 import logging
-import os
-import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
+
+from tidal.models.cpu_features import inductor_cache_per_isa
 
 log = logging.getLogger(__name__)
 
@@ -84,15 +84,15 @@ def _fp32_attention(
 class InductorDecode:
     """`_fp32_attention` compiled with dynamic shapes (batch and key length vary every
     step); scores, softmax and the weighted sum stay in fp32, so it is at least as exact
-    as SDPA's bf16 kernel. Falls back to SDPA for good if compiling fails."""
+    as SDPA's bf16 kernel. Falls back to SDPA for good if compiling fails. Called from the
+    engine's one worker thread only, as every forward is: no lock around the compile."""
 
     def __init__(self, compiler: Callable[..., Any] = torch.compile) -> None:
         """`compiler` wraps the attention function as `torch.compile` does (lazily: the
         work happens at the first call)."""
-        _inductor_cache_per_isa()
+        inductor_cache_per_isa()
         self._compiled: Any = compiler(_fp32_attention, dynamic=True)
         self._failed = False
-        self._lock = threading.Lock()
 
     @property
     def name(self) -> str:
@@ -118,17 +118,17 @@ class InductorDecode:
     def __call__(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
     ) -> torch.Tensor:
-        if self._failed or q.device.type != "cpu" or q.shape[0] < 2 or k.shape[2] < 2:
+        if self._failed or q.shape[0] < 2 or k.shape[2] < 2:
             # A dimension of 1 is one Dynamo would specialize on and compile again for;
             # a single sequence or key is no work worth a kernel of its own.
             return sdpa_decode(q, k, v, mask)
         b, h, _, d = q.shape
         try:
-            with self._lock:  # one compile at a time; compiled calls are cheap to serialize
-                out = self._compiled(_grouped(q, k.shape[1]), k, v, mask)
+            out = self._compiled(_grouped(q, k.shape[1]), k, v, mask)
         except Exception as exc:  # any compile failure (no compiler, Inductor error): SDPA
             self._failed = True
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            text = str(exc).strip()
+            first = text.splitlines()[0] if text else type(exc).__name__
             log.warning(
                 "inference.compile_attention: compiling decode attention failed (%s); "
                 "decode attention runs on SDPA",
@@ -136,19 +136,6 @@ class InductorDecode:
             )
             return sdpa_decode(q, k, v, mask)
         return out.reshape(b, h, 1, d)
-
-
-def _inductor_cache_per_isa() -> None:
-    """Point Inductor's on-disk cache at a folder of this process's CPU capability, unless
-    the user chose one. Inductor names a compiled kernel by its source, which is the same
-    for every vector width, so a kernel built for AVX-512 would be loaded, and compute
-    garbage, in a process capped to AVX2 (`ATEN_CPU_CAPABILITY=avx2`)."""
-    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
-        return
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
-    isa = torch.backends.cpu.get_cpu_capability().lower()
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(default_cache_dir(), f"tidal-{isa}")
 
 
 def choose_decode_attention(device: torch.device, *, compile_attention: bool) -> DecodeKernel:
