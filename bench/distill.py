@@ -52,7 +52,6 @@ sys.path.insert(0, str(ROOT))
 from tests.smollm2 import converted_folder, smollm2_gguf
 
 PROMPT = "Repeat this number: {number}"
-SYSTEM: str | None = None
 HELD_OUT = 16
 MAX_TOKENS = 8
 
@@ -118,7 +117,7 @@ def teacher_accuracy(folder: Path, digits: int, max_tokens: int) -> dict[str, An
 
     _, held_out = numbers(digits)
     tokenizer = load_tokenizer(str(folder))
-    renderer = PromptRenderer.from_config(tokenizer, ChatConfig(system_prompt=SYSTEM))
+    renderer = PromptRenderer.from_config(tokenizer, ChatConfig())
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     prompts = [renderer.prompt_ids(Problem(prompt=prompt, reference="")) for prompt, _ in held_out]
     width = max(map(len, prompts))
@@ -158,8 +157,6 @@ def run_distillation(folder: Path, out: Path, args: argparse.Namespace) -> list[
         "--orchestrator.eval.prompts", str(HELD_OUT), "--orchestrator.eval.after-warmup",
         "true", "--orchestrator.report.table-every", "0", "--overwrite",
     ]  # fmt: skip
-    if SYSTEM is not None:
-        command += ["--orchestrator.chat.system-prompt", SYSTEM]
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     if done.returncode != 0:
         raise RuntimeError(f"tidal rl failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")

@@ -1,12 +1,13 @@
 """`bench/inference.py --model-path DIR`: the RL shape on a real Hugging Face folder.
 
 The native engine serves the folder's weights (`read_weights`, as `inference.model_path`
-does) and transformers loads the same folder with `LlamaForCausalLM.from_pretrained`,
-both in one dtype. Both get the same chat-templated arithmetic prompts (8 prompts, rendered
-by the folder's own template with a generation prompt) and draw 8 samples each of up to
-48 new tokens at temperature 1 with no top-k/top-p, stopping at the tokenizer's EOS ids:
-the RL rollout shape. Runs alternate between systems; the rate is real tokens per second
-(up to and including a stop token), medians compared.
+does; once as configured by default, once with `compile_attention`) and transformers
+loads the same folder with `LlamaForCausalLM.from_pretrained`, all in one dtype. All get
+the same chat-templated arithmetic prompts (8 prompts, rendered by the folder's own
+template with a generation prompt) and draw 8 samples each of up to 48 new tokens at
+temperature 1 with no top-k/top-p, stopping at the tokenizer's EOS ids: the RL rollout
+shape. Runs alternate between systems; the rate is real tokens per second (up to and
+including a stop token), medians compared.
 
 Then the engine's decode step at that batch (all 64 sequences, after 24 tokens) is
 profiled: the share of time per kind of work, with the LM head (vocabulary-wide matmul)
@@ -141,7 +142,8 @@ class TransformersFolder:
 def measure_real(
     folder: Path, dtype: torch.dtype, repeats: int
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """(table rows, summary): both systems alternating on the RL shape, medians."""
+    """(table rows, summary): transformers and the engine, by default and with
+    `compile_attention`, alternating on the RL shape; medians."""
     tokenizer = HFTokenizer.from_folder(folder)
     stop_ids = tuple(tokenizer.eos_ids)
     prompts = arithmetic_prompts(tokenizer)

@@ -167,8 +167,8 @@ class InferenceConfig(BaseConfig):
     compile_attention: bool = False
     """CPU native engine: compute decode attention with a kernel `torch.compile` generates
     (fp32, all sequences and heads in one loop nest) instead of SDPA, which at decode's
-    small shapes spends most of its time per (sequence, head). Costs a compile at the first
-    decode steps and needs a C++ compiler; if compiling fails it warns and uses SDPA (see
+    small shapes spends most of its time per (sequence, head). Costs a compile when the first
+    weights load and needs a C++ compiler; if compiling fails it warns and uses SDPA (see
     docs/inference.md)."""
     max_queue: int = Field(default=1024, gt=0)
     """Most requests waiting for a batch; beyond it Generate answers RESOURCE_EXHAUSTED."""

@@ -5,9 +5,9 @@ p of a sequence is row `table[p // block_size] * block_size + p % block_size`. W
 blocks a sequence holds is `block_manager.BlockManager`'s business. Attention gathers a
 sequence's rows into a contiguous `(B, Hkv, S, D)` tensor and attends with torch's SDPA
 (or, in decode, the kernel decode_attention.py chose); a GPU paged-attention kernel could
-replace the gather. The
-cache is sized once, at the first load, from `kv_cache_mb` (or a fraction of free
-memory) and `max_model_len`, and refuses a budget that holds not one full sequence.
+replace the gather. The cache is sized once, at the first load, from `kv_cache_mb` (or a
+fraction of free memory) and `max_model_len`, and refuses a budget that holds not one
+full sequence.
 """
 
 from __future__ import annotations
