@@ -34,7 +34,7 @@ from typing import Any
 from common import ROOT, median_seconds, print_table, write_result
 
 BANDS = {"short": (1, 2), "mid": (3, 5), "long": (10, 14)}
-"""Task name → (min_len, max_len) of its strings."""
+"""Task name → (min_len, max_len) of its strings (`--short`, `--mid`, `--long` change one)."""
 POOL = 128
 """Training problems per band (each band's `train_size`)."""
 
@@ -45,7 +45,7 @@ def samplers(args: argparse.Namespace) -> dict[str, list[str]]:
     return {
         "fixed": [],
         "skip": [
-            f"{curriculum}skip-above", "1.0",
+            *([f"{curriculum}skip-above", args.skip_above] if args.skip_above != "none" else []),
             *([f"{curriculum}skip-below", args.skip_below] if args.skip_below != "none" else []),
             f"{curriculum}min-samples", "8", f"{curriculum}readmit-after", str(args.readmit_after),
             f"{curriculum}pass-threshold", str(args.pass_threshold),
@@ -53,9 +53,16 @@ def samplers(args: argparse.Namespace) -> dict[str, list[str]]:
     }  # fmt: skip
 
 
-def tasks_override() -> str:
+def pool(band: str, args: argparse.Namespace) -> int:
+    """Training problems of `band` (`--long-pool` sets the long band's apart)."""
+    return args.long_pool if band == "long" and args.long_pool else POOL
+
+
+def tasks_override(args: argparse.Namespace) -> str:
+    credit = ", partial_credit = false" if args.binary else ""
     bands = (
-        f'{{type = "reversal", name = "{n}", min_len = {lo}, max_len = {hi}, train_size = {POOL}}}'
+        f'{{type = "reversal", name = "{n}", min_len = {lo}, max_len = {hi}, '
+        f"train_size = {pool(n, args)}{credit}}}"
         for n, (lo, hi) in BANDS.items()
     )
     return f"[{', '.join(bands)}]"
@@ -72,7 +79,7 @@ def run(sampler: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
             sys.executable, "-m", "tidal.cli", "rl", "@", str(ROOT / "configs" / "default.toml"),
             "--run.output-dir", str(args.runs_dir), "--run.name", name, "--run.seed", str(seed),
             "--overwrite",
-            "--orchestrator.tasks", tasks_override(),
+            "--orchestrator.tasks", tasks_override(args),
             "--orchestrator.warmup-steps", str(args.warmup_steps),
             "--orchestrator.steps", str(args.steps),
             "--orchestrator.eval.every", str(args.eval_every),
@@ -195,11 +202,20 @@ def main() -> None:
     parser.add_argument("--readmit-after", type=int, default=40)
     parser.add_argument("--pass-threshold", type=float, default=0.75)
     parser.add_argument("--skip-below", default="0.0", help="a pass rate, or none")
+    parser.add_argument("--skip-above", default="1.0", help="a pass rate, or none")
+    for band, (lo, hi) in BANDS.items():
+        parser.add_argument(
+            f"--{band}", type=int, nargs=2, default=(lo, hi), metavar=("MIN", "MAX"),
+            help=f"string lengths of the {band} band (default {lo} {hi})",
+        )  # fmt: skip
+    parser.add_argument("--long-pool", type=int, default=None, help=f"default {POOL}")
+    parser.add_argument("--binary", action="store_true", help="score every band 0/1 (exact)")
     parser.add_argument("--eval-every", type=int, default=20)
     parser.add_argument("--eval-prompts", type=int, default=32)
     parser.add_argument("--eval-k", type=int, default=4)
     parser.add_argument("--runs-dir", type=Path, default=Path("/tmp/curriculum-runs"))
     args = parser.parse_args()
+    BANDS.update({band: tuple(getattr(args, band)) for band in BANDS})
     names = list(samplers(args))
     rows, curves, per_seed = [], {}, []
     for seed in range(args.seeds):
@@ -223,7 +239,9 @@ def main() -> None:
     config = {
         "run_config": "configs/default.toml",
         "bands": BANDS,
-        "train_size_per_band": POOL,
+        "train_size_per_band": {band: pool(band, args) for band in BANDS},
+        "binary_rewards": args.binary,
+        "skip_above": args.skip_above,
         "warmup_steps": args.warmup_steps,
         "steps": args.steps,
         "seeds": args.seeds,
