@@ -3,9 +3,9 @@ byte tokenizer's template, with a system prompt, through all four services."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
+
+from tidal.orchestrator.records.run_log import run_log_records
 
 WARMUP, STEPS = 2, 3
 
@@ -22,8 +22,7 @@ def test_multi_turn_run_with_the_chat_template_trains_to_the_end(launch) -> None
     assert run.process.wait(timeout=300) == 0, run.output()
     log = (run.run_dir / "logs" / "orchestrator.log").read_text()
     assert "tokenizer byte; prompts through its chat template" in log
-    lines = (run.run_dir / "metrics.jsonl").read_text().splitlines()
-    metrics = [json.loads(line) for line in lines]
+    metrics = run_log_records(run.run_dir / "metrics.jsonl")
     assert [m["phase"] for m in metrics] == ["warmup"] * WARMUP + ["rl"] * STEPS
     rl = [m for m in metrics if m["phase"] == "rl"]
     assert all(0 < m["task/reversal/score/turns_completed"] <= 1 for m in rl)

@@ -10,10 +10,11 @@ sandboxed program is no verifier failure.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
+
+from tidal.orchestrator.records.run_log import run_log_records
 
 from ..helpers.sandbox_walls import ROOMY_WALL_S
 
@@ -54,9 +55,7 @@ verifier_s = {ROOMY_WALL_S + 30.0}
 def test_code_task_scores_completions_in_the_sandbox(launch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     run = launch("@", str(_run_file(tmp_path)), "--grpc.shutdown-grace-s", "0.5")
     assert run.process.wait(timeout=300) == 0, run.output()
-    records = [
-        json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()
-    ]
+    records = run_log_records(run.run_dir / "metrics.jsonl")
     rl = [r for r in records if r["phase"] == "rl"]
     assert len(rl) == STEPS
     keys = set().union(*(r.keys() for r in rl))

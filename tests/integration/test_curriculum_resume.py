@@ -16,6 +16,7 @@ import pytest
 from tidal.cli.config import RunConfig
 from tidal.cli.launcher import prepare_run_dir
 from tidal.common.config.loading import load_config
+from tidal.orchestrator.records.run_log import run_log_records
 
 from ..helpers.split_runs import kill_and_resume_orchestrator, logged_prompts, running_services
 
@@ -81,9 +82,7 @@ def test_resumed_orchestrator_continues_the_curriculum_of_an_uninterrupted_run(
     # the curriculum did act: problems were skipped and re-admitted, and the task weights
     # left the fixed 50/50 mixture
     assert state["skips"] > 0
-    metrics = [
-        json.loads(m) for m in (uninterrupted.run_dir / "metrics.jsonl").read_text().splitlines()
-    ]
+    metrics = run_log_records(uninterrupted.run_dir / "metrics.jsonl")
     weights = {m["curriculum/easy/weight"] for m in metrics if "curriculum/easy/weight" in m}
     assert weights - {0.5}
 

@@ -18,15 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from tidal.orchestrator.records.run_log import run_log_records
+
 from ..metrics_scrape import scrape
 
 LEARNING_BAR = 0.3
 WINDOW = 5
-
-
-def _metrics(run_dir: Path) -> list[dict]:  # type: ignore[type-arg]
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
 
 
 @pytest.mark.slow
@@ -48,7 +45,7 @@ def test_default_run_finishes_in_time_and_reward_rises(launch) -> None:  # type:
     assert summary["startup_s"] == pytest.approx(first - launched)
     assert 0 < summary["shutdown_s"] < 60
 
-    metrics = _metrics(run.run_dir)
+    metrics = run_log_records(run.run_dir / "metrics.jsonl")
     for record in metrics:
         assert {"step", "reward_mean", "policy_version", "tokens_per_s"} <= record.keys()
     rl = [m["reward_mean"] for m in metrics if m["phase"] == "rl"]

@@ -10,8 +10,9 @@ stayed in [0, 1]. The judge child's log shows it served its fixed folder, not th
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from tidal.orchestrator.records.run_log import run_log_records
 
 from ..hf_folders import build_model_folder
 
@@ -46,9 +47,7 @@ def test_a_judge_scored_task_runs_with_a_judge_replica(launch, tmp_path: Path) -
     judge = build_model_folder(tmp_path / "judge", "qwen3")
     run = launch("@", str(_run_file(tmp_path, judge)), "--grpc.shutdown-grace-s", "0.5")
     assert run.process.wait(timeout=420) == 0, run.output()
-    records = [
-        json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()
-    ]
+    records = run_log_records(run.run_dir / "metrics.jsonl")
     rl = [r for r in records if r["phase"] == "rl"]
     assert len(rl) == STEPS
     for record in rl:

@@ -14,6 +14,7 @@ import json
 import pytest
 
 from tidal.orchestrator.config import StalenessConfig
+from tidal.orchestrator.records.run_log import run_log_records
 
 WARMUP, STEPS = 2, 6
 TOTAL = WARMUP + STEPS
@@ -55,9 +56,7 @@ def test_a_lora_run_publishes_adapters_that_the_replica_serves(launch) -> None: 
     # the last one is, and it is an adapter version.
     assert f"loaded version {TOTAL} (step {TOTAL})" in log
 
-    records = [
-        json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()
-    ]
+    records = run_log_records(run.run_dir / "metrics.jsonl")
     rl = [r for r in records if r["phase"] == "rl"]
     assert len(rl) == STEPS
     bound = StalenessConfig().bound

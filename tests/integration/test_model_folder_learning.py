@@ -11,12 +11,12 @@ run's: the mean reward of the last five RL steps at least 0.3 above the first fi
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from tidal.orchestrator.config import OrchestratorConfig
+from tidal.orchestrator.records.run_log import run_log_records
 
 from ..hf_folders import build_model_folder
 
@@ -42,8 +42,7 @@ def test_grpo_from_a_qwen3_folder_through_its_chat_template_raises_the_reward(
     assert "prompts through its chat template" in (logs / "orchestrator.log").read_text()
     assert f"tokenizer {folder}" in (logs / "inference.log").read_text()
 
-    lines = (run.run_dir / "metrics.jsonl").read_text().splitlines()
-    records = [json.loads(line) for line in lines]
+    records = run_log_records(run.run_dir / "metrics.jsonl")
     rl = [r for r in records if r["phase"] == "rl"]
     assert len(rl) == OrchestratorConfig().steps
     first = sum(r["reward_mean"] for r in rl[:5]) / 5

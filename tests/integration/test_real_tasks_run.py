@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tidal.orchestrator.records.run_log import run_log_records
+
 STEPS = 2
 GSM8K = [
     ("Tom has 3 apples and buys 4. How many?", "3 + 4 = <<3+4=7>>7\n#### 7"),
@@ -71,9 +73,7 @@ max_answer_chars = 4
 def test_math_and_reasoning_gym_tasks_report_their_sub_scores(launch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     run = launch("@", str(_run_file(tmp_path)), "--grpc.shutdown-grace-s", "0.5")
     assert run.process.wait(timeout=300) == 0, run.output()
-    records = [
-        json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()
-    ]
+    records = run_log_records(run.run_dir / "metrics.jsonl")
     rl = [r for r in records if r["phase"] == "rl"]
     assert len(rl) == STEPS
     keys = set().union(*(r.keys() for r in rl))

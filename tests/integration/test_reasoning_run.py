@@ -3,9 +3,9 @@ metrics.jsonl carry the reasoning and answer lengths through all four services."
 
 from __future__ import annotations
 
-import json
-
 import pytest
+
+from tidal.orchestrator.records.run_log import run_log_records
 
 WARMUP, STEPS = 2, 2
 
@@ -22,8 +22,8 @@ def test_a_run_with_a_reasoning_parser_logs_reasoning_and_answer_lengths(launch)
     assert run.process.wait(timeout=300) == 0, run.output()
     log = (run.run_dir / "logs" / "orchestrator.log").read_text()
     assert "reasoning <think>…</think> split off before verification" in log
-    lines = (run.run_dir / "metrics.jsonl").read_text().splitlines()
-    rl = [m for m in map(json.loads, lines) if m["phase"] == "rl"]
+    metrics = run_log_records(run.run_dir / "metrics.jsonl")
+    rl = [m for m in metrics if m["phase"] == "rl"]
     assert len(rl) == STEPS
     for m in rl:
         # a tiny model warmed up on bare answers rarely opens <think>: mostly answer

@@ -3,12 +3,12 @@ trained sample is staler than the bound."""
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 
 from tidal.orchestrator.config import OrchestratorConfig, StalenessConfig
+from tidal.orchestrator.records.run_log import run_log_records
 
 MAX_ASYNC = 2
 TEN_MINUTES = 600
@@ -29,9 +29,7 @@ def test_reversal_reward_rises_with_bounded_staleness(launch) -> None:  # type: 
     assert run.process.wait(timeout=TEN_MINUTES) == 0, run.output()
     assert time.monotonic() - started < TEN_MINUTES
 
-    records = [
-        json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()
-    ]
+    records = run_log_records(run.run_dir / "metrics.jsonl")
     rl = [r for r in records if r["phase"] == "rl"]
     assert len(rl) == OrchestratorConfig().steps
     first = sum(r["reward_mean"] for r in rl[:5]) / 5

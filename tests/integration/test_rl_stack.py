@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from tidal.orchestrator.records.run_log import run_log_records
 from tidal.rpc.v1 import common_pb2, inference_pb2_grpc, trainer_pb2_grpc
 
 from ..tls_fixtures import role_channel
@@ -67,9 +68,7 @@ def test_stack_trains_each_step_once_advances_inference_and_traces_all_services(
     # the trainer trained each step exactly once
     assert trainer is not None
     assert (trainer.steps_trained, trainer.policy_version) == (TOTAL, TOTAL)
-    metrics = [
-        json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()
-    ]
+    metrics = run_log_records(run.run_dir / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(1, TOTAL + 1))
 
     assert run.stop() == 130  # Ctrl-C: every child stopped gracefully

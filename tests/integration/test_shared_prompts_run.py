@@ -4,7 +4,7 @@ tokens trained once per group instead of once per completion."""
 
 from __future__ import annotations
 
-import json
+from tidal.orchestrator.records.run_log import run_log_records
 
 
 def test_a_run_with_shared_prompts_trains_every_completion_token(launch) -> None:  # type: ignore[no-untyped-def]
@@ -13,7 +13,7 @@ def test_a_run_with_shared_prompts_trains_every_completion_token(launch) -> None
         *("--orchestrator.steps", "3", "--orchestrator.warmup-steps", "1"),
     )
     assert run.process.wait(timeout=300) == 0, run.output()[-3000:]
-    rows = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = run_log_records(run.run_dir / "metrics.jsonl")
     rl = [r for r in rows if r.get("generated_tokens", 0) > 0]
     assert len(rl) == 3
     for r in rl:  # 8 prompts of a few tokens, held once each (64 copies unshared)

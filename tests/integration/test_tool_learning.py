@@ -5,11 +5,12 @@ next turn would not fit the model's context ends cleanly instead of stopping the
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import pytest
+
+from tidal.orchestrator.records.run_log import run_log_records
 
 LOOKUP = Path(__file__).parents[2] / "configs" / "lookup.toml"
 WARMUP_STEPS = 200
@@ -52,9 +53,7 @@ def test_lookup_reward_rises_as_the_policy_learns_to_call_the_tool(launch) -> No
     assert run.process.wait(timeout=LIMIT_S) == 0, run.output()
     assert time.monotonic() - started < LIMIT_S
 
-    records = [
-        json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()
-    ]
+    records = run_log_records(run.run_dir / "metrics.jsonl")
     rl = [r for r in records if r["phase"] == "rl"]
     assert len(rl) == RL_STEPS
     first, last = rl[:5], rl[-5:]

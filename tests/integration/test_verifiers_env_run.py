@@ -4,11 +4,12 @@ verifiers' train client against `/inference/v1/generate`, and the trainer trains
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import pytest
+
+from tidal.orchestrator.records.run_log import run_log_records
 
 from ..hf_folders import qwen3_folder
 
@@ -38,8 +39,7 @@ def test_a_verifiers_environment_trains_as_a_task(launch, qwen3_folder: Path) ->
         "--orchestrator.sampling.max-tokens", "8",
     )  # fmt: skip
     assert run.process.wait(timeout=300) == 0, run.output()
-    lines = (run.run_dir / "metrics.jsonl").read_text().splitlines()
-    metrics = [json.loads(line) for line in lines]
+    metrics = run_log_records(run.run_dir / "metrics.jsonl")
     assert [m["phase"] for m in metrics] == ["rl"] * STEPS
     assert all(m["trained_tokens"] > 0 for m in metrics)
     assert all(0 <= m["task/vf_vowels/reward_mean"] <= 1 for m in metrics)

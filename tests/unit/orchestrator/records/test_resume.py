@@ -75,6 +75,15 @@ def test_the_metrics_lines_of_lost_steps_are_removed(tmp_path: Path) -> None:
     assert drop_lost_lines(tmp_path / "none.jsonl", trainer_step=0) == []
 
 
+def test_a_run_log_reads_back_as_records_without_its_torn_line(tmp_path: Path) -> None:
+    from tidal.orchestrator.records.run_log import run_log_records
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 1, "phase": "rl"}\n[2]\n{"step": 2}\n{"ste')
+    assert run_log_records(metrics) == [{"step": 1, "phase": "rl"}, {"step": 2}]
+    assert run_log_records(tmp_path / "none.jsonl") == []
+
+
 def test_progress_and_trainer_out_of_step_is_an_error() -> None:
     with pytest.raises(ConfigError, match="written for step 7 but the trainer's last step is 3"):
         resume_point(_saved(7), trainer_step=3)

@@ -164,6 +164,22 @@ def run_log_steps(path: Path) -> list[int]:
     return [step for step in map(line_step, lines) if step is not None]
 
 
+def run_log_records(path: Path) -> list[dict[str, Any]]:
+    """Every line of a run log (metrics.jsonl) as its record, in file order; a torn or
+    unreadable line is skipped, as `run_log_steps` skips it."""
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
 def logged_steps(path: Path) -> set[int]:
     """The steps that have a line in a run log (metrics.jsonl)."""
     return set(run_log_steps(path))
