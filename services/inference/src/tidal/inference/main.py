@@ -27,7 +27,7 @@ from tidal.common.errors import ConfigError
 from tidal.common.grpc.server import GrpcServer, ServiceBinding
 from tidal.common.observability.prometheus import ServiceMetrics
 from tidal.common.observability.tracing import setup_telemetry
-from tidal.common.process.service_start import start_service
+from tidal.common.process.service_start import settle_startup_heap, start_service
 from tidal.common.security.credentials import cert_path, key_path
 from tidal.common.security.transport import for_service
 from tidal.inference.config import InferenceRunConfig
@@ -287,4 +287,5 @@ def main(argv: Sequence[str] | None = None) -> None:
         except ConfigError as exc:
             print(f"error: {exc}", file=sys.stderr)
             raise SystemExit(2) from None
+    settle_startup_heap()
     asyncio.run(serve(config))

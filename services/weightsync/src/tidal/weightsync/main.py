@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from tidal.common.grpc.server import GrpcServer, ServiceBinding
 from tidal.common.observability.prometheus import ServiceMetrics
 from tidal.common.observability.tracing import setup_telemetry
-from tidal.common.process.service_start import start_service
+from tidal.common.process.service_start import settle_startup_heap, start_service
 from tidal.common.security.transport import for_service
 from tidal.weightsync.config import WeightSyncRunConfig
 from tidal.weightsync.leases import Leases
@@ -55,4 +55,5 @@ async def serve(config: WeightSyncRunConfig) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     config = start_service(WeightSyncRunConfig, "weightsync", argv)
+    settle_startup_heap()
     asyncio.run(serve(config))

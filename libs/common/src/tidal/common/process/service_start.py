@@ -2,11 +2,13 @@
 
 One function so that the four services and torchrun's trainer start the same way: a
 config error, a missing credential or a run folder's file policy is handled before any
-server is built, and a service started by `tidal rl` dies with its launcher.
+server is built, and a service started by `tidal rl` dies with its launcher. The
+asyncio services also hand what start-up built to `settle_startup_heap` before serving.
 """
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import Sequence
 from typing import TypeVar
@@ -37,3 +39,13 @@ def start_service(
         check_or_exit(config, role)
     watch_launcher()
     return config
+
+
+def settle_startup_heap() -> None:
+    """Exempt every object alive now (modules, classes, the config, what start-up built)
+    from later garbage collections, as `gc.freeze` does: they live as long as the process,
+    and each full collection would walk them all again, a pause of tens of milliseconds
+    on the event loop. Called once, after start-up and before serving; what serving
+    allocates is collected as usual."""
+    gc.collect()
+    gc.freeze()
