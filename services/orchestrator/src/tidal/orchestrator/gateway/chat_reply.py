@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from tidal.orchestrator.completions import Completion
 from tidal.text.tool_calls import ParsedTurn, ToolCall
 
@@ -134,7 +136,7 @@ class ChatReply:
         header = self._header("chat.completion.chunk")
 
         def event(choices: list[dict[str, Any]], **extra: Any) -> bytes:
-            return f"data: {json.dumps({**header, 'choices': choices, **extra})}\n\n".encode()
+            return b"data: " + orjson.dumps({**header, "choices": choices, **extra}) + b"\n\n"
 
         for i, (choice, message) in enumerate(zip(self.choices, self.messages, strict=True)):
             for delta in choice.deltas(i, message):
