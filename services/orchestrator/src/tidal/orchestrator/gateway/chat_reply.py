@@ -11,8 +11,8 @@ when asked, last). Each choice carries the `"tidal"` extension of the inference 
 from __future__ import annotations
 
 import json
+import secrets
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +35,7 @@ class ChoiceReply:
     def message(self) -> dict[str, Any]:
         calls = [
             {
-                "id": f"call_{uuid.uuid4().hex[:24]}",
+                "id": f"call_{secrets.token_hex(12)}",
                 "type": "function",
                 "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
             }
@@ -119,7 +119,7 @@ class ChatReply:
 
     def _header(self, kind: str) -> dict[str, Any]:
         return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "id": f"chatcmpl-{secrets.token_hex(16)}",
             "object": kind,
             "created": int(time.time()),
             "model": self.model,
