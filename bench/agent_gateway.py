@@ -16,10 +16,13 @@ Ratios: arm / builtin of the pooled medians. CPU: the stack's per run (start-up 
 from the waited-for children's rusage, the agent service's from /proc. `--micro` instead
 times, in this process, the gateway's own work for a two-call lookup episode (parse each
 request, render its prompt, record the turn, build the reply; no HTTP, no model).
+`--path` times the orchestrator's CPU per episode along each arm's whole rollout path (the
+built-in loop; the gateway over HTTP with the light agent service as a process), a step's
+64 episodes at a time, with a stand-in for inference that answers each turn at once.
 
     python bench/agent_gateway.py [--repeats 2] [--steps 12] [--agents light,openai]
                                   [--warmup-steps 200 | --model WARMED_FOLDER]
-    python bench/agent_gateway.py --micro
+    python bench/agent_gateway.py --micro | --path
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import sys
 import tempfile
 from contextlib import ExitStack
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from common import ROOT, print_table, write_result
@@ -143,6 +147,99 @@ def gateway_ms_per_episode(repeats: int = 200) -> float:
     return (time.perf_counter() - started) / repeats * 1000
 
 
+class ScriptedSampler:
+    """`--path`'s stand-in for the rollout generator: the real prompt rendering and
+    parsers, and a `complete` that answers at once with a lookup episode's script (the
+    call, then the value), so what is timed is the orchestrator's own work."""
+
+    def __init__(self) -> None:
+        from tidal.orchestrator.config import ChatConfig
+        from tidal.orchestrator.rollouts.prompt_rendering import PromptRenderer
+        from tidal.text.byte import ByteTokenizer
+
+        self.tokenizer = ByteTokenizer()
+        self.prompts = PromptRenderer.from_config(self.tokenizer, ChatConfig(template="on"))
+        self.inference = SimpleNamespace(max_seq_len=512)
+        self.max_tokens = 64
+        self.problems: dict[str, Any] = {}
+        """Request tag (a group's `request_id`) → its problem."""
+
+    def answer_of(self, text: str) -> str:
+        return text
+
+    def top_p(self, temperature: float) -> float:
+        return 1.0
+
+    async def complete(self, prompt_ids: list[int], *, n: int, request_id: str, **_: Any) -> list:  # type: ignore[type-arg]
+        from tidal.orchestrator.completions import Completion
+
+        tag, _, turn = request_id.rpartition("-")  # tag-e{i}-t{k} built-in, -c{k} gateway
+        problem = self.problems[tag.rpartition("-e")[0]]
+        first = turn[1:] == "0"
+        text = f'<call>lookup {{"key": "{problem.prompt}"}}</call>' if first else problem.reference
+        ids = (*self.tokenizer.encode(text, add_special_tokens=False), self.tokenizer.eos_id)
+        return [Completion(0, ids, (-0.5,) * len(ids), (1,) * len(ids), True)] * n
+
+
+def orchestrator_ms_per_episode(arm: str, *, steps: int, folder: Path) -> tuple[float, float]:
+    """`--path`: CPU ms per lookup episode of this process (the orchestrator's rollout
+    path) and of the agent service, `steps` steps of 64 episodes through the arm's real
+    rollout strategy (the gateway and a light agent process, or the built-in loop)."""
+    import asyncio
+    import time
+
+    from tidal.orchestrator.config import ToolsConfig
+    from tidal.orchestrator.rollouts.strategies import rollout_strategy
+    from tidal.orchestrator.task_config import AgentTaskConfig, LookupTaskConfig
+    from tidal.orchestrator.tasks.registry import build_task
+    from tidal.text.tool_calls import tool_call_parser
+
+    lookup = LookupTaskConfig(key_len=1, value_len=1, guess_fraction=0.5)
+    service = None
+    if arm == "builtin":
+        task = build_task(lookup, seed=0)
+    else:
+        service, port = start_agent(AGENTS["light"](folder))
+        url = f"http://127.0.0.1:{port}/"
+        task = build_task(AgentTaskConfig(url=url, problems=lookup.model_dump()), seed=0)
+    task.bind(name="lookup", seed=0)
+    sampler = ScriptedSampler()
+    strategy = rollout_strategy(task, tool_call_parser(sampler.tokenizer, "auto"), ToolsConfig())
+
+    async def step(index: int) -> None:
+        groups = []
+        for i in range(PROMPTS):
+            problem = task.problem(index * PROMPTS + i)
+            tag = f"step{index}-prompt{i}"
+            sampler.problems[tag] = problem
+            prompt = sampler.prompts.prompt_ids(problem)
+            sampling = {"temperature": 1.0, "seed": index, "request_id": tag}
+            groups.append(strategy(sampler, problem, prompt, n=GROUP, **sampling))
+        episodes = [c for group in await asyncio.gather(*groups) for c in group]
+        assert not any(c.dropped for c in episodes), "an episode was dropped"
+
+    async def run() -> tuple[float, float]:
+        await step(steps)  # connections and caches warm
+        agent_before = cpu_seconds(service.pid) if service else 0.0
+        started = time.process_time()
+        for index in range(steps):
+            await step(index)
+        ours = time.process_time() - started
+        agent = cpu_seconds(service.pid) - agent_before if service else 0.0
+        close = getattr(strategy, "aclose", None)
+        if close is not None:
+            await close()
+        episodes = steps * PROMPTS * GROUP
+        return ours / episodes * 1000, agent / episodes * 1000
+
+    try:
+        return asyncio.run(run())
+    finally:
+        if service is not None:
+            service.kill()
+            service.wait()
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU a live process has used."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -174,9 +271,18 @@ def main() -> None:
         "--agents", default="light,openai", help="gateway arms, comma-separated: light, openai"
     )
     parser.add_argument("--micro", action="store_true", help="time the gateway's own work")
+    parser.add_argument(
+        "--path", action="store_true", help="time the orchestrator's rollout path, no model"
+    )
     args = parser.parse_args()
     if args.micro:
         print(f"gateway CPU per two-call episode: {gateway_ms_per_episode():.2f} ms")
+        return
+    if args.path:
+        with tempfile.TemporaryDirectory(prefix="tidal-bench-gateway-") as tmp:
+            for arm in ("builtin", "gateway-light"):
+                ours, agent = orchestrator_ms_per_episode(arm, steps=40, folder=Path(tmp))
+                print(f"{arm}: orchestrator {ours:.3f} ms, agent {agent:.3f} ms per episode")
         return
     agents = args.agents.split(",")
     if not agents or any(a not in AGENTS for a in agents):

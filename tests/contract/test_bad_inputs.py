@@ -1303,6 +1303,14 @@ async def test_gateway_chat_fields_are_refused_by_name(gateway: Any) -> None:
         assert status == 400 and reply["error"]["param"] == field, (body, reply)
 
 
+async def test_gateway_refuses_a_body_that_is_not_strict_json(gateway: Any) -> None:
+    _, key = _episode(gateway)
+    bodies = [b'{"messages": NaN}', b'{"messages": [', b"[" * 2000 + b"]" * 2000, b'"hi"', b"\xff"]
+    for raw in bodies:
+        status, reply = await _post(gateway, "/chat/completions", key, data=raw)
+        assert status == 400 and reply["error"]["param"] == "body", (raw[:20], reply)
+
+
 async def test_gateway_lists_its_model_to_an_episodes_key_only(gateway: Any) -> None:
     _, key = _episode(gateway)
     async with aiohttp.ClientSession() as http:

@@ -11,11 +11,13 @@ when asked, last). Each choice carries the `"tidal"` extension of the inference 
 from __future__ import annotations
 
 import json
+import secrets
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from tidal.orchestrator.completions import Completion
 from tidal.text.tool_calls import ParsedTurn, ToolCall
@@ -33,7 +35,7 @@ class ChoiceReply:
     def message(self) -> dict[str, Any]:
         calls = [
             {
-                "id": f"call_{uuid.uuid4().hex[:24]}",
+                "id": f"call_{secrets.token_hex(12)}",
                 "type": "function",
                 "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
             }
@@ -117,7 +119,7 @@ class ChatReply:
 
     def _header(self, kind: str) -> dict[str, Any]:
         return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "id": f"chatcmpl-{secrets.token_hex(16)}",
             "object": kind,
             "created": int(time.time()),
             "model": self.model,
@@ -134,7 +136,7 @@ class ChatReply:
         header = self._header("chat.completion.chunk")
 
         def event(choices: list[dict[str, Any]], **extra: Any) -> bytes:
-            return f"data: {json.dumps({**header, 'choices': choices, **extra})}\n\n".encode()
+            return b"data: " + orjson.dumps({**header, "choices": choices, **extra}) + b"\n\n"
 
         for i, (choice, message) in enumerate(zip(self.choices, self.messages, strict=True)):
             for delta in choice.deltas(i, message):

@@ -11,7 +11,6 @@ network namespace) and, for agent services outside the sandbox, on a loopback TC
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import os
@@ -23,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from tidal.common.errors import InvalidArgument, ResourceExhausted, TidalError, Unavailable
@@ -162,9 +162,9 @@ class Gateway:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:  # no Content-Length: aiohttp stops at the bound
             raise BodyTooLarge from None
-        try:
-            body = json.loads(raw, parse_constant=_no_constant)
-        except (ValueError, RecursionError):
+        try:  # strict JSON: no NaN or Infinity, nesting to a bound
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
             raise InvalidArgument("body", "is not valid JSON") from None
         if not isinstance(body, dict):
             raise InvalidArgument("body", "must be a JSON object")
@@ -176,7 +176,7 @@ class Gateway:
         async with session.lock:
             reply = await self._turn(session, call)
         if not call.stream:
-            return web.json_response(reply.whole())
+            return web.Response(body=orjson.dumps(reply.whole()), content_type="application/json")
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
@@ -279,7 +279,3 @@ class Gateway:
         except LoopbackError as exc:
             raise Unavailable(f"cannot bring up the sandbox's loopback: {exc}") from None
         return web.Response(status=204)
-
-
-def _no_constant(constant: str) -> Any:
-    raise ValueError(f"{constant} is not a JSON value")

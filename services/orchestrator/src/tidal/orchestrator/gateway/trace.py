@@ -14,10 +14,11 @@ never re-tokenized from text.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from tidal.orchestrator.completions import Completion, ToolStats
 from tidal.text.conversation import ChatRendering
@@ -30,7 +31,7 @@ class Trajectory:
     """One chain of calls: `episode.ids` = prompt, then turns and messages in order."""
 
     episode: Episode
-    tools_key: str
+    tools_key: bytes
     keys: list[str] = field(default_factory=list)
     """The message keys `episode.ids` render, the replies the policy gave included."""
     prompt_len: int = 0
@@ -112,7 +113,7 @@ class EpisodeTrace:
         self, messages: Sequence[dict[str, Any]], keys: list[str], tools: Sequence[dict[str, Any]]
     ) -> PendingPrompt:
         """The ids of a call: its trajectory's ids when it extends one, else a new one's."""
-        tools_key = json.dumps(list(tools), sort_keys=True)
+        tools_key = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS)
         for trajectory in reversed(self.trajectories):
             held = len(trajectory.keys)
             if (

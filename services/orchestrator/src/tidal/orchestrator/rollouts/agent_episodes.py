@@ -45,18 +45,17 @@ class RunOutcome:
     """The end of the agent's stderr, logged when the episode is dropped."""
 
 
-def problem_json(problem: Problem, messages: list[dict[str, Any]]) -> str:
-    """What the agent is given: the problem's prompt, chat messages, tools and metadata."""
-    return json.dumps(
-        {
-            "uid": problem.uid,
-            "prompt": problem.prompt,
-            "messages": messages,
-            "tools": list(problem.tools),
-            "metadata": problem.metadata,
-        },
-        default=str,
-    )
+def problem_given(problem: Problem, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the agent is given: the problem's prompt, chat messages, tools and metadata,
+    as JSON values (what JSON cannot hold as it is, such as a date, as its text)."""
+    given = {
+        "uid": problem.uid,
+        "prompt": problem.prompt,
+        "messages": messages,
+        "tools": list(problem.tools),
+        "metadata": problem.metadata,
+    }
+    return json.loads(json.dumps(given, default=str))
 
 
 class ProgramRunner:
@@ -73,8 +72,9 @@ class ProgramRunner:
         return resources.files("tidal.orchestrator.gateway").joinpath("launcher.py").read_text()
 
     async def run(
-        self, gateway: Gateway, session: AgentSession, key: str, problem: str
+        self, gateway: Gateway, session: AgentSession, key: str, given: dict[str, Any]
     ) -> RunOutcome:
+        problem = json.dumps(given)
         spec = {
             "socket": str(gateway.socket_path),
             "session_id": session.id,
@@ -110,16 +110,17 @@ class ServiceRunner:
         self._http: aiohttp.ClientSession | None = None
 
     async def run(
-        self, gateway: Gateway, session: AgentSession, key: str, problem: str
+        self, gateway: Gateway, session: AgentSession, key: str, given: dict[str, Any]
     ) -> RunOutcome:
         if self._http is None:
-            self._http = aiohttp.ClientSession()
+            # one pool of kept-alive connections for all episodes; no cookies to keep
+            self._http = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar())
         body = {
             "session_id": session.id,
             "base_url": gateway.url,
             "api_key": key,
             "reward_url": f"{gateway.url}/sessions/{session.id}/reward",
-            "problem": json.loads(problem),
+            "problem": given,
         }
         try:
             async with self._http.post(self.url, json=body) as reply:
@@ -203,7 +204,7 @@ class AgentEpisodes:
     ) -> list[Completion]:
         gateway = await self._gateway(sampler)
         messages = sampler.prompts.messages(problem)
-        given = problem_json(problem, messages)
+        given = problem_given(problem, messages)
         episodes = (
             self._episode(sampler, gateway, problem, given, i, **sampling) for i in range(n)
         )
@@ -214,7 +215,7 @@ class AgentEpisodes:
         sampler: Any,
         gateway: Gateway,
         problem: Problem,
-        given: str,
+        given: dict[str, Any],
         index: int,
         *,
         temperature: float,
@@ -245,8 +246,8 @@ class AgentEpisodes:
         )
         key = gateway.open(session, ttl_s=config.deadline_s)
         try:
-            run = self.runner.run(gateway, session, key, given)
-            outcome = await asyncio.wait_for(run, config.deadline_s)
+            async with asyncio.timeout(config.deadline_s):
+                outcome = await self.runner.run(gateway, session, key, given)
         except TimeoutError:
             outcome = RunOutcome("", "deadline")
         finally:
