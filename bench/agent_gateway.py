@@ -10,8 +10,10 @@ Arms, run alternately `--repeats` times so load on a shared machine hits them al
   talks to the session gateway (tests/helpers/agent_programs.py): `light` on aiohttp with
   plain JSON, so the arm measures the gateway more than the agent's client; `openai` on
   the `openai` client, threads and pydantic models.
-Per step from metrics.jsonl (the first `SKIP` RL steps left out), at max_async 0 so a
-step is its rollout then its training: `seconds` (step), `generate_seconds` (rollout).
+Per step from metrics.jsonl (the first `SKIP` RL steps left out): `seconds` (step),
+`generate_seconds` (rollout). At `--max-async 0` (the default) a step is its rollout then
+its training, so the gateway's whole cost shows in the step; at the config's own 1 the
+next rollout runs while the trainer trains, as a run of `configs/lookup.toml` does.
 Ratios: arm / builtin of the pooled medians. CPU: the stack's per run (start-up included)
 from the waited-for children's rusage, the agent service's from /proc. `--micro` instead
 times, in this process, the gateway's own work for a two-call lookup episode (parse each
@@ -76,11 +78,13 @@ def agent_overlay(path: Path, port: int) -> Path:
     return path
 
 
-def run_steps(model: Path, extra: list[str], *, steps: int, out: Path, name: str) -> list[dict]:  # type: ignore[type-arg]
+def run_steps(
+    model: Path, extra: list[str], *, steps: int, max_async: int, out: Path, name: str
+) -> list[dict]:  # type: ignore[type-arg]
     args = [
         *extra, "--trainer.model.path", str(model), "--run.tokenizer", "byte",
         "--orchestrator.warmup-steps", "0", "--orchestrator.steps", str(steps),
-        "--orchestrator.staleness.max-async", "0",
+        "--orchestrator.staleness.max-async", str(max_async),
         "--orchestrator.prompts-per-step", str(PROMPTS),
         "--orchestrator.group-size", str(GROUP),
     ]  # fmt: skip
@@ -270,6 +274,9 @@ def main() -> None:
     parser.add_argument(
         "--agents", default="light,openai", help="gateway arms, comma-separated: light, openai"
     )
+    parser.add_argument(
+        "--max-async", type=int, default=0, help="0: rollout then training; 1: lookup.toml's"
+    )
     parser.add_argument("--micro", action="store_true", help="time the gateway's own work")
     parser.add_argument(
         "--path", action="store_true", help="time the orchestrator's rollout path, no model"
@@ -313,7 +320,8 @@ def main() -> None:
                 agent_before = cpu_seconds(service.pid) if service else 0.0
                 stack_before = children_cpu_seconds()
                 name = f"{arm}-{repeat}"
-                runs[arm].append(run_steps(model, extra[arm], steps=args.steps, out=out, name=name))
+                settings = {"steps": args.steps, "max_async": args.max_async}
+                runs[arm].append(run_steps(model, extra[arm], **settings, out=out, name=name))
                 agent_cpu = cpu_seconds(service.pid) - agent_before if service else 0.0
                 cpu[arm].append((children_cpu_seconds() - stack_before, agent_cpu))
     pooled = {arm: figures([r for run in rs for r in run]) for arm, rs in runs.items()}
@@ -342,7 +350,7 @@ def main() -> None:
         "run_config": "configs/lookup.toml",
         "prompts_per_step": PROMPTS,
         "group_size": GROUP,
-        "max_async": 0,
+        "max_async": args.max_async,
         "warmup_steps": 0 if args.model else args.warmup_steps,
         "rl_steps": args.steps,
         "skipped_first_rl_steps": SKIP,

@@ -8,7 +8,6 @@ task on the tiny default model as the built-in tool loop does.
 
 from __future__ import annotations
 
-import json
 import socket
 import subprocess
 import time
@@ -18,11 +17,12 @@ import pytest
 
 from tests.helpers.agent_programs import curl_command, react_service, self_rewarding_task
 from tidal.orchestrator.config import StalenessConfig
+from tidal.orchestrator.records.run_log import run_log_records
 
 LOOKUP = Path(__file__).parents[2] / "configs" / "lookup.toml"
 WARMUP_STEPS = 200
 """As the built-in lookup learning test: past the warm-up step where copying is learned."""
-RL_STEPS = 25
+RL_STEPS = 30
 REWARD_GAIN = 0.2
 """Mean reward of the last 5 RL steps over the first 5 (the built-in tool loop's bound)."""
 LIMIT_S = 900
@@ -31,8 +31,7 @@ MAX_ASYNC = 2
 
 
 def _records(run_dir: Path) -> list[dict]:  # type: ignore[type-arg]
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["phase"] == "rl"]
+    return [r for r in run_log_records(run_dir / "metrics.jsonl") if r["phase"] == "rl"]
 
 
 def _mean(records: list[dict], key: str) -> float:  # type: ignore[type-arg]
@@ -121,6 +120,8 @@ def test_a_react_agent_service_learns_the_lookup_tool_task(launch, tmp_path: Pat
     assert len(rl) == RL_STEPS
     first, last = rl[:5], rl[-5:]
     reward = _mean(first, "reward_mean"), _mean(last, "reward_mean")
-    assert reward[1] >= reward[0] + REWARD_GAIN, f"reward {reward[0]:.3f} -> {reward[1]:.3f}"
+    # Means of rewards in 64ths: a rise of exactly the bound must not fail on rounding.
+    rise = reward[1] - reward[0]
+    assert rise >= REWARD_GAIN - 1e-9, f"reward {reward[0]:.3f} -> {reward[1]:.3f}"
     calls = _mean(first, "tools/calls_per_episode"), _mean(last, "tools/calls_per_episode")
     assert calls[1] > calls[0], f"calls per episode {calls[0]:.2f} -> {calls[1]:.2f}"

@@ -58,7 +58,9 @@ def test_lookup_reward_rises_as_the_policy_learns_to_call_the_tool(launch) -> No
     assert len(rl) == RL_STEPS
     first, last = rl[:5], rl[-5:]
     reward = _mean(first, "reward_mean"), _mean(last, "reward_mean")
-    assert reward[1] >= reward[0] + REWARD_GAIN, f"reward {reward[0]:.3f} -> {reward[1]:.3f}"
+    # Means of rewards in 64ths: a rise of exactly the bound must not fail on rounding.
+    rise = reward[1] - reward[0]
+    assert rise >= REWARD_GAIN - 1e-9, f"reward {reward[0]:.3f} -> {reward[1]:.3f}"
     calls = _mean(first, "tools/calls_per_episode"), _mean(last, "tools/calls_per_episode")
     assert calls[1] >= calls[0] + CALLS_GAIN, f"calls per episode {calls[0]:.2f} -> {calls[1]:.2f}"
     failures = _mean(first, "tools/parse_failure_rate"), _mean(last, "tools/parse_failure_rate")
