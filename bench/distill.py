@@ -114,6 +114,7 @@ def run_distillation(folder: Path, out: Path, args: argparse.Namespace) -> list[
     command = [
         str(ROOT / ".venv/bin/tidal"), "rl", "@", str(ROOT / "configs/default.toml"),
         "--run.name", "distill", "--run.output-dir", str(out), "--run.tokenizer", str(folder),
+        "--run.seed", str(args.seed),
         "--trainer.model.vocab-size", "49152", "--trainer.optim.lr", str(args.lr),
         "--trainer.optim.sft-lr", str(args.sft_lr or args.lr),
         "--orchestrator.task.type", "dataset", "--orchestrator.task.path", str(train),
@@ -157,6 +158,7 @@ def main() -> None:
     parser.add_argument("--sft-lr", type=float, default=None, help="warm-up lr (default: --lr)")
     parser.add_argument("--baseline", choices=["none", "group"], default="group")
     parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0, help="the run's seed (run.seed)")
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -172,6 +174,7 @@ def main() -> None:
         {
             "step": r["step"],
             "reverse_kl": round(r["distill/reverse_kl"], 4),
+            "reward": round(r["reward_mean"], 3),
             "teacher_s": round(r["distill/teacher_s"], 3),
             "step_s": round(r["seconds"], 2),
         }
@@ -194,6 +197,7 @@ def main() -> None:
         "prompts": args.prompts, "group": args.group, "lr": args.lr,
         "sft_lr": args.sft_lr or args.lr, "warmup": args.warmup,
         "baseline": args.baseline, "max_tokens": args.max_tokens, "references": args.references,
+        "seed": args.seed,
     }  # fmt: skip
     write_result("distill", config=config, results=rows, summary=summary)
     print_table("on-policy distillation from SmolLM2-135M-Instruct", rows)
