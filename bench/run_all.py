@@ -15,6 +15,7 @@ HERE = Path(__file__).resolve().parent
 NOT_BENCHMARKS = {
     "run_all",
     "common",
+    "distill_tasks",  # bench/distill.py's task definitions
     "inference_kv",
     "inference_step",
     "rl_same_tokenizer",
