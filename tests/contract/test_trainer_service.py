@@ -665,8 +665,10 @@ async def test_delivery_re_sends_the_steps_a_trainer_that_came_back_behind_lost(
     try:
         for step in (1, 2):
             await delivery.train(step, [batches[step]], sft=False)
-        await first.stop()
+        # Started before the first trainer stops, so the kernel cannot hand its port to
+        # this server (gRPC binds with SO_REUSEPORT: both would listen on one address).
         second_ws = await start_weightsync(tmp_path / "b" / "weights")
+        await first.stop()
         config = run_config(tmp_path / "b", second_ws)
         config.endpoints.trainer = address
         second = await start_trainer(config)
