@@ -210,3 +210,16 @@ async def test_request_stop_reports_not_serving_then_stops(server: GrpcServer) -
             )
     # gone: UNAVAILABLE, or the deadline while the channel's retry policy kept trying
     assert err.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+async def test_a_second_server_cannot_bind_a_served_address(server: GrpcServer) -> None:
+    """No SO_REUSEPORT: a second server (any process of this user) on a served port fails
+    at bind instead of quietly taking part of the first one's connections."""
+    binding = ServiceBinding(
+        Raising(),
+        orchestrator_pb2_grpc.add_OrchestratorServiceServicer_to_server,
+        "tidal.rpc.v1.OrchestratorService",
+    )
+    with pytest.raises((OSError, RuntimeError), match="bind"):
+        GrpcServer(f"127.0.0.1:{server.port}", [binding], GrpcConfig(), security=PLAINTEXT_LOOPBACK)
+    assert (await _call(server, **{"x-request-id": "still"})).state == "still"

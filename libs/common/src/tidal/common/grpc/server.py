@@ -89,6 +89,9 @@ class GrpcServer:
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_recv_ping_interval_without_data_ms", 5000),
             ("grpc.http2.max_ping_strikes", 0),
+            # One server per address: gRPC binds with SO_REUSEPORT by default on Linux, so a
+            # second process on the same port would quietly take half the connections.
+            ("grpc.so_reuseport", 0),
         ]
         # Health checks are not traced: they are noise in every trace, and the OTel aio
         # interceptor only handles async-generator streams, not grpc_health's Watch,
