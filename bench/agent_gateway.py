@@ -47,6 +47,7 @@ from common import ROOT, print_table, write_result
 
 sys.path.insert(0, str(ROOT))
 from tests.helpers.agent_programs import async_react_service, react_service
+from tidal.orchestrator.records.run_log import run_log_records
 
 AGENTS = {"light": async_react_service, "openai": react_service}
 
@@ -65,7 +66,7 @@ def tidal_rl(args: list[str], *, out: Path, name: str) -> list[dict[str, Any]]:
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     if done.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    return [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
+    return run_log_records(out / name / "metrics.jsonl")
 
 
 def agent_overlay(path: Path, port: int) -> Path:

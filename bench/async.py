@@ -17,7 +17,6 @@ Threads per service come from the run config (`trainer.num_threads`,
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -26,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from common import ROOT, print_table, write_result
+
+from tidal.orchestrator.records.run_log import run_log_records
 
 SETTINGS = (0, 1, 2)
 SKIP_FIRST = 3
@@ -43,8 +44,8 @@ def run_once(max_async: int, *, steps: int, warmup: int, out: Path, tag: str) ->
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     if done.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    lines = (out / name / "metrics.jsonl").read_text().splitlines()
-    rl = [r for r in map(json.loads, lines) if r["phase"] == "rl"][SKIP_FIRST:]
+    records = run_log_records(out / name / "metrics.jsonl")
+    rl = [r for r in records if r["phase"] == "rl"][SKIP_FIRST:]
     total = sum(r["seconds"] for r in rl)
     return {
         "s_per_step": statistics.median(r["seconds"] for r in rl),

@@ -33,6 +33,8 @@ from typing import Any
 
 from common import ROOT, median_seconds, print_table, write_result
 
+from tidal.orchestrator.records.run_log import run_log_records
+
 BANDS = {"short": (1, 2), "mid": (3, 5), "long": (10, 14)}
 """Task name → (min_len, max_len) of its strings (`--short`, `--mid`, `--long` change one)."""
 POOL = 128
@@ -95,7 +97,7 @@ def run(sampler: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
             if subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT).returncode:
                 raise RuntimeError(f"{name} failed:\n{log.read_text()[-3000:]}")
         (folder / "load.json").write_text(json.dumps([*load, os.getloadavg()[0]]))
-    lines = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    lines = run_log_records(folder / "metrics.jsonl")
     return {"lines": lines, "load": json.loads((folder / "load.json").read_text())}
 
 

@@ -51,6 +51,7 @@ sys.path.insert(0, str(ROOT))
 from distill_tasks import Problem, problems
 
 from tests.smollm2 import converted_folder, smollm2_gguf
+from tidal.orchestrator.records.run_log import run_log_records
 
 MAX_TOKENS = 8
 
@@ -134,8 +135,7 @@ def run_distillation(folder: Path, out: Path, args: argparse.Namespace) -> list[
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     if done.returncode != 0:
         raise RuntimeError(f"tidal rl failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    lines = (out / "distill" / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines]
+    return run_log_records(out / "distill" / "metrics.jsonl")
 
 
 def accuracy_by_step(records: list[dict[str, Any]]) -> list[list[float]]:

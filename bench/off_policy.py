@@ -13,7 +13,6 @@ Finished runs under `--runs-dir` are read, not run again.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -21,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from common import RESULTS_DIR, ROOT, print_table, write_result
+
+from tidal.orchestrator.records.run_log import run_log_records
 
 CORRECTIONS: dict[str, list[str]] = {
     "none": [],
@@ -51,8 +52,7 @@ def run_once(name: str, seed: int, out: Path) -> list[dict[str, Any]]:
         done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
         if done.returncode != 0:
             raise RuntimeError(f"{run} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    lines = (out / run / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["phase"] == "rl"]
+    return [r for r in run_log_records(out / run / "metrics.jsonl") if r["phase"] == "rl"]
 
 
 def mean_of(steps: list[dict[str, Any]], key: str, empty: float = 0.0) -> float:

@@ -61,6 +61,8 @@ from typing import Any
 
 from common import ROOT
 
+from tidal.orchestrator.records.run_log import run_log_records
+
 HERE = Path(__file__).resolve().parent
 TRL_SCRIPT = HERE / "trl_side" / "grpo_reversal.py"
 ADAM_BETA2 = "0.95"  # Tidal's default trainer.optim.betas[1]; TRL's own default is 0.999
@@ -135,8 +137,8 @@ def run_tidal(command: list[str], *, out: Path, name: str, step_line: Any) -> di
         for m in map(step_line.match, output.splitlines())
         if m
     }
-    records = (out / name / "metrics.jsonl").read_text().splitlines()
-    rl = [r for r in map(json.loads, records) if r["phase"] == "rl"]
+    records = run_log_records(out / name / "metrics.jsonl")
+    rl = [r for r in records if r["phase"] == "rl"]
     first_end, first_seconds = ends[rl[0]["step"]]
     return {
         "curve": [

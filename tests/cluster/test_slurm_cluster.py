@@ -37,7 +37,7 @@ from cryptography import x509
 from tests.cluster.cluster import COMPUTE, CONTROLLER, ROOT, Cluster, build_image, span_medians
 from tests.deploy.engine import ensure_engine, sh
 from tests.distributed.test_fsdp import TOL
-from tidal.orchestrator.records.run_log import run_log_steps
+from tidal.orchestrator.records.run_log import run_log_records, run_log_steps
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(3600)]
 CONFIG = "configs/examples/cluster-cpu.toml"
@@ -112,8 +112,8 @@ def _check_learned(run_dir: Path, steps: int) -> None:
     assert run_log_steps(run_dir / "metrics.jsonl") == list(range(1, steps + 1))
     trained = [int(s) for s in TRAINED.findall((run_dir / "logs" / "trainer.log").read_text())]
     assert trained == list(range(1, steps + 1)), trained
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    rl = [json.loads(x)["reward_mean"] for x in lines if '"phase": "rl"' in x]
+    records = run_log_records(run_dir / "metrics.jsonl")
+    rl = [r["reward_mean"] for r in records if r["phase"] == "rl"]
     first, last = sum(rl[:WINDOW]) / WINDOW, sum(rl[-WINDOW:]) / WINDOW
     print(f"test-cluster: {run_dir.name}: reward {first:.3f} -> {last:.3f}", flush=True)
     assert last - first >= LEARNING_BAR, f"reward {first:.3f} -> {last:.3f}"

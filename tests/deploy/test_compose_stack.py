@@ -37,6 +37,8 @@ from pathlib import Path
 import pytest
 import tomli_w
 
+from tidal.orchestrator.records.run_log import run_log_records
+
 from .engine import compose_command, container_state, ensure_engine, image_size_mb, sh
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,11 +98,7 @@ def _write_config(stack_dir: Path) -> dict:  # type: ignore[type-arg]
 
 
 def _metrics(run_dir: Path) -> list[dict]:  # type: ignore[type-arg]
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    lines = path.read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip().endswith("}")]
+    return run_log_records(run_dir / "metrics.jsonl")
 
 
 def _wait(what: str, predicate, timeout_s: float, every_s: float = 2.0) -> None:  # type: ignore[no-untyped-def]

@@ -5,13 +5,14 @@ cleanly."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tidal.orchestrator.records.run_log import run_log_records
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,5 +44,5 @@ def test_rl_run_with_a_two_rank_trainer_trains_every_step_and_stops_cleanly(
     for step in range(1, STEPS + WARMUP + 1):
         assert f"trained step {step} " in log
     assert "Connection reset" not in log, log[-3000:]  # followers left on rank 0's stop
-    metrics = [json.loads(line) for line in (tmp_path / "ws2" / "metrics.jsonl").open()]
+    metrics = run_log_records(tmp_path / "ws2" / "metrics.jsonl")
     assert [m["policy_version"] for m in metrics][-1] >= STEPS

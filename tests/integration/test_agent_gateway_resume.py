@@ -9,7 +9,6 @@ agent waits, its call recorded by the gateway and its reward not.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -20,6 +19,7 @@ import pytest
 from tidal.cli.config import RunConfig
 from tidal.cli.launcher import prepare_run_dir
 from tidal.common.config.loading import load_config
+from tidal.orchestrator.records.run_log import run_log_records
 
 from ..helpers.agent_programs import self_rewarding_task, write_agent
 from ..helpers.processes import processes_with
@@ -51,18 +51,9 @@ def _agent_toml(tmp_path: Path, folder: Path) -> Path:
 
 
 def _rl_records(run_dir: Path) -> list[dict]:  # type: ignore[type-arg]
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:  # a line being written may be read half while the orchestrator runs
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if record.get("phase") == "rl":
-            records.append(record)
-    return records
+    # read while the orchestrator runs: a line being written is skipped
+    records = run_log_records(run_dir / "metrics.jsonl")
+    return [r for r in records if r.get("phase") == "rl"]
 
 
 @pytest.mark.slow

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tidal.orchestrator.records.run_log import run_log_records
+
 from ..smollm2 import smollm2_folder
 
 __all__ = ["smollm2_folder"]
@@ -50,7 +52,7 @@ def test_a_tiny_student_is_distilled_from_smollm2_with_per_token_advantages(
     assert config["orchestrator"]["distill"]["address"].startswith("127.0.0.1:")
     teacher_log = (run.run_dir / "logs" / "teacher.log").read_text()
     assert "llama-30x576" in teacher_log, teacher_log[-2000:]
-    records = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").open()]
+    records = run_log_records(run.run_dir / "metrics.jsonl")
     rl = [r for r in records if r["phase"] == "rl"]
     assert len(rl) == STEPS
     for r in rl:

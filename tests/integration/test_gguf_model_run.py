@@ -22,6 +22,7 @@ import torch
 
 from tidal.models.hf_checkpoint import load_hf_folder
 from tidal.models.hf_folder import read_weights
+from tidal.orchestrator.records.run_log import run_log_records
 
 from ..smollm2 import IM_START, smollm2_folder
 
@@ -70,7 +71,7 @@ def test_an_imported_gguf_model_trains_publishes_and_its_export_generates(
     assert "prompts through its chat template" in (logs / "orchestrator.log").read_text()
     assert "llama 134.52M params" in (logs / "trainer.log").read_text()
 
-    records = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").open()]
+    records = run_log_records(run.run_dir / "metrics.jsonl")
     rl = [r for r in records if r["phase"] == "rl"]
     assert len(rl) == STEPS
     assert any(r["train/grad_norm"] > 0 for r in rl), [r["reward_std"] for r in rl]

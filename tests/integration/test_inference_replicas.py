@@ -21,6 +21,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from tidal.orchestrator.records.run_log import run_log_steps
 from tidal.rpc.v1 import common_pb2, inference_pb2_grpc
 
 from ..tls_fixtures import role_channel
@@ -49,8 +50,7 @@ def _replica_pid(children: list[int], address: str) -> int:
 
 
 def _trained_steps(run_dir: Path) -> list[int]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line)["step"] for line in lines if line.strip()]
+    return run_log_steps(run_dir / "metrics.jsonl")
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ import pytest
 from tidal.cli.config import RunConfig
 from tidal.cli.launcher import prepare_run_dir
 from tidal.common.config.loading import load_config
+from tidal.orchestrator.records.run_log import run_log_records
 
 from ..helpers.split_runs import (
     kill_and_resume_orchestrator,
@@ -65,11 +66,11 @@ def test_resumed_orchestrator_sees_the_prompts_of_an_uninterrupted_run(
     assert sorted(expected) == list(range(1, WARMUP + STEPS + 1))
     # held-out evaluation ran on every task after RL steps 4, 8 and the last, and took
     # nothing from the training prompt stream (the resumed run below compares equal)
-    metrics = (uninterrupted.run_dir / "metrics.jsonl").read_text().splitlines()
-    evals = [m for m in map(json.loads, metrics) if "eval/qa/pass@2" in m]
+    metrics = run_log_records(uninterrupted.run_dir / "metrics.jsonl")
+    evals = [m for m in metrics if "eval/qa/pass@2" in m]
     assert [m["step"] - WARMUP for m in evals] == [4, 8, STEPS]
     # multi-turn episodes were generated, scored per turn and trained
-    chat = [m for m in map(json.loads, metrics) if "task/chat/score/turns_completed" in m]
+    chat = [m for m in metrics if "task/chat/score/turns_completed" in m]
     assert chat and all(0 < m["task/chat/score/turns_completed"] <= 1 for m in chat)
     for m in evals:
         for task in ("reversal", "qa", "chat"):
