@@ -117,7 +117,7 @@ def run_distillation(folder: Path, out: Path, args: argparse.Namespace) -> list[
         "--run.name", "distill", "--run.output-dir", str(out), "--run.tokenizer", str(folder),
         "--run.seed", str(args.seed),
         "--trainer.model.vocab-size", "49152", "--trainer.optim.lr", str(args.lr),
-        "--trainer.optim.sft-lr", str(args.sft_lr or args.lr),
+        "--trainer.optim.sft-lr", str(args.sft_lr),
         "--orchestrator.task.type", "dataset", "--orchestrator.task.path", str(train),
         "--orchestrator.task.eval-path", str(evals), "--orchestrator.task.verifier", "regex",
         "--orchestrator.chat.template", chat_template(args.task),
@@ -161,6 +161,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="the run's seed (run.seed)")
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
     args = parser.parse_args()
+    args.sft_lr = args.sft_lr or args.lr
     args.out.mkdir(parents=True, exist_ok=True)
     folder = args.teacher or converted_folder(smollm2_gguf())
     started = time.monotonic()
@@ -195,7 +196,7 @@ def main() -> None:
         "command": " ".join(sys.argv), "teacher": str(folder), "task": args.task,
         "digits": args.digits, "held_out": len(teacher["answers"]), "steps": args.steps,
         "prompts": args.prompts, "group": args.group, "lr": args.lr,
-        "sft_lr": args.sft_lr or args.lr, "warmup": args.warmup,
+        "sft_lr": args.sft_lr, "warmup": args.warmup,
         "baseline": args.baseline, "max_tokens": args.max_tokens, "references": args.references,
         "seed": args.seed,
     }  # fmt: skip

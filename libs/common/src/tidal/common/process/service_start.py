@@ -2,8 +2,9 @@
 
 One function so that the four services and torchrun's trainer start the same way: a
 config error, a missing credential or a run folder's file policy is handled before any
-server is built, and a service started by `tidal rl` dies with its launcher. The
-asyncio services also hand what start-up built to `settle_startup_heap` before serving.
+server is built, and a service started by `tidal rl` dies with its launcher. Inference,
+the orchestrator and weight sync also hand what start-up built to `settle_startup_heap`
+before serving.
 """
 
 from __future__ import annotations
