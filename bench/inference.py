@@ -61,6 +61,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +76,8 @@ from inference_step import measure_step
 from tidal.inference.batching import Batcher
 from tidal.inference.block_manager import blocks_for
 from tidal.inference.config import InferenceConfig
-from tidal.inference.kv_cache import DecodeAttention, PagedKVCache, block_bytes
+from tidal.inference.decode_attention import BlockReads, DecodeKernel, gather, sdpa_decode
+from tidal.inference.kv_cache import PagedKVCache, block_bytes
 from tidal.inference.loading import build_model, load_weights
 from tidal.inference.native import NativeEngine
 from tidal.inference.packed_linear import pack_linears
@@ -207,28 +209,28 @@ class HuggingFace:
         return completions if scenario == "fixed" else [until_stop(c) for c in completions]
 
 
-class _GqaSdpaDecode(DecodeAttention):
+class _GqaSdpaDecode:
     """Decode attention as SDPA with `enable_gqa` and a bool mask: one query row per head."""
 
-    def __init__(self, cache: PagedKVCache, tables: list[list[int]], positions: list[int]) -> None:
-        super().__init__(cache, tables, positions)
-        # (B, 1, 1, S) bool, True = attend; None when every key read is visible
-        self.visible = None if self.mask is None else torch.isfinite(self.mask)
+    name = "sdpa, enable_gqa"
 
-    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        return sdpa(q, keys, values, mask=self.visible, causal=False)
+    def warm_up(self, *, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
+        pass
+
+    def __call__(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, reads: BlockReads
+    ) -> torch.Tensor:
+        k, v = gather(keys, values, reads)  # (B, Hkv, S, D)
+        additive = reads.additive_mask(q.dtype)  # (B, 1, 1, S) bool, True = attend, or None
+        visible = None if additive is None else torch.isfinite(additive)
+        return sdpa(q, k, v, mask=visible, causal=False)
 
 
-class _GqaSdpaCache(PagedKVCache):
-    def decode(self, tables: list[list[int]], positions: list[int]) -> DecodeAttention:
-        return _GqaSdpaDecode(self, tables, positions)
-
-
-# Decode-step variants: (linears, folded-GQA attention); the engine's own is last.
-VARIANTS = {
-    "plain F.linear": ("plain", True),
-    "GQA SDPA, bool mask": ("packed", False),
-    "engine (packed, folded GQA)": ("packed", True),
+# Decode-step variants: (linears, decode attention); the engine's own is last.
+VARIANTS: dict[str, tuple[str, Callable[[], DecodeKernel]]] = {
+    "plain F.linear": ("plain", lambda: sdpa_decode),
+    "GQA SDPA, bool mask": ("packed", _GqaSdpaDecode),
+    "engine (packed, folded GQA)": ("packed", lambda: sdpa_decode),
 }
 
 
@@ -236,20 +238,24 @@ def running_batch(
     state: dict[str, torch.Tensor],
     prompts: list[list[int]],
     *,
-    variant: tuple[str, bool],
+    variant: tuple[str, Callable[[], DecodeKernel]],
     dtype: torch.dtype,
     steps: int,
 ) -> tuple[Batcher, list[Sequence]]:
     """The engine's batcher with all prompts prefilled and `steps` greedy tokens decoded."""
-    linears, folded = variant
+    linears, attention = variant
     model = build_model(ARGS.to_hf_config(), device=torch.device("cpu"), dtype=dtype)
     if linears == "packed":
         pack_linears(model, batch_hint=BATCH)
     load_weights(model, state)
     per_sequence = blocks_for(max(len(p) for p in prompts) + NEW_TOKENS, KV_BLOCK)
-    cache_type = PagedKVCache if folded else _GqaSdpaCache
-    cache = cache_type(
-        model.args, num_blocks=BATCH * per_sequence, block_size=KV_BLOCK, dtype=dtype, device="cpu"
+    cache = PagedKVCache(
+        model.args,
+        num_blocks=BATCH * per_sequence,
+        block_size=KV_BLOCK,
+        dtype=dtype,
+        device="cpu",
+        decode_kernel=attention(),
     )
     batcher = Batcher(model, cache, max_seq_len=ARGS.max_seq_len)
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)

@@ -1,7 +1,8 @@
 """`bench/inference.py --model-path DIR`: the RL shape on a real Hugging Face folder.
 
 The native engine serves the folder's weights (`read_weights`, as `inference.model_path`
-does; once as configured by default, once with `compile_attention`) and transformers
+does; once as configured by default, with the native decode-attention kernel, once with
+`compile_attention = false`, SDPA on gathered keys) and transformers
 loads the same folder with `LlamaForCausalLM.from_pretrained`, all in one dtype. All get
 the same chat-templated arithmetic prompts (8 prompts, rendered by the folder's own
 template with a generation prompt) and draw 8 samples each of up to 48 new tokens at
@@ -34,7 +35,7 @@ from tidal.models.hf_config import read_config
 from tidal.models.hf_folder import read_weights
 from tidal.text.hf_tokenizer import HFTokenizer
 
-COMPILED = "tidal native engine, compile_attention"
+SDPA = "tidal native engine, SDPA decode attention"
 PROMPTS, N, NEW_TOKENS = 8, 8, 48  # the RL shape: 8 prompts x 8 samples x 48 new tokens
 SYSTEM = "Solve the arithmetic problem. Give the final answer as a number on the last line."
 
@@ -64,7 +65,7 @@ class NativeFolder:
         dtype: torch.dtype,
         stop_ids: tuple[int, ...],
         *,
-        compile_attention: bool = False,
+        compile_attention: bool = True,
     ) -> None:
         self.loop = asyncio.new_event_loop()
         self.stop_ids = stop_ids
@@ -142,14 +143,14 @@ class TransformersFolder:
 def measure_real(
     folder: Path, dtype: torch.dtype, repeats: int
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """(table rows, summary): transformers and the engine, by default and with
-    `compile_attention`, alternating on the RL shape; medians."""
+    """(table rows, summary): transformers and the engine, by default and with SDPA decode
+    attention (`compile_attention = false`), alternating on the RL shape; medians."""
     tokenizer = HFTokenizer.from_folder(folder)
     stop_ids = tuple(tokenizer.eos_ids)
     prompts = arithmetic_prompts(tokenizer)
     engines = {
         "tidal native engine": NativeFolder(folder, dtype, stop_ids),
-        COMPILED: NativeFolder(folder, dtype, stop_ids, compile_attention=True),
+        SDPA: NativeFolder(folder, dtype, stop_ids, compile_attention=False),
     }
     systems: dict[str, Any] = {
         "transformers generate()": TransformersFolder(folder, dtype, stop_ids),
@@ -194,10 +195,10 @@ def measure_real(
             rate["tidal native engine"] / rate["transformers generate()"], 3
         ),
         "paired_speedups": paired("tidal native engine"),
-        "speedup_vs_hf_rl_real_compiled_attention": round(
-            rate[COMPILED] / rate["transformers generate()"], 3
+        "speedup_vs_hf_rl_real_sdpa_attention": round(
+            rate[SDPA] / rate["transformers generate()"], 3
         ),
-        "paired_speedups_compiled_attention": paired(COMPILED),
+        "paired_speedups_sdpa_attention": paired(SDPA),
         "kernels": kernels,
         "prompt_lengths": [len(p) for p in prompts],
     }
@@ -210,6 +211,8 @@ FORWARD_KINDS = {
     "aten::linear": "linears (incl. LM head)",
     "aten::index_select": "KV gather (paged blocks → contiguous)",
     "aten::index_copy_": "KV-cache writes",
+    "aten::index_put_": "KV-cache writes",
+    "tidal::paged_decode": "attention (native paged kernel)",
     "aten::scaled_dot_product_attention": "attention (SDPA)",
     "aten::matmul": "attention (SDPA)",
     "aten::rms_norm": "RMSNorm",
@@ -234,6 +237,7 @@ def decode_profile(
 
     from tidal.inference.batching import Batcher
     from tidal.inference.block_manager import blocks_for
+    from tidal.inference.decode_attention import choose_decode_attention
     from tidal.inference.kv_cache import PagedKVCache
     from tidal.inference.loading import build_model, load_weights
     from tidal.inference.packed_linear import pack_linears
@@ -248,8 +252,20 @@ def decode_profile(
     load_weights(model, read_weights(folder))
     total_steps = warm_steps + 2 * steps + 2
     per_sequence = blocks_for(max(len(p) for p in prompts) + total_steps, 16)
+    attention = choose_decode_attention(
+        torch.device("cpu"), compile_attention=InferenceConfig().compile_attention
+    )  # the engine's own default
     cache = PagedKVCache(
-        model.args, num_blocks=batch * per_sequence, block_size=16, dtype=dtype, device="cpu"
+        model.args,
+        num_blocks=batch * per_sequence,
+        block_size=16,
+        dtype=dtype,
+        device="cpu",
+        decode_kernel=attention,
+    )
+    args = model.args
+    attention.warm_up(
+        heads=args.n_heads, kv_heads=args.n_kv_heads, head_dim=args.head_dim, dtype=dtype
     )
     batcher = Batcher(model, cache, max_seq_len=model.args.max_seq_len)
     params = SamplingParams(max_tokens=total_steps, temperature=1.0)

@@ -104,7 +104,7 @@ def step_split(state: dict[str, torch.Tensor], rounds: int) -> tuple[float, floa
             attention = cache.decode([s.blocks for s in sequences], [s.position for s in sequences])
             started = time.perf_counter()
             with torch.inference_mode():
-                batcher.model(inputs, attention.positions[:, None], attention=attention)
+                batcher.model(inputs, attention.reads.positions[:, None], attention=attention)
             forwards.append(time.perf_counter() - started)
             started = time.perf_counter()
             batcher.decode(sequences, 0)

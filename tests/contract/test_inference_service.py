@@ -264,7 +264,7 @@ async def test_new_version_is_loaded_acked_and_traced(
     # The engine's choice, for the operator: inference.dtype "auto" is bf16 where native.
     native = bf16_support().native
     linears = f"cpu onednn-packed {'bf16' if native else 'fp32'}"
-    assert status.kernels == f"{linears}; decode attention sdpa"
+    assert status.kernels == f"{linears}; decode attention native paged"
     assert (status.tokenizer.name, status.tokenizer.vocab_size) == ("byte", 259)
     assert REPLICA in weightsync_server.registry.get(1).loaded_by
     (reply,) = await ready.generate(prompt="hi", sampling=pb.SamplingParams(max_tokens=3))

@@ -175,7 +175,7 @@ async def test_bf16_engine_serves_on_each_kernel_path_and_says_which(
         kernels = engine.status().kernels
         (completion,) = await tiny.collect(engine, PROMPTS[1], params)
     if bf16_path == "native":
-        assert kernels == "cpu onednn-packed bf16; decode attention sdpa"
+        assert kernels == "cpu onednn-packed bf16; decode attention native paged"
     else:
         assert kernels.startswith("cpu onednn-packed fp32 from bf16 weights (no native bf16:")
     reference = tiny.model(0).to(torch.bfloat16)  # plain bf16 F.linear, no cache

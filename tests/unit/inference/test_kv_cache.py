@@ -2,7 +2,7 @@
 what plain attention computes.
 
 - Storage: `lazy_zeros` are torch's zeros in every cache dtype, writable, page-aligned.
-- Decode: the GQA group folded into the query axis equals SDPA with `enable_gqa`.
+- Decode: each sequence reads its own positions, with both decode kernels.
 - Extend: prompts packed into one row equal each prompt run alone, and land in their blocks;
   a prompt computed on top of its cached prefix equals it computed whole.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tidal.inference.decode_attention import DecodeKernel, NativeDecode, sdpa_decode
 from tidal.inference.kv_cache import PagedKVCache, lazy_zeros, rows_of
 from tidal.models.args import DecoderArgs
 from tidal.models.layers import DecoderLM
@@ -71,11 +72,16 @@ def test_packed_prefill_equals_each_prompt_alone_and_caches_its_keys() -> None:
             want = model.hidden_states(prompt[None], torch.arange(n)[None])  # plain causal
             torch.testing.assert_close(packed[:, start : start + n], want)
             rows = rows_of([table], n, BLOCK, "cpu")[0]  # (n,)
-            torch.testing.assert_close(cache.k[:, rows], alone.k[:, :n])
+            torch.testing.assert_close(keys_at(cache, rows), keys_at(alone, torch.arange(n)))
             torch.testing.assert_close(cache.v[:, rows], alone.v[:, :n])
             start += n
     unused = rows_of([[1, 4]], 2 * BLOCK, BLOCK, "cpu")[0]
-    assert not cache.k[:, unused].any()  # blocks no prompt holds were never written
+    assert not keys_at(cache, unused).any()  # blocks no prompt holds were never written
+
+
+def keys_at(cache: PagedKVCache, rows: torch.Tensor) -> torch.Tensor:
+    """Keys (L, N, Hkv, D) of every layer at cache rows `rows` (N,)."""
+    return torch.stack([cache.read_keys(layer, rows) for layer in range(cache.k.shape[0])])
 
 
 def test_an_extend_over_a_cached_prefix_equals_the_whole_prompt() -> None:
@@ -93,12 +99,22 @@ def test_an_extend_over_a_cached_prefix_equals_the_whole_prompt() -> None:
     torch.testing.assert_close(rest, want[:, 8:])
 
 
+@pytest.mark.parametrize("kernel", [sdpa_decode, NativeDecode()], ids=["sdpa", "native"])
 @pytest.mark.parametrize("positions", [[6, 6, 6], [6, 2, 9]])
-def test_decode_reads_each_sequence_up_to_its_position(positions: list[int]) -> None:
+def test_decode_reads_each_sequence_up_to_its_position(
+    positions: list[int], kernel: DecodeKernel
+) -> None:
     model = tiny_model()
     prompts = [torch.randint(0, 64, (p,)) for p in positions]
     tables = [[5, 2, 8], [0, 7, 9], [4, 3, 1]]
-    cache = cache_of(model, 10)
+    cache = PagedKVCache(
+        model.args,
+        num_blocks=10,
+        block_size=BLOCK,
+        dtype=torch.float32,
+        device="cpu",
+        decode_kernel=kernel,
+    )
     step = torch.randint(0, 64, (3, 1))  # (B, 1) the token each decodes next
     with torch.inference_mode():
         for prompt, table in zip(prompts, tables, strict=True):
@@ -108,8 +124,8 @@ def test_decode_reads_each_sequence_up_to_its_position(positions: list[int]) -> 
             )
         decode = cache.decode(tables, positions)
         # Equal positions read no mask: every key read is each sequence's own.
-        assert (decode.mask is None) == (len(set(positions)) == 1)
-        got = model.hidden_states(step, decode.positions[:, None], attention=decode)  # (B, 1, dim)
+        assert (decode.reads.additive_mask(torch.float32) is None) == (len(set(positions)) == 1)
+        got = model.hidden_states(step, decode.reads.positions[:, None], attention=decode)
         for i, prompt in enumerate(prompts):
             ids = torch.cat([prompt, step[i]])[None]
             want = model.hidden_states(ids, torch.arange(ids.shape[1])[None])[:, -1]

@@ -147,7 +147,7 @@ class Batcher:
         inputs = torch.tensor([[s.token_ids[-1]] for s in sequences], device=self.device)  # (B, 1)
         positions = [s.position for s in sequences]
         attention = self.cache.decode([s.blocks for s in sequences], positions)
-        logits = self.model(inputs, attention.positions[:, None], attention=attention)[:, -1]
+        logits = self.model(inputs, attention.reads.positions[:, None], attention=attention)[:, -1]
         manager, bs = self.cache.blocks, self.cache.block_size
         for s, position in zip(sequences, positions, strict=True):
             s.computed = position + 1

@@ -164,12 +164,13 @@ class InferenceConfig(BaseConfig):
     packed_weights: bool = True
     """CPU only: run the model's linear layers on oneDNN-prepacked copies of their weights
     (faster matmuls, one extra copy of the weights in memory; see docs/inference.md)."""
-    compile_attention: bool = False
-    """CPU native engine: compute decode attention with a kernel `torch.compile` generates
-    (fp32, all sequences and heads in one loop nest) instead of SDPA, which at decode's
-    small shapes spends most of its time per (sequence, head). Costs a compile when the first
-    weights load and needs a C++ compiler; if compiling fails it warns and uses SDPA (see
-    docs/inference.md)."""
+    compile_attention: bool = True
+    """CPU native engine: decode attention by a C++ kernel (paged_decode.cpp) compiled for
+    this CPU when the first weights load (seconds, once; cached on disk), which reads each
+    sequence's keys through its block table in fp32. Off: SDPA on keys gathered out of the
+    cache first, which at decode's small shapes spends most of its time per (sequence,
+    head). Needs a C++ compiler (`CXX`, else g++); if building fails it warns and uses
+    SDPA. Ignored on GPUs (see docs/inference.md)."""
     max_queue: int = Field(default=1024, gt=0)
     """Most requests waiting for a batch; beyond it Generate answers RESOURCE_EXHAUSTED."""
     gpu_memory_utilization: float = Field(default=0.8, gt=0, le=1)

@@ -1,31 +1,60 @@
-"""Decode attention: one query token per sequence over its gathered keys, two kernels.
+"""Decode attention: one query token per sequence over its cached keys, two kernels.
 
-`sdpa_decode` folds the GQA group into the query axis and calls SDPA. At decode's shapes
-(a few query rows over tens of keys per sequence and kv head) SDPA's CPU kernel spends
-most of its time setting up each (sequence, kv head) pair, not computing. `InductorDecode`
-computes the same sums in fp32 as one loop nest that `torch.compile` generates for all
-pairs at once, at the cost of a compile on first use and a C++ compiler. The kernel is
-chosen once per engine (`inference.compile_attention`); a compile that fails falls back
-to SDPA with a warning, so a replica never stops serving for it.
+Both read one layer of the paged cache (keys `(NB, Hkv, D, BS)`, values `(NB * BS, Hkv,
+D)`, see kv_cache.py) through each sequence's block table. `SdpaDecode` gathers every
+sequence's keys and values into contiguous tensors and calls SDPA with the GQA group
+folded into the query axis; at decode's shapes (a few query rows over tens of keys per
+sequence and kv head) SDPA's CPU kernel spends most of its time setting up each pair, and
+the gather copies the keys first. `NativeDecode` reads the blocks in place with
+paged_decode.cpp, compiled for this CPU: torch has no paged attention for CPU, and
+Inductor does not vectorize loads through a block table (a compiled gather-and-attend
+ran ~30x slower than gathering first). The kernel is chosen once per engine
+(`inference.compile_attention`); a build that fails falls back to SDPA with a warning,
+so a replica never stops serving for it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
-from tidal.models.cpu_features import inductor_cache_per_isa
+from tidal.inference.native_decode import DTYPE_CODES, PagedDecodeLibrary, build
 
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class BlockReads:
+    """What one decode step reads: sequence b's positions `[0, positions[b]]`, position p
+    in block `table[b, p // block_size]` at offset `p % block_size`."""
+
+    table: torch.Tensor  # (B, W) int64; rows padded with block 0, never read unmasked
+    positions: torch.Tensor  # (B,) int64
+    block_size: int
+    span: int  # longest sequence's keys: max(positions) + 1
+    in_step: bool  # every sequence at the same position (a group decoding together)
+    _masks: dict[torch.dtype, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    def additive_mask(self, dtype: torch.dtype) -> torch.Tensor | None:
+        """(B, 1, 1, span): 0 where a key is the sequence's own, -inf past it; None when
+        every key read is (sequences in step). Built once per step, for every layer."""
+        if self.in_step:
+            return None
+        if dtype not in self._masks:
+            keys = torch.arange(self.span, device=self.positions.device)
+            visible = keys[None, :] <= self.positions[:, None]  # (B, span)
+            mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+            self._masks[dtype] = mask.masked_fill_(~visible, float("-inf"))[:, None, None, :]
+        return self._masks[dtype]
+
+
 class DecodeKernel(Protocol):
-    """q (B, H, 1, D) over keys and values (B, Hkv, S, D), additive mask (B, 1, 1, S) or
-    None (every key visible) → (B, H, 1, D) in q's dtype."""
+    """q (B, H, 1, D) over one layer's cached keys (NB, Hkv, D, BS) and values
+    (NB * BS, Hkv, D), read as `reads` says → (B, H, 1, D) in q's dtype."""
 
     @property
     def name(self) -> str:
@@ -37,19 +66,27 @@ class DecodeKernel(Protocol):
         ...
 
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, reads: BlockReads
     ) -> torch.Tensor: ...
 
 
-def _grouped(q: torch.Tensor, n_kv: int) -> torch.Tensor:
-    """(B, H, 1, D) → (B, Hkv, G, D): head j*G + g becomes query row g of kv head j."""
-    b, h, _, d = q.shape
-    return q.reshape(b, n_kv, h // n_kv, d)
+def gather(
+    keys: torch.Tensor, values: torch.Tensor, reads: BlockReads
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every sequence's first `span` keys and values, (B, Hkv, span, D) each, copied out of
+    whole blocks (one `index_select` per cache, then the keys' position axis moved in)."""
+    batch, width = reads.table.shape
+    n_blocks, n_kv, d, bs = keys.shape
+    blocks = reads.table.flatten()  # (B * W,)
+    k = keys.index_select(0, blocks).view(batch, width, n_kv, d, bs)
+    k = k.permute(0, 2, 1, 4, 3).reshape(batch, n_kv, width * bs, d)[:, :, : reads.span]
+    v = values.view(n_blocks, -1).index_select(0, blocks).view(batch, width * bs, n_kv, d)
+    return k, v[:, : reads.span].transpose(1, 2)
 
 
 class SdpaDecode:
-    """SDPA with the G = H / Hkv query heads that share a kv head as G query rows of it:
-    no expanded copy of k and v, exactly the sums of GQA attention."""
+    """SDPA on the gathered keys, with the G = H / Hkv query heads that share a kv head as
+    G query rows of it: no expanded copy of k and v, exactly the sums of GQA attention."""
 
     name = "sdpa"
 
@@ -57,89 +94,62 @@ class SdpaDecode:
         pass  # torch's own kernel: nothing to prepare
 
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, reads: BlockReads
     ) -> torch.Tensor:
+        k, v = gather(keys, values, reads)  # (B, Hkv, span, D)
         b, h, _, d = q.shape
-        out = F.scaled_dot_product_attention(_grouped(q, k.shape[1]), k, v, attn_mask=mask)
-        return out.reshape(b, h, 1, d)  # (B, Hkv, G, D) → (B, H, 1, D)
+        grouped = q.reshape(b, k.shape[1], h // k.shape[1], d)  # head j*G + g → row g of j
+        mask = reads.additive_mask(q.dtype)
+        return F.scaled_dot_product_attention(grouped, k, v, attn_mask=mask).reshape(b, h, 1, d)
 
 
 sdpa_decode = SdpaDecode()
 
 
-def _fp32_attention(
-    q: torch.Tensor,  # (B, Hkv, G, D)
-    k: torch.Tensor,  # (B, Hkv, S, D)
-    v: torch.Tensor,  # (B, Hkv, S, D)
-    mask: torch.Tensor | None,  # (B, 1, 1, S) additive
-) -> torch.Tensor:  # (B, Hkv, G, D), q's dtype
-    scale = q.shape[-1] ** -0.5
-    scores = (q.float().unsqueeze(3) * k.float().unsqueeze(2)).sum(-1) * scale  # (B, Hkv, G, S)
-    if mask is not None:
-        scores = scores + mask.float()
-    probs = torch.softmax(scores, dim=-1)
-    return (probs.unsqueeze(-1) * v.float().unsqueeze(2)).sum(3).to(q.dtype)
+class NativeDecode:
+    """paged_decode.cpp: scores, softmax and the weighted sum in fp32 from the bf16 or
+    fp32 cache, at least as exact as SDPA's bf16 kernel, on one thread. Built at
+    `warm_up` (or the first call); a cache dtype it does not compute (fp16) takes SDPA."""
 
-
-class InductorDecode:
-    """`_fp32_attention` compiled with dynamic shapes (batch and key length vary every
-    step); scores, softmax and the weighted sum stay in fp32, so it is at least as exact
-    as SDPA's bf16 kernel. Falls back to SDPA for good if compiling fails. Called from the
-    engine's one worker thread only, as every forward is: no lock around the compile."""
-
-    def __init__(self, compiler: Callable[..., Any] = torch.compile) -> None:
-        """`compiler` wraps the attention function as `torch.compile` does (lazily: the
-        work happens at the first call)."""
-        inductor_cache_per_isa()
-        self._compiled: Any = compiler(_fp32_attention, dynamic=True)
+    def __init__(self) -> None:
+        self._library: PagedDecodeLibrary | None = None
         self._failed = False
 
     @property
     def name(self) -> str:
-        return "sdpa (inductor compile failed)" if self._failed else "inductor"
+        return "sdpa (native build failed)" if self._failed else "native paged"
 
     def warm_up(self, *, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
-        """Compile both variants (with and without a mask) now, at sizes no model
-        dimension shares, so serving never waits on a compile (Dynamo would treat equal
-        sizes as one symbol and compile again when they differ)."""
-        batch, keys, read = 5, 7, 11
-        # Laid out as decode passes them (grad mode, k's strides and the mask's are all in
-        # Dynamo's guards): keys are a (B, read, Hkv, D) gather cut to `keys` positions.
-        with torch.inference_mode():
-            q = torch.zeros(batch, heads, 1, head_dim, dtype=dtype)
-            k, v = (
-                torch.zeros(batch, read, kv_heads, head_dim, dtype=dtype)[:, :keys].transpose(1, 2)
-                for _ in range(2)
-            )  # (B, Hkv, keys, D) each, distinct tensors as in decode
-            mask = torch.zeros(batch, keys, dtype=dtype)[:, None, None, :]  # (B, 1, 1, keys)
-            self(q, k, v, None)
-            self(q, k, v, mask)
+        self._load()
+
+    def _load(self) -> PagedDecodeLibrary | None:
+        """The built kernel, built on first use; None once a build has failed."""
+        if self._library is None and not self._failed:
+            try:
+                self._library = PagedDecodeLibrary(build())
+            except (RuntimeError, OSError) as exc:
+                self._failed = True
+                log.warning(
+                    "inference.compile_attention: building the decode-attention kernel failed "
+                    "(%s); decode attention runs on SDPA",
+                    exc,
+                )
+        return self._library
 
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, reads: BlockReads
     ) -> torch.Tensor:
-        if self._failed or q.shape[0] < 2 or k.shape[2] < 2:
-            # A dimension of 1 is one Dynamo would specialize on and compile again for;
-            # a single sequence or key is no work worth a kernel of its own.
-            return sdpa_decode(q, k, v, mask)
-        b, h, _, d = q.shape
-        try:
-            out = self._compiled(_grouped(q, k.shape[1]), k, v, mask)
-        except Exception as exc:  # any compile failure (no compiler, Inductor error): SDPA
-            self._failed = True
-            text = str(exc).strip()
-            first = text.splitlines()[0] if text else type(exc).__name__
-            log.warning(
-                "inference.compile_attention: compiling decode attention failed (%s); "
-                "decode attention runs on SDPA",
-                first,
-            )
-            return sdpa_decode(q, k, v, mask)
-        return out.reshape(b, h, 1, d)
+        library = self._load()
+        if library is None or keys.dtype not in DTYPE_CODES:
+            return sdpa_decode(q, keys, values, reads)
+        query = q.to(keys.dtype).contiguous()  # (B, H, 1, D) in the cache's dtype
+        with torch.profiler.record_function("tidal::paged_decode"):  # named in profiles
+            out = library.attend(query, keys, values, reads.table, reads.positions)
+        return out.to(q.dtype)
 
 
 def choose_decode_attention(device: torch.device, *, compile_attention: bool) -> DecodeKernel:
-    """The engine's decode attention: Inductor's where asked for on CPU, else SDPA."""
+    """The engine's decode attention: the native kernel where asked for on CPU, else SDPA."""
     if compile_attention and device.type == "cpu":
-        return InductorDecode()
+        return NativeDecode()
     return sdpa_decode

@@ -1,11 +1,13 @@
 """The paged KV cache: its size, its blocks' storage, and the attention that reads them.
 
-Keys and values live in one tensor each, `(L, num_blocks * block_size, Hkv, D)`; position
-p of a sequence is row `table[p // block_size] * block_size + p % block_size`. Which
-blocks a sequence holds is `block_manager.BlockManager`'s business. Attention gathers a
-sequence's rows into a contiguous `(B, Hkv, S, D)` tensor and attends with torch's SDPA
-(or, in decode, the kernel decode_attention.py chose); a GPU paged-attention kernel could
-replace the gather. The cache is sized once, at the first load, from `kv_cache_mb` (or a
+Position p of a sequence lives in block `table[p // block_size]` at offset `p %
+block_size`. Values are one tensor `(L, num_blocks * block_size, Hkv, D)`, the position's
+row being `block * block_size + offset`; keys are `(L, num_blocks, Hkv, D, block_size)`,
+the position last inside a block, so decode scores a block's keys as vector FMAs over D
+(decode_attention.py's kernels read both layouts). Which blocks a sequence holds is
+`block_manager.BlockManager`'s business. Prefill gathers a sequence's cached prefix and
+attends with torch's SDPA; decode calls the kernel decode_attention.py chose. The cache is
+sized once, at the first load, from `kv_cache_mb` (or a
 fraction of free memory) and `max_model_len`, and refuses a budget that holds not one
 full sequence.
 """
@@ -21,7 +23,7 @@ from typing import Any
 import torch
 
 from tidal.inference.block_manager import BlockManager, blocks_for
-from tidal.inference.decode_attention import DecodeKernel, sdpa_decode
+from tidal.inference.decode_attention import BlockReads, DecodeKernel, sdpa_decode
 from tidal.models.args import DecoderArgs
 from tidal.models.attention import sdpa
 
@@ -133,20 +135,19 @@ class PagedKVCache:
         prefix_caching: bool = True,
         decode_kernel: DecodeKernel = sdpa_decode,
     ) -> None:
-        shape = (args.n_layers, num_blocks * block_size, args.n_kv_heads, args.head_dim)
-        self.k = lazy_zeros(shape, dtype=dtype, device=device)  # (L, NB * BS, Hkv, D)
-        self.v = lazy_zeros(shape, dtype=dtype, device=device)
+        n_kv, d = args.n_kv_heads, args.head_dim
+        key_shape = (args.n_layers, num_blocks, n_kv, d, block_size)
+        self.k = lazy_zeros(key_shape, dtype=dtype, device=device)  # (L, NB, Hkv, D, BS)
+        self.v = lazy_zeros(
+            (args.n_layers, num_blocks * block_size, n_kv, d), dtype=dtype, device=device
+        )  # (L, NB * BS, Hkv, D)
         self.block_size = block_size
         self.decode_kernel = decode_kernel
-        """Attention of one decode step over the gathered keys (decode_attention.py)."""
+        """Attention of one decode step over the cached keys (decode_attention.py)."""
         self.blocks = BlockManager(num_blocks, block_size, prefix_caching=prefix_caching)
-        # Per-layer views made once: a decode step's layers index them, not the whole cache.
+        # Per-layer views made once: a step's layers index them, not the whole cache.
         self.layers = list(zip(self.k.unbind(0), self.v.unbind(0), strict=True))
-        """(keys, values) of each layer, `(NB * BS, Hkv, D)` each."""
-        self.layer_blocks = [
-            (k.view(num_blocks, -1), v.view(num_blocks, -1)) for k, v in self.layers
-        ]
-        """The same, viewed as `(NB, BS * Hkv * D)`: one row per block."""
+        """(keys (NB, Hkv, D, BS), values (NB * BS, Hkv, D)) of each layer, contiguous."""
 
     @property
     def nbytes(self) -> int:
@@ -163,7 +164,7 @@ class PagedKVCache:
         targets = torch.tensor([t for _, t in pairs], device=device)
         n_layers, n_blocks = self.k.shape[0], self.blocks.num_blocks
         for cache in (self.k, self.v):
-            by_block = cache.view(n_layers, n_blocks, -1)  # (L, NB, BS * Hkv * D)
+            by_block = cache.view(n_layers, n_blocks, -1)  # (L, NB, block's keys or values)
             by_block.index_copy_(1, targets, by_block.index_select(1, sources))
 
     def extend(
@@ -173,6 +174,17 @@ class PagedKVCache:
 
     def decode(self, tables: list[list[int]], positions: list[int]) -> DecodeAttention:
         return DecodeAttention(self, tables, positions)
+
+    def write_keys(self, layer: int, rows: torch.Tensor, k: torch.Tensor) -> None:
+        """Keys `k` (N, Hkv, D) at cache rows `rows` (N,) of `layer`."""
+        keys = self.layers[layer][0]  # (NB, Hkv, D, BS)
+        bs = self.block_size
+        keys.permute(0, 3, 1, 2).index_put_((rows // bs, rows % bs), k)  # (NB, BS, Hkv, D) view
+
+    def read_keys(self, layer: int, rows: torch.Tensor) -> torch.Tensor:
+        """Keys (N, Hkv, D) at cache rows `rows` (N,) of `layer`."""
+        keys = self.layers[layer][0]
+        return keys.permute(0, 3, 1, 2)[rows // self.block_size, rows % self.block_size]
 
 
 class ExtendAttention:
@@ -206,19 +218,20 @@ class ExtendAttention:
     def __call__(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
-        ck, cv = self.cache.layers[layer]  # (NB * BS, Hkv, D)
+        cache = self.cache
+        cv = cache.layers[layer][1]  # (NB * BS, Hkv, D)
         outs = []
         for rows, start, off, n, mask in zip(
             self.rows, self.starts, self.offsets, self.lengths, self.masks, strict=True
         ):
             ks, vs = k[0, :, off : off + n], v[0, :, off : off + n]  # (Hkv, n, D)
-            ck.index_copy_(0, rows[start:], ks.transpose(0, 1))  # rows of the new positions
+            cache.write_keys(layer, rows[start:], ks.transpose(0, 1))  # the new positions
             cv.index_copy_(0, rows[start:], vs.transpose(0, 1))
             qs = q[:, :, off : off + n]  # (1, H, n, D)
             if mask is None:
                 outs.append(sdpa(qs, ks[None], vs[None], mask=None, causal=True))
             else:
-                keys = ck[rows].transpose(0, 1)[None]  # (1, Hkv, S, D), gathered
+                keys = cache.read_keys(layer, rows).transpose(0, 1)[None]  # (1, Hkv, S, D)
                 values = cv[rows].transpose(0, 1)[None]
                 outs.append(sdpa(qs, keys, values, mask=mask[None, None], causal=False))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # (1, H, T, D)
@@ -227,51 +240,34 @@ class ExtendAttention:
 class DecodeAttention:
     """One new token per sequence at its own position, its keys read through its block table.
 
-    Reads gather whole blocks: the cache viewed as `(blocks, block_size * Hkv * D)` rows,
-    one `index_select` of each sequence's `W` blocks, viewed as `(B, W * block_size, Hkv,
-    D)`, of which attention reads the first `span` = longest position + 1. Positions past a
-    sequence's own are masked by an additive mask built once per step, or none when every
-    sequence is at the same position (a group decoding in step: every key read is its own).
+    Each layer writes the step's keys and values at their positions, then the cache's
+    decode kernel attends over `reads`: every sequence's positions up to its own. Block
+    tables are padded to the longest (with block 0, which no kernel reads for a sequence
+    shorter than the padding: SDPA masks it, the native kernel stops at the position).
     """
 
     def __init__(self, cache: PagedKVCache, tables: list[list[int]], positions: list[int]) -> None:
         self.cache = cache
         device, bs = cache.k.device, cache.block_size
-        self.positions = torch.tensor(positions, device=device)  # (B,)
         width = max(positions) // bs + 1  # blocks read per sequence
-        self.batch, self.width, self.span = len(tables), width, max(positions) + 1
-        self.blocks = torch.tensor(
-            [t[:width] + [0] * (width - len(t[:width])) for t in tables], device=device
-        ).flatten()  # (B * W,); padding reads block 0, masked below
+        self.reads = BlockReads(
+            table=torch.tensor(
+                [t[:width] + [0] * (width - len(t[:width])) for t in tables], device=device
+            ),  # (B, W)
+            positions=torch.tensor(positions, device=device),  # (B,)
+            block_size=bs,
+            span=max(positions) + 1,
+            in_step=min(positions) == max(positions),
+        )
         self.write_rows = torch.tensor(
             [t[p // bs] * bs + p % bs for t, p in zip(tables, positions, strict=True)],
             device=device,
         )  # (B,)
-        self.mask: torch.Tensor | None = None
-        if min(positions) != max(positions):
-            keys = torch.arange(self.span, device=device)
-            visible = keys[None, :] <= self.positions[:, None]  # (B, span)
-            # Additive, in the cache dtype: SDPA's CPU kernel adds a float mask directly
-            # instead of converting a bool one in every layer.
-            mask = torch.zeros(visible.shape, dtype=cache.k.dtype, device=device)
-            mask.masked_fill_(~visible, float("-inf"))
-            self.mask = mask[:, None, None, :]  # (B, 1, 1, span)
 
     def __call__(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
-        ck, cv = self.cache.layers[layer]  # (NB * BS, Hkv, D)
-        ck.index_copy_(0, self.write_rows, k[:, :, 0])  # k: (B, Hkv, 1, D)
-        cv.index_copy_(0, self.write_rows, v[:, :, 0])
-        _, n_kv, d = ck.shape
-        read = self.width * self.cache.block_size
-        k_blocks, v_blocks = self.cache.layer_blocks[layer]  # (NB, BS * Hkv * D)
-        keys = k_blocks.index_select(0, self.blocks)  # (B * W, BS * Hkv * D)
-        values = v_blocks.index_select(0, self.blocks)
-        keys = keys.view(self.batch, read, n_kv, d)[:, : self.span].transpose(1, 2)
-        values = values.view(self.batch, read, n_kv, d)[:, : self.span].transpose(1, 2)
-        return self.attend(q, keys, values)  # (B, H, 1, D); keys (B, Hkv, span, D)
-
-    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """q (B, H, 1, D) over this step's keys and values (B, Hkv, S, D) → (B, H, 1, D)."""
-        return self.cache.decode_kernel(q, keys, values, self.mask)
+        keys, values = self.cache.layers[layer]  # (NB, Hkv, D, BS), (NB * BS, Hkv, D)
+        self.cache.write_keys(layer, self.write_rows, k[:, :, 0])  # k: (B, Hkv, 1, D)
+        values.index_copy_(0, self.write_rows, v[:, :, 0])
+        return self.cache.decode_kernel(q, keys, values, self.reads)  # (B, H, 1, D)

@@ -89,7 +89,7 @@ class NativeEngine(Engine):
         kv_cache_memory_fraction: float | None = None,
         block_size: int = 16,
         prefix_caching: bool = True,
-        compile_attention: bool = False,
+        compile_attention: bool = True,
     ) -> None:
         """Options as in `InferenceConfig`; `tokenizer` None serves ids only (no text, no
         stop strings)."""
