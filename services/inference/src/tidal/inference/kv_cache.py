@@ -175,16 +175,20 @@ class PagedKVCache:
     def decode(self, tables: list[list[int]], positions: list[int]) -> DecodeAttention:
         return DecodeAttention(self, tables, positions)
 
-    def write_keys(self, layer: int, rows: torch.Tensor, k: torch.Tensor) -> None:
-        """Keys `k` (N, Hkv, D) at cache rows `rows` (N,) of `layer`."""
+    def slots(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(block, offset) of each cache row in `rows` (N,): where its key sits."""
+        return rows // self.block_size, rows % self.block_size
+
+    def write_keys(
+        self, layer: int, slots: tuple[torch.Tensor, torch.Tensor], k: torch.Tensor
+    ) -> None:
+        """Keys `k` (N, Hkv, D) at `slots` (blocks and offsets, (N,) each) of `layer`."""
         keys = self.layers[layer][0]  # (NB, Hkv, D, BS)
-        bs = self.block_size
-        keys.permute(0, 3, 1, 2).index_put_((rows // bs, rows % bs), k)  # (NB, BS, Hkv, D) view
+        keys.permute(0, 3, 1, 2).index_put_(slots, k)  # (NB, BS, Hkv, D) view
 
     def read_keys(self, layer: int, rows: torch.Tensor) -> torch.Tensor:
         """Keys (N, Hkv, D) at cache rows `rows` (N,) of `layer`."""
-        keys = self.layers[layer][0]
-        return keys.permute(0, 3, 1, 2)[rows // self.block_size, rows % self.block_size]
+        return self.layers[layer][0].permute(0, 3, 1, 2)[self.slots(rows)]
 
 
 class ExtendAttention:
@@ -225,7 +229,7 @@ class ExtendAttention:
             self.rows, self.starts, self.offsets, self.lengths, self.masks, strict=True
         ):
             ks, vs = k[0, :, off : off + n], v[0, :, off : off + n]  # (Hkv, n, D)
-            cache.write_keys(layer, rows[start:], ks.transpose(0, 1))  # the new positions
+            cache.write_keys(layer, cache.slots(rows[start:]), ks.transpose(0, 1))  # new ones
             cv.index_copy_(0, rows[start:], vs.transpose(0, 1))
             qs = q[:, :, off : off + n]  # (1, H, n, D)
             if mask is None:
@@ -263,11 +267,12 @@ class DecodeAttention:
             [t[p // bs] * bs + p % bs for t, p in zip(tables, positions, strict=True)],
             device=device,
         )  # (B,)
+        self.write_slots = cache.slots(self.write_rows)  # the same as (block, offset)
 
     def __call__(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
         keys, values = self.cache.layers[layer]  # (NB, Hkv, D, BS), (NB * BS, Hkv, D)
-        self.cache.write_keys(layer, self.write_rows, k[:, :, 0])  # k: (B, Hkv, 1, D)
+        self.cache.write_keys(layer, self.write_slots, k[:, :, 0])  # k: (B, Hkv, 1, D)
         values.index_copy_(0, self.write_rows, v[:, :, 0])
         return self.cache.decode_kernel(q, keys, values, self.reads)  # (B, H, 1, D)
