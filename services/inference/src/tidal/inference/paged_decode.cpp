@@ -239,6 +239,7 @@ void dispatch(const void* q, const void* keys, const void* values, const int64_t
   const auto* tv = static_cast<const T*>(values);
   auto* to = static_cast<T*>(out);
   if (s.block_size == kLanes) {  // the common shapes, with register accumulators
+    if (s.head_dim == 2 * kLanes && dispatch_groups<T, 2>(tq, tk, tv, table, positions, batch, s, to)) return;
     if (s.head_dim == 4 * kLanes && dispatch_groups<T, 4>(tq, tk, tv, table, positions, batch, s, to)) return;
     if (s.head_dim == 8 * kLanes && dispatch_groups<T, 8>(tq, tk, tv, table, positions, batch, s, to)) return;
   }
