@@ -7,9 +7,9 @@ folded into the query axis; at decode's shapes (a few query rows over tens of ke
 sequence and kv head) SDPA's CPU kernel spends most of its time setting up each pair, and
 the gather copies the keys first. `NativeDecode` reads the blocks in place with
 paged_decode.cpp, compiled for this CPU: torch has no paged attention for CPU, and
-Inductor does not vectorize loads through a block table. The kernel is chosen once per engine
-(`inference.compile_attention`); a build that fails falls back to SDPA with a warning,
-so a replica never stops serving for it.
+Inductor does not vectorize loads through a block table. The kernel is chosen once per
+engine (`inference.compile_attention`); a build that fails falls back to SDPA with a
+warning, so a replica never stops serving for it.
 """
 
 from __future__ import annotations

@@ -7,9 +7,8 @@ the position last inside a block, so decode scores a block's keys as vector FMAs
 (decode_attention.py's kernels read both layouts). Which blocks a sequence holds is
 `block_manager.BlockManager`'s business. Prefill gathers a sequence's cached prefix and
 attends with torch's SDPA; decode calls the kernel decode_attention.py chose. The cache is
-sized once, at the first load, from `kv_cache_mb` (or a
-fraction of free memory) and `max_model_len`, and refuses a budget that holds not one
-full sequence.
+sized once, at the first load, from `kv_cache_mb` (or a fraction of free memory) and
+`max_model_len`, and refuses a budget that holds not one full sequence.
 """
 
 from __future__ import annotations
