@@ -18,6 +18,8 @@ RUN python3 -m venv /opt/tidal \
  && /opt/tidal/bin/pip uninstall -q -y pip
 
 FROM ${BASE_IMAGE}
+# Marks the service image, so a test can prune its superseded (untagged) copies alone.
+LABEL org.tidal.image=true
 ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 PATH=/opt/tidal/bin:$PATH
 # A fixed non-root uid, so a host folder bind-mounted for outputs can be chowned to it.
 RUN groupadd --gid 10001 tidal && useradd --uid 10001 --gid tidal --no-create-home --shell /usr/sbin/nologin tidal \

@@ -18,6 +18,8 @@ RUN python3 -m venv /opt/tidal \
  && /opt/tidal/bin/pip uninstall -q -y pip
 
 FROM ${BASE_IMAGE}
+# Marks the service image, so a test can prune its superseded (untagged) copies alone.
+LABEL org.tidal.image=true
 # bubblewrap isolates sandboxed code (docs/agents.md): the offline base ships it; a
 # standard base gets it from Debian. It needs user namespaces, which a container engine's
 # default seccomp profile may refuse: the orchestrator then warns and uses its fallback.

@@ -13,10 +13,10 @@ and reward rising, read from the run folder on the host (the bind mount); the se
 still healthy; the killed replica started again and healthy (it rejoins at the newest
 version); a crash of inference-0's server process restarted by its restart policy (a
 `docker kill` is a manual stop, which Docker does not restart) and healthy again; then
-`compose down -v`. The images and their build stages stay: they are the build cache, so
-the next run builds in seconds (`docker image prune --filter
-label=org.tidal.build-stage=true` reclaims the stages); the stack folder is removed when
-the test passes and kept for reading when it fails. Wall time and image sizes are printed
+`compose down -v`. The images and this build's stages stay as the build cache, so an
+unchanged tree's next run builds in seconds; the untagged images of earlier builds (by our
+labels) are pruned after each build. The stack folder is removed when the test passes and
+kept for reading when it fails. Wall time and image sizes are printed
 at the end.
 
 Marked `deploy`: `make test` leaves it out (`-m "not gpu and not deploy and not cluster"`).
@@ -164,6 +164,27 @@ def _print_health(stack: Stack) -> None:
             print(f"test-deploy: {service}: {json.dumps(state, indent=None)[:2000]}")
 
 
+def _prune_superseded(*, before: float, log: Path) -> None:
+    """Remove what earlier builds left untagged: service images a new build replaced, and
+    build stages older than this build (a stage reused as cache this time goes too, and the
+    next build installs it again). Ours alone: `image prune` takes only untagged images,
+    and only those carrying our labels; without it every changed build leaves ~8 GB."""
+    for label in ("org.tidal.image=true", "org.tidal.build-stage=true"):
+        sh(
+            [
+                "docker",
+                "image",
+                "prune",
+                "-f",
+                "--filter",
+                f"label={label}",
+                "--filter",
+                f"until={int(before)}",
+            ],
+            log=log,
+        )
+
+
 def test_compose_stack_runs_the_default_config_through_a_replica_kill() -> None:
     started = time.monotonic()
     timings: dict[str, float] = {}
@@ -184,8 +205,10 @@ def test_compose_stack_runs_the_default_config_through_a_replica_kill() -> None:
     timings["engine+base"] = time.monotonic() - started
 
     t = time.monotonic()
+    built_after = time.time()
     stack("build", timeout=3600)
     timings["build"] = time.monotonic() - t
+    _prune_superseded(before=built_after, log=log)
     passed = False
     try:
         t = time.monotonic()
