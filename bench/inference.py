@@ -28,9 +28,10 @@ Runs alternate between systems and the medians are compared, so drift on a share
 machine hits both alike.
 
 Then one decode step of the engine at batch 32 (fixed scenario, after 40 steps), in each
-dtype, is timed in three variants, interleaved, medians: the engine as it is; the same
-with decode attention as SDPA with `enable_gqa` and a bool mask instead of the folded GQA
-group; and plain `F.linear` instead of prepacked linears. The engine's step is profiled:
+dtype, is timed in four variants, interleaved, medians: the engine as it is (decode
+attention by the native paged kernel); the same with SDPA on gathered keys, the GQA
+group folded into the query axis; the same with SDPA's `enable_gqa` and a bool mask; and
+plain `F.linear` instead of prepacked linears. The engine's step is profiled:
 `summary.decode_step_profile_<dtype>` is the share of its time per kind of work.
 
 On a CPU without native bf16 (`tidal.models.cpu_features`; AVX2-only, or capped with
@@ -66,6 +67,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from opentelemetry import trace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import print_table, write_result
@@ -76,14 +78,20 @@ from inference_step import measure_step
 from tidal.inference.batching import Batcher
 from tidal.inference.block_manager import blocks_for
 from tidal.inference.config import InferenceConfig
-from tidal.inference.decode_attention import BlockReads, DecodeKernel, gather, sdpa_decode
+from tidal.inference.decode_attention import (
+    BlockReads,
+    DecodeKernel,
+    choose_decode_attention,
+    gather,
+    sdpa_decode,
+)
 from tidal.inference.kv_cache import PagedKVCache, block_bytes
 from tidal.inference.loading import build_model, load_weights
 from tidal.inference.native import NativeEngine
 from tidal.inference.packed_linear import pack_linears
 from tidal.inference.sampling import SamplingParams
 from tidal.inference.scheduler import Extend
-from tidal.inference.sequence import Sequence
+from tidal.inference.sequence import Request, Sequence
 from tidal.models.args import DecoderArgs
 from tidal.models.attention import sdpa
 from tidal.models.cpu_features import bf16_support
@@ -226,11 +234,18 @@ class _GqaSdpaDecode:
         return sdpa(q, k, v, mask=visible, causal=False)
 
 
+def _engine_attention() -> DecodeKernel:
+    """The engine's own decode attention on CPU, as configured by default."""
+    default = InferenceConfig().compile_attention
+    return choose_decode_attention(torch.device("cpu"), compile_attention=default)
+
+
 # Decode-step variants: (linears, decode attention); the engine's own is last.
 VARIANTS: dict[str, tuple[str, Callable[[], DecodeKernel]]] = {
-    "plain F.linear": ("plain", lambda: sdpa_decode),
+    "plain F.linear": ("plain", _engine_attention),
     "GQA SDPA, bool mask": ("packed", _GqaSdpaDecode),
-    "engine (packed, folded GQA)": ("packed", lambda: sdpa_decode),
+    "folded-GQA SDPA": ("packed", lambda: sdpa_decode),
+    "engine (packed, native paged attention)": ("packed", _engine_attention),
 }
 
 
@@ -261,7 +276,8 @@ def running_batch(
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
     sequences = []
     for prompt in prompts:
-        s = Sequence(None, 0, prompt, params, [0.0] * NEW_TOKENS, NEW_TOKENS)  # type: ignore[arg-type]
+        owner = Request(prompt, params, 0, trace.INVALID_SPAN_CONTEXT, stream=False)
+        s = Sequence(owner, 0, prompt, params, [0.0] * NEW_TOKENS, NEW_TOKENS)
         s.blocks = [cache.blocks.allocate() for _ in range(per_sequence)]
         sequences.append(s)
     batcher.extend(
@@ -282,7 +298,10 @@ OP_KINDS = {
     "mkldnn::_linear_pointwise": "linear layers (matmuls)",
     "aten::linear": "linear layers (matmuls)",
     "aten::scaled_dot_product_attention": "attention (SDPA over the cache)",
+    "tidal::paged_decode": "attention (native paged kernel)",
+    "aten::index_select": "KV gather (paged blocks → contiguous)",
     "aten::index_copy_": "KV-cache writes",
+    "aten::index_put_": "KV-cache writes",
     "aten::rms_norm": "RMSNorm",
     "aten::log_softmax": "greedy sampling (log-softmax, argmax)",
     "aten::argmax": "greedy sampling (log-softmax, argmax)",

@@ -23,6 +23,7 @@ import torch
 
 from tidal.inference.batching import Batcher
 from tidal.inference.config import InferenceConfig
+from tidal.inference.decode_attention import choose_decode_attention
 from tidal.inference.native import NativeEngine
 from tidal.inference.packed_linear import choose_linear_kernel
 from tidal.inference.sampling import SamplingParams
@@ -80,11 +81,13 @@ def step_split(state: dict[str, torch.Tensor], rounds: int) -> tuple[float, floa
     """Median ms of a 64-sequence `Batcher.decode` and of the forward alone, interleaved."""
     tokenizer = ByteTokenizer()
     cpu = torch.device("cpu")
+    compile_default = InferenceConfig().compile_attention  # the engine's own attention
     batcher = Batcher.build(
         ARGS.to_hf_config(), state, device=cpu, dtype=torch.float32,
         kernel=choose_linear_kernel(cpu, torch.float32, packed=True), batch_hint=PROMPTS * N,
         block_size=16, prefix_caching=True, memory_mb=64.0, memory_fraction=None,
         max_model_len=None,
+        decode_kernel=choose_decode_attention(cpu, compile_attention=compile_default),
     )  # fmt: skip
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=1.0, n=N, seed=1)
     cache = batcher.cache
