@@ -3,6 +3,7 @@ the test is skipped elsewhere), and a filler that takes all but a little of its 
 
 from __future__ import annotations
 
+import errno
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -30,10 +31,20 @@ def small_disk(folder: Path, size: str) -> Iterator[Path]:
 
 
 def fill(folder: Path, leave: int) -> Path:
-    """A file taking all of `folder`'s filesystem but `leave` bytes; returns its path."""
+    """A file taking all of `folder`'s filesystem but `leave` bytes; returns its path.
+
+    The run under test writes to the same filesystem meanwhile, so the disk can fill
+    before the filler is done: it then gives back what the run took, down to `leave`."""
     filler = folder / "filler"
-    with filler.open("wb") as f:
+    with filler.open("wb", buffering=0) as f:  # unbuffered: nothing left to flush on ENOSPC
         left = shutil.disk_usage(folder).free - leave
-        while left > 0:
-            left -= f.write(b"\0" * min(left, 1 << 20))
+        try:
+            while left > 0:
+                left -= f.write(b"\0" * min(left, 1 << 20))
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+        short = leave - shutil.disk_usage(folder).free
+        if short > 0:
+            f.truncate(max(0, f.tell() - short))
     return filler
