@@ -81,7 +81,8 @@ def test_packed_prefill_equals_each_prompt_alone_and_caches_its_keys() -> None:
 
 def keys_at(cache: PagedKVCache, rows: torch.Tensor) -> torch.Tensor:
     """Keys (L, N, Hkv, D) of every layer at cache rows `rows` (N,)."""
-    return torch.stack([cache.read_keys(layer, rows) for layer in range(cache.k.shape[0])])
+    slots = cache.slots(rows)
+    return torch.stack([cache.read_keys(layer, slots) for layer in range(cache.k.shape[0])])
 
 
 def test_an_extend_over_a_cached_prefix_equals_the_whole_prompt() -> None:

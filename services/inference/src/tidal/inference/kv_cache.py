@@ -185,9 +185,9 @@ class PagedKVCache:
         keys = self.layers[layer][0]  # (NB, Hkv, D, BS)
         keys.permute(0, 3, 1, 2).index_put_(slots, k)  # (NB, BS, Hkv, D) view
 
-    def read_keys(self, layer: int, rows: torch.Tensor) -> torch.Tensor:
-        """Keys (N, Hkv, D) at cache rows `rows` (N,) of `layer`."""
-        return self.layers[layer][0].permute(0, 3, 1, 2)[self.slots(rows)]
+    def read_keys(self, layer: int, slots: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Keys (N, Hkv, D) at `slots` (blocks and offsets, (N,) each) of `layer`."""
+        return self.layers[layer][0].permute(0, 3, 1, 2)[slots]
 
 
 class ExtendAttention:
@@ -209,6 +209,7 @@ class ExtendAttention:
             rows_of([t], s + n, bs, device)[0]
             for t, s, n in zip(tables, starts, lengths, strict=True)
         ]
+        self.slots = [cache.slots(rows) for rows in self.rows]  # the same as (block, offset)
         self.masks: list[torch.Tensor | None] = []
         for s, n in zip(starts, lengths, strict=True):
             if s == 0:  # nothing cached before: plain causal attention over the new keys
@@ -224,17 +225,18 @@ class ExtendAttention:
         cache = self.cache
         cv = cache.layers[layer][1]  # (NB * BS, Hkv, D)
         outs = []
-        for rows, start, off, n, mask in zip(
-            self.rows, self.starts, self.offsets, self.lengths, self.masks, strict=True
+        for rows, (blocks, offsets), start, off, n, mask in zip(
+            self.rows, self.slots, self.starts, self.offsets, self.lengths, self.masks, strict=True
         ):
             ks, vs = k[0, :, off : off + n], v[0, :, off : off + n]  # (Hkv, n, D)
-            cache.write_keys(layer, cache.slots(rows[start:]), ks.transpose(0, 1))  # new ones
+            new = (blocks[start:], offsets[start:])  # the slots of the new positions
+            cache.write_keys(layer, new, ks.transpose(0, 1))
             cv.index_copy_(0, rows[start:], vs.transpose(0, 1))
             qs = q[:, :, off : off + n]  # (1, H, n, D)
             if mask is None:
                 outs.append(sdpa(qs, ks[None], vs[None], mask=None, causal=True))
             else:
-                keys = cache.read_keys(layer, rows).transpose(0, 1)[None]  # (1, Hkv, S, D)
+                keys = cache.read_keys(layer, (blocks, offsets)).transpose(0, 1)[None]
                 values = cv[rows].transpose(0, 1)[None]
                 outs.append(sdpa(qs, keys, values, mask=mask[None, None], causal=False))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # (1, H, T, D)
