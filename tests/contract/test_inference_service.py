@@ -27,6 +27,7 @@ from tidal.common.grpc.server import GrpcServer, ServiceBinding
 from tidal.common.security.config import SecurityConfig
 from tidal.common.security.transport import PLAINTEXT_LOOPBACK
 from tidal.inference.config import InferenceConfig, InferenceRunConfig
+from tidal.inference.decode_attention import native_decode_pays
 from tidal.inference.main import RunningInference, not_serving_if_ended, start_inference
 from tidal.models.args import DecoderArgs
 from tidal.models.cpu_features import bf16_support
@@ -264,7 +265,8 @@ async def test_new_version_is_loaded_acked_and_traced(
     # The engine's choice, for the operator: inference.dtype "auto" is bf16 where native.
     native = bf16_support().native
     linears = f"cpu onednn-packed {'bf16' if native else 'fp32'}"
-    assert status.kernels == f"{linears}; decode attention native paged"
+    attention = "native paged" if native_decode_pays() else "sdpa"
+    assert status.kernels == f"{linears}; decode attention {attention}"
     assert (status.tokenizer.name, status.tokenizer.vocab_size) == ("byte", 259)
     assert REPLICA in weightsync_server.registry.get(1).loaded_by
     (reply,) = await ready.generate(prompt="hi", sampling=pb.SamplingParams(max_tokens=3))

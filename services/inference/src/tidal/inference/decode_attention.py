@@ -147,8 +147,16 @@ class NativeDecode:
         return out.to(q.dtype)
 
 
+def native_decode_pays() -> bool:
+    """Whether the native kernel is the faster one here: at torch's AVX-512 capability.
+    Built for AVX2 (or capped to it) its 16-float vectors are split and it ran slower
+    than SDPA; elsewhere it is unmeasured. SDPA serves on those CPUs."""
+    return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+
+
 def choose_decode_attention(device: torch.device, *, compile_attention: bool) -> DecodeKernel:
-    """The engine's decode attention: the native kernel where asked for on CPU, else SDPA."""
-    if compile_attention and device.type == "cpu":
+    """The engine's decode attention: the native kernel where asked for on an AVX-512 CPU,
+    else SDPA."""
+    if compile_attention and device.type == "cpu" and native_decode_pays():
         return NativeDecode()
     return sdpa_decode
