@@ -149,8 +149,9 @@ class NativeDecode:
 
 def native_decode_pays() -> bool:
     """Whether the native kernel is the faster one here: at torch's AVX-512 capability.
-    Built for AVX2 (or capped to it) its 16-float vectors are split and it ran slower
-    than SDPA; elsewhere it is unmeasured. SDPA serves on those CPUs."""
+    Built for AVX2 (or capped to it) its 16-float vectors are split in two and SDPA is
+    the faster (docs/benchmarks/inference.md); elsewhere it is unmeasured. SDPA serves
+    on those CPUs."""
     return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
