@@ -82,6 +82,7 @@ SHAPES = [  # (heads, kv heads, head dim, block size)
     (4, 2, 32, 16),  # the default config's tiny model: instantiated too
     (4, 2, 16, 16),  # the engine test's tiny model: head dim 16 takes the generic loops
     (8, 8, 128, 16),  # multi-head, head dim 128
+    (16, 2, 128, 16),  # a group of 8 at head dim 128: accumulator tiles taken in passes
     (12, 1, 32, 8),  # a group of 12, blocks of 8: generic
 ]
 

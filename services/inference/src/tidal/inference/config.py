@@ -170,8 +170,8 @@ class InferenceConfig(BaseConfig):
     sequence's keys through its block table in fp32. Off: SDPA on keys gathered out of the
     cache first, which at decode's small shapes spends most of its time per (sequence,
     head). Needs a C++ compiler (`CXX`, else g++); if building fails it warns and uses
-    SDPA. Applies where torch runs AVX-512 kernels (elsewhere SDPA was the faster);
-    ignored on GPUs (see docs/inference.md)."""
+    SDPA. Applies where torch runs AVX-512 or AVX2 kernels (elsewhere unmeasured, so
+    SDPA); ignored on GPUs (see docs/inference.md)."""
     max_queue: int = Field(default=1024, gt=0)
     """Most requests waiting for a batch; beyond it Generate answers RESOURCE_EXHAUSTED."""
     gpu_memory_utilization: float = Field(default=0.8, gt=0, le=1)

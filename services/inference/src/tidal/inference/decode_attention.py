@@ -148,16 +148,16 @@ class NativeDecode:
 
 
 def native_decode_pays() -> bool:
-    """Whether the native kernel is the faster one here: at torch's AVX-512 capability.
-    Built for AVX2 (or capped to it) its 16-float vectors are split in two and SDPA is
-    the faster (docs/benchmarks/inference.md); elsewhere it is unmeasured. SDPA serves
-    on those CPUs."""
-    return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    """Whether the native kernel is measured to be the faster one on this CPU: at torch's
+    AVX-512 or AVX2 capability (docs/benchmarks/inference.md). Below AVX2 and on non-x86
+    CPUs it is unmeasured, and SDPA serves."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    return capability.startswith("AVX512") or capability == "AVX2"
 
 
 def choose_decode_attention(device: torch.device, *, compile_attention: bool) -> DecodeKernel:
-    """The engine's decode attention: the native kernel where asked for on an AVX-512 CPU,
-    else SDPA."""
+    """The engine's decode attention: the native kernel where asked for on a CPU where it
+    pays, else SDPA."""
     if compile_attention and device.type == "cpu" and native_decode_pays():
         return NativeDecode()
     return sdpa_decode

@@ -14,8 +14,8 @@
 // cache's dtype, so the result is at least as exact as SDPA's bf16 kernel.
 //
 // The loops are written for the compiler to vectorize (no intrinsics), so one source
-// serves AVX2, AVX-512 and non-x86 CPUs; the common group sizes and block size are
-// instantiated as templates so the accumulators live in registers.
+// serves AVX2, AVX-512 and non-x86 CPUs; the common group sizes, head sizes and block size
+// are instantiated as templates so the accumulators live in registers.
 
 #include <cmath>
 #include <cstdint>
@@ -69,43 +69,70 @@ struct Shape {
   int64_t heads, kv_heads, head_dim, block_size, width;
 };
 
-// Sixteen floats, as GCC's and Clang's vector extension: one AVX-512 register, two AVX2
-// ones, four NEON ones; the compiler picks the instructions for the target.
-typedef float f32x16 __attribute__((vector_size(64)));
-typedef uint32_t u32x16 __attribute__((vector_size(64)));
-typedef uint16_t u16x16 __attribute__((vector_size(32)));
-constexpr int kLanes = 16;
+// A vector of kLanes floats, as GCC's and Clang's vector extension: one register of the
+// widest kind the target has (AVX-512: 16 floats; AVX2: 8; NEON: 8 in two registers), so
+// the compiler never splits one, and accumulator tiles sized to the register file.
+#if defined(__AVX512F__)
+#define TIDAL_LANES 16
+constexpr int kAccumulators = 28;  // of 32 registers, 4 left for loads and broadcasts
+#else
+#define TIDAL_LANES 8
+constexpr int kAccumulators = 12;  // of 16
+#endif
+constexpr int kLanes = TIDAL_LANES;
+typedef float f32xN __attribute__((vector_size(TIDAL_LANES * 4)));
+typedef uint32_t u32xN __attribute__((vector_size(TIDAL_LANES * 4)));
+typedef uint16_t u16xN __attribute__((vector_size(TIDAL_LANES * 2)));
+constexpr int kBlock = 16;  // the block size the templates are written for
 
-inline f32x16 load16(const float* p) {
-  f32x16 v;
+// The largest power of two that divides n (itself a power of two) and is at most limit;
+// at least 1. How many vectors one pass keeps in registers.
+constexpr int tile(int n, int limit) {
+  int c = n;
+  while (c > 1 && c > limit) c /= 2;
+  return c;
+}
+
+inline f32xN load_lanes(const float* p) {
+  f32xN v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
 
-inline f32x16 load16(const uint16_t* p) {  // sixteen bfloat16 widened to float
-  u16x16 half;
+inline f32xN load_lanes(const uint16_t* p) {  // kLanes bfloat16 widened to float
+  u16xN half;
   std::memcpy(&half, p, sizeof half);
-  const u32x16 bits = __builtin_convertvector(half, u32x16) << 16;
-  f32x16 v;
+  const u32xN bits = __builtin_convertvector(half, u32xN) << 16;
+  f32xN v;
   std::memcpy(&v, &bits, sizeof v);
   return v;
 }
 
 // Scores of G query rows (scaled, fp32, (G, D)) against the keys of `blocks`, written to
-// scores (G, stride) for positions [0, n) rounded up to whole blocks of 16.
+// scores (G, stride) for positions [0, n) rounded up to whole blocks of kBlock. A block's
+// keys are S = kBlock / kLanes vectors per key element, taken SC at a time.
 template <typename T, int G>
 void block_scores(const float* __restrict__ qf, const T* __restrict__ keys,
                   const int64_t* blocks, int64_t n, int64_t j, const Shape& s,
                   float* __restrict__ scores, int64_t stride) {
+  constexpr int S = kBlock / kLanes;
+  constexpr int SC = tile(S, kAccumulators / G);
   const int64_t d = s.head_dim;
-  for (int64_t c = 0; c * kLanes < n; c++) {
-    const T* kb = keys + (blocks[c] * s.kv_heads + j) * d * kLanes;  // (D, 16)
-    f32x16 acc[G] = {};
-    for (int64_t i = 0; i < d; i++) {
-      const f32x16 k = load16(kb + i * kLanes);  // key element i of the block's 16 keys
-      for (int g = 0; g < G; g++) acc[g] += qf[g * d + i] * k;
+  for (int64_t c = 0; c * kBlock < n; c++) {
+    const T* kb = keys + (blocks[c] * s.kv_heads + j) * d * kBlock;  // (D, kBlock)
+    for (int s0 = 0; s0 < S; s0 += SC) {
+      f32xN acc[G][SC] = {};
+      for (int64_t i = 0; i < d; i++) {
+        f32xN k[SC];  // key element i of SC * kLanes of the block's keys
+        for (int u = 0; u < SC; u++) k[u] = load_lanes(kb + i * kBlock + (s0 + u) * kLanes);
+        for (int g = 0; g < G; g++)
+          for (int u = 0; u < SC; u++) acc[g][u] += qf[g * d + i] * k[u];
+      }
+      for (int g = 0; g < G; g++)
+        for (int u = 0; u < SC; u++)
+          std::memcpy(scores + g * stride + c * kBlock + (s0 + u) * kLanes, &acc[g][u],
+                      sizeof acc[g][u]);
     }
-    for (int g = 0; g < G; g++) std::memcpy(scores + g * stride + c * kLanes, &acc[g], sizeof acc[g]);
   }
 }
 
@@ -143,25 +170,29 @@ inline float exponentiate(float* __restrict__ row, int64_t n) {
   return sum;
 }
 
-// acc (G, D) = sum over positions [0, n) of weights (G, stride) times values, the
-// accumulators in registers (D = 16 * V).
+// acc (G, D) = sum over positions [0, n) of weights (G, stride) times values (D = kLanes *
+// V), VC vectors of D a pass so the accumulators stay in registers.
 template <typename T, int G, int V>
 void weighted_values(const float* __restrict__ weights, int64_t stride,
                      const T* __restrict__ values, const int64_t* blocks, int64_t n, int64_t j,
                      const Shape& s, float* __restrict__ acc) {
+  constexpr int VC = tile(V, kAccumulators / G);
   const int64_t bs = s.block_size;
-  f32x16 sum[G][V] = {};
-  for (int64_t p = 0; p < n; p++) {
-    const T* row = values + ((blocks[p / bs] * bs + p % bs) * s.kv_heads + j) * V * kLanes;
-    f32x16 v[V];
-    for (int u = 0; u < V; u++) v[u] = load16(row + u * kLanes);
-    for (int g = 0; g < G; g++) {
-      const float w = weights[g * stride + p];
-      for (int u = 0; u < V; u++) sum[g][u] += w * v[u];
+  for (int v0 = 0; v0 < V; v0 += VC) {
+    f32xN sum[G][VC] = {};
+    for (int64_t p = 0; p < n; p++) {
+      const T* row = values + ((blocks[p / bs] * bs + p % bs) * s.kv_heads + j) * V * kLanes;
+      f32xN v[VC];
+      for (int u = 0; u < VC; u++) v[u] = load_lanes(row + (v0 + u) * kLanes);
+      for (int g = 0; g < G; g++) {
+        const float w = weights[g * stride + p];
+        for (int u = 0; u < VC; u++) sum[g][u] += w * v[u];
+      }
     }
+    for (int g = 0; g < G; g++)
+      for (int u = 0; u < VC; u++)
+        std::memcpy(acc + (g * V + v0 + u) * kLanes, &sum[g][u], sizeof sum[g][u]);
   }
-  for (int g = 0; g < G; g++)
-    for (int u = 0; u < V; u++) std::memcpy(acc + (g * V + u) * kLanes, &sum[g][u], sizeof sum[g][u]);
 }
 
 template <typename T>
@@ -238,10 +269,10 @@ void dispatch(const void* q, const void* keys, const void* values, const int64_t
   const auto* tk = static_cast<const T*>(keys);
   const auto* tv = static_cast<const T*>(values);
   auto* to = static_cast<T*>(out);
-  if (s.block_size == kLanes) {  // the common shapes, with register accumulators
-    if (s.head_dim == 2 * kLanes && dispatch_groups<T, 2>(tq, tk, tv, table, positions, batch, s, to)) return;
-    if (s.head_dim == 4 * kLanes && dispatch_groups<T, 4>(tq, tk, tv, table, positions, batch, s, to)) return;
-    if (s.head_dim == 8 * kLanes && dispatch_groups<T, 8>(tq, tk, tv, table, positions, batch, s, to)) return;
+  if (s.block_size == kBlock) {  // the common shapes, with register accumulators
+    if (s.head_dim == 32 && dispatch_groups<T, 32 / kLanes>(tq, tk, tv, table, positions, batch, s, to)) return;
+    if (s.head_dim == 64 && dispatch_groups<T, 64 / kLanes>(tq, tk, tv, table, positions, batch, s, to)) return;
+    if (s.head_dim == 128 && dispatch_groups<T, 128 / kLanes>(tq, tk, tv, table, positions, batch, s, to)) return;
   }
   attend<T, 0, 0>(tq, tk, tv, table, positions, batch, s, to);
 }
