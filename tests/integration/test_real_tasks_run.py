@@ -4,7 +4,7 @@ verifier and a reasoning-gym dataset, mixed, through the real launcher and servi
 The byte-level default model cannot solve either, so rewards are not asserted to rise;
 what is asserted is that both tasks were drawn and scored by their own verifiers without
 failures, that their sub-scores reached metrics.jsonl, and that evaluation ran on their
-held-out problems, before the first step too (~30 s).
+held-out problems, greedy only (`eval.k = 0`), before the first step too (~30 s).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ table_every = 0
 [orchestrator.eval]
 every = {STEPS}
 prompts = 2
-k = 1
+k = 0
 at_start = true
 
 [[orchestrator.tasks]]
@@ -92,5 +92,8 @@ def test_math_and_reasoning_gym_tasks_report_their_sub_scores(launch, tmp_path: 
         # ... and before any training (eval.at_start), on the first step's record
         assert 0.0 <= records[0][f"eval_start/{name}/greedy_reward"] <= 1.0
         assert not any(k.startswith("eval_start/") for r in records[1:] for k in r)
+        # k = 0: greedy only, so no sampled metrics (test_orchestrator_resume has k = 2)
+        assert not any(k.startswith(f"eval/{name}/pass@") for k in rl[-1]), rl[-1]
+        assert f"eval/{name}/sampled_reward" not in rl[-1]
     assert records[0]["eval_start/policy_version"] == 0
     assert records[0]["eval_start/seconds"] > 0  # what the start's evaluation took

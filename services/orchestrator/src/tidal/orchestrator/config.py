@@ -125,8 +125,9 @@ class EvalConfig(BaseConfig):
     """Evaluate after every `every` RL steps (and after the last); 0 disables evaluation."""
     prompts: int = Field(default=16, gt=0)
     """Held-out problems per task."""
-    k: int = Field(default=4, gt=0)
-    """Samples per problem for pass@k (at the training temperature)."""
+    k: int = Field(default=4, ge=0)
+    """Samples per problem for pass@k (at the training temperature); 0: greedy decoding
+    only, no pass@k or sampled reward (half the evaluation's generation when k is 1)."""
     after_warmup: bool = False
     """Also evaluate after the last warm-up step: the policy RL starts from, the baseline
     a run's held-out gains are measured from (needs `every` > 0 and warmup_steps > 0)."""

@@ -31,17 +31,22 @@ def pass_at_k(rewards_per_problem: list[list[float]]) -> float:
 async def _eval_problem(
     generator: RolloutGenerator, problem: Problem, *, k: int, seed: int, tag: str
 ) -> tuple[float, list[float]]:
+    """The greedy completion's reward and those of `k` samples (none when k is 0)."""
     prompt = generator.prompts.prompt_ids(problem)
     temperature = generator.config.sampling.temperature
-    greedy, sampled = await asyncio.gather(
-        generator.rollouts(
-            problem, prompt, n=1, temperature=0.0, seed=seed, request_id=tag + "-greedy"
-        ),
+    greedy = generator.rollouts(
+        problem, prompt, n=1, temperature=0.0, seed=seed, request_id=tag + "-greedy"
+    )
+    if k == 0:
+        greedy_outcomes, _ = await generator.score(problem, await greedy)
+        return greedy_outcomes[0].reward, []
+    greedy_rollouts, sampled = await asyncio.gather(
+        greedy,
         generator.rollouts(
             problem, prompt, n=k, temperature=temperature, seed=seed, request_id=tag
         ),
     )
-    greedy_outcomes, _ = await generator.score(problem, greedy)
+    greedy_outcomes, _ = await generator.score(problem, greedy_rollouts)
     sampled_outcomes, _ = await generator.score(problem, sampled)
     return greedy_outcomes[0].reward, [o.reward for o in sampled_outcomes]
 
@@ -49,8 +54,9 @@ async def _eval_problem(
 async def evaluate(
     generator: RolloutGenerator, mixture: TaskMixture, config: EvalConfig, *, step: int
 ) -> dict[str, float]:
-    """`eval/<task>/greedy_accuracy`, `.../greedy_reward`, `.../pass@k` and
-    `.../sampled_reward` (the mean reward of the k samples) for every task."""
+    """`eval/<task>/greedy_accuracy`, `.../greedy_reward` and, when `config.k` > 0,
+    `.../pass@k` and `.../sampled_reward` (the mean reward of the k samples) for every
+    task."""
     results: dict[str, float] = {}
     for name in mixture.names:
         problems = mixture.eval_problems(name, config.prompts)
@@ -69,6 +75,8 @@ async def evaluate(
         greedy = [g for g, _ in answers]
         results[f"eval/{name}/greedy_accuracy"] = float(np.mean([g >= 1.0 for g in greedy]))
         results[f"eval/{name}/greedy_reward"] = float(np.mean(greedy))
-        results[f"eval/{name}/pass@{config.k}"] = pass_at_k([s for _, s in answers])
-        results[f"eval/{name}/sampled_reward"] = float(np.mean([r for _, s in answers for r in s]))
+        if config.k:
+            results[f"eval/{name}/pass@{config.k}"] = pass_at_k([s for _, s in answers])
+            sampled = [r for _, s in answers for r in s]
+            results[f"eval/{name}/sampled_reward"] = float(np.mean(sampled))
     return results
