@@ -135,8 +135,9 @@ def compare(rows: list[dict[str, Any]], clock: str) -> dict[str, Any]:
 
     ends = sorted(points[-1][clock] for points in arms.values())
     means = {arm: mean_gain(points, clock, ends[1]) for arm, points in arms.items()}
-    target = round(tidal[-1]["greedy_accuracy"] - tidal[0]["greedy_accuracy"], 4)
-    trl_best = round(max(p["greedy_accuracy"] for p in trl) - trl[0]["greedy_accuracy"], 4)
+    # unrounded: a gain rounded up would not be reached by the evaluation that defines it
+    target = tidal[-1]["greedy_accuracy"] - tidal[0]["greedy_accuracy"]
+    trl_best = max(p["greedy_accuracy"] for p in trl) - trl[0]["greedy_accuracy"]
     if first_reaching(trl, clock, target) is None and trl_best > 0:
         target = trl_best
     tidal_t, trl_t = first_reaching(tidal, clock, target), first_reaching(trl, clock, target)
@@ -145,7 +146,7 @@ def compare(rows: list[dict[str, Any]], clock: str) -> dict[str, Any]:
         "at_last_end": at(ends[1]),
         "mean_gain_to_last_end": {**means, "ratio": ratio(means["tidal"], means["trl"])},
         "time_to_gain": {
-            "gain": target,
+            "gain": round(target, 4),
             "tidal_min": tidal_t,
             "trl_min": trl_t,
             "ratio": ratio(trl_t, tidal_t),
