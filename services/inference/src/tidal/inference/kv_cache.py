@@ -209,7 +209,7 @@ class ExtendAttention:
             rows_of([t], s + n, bs, device)[0]
             for t, s, n in zip(tables, starts, lengths, strict=True)
         ]
-        self.slots = [cache.slots(rows) for rows in self.rows]  # the same as (block, offset)
+        self.slots = [cache.slots(rows) for rows in self.rows]  # rows as (blocks, offsets)
         self.masks: list[torch.Tensor | None] = []
         for s, n in zip(starts, lengths, strict=True):
             if s == 0:  # nothing cached before: plain causal attention over the new keys

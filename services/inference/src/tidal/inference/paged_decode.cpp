@@ -77,7 +77,7 @@ struct Shape {
 constexpr int kAccumulators = 28;  // of 32 registers, 4 left for loads and broadcasts
 #else
 #define TIDAL_LANES 8
-constexpr int kAccumulators = 12;  // of 16
+constexpr int kAccumulators = 12;  // of 16 (AVX2's ymm; on SSE-only x86, 8 xmm pairs: spills)
 #endif
 constexpr int kLanes = TIDAL_LANES;
 typedef float f32xN __attribute__((vector_size(TIDAL_LANES * 4)));
