@@ -263,6 +263,7 @@ async def serve(config: InferenceRunConfig) -> None:
     provider = setup_telemetry("inference", config.telemetry, config.run.dir)
     torch.set_num_threads(config.inference.num_threads)
     running = await start_inference(config)
+    settle_startup_heap()  # torch, the engine and the model are in
     log.info(
         "serving on %s as %s; %s",
         config.endpoints.inference,
@@ -287,5 +288,4 @@ def main(argv: Sequence[str] | None = None) -> None:
         except ConfigError as exc:
             print(f"error: {exc}", file=sys.stderr)
             raise SystemExit(2) from None
-    settle_startup_heap()
     asyncio.run(serve(config))

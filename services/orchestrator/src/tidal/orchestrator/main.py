@@ -19,7 +19,7 @@ from tidal.common.errors import EXIT_DISK_FULL, ConfigError, is_disk_full
 from tidal.common.grpc.server import GrpcServer, ServiceBinding
 from tidal.common.observability.prometheus import ServiceMetrics
 from tidal.common.observability.tracing import setup_telemetry
-from tidal.common.process.service_start import settle_startup_heap, start_service
+from tidal.common.process.service_start import start_service
 from tidal.common.security.transport import check_or_exit, for_service
 from tidal.orchestrator.config import OrchestratorRunConfig
 from tidal.orchestrator.mixture import TaskMixture
@@ -157,7 +157,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"orchestrator: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None
     try:
-        settle_startup_heap()
         code = asyncio.run(serve(config, mixture, prompts, verifier, model_rewards))
     finally:
         verifier.close()

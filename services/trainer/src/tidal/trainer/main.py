@@ -23,6 +23,7 @@ from tidal.common.errors import FailedPrecondition, Unavailable
 from tidal.common.grpc.server import GrpcServer, ServiceBinding
 from tidal.common.observability.prometheus import ServiceMetrics
 from tidal.common.observability.tracing import setup_telemetry
+from tidal.common.process.service_start import settle_startup_heap
 from tidal.common.security.transport import for_service
 from tidal.models.device import resolve_device
 from tidal.rpc.v1 import trainer_pb2_grpc as pb_grpc
@@ -191,12 +192,14 @@ def prepare_first_step(trainer: Trainer, *, checkpoints: bool) -> threading.Thre
     """Off the start-up path, once the trainer serves: build the optimizer (its first
     build imports torch._dynamo) and, when checkpointing, import DCP, on a daemon thread,
     while the orchestrator makes the first batch. A step that comes first waits for the
-    same build (train_step.py) or, on Python's import lock, the same import."""
+    same build (train_step.py) or, on Python's import lock, the same import. Then the
+    start-up heap is settled: torch, the model and the optimizer are in."""
 
     def prepare() -> None:
         trainer.build_optimizer_now()
         if checkpoints:
             importlib.import_module(DCP_MODULE)
+        settle_startup_heap()
 
     thread = threading.Thread(target=prepare, name="prepare-first-step", daemon=True)
     thread.start()

@@ -2,9 +2,11 @@
 
 One function so that the four services and torchrun's trainer start the same way: a
 config error, a missing credential or a run folder's file policy is handled before any
-server is built, and a service started by `tidal rl` dies with its launcher. Inference,
-the orchestrator and weight sync also hand what start-up built to `settle_startup_heap`
-before serving.
+server is built, and a service started by `tidal rl` dies with its launcher. Each service
+also hands what start-up built to `settle_startup_heap` once it is all built: weight sync
+before serving, inference once its engine holds the model, the trainer once its optimizer
+is built, the orchestrator once its plotting library is imported (while it waits for its
+peers).
 """
 
 from __future__ import annotations
@@ -46,7 +48,9 @@ def settle_startup_heap() -> None:
     """Exempt every object alive now (modules, classes, the config, what start-up built)
     from later garbage collections, as `gc.freeze` does: they live as long as the process,
     and each full collection would walk them all again, a pause of tens of milliseconds
-    on the event loop. Called once, after start-up and before serving; what serving
-    allocates is collected as usual."""
-    gc.collect()
+    on the event loop (with torch in, a hundred). Called once, when start-up is done:
+    after the imports, the model and whatever else a service holds for its whole life
+    are loaded, before its first unit of work; what serving allocates is collected as
+    usual. No collection first: it would walk the whole heap on the start-up path to find
+    next to nothing (start-up leaves a few dozen objects of cyclic garbage, kept)."""
     gc.freeze()

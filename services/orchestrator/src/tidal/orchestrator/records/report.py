@@ -2,8 +2,8 @@
 and the live table of recent steps printed during the run.
 
 matplotlib (Agg backend) is imported inside the functions, on a daemon thread started
-when the first step begins, so neither start-up nor the end of the run waits for its
-import. `summary.json` also holds the run's timing marks (tidal.cli.run_timing).
+while the orchestrator waits for its peers, so neither start-up nor the end of the run
+waits for its import, and its objects are settled with the start-up heap. `summary.json` also holds the run's timing marks (tidal.cli.run_timing).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tidal.common.files.durable import write_atomic
+from tidal.common.process.service_start import settle_startup_heap
 from tidal.orchestrator.records.run_log import StepRecord
 
 REWARD_PLOT = "reward.png"
@@ -82,9 +83,15 @@ def pyplot() -> Any:
 
 
 def import_matplotlib_in_background() -> threading.Thread:
-    """Import matplotlib's pyplot (Agg) on a daemon thread; the plots then find it loaded
-    (one that comes first waits on Python's import lock for the same import)."""
-    thread = threading.Thread(target=pyplot, name="import-matplotlib", daemon=True)
+    """Import matplotlib's pyplot (Agg) on a daemon thread, then settle the start-up heap
+    (the orchestrator waits for its peers meanwhile); the plots then find it loaded (one
+    that comes first waits on Python's import lock for the same import)."""
+
+    def load() -> None:
+        pyplot()
+        settle_startup_heap()
+
+    thread = threading.Thread(target=load, name="import-matplotlib", daemon=True)
     thread.start()
     return thread
 
