@@ -112,7 +112,6 @@ async def run_training(
     launched_at = launched_at_from_env()
     marks: dict[str, float | None] = {"launched_at": launched_at}
     try:
-        plotting = import_matplotlib_in_background()  # for the report, while peers start
         peer_wait = orch.timeouts.peer_wait_s
         log.info(
             "waiting for inference (%s) and trainer (up to %.0fs)",
@@ -141,9 +140,9 @@ async def run_training(
         if config.orchestrator.resume and trained >= 1 and trained not in run_log.logged_steps():
             log.warning("resume: step %d was trained but never logged; writing its line", trained)
             run_log.append(StepRecord.lost(trained))
-        await asyncio.to_thread(plotting.join)  # and the start-up heap settled
         started = time.monotonic()  # the summary's time excludes waiting for peers
         marks["first_step_started_at"] = time.time()
+        import_matplotlib_in_background()  # for the report, off the end of the run
         loop = RLLoop(
             orch,
             seed=config.run.seed,

@@ -5,8 +5,7 @@ config error, a missing credential or a run folder's file policy is handled befo
 server is built, and a service started by `tidal rl` dies with its launcher. Each service
 also hands what start-up built to `settle_startup_heap` once it is all built: weight sync
 before serving, inference once its engine holds the model, the trainer once its optimizer
-is built, the orchestrator once its plotting library is imported (while it waits for its
-peers).
+is built, the orchestrator once its plotting library is imported (during its first step).
 """
 
 from __future__ import annotations
@@ -50,7 +49,7 @@ def settle_startup_heap() -> None:
     and each full collection would walk them all again, a pause of tens of milliseconds
     on the event loop (with torch in, a hundred). Called once, when start-up is done:
     after the imports, the model and whatever else a service holds for its whole life
-    are loaded, before its first unit of work; what serving allocates is collected as
-    usual. No collection first: it would walk the whole heap on the start-up path to find
+    are loaded, before its first unit of work where it can; what serving allocates is
+    collected as usual. No collection first: it would walk the whole heap on the start-up path to find
     next to nothing (start-up leaves a few dozen objects of cyclic garbage, kept)."""
     gc.freeze()

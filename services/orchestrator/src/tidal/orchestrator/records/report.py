@@ -2,8 +2,8 @@
 and the live table of recent steps printed during the run.
 
 matplotlib (Agg backend) is imported inside the functions, on a daemon thread started
-while the orchestrator waits for its peers, so neither start-up nor the end of the run
-waits for its import, and its objects are settled with the start-up heap. `summary.json` also holds the run's timing marks (tidal.cli.run_timing).
+when the first step begins, so neither start-up nor the end of the run waits for its
+import; its objects are then settled with the start-up heap. `summary.json` also holds the run's timing marks (tidal.cli.run_timing).
 """
 
 from __future__ import annotations
@@ -83,9 +83,10 @@ def pyplot() -> Any:
 
 
 def import_matplotlib_in_background() -> threading.Thread:
-    """Import matplotlib's pyplot (Agg) on a daemon thread, then settle the start-up heap
-    (the orchestrator waits for its peers meanwhile); the plots then find it loaded (one
-    that comes first waits on Python's import lock for the same import)."""
+    """Import matplotlib's pyplot (Agg) on a daemon thread, then settle the start-up heap;
+    the plots then find it loaded (one that comes first waits on Python's import lock for
+    the same import). What the first step holds at that moment is frozen with it: freed by
+    its references as usual, kept only if it ends in a cycle."""
 
     def load() -> None:
         pyplot()
