@@ -50,6 +50,7 @@ def settle_startup_heap() -> None:
     on the event loop (with torch in, a hundred). Called once, when start-up is done:
     after the imports, the model and whatever else a service holds for its whole life
     are loaded, before its first unit of work where it can; what serving allocates is
-    collected as usual. No collection first: it would walk the whole heap on the start-up path to find
-    next to nothing (start-up leaves a few dozen objects of cyclic garbage, kept)."""
+    collected as usual. No collection first: it would walk the whole heap on the start-up
+    path to find next to nothing (start-up leaves a few dozen objects of cyclic garbage,
+    kept)."""
     gc.freeze()

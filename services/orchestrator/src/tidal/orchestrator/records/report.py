@@ -3,7 +3,8 @@ and the live table of recent steps printed during the run.
 
 matplotlib (Agg backend) is imported inside the functions, on a daemon thread started
 when the first step begins, so neither start-up nor the end of the run waits for its
-import; its objects are then settled with the start-up heap. `summary.json` also holds the run's timing marks (tidal.cli.run_timing).
+import; its objects are then settled with the start-up heap. `summary.json` also holds
+the run's timing marks (tidal.cli.run_timing).
 """
 
 from __future__ import annotations
