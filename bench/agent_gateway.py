@@ -14,15 +14,20 @@ Per step from metrics.jsonl (the first `SKIP` RL steps left out): `seconds` (ste
 `generate_seconds` (rollout). At `--max-async 0` (the default) a step is its rollout then
 its training, so the gateway's whole cost shows in the step; at the config's own 1 the
 next rollout runs while the trainer trains, as a run of `configs/lookup.toml` does.
-Ratios: arm / builtin of the pooled medians. CPU: the stack's per run (start-up included)
-from the waited-for children's rusage, the agent service's from /proc. `--micro` instead
-times, in this process, the gateway's own work for a two-call lookup episode (parse each
-request, render its prompt, record the turn, build the reply; no HTTP, no model).
-`--path` times the orchestrator's CPU per episode along each arm's whole rollout path (the
-built-in loop; the gateway over HTTP with the light agent service as a process), a step's
-64 episodes at a time, with a stand-in for inference that answers each turn at once.
+Ratios: arm / builtin of the pooled medians. A step's time follows what the policy does
+(more tool calls, longer episodes, as it learns), and two runs of RL learn apart: with
+`--frozen-policy` both arms train at lr 1e-12, so every step of both samples one policy
+and the ratio is the gateway's cost alone (learning through it is tested elsewhere). CPU:
+the stack's per run (start-up included) from the waited-for children's rusage, the agent
+service's from /proc. `--micro` instead times, in this process, the gateway's own work for
+a two-call lookup episode (parse each request, render its prompt, record the turn, build
+the reply; no HTTP, no model). `--path` times the orchestrator's CPU per episode along
+each arm's whole rollout path (the built-in loop; the gateway over HTTP with the light
+agent service as a process), a step's 64 episodes at a time, with a stand-in for inference
+that answers each turn at once.
 
     python bench/agent_gateway.py [--repeats 2] [--steps 12] [--agents light,openai]
+                                  [--max-async 0] [--frozen-policy]
                                   [--warmup-steps 200 | --model WARMED_FOLDER]
     python bench/agent_gateway.py --micro | --path
 """
@@ -54,6 +59,7 @@ AGENTS = {"light": async_react_service, "openai": react_service}
 CONFIG = ROOT / "configs" / "lookup.toml"
 SKIP = 2  # first RL steps left out: the pipeline fills, the engine warms up
 PROMPTS, GROUP = 8, 8
+FROZEN_LR = 1e-12  # updates below fp32's resolution of these weights: the policy stays put
 STEP_KEYS = ("step", "generate_seconds", "seconds", "samples", "reward_mean")
 
 
@@ -80,10 +86,11 @@ def agent_overlay(path: Path, port: int) -> Path:
 
 
 def run_steps(
-    model: Path, extra: list[str], *, steps: int, max_async: int, out: Path, name: str
+    model: Path, extra: list[str], *, steps: int, max_async: int, frozen: bool, out: Path, name: str
 ) -> list[dict]:  # type: ignore[type-arg]
     args = [
-        *extra, "--trainer.model.path", str(model), "--run.tokenizer", "byte",
+        *extra, *(["--trainer.optim.lr", str(FROZEN_LR)] if frozen else []),
+        "--trainer.model.path", str(model), "--run.tokenizer", "byte",
         "--orchestrator.warmup-steps", "0", "--orchestrator.steps", str(steps),
         "--orchestrator.staleness.max-async", str(max_async),
         "--orchestrator.prompts-per-step", str(PROMPTS),
@@ -278,6 +285,11 @@ def main() -> None:
     parser.add_argument(
         "--max-async", type=int, default=0, help="0: rollout then training; 1: lookup.toml's"
     )
+    parser.add_argument(
+        "--frozen-policy",
+        action="store_true",
+        help="train at lr 1e-12: every step samples the same policy in both arms",
+    )
     parser.add_argument("--micro", action="store_true", help="time the gateway's own work")
     parser.add_argument(
         "--path", action="store_true", help="time the orchestrator's rollout path, no model"
@@ -321,7 +333,11 @@ def main() -> None:
                 agent_before = cpu_seconds(service.pid) if service else 0.0
                 stack_before = children_cpu_seconds()
                 name = f"{arm}-{repeat}"
-                settings = {"steps": args.steps, "max_async": args.max_async}
+                settings = {
+                    "steps": args.steps,
+                    "max_async": args.max_async,
+                    "frozen": args.frozen_policy,
+                }
                 runs[arm].append(run_steps(model, extra[arm], **settings, out=out, name=name))
                 agent_cpu = cpu_seconds(service.pid) - agent_before if service else 0.0
                 cpu[arm].append((children_cpu_seconds() - stack_before, agent_cpu))
@@ -352,6 +368,7 @@ def main() -> None:
         "prompts_per_step": PROMPTS,
         "group_size": GROUP,
         "max_async": args.max_async,
+        "frozen_policy": args.frozen_policy,
         "warmup_steps": 0 if args.model else args.warmup_steps,
         "rl_steps": args.steps,
         "skipped_first_rl_steps": SKIP,
