@@ -18,6 +18,7 @@ from importlib import resources
 from typing import Any
 
 import aiohttp
+import orjson
 
 from tidal.orchestrator.completions import Completion, ToolStats
 from tidal.orchestrator.gateway.server import Gateway
@@ -33,6 +34,7 @@ SPEC_FILE = "tidal_agent.json"
 NO_CONTEXT_LIMIT = 1 << 30
 STDERR_KEPT = 2000
 STDERR_LOGGED = 300
+JSON = {"Content-Type": "application/json"}
 
 log = logging.getLogger(__name__)
 
@@ -122,11 +124,11 @@ class ServiceRunner:
             "reward_url": f"{gateway.url}/sessions/{session.id}/reward",
             "problem": given,
         }
-        try:
-            async with self._http.post(self.url, json=body) as reply:
+        try:  # orjson: the problem's JSON is a step's largest encode on the event loop
+            async with self._http.post(self.url, data=orjson.dumps(body), headers=JSON) as reply:
                 if reply.status != 200:
                     return RunOutcome("", "crashed")
-                answer = await reply.json(content_type=None)
+                answer = orjson.loads(await reply.read())
         except (aiohttp.ClientError, ValueError):
             return RunOutcome("", "crashed")
         output = answer.get("output") if isinstance(answer, dict) else None
