@@ -47,10 +47,9 @@ def settle_startup_heap() -> None:
     """Exempt every object alive now (modules, classes, the config, what start-up built)
     from later garbage collections, as `gc.freeze` does: they live as long as the process,
     and each full collection would walk them all again, a pause of tens of milliseconds
-    on the event loop (with torch in, a hundred). Called once, when start-up is done:
+    on the event loop, more with torch imported. Called once, when start-up is done:
     after the imports, the model and whatever else a service holds for its whole life
     are loaded, before its first unit of work where it can; what serving allocates is
     collected as usual. No collection first: it would walk the whole heap on the start-up
-    path to find next to nothing (start-up leaves a few dozen objects of cyclic garbage,
-    kept)."""
+    path to find next to nothing (the little cyclic garbage start-up leaves is kept)."""
     gc.freeze()
