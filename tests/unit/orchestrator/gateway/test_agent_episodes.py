@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import logging
 import os
 import socket
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+from aiohttp import web
 
 from tests.helpers.agent_programs import curl_command, react_command, react_files, write_agent
 from tests.helpers.tool_calling_model import ANSWER, ARGS, ASK, RESULT, TOK, TOOLS, trained_weights
@@ -26,7 +28,12 @@ from tidal.inference.native import NativeEngine
 from tidal.inference.sampling import SamplingParams
 from tidal.orchestrator.completions import Completion
 from tidal.orchestrator.config import ChatConfig
-from tidal.orchestrator.rollouts.agent_episodes import AgentEpisodes
+from tidal.orchestrator.rollouts.agent_episodes import (
+    AgentEpisodes,
+    RunOutcome,
+    ServiceRunner,
+    problem_json,
+)
 from tidal.orchestrator.rollouts.prompt_rendering import PromptRenderer
 from tidal.orchestrator.task_config import AGENT_SANDBOX, AgentTaskConfig
 from tidal.orchestrator.tasks import build_task
@@ -296,3 +303,42 @@ async def test_each_of_n_choices_is_a_sample_of_the_episode(
     (earlier,) = episode.earlier_samples
     assert earlier.prompt_ids == episode.prompt_ids == tuple(sampler.sent[0])
     assert [[*earlier.token_ids], [*episode.token_ids]] == sampler.generated
+
+
+async def test_an_agent_service_is_given_the_problem_exactly_big_integers_and_dates_too() -> None:
+    received: list[Any] = []
+
+    async def agent(request: web.Request) -> web.Response:  # an agent service that answers at once
+        received.append(await request.json())
+        return web.json_response({"output": "done"})
+
+    app = web.Application()
+    app.router.add_post("/", agent)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    big = 2**70  # beyond 64 bits: a product in an arithmetic task's metadata
+    problem = Problem(
+        prompt="p", reference="r", task="agent", metadata={"n": big, "d": datetime.date(2026, 1, 2)}
+    )
+    task = SimpleNamespace(config=SimpleNamespace(url=f"http://127.0.0.1:{port}/"))
+    service = ServiceRunner(task)  # type: ignore[arg-type]
+    gateway = SimpleNamespace(url="http://127.0.0.1:1/v1")
+    try:
+        outcome = await service.run(
+            gateway,  # type: ignore[arg-type]
+            SimpleNamespace(id="s1"),  # type: ignore[arg-type]
+            "key-1",
+            problem_json(problem, [{"role": "user", "content": "p"}]),
+        )
+    finally:
+        await service.close()
+        await runner.cleanup()
+    assert outcome == RunOutcome("done")
+    (body,) = received
+    assert body["problem"]["metadata"] == {"n": big, "d": "2026-01-02"}
+    assert body["problem"]["messages"] == [{"role": "user", "content": "p"}]
+    assert (body["session_id"], body["api_key"]) == ("s1", "key-1")
+    assert body["reward_url"] == "http://127.0.0.1:1/v1/sessions/s1/reward"

@@ -18,7 +18,6 @@ from importlib import resources
 from typing import Any
 
 import aiohttp
-import orjson
 
 from tidal.orchestrator.completions import Completion, ToolStats
 from tidal.orchestrator.gateway.server import Gateway
@@ -34,7 +33,7 @@ SPEC_FILE = "tidal_agent.json"
 NO_CONTEXT_LIMIT = 1 << 30
 STDERR_KEPT = 2000
 STDERR_LOGGED = 300
-JSON = {"Content-Type": "application/json"}
+JSON_BODY = {"Content-Type": "application/json"}
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +46,10 @@ class RunOutcome:
     """The end of the agent's stderr, logged when the episode is dropped."""
 
 
-def problem_given(problem: Problem, messages: list[dict[str, Any]]) -> dict[str, Any]:
-    """What the agent is given: the problem's prompt, chat messages, tools and metadata,
-    as JSON values (what JSON cannot hold as it is, such as a date, as its text)."""
+def problem_json(problem: Problem, messages: list[dict[str, Any]]) -> str:
+    """What the agent is given, as JSON text: the problem's prompt, chat messages, tools
+    and metadata (what JSON cannot hold as it is, such as a date, as its text). Encoded
+    once per group, whose episodes are all given the same."""
     given = {
         "uid": problem.uid,
         "prompt": problem.prompt,
@@ -57,7 +57,7 @@ def problem_given(problem: Problem, messages: list[dict[str, Any]]) -> dict[str,
         "tools": list(problem.tools),
         "metadata": problem.metadata,
     }
-    return json.loads(json.dumps(given, default=str))
+    return json.dumps(given, default=str)
 
 
 class ProgramRunner:
@@ -74,9 +74,8 @@ class ProgramRunner:
         return resources.files("tidal.orchestrator.gateway").joinpath("launcher.py").read_text()
 
     async def run(
-        self, gateway: Gateway, session: AgentSession, key: str, given: dict[str, Any]
+        self, gateway: Gateway, session: AgentSession, key: str, problem: str
     ) -> RunOutcome:
-        problem = json.dumps(given)
         spec = {
             "socket": str(gateway.socket_path),
             "session_id": session.id,
@@ -112,23 +111,25 @@ class ServiceRunner:
         self._http: aiohttp.ClientSession | None = None
 
     async def run(
-        self, gateway: Gateway, session: AgentSession, key: str, given: dict[str, Any]
+        self, gateway: Gateway, session: AgentSession, key: str, problem: str
     ) -> RunOutcome:
         if self._http is None:
             # one pool of kept-alive connections for all episodes; no cookies to keep
             self._http = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar())
-        body = {
-            "session_id": session.id,
-            "base_url": gateway.url,
-            "api_key": key,
-            "reward_url": f"{gateway.url}/sessions/{session.id}/reward",
-            "problem": given,
-        }
-        try:  # orjson: the problem's JSON is a step's largest encode on the event loop
-            async with self._http.post(self.url, data=orjson.dumps(body), headers=JSON) as reply:
+        head = json.dumps(
+            {
+                "session_id": session.id,
+                "base_url": gateway.url,
+                "api_key": key,
+                "reward_url": f"{gateway.url}/sessions/{session.id}/reward",
+            }
+        )
+        body = f'{head[:-1]}, "problem": {problem}}}'  # the group's JSON as it is, not re-encoded
+        try:
+            async with self._http.post(self.url, data=body, headers=JSON_BODY) as reply:
                 if reply.status != 200:
                     return RunOutcome("", "crashed")
-                answer = orjson.loads(await reply.read())
+                answer = await reply.json(content_type=None)
         except (aiohttp.ClientError, ValueError):
             return RunOutcome("", "crashed")
         output = answer.get("output") if isinstance(answer, dict) else None
@@ -206,7 +207,7 @@ class AgentEpisodes:
     ) -> list[Completion]:
         gateway = await self._gateway(sampler)
         messages = sampler.prompts.messages(problem)
-        given = problem_given(problem, messages)
+        given = problem_json(problem, messages)
         episodes = (
             self._episode(sampler, gateway, problem, given, i, **sampling) for i in range(n)
         )
@@ -217,7 +218,7 @@ class AgentEpisodes:
         sampler: Any,
         gateway: Gateway,
         problem: Problem,
-        given: dict[str, Any],
+        given: str,
         index: int,
         *,
         temperature: float,
