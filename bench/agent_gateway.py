@@ -59,7 +59,7 @@ AGENTS = {"light": async_react_service, "openai": react_service}
 CONFIG = ROOT / "configs" / "lookup.toml"
 SKIP = 2  # first RL steps left out: the pipeline fills, the engine warms up
 PROMPTS, GROUP = 8, 8
-FROZEN_LR = 1e-12  # updates below fp32's resolution of these weights: the policy stays put
+FROZEN_LR = 1e-12  # steps far below the weights' precision: the policy stays put
 STEP_KEYS = ("step", "generate_seconds", "seconds", "samples", "reward_mean")
 
 

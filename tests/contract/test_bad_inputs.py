@@ -779,7 +779,7 @@ SERVED_TRAINER = Path(__file__).parents[1] / "helpers" / "served_trainer.py"
 ATTACK_BYTES = 128 * 1024 * 1024
 ATTACKERS = 4
 # Half of one attack body: growth under it shows no body was buffered whole, with room
-# for the allocator's and gRPC's own noise (10-40 MiB in a process earlier tests used).
+# for the allocator's and gRPC's own noise in a process earlier tests have used.
 ATTACK_RSS_LIMIT = ATTACK_BYTES // 2
 
 

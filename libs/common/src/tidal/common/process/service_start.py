@@ -4,8 +4,9 @@ One function so that the four services and torchrun's trainer start the same way
 config error, a missing credential or a run folder's file policy is handled before any
 server is built, and a service started by `tidal rl` dies with its launcher. Each service
 also hands what start-up built to `settle_startup_heap` once it is all built: weight sync
-before serving, inference once its engine holds the model, the trainer once its optimizer
-is built, the orchestrator once its plotting library is imported (during its first step).
+before serving, inference once its engine holds the model, a one-process trainer once its
+optimizer is built, the orchestrator once its plotting library is imported (during its
+first step).
 """
 
 from __future__ import annotations
