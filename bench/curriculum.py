@@ -1,21 +1,23 @@
-"""Problem skipping (with re-admission) against the fixed sampler on reversal over a wide
-length range, one run after another with the same seeds.
+"""A curriculum against the fixed sampler on reversal over a wide length range, one run
+after another with the same seeds.
 
 Three reversal bands by string length, each a finite training set (`train_size`) so the
 curriculum can judge problems one by one: `short` (1-2 letters, which the warm start
 mostly solves), `mid` (3-5, partly solved) and `long` (10-14, never reversed exactly).
-The reward is the task's own (partial credit by position); a completion "passes" at
-`--pass-threshold` of it. The fixed sampler draws the bands 1/3 each; the curriculum draws
-the same way but passes over problems whose latest group all passed (and, unless
-`--skip-below none`, those of which none passed), re-admitting them after
-`--readmit-after` steps. Runs go one after another (the machine's cores are shared), in
-alternating order across seeds, with the load average read around each. What is compared
-is held-out: the mean over the bands (each weighs the same) of the reward of k samples at
-the training temperature on the same held-out problems, gained over the warm start per
-second of RL time (evaluation left out), never the training reward (a sampler that picks
-its problems picks it). Finished runs under `--runs-dir` are read, not run again.
+The reward is the task's own (partial credit by position, `--binary` for 0/1); a
+completion "passes" at `--pass-threshold` of it. The fixed sampler draws the bands 1/3
+each. `--curriculum skip` draws the same way but passes over problems whose latest group
+all passed (and, unless `--skip-below none`, those of which none passed), re-admitting
+them after `--readmit-after` steps; `signal` and `learning-progress` weight the bands
+instead (`--explore` of the draws stay fixed). Runs go one after another (the machine's
+cores are shared), in alternating order across seeds, with the load average read around
+each. What is compared is held-out: the mean over the bands (each weighs the same) of the
+reward of k samples at the training temperature on the same held-out problems, gained over
+the warm start per second of RL time (evaluation left out), never the training reward (a
+sampler that picks its problems picks it). Finished runs under `--runs-dir` are read, not
+run again.
 
-    python bench/curriculum.py [--steps 200] [--seeds 2] [--runs-dir DIR]
+    python bench/curriculum.py [--curriculum skip] [--steps 200] [--seeds 2] [--runs-dir DIR]
 """
 
 from __future__ import annotations
@@ -42,17 +44,23 @@ POOL = 128
 
 
 def samplers(args: argparse.Namespace) -> dict[str, list[str]]:
-    """Sampler name → its command-line settings."""
+    """Sampler name → its command-line settings: the fixed sampler and the curriculum
+    `--curriculum` picks."""
     curriculum = "--orchestrator.curriculum."
-    return {
-        "fixed": [],
-        "skip": [
+    if args.curriculum == "skip":
+        settings = [
             *([f"{curriculum}skip-above", args.skip_above] if args.skip_above != "none" else []),
             *([f"{curriculum}skip-below", args.skip_below] if args.skip_below != "none" else []),
             f"{curriculum}min-samples", "8", f"{curriculum}readmit-after", str(args.readmit_after),
             f"{curriculum}pass-threshold", str(args.pass_threshold),
-        ],
-    }  # fmt: skip
+        ]  # fmt: skip
+    else:
+        settings = [
+            f"{curriculum}task-weighting", args.curriculum.replace("-", "_"),
+            f"{curriculum}explore", str(args.explore),
+            f"{curriculum}pass-threshold", str(args.pass_threshold),
+        ]  # fmt: skip
+    return {"fixed": [], args.curriculum: settings}
 
 
 def pool(band: str, args: argparse.Namespace) -> int:
@@ -155,7 +163,15 @@ def summarize(name: str, seed: int, result: dict[str, Any], common_s: float) -> 
         "tokens/step": statistics.mean(line["generated_tokens"] for line in rl),
         "train reward": statistics.mean(line["reward_mean"] for line in rl),
         "skips": rl[-1].get("curriculum/skips", 0.0),
+        **{f"draws {band}": draws(rl, band) for band in BANDS},
     }
+
+
+def draws(rl: list[dict[str, Any]], band: str) -> float:
+    """The band's mean draw probability over the RL steps (its fixed share without task
+    weights)."""
+    shares = [line.get(f"curriculum/{band}/weight") for line in rl]
+    return statistics.mean(s for s in shares if s is not None) if any(shares) else 1 / len(BANDS)
 
 
 RATIOS = ("gain/s", "gain/s @ equal s", "gain/step")
@@ -201,6 +217,11 @@ def main() -> None:
     parser.add_argument("--warmup-steps", type=int, default=50)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument(
+        "--curriculum", choices=("skip", "signal", "learning-progress"), default="skip",
+        help="skip: problems out of band; signal, learning-progress: task weights",
+    )  # fmt: skip
+    parser.add_argument("--explore", type=float, default=0.2, help="task weights' explore share")
     parser.add_argument("--readmit-after", type=int, default=40)
     parser.add_argument("--pass-threshold", type=float, default=0.75)
     parser.add_argument("--skip-below", default="0.0", help="a pass rate, or none")
@@ -219,7 +240,9 @@ def main() -> None:
     args = parser.parse_args()
     BANDS.update({band: tuple(getattr(args, band)) for band in BANDS})
     names = list(samplers(args))
-    rows, curves, per_seed = [], {}, []
+    rows: list[dict[str, Any]] = []
+    curves: dict[str, list[dict[str, float]]] = {}
+    per_seed: list[dict[str, float]] = []
     for seed in range(args.seeds):
         order = names if seed % 2 == 0 else names[::-1]  # neither always runs first
         runs = {name: run(name, seed, args) for name in order}
@@ -227,15 +250,15 @@ def main() -> None:
         seed_rows = {name: summarize(name, seed, runs[name], common_s) for name in names}
         rows += seed_rows.values()
         curves.update({f"{name}-s{seed}": curve(runs[name]["lines"]) for name in names})
-        fixed, skip = seed_rows["fixed"], seed_rows["skip"]
+        fixed, other = seed_rows["fixed"], seed_rows[names[1]]
         per_seed.append(
             {"seed": seed}
-            | {k: skip[k] / fixed[k] if fixed[k] > 0 else float("nan") for k in RATIOS}
+            | {k: other[k] / fixed[k] if fixed[k] > 0 else float("nan") for k in RATIOS}
         )
     median = {k: statistics.median(r[k] for r in per_seed) for k in RATIOS}
     costs = overhead(args)
-    print_table("Skipping vs the fixed sampler: held-out reward over all lengths", rows)
-    print_table("Held-out gain, skip / fixed, per seed", per_seed)
+    print_table(f"{names[1]} vs the fixed sampler: held-out reward over all lengths", rows)
+    print_table(f"Held-out gain, {names[1]} / fixed, per seed", per_seed)
     print_table("Median over seeds", [median])
     print_table("The curriculum's own cost (in-process)", [costs])
     config = {
@@ -253,10 +276,12 @@ def main() -> None:
         "eval_every": args.eval_every,
         "eval_prompts_per_band": args.eval_prompts,
         "eval_k": args.eval_k,
+        "curriculum": args.curriculum,
+        "explore": args.explore,
         "samplers": samplers(args),
     }
     ratio = {"per_seed": per_seed, "median": median}
-    summary = {"ratio (skip / fixed)": ratio, "overhead": costs, "curves": curves}
+    summary = {f"ratio ({names[1]} / fixed)": ratio, "overhead": costs, "curves": curves}
     path = write_result("curriculum", config=config, results=rows, summary=summary)
     print(f"wrote {path}")
 

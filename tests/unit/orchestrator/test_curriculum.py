@@ -1,5 +1,5 @@
 """The curriculum: pass rates per problem and task, skipping, re-admission, learning-progress
-weights, and a state that resumes the exact draw sequence."""
+and signal weights, and a state that resumes the exact draw sequence."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def _mixture(tmp_path: Path, curriculum: CurriculumConfig, *, seed: int = 0) -> 
 def _solved(problem: Problem) -> list[float]:
     """A fixed verdict per problem: even records always solved, odd ones never."""
     if problem.task != "qa":
-        return [0.5] * 4
+        return [0.25, 0.5, 0.5, 0.75]  # its groups disagree: signal, at a steady mean
     return [float(int(problem.answer) % 2 == 0)] * 4
 
 
@@ -128,8 +128,44 @@ def test_learning_progress_weights_the_task_whose_reward_moves(tmp_path: Path) -
     assert counts["qa"] / 2000 == pytest.approx(0.9, abs=0.03)
 
 
-def test_the_saved_state_draws_what_the_uninterrupted_run_draws(tmp_path: Path) -> None:
-    config = SKIP_BOTH.model_copy(update={"task_weighting": "learning_progress"})
+def test_signal_weights_the_task_whose_groups_disagree(tmp_path: Path) -> None:
+    config = CurriculumConfig(task_weighting="signal", explore=0.2)
+    mixture = _mixture(tmp_path, config)
+    curriculum = mixture.curriculum
+    assert curriculum.task_weights(mixture.names, mixture.weights) == pytest.approx([0.5, 0.5])
+    qa, reversal = mixture.tasks["qa"].problem(0), mixture.tasks["reversal"].problem(0)
+    mixture.observe(qa, [0.0, 1.0, 1.0, 0.0])  # rewards differ: advantages to learn from
+    mixture.observe(reversal, [1.0] * 4)  # all solved: every advantage zero
+    qa_weight, reversal_weight = curriculum.task_weights(mixture.names, mixture.weights)
+    assert reversal_weight == pytest.approx(0.2 * 0.5)  # only its explore share
+    assert qa_weight == pytest.approx(0.8 + 0.2 * 0.5)
+    for _ in range(10):  # reversal's groups start to disagree, qa's stop
+        mixture.observe(qa, [1.0] * 4)
+        mixture.observe(reversal, [0.25, 0.5, 0.5, 1.0])
+    signal = 1 - 0.9**10  # the EMA at fast_rate 0.1 after ten groups, from 1 (qa) and 0
+    assert curriculum.tasks["qa"].signal == pytest.approx(1 - signal)
+    assert curriculum.tasks["reversal"].signal == pytest.approx(signal)
+    qa_weight, reversal_weight = curriculum.task_weights(mixture.names, mixture.weights)
+    assert reversal_weight == pytest.approx(0.8 * signal + 0.1)
+    metrics = mixture.curriculum_metrics()
+    assert metrics["curriculum/reversal/signal"] == pytest.approx(signal)
+    assert metrics["curriculum/reversal/weight"] == pytest.approx(reversal_weight)
+
+
+def test_signal_weights_fall_back_to_the_fixed_mixture_when_no_group_disagrees(
+    tmp_path: Path,
+) -> None:
+    mixture = _mixture(tmp_path, CurriculumConfig(task_weighting="signal"))
+    mixture.observe(mixture.tasks["qa"].problem(0), [0.0] * 4)
+    mixture.observe(mixture.tasks["reversal"].problem(0), [1.0] * 4)
+    assert mixture.curriculum.task_weights(mixture.names, mixture.weights) == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("weighting", ["learning_progress", "signal"])
+def test_the_saved_state_draws_what_the_uninterrupted_run_draws(
+    tmp_path: Path, weighting: str
+) -> None:
+    config = SKIP_BOTH.model_copy(update={"task_weighting": weighting})
     uninterrupted = _mixture(tmp_path, config, seed=3)
     expected = _run(uninterrupted, range(1, 21))
 

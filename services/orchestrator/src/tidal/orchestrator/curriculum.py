@@ -42,6 +42,8 @@ class TaskRecord:
     """Fast EMA of the task's per-group mean reward (None before its first group)."""
     slow: float | None = None
     """Slow EMA of the same."""
+    signal: float | None = None
+    """Recent share of its groups whose rewards differ: EMA (at `fast_rate`)."""
 
     @property
     def progress(self) -> float:
@@ -73,12 +75,17 @@ class Curriculum:
         task.samples += len(rewards)
         task.passes += passes
         rate, mean = passes / len(rewards), sum(rewards) / len(rewards)
+        spread = float(max(rewards) > min(rewards))
         if task.pass_rate is None or task.fast is None or task.slow is None:
             task.pass_rate, task.fast, task.slow = rate, mean, mean
         else:
             task.pass_rate += self.config.fast_rate * (rate - task.pass_rate)
             task.fast += self.config.fast_rate * (mean - task.fast)
             task.slow += self.config.slow_rate * (mean - task.slow)
+        if task.signal is None:  # a state saved before signal was tracked starts it here
+            task.signal = spread
+        else:
+            task.signal += self.config.fast_rate * (spread - task.signal)
         if problem.task in self.tracked and self.config.skips_problems:
             key = problem.key or problem.uid
             record = self.problems.setdefault(key, ProblemRecord(task=problem.task))
@@ -124,17 +131,26 @@ class Curriculum:
 
     def task_weights(self, names: Sequence[str], weights: Sequence[float]) -> list[float]:
         """The relative draw weight of each task: the fixed `weights`, or under
-        learning_progress probabilities mixing those with each task's share of the
-        learning progress."""
-        progress = [self.tasks[name].progress for name in names]
-        if self.config.task_weighting == "fixed" or sum(progress) <= 0:
-            return list(weights)  # nothing moves yet (or any more): the fixed mixture
+        learning_progress (signal) probabilities mixing those with each task's share of
+        the learning progress (of the signal)."""
+        if self.config.task_weighting == "fixed":
+            return list(weights)
+        scores = [self._score(self.tasks[name]) for name in names]
+        if sum(scores) <= 0:
+            return list(weights)  # nothing to go by yet (or any more): the fixed mixture
         fixed = [w / sum(weights) for w in weights]
         explore = self.config.explore
         return [
-            (1 - explore) * p / sum(progress) + explore * f
-            for p, f in zip(progress, fixed, strict=True)
+            (1 - explore) * score / sum(scores) + explore * f
+            for score, f in zip(scores, fixed, strict=True)
         ]
+
+    def _score(self, task: TaskRecord) -> float:
+        """What a task is weighted by, beyond its explore share. Under signal, a task not
+        yet seen counts as all signal, so each is tried before the weights settle."""
+        if self.config.task_weighting == "learning_progress":
+            return task.progress
+        return 1.0 if task.signal is None else task.signal
 
     def metrics(self, names: Sequence[str], weights: Sequence[float]) -> dict[str, float]:
         """`curriculum/*`: each task's recent pass rate and draw probability, skips so far
@@ -146,6 +162,8 @@ class Curriculum:
             if task.pass_rate is not None:
                 out[f"curriculum/{name}/pass_rate"] = task.pass_rate
                 out[f"curriculum/{name}/progress"] = task.progress
+            if task.signal is not None:
+                out[f"curriculum/{name}/signal"] = task.signal
             out[f"curriculum/{name}/weight"] = weight / sum(drawn)
         if self.config.skips_problems:
             out["curriculum/skips"] = float(self.skips)

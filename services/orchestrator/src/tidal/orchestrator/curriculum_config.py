@@ -31,16 +31,19 @@ class CurriculumConfig(BaseConfig):
     readmit_after: int = Field(default=20, ge=1)
     """Steps after which a skipped problem is drawn again, its record cleared so its new
     completions decide anew."""
-    task_weighting: Literal["fixed", "learning_progress"] = "fixed"
+    task_weighting: Literal["fixed", "learning_progress", "signal"] = "fixed"
     """fixed: tasks drawn by their `weight`. learning_progress: tasks drawn in proportion
     to how fast their mean reward changes (|fast EMA − slow EMA|; the pass rate, for a
-    0/1 reward), mixed with the fixed weights by `explore`; a task whose reward stands
-    still (always or never solved) gets only its explore share."""
+    0/1 reward). signal: tasks drawn in proportion to the recent share of their groups
+    whose rewards differ (EMA at `fast_rate`), the groups whose advantages are not all
+    zero. Either is mixed with the fixed weights by `explore`; a task whose groups are
+    all solved or all failed gets only its explore share."""
     explore: float = Field(default=0.2, ge=0, le=1)
-    """learning_progress: share of draws by the fixed weights (so no task is starved)."""
+    """learning_progress, signal: share of draws by the fixed weights (so no task is
+    starved)."""
     fast_rate: float = Field(default=0.1, gt=0, le=1)
-    """Update rate, per observed group, of the fast reward EMA and of the task's reported
-    pass rate."""
+    """Update rate, per observed group, of the fast reward EMA, of the task's reported
+    pass rate and of its signal share."""
     slow_rate: float = Field(default=0.02, gt=0, le=1)
     """learning_progress: update rate of the slow reward EMA, per observed group."""
 
