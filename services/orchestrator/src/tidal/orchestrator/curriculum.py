@@ -82,7 +82,7 @@ class Curriculum:
             task.pass_rate += self.config.fast_rate * (rate - task.pass_rate)
             task.fast += self.config.fast_rate * (mean - task.fast)
             task.slow += self.config.slow_rate * (mean - task.slow)
-        if task.signal is None:  # a state saved before signal was tracked starts it here
+        if task.signal is None:  # its first group (or first since a state saved without it)
             task.signal = spread
         else:
             task.signal += self.config.fast_rate * (spread - task.signal)
