@@ -4,18 +4,20 @@ after another with the same seeds.
 Three reversal bands by string length, each a finite training set (`train_size`) so the
 curriculum can judge problems one by one: `short` (1-2 letters, which the warm start
 mostly solves), `mid` (3-5, partly solved) and `long` (10-14, never reversed exactly).
-The reward is the task's own (partial credit by position, `--binary` for 0/1); a
-completion "passes" at `--pass-threshold` of it. The fixed sampler draws the bands 1/3
-each. `--curriculum skip` draws the same way but passes over problems whose latest group
-all passed (and, unless `--skip-below none`, those of which none passed), re-admitting
-them after `--readmit-after` steps; `signal` and `learning-progress` weight the bands
-instead (`--explore` of the draws stay fixed). Runs go one after another (the machine's
-cores are shared), in alternating order across seeds, with the load average read around
-each. What is compared is held-out: the mean over the bands (each weighs the same) of the
-reward of k samples at the training temperature on the same held-out problems, gained over
-the warm start per second of RL time (evaluation left out), never the training reward (a
-sampler that picks its problems picks it). Finished runs under `--runs-dir` are read, not
-run again.
+The reward is the task's own: partial credit by position, or 0/1 for the bands `--binary`
+names (every band when it names none). A completion "passes" at `--pass-threshold` of
+it. The fixed sampler draws the bands 1/3 each. `--curriculum skip` draws the same way but
+passes over problems whose latest group all passed (and, unless `--skip-below none`,
+those of which none passed), re-admitting them after `--readmit-after` steps; `signal`
+and `learning-progress` weight the bands instead (`--explore` of the draws stay fixed).
+Runs go one after another (the machine's cores are shared), in alternating order across
+seeds, with the load average read around each. What is compared is held-out: the mean
+over the bands (each weighs the same) of the reward of k samples at the training
+temperature on the same held-out problems, never the training reward (a sampler that
+picks its problems picks it). Two readings of its rate: the gain over the warm start at
+the end per second of RL time (evaluation left out), and how much sooner in RL seconds
+the curve first gains `--target` (which still counts when both runs end on the same
+plateau). Finished runs under `--runs-dir` are read, not run again.
 
     python bench/curriculum.py [--curriculum skip] [--steps 200] [--seeds 2] [--runs-dir DIR]
 """
@@ -69,10 +71,13 @@ def pool(band: str, args: argparse.Namespace) -> int:
 
 
 def tasks_override(args: argparse.Namespace) -> str:
-    credit = ", partial_credit = false" if args.binary else ""
+    def credit(band: str) -> str:
+        binary = args.binary is not None and (not args.binary or band in args.binary)
+        return ", partial_credit = false" if binary else ""
+
     bands = (
         f'{{type = "reversal", name = "{n}", min_len = {lo}, max_len = {hi}, '
-        f"train_size = {pool(n, args)}{credit}}}"
+        f"train_size = {pool(n, args)}{credit(n)}}}"
         for n, (lo, hi) in BANDS.items()
     )
     return f"[{', '.join(bands)}]"
@@ -139,7 +144,22 @@ def reward_at(points: list[dict[str, float]], wall_s: float) -> float:
     return points[-1]["held_out"]
 
 
-def summarize(name: str, seed: int, result: dict[str, Any], common_s: float) -> dict[str, Any]:
+def seconds_to(points: list[dict[str, float]], level: float) -> float:
+    """RL seconds at which the held-out curve first reaches `level` (linear between
+    evaluations); the run's whole RL time when it never does, so a ratio of two such
+    times is a bound, marked in the table."""
+    for a, b in itertools.pairwise(points):
+        if a["held_out"] >= level:
+            return a["wall_s"]
+        if b["held_out"] >= level:
+            share = (level - a["held_out"]) / (b["held_out"] - a["held_out"])
+            return a["wall_s"] + share * (b["wall_s"] - a["wall_s"])
+    return points[-1]["wall_s"]
+
+
+def summarize(
+    name: str, seed: int, result: dict[str, Any], common_s: float, target: float
+) -> dict[str, Any]:
     lines = result["lines"]
     points = curve(lines)
     start, end = points[0], points[-1]
@@ -156,6 +176,8 @@ def summarize(name: str, seed: int, result: dict[str, Any], common_s: float) -> 
         "gain/s": gain / end["wall_s"],
         "gain/s @ equal s": (reward_at(points, common_s) - start["held_out"]) / common_s,
         "gain/step": gain / len(rl),
+        "s to target": seconds_to(points, start["held_out"] + target),
+        "reached": max(p["held_out"] for p in points) >= start["held_out"] + target,
         **{f"end {band}": end[band] for band in BANDS},
         "zero-adv share": statistics.mean(
             line.get("train/zero_adv_skipped_samples", 0.0) / max(line["samples"], 1) for line in rl
@@ -175,6 +197,14 @@ def draws(rl: list[dict[str, Any]], band: str) -> float:
 
 
 RATIOS = ("gain/s", "gain/s @ equal s", "gain/step")
+
+
+def bound(fixed_reached: bool, other_reached: bool) -> str:
+    """How to read a seed's speed to the target: exact when both runs reached it, a lower
+    bound when only the curriculum did, an upper one when only the fixed sampler did."""
+    return {(True, True): "=", (False, True): ">=", (True, False): "<="}.get(
+        (fixed_reached, other_reached), "neither"
+    )
 
 
 def overhead(args: argparse.Namespace) -> dict[str, float]:
@@ -232,7 +262,15 @@ def main() -> None:
             help=f"string lengths of the {band} band (default {lo} {hi})",
         )  # fmt: skip
     parser.add_argument("--long-pool", type=int, default=None, help=f"default {POOL}")
-    parser.add_argument("--binary", action="store_true", help="score every band 0/1 (exact)")
+    parser.add_argument(
+        "--binary",
+        nargs="*",
+        choices=list(BANDS),
+        help="score the bands named (every band when none is) 0/1, exact or not",
+    )
+    parser.add_argument(
+        "--target", type=float, default=0.1, help="held-out gain whose time is compared"
+    )
     parser.add_argument("--eval-every", type=int, default=20)
     parser.add_argument("--eval-prompts", type=int, default=32)
     parser.add_argument("--eval-k", type=int, default=4)
@@ -247,15 +285,19 @@ def main() -> None:
         order = names if seed % 2 == 0 else names[::-1]  # neither always runs first
         runs = {name: run(name, seed, args) for name in order}
         common_s = min(curve(r["lines"])[-1]["wall_s"] for r in runs.values())
-        seed_rows = {name: summarize(name, seed, runs[name], common_s) for name in names}
+        seed_rows = {
+            name: summarize(name, seed, runs[name], common_s, args.target) for name in names
+        }
         rows += seed_rows.values()
         curves.update({f"{name}-s{seed}": curve(runs[name]["lines"]) for name in names})
         fixed, other = seed_rows["fixed"], seed_rows[names[1]]
         per_seed.append(
             {"seed": seed}
             | {k: other[k] / fixed[k] if fixed[k] > 0 else float("nan") for k in RATIOS}
+            | {"speed to target": fixed["s to target"] / other["s to target"]}
+            | {"bound": bound(fixed["reached"], other["reached"])}
         )
-    median = {k: statistics.median(r[k] for r in per_seed) for k in RATIOS}
+    median = {k: statistics.median(r[k] for r in per_seed) for k in (*RATIOS, "speed to target")}
     costs = overhead(args)
     print_table(f"{names[1]} vs the fixed sampler: held-out reward over all lengths", rows)
     print_table(f"Held-out gain, {names[1]} / fixed, per seed", per_seed)
@@ -276,6 +318,7 @@ def main() -> None:
         "eval_every": args.eval_every,
         "eval_prompts_per_band": args.eval_prompts,
         "eval_k": args.eval_k,
+        "target_gain": args.target,
         "curriculum": args.curriculum,
         "explore": args.explore,
         "samplers": samplers(args),
