@@ -1,9 +1,28 @@
 """Find live processes by their command line, for tests that must see what a run started
-(and that nothing of it outlived the run)."""
+(and that nothing of it outlived the run), and give the processes a test starts a
+temporary folder of the test's own."""
 
 from __future__ import annotations
 
+import contextlib
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+
+@contextlib.contextmanager
+def stack_scratch() -> Iterator[Path]:
+    """A folder for the `TMPDIR` of the services a test starts, removed at exit: a service
+    the test kills leaves its temporary folders (the gateway's socket folder, sandbox work
+    dirs) here, not in /tmp. Short, for the socket's path limit; sandbox uids pass through
+    it to their work dirs."""
+    scratch = Path(tempfile.mkdtemp(prefix="tidal-it-"))
+    scratch.chmod(0o711)
+    try:
+        yield scratch
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def processes_with(needle: bytes) -> list[int]:

@@ -21,8 +21,11 @@ from tidal.cli.launcher import START_ORDER
 from tidal.rpc.v1 import common_pb2, trainer_pb2_grpc
 
 from ..tls_fixtures import role_channel
+from .processes import stack_scratch
 
 Services = dict[str, subprocess.Popen[bytes]]
+SCRATCH: dict[Path, Path] = {}
+"""Run folder → the `TMPDIR` of its services while `running_services` holds it."""
 
 
 def logged_prompts(run_dir: Path, *, complete_lines_only: bool = False) -> dict[int, list[str]]:
@@ -52,26 +55,30 @@ def start_service(name: str, run_dir: Path, *extra: str) -> subprocess.Popen[byt
         [sys.executable, "-m", f"tidal.{name}", "@", str(run_dir / "config.toml"), *extra],
         stdout=log,
         stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(SCRATCH[run_dir])},
         start_new_session=True,
     )
 
 
 @contextlib.contextmanager
 def running_services(run_dir: Path) -> Iterator[Services]:
-    """The run's four services, started in order and stopped (TERM, then KILL) at exit."""
-    services = {name: start_service(name, run_dir) for name in START_ORDER}
-    try:
-        yield services
-    finally:
-        for process in services.values():
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in services.values():
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
+    """The run's four services, started in order and stopped (TERM, then KILL) at exit;
+    their temporary files (and those of services started again) in a folder of their own."""
+    with stack_scratch() as scratch:
+        SCRATCH[run_dir] = scratch
+        services = {name: start_service(name, run_dir) for name in START_ORDER}
+        try:
+            yield services
+        finally:
+            for process in services.values():
+                if process.poll() is None:
+                    process.send_signal(signal.SIGTERM)
+            for process in services.values():
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+            del SCRATCH[run_dir]
 
 
 def kill_and_resume_orchestrator(

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.agent_programs import agent_folder
-from tests.helpers.processes import processes_with
+from tests.helpers.processes import processes_with, stack_scratch
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = ROOT / "configs" / "default.toml"
@@ -58,7 +58,9 @@ class LaunchedRun:
         return self.process.wait(timeout=timeout)
 
 
-def tidal_rl(tmp_path: Path, *overrides: str) -> LaunchedRun:
+def tidal_rl(tmp_path: Path, *overrides: str, scratch: Path) -> LaunchedRun:
+    """`tidal rl` on the default config and `overrides`, its temporary files (the
+    gateway's socket folder, sandbox work dirs) in `scratch`."""
     run_dir = tmp_path / "outputs" / "it"
     command = [
         sys.executable,
@@ -79,7 +81,7 @@ def tidal_rl(tmp_path: Path, *overrides: str) -> LaunchedRun:
         stderr=subprocess.STDOUT,
         text=True,
         cwd=tmp_path,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(scratch)},
     )
     return LaunchedRun(process, run_dir)
 
@@ -87,20 +89,21 @@ def tidal_rl(tmp_path: Path, *overrides: str) -> LaunchedRun:
 @pytest.fixture
 def launch(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
     runs: list[LaunchedRun] = []
+    with stack_scratch() as scratch:
 
-    def _launch(*overrides: str) -> LaunchedRun:
-        run = tidal_rl(tmp_path, *overrides)
-        runs.append(run)
-        return run
+        def _launch(*overrides: str) -> LaunchedRun:
+            run = tidal_rl(tmp_path, *overrides, scratch=scratch)
+            runs.append(run)
+            return run
 
-    yield _launch
-    for run in runs:
-        if run.process.poll() is None:
-            run.process.kill()
-            run.process.wait()
-        for pid in run.children():  # a failed test must not leave services running
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        yield _launch
+        for run in runs:
+            if run.process.poll() is None:
+                run.process.kill()
+                run.process.wait()
+            for pid in run.children():  # a failed test must not leave services running
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture
