@@ -5,7 +5,6 @@ temporary folder of the test's own."""
 from __future__ import annotations
 
 import contextlib
-import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,12 +16,10 @@ def stack_scratch() -> Iterator[Path]:
     the test kills leaves its temporary folders (the gateway's socket folder, sandbox work
     dirs) here, not in /tmp. Short, for the socket's path limit; sandbox uids pass through
     it to their work dirs."""
-    scratch = Path(tempfile.mkdtemp(prefix="tidal-it-"))
-    scratch.chmod(0o711)
-    try:
+    with tempfile.TemporaryDirectory(prefix="tidal-it-", ignore_cleanup_errors=True) as folder:
+        scratch = Path(folder)
+        scratch.chmod(0o711)
         yield scratch
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def processes_with(needle: bytes) -> list[int]:
