@@ -184,6 +184,13 @@ async def post_timing_health(
     return status, answer, elapsed, slowest
 
 
+def assert_health_answered_meanwhile(seconds: float, health: float) -> None:
+    """The slowest health probe took a small share of the POST: work done on the event loop
+    would hold a probe for most of it. A share, not only a fixed bound, because a loaded
+    2-core runner can pause the whole process for a few tenths of a second."""
+    assert health < max(0.1, seconds / 3), (seconds, health)
+
+
 def chat_with(tools: list[dict[str, Any]]) -> bytes:
     return json.dumps({"model": MODEL, "messages": [ASK], "tools": tools}).encode()
 
@@ -199,7 +206,8 @@ async def test_a_hundred_thousand_tools_are_refused_at_once_and_health_answers_m
             post_timing_health(inference, url, body), 30
         )
     assert status == 413 and "inference.http.max_body_values" in reply["error"]["message"]
-    assert seconds < 1.0 and health < 0.1, (seconds, health)
+    assert seconds < 1.0, seconds
+    assert_health_answered_meanwhile(seconds, health)
 
 
 async def test_more_tools_than_the_limit_is_a_400_naming_it_before_any_is_checked(
@@ -216,7 +224,7 @@ async def test_tool_schemas_are_checked_off_the_event_loop(
     weightsync_server: Any, tmp_path: Path
 ) -> None:
     """Checking schemas costs time in their size: these valid ones (~150 KB, within the
-    default `max_tools_bytes`) take about a second, during which health answers at once."""
+    default `max_tools_bytes`) take about a second, during which health keeps answering."""
     properties = {f"p{i}": {"type": "string", "description": "d" * 20} for i in range(180)}
     tools = [
         {
@@ -228,4 +236,4 @@ async def test_tool_schemas_are_checked_off_the_event_loop(
     async with unloaded_replica(weightsync_server, tmp_path) as (inference, url):
         status, reply, seconds, health = await post_timing_health(inference, url, chat_with(tools))
     assert status == 503 and "no weights loaded yet" in reply["error"]["message"], reply
-    assert health < 0.1, (seconds, health)
+    assert_health_answered_meanwhile(seconds, health)
