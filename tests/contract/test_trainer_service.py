@@ -19,7 +19,7 @@ from opentelemetry.trace import SpanKind
 from tidal.batch.packing import TrainSample, build_micro_batch
 from tidal.batch.tensor_codec import encode_array
 from tidal.batch.wire import micro_batch_from_proto, micro_batch_to_proto, payload_sha256
-from tidal.common.errors import FailedPrecondition
+from tidal.common.errors import DiskFull, FailedPrecondition
 from tidal.common.grpc.channel import make_channel
 from tidal.common.grpc.interceptors import ERROR_KIND_KEY
 from tidal.common.security.transport import PLAINTEXT_LOOPBACK
@@ -28,6 +28,7 @@ from tidal.orchestrator.config import RecoveryConfig
 from tidal.orchestrator.peers.peer_client import PeerError
 from tidal.orchestrator.peers.train_delivery import TrainDelivery
 from tidal.orchestrator.peers.trainer_client import TrainerClient
+from tidal.orchestrator.peers.version_feed import VersionFeed
 from tidal.rpc.v1 import common_pb2
 from tidal.rpc.v1 import trainer_pb2 as pb
 from tidal.rpc.v1 import trainer_pb2_grpc as pb_grpc
@@ -38,6 +39,7 @@ from tidal.trainer.persistence.checkpoint import CheckpointManager
 from tidal.weights.folder import load_version
 
 from ..helpers.micro_batches import wire_micro_batch
+from ..helpers.small_disk import small_disk
 from ..helpers.waiting import until
 
 if TYPE_CHECKING:
@@ -608,6 +610,45 @@ async def test_a_full_disk_refuses_the_next_step_as_disk_full_and_leaks_nothing(
     finally:
         await running.stop()
         subprocess.run(["umount", "-l", str(tiny)], check=False)
+
+
+async def test_a_last_step_whose_writes_meet_a_full_disk_ends_the_wait_for_its_version(
+    tmp_path: Path, weightsync_server: RunningWeightSync
+) -> None:
+    """The run's last step meets a full disk after Train answered (background_publish), so
+    no next Train comes to be refused: GetStatus reports the failed writes, and the
+    orchestrator's wait for that version ends with `DiskFull` within a recheck instead of
+    at orchestrator.timeouts.train_s. Once there is space, the next step writes it."""
+    with small_disk(tmp_path / "tiny", "64k") as tiny:
+        running = await start_trainer(run_config(tmp_path, weightsync_server, background=True))
+        persistence = running.runner.persistence
+        assert persistence.checkpoints is not None
+        good = persistence.checkpoints.root
+        client = TrainerClient(f"127.0.0.1:{running.server.port}", security=PLAINTEXT_LOOPBACK)
+        delivery = TrainDelivery(client, RecoveryConfig(), timeout_s=600)
+        batches = [
+            micro_batch_from_proto(wire_micro_batch([6, 9], seed=s), field="b") for s in range(2)
+        ]
+        try:
+            persistence.checkpoints.root = tiny / "checkpoints"
+            assert (await delivery.train(1, [batches[0]], sft=False)).policy_version == 1
+            with pytest.raises(DiskFull, match=f"disk full: {tiny / 'checkpoints'}"):
+                await asyncio.wait_for(delivery.wait_published(1, VersionFeed()), 30)
+            async with make_channel(
+                f"127.0.0.1:{running.server.port}", security=PLAINTEXT_LOOPBACK
+            ) as channel:
+                s = await status(pb_grpc.TrainerServiceStub(channel))
+                assert s.write_error_disk_full and "MiB free" in s.write_error
+                with pytest.raises(DiskFull):  # what a rollout's wait for the version asks
+                    await client.check_disk()
+                persistence.checkpoints.root = good
+                assert (await delivery.train(2, [batches[1]], sft=False)).step == 2
+                await until(lambda: weightsync_server.registry.newest == 2, "version 2")
+                s = await status(pb_grpc.TrainerServiceStub(channel))
+                assert (s.write_error, s.write_error_disk_full) == ("", False)
+        finally:
+            await client.close()
+            await running.stop()
 
 
 async def test_answering_after_the_publish_a_failed_write_fails_train_and_its_retry_writes_it(

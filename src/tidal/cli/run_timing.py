@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
+from tidal.common.errors import DiskFull
 from tidal.common.files.durable import write_atomic
 
 LAUNCHED_AT_ENV = "TIDAL_LAUNCHED_AT"
@@ -48,7 +50,10 @@ def finish_summary(run_dir: Path, launched_at: float) -> dict[str, object] | Non
     if summary.get("launched_at") != launched_at or summary.get("last_step_ended_at") is None:
         return None
     summary["shutdown_s"] = time.time() - float(summary["last_step_ended_at"])
-    write_atomic(path, json.dumps(summary, indent=2) + "\n")
+    try:
+        write_atomic(path, json.dumps(summary, indent=2) + "\n")
+    except DiskFull as exc:  # every step is trained and kept: the table still prints
+        print(f"tidal: {path.name} keeps its earlier contents: {exc}", file=sys.stderr)
     return dict(summary)
 
 

@@ -145,3 +145,48 @@ async def test_a_version_seen_loaded_is_not_waited_for_again() -> None:
     await window.wait_loaded(2)
     inference.feed = VersionFeed()  # the pool forgot it (a replaced replica): none known
     assert await asyncio.wait_for(window.wait_loaded(1), 1) == 2
+
+
+async def test_a_wait_asks_whether_the_version_can_still_come_and_ends_when_it_cannot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`stalled` is asked about once per STALLED_CHECK_S while the version is awaited; its
+    error (the trainer's full disk) ends the wait instead of the timeout."""
+    monkeypatch.setattr("tidal.orchestrator.staleness.STALLED_CHECK_S", 0.01)
+    asked = 0
+
+    async def stalled() -> None:
+        nonlocal asked
+        asked += 1
+        if asked == 3:
+            raise RuntimeError("disk full: the version will not come")
+
+    window = AsyncWindow(
+        StalenessConfig(max_async=0), OneReplica(1), wait_timeout_s=30.0, stalled=stalled
+    )
+    with pytest.raises(RuntimeError, match="disk full"):
+        await asyncio.wait_for(window.wait_for_step(4), 5)
+    assert asked == 3
+
+
+async def test_a_wait_that_is_not_stalled_still_wakes_on_a_push_and_still_times_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("tidal.orchestrator.staleness.STALLED_CHECK_S", 0.01)
+    asked: list[int] = []
+
+    async def stalled() -> None:
+        asked.append(1)
+
+    inference = OneReplica(1)
+    window = AsyncWindow(
+        StalenessConfig(max_async=0), inference, wait_timeout_s=30.0, stalled=stalled
+    )
+    waiting = asyncio.create_task(window.wait_for_step(3))  # version 2 needed
+    await asyncio.sleep(0.05)
+    assert not waiting.done() and asked
+    inference.push(2)
+    assert await asyncio.wait_for(waiting, 5) == 2
+    window.wait_timeout_s = 0.05
+    with pytest.raises(PolicyVersionTimeout, match="version 5 is needed"):
+        await window.wait_for_step(6)

@@ -94,6 +94,12 @@ class StagedVersion:
             self.committed = True
         return self.manifest
 
+    def discard(self) -> None:
+        """Remove the hidden folder unless committed (its step's writes failed: a retry
+        stages again, and a full disk gets its space back now)."""
+        if not self.committed:
+            remove_inside(self.tmp, self.tmp.parent, ignore_errors=True)
+
 
 def stage_files(
     root: Path,

@@ -5,16 +5,22 @@ loop asks it questions instead of doing the arithmetic. Steps are 1-indexed and 
 0-indexed: step n's rollouts start once inference has *loaded* version
 `max(0, n - 1 - max_async)` (loaded, not published: a version not yet served would make
 rollouts staler than promised), and a sample's staleness is `(n - 1) - ` the oldest
-version among its tokens. Loaded versions are pushed (peers/version_feed.py), never polled.
+version among its tokens. Loaded versions are pushed (peers/version_feed.py), never polled;
+while one is awaited, `stalled` asks whether it can still come (a trainer whose writes met
+a full disk publishes nothing more, and says so only when asked).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol, TypeVar
 
 from tidal.orchestrator.config import StalenessConfig
+
+STALLED_CHECK_S = 1.0
+"""While a version is awaited, how often `AsyncWindow.stalled` is asked."""
 
 
 class LoadedVersionSource(Protocol):
@@ -49,13 +55,21 @@ def sample_staleness(step: int, policy_versions: Sequence[int], *, fallback_vers
 
 class AsyncWindow:
     def __init__(
-        self, config: StalenessConfig, inference: LoadedVersionSource, *, wait_timeout_s: float
+        self,
+        config: StalenessConfig,
+        inference: LoadedVersionSource,
+        *,
+        wait_timeout_s: float,
+        stalled: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.max_async = config.max_async
         self.bound = config.bound
         """The largest staleness a kept sample may have (max_off_policy_steps)."""
         self.inference = inference
         self.wait_timeout_s = wait_timeout_s
+        self.stalled = stalled
+        """Asked every STALLED_CHECK_S while a version is awaited; raises when it never
+        will come (the trainer could not write it for want of space)."""
         self.loaded = -1
         """Newest version inference was seen to have loaded (-1 before any)."""
 
@@ -88,13 +102,23 @@ class AsyncWindow:
         if self.loaded >= version:
             return self.loaded
         timeout = self.wait_timeout_s if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        waiter = asyncio.ensure_future(self.inference.wait_loaded(version))
         try:
-            loaded = await asyncio.wait_for(self.inference.wait_loaded(version), timeout)
-        except TimeoutError:
-            raise PolicyVersionTimeout(
-                f"inference still serves version {self.inference.loaded_version()} after "
-                f"{timeout:.0f}s; version {version} is needed (is it subscribed to weightsync? "
-                "orchestrator.timeouts.peer_wait_s sets how long to wait)"
-            ) from None
+            while not waiter.done():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise PolicyVersionTimeout(
+                        f"inference still serves version {self.inference.loaded_version()} "
+                        f"after {timeout:.0f}s; version {version} is needed (is it subscribed "
+                        "to weightsync? orchestrator.timeouts.peer_wait_s sets how long to wait)"
+                    )
+                if self.stalled is None:
+                    await asyncio.wait([waiter], timeout=left)
+                elif not (await asyncio.wait([waiter], timeout=min(left, STALLED_CHECK_S)))[0]:
+                    await self.stalled()
+            loaded = waiter.result()
+        finally:
+            waiter.cancel()
         self.loaded = max(self.loaded, loaded)
         return self.loaded

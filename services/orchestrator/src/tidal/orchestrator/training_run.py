@@ -88,7 +88,12 @@ async def run_training(
     )
     trainer = TrainerClient(config.endpoints.trainer, config.grpc, security=security)
     weightsync = WeightSyncClient(config.endpoints.weightsync, config.grpc, security=security)
-    window = AsyncWindow(orch.staleness, inference, wait_timeout_s=orch.timeouts.peer_wait_s)
+    window = AsyncWindow(
+        orch.staleness,
+        inference,
+        wait_timeout_s=orch.timeouts.peer_wait_s,
+        stalled=trainer.check_disk,
+    )
     teacher_pool = distill_scorer(config, inference, security=security)
     teacher = None if teacher_pool is None else Teacher(orch.distill, teacher_pool, prompts)
     generator = RolloutGenerator(

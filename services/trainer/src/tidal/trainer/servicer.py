@@ -20,7 +20,7 @@ from tidal.batch.tensors import MicroBatchData, micro_batch_from_packed, validat
 from tidal.batch.train_chunks import join_request
 from tidal.batch.wire import micro_batch_from_proto, payload_sha256, token_counts
 from tidal.common.config.shared import GrpcConfig
-from tidal.common.errors import InvalidArgument
+from tidal.common.errors import DiskFull, InvalidArgument
 from tidal.rpc.v1 import common_pb2
 from tidal.rpc.v1 import trainer_pb2 as pb
 from tidal.rpc.v1 import trainer_pb2_grpc as pb_grpc
@@ -132,6 +132,7 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         self, request: common_pb2.StatusRequest, context: grpc.aio.ServicerContext
     ) -> pb.TrainerStatus:
         runner = self.runner
+        failed = runner.persistence.failed_writes
         return pb.TrainerStatus(
             step=runner.last_step,
             policy_version=max(runner.policy_version, 0),
@@ -142,4 +143,6 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
             device=self.device,
             data_parallel_ranks=self.data_parallel_ranks,
             tokenizer=self.tokenizer,
+            write_error="" if failed is None else str(failed),
+            write_error_disk_full=isinstance(failed, DiskFull),
         )

@@ -153,6 +153,15 @@ class StepPersistence:
             if writes.error is not None:
                 raise writes.error
 
+    @property
+    def failed_writes(self) -> Exception | None:
+        """Why the last step's writes failed, once they have (None while they run, after
+        they succeeded, or once a retry started)."""
+        writes = self._writes
+        if writes is None or not writes.done.is_set():
+            return None
+        return writes.error
+
     # ---- shutdown
 
     async def finish_writes(self) -> None:
@@ -233,9 +242,13 @@ class StepPersistence:
             log.warning("step %d: writing its checkpoint or version failed: %s", writes.step, exc)
             writes.error = as_disk_full(exc, self.publisher.root)
         finally:
-            if staging is not None and not staging.done():  # the checkpoint failed first:
-                with contextlib.suppress(Exception):  # let the staging thread finish before a
-                    await staging  # retry stages again (and sweeps temp folders)
+            if staging is not None and writes.error is not None:
+                # the checkpoint or the publish failed: let the staging thread finish, then
+                # drop its folder (a retry stages again; the run may stop here instead)
+                with contextlib.suppress(Exception):  # (a failed staging left nothing)
+                    staged = await staging
+                    if staged is not None:
+                        await asyncio.to_thread(staged.discard)
             writes.checkpointed.set()
             writes.done.set()
 

@@ -81,7 +81,7 @@ class TrainResponse(_message.Message):
     def __init__(self, step: _Optional[int] = ..., policy_version: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class TrainerStatus(_message.Message):
-    __slots__ = ("step", "policy_version", "steps_trained", "duplicates_answered", "num_parameters", "model", "device", "data_parallel_ranks", "tokenizer")
+    __slots__ = ("step", "policy_version", "steps_trained", "duplicates_answered", "num_parameters", "model", "device", "data_parallel_ranks", "tokenizer", "write_error", "write_error_disk_full")
     STEP_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     STEPS_TRAINED_FIELD_NUMBER: _ClassVar[int]
@@ -91,6 +91,8 @@ class TrainerStatus(_message.Message):
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     DATA_PARALLEL_RANKS_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FIELD_NUMBER: _ClassVar[int]
+    WRITE_ERROR_FIELD_NUMBER: _ClassVar[int]
+    WRITE_ERROR_DISK_FULL_FIELD_NUMBER: _ClassVar[int]
     step: int
     policy_version: int
     steps_trained: int
@@ -100,4 +102,6 @@ class TrainerStatus(_message.Message):
     device: str
     data_parallel_ranks: int
     tokenizer: _common_pb2.TokenizerInfo
-    def __init__(self, step: _Optional[int] = ..., policy_version: _Optional[int] = ..., steps_trained: _Optional[int] = ..., duplicates_answered: _Optional[int] = ..., num_parameters: _Optional[int] = ..., model: _Optional[str] = ..., device: _Optional[str] = ..., data_parallel_ranks: _Optional[int] = ..., tokenizer: _Optional[_Union[_common_pb2.TokenizerInfo, _Mapping]] = ...) -> None: ...
+    write_error: str
+    write_error_disk_full: bool
+    def __init__(self, step: _Optional[int] = ..., policy_version: _Optional[int] = ..., steps_trained: _Optional[int] = ..., duplicates_answered: _Optional[int] = ..., num_parameters: _Optional[int] = ..., model: _Optional[str] = ..., device: _Optional[str] = ..., data_parallel_ranks: _Optional[int] = ..., tokenizer: _Optional[_Union[_common_pb2.TokenizerInfo, _Mapping]] = ..., write_error: _Optional[str] = ..., write_error_disk_full: _Optional[bool] = ...) -> None: ...

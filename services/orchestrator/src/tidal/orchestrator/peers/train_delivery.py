@@ -55,7 +55,8 @@ class TrainDelivery:
         """Wait until weightsync pushes version `step` as published (the trainer answers
         Train before it publishes: tidal.trainer.step_persistence). Only while it has not
         is the trainer asked, every RECHECK_S, whether it restarted from an older
-        checkpoint and lost the step: the lost steps are re-sent, as for a lost Train."""
+        checkpoint and lost the step: the lost steps are re-sent, as for a lost Train; or
+        whether the step's writes met a full disk (`DiskFull`: the version never comes)."""
         deadline = time.monotonic() + self.timeout_s
         peer_deadline: float | None = None
         while True:

@@ -11,6 +11,7 @@ already trained with other data. That error propagates: the step, and the run, f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ from tidal.batch.packing import PackedMicroBatch
 from tidal.batch.train_chunks import split_request
 from tidal.batch.wire import micro_batch_to_proto, payload_sha256
 from tidal.common.config.shared import GrpcConfig
+from tidal.common.errors import DiskFull
 from tidal.common.grpc.limits import max_chunk_bytes
 from tidal.orchestrator.peers.peer_client import PeerClient, PeerError, peer_call
 from tidal.rpc.v1 import trainer_pb2 as pb
@@ -51,8 +53,19 @@ class TrainerClient(PeerClient):
     stub_class = pb_grpc.TrainerServiceStub
 
     async def last_step(self, *, timeout: float = 10.0) -> int:
-        """The last step the trainer has trained (0 before any)."""
-        return int((await self._status(timeout)).step)
+        """The last step the trainer has trained (0 before any). Raises `DiskFull` when
+        that step's checkpoint or version could not be written for want of space: its
+        version will not be published, and no later step trained, until space is freed."""
+        status = await self._status(timeout)
+        if status.write_error_disk_full:
+            raise DiskFull.reported(self.peer, status.write_error)
+        return int(status.step)
+
+    async def check_disk(self) -> None:
+        """Raise `DiskFull` as `last_step` does; a trainer out of reach is not an error
+        here (the callers that need it wait for it)."""
+        with contextlib.suppress(PeerError):
+            await self.last_step()
 
     async def data_parallel_ranks(self, *, timeout: float = 10.0) -> int:
         """The trainer's data-parallel degree (0 from a trainer that does not report it)."""
