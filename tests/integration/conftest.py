@@ -7,10 +7,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -24,8 +25,22 @@ DEFAULT_CONFIG = ROOT / "configs" / "default.toml"
 
 @dataclass
 class LaunchedRun:
+    """A launched `tidal rl`. Its output is read as it comes, on a thread: the launcher
+    echoes the orchestrator's log, and a pipe nobody reads would block it once full."""
+
     process: subprocess.Popen[str]
     run_dir: Path
+    _lines: list[str] = field(default_factory=list)
+    _reader: threading.Thread | None = None
+
+    def __post_init__(self) -> None:
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self._lines.append(line)
 
     def wait_for_config(self, timeout: float = 60) -> dict:  # type: ignore[type-arg]
         path = self.run_dir / "config.toml"
@@ -48,9 +63,17 @@ class LaunchedRun:
         return [pid for pid in self.children() if _parent(pid) == launcher]
 
     def output(self) -> str:
-        if self.process.poll() is None:
-            return "(still running)"
-        return self.process.stdout.read() if self.process.stdout else ""
+        """All the launcher wrote, once it has exited; what it wrote so far before."""
+        if self.process.poll() is not None and self._reader is not None:
+            self._reader.join(timeout=30)  # the pipe ends when the launcher's children do
+        text = "".join(self._lines)
+        return text if self.process.poll() is not None else text + "(still running)"
+
+    def communicate(self, timeout: float) -> str:
+        """Wait for the launcher to exit (`subprocess.TimeoutExpired` past `timeout`); its
+        output."""
+        self.process.wait(timeout=timeout)
+        return self.output()
 
     def stop(self, timeout: float = 60) -> int:
         if self.process.poll() is None:

@@ -27,7 +27,9 @@ from ..helpers.small_disk import small_disk as mounted_small_disk
 
 TRAINED = re.compile(r"tidal\.trainer\.runner: (?:trained|replayed) step (\d+)\b")
 RESUMED = re.compile(r"resumed from \S+ \(step (\d+)\)")
-STEPS, WARMUP = 8, 2
+STEPS, WARMUP = 20, 2
+"""Steps enough that the run is still training when the filler is done (a step of the
+default model takes a fraction of a second on an idle machine)."""
 FILL_AFTER_STEP = 3
 SLACK = 256 << 10
 """Bytes left free: less than one weight version of the default model, more than logs need."""
@@ -44,6 +46,15 @@ def surviving_lineage(trainer_log: str) -> list[int]:
         elif m := TRAINED.search(line):
             lineage.append(int(m.group(1)))
     return lineage
+
+
+def tails(run) -> str:  # type: ignore[no-untyped-def]
+    """The launcher's output and the end of every service log: the folder is a tmpfs that
+    is gone once the test ends."""
+    logs = sorted((run.run_dir / "logs").glob("*.log"))
+    return run.output() + "".join(
+        f"\n--- {log.name} ---\n{log.read_text(errors='replace')[-4000:]}" for log in logs
+    )
 
 
 @pytest.fixture
@@ -69,8 +80,12 @@ def test_a_full_disk_stops_the_run_once_and_resume_finishes_it(  # type: ignore[
         time.sleep(0.1)
     filler = fill(small_disk, SLACK)
 
-    assert run.process.wait(timeout=STOP_WITHIN_S) == 74
+    try:
+        code = run.process.wait(timeout=STOP_WITHIN_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"not stopped {STOP_WITHIN_S} s after the disk filled:\n{tails(run)}")
     output = run.output()
+    assert code == 74, tails(run)
     assert "Traceback" not in output, output
     (stopped,) = [line for line in output.splitlines() if "run stopped after step" in line]
     assert "disk full: " + str(run.run_dir) in stopped and "could not be written" in stopped
@@ -81,7 +96,7 @@ def test_a_full_disk_stops_the_run_once_and_resume_finishes_it(  # type: ignore[
         assert "Traceback" not in log.read_text(), log
     for folder in ("weights", "checkpoints", "checkpoints/journal"):
         temps = [p.name for p in (run.run_dir / folder).glob(".tmp*")]
-        assert not temps, (folder, temps)
+        assert not temps, (folder, temps, tails(run))
 
     filler.unlink()
     again = subprocess.run(
