@@ -1,4 +1,4 @@
-"""Run a worker script under `torchrun --standalone` (gloo, one thread per process)."""
+"""Run a worker script as gloo ranks (`tests/helpers/gloo_ranks.py`), one thread per process."""
 
 from __future__ import annotations
 
@@ -10,32 +10,24 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.gloo_ranks import run_ranks
+
 WORKERS = Path(__file__).resolve().parent / "workers"
 
 
 def run_worker(script: str, *args: str, nproc: int = 2, timeout: float = 240) -> None:
     """`nproc` = 1 runs the script as a plain process (the single-process reference)."""
-    launcher = (
-        [sys.executable]
-        if nproc == 1
-        else [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={nproc}",
-        ]
-    )
-    done = subprocess.run(
-        [*launcher, str(WORKERS / script), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert done.returncode == 0, (
-        f"{script} {args} failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
-    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    argv = [str(WORKERS / script), *args]
+    if nproc == 1:
+        done = subprocess.run(
+            [sys.executable, *argv], capture_output=True, text=True, timeout=timeout, env=env
+        )
+        returncode, output = done.returncode, done.stdout[-3000:] + done.stderr[-5000:]
+    else:
+        ranks = run_ranks(argv, nproc, timeout=timeout, env=env)
+        returncode, output = ranks.returncode, ranks.output[-8000:]
+    assert returncode == 0, f"{script} {args} failed:\n{output}"
 
 
 @pytest.fixture(scope="session")

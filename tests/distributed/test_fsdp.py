@@ -17,7 +17,7 @@ MODES = ("fsdp", "hsdp", "fsdp-offload")
 
 @pytest.fixture(scope="module")
 def runs(worker, tmp_path_factory: pytest.TempPathFactory) -> dict:  # type: ignore[no-untyped-def,type-arg]
-    """The single-process reference and every sharded mode (one torchrun for all)."""
+    """The single-process reference and every sharded mode (one two-rank job for all)."""
     out = tmp_path_factory.mktemp("fsdp")
     worker("fsdp_step.py", "--modes", "single", "--out", str(out / "ref.pt"), nproc=1)
     worker("fsdp_step.py", "--modes", ",".join(MODES), "--out", str(out / "sharded.pt"))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-# The module's fixture runs six torchrun jobs inside its first case, whose clock it shares;
+# The module's fixture runs six two-rank jobs inside its first case, whose clock it shares;
 # on a loaded machine beside other workers that can pass the suite's 300 s per case.
 pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.timeout(900)]
 # fp32. Differences come only from summation order (an expert on rank 0 sums both ranks'

@@ -1,4 +1,4 @@
-"""The real `Trainer` under torchrun (2 gloo ranks, rank 0 leading over the control group)
+"""The real `Trainer` as 2 gloo ranks (rank 0 leading over the control group)
 trains exactly like one process, as two data-parallel ranks or as one context-parallel
 group (ring, Ulysses), and its DCP checkpoint resumes at world size 1."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-# The module's fixture runs eight torchrun jobs inside its first case, whose clock it shares;
+# The module's fixture runs eight jobs inside its first case, whose clock it shares;
 # on a loaded machine beside other workers that can pass the suite's 300 s per case.
 pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.timeout(900)]
 # Tolerances: fp32 unit roundoff is u = 2^-24 ≈ 6e-8, and the two sides of each comparison

@@ -33,6 +33,8 @@ from tidal.trainer.persistence.publisher import WeightPublisher
 from tidal.weights.client import WeightSyncClient
 from tidal.weightsync.config import BroadcastTransport
 
+from ..helpers.gloo_ranks import run_ranks
+
 # The engine's per-step token budget and KV-cache bound, at their configured defaults.
 ENGINE_BUDGET = {
     "max_step_tokens": InferenceConfig().max_step_tokens,
@@ -211,12 +213,8 @@ async def test_group_broken_by_a_dead_replica_is_reformed_and_the_survivor_catch
 def test_sharded_weights_are_gathered_tensor_by_tensor_into_buckets(tmp_path: Path) -> None:
     out = tmp_path / "gathered.safetensors"
     worker = Path(__file__).parent / "workers" / "gather_buckets.py"
-    subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(worker), str(out)],
-        check=True,
-        timeout=120,
-    )  # fmt: skip
+    ranks = run_ranks([str(worker), str(out)], timeout=120)
+    assert ranks.returncode == 0, ranks.output[-5000:]
     got = load_file(out)
     g = torch.Generator().manual_seed(0)
     expected = {

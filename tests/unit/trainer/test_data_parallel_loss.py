@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -74,7 +73,7 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
 
 
 def rank_main(out: Path) -> None:
-    """Run under torchrun: compare sharded and single-process gradients, write the max error."""
+    """Run as a gloo rank: compare sharded and single-process gradients, write the max error."""
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     batches = step_batches()
@@ -106,19 +105,10 @@ def rank_main(out: Path) -> None:
 @pytest.mark.distributed
 def test_two_gloo_ranks_give_the_single_process_loss_and_gradients(tmp_path: Path) -> None:
     out = tmp_path / "errors.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"),
-            *("--master-port", "0", "--standalone", __file__, str(out)),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=env,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    from tests.helpers.gloo_ranks import run_ranks  # not at the top: ranks run this file
+
+    ranks = run_ranks([__file__, str(out)], env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert ranks.returncode == 0, ranks.output[-5000:]
     errors = json.loads(out.read_text())
     assert errors.keys() == NORMS.keys()
     for name, e in errors.items():
