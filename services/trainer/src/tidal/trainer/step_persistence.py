@@ -242,12 +242,13 @@ class StepPersistence:
             log.warning("step %d: writing its checkpoint or version failed: %s", writes.step, exc)
             writes.error = as_disk_full(exc, self.publisher.root)
         finally:
-            if staging is not None and writes.error is not None:
-                # the checkpoint or the publish failed: let the staging thread finish, then
-                # drop its folder (a retry stages again; the run may stop here instead)
+            if staging is not None:
+                # Let the staging thread finish; a folder the publish did not commit (the
+                # checkpoint or the publish failed) is dropped: a retry stages again, and
+                # the run may stop here instead.
                 with contextlib.suppress(Exception):  # (a failed staging left nothing)
                     staged = await staging
-                    if staged is not None:
+                    if staged is not None and not staged.committed:
                         await asyncio.to_thread(staged.discard)
             writes.checkpointed.set()
             writes.done.set()
