@@ -132,3 +132,22 @@ def test_a_trained_step_whose_answer_was_lost_still_gets_its_metrics_line(
     lines = [json.loads(x) for x in log.path.read_text().splitlines()[-1:]]
     assert lines[0]["step"] == 2 and lines[0]["resume/metrics_lost"] == 1
     assert lines[0]["phase"] == "lost"
+
+
+def test_a_recovered_metrics_line_that_meets_a_full_disk_is_disk_full_naming_the_file(
+    tmp_path: Path,
+) -> None:
+    """A plain append's ENOSPC would fail the orchestrator as a crash to restart; as
+    `DiskFull` it stops the run once, exit 74, naming the file."""
+    from tests.helpers.small_disk import fill, small_disk
+    from tidal.common.errors import DiskFull
+    from tidal.orchestrator.records.resume import recover_metrics_line
+
+    with small_disk(tmp_path / "tiny", "64k") as tiny:
+        metrics = tiny / "metrics.jsonl"
+        metrics.write_text('{"step": 1}\n')
+        pending = {"step": 2, "note": "x" * 8192}  # more than a page: the write needs a block
+        saved = SavedProgress(2, {}, {}, seed=0, tasks=["t"], pending_metrics=pending)
+        fill(tiny, 0)
+        with pytest.raises(DiskFull, match=f"disk full: {metrics} could not be written"):
+            recover_metrics_line(saved, trainer_step=2, metrics_path=metrics)

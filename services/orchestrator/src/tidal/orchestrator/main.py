@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from tidal.common.errors import EXIT_DISK_FULL, ConfigError, is_disk_full
+from tidal.common.files.durable import as_disk_full
 from tidal.common.grpc.server import GrpcServer, ServiceBinding
 from tidal.common.observability.prometheus import ServiceMetrics
 from tidal.common.observability.tracing import setup_telemetry
@@ -92,6 +93,8 @@ async def serve(
                 server.request_stop()
             return
         error = task.exception()
+        if isinstance(error, Exception):  # an ENOSPC from any write, not only the wrapped ones
+            error = as_disk_full(error, config.run.dir)
         if error is None:
             exit_code = 0
             log.info("run finished: %d steps", progress.step)

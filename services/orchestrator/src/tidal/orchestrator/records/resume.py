@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tidal.common.errors import ConfigError
-from tidal.common.files.durable import write_atomic
+from tidal.common.files.durable import space_for, write_atomic
 from tidal.common.files.step_jsonl import cut_torn_tail, drop_lines_after
 from tidal.orchestrator.records.run_log import logged_steps
 
@@ -100,8 +100,9 @@ def recover_metrics_line(saved: SavedProgress, trainer_step: int, metrics_path: 
         return False
     if saved.step in logged_steps(metrics_path):
         return False
-    with metrics_path.open("a") as f:
-        f.write(json.dumps({**saved.pending_metrics, "recovered": True}) + "\n")
+    line = json.dumps({**saved.pending_metrics, "recovered": True}) + "\n"
+    with space_for(metrics_path, len(line)), metrics_path.open("a") as f:
+        f.write(line)
     return True
 
 

@@ -23,6 +23,7 @@ from opentelemetry import trace
 
 from tidal.batch.packing import PackedMicroBatch
 from tidal.common.errors import ConfigError
+from tidal.common.files.durable import space_for
 from tidal.orchestrator.completions import ScoredSample
 from tidal.orchestrator.config import OrchestratorConfig
 from tidal.orchestrator.mixture import TaskMixture
@@ -98,8 +99,10 @@ class StepRecorder:
         )
         save_progress(self.run_dir / PROGRESS_FILE, saved)
         self._last_saved = saved
-        with (self.run_dir / PROMPTS_FILE).open("a") as f:
-            f.write(json.dumps({"step": step, "prompts": [p.uid for p in problems]}) + "\n")
+        line = json.dumps({"step": step, "prompts": [p.uid for p in problems]}) + "\n"
+        prompts = self.run_dir / PROMPTS_FILE
+        with space_for(prompts, len(line)), prompts.open("a") as f:
+            f.write(line)
 
     def record(
         self,
