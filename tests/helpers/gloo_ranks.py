@@ -42,7 +42,7 @@ def run_ranks(
     env: Mapping[str, str] | None = None,
 ) -> RanksResult:
     """Run `python argv...` as `nproc` ranks; `subprocess.TimeoutExpired` past `timeout`."""
-    store = dist.TCPStore(
+    store = dist.TCPStore(  # this frame keeps it serving until the ranks are done
         "127.0.0.1",
         0,
         world_size=nproc,
@@ -83,7 +83,6 @@ def run_ranks(
             f"--- rank {rank} ---\n{log.read_text(errors='replace')}"
             for rank, log in enumerate(logs)
         )
-    del store
     return RanksResult(returncode, output)
 
 

@@ -30,8 +30,8 @@ class LaunchedRun:
 
     process: subprocess.Popen[str]
     run_dir: Path
-    _lines: list[str] = field(default_factory=list)
-    _reader: threading.Thread | None = None
+    _lines: list[str] = field(default_factory=list, init=False)
+    _reader: threading.Thread = field(init=False)
 
     def __post_init__(self) -> None:
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -64,8 +64,8 @@ class LaunchedRun:
 
     def output(self) -> str:
         """All the launcher wrote, once it has exited; what it wrote so far before."""
-        if self.process.poll() is not None and self._reader is not None:
-            self._reader.join(timeout=30)  # the pipe ends when the launcher's children do
+        if self.process.poll() is not None:
+            self._reader.join(timeout=30)  # the pipe closes once the launcher is gone
         text = "".join(self._lines)
         return text if self.process.poll() is not None else text + "(still running)"
 

@@ -113,9 +113,9 @@ class AsyncWindow:
                         f"after {timeout:.0f}s; version {version} is needed (is it subscribed "
                         "to weightsync? orchestrator.timeouts.peer_wait_s sets how long to wait)"
                     )
-                if self.stalled is None:
-                    await asyncio.wait([waiter], timeout=left)
-                elif not (await asyncio.wait([waiter], timeout=min(left, STALLED_CHECK_S)))[0]:
+                slice_s = left if self.stalled is None else min(left, STALLED_CHECK_S)
+                done, _ = await asyncio.wait([waiter], timeout=slice_s)
+                if not done and self.stalled is not None:
                     await self.stalled()
             loaded = waiter.result()
         finally:
