@@ -124,8 +124,11 @@ dist: setup
 # Every third-party wheel the images need (torch from the machine's CPU wheel path, per
 # `pip config list`): the images install offline from dist/wheelhouse. The umbrella `tidal`
 # wheel (by path: an index may hold another project of that name) adds the CLI's own
-# dependencies, which the SLURM cluster's node image needs for `tidal rl`.
+# dependencies, which the SLURM cluster's node image needs for `tidal rl`. Built afresh each
+# time: wheels left from an earlier resolution would put two versions of a package beside
+# each other, which the node image's `pip install *.whl` refuses.
 wheelhouse: dist
+	rm -rf dist/wheelhouse
 	$(BIN)/python -m pip wheel -q -w dist/wheelhouse --find-links dist \
 		tidal-orchestrator tidal-inference tidal-trainer tidal-weightsync dist/tidal-[0-9]*.whl
 	rm -f dist/wheelhouse/tidal*.whl
