@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +23,9 @@ from tests.helpers.processes import processes_with, stack_scratch
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = ROOT / "configs" / "default.toml"
+LOOKUP_CONFIG = ROOT / "configs" / "lookup.toml"
+LOOKUP_WARMUP_STEPS = 200
+"""Past the warm-up step (about 155) where the tiny model learns to copy a key and a value."""
 
 
 @dataclass
@@ -141,3 +146,37 @@ def _parent(pid: int) -> int | None:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     except (OSError, IndexError, ValueError):
         return None
+
+
+@pytest.fixture(scope="session")
+def lookup_warmed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`configs/lookup.toml`'s supervised warm-up alone, run once for the whole suite (its
+    xdist workers share it): the tiny model's version after `LOOKUP_WARMUP_STEPS` steps.
+    A test trains it by RL with `from_warmed(it)` in place of a warm-up of its own."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    out = shared / "lookup-warmup"
+    version = out / "w" / "weights" / f"v{LOOKUP_WARMUP_STEPS:06d}"
+    with open(shared / "lookup-warmup.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one warm-up; the other workers wait for it
+        if not (version / "manifest.json").is_file():  # published whole, or not at all
+            shutil.rmtree(out, ignore_errors=True)
+            command = [
+                sys.executable, "-m", "tidal.cli", "rl", "@", str(LOOKUP_CONFIG),
+                "--run.output-dir", str(out), "--run.name", "w",
+                "--orchestrator.warmup-steps", str(LOOKUP_WARMUP_STEPS),
+                "--orchestrator.steps", "0",
+                "--orchestrator.report.table-every", "0",
+                "--grpc.shutdown-grace-s", "0.5",
+            ]  # fmt: skip
+            done = subprocess.run(command, capture_output=True, text=True, cwd=shared, timeout=600)
+            assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    return version
+
+
+def from_warmed(version: Path) -> list[str]:
+    """The overrides that start a `configs/lookup.toml` run's RL from `lookup_warmed`."""
+    return [
+        "--trainer.model.path", str(version), "--run.tokenizer", "byte",
+        "--orchestrator.warmup-steps", "0",
+    ]  # fmt: skip

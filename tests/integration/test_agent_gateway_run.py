@@ -19,9 +19,8 @@ from tests.helpers.agent_programs import curl_command, react_service, self_rewar
 from tidal.orchestrator.config import StalenessConfig
 from tidal.orchestrator.records.run_log import run_log_records
 
-LOOKUP = Path(__file__).parents[2] / "configs" / "lookup.toml"
-WARMUP_STEPS = 200
-"""As the built-in lookup learning test: past the warm-up step where copying is learned."""
+from .conftest import LOOKUP_CONFIG, from_warmed
+
 RL_STEPS = 30
 REWARD_GAIN = 0.2
 """Mean reward of the last 5 RL steps over the first 5 (the built-in tool loop's bound)."""
@@ -80,7 +79,9 @@ def test_a_curl_agent_completes_episodes_that_are_trained(  # type: ignore[no-un
 
 @pytest.mark.slow
 @pytest.mark.timeout(LIMIT_S + 60)
-def test_a_react_agent_service_learns_the_lookup_tool_task(launch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_react_agent_service_learns_the_lookup_tool_task(  # type: ignore[no-untyped-def]
+    launch, tmp_path: Path, lookup_warmed: Path
+) -> None:
     port = _free_port()
     service = subprocess.Popen(
         [*react_service(tmp_path), "--serve", str(port)],
@@ -103,8 +104,7 @@ def test_a_react_agent_service_learns_the_lookup_tool_task(launch, tmp_path: Pat
         )
         started = time.monotonic()
         run = launch(
-            "@", str(LOOKUP), "@", str(agent),
-            "--orchestrator.warmup-steps", str(WARMUP_STEPS),
+            "@", str(LOOKUP_CONFIG), "@", str(agent), *from_warmed(lookup_warmed),
             "--orchestrator.steps", str(RL_STEPS),
             "--orchestrator.report.table-every", "0",
             "--grpc.shutdown-grace-s", "0.5",

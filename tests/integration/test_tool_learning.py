@@ -1,7 +1,8 @@
-"""The lookup tool task learns through the real launcher on the tiny default model: after a
-warm-up on demonstrations of which half call `lookup(key)` and half guess, RL raises the
-reward as the policy learns to call the tool (calls per episode rise), and an episode whose
-next turn would not fit the model's context ends cleanly instead of stopping the run."""
+"""The lookup tool task learns through the real launcher on the tiny default model: from the
+suite's one warm-up on demonstrations of which half call `lookup(key)` and half guess
+(`lookup_warmed`), RL raises the reward as the policy learns to call the tool (calls per
+episode rise), and an episode whose next turn would not fit the model's context ends
+cleanly instead of stopping the run."""
 
 from __future__ import annotations
 
@@ -12,9 +13,8 @@ import pytest
 
 from tidal.orchestrator.records.run_log import run_log_records
 
-LOOKUP = Path(__file__).parents[2] / "configs" / "lookup.toml"
-WARMUP_STEPS = 200
-"""Past the warm-up step (about 155) where the model learns to copy a key and a value."""
+from .conftest import LOOKUP_CONFIG, from_warmed
+
 RL_STEPS = 25
 REWARD_GAIN = 0.2
 """Mean reward of the last 5 RL steps over the first 5. After this warm-up a call is
@@ -36,13 +36,14 @@ def _mean(records: list[dict], key: str) -> float:  # type: ignore[type-arg]
 
 @pytest.mark.slow
 @pytest.mark.timeout(LIMIT_S + 60)
-def test_lookup_reward_rises_as_the_policy_learns_to_call_the_tool(launch) -> None:  # type: ignore[no-untyped-def]
+def test_lookup_reward_rises_as_the_policy_learns_to_call_the_tool(  # type: ignore[no-untyped-def]
+    launch, lookup_warmed: Path
+) -> None:
     started = time.monotonic()
     run = launch(
         "@",
-        str(LOOKUP),
-        "--orchestrator.warmup-steps",
-        str(WARMUP_STEPS),
+        str(LOOKUP_CONFIG),
+        *from_warmed(lookup_warmed),
         "--orchestrator.steps",
         str(RL_STEPS),
         "--orchestrator.report.table-every",

@@ -22,22 +22,23 @@ COMPLETIONS = ["cba", "a much longer completion that pads the others", "x"]
 BUILD = """
 import json, sys, torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, LlamaConfig
-folder, vocab, labels = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
-torch.manual_seed(0)
-config = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=48,
-    num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-    num_labels=len(labels), id2label=dict(enumerate(labels)),
-    label2id={l: i for i, l in enumerate(labels)})
-AutoModelForSequenceClassification.from_config(config).save_pretrained(folder)
-model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
-tok = AutoTokenizer.from_pretrained(folder)
-out = []
-for completion in json.loads(sys.argv[4]):
-    turns = [{"role": "user", "content": "abc>"}, {"role": "assistant", "content": completion}]
-    ids = tok(tok.apply_chat_template(turns, tokenize=False), return_tensors="pt")
-    with torch.no_grad():
-        logits = model(**ids).logits[0]
-    out.append(logits.tolist())
+out = {}
+for folder, vocab, labels in json.loads(sys.argv[1]):
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=48,
+        num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+        num_labels=len(labels), id2label=dict(enumerate(labels)),
+        label2id={l: i for i, l in enumerate(labels)})
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(folder)
+    model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    tok = AutoTokenizer.from_pretrained(folder)
+    out[folder] = []
+    for completion in json.loads(sys.argv[2]):
+        turns = [{"role": "user", "content": "abc>"}, {"role": "assistant", "content": completion}]
+        ids = tok(tok.apply_chat_template(turns, tokenize=False), return_tensors="pt")
+        with torch.no_grad():
+            logits = model(**ids).logits[0]
+        out[folder].append(logits.tolist())
 print(json.dumps(out))
 """
 
@@ -76,12 +77,15 @@ def _run(script: str, *args: str) -> object:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _folder(path: Path, labels: list[str]) -> list[list[float]]:
-    """Build the folder; the logits of each completion scored alone."""
-    vocab = write_tokenizer(path, "qwen3")
-    logits = _run(BUILD, str(path), str(vocab), json.dumps(labels), json.dumps(COMPLETIONS))
-    assert isinstance(logits, list)
-    return logits
+def _folders(folders: dict[Path, list[str]]) -> list[list[list[float]]]:
+    """Build each folder (one interpreter for all: its imports are most of the time) with
+    its labels; per folder, the logits of each completion scored alone."""
+    specs = [
+        (str(path), write_tokenizer(path, "qwen3"), labels) for path, labels in folders.items()
+    ]
+    logits = _run(BUILD, json.dumps(specs), json.dumps(COMPLETIONS))
+    assert isinstance(logits, dict)
+    return [logits[str(path)] for path in folders]
 
 
 def _sigmoid(x: float) -> float:
@@ -99,8 +103,7 @@ def _softmax(xs: list[float], i: int) -> float:
 
 @pytest.mark.slow
 def test_rewards_are_the_models_scores_mapped_to_zero_one(tmp_path: Path) -> None:
-    single = _folder(tmp_path / "single", ["LABEL_0"])
-    pair = _folder(tmp_path / "pair", ["bad", "good"])
+    single, pair = _folders({tmp_path / "single": ["LABEL_0"], tmp_path / "pair": ["bad", "good"]})
     settings = {
         "sigmoid": {"path": str(tmp_path / "single"), "batch_size": 2},
         "good": {"path": str(tmp_path / "pair"), "label": "good"},
