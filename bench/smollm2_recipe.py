@@ -377,6 +377,8 @@ def main() -> None:
         for section in ("task", "chat"):  # the same problems, prompt and answer format
             if ours.get(section) != theirs.get(section):
                 parser.error(f"--trl-config: orchestrator.{section} must equal --config's")
+            if any(a.startswith(f"--orchestrator.{section}") for a in args.extra):
+                parser.error(f"beside --arms trl, overrides leave orchestrator.{section} as is")
     runs = [
         run
         for arm in args.arms

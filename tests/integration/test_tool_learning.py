@@ -27,7 +27,8 @@ MAX_PARSE_FAILURE_RATE = 0.2
 """The call format survives RL: at most this share of the last 5 steps' calls fail to parse
 (about 0.05 after the warm-up; per 5 steps the rate is noisy, 0.05 -> 0.10 was seen)."""
 LIMIT_S = 600
-"""Generous: about 3.5 minutes on an idle 2-core machine, much longer under shared load."""
+"""Generous: the RL steps take about a minute on an idle 2-core machine (the warm-up is
+the shared fixture's), several under the suite's load."""
 
 
 def _mean(records: list[dict], key: str) -> float:  # type: ignore[type-arg]
