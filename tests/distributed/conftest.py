@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.helpers.gloo_ranks import run_ranks
+from tests.helpers.gloo_ranks import run_ranks, run_script
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 
@@ -20,14 +18,10 @@ def run_worker(script: str, *args: str, nproc: int = 2, timeout: float = 240) ->
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     argv = [str(WORKERS / script), *args]
     if nproc == 1:
-        done = subprocess.run(
-            [sys.executable, *argv], capture_output=True, text=True, timeout=timeout, env=env
-        )
-        returncode, output = done.returncode, done.stdout[-3000:] + done.stderr[-5000:]
+        done = run_script(argv, timeout=timeout, env=env)
     else:
-        ranks = run_ranks(argv, nproc, timeout=timeout, env=env)
-        returncode, output = ranks.returncode, ranks.output[-8000:]
-    assert returncode == 0, f"{script} {args} failed:\n{output}"
+        done = run_ranks(argv, nproc, timeout=timeout, env=env)
+    assert done.returncode == 0, f"{script} {args} failed:\n{done.output[-8000:]}"
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,14 @@ own) is what the tests do not need, and its start-up costs a couple of seconds p
 the product's launcher (`python -m tidal.trainer` with `world_size` > 1) keeps torchrun and
 is tested through it.
 
+Ranks are forked from a multiprocessing fork server that imported torch once per test
+process: a fresh interpreter would spend seconds of CPU importing torch for each rank,
+which on two cores is the largest part of the distributed tests' cost. A rank then runs
+its script as `python script.py` would (`__main__`, its own `sys.argv`, the script's folder
+first on `sys.path`, exactly the environment given), with the thread count of its
+`OMP_NUM_THREADS` set through torch, since the OpenMP runtime read the variable when the
+server imported torch.
+
 When a rank fails the others are killed (a survivor would wait at its next collective
 until gloo's timeout), and the job's output comes back rank by rank.
 """
@@ -14,16 +22,23 @@ until gloo's timeout), and the job's output comes back rank by rank.
 from __future__ import annotations
 
 import datetime
+import multiprocessing
 import os
+import runpy
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
+
+_FORKS = multiprocessing.get_context("forkserver")
+_FORKS.set_forkserver_preload(["torch", "torch.distributed"])
 
 
 @dataclass(frozen=True)
@@ -59,26 +74,37 @@ def run_ranks(
         "LOCAL_WORLD_SIZE": str(nproc),
         "GROUP_RANK": "0",
     }
+    envs = [{**base, "RANK": str(rank), "LOCAL_RANK": str(rank)} for rank in range(nproc)]
+    return run_processes(argv, envs, timeout=timeout)
+
+
+def run_script(
+    argv: Sequence[str], *, timeout: float = 240, env: Mapping[str, str] | None = None
+) -> RanksResult:
+    """Run `python argv...` as one plain process (no rank environment), as `run_ranks` runs
+    each rank."""
+    return run_processes(argv, [dict(os.environ if env is None else env)], timeout=timeout)
+
+
+def run_processes(
+    argv: Sequence[str], envs: Sequence[Mapping[str, str]], *, timeout: float
+) -> RanksResult:
+    """`python argv...` once per environment in `envs`, all at once."""
     with tempfile.TemporaryDirectory(prefix="tidal-ranks-") as folder:
-        logs = [Path(folder) / f"rank{rank}.log" for rank in range(nproc)]
+        logs = [Path(folder) / f"rank{rank}.log" for rank in range(len(envs))]
         processes = []
-        for rank, log in enumerate(logs):
-            with log.open("wb") as sink:
-                processes.append(
-                    subprocess.Popen(
-                        [sys.executable, *argv],
-                        env={**base, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-                        stdout=sink,
-                        stderr=subprocess.STDOUT,
-                    )
-                )
+        for env, log in zip(envs, logs, strict=True):
+            process = _FORKS.Process(target=_run_script, args=(list(argv), dict(env), str(log)))
+            process.start()
+            processes.append(process)
         try:
             returncode = _wait_all(processes, timeout=timeout, argv=argv)
         finally:
             for process in processes:
-                if process.poll() is None:
+                if process.exitcode is None:
                     process.kill()
-                process.wait()
+                process.join()
+                process.close()
         output = "".join(
             f"--- rank {rank} ---\n{log.read_text(errors='replace')}"
             for rank, log in enumerate(logs)
@@ -86,13 +112,25 @@ def run_ranks(
     return RanksResult(returncode, output)
 
 
-def _wait_all(
-    processes: list[subprocess.Popen[bytes]], *, timeout: float, argv: Sequence[str]
-) -> int:
+def _run_script(argv: list[str], env: dict[str, str], log: str) -> None:
+    """In the forked process: become `python argv...` with `env`, output to `log`."""
+    with open(log, "wb") as sink:
+        os.dup2(sink.fileno(), 1)
+        os.dup2(sink.fileno(), 2)
+    os.environ.clear()
+    os.environ.update(env)
+    if env.get("OMP_NUM_THREADS", "").isdigit():
+        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+    sys.argv = list(argv)
+    sys.path.insert(0, str(Path(argv[0]).resolve().parent))
+    runpy.run_path(argv[0], run_name="__main__")
+
+
+def _wait_all(processes: list[BaseProcess], *, timeout: float, argv: Sequence[str]) -> int:
     """0 once all exited 0; the first non-zero code as soon as one rank fails."""
     deadline = time.monotonic() + timeout
     while True:
-        codes = [process.poll() for process in processes]
+        codes = [process.exitcode for process in processes]
         failed = [code for code in codes if code not in (None, 0)]
         if failed:
             return failed[0]
