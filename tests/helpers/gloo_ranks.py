@@ -126,7 +126,7 @@ def _run_script(argv: list[str], env: dict[str, str], log: str) -> None:
     runpy.run_path(argv[0], run_name="__main__")
 
 
-def _wait_all(processes: list[BaseProcess], *, timeout: float, argv: Sequence[str]) -> int:
+def _wait_all(processes: Sequence[BaseProcess], *, timeout: float, argv: Sequence[str]) -> int:
     """0 once all exited 0; the first non-zero code as soon as one rank fails."""
     deadline = time.monotonic() + timeout
     while True:
