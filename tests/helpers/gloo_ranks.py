@@ -13,7 +13,8 @@ which on two cores is the largest part of the distributed tests' cost. A rank th
 its script as `python script.py` would (`__main__`, its own `sys.argv`, the script's folder
 first on `sys.path`, exactly the environment given), with the thread count of its
 `OMP_NUM_THREADS` set through torch, since the OpenMP runtime read the variable when the
-server imported torch.
+server imported torch. It ends as multiprocessing ends a process (streams flushed,
+threads joined, then `os._exit`), so a script's `atexit` handlers do not run.
 
 When a rank fails the others are killed (a survivor would wait at its next collective
 until gloo's timeout), and the job's output comes back rank by rank.
