@@ -95,7 +95,7 @@ def run_processes(
         logs = [Path(folder) / f"rank{rank}.log" for rank in range(len(envs))]
         processes = []
         for env, log in zip(envs, logs, strict=True):
-            process = _FORKS.Process(target=_run_script, args=(list(argv), dict(env), str(log)))
+            process = _FORKS.Process(target=_become_script, args=(list(argv), dict(env), str(log)))
             process.start()
             processes.append(process)
         try:
@@ -113,7 +113,7 @@ def run_processes(
     return RanksResult(returncode, output)
 
 
-def _run_script(argv: list[str], env: dict[str, str], log: str) -> None:
+def _become_script(argv: list[str], env: dict[str, str], log: str) -> None:
     """In the forked process: become `python argv...` with `env`, output to `log`."""
     with open(log, "wb") as sink:
         os.dup2(sink.fileno(), 1)
