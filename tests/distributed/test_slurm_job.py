@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from tidal.cli.ports import free_port
+from tidal.cli.ports import bindable, ephemeral_range, free_port
+from tidal.common.observability.prometheus import MetricsConfig
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
@@ -155,8 +156,22 @@ class SlurmCluster:
             f"--- {p.name}\n{p.read_text()[-2000:]}" for p in sorted(self.root.glob("*.log"))
         )
 
+    def cancel_jobs(self, timeout: float = 30) -> None:
+        """Cancel every job and wait until none is left: slurmstepd and the job's
+        processes would outlive the daemons."""
+        subprocess.run(["scancel", "--partition", "debug"], env=self.env, check=False)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            out = subprocess.run(
+                ["squeue", "-h", "-o", "%i"], capture_output=True, text=True, env=self.env
+            ).stdout
+            if not out.strip():
+                return
+            time.sleep(0.5)
+
     def stop(self) -> None:
-        """SIGTERM the daemons and wait (up to 10 s) until they are gone."""
+        """Cancel the jobs, SIGTERM the daemons and wait (up to 10 s) until they are gone."""
+        self.cancel_jobs()
         pids = []
         for name in ("slurmd", "slurmctld", "munged"):
             pid_file = self.root / f"{name}.pid"
@@ -185,14 +200,40 @@ def cluster() -> Iterator[SlurmCluster]:
     shutil.rmtree(root, ignore_errors=True)
 
 
+def job_ports() -> dict[str, int]:
+    """A port per service and for the trainer's rendezvous, each free with its metrics
+    port, both below the ephemeral range. The defaults (50051-50054, metrics 51051-51054)
+    lie inside it on Linux, where another test's outgoing connection may hold one of them
+    for as long as it lives."""
+    names = ("orchestrator", "inference", "trainer", "weightsync", "rdzv")
+    offset = MetricsConfig().port_offset
+    ports: list[int] = []
+    taken: set[int] = set()
+    while len(ports) < len(names):
+        port = free_port()
+        metrics = port + offset
+        if {port, metrics} & taken or metrics >= ephemeral_range()[0] or not bindable(metrics):
+            continue
+        ports.append(port)
+        taken |= {port, metrics}
+    return dict(zip(names, ports, strict=True))
+
+
 def test_tidal_rl_job_completes_on_a_real_slurm_cluster(
     cluster: SlurmCluster, tmp_path: Path
 ) -> None:
+    ports = job_ports()
+    endpoints = [
+        arg
+        for name in ("orchestrator", "inference", "trainer", "weightsync")
+        for arg in (f"--endpoints.{name}", f"127.0.0.1:{ports[name]}")
+    ]
     submitted = subprocess.run(
         [
             sys.executable, "-m", "tidal.cli", "rl", "@", str(ROOT / "configs" / "default.toml"),
             "--run.output-dir", str(tmp_path / "out"), "--run.name", "job",
             "--slurm.inference-nodes", "0", "--slurm.time", "00:05:00",
+            "--slurm.rdzv-port", str(ports["rdzv"]), *endpoints,
             "--orchestrator.steps", "3", "--orchestrator.warmup-steps", "1",
         ],
         capture_output=True, text=True, timeout=60, env=cluster.env, cwd=tmp_path,
