@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 
@@ -96,3 +97,45 @@ async def test_a_hung_verifier_is_killed_and_its_slot_replaced() -> None:
         assert len(verifier.worker_pids) == 1 and verifier.worker_pids != [stuck_pid]
     finally:
         verifier.close()
+
+
+class Inherited:
+    """A reference cycle the host process leaves for its collector."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+class CollectorTask(MoodyTask):
+    """Reports what a worker's collector can reach: 1.0 when the objects inherited from the
+    host are frozen (out of its reach) and the worker's own cycles are still collected."""
+
+    def verify(self, problem: Problem, completion: str) -> Verdict | float:
+        inherited = [o for o in gc.get_objects() if isinstance(o, Inherited)]
+        own = Inherited()
+        own_id = id(own)
+        del own
+        gc.collect()
+        collected = not any(id(o) == own_id for o in gc.get_objects())
+        return float(gc.get_freeze_count() > 0 and not inherited and collected)
+
+
+async def test_a_worker_never_collects_what_it_inherited() -> None:
+    """The host's garbage can belong to threads and native libraries a fork leaves behind;
+    the worker's collector must not visit it, yet must still collect the worker's own."""
+    task = CollectorTask()
+    task.bind(name="collector", seed=0)
+    collecting = gc.isenabled()
+    gc.disable()  # the cycle below is still garbage, uncollected, at the fork
+    try:
+        Inherited()
+        verifier = VerifierPool({"collector": task}, timeout_s=10.0, max_workers=1)
+    finally:
+        if collecting:
+            gc.enable()
+    try:
+        outcome = await verifier.verify(task.problem(0), "ok")
+    finally:
+        verifier.close()
+    assert (outcome.reward, outcome.failure) == (1.0, None)
+    assert gc.isenabled() == collecting  # the host's collector is as it was

@@ -24,7 +24,12 @@ from typing import Any
 from tidal.common.errors import ConfigError
 from tidal.orchestrator.scoring.judge import completion_text
 from tidal.orchestrator.scoring.model_reward_config import RewardModelConfig
-from tidal.orchestrator.scoring.verifier_pool import VerifyOutcome, detach_child, exchange
+from tidal.orchestrator.scoring.verifier_pool import (
+    VerifyOutcome,
+    collector_off_across_fork,
+    detach_child,
+    exchange,
+)
 from tidal.orchestrator.tasks.base import Problem
 
 log = logging.getLogger(__name__)
@@ -50,7 +55,8 @@ class RewardModel:
         self._process = multiprocessing.get_context("fork").Process(
             target=_serve, args=(theirs, self._conn, config), daemon=True, name="reward-model"
         )
-        self._process.start()
+        with collector_off_across_fork():
+            self._process.start()
         theirs.close()
         self.labels = self._wait_ready()
         self._pending: list[tuple[list[Input], asyncio.Future[list[float]]]] = []

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import gc
 import logging
 import math
 import os
@@ -20,7 +21,7 @@ import signal
 import socket
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -56,7 +57,13 @@ def _verify(task: Task, problem: Problem, completion: str | list[str]) -> Verdic
 
 
 def detach_child() -> None:
-    """Undo what a forked child inherits from the orchestrator's event loop; die with the parent."""
+    """Undo what a forked child inherits from the orchestrator's event loop; die with the parent.
+
+    What the child inherited is frozen before its collector runs again (Python's own advice
+    for fork without exec): the parent's objects can belong to threads and native libraries
+    that the fork did not copy, so the child never visits them or runs their finalizers."""
+    gc.freeze()
+    gc.enable()
     signal.set_wakeup_fd(-1)  # the parent's event loop owns the inherited one
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
@@ -69,7 +76,12 @@ async def exchange(conn: Connection, message: object) -> Any:
     loop = asyncio.get_running_loop()
     readable: asyncio.Future[None] = loop.create_future()
     fd = conn.fileno()
-    loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
+
+    def ready() -> None:
+        if not readable.done():
+            readable.set_result(None)
+
+    loop.add_reader(fd, ready)
     try:
         conn.send(message)
         await readable
@@ -94,8 +106,23 @@ def _serve(conn: Connection, tasks: Mapping[str, Task]) -> None:
         conn.send(reply)
 
 
+@contextlib.contextmanager
+def collector_off_across_fork() -> Iterator[None]:
+    """Keep the garbage collector off around a fork. The child keeps it off until
+    `detach_child` has frozen what the child inherited; the parent turns it back on."""
+    parent, collecting = os.getpid(), gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting and os.getpid() == parent:
+            gc.enable()
+
+
 def _forked(body: Callable[[], None]) -> int:
-    pid = os.fork()
+    """Fork; the child runs `body` (which starts with `detach_child`), then exits."""
+    with collector_off_across_fork():
+        pid = os.fork()
     if pid == 0:
         try:
             body()
