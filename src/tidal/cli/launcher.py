@@ -25,7 +25,7 @@ from tidal.cli.metrics_targets import with_metrics_ports
 from tidal.cli.placement import place, trainer_world_size, visible_gpus
 from tidal.cli.ports import free_port
 from tidal.cli.run_timing import finish_summary, launch_env, print_final_summary, process_start_time
-from tidal.cli.slurm import SlurmConfig, submit, write_job
+from tidal.cli.slurm import SlurmConfig, ephemeral_ports_note, submit, write_job
 from tidal.cli.supervision import RESUME_ARGS, ChildSpec, Supervisor
 from tidal.cli.teacher_replica import assign_teacher_address, teacher_replicas
 from tidal.cli.trainer_resume import resume_point
@@ -254,6 +254,9 @@ async def supervise(
 def run_slurm(config: RunConfig, slurm: SlurmConfig, *, dry_run: bool) -> None:
     script = write_job(config, slurm, services_toml(config))
     print(f"tidal: wrote {script} and {script.parent / 'config.toml'}")
+    note = ephemeral_ports_note(config.endpoints, config.metrics, slurm)
+    if note is not None:
+        print(f"tidal: note: {note}", file=sys.stderr)
     if not dry_run:
         print(f"tidal: {submit(script)}")
 

@@ -17,12 +17,15 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
+from tidal.cli.ports import ephemeral_range
 from tidal.common.config.loading import BaseConfig, to_toml
 from tidal.common.errors import ConfigError
+from tidal.common.observability.prometheus import MetricsConfig
 from tidal.common.security.config import SecurityConfig
 
 DEFAULT_TEMPLATE = Path(__file__).resolve().parent / "templates" / "tidal.sbatch.j2"
 SCRIPT_NAME = "tidal.sbatch"
+SERVICES = ("orchestrator", "inference", "trainer", "weightsync")
 
 
 class SlurmConfig(BaseConfig):
@@ -79,6 +82,31 @@ def _port(endpoint: str, field: str) -> int:
         return int(endpoint.rsplit(":", 1)[1])
     except (IndexError, ValueError):
         raise ConfigError(f"{field} {endpoint!r} has no port (host:port)") from None
+
+
+def ephemeral_ports_note(endpoints: Any, metrics: MetricsConfig, slurm: SlurmConfig) -> str | None:
+    """A note naming the job's fixed ports that lie in this machine's ephemeral range
+    (None when none does). Nodes take the local port of every outgoing connection from
+    that range, so on a node shared with other jobs such a port may be held when its
+    service starts, which then cannot bind."""
+    low, high = ephemeral_range()
+    named = {f"endpoints.{n}": _port(getattr(endpoints, n), f"endpoints.{n}") for n in SERVICES}
+    if metrics.enabled and metrics.port != 0:  # 0: any free port
+        named |= {
+            f"{key}'s metrics port": port + metrics.port_offset
+            if metrics.port is None
+            else metrics.port
+            for key, port in named.items()
+        }
+    named["slurm.rdzv_port"] = slurm.rdzv_port
+    inside = [f"{key} {port}" for key, port in named.items() if low <= port <= high]
+    if not inside:
+        return None
+    return (
+        f"these ports lie in this machine's ephemeral port range ({low}-{high}), from which "
+        f"a node's outgoing connections take theirs: {', '.join(inside)}. On nodes shared "
+        f"with other jobs, choose ports below {low} (docs/distributed.md, SLURM)"
+    )
 
 
 def replica_ports(base: int, count: int, taken: set[int]) -> list[int]:
@@ -165,10 +193,7 @@ def render(
     if not template.is_file():
         raise ConfigError(f"slurm.template {str(template)!r} is not a file")
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-    ports = {
-        name: _port(getattr(endpoints, name), f"endpoints.{name}")
-        for name in ("orchestrator", "inference", "trainer", "weightsync")
-    }
+    ports = {name: _port(getattr(endpoints, name), f"endpoints.{name}") for name in SERVICES}
     values = {
         **slurm.model_dump(exclude={"template"}),
         "nodes": slurm.nodes,

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from tidal.cli.slurm import SlurmConfig, render
+from tidal.cli import ports
+from tidal.cli.slurm import SlurmConfig, ephemeral_ports_note, render
 from tidal.common.config.shared import Endpoints
 from tidal.common.errors import ConfigError
+from tidal.common.observability.prometheus import MetricsConfig
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -35,6 +37,8 @@ def test_dry_run_writes_the_script_and_the_resolved_config(tmp_path: Path) -> No
         "--slurm.partition", "gpu", "--slurm.extra-sbatch", '["--exclusive"]',
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
+    low, high = ports.ephemeral_range()
+    assert ("tidal: note: these ports" in done.stderr) == (low <= 50051 <= high), done.stderr
     script = (tmp_path / "job" / "tidal.sbatch").read_text()
     config = tomllib.loads((tmp_path / "job" / "config.toml").read_text())
     assert "slurm" not in config and "deployment" not in config  # the launcher's own
@@ -101,3 +105,31 @@ def test_the_job_folder_follows_the_runs_file_policy(
     for name in ("config.toml", "launch.toml"):
         assert stat.S_IMODE((job / name).stat().st_mode) == file, name
     assert stat.S_IMODE((job / "tidal.sbatch").stat().st_mode) == script
+
+
+def test_the_jobs_ports_inside_the_ephemeral_range_are_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The defaults lie inside Linux's range; ports below it, or metrics on a free port,
+    leave nothing to say."""
+    range_file = tmp_path / "ip_local_port_range"
+    range_file.write_text("32768\t60999\n")
+    monkeypatch.setattr(ports, "EPHEMERAL_RANGE_FILE", range_file)
+    note = ephemeral_ports_note(Endpoints(), MetricsConfig(), SlurmConfig())
+    assert note is not None and "(32768-60999)" in note and "below 32768" in note
+    assert "endpoints.weightsync 50054" in note and "endpoints.trainer's metrics port 51053" in note
+    assert "rdzv" not in note  # 29500 lies below
+    low = Endpoints(
+        orchestrator="127.0.0.1:20051",
+        inference="127.0.0.1:20052",
+        trainer="127.0.0.1:20053",
+        weightsync="127.0.0.1:20054",
+    )
+    assert ephemeral_ports_note(low, MetricsConfig(), SlurmConfig()) is None
+    assert ephemeral_ports_note(low, MetricsConfig(port=0), SlurmConfig()) is None
+    assert ephemeral_ports_note(low, MetricsConfig(port=40000), SlurmConfig()) is not None
+    quiet_metrics = ephemeral_ports_note(
+        low, MetricsConfig(enabled=False), SlurmConfig(rdzv_port=40000)
+    )
+    assert quiet_metrics is not None and quiet_metrics.count(" 40000") == 1
+    assert "slurm.rdzv_port 40000" in quiet_metrics and "metrics" not in quiet_metrics
