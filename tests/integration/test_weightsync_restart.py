@@ -7,6 +7,8 @@
   content is refused.
 - Replica registrations are leases: a replica whose Watch stream is gone stops pinning
   its version once `lease_s` has passed.
+- A SIGTERM ends the open Watch and WatchLoaded streams cleanly at once: watchers do not
+  hold the stopping service for its grace period.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ LEASE_S = 1.0
 
 
 class WeightSyncProcess:
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, *, shutdown_grace_s: float = 5.0) -> None:
         self.run_dir = tmp_path / "outputs" / "ws"
         self.root = self.run_dir / "weights"
         self.address = f"127.0.0.1:{free_port()}"
@@ -43,6 +45,7 @@ class WeightSyncProcess:
             "run": {"output_dir": str(tmp_path / "outputs"), "name": "ws"},
             "endpoints": {"weightsync": self.address},
             "weightsync": {"keep_last": 1, "lease_s": LEASE_S},
+            "grpc": {"shutdown_grace_s": shutdown_grace_s},
             # Durability, not transport, is under test here: plaintext on loopback, asked.
             "security": {"mode": "plaintext"},
         }
@@ -153,3 +156,34 @@ async def test_a_replica_that_stops_watching_stops_pinning_after_its_lease(
         assert "lease expired" in err.value.details()
     finally:
         await client.close()
+
+
+@pytest.mark.slow
+async def test_a_sigterm_ends_the_watch_streams_without_waiting_out_the_grace(
+    tmp_path: Path,
+) -> None:
+    grace_s = 30.0
+    service = WeightSyncProcess(tmp_path, shutdown_grace_s=grace_s)
+    service.start()
+    assert service.process is not None
+    client = WeightSyncClient(service.address, security=PLAINTEXT_LOOPBACK)
+    try:
+        await client.publish(files(service.root, 1), timeout=60)
+        versions_stream = client.watch("a", after_version=0)
+        loaded_stream = client.watch_loaded()
+        assert (await anext(versions_stream)).manifest.version == 1
+        assert (await anext(loaded_stream)).published == 1
+        started = asyncio.get_running_loop().time()
+        service.process.send_signal(signal.SIGTERM)
+        # Both streams end cleanly (no error status), then the process exits.
+        assert [e async for e in versions_stream] == []
+        assert [s async for s in loaded_stream] == []
+        code = await asyncio.to_thread(service.process.wait, grace_s)
+        assert asyncio.get_running_loop().time() - started < grace_s / 3
+        assert code == 0
+        log = service.log.read_text()
+        assert "Traceback" not in log, log
+    finally:
+        await client.close()
+        if service.process.poll() is None:
+            service.kill()

@@ -42,6 +42,7 @@ async def serve(config: WeightSyncRunConfig) -> None:
     address = config.grpc.listen_address(config.endpoints.weightsync)
     security = for_service(config, "weightsync")
     server = GrpcServer(address, [binding], config.grpc, security=security, metrics=metrics)
+    server.add_shutdown_hook(servicer.end_streams)
     await server.start()
     log.info(
         "serving on %s, root %s, transport %s",

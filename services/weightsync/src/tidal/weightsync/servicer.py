@@ -8,14 +8,16 @@ in use (FAILED_PRECONDITION otherwise), and one whose manifest's files add up to
 message is at most `grpc.max_request_bytes` (the server's receive limit) and an upload
 chunk's data at most that less 64 KiB (`tidal.common.grpc.limits`). The chunks of
 FetchWeights and UploadWeights cross as bytes coded by `chunk_wire` (`add_to_server`
-registers them so), not as messages."""
+registers them so), not as messages. At shutdown `end_streams` ends the Watch and
+WatchLoaded streams cleanly, so open watchers never hold the server for its grace."""
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -47,6 +49,8 @@ from tidal.weightsync.registry import VersionRegistry
 from tidal.weightsync.rendezvous import BroadcastRendezvous
 from tidal.weightsync.upload import UploadChunk, UploadReceiver
 
+T = TypeVar("T")
+
 
 class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
     def __init__(
@@ -71,6 +75,23 @@ class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
             if isinstance(self.transport, BroadcastTransport)
             else None
         )
+        self._closing = asyncio.Event()
+        """Set when the server shuts down: the Watch and WatchLoaded streams end then."""
+
+    def end_streams(self) -> None:
+        """End every Watch and WatchLoaded stream (the server is shutting down)."""
+        self._closing.set()
+
+    async def _unless_closing(self, waiting: Coroutine[Any, Any, T]) -> T | None:
+        """What `waiting` returns, or None once the server is shutting down."""
+        done = asyncio.ensure_future(waiting)
+        closing = asyncio.ensure_future(self._closing.wait())
+        try:
+            await asyncio.wait((done, closing), return_when=asyncio.FIRST_COMPLETED)
+        finally:  # also when the caller is cancelled: neither waiter outlives the call
+            done.cancel()
+            closing.cancel()
+        return done.result() if done.done() and not done.cancelled() else None
 
     async def Publish(
         self, request: pb.PublishRequest, context: grpc.aio.ServicerContext
@@ -107,7 +128,10 @@ class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
         try:
             after = request.after_version
             while True:
-                for event in await self.registry.wait_newer(after):
+                events = await self._unless_closing(self.registry.wait_newer(after))
+                if events is None:
+                    return
+                for event in events:
                     yield event_to_proto(event)
                     after = event.manifest.version
         finally:  # the replica's lease now runs out unless it reconnects (leases.py)
@@ -118,7 +142,10 @@ class WeightSyncServicer(pb_grpc.WeightSyncServiceServicer):
     ) -> AsyncIterator[pb.LoadedVersions]:
         revision = -1
         while True:  # whole states, so changes that come in a burst are sent as one
-            revision = await self.registry.wait_changed(revision)
+            changed = await self._unless_closing(self.registry.wait_changed(revision))
+            if changed is None:
+                return
+            revision = changed
             yield loaded_versions_to_proto(self.registry.loaded_versions())
 
     async def BeginLoad(
